@@ -1,0 +1,26 @@
+# ragpipe: the two commands a user needs are `make demo` and `make test`.
+.PHONY: setup demo test lint bench clean
+
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
+export PREFECT_LOGGING_EXTRA_LOGGERS ?= ragpipe
+export DO_NOT_TRACK ?= 1
+export HF_HUB_OFFLINE ?= 1
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	.venv/bin/ragpipe ingest
+
+test: setup
+	.venv/bin/ruff check src tasks flows tests bench
+	.venv/bin/ruff format --check src tasks flows tests bench
+	.venv/bin/mypy
+	.venv/bin/pytest
+
+bench: setup
+	.venv/bin/python bench/convert.py
+
+clean:
+	rm -rf data/work .pytest_cache .mypy_cache .ruff_cache

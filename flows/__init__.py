@@ -1,0 +1,1 @@
+"""Prefect flows composing ragpipe's tasks, and the ``ragpipe`` CLI."""

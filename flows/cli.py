@@ -1,0 +1,167 @@
+"""The ``ragpipe`` command line.
+
+Commands parse arguments, build the one configuration, and run the same
+flows a deployment runs. Exit codes: 0 all good, 1 some documents failed,
+2 bad configuration or a stage that cannot run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ragpipe.config import ChunkerKind, PdfMode, load_config
+from ragpipe.errors import RagpipeError
+from ragpipe.progress import set_reporter
+
+app = typer.Typer(
+    help="ragpipe: keep a retrieval index fresh and measure RAG quality honestly.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console(stderr=True)
+
+
+@app.callback()
+def _root() -> None:
+    """ragpipe: keep a retrieval index fresh and measure RAG quality honestly."""
+
+
+def _prefect_env(verbose: bool) -> None:
+    # Embedded default: Prefect in ephemeral mode, quiet, no telemetry.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "ragpipe")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    if not verbose:
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+class _RichReporter:
+    """Shows one progress bar per stage."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task: Any = None
+
+    def start(self, stage: str, total: int) -> None:
+        self.task = self.progress.add_task(stage, total=total)
+
+    def advance(self, n: int = 1) -> None:
+        if self.task is not None:
+            self.progress.advance(self.task, n)
+
+    def finish(self) -> None:
+        self.task = None
+
+
+@app.command()
+def ingest(
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(help="Files or directories to ingest; replace discover.roots from config."),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="YAML config file (default: ./ragpipe.yaml if present)."
+        ),
+    ] = None,
+    work_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where checkpoints go (paths.work_dir; default data/work)."),
+    ] = None,
+    pdf_mode: Annotated[
+        PdfMode | None,
+        typer.Option(help="PDF conversion: fast (no models), accurate (Docling models), auto."),
+    ] = None,
+    chunker: Annotated[
+        ChunkerKind | None, typer.Option(help="Chunker: recursive or sentence-window.")
+    ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show Prefect and stage logs.")
+    ] = False,
+) -> None:
+    """Discover, convert, clean and chunk documents into Parquet checkpoints.
+
+    Unchanged files and stages are skipped on re-runs. Failures are listed at
+    the end and kept in WORK_DIR/failures.parquet; the exit code is 1 when any
+    document failed.
+    """
+    _prefect_env(verbose)
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+    overrides: dict[str, Any] = {}
+    if work_dir is not None:
+        overrides["paths"] = {"work_dir": str(work_dir)}
+    if pdf_mode is not None:
+        overrides["convert"] = {"pdf_mode": pdf_mode.value}
+    if chunker is not None:
+        overrides["chunk"] = {"chunker": chunker.value}
+    try:
+        cfg = load_config(config, overrides)
+    except RagpipeError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from exc
+
+    from flows.ingest import ingest_flow  # Prefect import is slow: only when running
+
+    columns = (
+        TextColumn("{task.description:>9}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as progress:
+        previous = set_reporter(_RichReporter(progress))
+        try:
+            summary = ingest_flow(config=cfg, roots=[str(p) for p in paths] if paths else None)
+        except RagpipeError as exc:
+            console.print(f"[red]error:[/red] {exc}", highlight=False)
+            raise typer.Exit(2) from exc
+        finally:
+            set_reporter(previous)
+
+    _print_failures(cfg.paths.work_dir)
+    table = Table(title="ingest summary", show_header=False)
+    for key in ("seen", "converted", "skipped_unchanged", "failed", "chunks"):
+        table.add_row(key.replace("_", "-"), str(getattr(summary, key)))
+    Console().print(table)
+    print(
+        f"seen={summary.seen} converted={summary.converted} "
+        f"skipped-unchanged={summary.skipped_unchanged} failed={summary.failed} "
+        f"chunks={summary.chunks}"
+    )
+    if not summary.ok:
+        raise typer.Exit(1)
+
+
+def _print_failures(work_dir: Path) -> None:
+    from ragpipe.checkpoint import read_records
+    from ragpipe.schemas import Failure
+
+    path = work_dir / "failures.parquet"
+    failures = read_records(path, Failure) if path.is_file() else []
+    if not failures:
+        return
+    table = Table(title=f"failures ({path})")
+    for col in ("file", "stage", "category", "message"):
+        table.add_column(col, overflow="fold")
+    for f in failures:
+        table.add_row(f.file_path, f.stage, f.category, f.message)
+    Console().print(table)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

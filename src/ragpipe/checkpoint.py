@@ -1,0 +1,187 @@
+"""Durable, typed checkpoints.
+
+A checkpoint is a Parquet file written under a temporary name, fsynced and
+renamed; its manifest (JSON, same dance) is written last. A stage whose
+manifest is missing did not finish, whatever Parquet files lie around.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ragpipe.errors import StageError
+from ragpipe.schemas import SCHEMAS
+
+logger = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some filesystems do not allow opening directories
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def records_to_table(records: Sequence[Any], record_type: type) -> pa.Table:
+    """Build an Arrow table of ``record_type`` rows with its declared schema."""
+    schema = SCHEMAS[record_type]
+    rows = [dataclasses.asdict(r) for r in records]
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def write_records(path: Path, records: Sequence[Any], record_type: type) -> str:
+    """Write records atomically as Parquet with the declared schema.
+
+    Returns:
+        SHA-256 of the written file, usable as the next stage's input fingerprint.
+    """
+    table = records_to_table(records, record_type)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        with open(tmp, "rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return digest
+
+
+def read_records(path: Path, record_type: type[R]) -> list[R]:
+    """Read a checkpoint, checking its schema against the declared one.
+
+    Raises:
+        StageError: The file is missing, unreadable or has another schema
+            (written by another ragpipe version: delete the work dir).
+    """
+    schema = SCHEMAS[record_type]
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise StageError(f"cannot read checkpoint {path}: {exc}") from exc
+    if not table.schema.equals(schema, check_metadata=False):
+        raise StageError(
+            f"checkpoint {path} has schema {table.schema} but {record_type.__name__} expects "
+            f"{schema}; it was written by another ragpipe version: delete {path.parent} and re-run"
+        )
+    map_fields = [f.name for f in schema if pa.types.is_map(f.type)]
+    out: list[R] = []
+    for row in table.to_pylist():
+        for name in map_fields:
+            row[name] = dict(row[name])
+        out.append(record_type(**row))
+    return out
+
+
+@dataclass
+class Manifest:
+    """What a finished stage wrote, and under which inputs and config."""
+
+    stage: str
+    config_fingerprint: str
+    input_fingerprint: str
+    outputs: dict[str, str]  # output name -> sha256 of the file
+    counts: dict[str, int]
+    written_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
+
+    @property
+    def output_fingerprint(self) -> str:
+        """Fingerprint of everything the stage wrote (input of the next stage)."""
+        joined = json.dumps(self.outputs, sort_keys=True)
+        return hashlib.sha256(joined.encode()).hexdigest()[:16]
+
+
+def manifest_path(stage_dir: Path) -> Path:
+    return stage_dir / "manifest.json"
+
+
+def write_manifest(stage_dir: Path, manifest: Manifest) -> None:
+    """Mark a stage done. Call only after every output is durably written."""
+    data = json.dumps(dataclasses.asdict(manifest), indent=2, sort_keys=True).encode()
+    atomic_write_bytes(manifest_path(stage_dir), data)
+
+
+def read_manifest(stage_dir: Path) -> Manifest | None:
+    """The stage's manifest, or None when the stage never finished (or it is unreadable)."""
+    path = manifest_path(stage_dir)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return Manifest(**data)
+    except (OSError, ValueError, TypeError) as exc:
+        logger.warning("ignoring unreadable manifest %s: %s", path, exc)
+        return None
+
+
+def outputs_intact(stage_dir: Path, manifest: Manifest) -> bool:
+    """True when every output the manifest names still exists with the recorded hash."""
+    for name, digest in manifest.outputs.items():
+        path = stage_dir / name
+        if not path.is_file():
+            return False
+        with open(path, "rb") as fh:
+            if hashlib.file_digest(fh, "sha256").hexdigest() != digest:
+                return False
+    return True
+
+
+def is_current(stage_dir: Path, config_fingerprint: str, input_fingerprint: str) -> Manifest | None:
+    """The manifest if the stage already ran on these inputs with this config, else None."""
+    manifest = read_manifest(stage_dir)
+    if manifest is None:
+        return None
+    if (
+        manifest.config_fingerprint != config_fingerprint
+        or manifest.input_fingerprint != input_fingerprint
+    ):
+        return None
+    if not outputs_intact(stage_dir, manifest):
+        logger.warning("outputs of %s changed since its manifest; re-running", stage_dir)
+        return None
+    return manifest
+
+
+def combine_fingerprints(parts: Iterable[str]) -> str:
+    """One short fingerprint over several."""
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

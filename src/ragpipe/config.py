@@ -1,0 +1,356 @@
+"""One typed configuration, nested per stage.
+
+Loaded once at the entry point (CLI or flow) from a YAML file plus
+``RAGPIPE_*`` environment overrides (``RAGPIPE_CHUNK__SIZE=800``), validated
+at load, and passed down. Nothing in the library reads a global config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from ragpipe.errors import ConfigError
+
+DEFAULT_CONFIG_FILE = Path("ragpipe.yaml")
+
+TEXT_EXTENSIONS_DEFAULT = [
+    "txt", "text", "rst", "py", "js", "ts", "tsx", "jsx", "json", "yaml", "yml", "toml",
+    "ini", "cfg", "conf", "sh", "sql", "r", "c", "h", "cpp", "hpp", "java", "go", "rs",
+    "rb", "css", "csv", "xml",
+]  # fmt: skip
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DiscoverConfig(_Section):
+    """Which files the pipeline sees."""
+
+    roots: list[Path] = Field(
+        default_factory=lambda: [Path("data/sample")],
+        description="Directories (or single files) to scan; relative paths are taken from the "
+        "working directory. Merged and de-duplicated by real path.",
+        min_length=1,
+    )
+    ignore: list[str] = Field(
+        default_factory=lambda: [".git/**", "**/.git/**", "**/__pycache__/**", "**/.venv/**",
+                                 "**/node_modules/**", "**/.DS_Store"],
+        description="Glob patterns, matched against the path relative to its root. "
+        "'dir/**' ignores everything under dir; '**/x' matches x at any depth.",
+    )  # fmt: skip
+    text_extensions: list[str] = Field(
+        default_factory=lambda: list(TEXT_EXTENSIONS_DEFAULT),
+        description="Extra extensions (without dot) ingested as plain UTF-8 text "
+        "(code, config). pdf, md/markdown, html/htm, docx and txt are always handled.",
+    )
+    max_file_bytes: int = Field(
+        default=100 * 1024 * 1024,
+        gt=0,
+        description="Files larger than this many bytes get a 'too_large' failure row instead of "
+        "being read.",
+    )
+    follow_symlinks: bool = Field(
+        default=False,
+        description="Follow symbolic links to files and directories. Off: links are counted as "
+        "skipped. On: broken links get a failure row, loops are cut.",
+    )
+
+    @field_validator("text_extensions")
+    @classmethod
+    def _normalise_extensions(cls, value: list[str]) -> list[str]:
+        return sorted({v.lower().lstrip(".") for v in value if v.strip()})
+
+
+class PdfMode(StrEnum):
+    """How PDFs are converted."""
+
+    FAST = "fast"
+    ACCURATE = "accurate"
+    AUTO = "auto"
+
+
+class ConvertConfig(_Section):
+    """Document conversion to Markdown with Docling."""
+
+    pdf_mode: PdfMode = Field(
+        default=PdfMode.FAST,
+        description="fast: Docling's NativePdfPipeline (no models) plus ragpipe's structure "
+        "recovery. accurate: Docling's layout/table model pipeline; needs model weights "
+        "in artifacts_path or Docling's cache. auto: accurate when weights are present, "
+        "else fast. Never downloads.",
+    )
+    artifacts_path: Path | None = Field(
+        default=None,
+        description="Directory with pre-downloaded Docling model weights (e.g. from "
+        "`docling-tools models download`). None: Docling's default cache.",
+    )
+    do_ocr: bool = Field(default=False, description="accurate mode: run OCR on bitmap regions.")
+    do_table_structure: bool = Field(
+        default=True, description="accurate mode: run the table structure model."
+    )
+    heading_size_ratio: float = Field(
+        default=1.15,
+        gt=1.0,
+        description="fast mode: a line whose font is this much larger than the body font is a "
+        "heading candidate.",
+    )
+    max_heading_chars: int = Field(
+        default=160, gt=0, description="fast mode: lines longer than this are never headings."
+    )
+
+
+class CleanConfig(_Section):
+    """Text cleaning rules applied to converted Markdown before chunking."""
+
+    boilerplate: bool = Field(
+        default=True,
+        description="Drop boilerplate lines: 'Page 1 of 10', copyright / 'All rights reserved', "
+        "'This content downloaded from …', download timestamps, IP addresses.",
+    )
+    extra_patterns: list[str] = Field(
+        default_factory=list,
+        description="Additional regular expressions; a line matching any is dropped "
+        "(counted as 'custom').",
+    )
+    html_comments: bool = Field(
+        default=True, description="Drop Docling's HTML-comment artifacts such as <!-- image -->."
+    )
+    ligatures: bool = Field(
+        default=True, description="Expand ligatures (ﬁ → fi) and fix common OCR confusions."
+    )
+    hyphenation: bool = Field(
+        default=True, description="Re-join words hyphenated across line breaks (infor-\\nmation)."
+    )
+    toc: bool = Field(
+        default=True,
+        description="Drop table-of-contents blocks: blocks whose lines mostly end in bare page "
+        "numbers or dot leaders.",
+    )
+    toc_min_lines: int = Field(
+        default=3, ge=2, description="Smallest block (in lines) the TOC heuristic may drop."
+    )
+    toc_ratio: float = Field(
+        default=0.6,
+        gt=0.0,
+        le=1.0,
+        description="Fraction of a block's lines that must look like TOC entries to drop it.",
+    )
+
+    @field_validator("extra_patterns")
+    @classmethod
+    def _compile_patterns(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(
+                    f"invalid regular expression {pattern!r}: {exc}; escape special characters"
+                ) from exc
+        return value
+
+
+class ChunkerKind(StrEnum):
+    """Available chunkers."""
+
+    RECURSIVE = "recursive"
+    SENTENCE_WINDOW = "sentence-window"
+
+
+class ChunkConfig(_Section):
+    """Splitting cleaned documents into retrievable chunks."""
+
+    chunker: ChunkerKind = Field(
+        default=ChunkerKind.RECURSIVE,
+        description="recursive: heading sections, then paragraphs, sentences, words. "
+        "sentence-window: one sentence per chunk with a window of neighbours as context.",
+    )
+    size: int = Field(
+        default=1000, gt=0, description="recursive: maximum chunk size in characters."
+    )
+    overlap: int = Field(
+        default=150,
+        gt=0,
+        description="recursive: characters shared with the previous chunk, aligned to word "
+        "boundaries; must be smaller than size.",
+    )
+    window: int = Field(
+        default=3, ge=0, description="sentence-window: sentences kept before and after."
+    )
+    max_tokens: int = Field(
+        default=256,
+        ge=16,
+        description="Hard cap in the embedding model's word-pieces (special tokens included); "
+        "longer chunks are split further so nothing is truncated at embed time. "
+        "all-MiniLM-L6-v2 reads 256.",
+    )
+    tokenizer: str = Field(
+        default="all-MiniLM-L6-v2",
+        description="Tokenizer that measures max_tokens: 'all-MiniLM-L6-v2' (the packaged "
+        "model) or a path to a tokenizer.json.",
+    )
+
+    @model_validator(mode="after")
+    def _overlap_below_size(self) -> ChunkConfig:
+        if self.overlap >= self.size:
+            raise ValueError(
+                f"overlap ({self.overlap}) must be smaller than size ({self.size}); "
+                "lower chunk.overlap or raise chunk.size"
+            )
+        return self
+
+
+class PathsConfig(_Section):
+    """Where state lives."""
+
+    work_dir: Path = Field(
+        default=Path("data/work"),
+        description="Checkpoints, manifests and the failures table are written here.",
+    )
+
+
+class RagpipeConfig(BaseSettings):
+    """The whole configuration. Environment variables override the YAML file."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RAGPIPE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    discover: DiscoverConfig = Field(default_factory=DiscoverConfig)
+    convert: ConvertConfig = Field(default_factory=ConvertConfig)
+    clean: CleanConfig = Field(default_factory=CleanConfig)
+    chunk: ChunkConfig = Field(default_factory=ChunkConfig)
+    paths: PathsConfig = Field(default_factory=PathsConfig)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The YAML file arrives as init kwargs; the environment must win over it.
+        return env_settings, init_settings
+
+
+def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> RagpipeConfig:
+    """Load and validate the configuration.
+
+    Args:
+        path: YAML file. None: ``ragpipe.yaml`` in the working directory if it
+            exists, else built-in defaults.
+        overrides: Values applied over the YAML (e.g. CLI arguments), as a
+            nested dict; environment variables still win over the YAML only.
+
+    Returns:
+        The validated configuration.
+
+    Raises:
+        ConfigError: The file is missing or unparsable, or a field is invalid.
+            The message names every bad field and how to fix it.
+    """
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is None and DEFAULT_CONFIG_FILE.is_file():
+        path = DEFAULT_CONFIG_FILE
+    if path is not None:
+        source = str(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} not found; pass an existing --config file")
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(
+                f"config file {path} must hold a mapping of sections (discover, convert, ...), "
+                f"got {type(loaded).__name__}"
+            )
+        data = loaded
+    if overrides:
+        data = _deep_merge(data, overrides)
+    try:
+        return RagpipeConfig(**data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, source)) from exc
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _field_info(loc: tuple[int | str, ...]) -> tuple[str | None, list[str]]:
+    """Description of the field at ``loc`` and the valid names at its level."""
+    model: type[BaseModel] = RagpipeConfig
+    description = None
+    siblings = list(model.model_fields)
+    for part in loc:
+        if not isinstance(part, str) or part not in model.model_fields:
+            return None, siblings
+        field = model.model_fields[part]
+        description = field.description
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+            siblings = list(model.model_fields)
+    return description, siblings
+
+
+def _format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration (from {source}, RAGPIPE_* environment):"]
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if p not in ("function-after",))
+        name = ".".join(str(p) for p in loc) or "<root>"
+        env = "RAGPIPE_" + "__".join(str(p).upper() for p in loc)
+        if err["type"] == "extra_forbidden":
+            _, valid = _field_info(loc[:-1])
+            lines.append(f"  {name}: unknown field; valid names here: {', '.join(valid)}")
+            continue
+        description, _ = _field_info(loc)
+        got = err.get("input")
+        got_text = "" if isinstance(got, dict) else f" (got {got!r})"
+        msg = err["msg"].removeprefix("Value error, ")
+        line = f"  {name}: {msg}{got_text}; set it in the YAML file or {env}"
+        if description:
+            line += f". {name} = {description}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def fingerprint(section: BaseModel, version: str) -> str:
+    """Stable short hash of a config section plus a stage version.
+
+    A change to either invalidates the stage's checkpoints.
+    """
+    payload = json.dumps(
+        {"version": version, "config": section.model_dump(mode="json")}, sort_keys=True
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def env_overrides_present() -> list[str]:
+    """Names of the ``RAGPIPE_*`` variables currently set (for the run summary)."""
+    return sorted(k for k in os.environ if k.startswith("RAGPIPE_"))

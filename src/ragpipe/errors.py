@@ -1,0 +1,25 @@
+"""Exception hierarchy: every error names the bad value and the fix."""
+
+
+class RagpipeError(Exception):
+    """Base class for all ragpipe errors."""
+
+
+class ConfigError(RagpipeError):
+    """The configuration is invalid; the message names the field and the fix."""
+
+
+class InputError(RagpipeError):
+    """One input (a file, a document) cannot be processed.
+
+    Attributes:
+        category: Short machine-readable reason, e.g. ``"encrypted"``.
+    """
+
+    def __init__(self, category: str, message: str) -> None:
+        super().__init__(message)
+        self.category = category
+
+
+class StageError(RagpipeError):
+    """A pipeline stage cannot run at all (missing models, broken checkpoint)."""

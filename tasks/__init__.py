@@ -1,0 +1,1 @@
+"""Thin Prefect task wrappers around ragpipe's stage runners."""

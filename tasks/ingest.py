@@ -1,0 +1,41 @@
+"""Ingest tasks: one library call each; checkpoints are the library's job.
+
+Prefect's own caching is off: ragpipe's manifests know the config and input
+fingerprints, which Prefect's source-hash cache policies cannot see.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from ragpipe import stages
+from ragpipe.config import RagpipeConfig
+from ragpipe.stages import IngestSummary, StageSummary
+
+
+@task(name="discover", cache_policy=NO_CACHE)
+def discover_task(config: RagpipeConfig, roots: list[Path] | None = None) -> StageSummary:
+    return stages.run_discover(config, roots)
+
+
+@task(name="convert", cache_policy=NO_CACHE)
+def convert_task(config: RagpipeConfig, discovered: StageSummary) -> StageSummary:
+    return stages.run_convert(config, discovered)
+
+
+@task(name="clean", cache_policy=NO_CACHE)
+def clean_task(config: RagpipeConfig, converted: StageSummary) -> StageSummary:
+    return stages.run_clean(config, converted)
+
+
+@task(name="chunk", cache_policy=NO_CACHE)
+def chunk_task(config: RagpipeConfig, cleaned: StageSummary) -> StageSummary:
+    return stages.run_chunk(config, cleaned)
+
+
+@task(name="summarise", cache_policy=NO_CACHE)
+def summary_task(config: RagpipeConfig, stage_summaries: list[StageSummary]) -> IngestSummary:
+    return stages.write_summary(config, stage_summaries)
