@@ -204,9 +204,15 @@ class _Splitter:
         return [*cuts, end]
 
 
-def _overlap_start(text: str, prev_start: int, prev_end: int, overlap: int) -> int | None:
-    """First word start within the last ``overlap`` characters of the previous chunk."""
-    pos = max(prev_end - overlap, prev_start + 1)
+def _overlap_start(
+    text: str, prev_start: int, prev_end: int, overlap: int, earliest: int
+) -> int | None:
+    """First word start within the last ``overlap`` characters of the previous chunk.
+
+    ``earliest`` bounds it so the next chunk still fits its size: the overlap
+    shrinks (or vanishes) rather than the chunk growing.
+    """
+    pos = max(prev_end - overlap, prev_start + 1, earliest)
     while pos < prev_end:
         if text[pos - 1].isspace() and not text[pos].isspace():
             return pos
@@ -234,8 +240,10 @@ def recursive_spans(
         spans.append((start, pieces[j][1]))
         i = j + 1
         if i < len(pieces):
-            ov = _overlap_start(text, spans[-1][0], spans[-1][1], config.overlap)
-            start = pieces[i][0] if ov is None or pieces[i][1] - ov > config.size else ov
+            ov = _overlap_start(
+                text, spans[-1][0], spans[-1][1], config.overlap, pieces[i][1] - config.size
+            )
+            start = pieces[i][0] if ov is None else ov
     return spans
 
 

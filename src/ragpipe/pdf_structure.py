@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import re
 import statistics
+import textwrap
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -285,7 +286,7 @@ def lines_to_markdown(
         if not current:
             return
         if kind == "code":
-            blocks.append("```\n" + "\n".join(current) + "\n```")
+            blocks.append("```\n" + textwrap.dedent("\n".join(current)) + "\n```")
             stats["code_blocks"] += 1
         elif kind == "heading":
             blocks.append(current[0])

@@ -1,0 +1,153 @@
+from __future__ import annotations
+
+import hashlib
+import itertools
+
+import pytest
+
+from ragpipe.chunk import TokenCounter, chunk_document, strip_page_markers
+from ragpipe.config import ChunkConfig, ChunkerKind
+from ragpipe.errors import ConfigError
+from ragpipe.schemas import Chunk, CleanedDocument
+
+COUNTER = TokenCounter("all-MiniLM-L6-v2")
+
+PARA = (
+    "Retrieval quality depends on chunking. Chunks that are too long dilute the signal, "
+    "and chunks that are too short lose context. "
+)
+
+
+def _doc(markdown: str) -> CleanedDocument:
+    return CleanedDocument("d1", "docs/x.md", "sha", "markdown", "docling", markdown, {}, "fp")
+
+
+def _chunks(markdown: str, kind: str = "markdown", **cfg: object) -> tuple[str, list[Chunk]]:
+    config = ChunkConfig(**cfg)  # type: ignore[arg-type]  # test helper: keyword overrides
+    text, _ = strip_page_markers(markdown)
+    return text, chunk_document(_doc(markdown), kind, config, "fp", COUNTER)
+
+
+def test_spans_sizes_overlap_and_word_alignment() -> None:
+    markdown = "# Title\n\n" + "\n\n".join(PARA * 3 for _ in range(6))
+    # Paragraphs of ~390 chars: the overlap must shrink to keep chunks <= 400.
+    text, chunks = _chunks(markdown, size=400, overlap=80)
+    assert len(chunks) > 4
+    for i, c in enumerate(chunks):
+        assert c.chunk_index == i
+        assert c.text == text[c.char_start : c.char_end]
+        assert len(c.text) <= 400
+        assert c.text == c.text.strip()
+        assert c.text_sha256 == hashlib.sha256(c.text.encode()).hexdigest()
+        assert c.token_count == COUNTER.count(c.text) <= 256
+    shared = [prev.char_end - nxt.char_start for prev, nxt in itertools.pairwise(chunks)]
+    assert all(0 <= s <= 80 for s in shared), shared
+    assert sum(s > 0 for s in shared) >= len(shared) // 2, shared
+    for c in chunks[1:]:
+        assert text[c.char_start - 1].isspace(), "chunks start at a word boundary"
+    covered = set()
+    for c in chunks:
+        covered.update(range(c.char_start, c.char_end))
+    assert all(i in covered for i, ch in enumerate(text) if not ch.isspace())
+
+
+def test_heading_paths_and_sections_do_not_mix() -> None:
+    markdown = (
+        "# Guide\n\nIntro.\n\n## Install\n\nRun it.\n\n"
+        "### Linux\n\nUse apt.\n\n## Usage\n\nCall it.\n"
+    )
+    _, chunks = _chunks(markdown)
+    assert [(c.heading_path, c.text) for c in chunks] == [
+        (["Guide"], "# Guide\n\nIntro."),
+        (["Guide", "Install"], "## Install\n\nRun it."),
+        (["Guide", "Install", "Linux"], "### Linux\n\nUse apt."),
+        (["Guide", "Usage"], "## Usage\n\nCall it."),
+    ]
+
+
+def test_code_fence_hash_lines_are_not_headings_and_text_kind_has_none() -> None:
+    markdown = "# Real\n\n```\n# a comment\nx = 1\n```\n"
+    _, chunks = _chunks(markdown)
+    assert {tuple(c.heading_path) for c in chunks} == {("Real",)}
+    _, plain = _chunks("# not a heading in a .py file\nx = 1\n", kind="text")
+    assert [c.heading_path for c in plain] == [[]]
+
+
+def test_pages_and_line_numbers() -> None:
+    markdown = (
+        "<!-- ragpipe:page 1 -->\n\n# A\n\nFirst page.\n\n"
+        "<!-- ragpipe:page 2 -->\n\n# B\n\nSecond page.\n"
+    )
+    text, chunks = _chunks(markdown)
+    assert [(c.page, c.line_start, c.text) for c in chunks] == [
+        (1, 1, "# A\n\nFirst page."),
+        (2, 5, "# B\n\nSecond page."),
+    ]
+    assert "ragpipe:page" not in text
+
+
+def test_token_cap_splits_dense_text_below_char_size() -> None:
+    # Digits and symbols cost about one word-piece per character: 900 chars
+    # fit the character budget but not 256 word-pieces.
+    dense = " ".join(f"x{i}:{i * 7}/{i % 13}" for i in range(120))
+    _, chunks = _chunks(dense, size=1000, overlap=100)
+    assert COUNTER.count(dense) > 256
+    assert len(chunks) >= 2
+    assert max(c.token_count for c in chunks) <= 256
+
+
+def test_unbreakable_token_is_hard_cut_within_cap() -> None:
+    blob = "a" * 1500 + "ü" * 300
+    text, chunks = _chunks(blob, size=1000, overlap=100, max_tokens=64)
+    assert "".join(c.text for c in chunks) == text
+    assert all(c.token_count <= 64 for c in chunks)
+
+
+def test_unicode_text_is_kept_exactly() -> None:
+    markdown = "# 日本語\n\n" + "これは文です。" * 200 + "\n\nEmoji 🎉 and Ωmega ünïcode.\n"
+    text, chunks = _chunks(markdown, size=300, overlap=50)
+    for c in chunks:
+        assert c.text == text[c.char_start : c.char_end]
+        c.text.encode("utf-8")
+        assert len(c.text) <= 300 and c.token_count <= 256
+    assert chunks[-1].text.endswith("Ωmega ünïcode.")
+
+
+def test_sentence_window() -> None:
+    sentences = [f"Sentence number {i} talks about topic {i}." for i in range(8)]
+    markdown = "# Topic\n\n" + " ".join(sentences) + "\n"
+    _, chunks = _chunks(markdown, chunker=ChunkerKind.SENTENCE_WINDOW, window=2)
+    assert [c.text for c in chunks] == ["# Topic", *sentences]
+    assert chunks[3].context == " ".join(sentences[0:5])
+    assert chunks[1].context == "# Topic\n\n" + " ".join(sentences[0:3])
+    assert all(c.heading_path == ["Topic"] for c in chunks)
+
+
+def test_sentence_window_context_exact() -> None:
+    sentences = [f"Fact {i} is stated here." for i in range(6)]
+    _, chunks = _chunks(" ".join(sentences), kind="text", chunker="sentence-window", window=1)
+    assert [c.text for c in chunks] == sentences
+    assert chunks[0].context == " ".join(sentences[0:2])
+    assert chunks[3].context == " ".join(sentences[2:5])
+    assert chunks[5].context == " ".join(sentences[4:6])
+
+
+def test_ids_are_deterministic_and_config_sensitive() -> None:
+    markdown = "# T\n\n" + PARA * 20
+    _, a = _chunks(markdown, size=300, overlap=30)
+    _, b = _chunks(markdown, size=300, overlap=30)
+    assert [c.chunk_id for c in a] == [c.chunk_id for c in b]
+    other = chunk_document(
+        _doc(markdown), "markdown", ChunkConfig(size=300, overlap=30), "fp2", COUNTER
+    )
+    assert {c.chunk_id for c in a}.isdisjoint(c.chunk_id for c in other)
+
+
+def test_overlap_validation() -> None:
+    with pytest.raises(ValueError, match="overlap"):
+        ChunkConfig(size=100, overlap=100)
+
+
+def test_unknown_tokenizer_is_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"chunk.tokenizer"):
+        TokenCounter("/no/such/tokenizer.json").count("x")

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ragpipe.config import ChunkerKind, PdfMode, RagpipeConfig, fingerprint, load_config
+from ragpipe.errors import ConfigError
+
+
+def test_defaults_without_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config()
+    assert cfg.convert.pdf_mode is PdfMode.FAST
+    assert cfg.chunk.chunker is ChunkerKind.RECURSIVE
+    assert (cfg.chunk.size, cfg.chunk.overlap, cfg.chunk.window) == (1000, 150, 3)
+    assert cfg.discover.roots == [Path("data/sample")]
+
+
+def test_yaml_then_environment_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text("chunk:\n  size: 500\n  overlap: 50\nconvert:\n  pdf_mode: auto\n")
+    monkeypatch.setenv("RAGPIPE_CHUNK__SIZE", "700")
+    cfg = load_config(path)
+    assert cfg.chunk.size == 700  # env beats YAML
+    assert cfg.chunk.overlap == 50  # YAML beats default
+    assert cfg.convert.pdf_mode is PdfMode.AUTO
+
+
+def test_overlap_not_below_size_names_fields(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text("chunk:\n  size: 100\n  overlap: 100\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert "chunk" in message and "overlap (100) must be smaller than size (100)" in message
+
+
+def test_bad_value_names_field_env_and_description(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text("chunk:\n  size: -5\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert "chunk.size" in message
+    assert "RAGPIPE_CHUNK__SIZE" in message
+    assert "maximum chunk size in characters" in message
+
+
+def test_unknown_field_lists_valid_names(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text("chunk:\n  sise: 10\n")
+    with pytest.raises(ConfigError, match=r"chunk.sise: unknown field; valid names here: .*size"):
+        load_config(path)
+
+
+def test_bad_enum_and_regex(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text("convert:\n  pdf_mode: turbo\nclean:\n  extra_patterns: ['(unclosed']\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "convert.pdf_mode" in str(err.value) and "turbo" in str(err.value)
+    assert "invalid regular expression '(unclosed'" in str(err.value)
+
+
+def test_missing_and_unparsable_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("chunk: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(scalar)
+
+
+def test_fingerprint_tracks_config_and_version() -> None:
+    a = RagpipeConfig()
+    b = RagpipeConfig(chunk={"size": 900})
+    assert fingerprint(a.chunk, "1") == fingerprint(RagpipeConfig().chunk, "1")
+    assert fingerprint(a.chunk, "1") != fingerprint(b.chunk, "1")
+    assert fingerprint(a.chunk, "1") != fingerprint(a.chunk, "2")

@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from ragpipe.config import DiscoverConfig
+from ragpipe.discover import discover, is_ignored
+
+
+def _tree(root: Path) -> None:
+    (root / "docs" / "sub").mkdir(parents=True)
+    (root / "drafts").mkdir()
+    (root / "docs" / "a.md").write_text("# A\n\ntext\n")
+    (root / "docs" / "sub" / "b.txt").write_text("b\n")
+    (root / "docs" / "c.py").write_text("print('c')\n")
+    (root / "docs" / "d.bin").write_bytes(b"\x00\x01")
+    (root / "drafts" / "e.md").write_text("draft\n")
+
+
+def test_kinds_hashes_and_ignore(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    cfg = DiscoverConfig(roots=[tmp_path], ignore=["drafts/**"])
+    result = discover(cfg)
+    rel = {Path(f.file_path).relative_to(tmp_path).as_posix(): f for f in result.files}
+    assert sorted(rel) == ["docs/a.md", "docs/c.py", "docs/sub/b.txt"]
+    assert rel["docs/a.md"].kind == "markdown" and rel["docs/c.py"].kind == "text"
+    assert rel["docs/a.md"].sha256 == hashlib.sha256(b"# A\n\ntext\n").hexdigest()
+    assert [s.reason for s in result.skipped] == ["unsupported_type"]
+    assert result.failures == []
+
+
+@pytest.mark.parametrize(
+    ("path", "patterns", "ignored"),
+    [
+        ("drafts/x.md", ["drafts/**"], True),
+        ("drafts", ["drafts/**"], True),
+        ("docs/drafts/x.md", ["drafts/**"], False),
+        ("docs/drafts/x.md", ["**/drafts/**"], True),
+        ("a/b/c.log", ["*.log"], True),
+        ("a/b/c.md", ["a/*.md"], False),
+        ("a/c.md", ["a/*.md"], True),
+        ("a/b/.DS_Store", ["**/.DS_Store"], True),
+    ],
+)
+def test_ignore_globs(path: str, patterns: list[str], ignored: bool) -> None:
+    assert is_ignored(path, patterns) is ignored
+
+
+def test_roots_merge_and_deduplicate(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    cfg = DiscoverConfig(roots=[tmp_path / "docs", tmp_path / "docs" / "sub", tmp_path / "missing"])
+    result = discover(cfg)
+    names = [Path(f.file_path).name for f in result.files]
+    assert sorted(names) == ["a.md", "b.txt", "c.py"]  # b.txt once, though under both roots
+    assert [(f.category, f.stage) for f in result.failures] == [("missing_root", "discover")]
+
+
+def test_symlinks_skipped_followed_broken_and_looped(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    docs = tmp_path / "docs"
+    os.symlink(docs / "a.md", docs / "link.md")
+    os.symlink(tmp_path / "nowhere.md", docs / "broken.md")
+    os.symlink(docs, docs / "sub" / "loop")
+    off = discover(DiscoverConfig(roots=[docs]))
+    assert sorted(s.reason for s in off.skipped if s.reason == "symlink") == ["symlink"] * 3
+    assert off.failures == []
+
+    on = discover(DiscoverConfig(roots=[docs], follow_symlinks=True))
+    assert sorted(Path(f.file_path).name for f in on.files) == ["a.md", "b.txt", "c.py"]
+    assert [f.category for f in on.failures] == ["broken_link"]
+
+
+def test_oversize_file_gets_failure_row(tmp_path: Path) -> None:
+    (tmp_path / "big.txt").write_text("x" * 2000)
+    (tmp_path / "ok.txt").write_text("fine")
+    result = discover(DiscoverConfig(roots=[tmp_path], max_file_bytes=1000))
+    assert [Path(f.file_path).name for f in result.files] == ["ok.txt"]
+    assert [(Path(f.file_path).name, f.category) for f in result.failures] == [
+        ("big.txt", "too_large")
+    ]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files regardless of permissions")
+def test_unreadable_file_gets_failure_row(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s")
+    secret.chmod(0)
+    result = discover(DiscoverConfig(roots=[tmp_path]))
+    assert [f.category for f in result.failures] == ["unreadable"]
+
+
+def test_single_file_root_and_stable_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _tree(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    result = discover(DiscoverConfig(roots=[Path("docs/a.md"), Path("docs")]))
+    assert [f.file_path for f in result.files] == ["docs/a.md", "docs/c.py", "docs/sub/b.txt"]

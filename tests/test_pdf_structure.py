@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from ragpipe.pdf_structure import Line, lines_to_markdown
+
+W, H = 600.0, 800.0
+
+
+def _line(page: int, top: float, text: str, font: str = "/AB+Times-Roman", size: float = 10.0,
+          x0: float = 72.0, x1: float = 520.0) -> Line:  # fmt: skip
+    return Line(page, x0, x1, top, top + size, font, text, W, H)
+
+
+def test_headings_paragraphs_hyphens_and_running_lines() -> None:
+    lines = []
+    for page in (1, 2, 3):
+        lines.append(_line(page, 20, "ACME Handbook", x1=200))  # running header
+        lines.append(_line(page, 770, str(page), x0=300, x1=310))  # page number
+    body = [
+        _line(1, 100, "1 Introduction", font="/AB+Times-Bold", size=14, x1=220),
+        _line(1, 130, "This handbook explains the infor-"),
+        _line(1, 144, "mation you need to keep going."),
+        _line(1, 158, "Short last line.", x1=200),
+        _line(1, 172, "A second paragraph starts here and runs"),
+        _line(1, 186, "to the next line."),
+        _line(2, 100, "1.1 Scope", font="/AB+Times-Bold", size=12, x1=160),
+        _line(2, 130, "• First point of the list"),
+        _line(2, 144, "• Second point"),
+    ]
+    ordered = [ln for ln in lines if ln.page == 1][:1] + body[:6] + lines[2:3] + body[6:]
+    ordered += lines[1:2] + lines[3:]
+    markdown, stats = lines_to_markdown(ordered)
+    assert markdown == (
+        "<!-- ragpipe:page 1 -->\n\n"
+        "# 1 Introduction\n\n"
+        "This handbook explains the information you need to keep going. Short last line.\n\n"
+        "A second paragraph starts here and runs to the next line.\n\n"
+        "<!-- ragpipe:page 2 -->\n\n"
+        "## 1.1 Scope\n\n"
+        "- First point of the list\n\n"
+        "- Second point\n"
+    )  # page 3 held only running lines: nothing, not even a marker
+    assert stats["running_lines_dropped"] == 6
+    assert stats["headings"] == 2
+
+
+def test_monospace_block_becomes_code() -> None:
+    lines = [
+        _line(1, 100, "Run the following:"),
+        _line(1, 130, "x <- c(1, 2)", font="/AB+CMTT10", x0=90),
+        _line(1, 144, "mean(x)", font="/AB+CMTT10", x0=90),
+        _line(1, 174, "and read the result."),
+    ]
+    markdown, stats = lines_to_markdown(lines)
+    assert markdown == (
+        "<!-- ragpipe:page 1 -->\n\nRun the following:\n\n"
+        "```\nx <- c(1, 2)\nmean(x)\n```\n\nand read the result.\n"
+    )
+    assert stats["code_blocks"] == 1

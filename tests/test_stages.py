@@ -1,0 +1,131 @@
+"""Stage runners end to end without Prefect: checkpoints, skips, resume, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from ragpipe import checkpoint
+from ragpipe.config import RagpipeConfig
+from ragpipe.errors import StageError
+from ragpipe.schemas import CHUNK_SCHEMA, Chunk, Document, Failure
+from ragpipe.stages import run_chunk, run_clean, run_convert, run_discover, write_summary
+
+pytestmark = pytest.mark.slow
+
+
+def _config(root: Path, work: Path, **chunk: object) -> RagpipeConfig:
+    return RagpipeConfig(discover={"roots": [root]}, paths={"work_dir": work}, chunk=chunk or {})  # type: ignore[arg-type]  # nested dicts are validated by pydantic
+
+
+def _run(cfg: RagpipeConfig):  # type: ignore[no-untyped-def]
+    d = run_discover(cfg)
+    c = run_convert(cfg, d)
+    k = run_clean(cfg, c)
+    h = run_chunk(cfg, k)
+    return write_summary(cfg, [d, c, k, h]), (d, c, k, h)
+
+
+def test_checkpoints_rerun_and_config_change(small_corpus: Path, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    cfg = _config(small_corpus, work)
+    summary, (_, conv, _, chunked) = _run(cfg)
+    assert (summary.seen, summary.converted, summary.skipped_unchanged, summary.failed) == (
+        3,
+        3,
+        0,
+        0,
+    )
+    assert conv.counts["converter:docling-native-pdf+ragpipe-structure"] == 1
+    table = pq.read_table(work / "chunk" / "chunks.parquet")
+    assert table.schema.equals(CHUNK_SCHEMA)
+    assert table.num_rows == summary.chunks == chunked.counts["chunks"] > 10
+    pages = {p for p in table.column("page").to_pylist() if p is not None}
+    assert {1, 2, 3, 4} <= pages <= {1, 2, 3, 4, 5}
+    assert max(table.column("token_count").to_pylist()) <= 256
+
+    again, stages = _run(cfg)
+    assert (again.converted, again.skipped_unchanged, again.chunks) == (0, 3, summary.chunks)
+    assert all(s.reused for s in stages[1:])
+
+    smaller = _config(small_corpus, work, size=400, overlap=40)
+    resized, stages = _run(smaller)
+    assert resized.converted == 0 and stages[1].reused and stages[2].reused
+    assert not stages[3].reused and resized.chunks > summary.chunks
+
+
+def test_changed_file_is_reconverted_alone(small_corpus: Path, tmp_path: Path) -> None:
+    cfg = _config(small_corpus, tmp_path / "work")
+    _run(cfg)
+    (small_corpus / "notes.txt").write_text("Changed notes about the budget.\n")
+    (small_corpus / "new.md").write_text("# New\n\nA new document.\n")
+    summary, _ = _run(cfg)
+    assert (summary.seen, summary.converted, summary.skipped_unchanged) == (4, 2, 2)
+    docs = checkpoint.read_records(tmp_path / "work" / "convert" / "documents.parquet", Document)
+    assert any("budget" in d.markdown for d in docs)
+
+
+def test_crash_mid_convert_resumes_from_cached_documents(
+    small_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _config(small_corpus, tmp_path / "work")
+    discovered = run_discover(cfg)
+    from ragpipe import convert as convert_module
+
+    real = convert_module.Converter.convert
+    calls: list[str] = []
+
+    def crash_on_third(self, source, fp):  # type: ignore[no-untyped-def]
+        calls.append(source.file_path)
+        if len(calls) == 3:
+            raise StageError("simulated crash")
+        return real(self, source, fp)
+
+    monkeypatch.setattr(convert_module.Converter, "convert", crash_on_third)
+    with pytest.raises(StageError):
+        run_convert(cfg, discovered)
+    assert checkpoint.read_manifest(tmp_path / "work" / "convert") is None  # not marked done
+    assert len(list((tmp_path / "work" / "convert" / "cache").glob("*.parquet"))) == 2
+
+    monkeypatch.setattr(convert_module.Converter, "convert", real)
+    resumed = run_convert(cfg, discovered)
+    assert (resumed.counts["converted"], resumed.counts["skipped_unchanged"]) == (1, 2)
+
+
+def test_bad_files_get_failure_rows_and_batch_completes(small_corpus: Path, tmp_path: Path) -> None:
+    (small_corpus / "broken.pdf").write_bytes(b"%PDF-1.5\n" + os.urandom(3000))
+    (small_corpus / "empty.txt").write_bytes(b"")
+    (small_corpus / "junk.md").write_bytes(b"\x00\xff\xfe" * 100)
+    (small_corpus / "latin1.txt").write_bytes("na\xefve".encode("latin-1"))
+    (small_corpus / "huge.txt").write_text("x" * 300_000)
+    cfg = RagpipeConfig(
+        discover={"roots": [small_corpus], "max_file_bytes": 200_000},  # type: ignore[arg-type]
+        paths={"work_dir": tmp_path / "work"},  # type: ignore[arg-type]
+    )
+    summary, _ = _run(cfg)
+    assert summary.chunks > 0
+    failures = checkpoint.read_records(tmp_path / "work" / "failures.parquet", Failure)
+    got = sorted((Path(f.file_path).name, f.stage, f.category) for f in failures)
+    assert got == [
+        ("broken.pdf", "convert", "corrupt"),
+        ("empty.txt", "convert", "empty"),
+        ("huge.txt", "discover", "too_large"),
+        ("junk.md", "convert", "binary"),
+        ("latin1.txt", "convert", "encoding"),
+    ]
+    assert summary.failed == 5 and not summary.ok
+    on_disk = json.loads((tmp_path / "work" / "summary.json").read_text())
+    assert on_disk["failed"] == 5 and len(on_disk["failures"]) == 5
+    chunks = checkpoint.read_records(tmp_path / "work" / "chunk" / "chunks.parquet", Chunk)
+    assert {Path(c.file_path).name for c in chunks} == {"multi_page.pdf", "amt.md", "notes.txt"}
+
+
+def test_schema_mismatch_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "x.parquet"
+    checkpoint.write_records(path, [Failure("a", "s", "c", "m")], Failure)
+    with pytest.raises(StageError, match="written by another ragpipe version"):
+        checkpoint.read_records(path, Chunk)
