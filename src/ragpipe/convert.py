@@ -79,6 +79,7 @@ class Converter:
         self._accurate: DocumentConverter | None = None
         self._simple: DocumentConverter | None = None
         self._accurate_error: str | None = None
+        self._resolved: str | None = None
 
     # -- pipelines -----------------------------------------------------------------
 
@@ -146,18 +147,22 @@ class Converter:
 
     def pdf_converter_name(self) -> str:
         """Which PDF converter this configuration uses (resolving ``auto``)."""
+        if self._resolved is not None:
+            return self._resolved
         mode = self.config.pdf_mode
         if mode is PdfMode.FAST:
-            return CONVERTER_FAST
-        if mode is PdfMode.ACCURATE:
+            self._resolved = CONVERTER_FAST
+        elif mode is PdfMode.ACCURATE:
             self._accurate_converter()
-            return CONVERTER_ACCURATE
-        try:
-            self._accurate_converter()
-        except StageError as exc:
-            logger.warning("pdf_mode auto: accurate models unavailable, using fast mode (%s)", exc)
-            return CONVERTER_FAST
-        return CONVERTER_ACCURATE
+            self._resolved = CONVERTER_ACCURATE
+        else:
+            try:
+                self._accurate_converter()
+                self._resolved = CONVERTER_ACCURATE
+            except StageError as exc:
+                logger.warning("pdf_mode auto: accurate models unavailable, using fast (%s)", exc)
+                self._resolved = CONVERTER_FAST
+        return self._resolved
 
     # -- conversion ----------------------------------------------------------------
 
