@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from enum import StrEnum
 from pathlib import Path
@@ -349,8 +348,3 @@ def fingerprint(section: BaseModel, version: str) -> str:
         {"version": version, "config": section.model_dump(mode="json")}, sort_keys=True
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def env_overrides_present() -> list[str]:
-    """Names of the ``RAGPIPE_*`` variables currently set (for the run summary)."""
-    return sorted(k for k in os.environ if k.startswith("RAGPIPE_"))
