@@ -130,14 +130,21 @@ def ingest(
 
     _print_failures(cfg.paths.work_dir)
     table = Table(title="ingest summary", show_header=False)
-    for key in ("seen", "converted", "skipped_unchanged", "failed", "chunks"):
+    for key in ("seen", "converted", "skipped_unchanged", "failed", "chunks", "skipped"):
         table.add_row(key.replace("_", "-"), str(getattr(summary, key)))
     Console().print(table)
     print(
         f"seen={summary.seen} converted={summary.converted} "
         f"skipped-unchanged={summary.skipped_unchanged} failed={summary.failed} "
-        f"chunks={summary.chunks}"
+        f"chunks={summary.chunks} skipped={summary.skipped}"
     )
+    if summary.skipped:
+        console.print(
+            f"{summary.skipped} path(s) not ingested on purpose (symlinks, unsupported types): "
+            f"see {cfg.paths.work_dir / 'discover' / 'skipped.parquet'}",
+            highlight=False,
+            soft_wrap=True,  # never break a path a user will copy
+        )
     if not summary.ok:
         raise typer.Exit(1)
 

@@ -39,10 +39,12 @@ def test_cli_ingest_exit_codes(prefect_harness: None, small_corpus: Path, tmp_pa
     assert "seen=3 converted=3 skipped-unchanged=0 failed=0" in ok.output
 
     (small_corpus / "bad.pdf").write_bytes(b"%PDF-1.4 truncated")
+    (small_corpus / "link.md").symlink_to(small_corpus / "amt.md")
     bad = runner.invoke(app, ["ingest", str(small_corpus), "--work-dir", str(work)])
     assert bad.exit_code == 1, bad.output
     assert "seen=4 converted=0 skipped-unchanged=3 failed=1" in bad.output
     assert "corrupt" in bad.output
+    assert "skipped=1" in bad.output and "skipped.parquet" in bad.output
 
 
 def test_cli_config_error_exits_2(tmp_path: Path) -> None:

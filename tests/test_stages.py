@@ -118,6 +118,7 @@ def test_bad_files_get_failure_rows_and_batch_completes(small_corpus: Path, tmp_
         ("latin1.txt", "convert", "encoding"),
     ]
     assert summary.failed == 5 and not summary.ok
+    assert summary.skipped == 0
     on_disk = json.loads((tmp_path / "work" / "summary.json").read_text())
     assert on_disk["failed"] == 5 and len(on_disk["failures"]) == 5
     chunks = checkpoint.read_records(tmp_path / "work" / "chunk" / "chunks.parquet", Chunk)

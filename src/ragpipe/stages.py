@@ -325,6 +325,7 @@ class IngestSummary:
     skipped_unchanged: int
     failed: int
     chunks: int
+    skipped: int = 0  # not ingested on purpose: symlinks not followed, unsupported types
     failures_by_category: dict[str, int] = field(default_factory=dict)
     stages: dict[str, dict[str, int]] = field(default_factory=dict)
 
@@ -350,6 +351,7 @@ def write_summary(config: RagpipeConfig, stages: Sequence[StageSummary]) -> Inge
         skipped_unchanged=convert_counts.get("skipped_unchanged", 0),
         failed=len(failures),
         chunks=by_stage.get("chunk", {}).get("chunks", 0),
+        skipped=by_stage.get("discover", {}).get("skipped", 0),
         failures_by_category=dict(Counter(f"{f.stage}:{f.category}" for f in failures)),
         stages=by_stage,
     )
