@@ -21,6 +21,7 @@ test: setup
 
 bench: setup
 	.venv/bin/python bench/convert.py
+	.venv/bin/python bench/index.py
 
 clean:
 	rm -rf data/work .pytest_cache .mypy_cache .ruff_cache

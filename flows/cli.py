@@ -2,7 +2,8 @@
 
 Commands parse arguments, build the one configuration, and run the same
 flows a deployment runs. Exit codes: 0 all good, 1 some documents failed,
-2 bad configuration or a stage that cannot run.
+2 bad configuration or a stage that cannot run, 3 deletions held by the
+mass-deletion guard (additions were applied).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ragpipe.config import ChunkerKind, PdfMode, load_config
-from ragpipe.errors import RagpipeError
+from ragpipe.config import ChunkerKind, EmbedProvider, PdfMode, StoreBackend, load_config
+from ragpipe.errors import MassDeletionHeld, RagpipeError
 from ragpipe.progress import set_reporter
 
 app = typer.Typer(
@@ -85,15 +86,38 @@ def ingest(
     chunker: Annotated[
         ChunkerKind | None, typer.Option(help="Chunker: recursive or sentence-window.")
     ] = None,
+    embedder: Annotated[
+        EmbedProvider | None,
+        typer.Option(help="Embedder: local (MiniLM, default), onnx (faster, weaker), ollama."),
+    ] = None,
+    store: Annotated[
+        StoreBackend | None,
+        typer.Option(help="Vector store: edge (Qdrant Edge, default) or qdrant (qdrant-client)."),
+    ] = None,
+    store_path: Annotated[
+        Path | None,
+        typer.Option(help="store.path: the Edge shard / qdrant local-mode directory."),
+    ] = None,
+    allow_mass_delete: Annotated[
+        bool,
+        typer.Option(
+            "--allow-mass-delete",
+            help="Delete vanished files even when they exceed index.max_delete_share "
+            "(default 20%) of the index.",
+        ),
+    ] = False,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show Prefect and stage logs.")
     ] = False,
 ) -> None:
-    """Discover, convert, clean and chunk documents into Parquet checkpoints.
+    """Index documents: discover, convert, clean, chunk, embed, upsert into Qdrant.
 
-    Unchanged files and stages are skipped on re-runs. Failures are listed at
-    the end and kept in WORK_DIR/failures.parquet; the exit code is 1 when any
-    document failed.
+    Re-runs are incremental: unchanged files cost only hashing; changed files
+    are re-indexed (new version written before the old one is deleted); files
+    gone from every root are deleted, unless that is more than
+    index.max_delete_share of the index (exit code 3, deletions held).
+    Failures are listed at the end and kept in WORK_DIR/failures.parquet; the
+    exit code is 1 when any document failed.
     """
     _prefect_env(verbose)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
@@ -104,6 +128,13 @@ def ingest(
         overrides["convert"] = {"pdf_mode": pdf_mode.value}
     if chunker is not None:
         overrides["chunk"] = {"chunker": chunker.value}
+    if embedder is not None:
+        overrides["embed"] = {"provider": embedder.value}
+    if store is not None or store_path is not None:
+        overrides["store"] = {
+            **({"backend": store.value} if store is not None else {}),
+            **({"path": str(store_path)} if store_path is not None else {}),
+        }
     try:
         cfg = load_config(config, overrides)
     except RagpipeError as exc:
@@ -121,7 +152,15 @@ def ingest(
     with Progress(*columns, console=console, transient=False) as progress:
         previous = set_reporter(_RichReporter(progress))
         try:
-            summary = ingest_flow(config=cfg, roots=[str(p) for p in paths] if paths else None)
+            summary = ingest_flow(
+                config=cfg,
+                roots=[str(p) for p in paths] if paths else None,
+                allow_mass_delete=allow_mass_delete,
+            )
+        except MassDeletionHeld as exc:
+            _print_failures(cfg.paths.work_dir)
+            console.print(f"[red]deletions held:[/red] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(3) from exc
         except RagpipeError as exc:
             console.print(f"[red]error:[/red] {exc}", highlight=False)
             raise typer.Exit(2) from exc
@@ -129,15 +168,35 @@ def ingest(
             set_reporter(previous)
 
     _print_failures(cfg.paths.work_dir)
-    table = Table(title="ingest summary", show_header=False)
-    for key in ("seen", "converted", "skipped_unchanged", "failed", "chunks", "skipped"):
-        table.add_row(key.replace("_", "-"), str(getattr(summary, key)))
+    table = Table(title=f"ingest summary ({cfg.store.backend.value}: {cfg.store.path})")
+    table.add_column("files")
+    table.add_column("", justify="right")
+    table.add_column("index")
+    table.add_column("", justify="right")
+    table.add_column("seconds per stage")
+    table.add_column("", justify="right")
+    left = [
+        ("seen", summary.seen),
+        ("added", summary.added),
+        ("changed", summary.changed),
+        ("unchanged", summary.skipped_unchanged),
+        ("removed", summary.removed),
+        ("failed", summary.failed),
+        ("skipped", summary.skipped),
+    ]
+    middle = [
+        ("chunks written", summary.chunks_written),
+        ("chunks deleted", summary.chunks_deleted),
+        ("points in store", summary.points_total),
+    ]
+    right = [(k, f"{v:.1f}") for k, v in summary.seconds.items()]
+    for i in range(max(len(left), len(middle), len(right))):
+        row: list[str] = []
+        for column in (left, middle, right):
+            row += [str(x) for x in column[i]] if i < len(column) else ["", ""]
+        table.add_row(*row)
     Console().print(table)
-    print(
-        f"seen={summary.seen} converted={summary.converted} "
-        f"skipped-unchanged={summary.skipped_unchanged} failed={summary.failed} "
-        f"chunks={summary.chunks} skipped={summary.skipped}"
-    )
+    print(summary.line())
     if summary.skipped:
         console.print(
             f"{summary.skipped} path(s) not ingested on purpose (symlinks, unsupported types): "

@@ -11,7 +11,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from ragpipe import stages
+from ragpipe import indexing, stages
 from ragpipe.config import RagpipeConfig
 from ragpipe.stages import IngestSummary, StageSummary
 
@@ -21,9 +21,14 @@ def discover_task(config: RagpipeConfig, roots: list[Path] | None = None) -> Sta
     return stages.run_discover(config, roots)
 
 
+@task(name="plan", cache_policy=NO_CACHE)
+def plan_task(config: RagpipeConfig, discovered: StageSummary) -> StageSummary:
+    return indexing.run_plan(config, discovered)
+
+
 @task(name="convert", cache_policy=NO_CACHE)
-def convert_task(config: RagpipeConfig, discovered: StageSummary) -> StageSummary:
-    return stages.run_convert(config, discovered)
+def convert_task(config: RagpipeConfig, planned: StageSummary) -> StageSummary:
+    return stages.run_convert(config, planned)
 
 
 @task(name="clean", cache_policy=NO_CACHE)
@@ -34,6 +39,16 @@ def clean_task(config: RagpipeConfig, converted: StageSummary) -> StageSummary:
 @task(name="chunk", cache_policy=NO_CACHE)
 def chunk_task(config: RagpipeConfig, cleaned: StageSummary) -> StageSummary:
     return stages.run_chunk(config, cleaned)
+
+
+@task(name="embed", cache_policy=NO_CACHE)
+def embed_task(config: RagpipeConfig, chunked: StageSummary) -> StageSummary:
+    return indexing.run_embed(config, chunked)
+
+
+@task(name="upsert", cache_policy=NO_CACHE)
+def upsert_task(config: RagpipeConfig, embedded: StageSummary) -> StageSummary:
+    return indexing.run_upsert(config, embedded)
 
 
 @task(name="summarise", cache_policy=NO_CACHE)

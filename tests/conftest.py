@@ -56,3 +56,19 @@ def prefect_harness() -> Iterator[None]:
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def onnx_embedder() -> object:
+    """The fast packaged test embedder (paraphrase-MiniLM-L3-v2, ONNX), loaded once."""
+    from ragpipe.embed import OnnxEmbedder
+
+    return OnnxEmbedder()
+
+
+@pytest.fixture(scope="session")
+def local_embedder() -> object:
+    """The default embedder (all-MiniLM-L6-v2, sentence-transformers), loaded once."""
+    from ragpipe.embed import LocalEmbedder
+
+    return LocalEmbedder()

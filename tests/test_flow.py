@@ -20,31 +20,52 @@ def test_ingest_flow_runs_and_skips_on_rerun(
 
     cfg = RagpipeConfig(
         discover={"roots": [small_corpus]},  # type: ignore[arg-type]
+        embed={"provider": "onnx"},  # type: ignore[arg-type]
+        store={"path": tmp_path / "store"},  # type: ignore[arg-type]
         paths={"work_dir": tmp_path / "work"},  # type: ignore[arg-type]
     )
     first = ingest_flow(config=cfg)
-    assert (first.seen, first.converted, first.failed) == (3, 3, 0)
-    assert first.chunks > 10
-    assert (tmp_path / "work" / "chunk" / "chunks.parquet").is_file()
-    assert (tmp_path / "work" / "chunk" / "manifest.json").is_file()
+    assert (first.seen, first.converted, first.added, first.failed) == (3, 3, 3, 0)
+    assert first.chunks > 10 and first.chunks_written == first.chunks == first.points_total
+    assert set(first.seconds) == {
+        "discover",
+        "plan",
+        "convert",
+        "clean",
+        "chunk",
+        "embed",
+        "upsert",
+    }
+    assert (tmp_path / "work" / "embed" / "embeddings.parquet").is_file()
+    assert (tmp_path / "store" / "ragpipe-store.json").is_file()
     second = ingest_flow(config=cfg)
-    assert (second.converted, second.skipped_unchanged, second.chunks) == (0, 3, first.chunks)
+    assert (second.converted, second.skipped_unchanged, second.chunks_written) == (0, 3, 0)
+    assert second.points_total == first.points_total
 
 
 def test_cli_ingest_exit_codes(prefect_harness: None, small_corpus: Path, tmp_path: Path) -> None:
     runner = CliRunner()
-    work = tmp_path / "work"
-    ok = runner.invoke(app, ["ingest", str(small_corpus), "--work-dir", str(work)])
+    args = ["--work-dir", str(tmp_path / "work"), "--store-path", str(tmp_path / "store")]
+    ok = runner.invoke(app, ["ingest", str(small_corpus), *args])  # default MiniLM embedder
     assert ok.exit_code == 0, ok.output
-    assert "seen=3 converted=3 skipped-unchanged=0 failed=0" in ok.output
+    assert "seen=3 added=3 changed=0 unchanged=0 removed=0 failed=0" in ok.output
 
     (small_corpus / "bad.pdf").write_bytes(b"%PDF-1.4 truncated")
     (small_corpus / "link.md").symlink_to(small_corpus / "amt.md")
-    bad = runner.invoke(app, ["ingest", str(small_corpus), "--work-dir", str(work)])
+    bad = runner.invoke(app, ["ingest", str(small_corpus), *args])
     assert bad.exit_code == 1, bad.output
-    assert "seen=4 converted=0 skipped-unchanged=3 failed=1" in bad.output
+    assert "seen=4 added=1 changed=0 unchanged=3 removed=0 failed=1 chunks-written=0" in bad.output
     assert "corrupt" in bad.output
     assert "skipped=1" in bad.output and "skipped.parquet" in bad.output
+
+    (small_corpus / "bad.pdf").unlink()
+    (small_corpus / "amt.md").unlink()  # 1 of 3 indexed files: above the 20 % guard
+    held = runner.invoke(app, ["ingest", str(small_corpus), *args])
+    assert held.exit_code == 3, held.output
+    assert "1 of 3 indexed files vanished" in held.output and "--allow-mass-delete" in held.output
+    allowed = runner.invoke(app, ["ingest", str(small_corpus), *args, "--allow-mass-delete"])
+    assert allowed.exit_code == 0, allowed.output
+    assert "removed=1" in allowed.output
 
 
 def test_cli_config_error_exits_2(tmp_path: Path) -> None:
@@ -58,5 +79,15 @@ def test_cli_config_error_exits_2(tmp_path: Path) -> None:
 def test_cli_help_explains_options() -> None:
     result = CliRunner().invoke(app, ["ingest", "--help"])
     assert result.exit_code == 0
-    for option in ("--config", "--work-dir", "--pdf-mode", "--chunker", "PATHS"):
+    for option in (
+        "--config",
+        "--work-dir",
+        "--pdf-mode",
+        "--chunker",
+        "--embedder",
+        "--store",
+        "--store-path",
+        "--allow-mass-delete",
+        "PATHS",
+    ):
         assert option in result.output

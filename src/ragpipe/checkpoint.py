@@ -60,8 +60,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 def records_to_table(records: Sequence[Any], record_type: type) -> pa.Table:
     """Build an Arrow table of ``record_type`` rows with its declared schema."""
     schema = SCHEMAS[record_type]
-    rows = [dataclasses.asdict(r) for r in records]
-    return pa.Table.from_pylist(rows, schema=schema)
+    # Column-wise from the attributes: dataclasses.asdict deep-copies every row.
+    columns = {name: [getattr(r, name) for r in records] for name in schema.names}
+    return pa.Table.from_pydict(columns, schema=schema)
 
 
 def write_records(path: Path, records: Sequence[Any], record_type: type) -> str:
@@ -70,7 +71,11 @@ def write_records(path: Path, records: Sequence[Any], record_type: type) -> str:
     Returns:
         SHA-256 of the written file, usable as the next stage's input fingerprint.
     """
-    table = records_to_table(records, record_type)
+    return write_table(path, records_to_table(records, record_type))
+
+
+def write_table(path: Path, table: pa.Table) -> str:
+    """Write an Arrow table atomically as Parquet; returns the file's SHA-256."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)

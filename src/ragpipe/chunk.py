@@ -70,6 +70,10 @@ class TokenCounter:
         """Number of word-pieces of ``text``, special tokens included."""
         return len(self._load().encode(text).ids)
 
+    def count_many(self, texts: list[str]) -> list[int]:
+        """Word-piece counts of many texts (one batched tokenizer call)."""
+        return [len(enc.ids) for enc in self._load().encode_batch(texts)]
+
 
 def resolve_tokenizer(name: str) -> Path:
     """Path of the tokenizer.json for a configured tokenizer name."""
@@ -292,7 +296,7 @@ def chunk_document(
     sections = split_sections(text, parse_headings=kind != "text")
     spans_by_section: list[tuple[_Section, list[Span]]] = []
     make_spans: Callable[[str, _Section, ChunkConfig, TokenCounter], list[Span]] = (
-        recursive_spans if config.chunker is ChunkerKind.RECURSIVE else _sentence_spans
+        recursive_spans if config.chunker == ChunkerKind.RECURSIVE else _sentence_spans
     )
     for section in sections:
         spans_by_section.append((section, make_spans(text, section, config, counter)))
@@ -302,7 +306,7 @@ def chunk_document(
         for k, (start, end) in enumerate(spans):
             body = text[start:end]
             context = None
-            if config.chunker is ChunkerKind.SENTENCE_WINDOW:
+            if config.chunker == ChunkerKind.SENTENCE_WINDOW:
                 lo = spans[max(0, k - config.window)][0]
                 hi = spans[min(len(spans) - 1, k + config.window)][1]
                 context = text[lo:hi]

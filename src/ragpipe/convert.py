@@ -150,9 +150,9 @@ class Converter:
         if self._resolved is not None:
             return self._resolved
         mode = self.config.pdf_mode
-        if mode is PdfMode.FAST:
+        if mode == PdfMode.FAST:
             self._resolved = CONVERTER_FAST
-        elif mode is PdfMode.ACCURATE:
+        elif mode == PdfMode.ACCURATE:
             self._accurate_converter()
             self._resolved = CONVERTER_ACCURATE
         else:

@@ -23,3 +23,7 @@ class InputError(RagpipeError):
 
 class StageError(RagpipeError):
     """A pipeline stage cannot run at all (missing models, broken checkpoint)."""
+
+
+class MassDeletionHeld(RagpipeError):
+    """More indexed files vanished than ``index.max_delete_share`` allows; none were deleted."""

@@ -96,6 +96,20 @@ class Skip:
     detail: str = field(default="")
 
 
+@dataclass(frozen=True)
+class PlanEntry:
+    """What the re-index does with one file (output of *plan*).
+
+    ``action``: added | changed | unchanged | cleanup (unchanged, but stale
+    versions remain in the store) | removed (gone from every root).
+    """
+
+    file_path: str
+    action: str
+    source_sha256: str | None
+    stored_versions: int
+
+
 # Page boundaries survive convert → clean as a marker line; chunk strips them.
 PAGE_MARKER = "<!-- ragpipe:page {page} -->"
 PAGE_MARKER_RE = r"^<!-- ragpipe:page (\d+) -->$"
@@ -175,6 +189,15 @@ SKIP_SCHEMA = pa.schema(
     ]
 )
 
+PLAN_ENTRY_SCHEMA = pa.schema(
+    [
+        pa.field("file_path", pa.string(), nullable=False),
+        pa.field("action", pa.string(), nullable=False),
+        pa.field("source_sha256", pa.string(), nullable=True),
+        pa.field("stored_versions", pa.int32(), nullable=False),
+    ]
+)
+
 SCHEMAS: dict[type, pa.Schema] = {
     SourceFile: SOURCE_FILE_SCHEMA,
     Document: DOCUMENT_SCHEMA,
@@ -182,4 +205,5 @@ SCHEMAS: dict[type, pa.Schema] = {
     Chunk: CHUNK_SCHEMA,
     Failure: FAILURE_SCHEMA,
     Skip: SKIP_SCHEMA,
+    PlanEntry: PLAN_ENTRY_SCHEMA,
 }

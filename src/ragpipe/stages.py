@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -51,32 +52,38 @@ class StageSummary:
     output_fingerprint: str
     counts: dict[str, int]
     reused: bool = False
+    seconds: float = 0.0
 
 
-def _stage_dir(config: RagpipeConfig, stage: str) -> Path:
+def stage_dir(config: RagpipeConfig, stage: str) -> Path:
+    """Directory of one stage's checkpoints."""
     return config.paths.work_dir / stage
 
 
-def _finish(
-    stage_dir: Path,
+def finish_stage(
+    directory: Path,
     stage: str,
     config_fp: str,
     input_fp: str,
     outputs: dict[str, tuple[Sequence[Any], type]],
     counts: dict[str, int],
+    started: float,
 ) -> StageSummary:
+    """Write a stage's outputs, then its manifest (which marks it done)."""
     digests = {
-        f"{name}.parquet": checkpoint.write_records(stage_dir / f"{name}.parquet", rows, rtype)
+        f"{name}.parquet": checkpoint.write_records(directory / f"{name}.parquet", rows, rtype)
         for name, (rows, rtype) in outputs.items()
     }
     manifest = checkpoint.Manifest(stage, config_fp, input_fp, digests, counts)
-    checkpoint.write_manifest(stage_dir, manifest)  # last: marks the stage done
-    logger.info("%s: %s", stage, ", ".join(f"{k}={v}" for k, v in counts.items()))
-    return StageSummary(stage, manifest.output_fingerprint, counts)
+    checkpoint.write_manifest(directory, manifest)  # last: marks the stage done
+    seconds = time.perf_counter() - started
+    logger.info("%s: %s (%.1fs)", stage, ", ".join(f"{k}={v}" for k, v in counts.items()), seconds)
+    return StageSummary(stage, manifest.output_fingerprint, counts, seconds=seconds)
 
 
-def _reuse(stage_dir: Path, stage: str, config_fp: str, input_fp: str) -> StageSummary | None:
-    manifest = checkpoint.is_current(stage_dir, config_fp, input_fp)
+def reuse_stage(directory: Path, stage: str, config_fp: str, input_fp: str) -> StageSummary | None:
+    """The finished stage's summary when it already ran on these inputs and config."""
+    manifest = checkpoint.is_current(directory, config_fp, input_fp)
     if manifest is None:
         return None
     logger.info("%s: inputs and config unchanged, reusing checkpoint", stage)
@@ -118,7 +125,8 @@ def _per_document(
 
 def run_discover(config: RagpipeConfig, roots: list[Path] | None = None) -> StageSummary:
     """Find and hash files; always runs (hashing is how changes are seen)."""
-    stage_dir = _stage_dir(config, "discover")
+    started = time.perf_counter()
+    here = stage_dir(config, "discover")
     result = discover(config.discover, roots)
     roots_used = [str(r) for r in (roots or config.discover.roots)]
     config_fp = checkpoint.combine_fingerprints(
@@ -129,8 +137,8 @@ def run_discover(config: RagpipeConfig, roots: list[Path] | None = None) -> Stag
         "failed": len(result.failures),
         "skipped": len(result.skipped),
     }
-    return _finish(
-        stage_dir,
+    return finish_stage(
+        here,
         "discover",
         config_fp,
         "",
@@ -140,6 +148,7 @@ def run_discover(config: RagpipeConfig, roots: list[Path] | None = None) -> Stag
             "skipped": (result.skipped, Skip),
         },
         counts,
+        started,
     )
 
 
@@ -153,14 +162,15 @@ def _cache_key(source: SourceFile, config_fp: str) -> str:
 
 def run_convert(config: RagpipeConfig, discovered: StageSummary) -> StageSummary:
     """Convert every discovered file, reusing per-document cache entries."""
-    stage_dir = _stage_dir(config, "convert")
+    started = time.perf_counter()
+    here = stage_dir(config, "convert")
     converter = Converter(config.convert)
     # auto mode resolves to the converter actually available; it is part of the key.
     resolved = converter.pdf_converter_name()
     config_fp = checkpoint.combine_fingerprints(
         [fingerprint(config.convert, CONVERT_VERSION), resolved]
     )
-    reused = _reuse(stage_dir, "convert", config_fp, discovered.output_fingerprint)
+    reused = reuse_stage(here, "convert", config_fp, discovered.output_fingerprint)
     if reused:
         reused.counts = {
             **reused.counts,
@@ -168,8 +178,11 @@ def run_convert(config: RagpipeConfig, discovered: StageSummary) -> StageSummary
             "skipped_unchanged": reused.counts["documents"],
         }
         return reused
-    sources = checkpoint.read_records(_stage_dir(config, "discover") / "files.parquet", SourceFile)
-    cache_dir = stage_dir / "cache"
+    # The files to convert: the plan's (only new and changed files) or discover's (all).
+    sources = checkpoint.read_records(
+        stage_dir(config, discovered.stage) / "files.parquet", SourceFile
+    )
+    cache_dir = here / "cache"
     stats: Counter[str] = Counter()
 
     def convert_one(source: SourceFile) -> Document:
@@ -197,13 +210,14 @@ def run_convert(config: RagpipeConfig, discovered: StageSummary) -> StageSummary
         "failed": len(failures),
         **{f"converter:{k}": v for k, v in Counter(d.converter for d in docs).items()},
     }
-    return _finish(
-        stage_dir,
+    return finish_stage(
+        here,
         "convert",
         config_fp,
         discovered.output_fingerprint,
         {"documents": (docs, Document), "failures": (failures, Failure)},
         counts,
+        started,
     )
 
 
@@ -221,12 +235,13 @@ def _prune_cache(cache_dir: Path, keep: set[str]) -> None:
 
 def run_clean(config: RagpipeConfig, converted: StageSummary) -> StageSummary:
     """Clean every converted document."""
-    stage_dir = _stage_dir(config, "clean")
+    started = time.perf_counter()
+    here = stage_dir(config, "clean")
     config_fp = fingerprint(config.clean, CLEAN_VERSION)
-    reused = _reuse(stage_dir, "clean", config_fp, converted.output_fingerprint)
+    reused = reuse_stage(here, "clean", config_fp, converted.output_fingerprint)
     if reused:
         return reused
-    docs = checkpoint.read_records(_stage_dir(config, "convert") / "documents.parquet", Document)
+    docs = checkpoint.read_records(stage_dir(config, "convert") / "documents.parquet", Document)
 
     def clean_one(doc: Document) -> CleanedDocument:
         result = clean_markdown(doc.markdown, config.clean)
@@ -254,13 +269,14 @@ def run_clean(config: RagpipeConfig, converted: StageSummary) -> StageSummary:
         "failed": len(failures),
         **{f"dropped:{k}": v for k, v in sorted(dropped.items())},
     }
-    return _finish(
-        stage_dir,
+    return finish_stage(
+        here,
         "clean",
         config_fp,
         converted.output_fingerprint,
         {"documents": (cleaned, CleanedDocument), "failures": (failures, Failure)},
         counts,
+        started,
     )
 
 
@@ -280,13 +296,14 @@ def chunk_fingerprint(config: RagpipeConfig) -> str:
 
 def run_chunk(config: RagpipeConfig, cleaned: StageSummary) -> StageSummary:
     """Chunk every cleaned document."""
-    stage_dir = _stage_dir(config, "chunk")
+    started = time.perf_counter()
+    here = stage_dir(config, "chunk")
     config_fp = chunk_fingerprint(config)
-    reused = _reuse(stage_dir, "chunk", config_fp, cleaned.output_fingerprint)
+    reused = reuse_stage(here, "chunk", config_fp, cleaned.output_fingerprint)
     if reused:
         return reused
     docs = checkpoint.read_records(
-        _stage_dir(config, "clean") / "documents.parquet", CleanedDocument
+        stage_dir(config, "clean") / "documents.parquet", CleanedDocument
     )
     counter = TokenCounter(config.chunk.tokenizer)
 
@@ -303,13 +320,14 @@ def run_chunk(config: RagpipeConfig, cleaned: StageSummary) -> StageSummary:
         "failed": len(failures),
         "max_tokens_seen": max((c.token_count for c in chunks), default=0),
     }
-    return _finish(
-        stage_dir,
+    return finish_stage(
+        here,
         "chunk",
         config_fp,
         cleaned.output_fingerprint,
         {"chunks": (chunks, Chunk), "failures": (failures, Failure)},
         counts,
+        started,
     )
 
 
@@ -326,43 +344,73 @@ class IngestSummary:
     failed: int
     chunks: int
     skipped: int = 0  # not ingested on purpose: symlinks not followed, unsupported types
+    added: int = 0
+    changed: int = 0
+    removed: int = 0
+    chunks_written: int = 0
+    chunks_deleted: int = 0
+    deletions_held: int = 0
+    indexed_files: int = 0
+    points_total: int = 0
     failures_by_category: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
     stages: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return self.failed == 0
+        return self.failed == 0 and self.deletions_held == 0
+
+    def line(self) -> str:
+        """One greppable line: the counts a nightly log needs."""
+        return (
+            f"seen={self.seen} added={self.added} changed={self.changed} "
+            f"unchanged={self.skipped_unchanged} removed={self.removed} failed={self.failed} "
+            f"chunks-written={self.chunks_written} chunks-deleted={self.chunks_deleted} "
+            f"points={self.points_total} skipped={self.skipped}"
+            + (f" deletions-held={self.deletions_held}" if self.deletions_held else "")
+        )
+
+
+STAGES_WITH_FAILURES = ("discover", "convert", "clean", "chunk")
 
 
 def write_summary(config: RagpipeConfig, stages: Sequence[StageSummary]) -> IngestSummary:
     """Gather every stage's failures into one table and write the run summary."""
     work = config.paths.work_dir
     failures: list[Failure] = []
-    for stage in ("discover", "convert", "clean", "chunk"):
+    for stage in STAGES_WITH_FAILURES:
         path = work / stage / "failures.parquet"
         if path.is_file():
             failures.extend(checkpoint.read_records(path, Failure))
     checkpoint.write_records(work / "failures.parquet", failures, Failure)
     by_stage = {s.stage: s.counts for s in stages}
+    plan = by_stage.get("plan")
+    upsert = by_stage.get("upsert", {})
     convert_counts = by_stage.get("convert", {})
     summary = IngestSummary(
         seen=by_stage.get("discover", {}).get("seen", 0),
         converted=convert_counts.get("converted", 0),
-        skipped_unchanged=convert_counts.get("skipped_unchanged", 0),
+        skipped_unchanged=(
+            plan.get("unchanged", 0) + plan.get("cleanup", 0)
+            if plan is not None
+            else convert_counts.get("skipped_unchanged", 0)
+        ),
         failed=len(failures),
         chunks=by_stage.get("chunk", {}).get("chunks", 0),
         skipped=by_stage.get("discover", {}).get("skipped", 0),
+        added=(plan or {}).get("added", 0),
+        changed=(plan or {}).get("changed", 0),
+        removed=upsert.get("files_removed", 0),
+        chunks_written=upsert.get("points_written", 0),
+        chunks_deleted=upsert.get("points_deleted", 0),
+        deletions_held=upsert.get("deletions_held", 0),
+        indexed_files=(plan or {}).get("indexed_files", 0),
+        points_total=upsert.get("points_total", 0),
         failures_by_category=dict(Counter(f"{f.stage}:{f.category}" for f in failures)),
+        seconds={s.stage: round(s.seconds, 3) for s in stages},
         stages=by_stage,
     )
     payload = {**asdict(summary), "failures": [asdict(f) for f in failures]}
     checkpoint.atomic_write_bytes(work / "summary.json", json.dumps(payload, indent=2).encode())
-    logger.info(
-        "ingest: seen=%d converted=%d skipped_unchanged=%d failed=%d chunks=%d",
-        summary.seen,
-        summary.converted,
-        summary.skipped_unchanged,
-        summary.failed,
-        summary.chunks,
-    )
+    logger.info("ingest: %s", summary.line())
     return summary

@@ -1,0 +1,481 @@
+"""The second half of ingest: plan the re-index, embed, upsert, delete stale points.
+
+Work directory layout (continuing ``stages``)::
+
+    work_dir/plan/{files,plan}.parquet + manifest.json      files to (re)process
+    work_dir/embed/embeddings.parquet + manifest.json       chunk_id, point_id, vector
+    work_dir/embed/parts/<fingerprint>-<n>.parquet          embedded so far (crash resume)
+    work_dir/upsert/manifest.json                           what the store run did
+
+Invariants of the re-index:
+
+* A point's ID is UUIDv5 over (file path, source SHA, index fingerprint,
+  chunk index): a changed file, or an unchanged file under a changed config,
+  gets new points; re-writing the same version is idempotent.
+* Every point carries ``chunk_total``; a version is complete when all its
+  chunks are stored. Only complete versions count as indexed, so a crash in
+  the middle of an upsert is finished by the next run.
+* New versions are written first; only then are the file's points with
+  another (source SHA, fingerprint) deleted. A changed document is never
+  absent from the store.
+* Files gone from every root are deleted, unless they exceed
+  ``index.max_delete_share`` of the indexed files: then the deletions are
+  held and the run fails (``MassDeletionHeld``) unless allowed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ragpipe import checkpoint
+from ragpipe.chunk import TokenCounter
+from ragpipe.config import RagpipeConfig
+from ragpipe.embed import (
+    Embedder,
+    contextual_text,
+    embedder_fingerprint,
+    embedder_name,
+    fit_context,
+    make_embedder,
+)
+from ragpipe.progress import reporter
+from ragpipe.schemas import Chunk, Failure, PlanEntry, SourceFile
+from ragpipe.stages import StageSummary, chunk_fingerprint, finish_stage, reuse_stage, stage_dir
+from ragpipe.store import IndexPoint, SparseEncoder, VectorStore, Where, open_store
+
+logger = logging.getLogger(__name__)
+
+POINT_NAMESPACE = uuid.UUID("5d1f0c9e-3b7a-4c2e-9a61-0f8e2b4d7c13")
+PART_SIZE = 1024  # chunks embedded between two durable parts
+
+
+def index_fingerprint(config: RagpipeConfig) -> str:
+    """Everything that shapes a stored point: converter, cleaner, chunker, embedder."""
+    return checkpoint.combine_fingerprints(
+        [chunk_fingerprint(config), embedder_fingerprint(config.embed)]
+    )
+
+
+def point_id(file_path: str, source_sha: str, index_fp: str, chunk_index: int) -> str:
+    """Deterministic point ID of one chunk of one version of one file."""
+    key = f"{file_path}\x1f{source_sha}\x1f{index_fp}\x1f{chunk_index}"
+    return str(uuid.uuid5(POINT_NAMESPACE, key))
+
+
+def _read_optional(path: Path, record_type: type) -> list[object]:
+    return checkpoint.read_records(path, record_type) if path.is_file() else []
+
+
+# -- plan ----------------------------------------------------------------------------
+
+
+def run_plan(config: RagpipeConfig, discovered: StageSummary) -> StageSummary:
+    """Diff discovered files against the store in one paginated scroll.
+
+    Always runs: the store, not a checkpoint, is the truth about what is indexed.
+    """
+    started = time.perf_counter()
+    sources = checkpoint.read_records(stage_dir(config, "discover") / "files.parquet", SourceFile)
+    unreadable = {
+        f.file_path
+        for f in checkpoint.read_records(
+            stage_dir(config, "discover") / "failures.parquet", Failure
+        )
+    }
+    index_fp = index_fingerprint(config)
+    store = open_store(config.store, embedder_name(config.embed), None)
+    try:
+        versions = store.file_versions() if store is not None else {}
+    finally:
+        if store is not None:
+            store.close()
+    todo: list[SourceFile] = []
+    entries: list[PlanEntry] = []
+    for source in sources:
+        stored = versions.get(source.file_path, {})
+        current = stored.get((source.sha256, index_fp))
+        if current is not None and current.complete:
+            action = "cleanup" if len(stored) > 1 else "unchanged"
+        else:
+            action = "changed" if stored else "added"
+            todo.append(source)
+        entries.append(PlanEntry(source.file_path, action, source.sha256, len(stored)))
+    # A file that failed discovery (unreadable) still exists: it is not "removed".
+    present = {s.file_path for s in sources} | unreadable
+    for path in sorted(set(versions) - present):
+        entries.append(PlanEntry(path, "removed", None, len(versions[path])))
+    counts = {
+        "indexed_files": len(versions),
+        "points_total": sum(v.points for file in versions.values() for v in file.values()),
+        **{a: 0 for a in ("added", "changed", "unchanged", "cleanup", "removed")},
+        **Counter(e.action for e in entries),
+    }
+    return finish_stage(
+        stage_dir(config, "plan"),
+        "plan",
+        index_fp,
+        discovered.output_fingerprint,
+        {"files": (todo, SourceFile), "plan": (entries, PlanEntry)},
+        counts,
+        started,
+    )
+
+
+# -- embed ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EmbeddingRow:
+    """One chunk's vectors as checkpointed by *embed*.
+
+    ``prefix`` is the contextual prefix the dense vector was computed with;
+    the BM25 term weights are over the same prefixed text.
+    """
+
+    chunk_id: str
+    point_id: str
+    prefix: str
+    vector: npt.NDArray[np.float32]
+    sparse_indices: list[int]
+    sparse_values: list[float]
+
+
+def embeddings_table(rows: Sequence[EmbeddingRow], dim: int, index_fp: str) -> pa.Table:
+    """Arrow table of embedding rows: vectors as fixed-size float32 lists."""
+    flat = (
+        np.concatenate([r.vector for r in rows]).astype(np.float32)
+        if rows
+        else np.zeros(0, np.float32)
+    )
+    table = pa.table(
+        {
+            "chunk_id": pa.array([r.chunk_id for r in rows], pa.string()),
+            "point_id": pa.array([r.point_id for r in rows], pa.string()),
+            "prefix": pa.array([r.prefix for r in rows], pa.string()),
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), dim),
+            "sparse_indices": pa.array([r.sparse_indices for r in rows], pa.list_(pa.uint32())),
+            "sparse_values": pa.array([r.sparse_values for r in rows], pa.list_(pa.float32())),
+        }
+    )
+    return table.replace_schema_metadata({"index_fingerprint": index_fp, "dim": str(dim)})
+
+
+def read_embeddings(path: Path, index_fp: str | None = None) -> dict[str, EmbeddingRow]:
+    """chunk_id -> row; {} when absent, unreadable or written under another fingerprint."""
+    if not path.is_file():
+        return {}
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        logger.warning("ignoring unreadable embeddings %s: %s", path, exc)
+        return {}
+    meta = table.schema.metadata or {}
+    if index_fp is not None and meta.get(b"index_fingerprint", b"").decode() != index_fp:
+        return {}
+    if "sparse_indices" not in table.column_names or not table.num_rows:
+        return {}
+    dim = int(meta[b"dim"])
+    flat = table.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    matrix = flat.reshape(-1, dim).astype(np.float32)
+    columns = [
+        table.column(name).to_pylist()
+        for name in ("chunk_id", "point_id", "prefix", "sparse_indices", "sparse_values")
+    ]
+    return {
+        cid: EmbeddingRow(cid, pid, prefix, matrix[i], indices, values)
+        for i, (cid, pid, prefix, indices, values) in enumerate(zip(*columns, strict=True))
+    }
+
+
+def _texts_to_embed(
+    chunks: Sequence[Chunk], config: RagpipeConfig, embedder: Embedder
+) -> tuple[list[str], list[str], Counter[str]]:
+    """Texts for the model and the prefix each carries (the raw text is stored)."""
+    stats: Counter[str] = Counter()
+    if not config.embed.contextual_prefix:
+        return [c.text for c in chunks], ["" for _ in chunks], stats
+    counter = TokenCounter(config.chunk.tokenizer)
+    texts = [contextual_text(c.file_path, c.heading_path, c.text) for c in chunks]
+    counts = counter.count_many(texts)
+    for i, (chunk, tokens) in enumerate(zip(chunks, counts, strict=True)):
+        if tokens > embedder.max_tokens:
+            texts[i], trimmed = fit_context(
+                chunk.file_path, chunk.heading_path, chunk.text, embedder.max_tokens, counter
+            )
+            stats["prefix_trimmed"] += int(trimmed)
+    prefixes = [
+        t[: len(t) - len(c.text)].removesuffix("\n") for t, c in zip(texts, chunks, strict=True)
+    ]
+    return texts, prefixes, stats
+
+
+def run_embed(config: RagpipeConfig, chunked: StageSummary) -> StageSummary:
+    """Embed every chunk; vectors are saved in parts so a crash does not re-embed."""
+    started = time.perf_counter()
+    here = stage_dir(config, "embed")
+    index_fp = index_fingerprint(config)
+    reused = reuse_stage(here, "embed", index_fp, chunked.output_fingerprint)
+    if reused:
+        return reused
+    chunks = checkpoint.read_records(stage_dir(config, "chunk") / "chunks.parquet", Chunk)
+    kept, duplicates = chunks, 0
+    if config.embed.dedupe_chunks:
+        kept, duplicates = _dedupe(chunks, _indexed_text_shas(config, chunks))
+
+    # Vectors already computed under this fingerprint: the last finished run, then parts.
+    parts_dir = here / "parts"
+    done = read_embeddings(here / "embeddings.parquet", index_fp)
+    for part in sorted(parts_dir.glob(f"{index_fp}-*.parquet")):
+        done.update(read_embeddings(part, index_fp))
+    todo = [c for c in kept if c.chunk_id not in done]
+    reused_n = len(kept) - len(todo)
+    stats: Counter[str] = Counter()
+    dim = 0
+    if todo:
+        embedder = make_embedder(config.embed)
+        dim = embedder.dim
+        sparse = SparseEncoder()
+        texts, prefixes, stats = _texts_to_embed(todo, config, embedder)
+        progress = reporter()
+        progress.start("embed", len(todo))
+        if hasattr(embedder, "progress"):
+            embedder.progress = progress.advance
+        try:
+            order = sorted(range(len(todo)), key=lambda i: -len(texts[i]))
+            seq = len(list(parts_dir.glob(f"{index_fp}-*.parquet")))
+            for start in range(0, len(order), PART_SIZE):
+                group = order[start : start + PART_SIZE]
+                vectors = embedder.embed_documents([texts[i] for i in group])
+                rows = []
+                for row, i in enumerate(group):
+                    chunk = todo[i]
+                    indices, values = sparse.document(texts[i])
+                    pid = point_id(
+                        chunk.file_path, chunk.source_sha256, index_fp, chunk.chunk_index
+                    )
+                    rows.append(
+                        EmbeddingRow(
+                            chunk.chunk_id, pid, prefixes[i], vectors[row], indices, values
+                        )
+                    )
+                done.update((r.chunk_id, r) for r in rows)
+                part = parts_dir / f"{index_fp}-{seq:05d}.parquet"
+                checkpoint.write_table(part, embeddings_table(rows, dim, index_fp))
+                seq += 1
+        finally:
+            progress.finish()
+    elif done:
+        dim = len(next(iter(done.values())).vector)
+    final = [done[c.chunk_id] for c in kept]
+    digest = checkpoint.write_table(
+        here / "embeddings.parquet", embeddings_table(final, dim or 1, index_fp)
+    )
+    manifest = checkpoint.Manifest(
+        "embed",
+        index_fp,
+        chunked.output_fingerprint,
+        {"embeddings.parquet": digest},
+        {
+            "chunks": len(chunks),
+            "embedded": len(todo),
+            "reused": reused_n,
+            "duplicates_skipped": duplicates,
+            "prefix_trimmed": stats["prefix_trimmed"],
+            "dim": dim,
+        },
+    )
+    checkpoint.write_manifest(here, manifest)
+    for part in parts_dir.glob("*.parquet"):  # folded into embeddings.parquet
+        part.unlink(missing_ok=True)
+    seconds = time.perf_counter() - started
+    logger.info("embed: %d embedded, %d reused in %.1fs", len(todo), reused_n, seconds)
+    return StageSummary("embed", manifest.output_fingerprint, manifest.counts, seconds=seconds)
+
+
+def _indexed_text_shas(config: RagpipeConfig, chunks: Sequence[Chunk]) -> set[str]:
+    """Text SHA-256s already indexed for files other than the ones being re-indexed."""
+    store = open_store(config.store, embedder_name(config.embed), None)
+    if store is None:
+        return set()
+    redone = {c.file_path for c in chunks}
+    try:
+        return {
+            str(hit.payload.get("text_sha"))
+            for hit in store.scroll(fields=["file_path", "text_sha"])
+            if hit.payload.get("file_path") not in redone
+        }
+    finally:
+        store.close()
+
+
+def _dedupe(chunks: Sequence[Chunk], indexed: set[str]) -> tuple[list[Chunk], int]:
+    """First chunk per text SHA-256 (in file, then chunk order), skipping indexed texts."""
+    seen: set[str] = set(indexed)
+    kept: list[Chunk] = []
+    for chunk in sorted(chunks, key=lambda c: (c.file_path, c.chunk_index)):
+        if chunk.text_sha256 in seen:
+            continue
+        seen.add(chunk.text_sha256)
+        kept.append(chunk)
+    return kept, len(chunks) - len(kept)
+
+
+# -- upsert and delete ---------------------------------------------------------------
+
+
+def build_points(
+    chunks: Sequence[Chunk], embedded: dict[str, EmbeddingRow], index_fp: str
+) -> list[IndexPoint]:
+    """Points for the embedded chunks; ``chunk_total`` counts each file's stored chunks."""
+    kept = [c for c in chunks if c.chunk_id in embedded]
+    totals = Counter(c.file_path for c in kept)
+    ingested_at = datetime.now(UTC).isoformat()
+    points = []
+    for chunk in kept:
+        row = embedded[chunk.chunk_id]
+        payload = {
+            "text": chunk.text,
+            "context": chunk.context,
+            "file_path": chunk.file_path,
+            "heading_path": list(chunk.heading_path),
+            "page": chunk.page,
+            "line_start": chunk.line_start,
+            "chunk_index": chunk.chunk_index,
+            "chunk_total": totals[chunk.file_path],
+            "char_start": chunk.char_start,
+            "char_end": chunk.char_end,
+            "doc_id": chunk.doc_id,
+            "chunk_id": chunk.chunk_id,
+            "source_sha": chunk.source_sha256,
+            "text_sha": chunk.text_sha256,
+            "config_fingerprint": index_fp,
+            "ingested_at": ingested_at,
+        }
+        points.append(
+            IndexPoint(row.point_id, row.vector, row.sparse_indices, row.sparse_values, payload)
+        )
+    return points
+
+
+def _stale(file_path: str, source_sha: str, index_fp: str) -> Where:
+    """Points of ``file_path`` that are not the (source_sha, index_fp) version."""
+    return Where(
+        must={"file_path": file_path},
+        must_not_all={"source_sha": source_sha, "config_fingerprint": index_fp},
+    )
+
+
+def run_upsert(config: RagpipeConfig, embedded: StageSummary) -> StageSummary:
+    """Write new versions, then delete stale and vanished files' points.
+
+    Always runs (it is idempotent); with nothing planned it writes nothing.
+    """
+    started = time.perf_counter()
+    index_fp = index_fingerprint(config)
+    entries = checkpoint.read_records(stage_dir(config, "plan") / "plan.parquet", PlanEntry)
+    chunks = checkpoint.read_records(stage_dir(config, "chunk") / "chunks.parquet", Chunk)
+    vectors = read_embeddings(stage_dir(config, "embed") / "embeddings.parquet")
+    dim = len(next(iter(vectors.values())).vector) if vectors else 0
+
+    removed = [e for e in entries if e.action == "removed"]
+    cleanup = [e for e in entries if e.action == "cleanup"]
+    indexed = sum(1 for e in entries if e.stored_versions > 0)
+    share = len(removed) / indexed if indexed else 0.0
+    hold = bool(removed) and share > config.index.max_delete_share
+    hold = hold and not config.index.allow_mass_delete
+    counts: Counter[str] = Counter()
+
+    store: VectorStore | None = None
+    name = embedder_name(config.embed)
+    planned = checkpoint.read_manifest(stage_dir(config, "plan"))
+    if vectors:
+        store = open_store(config.store, name, dim)
+    elif cleanup or (removed and not hold):
+        store = open_store(config.store, name, None)
+    else:  # nothing to write or delete: the plan's scroll counted the points
+        counts["points_total"] = planned.counts.get("points_total", 0) if planned else 0
+    try:
+        if store is not None and vectors:
+            points = build_points(chunks, vectors, index_fp)
+            progress = reporter()
+            progress.start("upsert", len(points))
+            try:
+                store.upsert(points, progress=progress.advance)
+            finally:
+                progress.finish()
+            counts["points_written"] = len(points)
+            # Only now that every new version is stored: drop the files' other versions.
+            versions = {(p.payload["file_path"], p.payload["source_sha"]) for p in points}
+            counts["files_written"] = len(versions)
+            # Files the plan saw with no stored version have nothing stale to delete.
+            new = {e.file_path for e in entries if e.action == "added" and not e.stored_versions}
+            for file_path, sha in sorted(versions):
+                if file_path not in new:
+                    counts["points_deleted"] += store.delete(_stale(file_path, sha, index_fp))
+        if store is not None:
+            for entry in cleanup:
+                assert entry.source_sha256 is not None
+                counts["points_deleted"] += store.delete(
+                    _stale(entry.file_path, entry.source_sha256, index_fp)
+                )
+            if removed and not hold:
+                for entry in removed:
+                    counts["points_deleted"] += store.delete(
+                        Where(must={"file_path": entry.file_path})
+                    )
+                counts["files_removed"] = len(removed)
+            counts["points_total"] = store.count()
+    finally:
+        if store is not None:
+            store.close()
+    if hold:
+        counts["deletions_held"] = len(removed)
+    seconds = time.perf_counter() - started
+    here = stage_dir(config, "upsert")
+    result = {
+        k: counts.get(k, 0)
+        for k in (
+            "points_written",
+            "files_written",
+            "points_deleted",
+            "files_removed",
+            "deletions_held",
+            "points_total",
+        )
+    }
+    manifest = checkpoint.Manifest("upsert", index_fp, embedded.output_fingerprint, {}, result)
+    checkpoint.write_manifest(here, manifest)
+    if hold:
+        logger.error(
+            "holding the deletion of %d of %d indexed files (%.0f%% > index.max_delete_share "
+            "%.0f%%)",
+            len(removed),
+            indexed,
+            100 * share,
+            100 * config.index.max_delete_share,
+        )
+    return StageSummary("upsert", manifest.output_fingerprint, result, seconds=seconds)
+
+
+def mass_deletion_message(config: RagpipeConfig, held: int, indexed: int) -> str:
+    """The error a held mass deletion fails the run with."""
+    return (
+        f"{held} of {indexed} indexed files vanished from every root (more than "
+        f"index.max_delete_share = {config.index.max_delete_share:.0%}). New and changed files "
+        "were indexed; the deletions were held. If the files really are gone, re-run with "
+        "--allow-mass-delete (or index.allow_mass_delete: true); if a share is unmounted or a "
+        "root is wrong, fix that first. The list is in "
+        f"{stage_dir(config, 'plan') / 'plan.parquet'}."
+    )

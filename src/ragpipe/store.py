@@ -1,0 +1,642 @@
+"""Vector stores behind one protocol: Qdrant Edge (embedded) and qdrant-client.
+
+Both hold the same points: a named dense vector ``dense`` (cosine), a named
+sparse vector ``bm25`` with Qdrant's IDF modifier (term frequencies computed
+here with Qdrant's own BM25 tokenizer, so hybrid search runs inside Qdrant),
+and the chunk payload. Point IDs are deterministic (see ``indexing``).
+
+The store records which embedder wrote it (``StoreMeta``); opening it with
+another embedder or dimension is a ``ConfigError`` before any work starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from ragpipe.checkpoint import atomic_write_bytes
+from ragpipe.config import StoreBackend, StoreConfig
+from ragpipe.errors import ConfigError, StageError
+
+if TYPE_CHECKING:
+    import qdrant_edge
+    from qdrant_client.http import models as qm
+
+logger = logging.getLogger(__name__)
+
+DENSE = "dense"
+SPARSE = "bm25"
+META_FILE = "ragpipe-store.json"
+STORE_SCHEMA = 1
+# Payload fields read by the re-index diff (one scroll over the whole store).
+VERSION_FIELDS = ["file_path", "source_sha", "config_fingerprint", "chunk_total"]
+KEYWORD_FIELDS = ["file_path", "source_sha", "config_fingerprint", "doc_id"]
+
+Value = str | int
+Match = Value | Sequence[Value]
+
+
+@dataclass(frozen=True)
+class StoreMeta:
+    """What wrote the vectors: checked on every open."""
+
+    embedder: str
+    dim: int | None  # None: open an existing store only, whatever its size
+    sparse: str = "qdrant-bm25"
+    schema: int = STORE_SCHEMA
+    created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
+
+    def check(self, stored: dict[str, Any], where: str) -> None:
+        """Raise ConfigError when the stored metadata does not match this embedder."""
+        problems = []
+        if self.dim is not None and stored.get("dim") != self.dim:
+            problems.append(f"dimension {stored.get('dim')} (configured: {self.dim})")
+        if stored.get("embedder") != self.embedder:
+            problems.append(f"embedder {stored.get('embedder')!r} (configured: {self.embedder!r})")
+        if problems:
+            raise ConfigError(
+                f"the index at {where} was built with {' and '.join(problems)}. Vectors of "
+                "different models cannot be mixed: set embed.provider/embed.model/"
+                "embed.dimensions back, or point store.path / store.collection at a new index "
+                "(the next run re-embeds everything into it)."
+            )
+
+
+@dataclass(frozen=True)
+class Where:
+    """A backend-neutral payload filter.
+
+    ``must``: every key matches (a list value means any of it).
+    ``must_not_all``: excluded when *all* of these match together.
+    """
+
+    must: dict[str, Match] = field(default_factory=dict)
+    must_not_all: dict[str, Value] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class IndexPoint:
+    """One chunk as stored."""
+
+    point_id: str
+    dense: npt.NDArray[np.float32]
+    sparse_indices: list[int]
+    sparse_values: list[float]
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A search result."""
+
+    point_id: str
+    score: float
+    payload: dict[str, Any]
+
+
+@dataclass
+class VersionStats:
+    """Points stored for one (file, source SHA, config fingerprint)."""
+
+    points: int = 0
+    chunk_total: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.points >= self.chunk_total > 0
+
+
+FileVersions = dict[str, dict[tuple[str, str], VersionStats]]
+
+
+class VectorStore(Protocol):
+    """What the pipeline needs from an index."""
+
+    location: str
+
+    def upsert(
+        self, points: Sequence[IndexPoint], progress: Callable[[int], None] | None = None
+    ) -> None:
+        """Insert or replace points in batches; durable when this returns."""
+        ...
+
+    def delete(self, where: Where) -> int:
+        """Delete matching points; returns how many there were. Durable after close()."""
+        ...
+
+    def count(self, where: Where | None = None) -> int:
+        """Exact number of (matching) points."""
+        ...
+
+    def file_versions(self) -> FileVersions:
+        """Per file, per (source SHA, config fingerprint): points stored, chunks expected."""
+        ...
+
+    def scroll(self, where: Where | None = None, fields: list[str] | None = None) -> Iterator[Hit]:
+        """Every matching point (score 0), page by page."""
+        ...
+
+    def query_dense(
+        self, vector: npt.NDArray[np.float32], limit: int, where: Where | None = None
+    ) -> list[Hit]:
+        """Nearest points by cosine similarity."""
+        ...
+
+    def query_sparse(self, text: str, limit: int, where: Where | None = None) -> list[Hit]:
+        """BM25 (IDF computed by Qdrant over the stored points)."""
+        ...
+
+    def query_hybrid(
+        self,
+        vector: npt.NDArray[np.float32],
+        text: str,
+        limit: int,
+        prefetch: int,
+        where: Where | None = None,
+        rrf_k: int = 60,
+    ) -> list[Hit]:
+        """Dense and BM25 legs of ``prefetch`` each, fused in Qdrant by RRF 1/(k + rank)."""
+        ...
+
+    def close(self) -> None:
+        """Flush and release the store."""
+        ...
+
+
+class SparseEncoder:
+    """Qdrant's BM25 text-to-sparse model (term frequencies; IDF is the store's)."""
+
+    def __init__(self) -> None:
+        import qdrant_edge
+
+        self._bm25 = qdrant_edge.Bm25()
+
+    def document(self, text: str) -> tuple[list[int], list[float]]:
+        vector = self._bm25.embed_document(text)
+        return list(vector.indices), list(vector.values)
+
+    def query(self, text: str) -> tuple[list[int], list[float]]:
+        vector = self._bm25.embed_query(text)
+        return list(vector.indices), list(vector.values)
+
+
+def _hit(point_id: Any, score: float, payload: dict[str, Any] | None) -> Hit:
+    return Hit(str(point_id), float(score), dict(payload or {}))
+
+
+def _accumulate(versions: FileVersions, payload: dict[str, Any]) -> None:
+    key = (str(payload.get("source_sha")), str(payload.get("config_fingerprint")))
+    stats = versions[str(payload.get("file_path"))].setdefault(key, VersionStats())
+    stats.points += 1
+    stats.chunk_total = int(payload.get("chunk_total") or 0)
+
+
+# -- Qdrant Edge ---------------------------------------------------------------------
+
+
+class EdgeStore:
+    """Qdrant Edge: the real engine in-process, one shard directory."""
+
+    def __init__(self, path: Path, meta: StoreMeta, batch_size: int = 256, page: int = 1000):
+        import qdrant_edge as qe
+
+        self._qe = qe
+        self.path = path
+        self.location = f"edge:{path}"
+        self.batch_size = batch_size
+        self.page = page
+        self._sparse = SparseEncoder()
+        meta_path = path / META_FILE
+        if meta_path.is_file():
+            stored = json.loads(meta_path.read_text(encoding="utf-8"))
+            meta.check(stored, str(path))
+        try:
+            if (path / "segments").is_dir():
+                self._shard = qe.EdgeShard.load(str(path))
+                self._check_shard_dim(meta)
+            else:
+                self._shard = self._create(meta)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            if "WouldBlock" in str(exc):
+                raise StageError(
+                    f"the Qdrant Edge store at {path} is open in another process (another "
+                    "ingest running?); wait for it to finish"
+                ) from exc
+            raise StageError(f"cannot open the Qdrant Edge store at {path}: {exc}") from exc
+        if not meta_path.is_file() and meta.dim is not None:
+            atomic_write_bytes(meta_path, json.dumps(asdict(meta), indent=2).encode())
+
+    def _create(self, meta: StoreMeta) -> qdrant_edge.EdgeShard:
+        qe = self._qe
+        assert meta.dim is not None
+        config = qe.EdgeConfig(
+            vectors={DENSE: qe.EdgeVectorParams(size=meta.dim, distance=qe.Distance.Cosine)},
+            sparse_vectors={SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
+        )
+        shard: qdrant_edge.EdgeShard = qe.EdgeShard.create(str(self.path), config)
+        for name in KEYWORD_FIELDS:
+            shard.update(qe.UpdateOperation.create_field_index(name, qe.PayloadSchemaType.Keyword))
+        text_index = qe.TextIndexParams(tokenizer=qe.TokenizerType.Word, lowercase=True)
+        shard.update(qe.UpdateOperation.create_field_index("text", text_index))
+        shard.flush()
+        return shard
+
+    def _check_shard_dim(self, meta: StoreMeta) -> None:
+        config_file = self.path / "edge_config.json"
+        if not config_file.is_file():
+            return
+        stored = json.loads(config_file.read_text(encoding="utf-8"))
+        size = stored.get("vectors", {}).get(DENSE, {}).get("size")
+        if meta.dim is not None and size is not None and size != meta.dim:
+            self._shard.close()
+            meta.check({"dim": size, "embedder": meta.embedder}, str(self.path))
+
+    def _filter(self, where: Where | None) -> qdrant_edge.Filter | None:
+        if where is None:
+            return None
+        qe = self._qe
+
+        def condition(key: str, value: Match) -> Any:
+            if isinstance(value, str | int):
+                return qe.FieldCondition(key, match=qe.MatchValue(value))
+            return qe.FieldCondition(key, match=qe.MatchAny([str(v) for v in value]))
+
+        must: list[Any] = [condition(k, v) for k, v in where.must.items()]
+        must_not: list[Any] = []
+        if where.must_not_all:
+            inner = [condition(k, v) for k, v in where.must_not_all.items()]
+            must_not.append(qe.Filter(must=inner))
+        flt: qdrant_edge.Filter = qe.Filter(must=must or None, must_not=must_not or None)
+        return flt
+
+    def upsert(
+        self, points: Sequence[IndexPoint], progress: Callable[[int], None] | None = None
+    ) -> None:
+        qe = self._qe
+        for start in range(0, len(points), self.batch_size):
+            batch = [
+                qe.Point(
+                    uuid.UUID(p.point_id),
+                    {
+                        DENSE: p.dense.tolist(),
+                        SPARSE: qe.SparseVector(p.sparse_indices, p.sparse_values),
+                    },
+                    p.payload,
+                )
+                for p in points[start : start + self.batch_size]
+            ]
+            self._shard.update(qe.UpdateOperation.upsert_points(batch))
+            if progress is not None:
+                progress(len(batch))
+        self._shard.flush()  # once: the WAL already holds every batch
+
+    def delete(self, where: Where) -> int:
+        qe = self._qe
+        flt = self._filter(where)
+        n = self._shard.count(qe.CountRequest(exact=True, filter=flt))
+        if n:
+            assert flt is not None
+            self._shard.update(qe.UpdateOperation.delete_points_by_filter(flt))
+        return int(n)
+
+    def count(self, where: Where | None = None) -> int:
+        return int(self._shard.count(self._qe.CountRequest(exact=True, filter=self._filter(where))))
+
+    def scroll(self, where: Where | None = None, fields: list[str] | None = None) -> Iterator[Hit]:
+        qe = self._qe
+        offset: Any = None
+        while True:
+            request = qe.ScrollRequest(
+                offset=offset,
+                limit=self.page,
+                filter=self._filter(where),
+                with_payload=fields if fields is not None else True,
+            )
+            records, offset = self._shard.scroll(request)
+            for record in records:
+                yield _hit(record.id, 0.0, record.payload)
+            if offset is None:
+                return
+
+    def file_versions(self) -> FileVersions:
+        versions: FileVersions = defaultdict(dict)
+        for hit in self.scroll(fields=VERSION_FIELDS):
+            _accumulate(versions, hit.payload)
+        return dict(versions)
+
+    def _query(self, request: qdrant_edge.QueryRequest) -> list[Hit]:
+        return [_hit(p.id, p.score, p.payload) for p in self._shard.query(request)]
+
+    def query_dense(
+        self, vector: npt.NDArray[np.float32], limit: int, where: Where | None = None
+    ) -> list[Hit]:
+        qe = self._qe
+        return self._query(
+            qe.QueryRequest(
+                limit=limit,
+                query=qe.Query.Nearest(vector.tolist(), using=DENSE),
+                filter=self._filter(where),
+                with_payload=True,
+            )
+        )
+
+    def _sparse_query(self, text: str) -> qdrant_edge.Query:
+        indices, values = self._sparse.query(text)
+        return self._qe.Query.Nearest(self._qe.SparseVector(indices, values), using=SPARSE)
+
+    def query_sparse(self, text: str, limit: int, where: Where | None = None) -> list[Hit]:
+        return self._query(
+            self._qe.QueryRequest(
+                limit=limit,
+                query=self._sparse_query(text),
+                filter=self._filter(where),
+                with_payload=True,
+            )
+        )
+
+    def query_hybrid(
+        self,
+        vector: npt.NDArray[np.float32],
+        text: str,
+        limit: int,
+        prefetch: int,
+        where: Where | None = None,
+        rrf_k: int = 60,
+    ) -> list[Hit]:
+        qe = self._qe
+        flt = self._filter(where)
+        dense = qe.Query.Nearest(vector.tolist(), using=DENSE)
+        legs = [
+            qe.Prefetch(limit=prefetch, query=dense, filter=flt),
+            qe.Prefetch(limit=prefetch, query=self._sparse_query(text), filter=flt),
+        ]
+        return self._query(
+            qe.QueryRequest(
+                limit=limit,
+                prefetches=legs,
+                # Qdrant counts ranks from 0: k + 1 gives the classic 1/(k + rank from 1).
+                query=qe.Fusion.Rrf(k=rrf_k + 1),
+                filter=flt,
+                with_payload=True,
+            )
+        )
+
+    def close(self) -> None:
+        self._shard.flush()
+        self._shard.close()
+
+
+# -- qdrant-client -------------------------------------------------------------------
+
+
+class QdrantStore:
+    """qdrant-client against a server or cluster, or its local mode."""
+
+    def __init__(self, config: StoreConfig, meta: StoreMeta) -> None:
+        from qdrant_client import QdrantClient
+        from qdrant_client.http import models as qm
+
+        self._qm = qm
+        self.collection = config.collection
+        self.batch_size = config.batch_size
+        self.page = config.scroll_page
+        self._sparse = SparseEncoder()
+        api_key = config.api_key.get_secret_value() if config.api_key else None
+        try:
+            if config.url:
+                self.location = f"qdrant:{config.url}/{config.collection}"
+                self.client = QdrantClient(
+                    url=config.url, api_key=api_key, https=config.https, timeout=config.timeout_s
+                )
+                self.local = False
+            else:
+                path = str(config.path)
+                self.location = f"qdrant-local:{path}/{config.collection}"
+                if path == ":memory:":
+                    self.client = QdrantClient(location=":memory:")
+                else:
+                    self.client = QdrantClient(path=path)
+                self.local = True
+            exists = self.client.collection_exists(self.collection)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            where = config.url or str(config.path)
+            raise StageError(
+                f"cannot reach Qdrant at {where}: {type(exc).__name__}: {exc}. Check store.url "
+                "(RAGPIPE_STORE__URL), store.api_key and that the server is up."
+            ) from exc
+        self.exists = exists
+        if exists:
+            self._check(meta)
+        elif meta.dim is not None:
+            self._create(meta)
+            self.exists = True
+
+    def _check(self, meta: StoreMeta) -> None:
+        info = self.client.get_collection(self.collection)
+        stored = dict(info.config.metadata or {})
+        vectors = info.config.params.vectors
+        size = vectors[DENSE].size if isinstance(vectors, dict) and DENSE in vectors else None
+        if size is None:
+            raise ConfigError(
+                f"collection {self.collection!r} at {self.location} was not created by ragpipe "
+                f"(no '{DENSE}' vector); choose another store.collection"
+            )
+        stored.setdefault("dim", size)
+        stored.setdefault("embedder", meta.embedder)
+        meta.check(stored, self.location)
+
+    def _create(self, meta: StoreMeta) -> None:
+        models = self._qm
+        assert meta.dim is not None
+        self.client.create_collection(
+            self.collection,
+            vectors_config={
+                DENSE: models.VectorParams(size=meta.dim, distance=models.Distance.COSINE)
+            },
+            sparse_vectors_config={SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)},
+            metadata=asdict(meta),
+        )
+        if self.local:
+            return  # local mode ignores payload indexes (and warns about each)
+        for name in KEYWORD_FIELDS:
+            self.client.create_payload_index(
+                self.collection, name, models.PayloadSchemaType.KEYWORD, wait=True
+            )
+        self.client.create_payload_index(
+            self.collection,
+            "text",
+            models.TextIndexParams(
+                type=models.TextIndexType.TEXT, tokenizer=models.TokenizerType.WORD, lowercase=True
+            ),
+            wait=True,
+        )
+
+    def _filter(self, where: Where | None) -> qm.Filter | None:
+        if where is None:
+            return None
+        models = self._qm
+
+        def condition(key: str, value: Match) -> Any:
+            if isinstance(value, str | int):
+                return models.FieldCondition(key=key, match=models.MatchValue(value=value))
+            return models.FieldCondition(
+                key=key, match=models.MatchAny(any=[str(v) for v in value])
+            )
+
+        must: list[Any] = [condition(k, v) for k, v in where.must.items()]
+        must_not: list[Any] = []
+        if where.must_not_all:
+            inner: list[Any] = [condition(k, v) for k, v in where.must_not_all.items()]
+            must_not.append(models.Filter(must=inner))
+        return cast("qm.Filter", models.Filter(must=must or None, must_not=must_not or None))
+
+    def upsert(
+        self, points: Sequence[IndexPoint], progress: Callable[[int], None] | None = None
+    ) -> None:
+        models = self._qm
+        for start in range(0, len(points), self.batch_size):
+            batch = [
+                models.PointStruct(
+                    id=p.point_id,
+                    vector={
+                        DENSE: p.dense.tolist(),
+                        SPARSE: models.SparseVector(
+                            indices=p.sparse_indices, values=p.sparse_values
+                        ),
+                    },
+                    payload=p.payload,
+                )
+                for p in points[start : start + self.batch_size]
+            ]
+            self.client.upsert(self.collection, batch, wait=True)
+            if progress is not None:
+                progress(len(batch))
+
+    def delete(self, where: Where) -> int:
+        n = self.count(where)
+        if n:
+            flt = self._filter(where)
+            assert flt is not None
+            self.client.delete(
+                self.collection, points_selector=self._qm.FilterSelector(filter=flt), wait=True
+            )
+        return n
+
+    def count(self, where: Where | None = None) -> int:
+        result = self.client.count(self.collection, count_filter=self._filter(where), exact=True)
+        return int(result.count)
+
+    def scroll(self, where: Where | None = None, fields: list[str] | None = None) -> Iterator[Hit]:
+        offset: Any = None
+        while True:
+            records, offset = self.client.scroll(
+                self.collection,
+                scroll_filter=self._filter(where),
+                limit=self.page,
+                offset=offset,
+                with_payload=fields if fields is not None else True,
+                with_vectors=False,
+            )
+            for record in records:
+                yield _hit(record.id, 0.0, record.payload)
+            if offset is None:
+                return
+
+    def file_versions(self) -> FileVersions:
+        versions: FileVersions = defaultdict(dict)
+        for hit in self.scroll(fields=VERSION_FIELDS):
+            _accumulate(versions, hit.payload)
+        return dict(versions)
+
+    def _points(self, **kwargs: Any) -> list[Hit]:
+        response = self.client.query_points(self.collection, with_payload=True, **kwargs)
+        return [_hit(p.id, p.score, p.payload) for p in response.points]
+
+    def query_dense(
+        self, vector: npt.NDArray[np.float32], limit: int, where: Where | None = None
+    ) -> list[Hit]:
+        return self._points(
+            query=vector.tolist(), using=DENSE, limit=limit, query_filter=self._filter(where)
+        )
+
+    def _sparse_vector(self, text: str) -> qm.SparseVector:
+        indices, values = self._sparse.query(text)
+        return self._qm.SparseVector(indices=indices, values=values)
+
+    def query_sparse(self, text: str, limit: int, where: Where | None = None) -> list[Hit]:
+        return self._points(
+            query=self._sparse_vector(text),
+            using=SPARSE,
+            limit=limit,
+            query_filter=self._filter(where),
+        )
+
+    def query_hybrid(
+        self,
+        vector: npt.NDArray[np.float32],
+        text: str,
+        limit: int,
+        prefetch: int,
+        where: Where | None = None,
+        rrf_k: int = 60,
+    ) -> list[Hit]:
+        models = self._qm
+        flt = self._filter(where)
+        legs = [
+            models.Prefetch(query=vector.tolist(), using=DENSE, limit=prefetch, filter=flt),
+            models.Prefetch(
+                query=self._sparse_vector(text), using=SPARSE, limit=prefetch, filter=flt
+            ),
+        ]
+        return self._points(
+            prefetch=legs,
+            # Qdrant counts ranks from 0: k + 1 gives the classic 1/(k + rank from 1).
+            query=models.RrfQuery(rrf=models.Rrf(k=rrf_k + 1)),
+            limit=limit,
+            query_filter=flt,
+        )
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def open_store(config: StoreConfig, embedder: str, dim: int | None) -> VectorStore | None:
+    """Open the configured store, checking it was built by ``embedder``.
+
+    With ``dim`` the store is created on first use; with ``dim=None`` an
+    existing store is opened (for diffing and deleting) and None is returned
+    when there is none yet.
+    """
+    meta = StoreMeta(embedder=embedder, dim=dim)
+    if config.backend == StoreBackend.EDGE:
+        if dim is None and not (config.path / "segments").is_dir():
+            return None
+        return EdgeStore(config.path, meta, config.batch_size, config.scroll_page)
+    store = QdrantStore(config, meta)
+    if not store.exists:
+        store.close()
+        return None
+    return store
+
+
+def peek_meta(config: StoreConfig) -> dict[str, Any] | None:
+    """The stored metadata of an Edge store without opening it (None if absent)."""
+    meta_path = config.path / META_FILE
+    if config.backend == StoreBackend.EDGE and meta_path.is_file():
+        data: dict[str, Any] = json.loads(meta_path.read_text(encoding="utf-8"))
+        return data
+    return None
