@@ -372,25 +372,19 @@ class OllamaEmbedder:
         return _row(self._embed([self.query_prefix + text]))
 
 
-class TruncatedEmbedder:
-    """Matryoshka truncation: the first ``dimensions`` components, re-normalised."""
+class _Wrapper:
+    """An embedder that forwards identity, size, limits and progress to ``inner``."""
 
-    def __init__(self, inner: Embedder, dimensions: int) -> None:
-        if dimensions > inner.dim:
-            raise ConfigError(
-                f"embed.dimensions ({dimensions}) exceeds {inner.name}'s size ({inner.dim}); "
-                "lower it or leave it unset"
-            )
+    def __init__(self, inner: Embedder) -> None:
         self.inner = inner
-        self.dimensions = dimensions
 
     @property
     def name(self) -> str:
-        return f"{self.inner.name}@{self.dimensions}"
+        return self.inner.name
 
     @property
     def dim(self) -> int:
-        return self.dimensions
+        return self.inner.dim
 
     @property
     def max_tokens(self) -> int:
@@ -403,6 +397,27 @@ class TruncatedEmbedder:
     @progress.setter
     def progress(self, value: Callable[[int], None] | None) -> None:
         self.inner.progress = value  # type: ignore[attr-defined]
+
+
+class TruncatedEmbedder(_Wrapper):
+    """Matryoshka truncation: the first ``dimensions`` components, re-normalised."""
+
+    def __init__(self, inner: Embedder, dimensions: int) -> None:
+        if dimensions > inner.dim:
+            raise ConfigError(
+                f"embed.dimensions ({dimensions}) exceeds {inner.name}'s size ({inner.dim}); "
+                "lower it or leave it unset"
+            )
+        super().__init__(inner)
+        self.dimensions = dimensions
+
+    @property
+    def name(self) -> str:
+        return f"{self.inner.name}@{self.dimensions}"
+
+    @property
+    def dim(self) -> int:
+        return self.dimensions
 
     def embed_documents(self, texts: Sequence[str]) -> Matrix:
         return normalise(self.inner.embed_documents(texts)[:, : self.dimensions])
@@ -438,33 +453,13 @@ def make_embedder(config: EmbedConfig) -> Embedder:
     return embedder
 
 
-class _Prefixed:
+class _Prefixed(_Wrapper):
     """Instruction prefixes for in-process models that were trained with them."""
 
     def __init__(self, inner: Embedder, document_prefix: str, query_prefix: str) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.document_prefix = document_prefix
         self.query_prefix = query_prefix
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
-
-    @property
-    def max_tokens(self) -> int:
-        return self.inner.max_tokens
-
-    @property
-    def progress(self) -> Callable[[int], None] | None:
-        return getattr(self.inner, "progress", None)
-
-    @progress.setter
-    def progress(self, value: Callable[[int], None] | None) -> None:
-        self.inner.progress = value  # type: ignore[attr-defined]
 
     def embed_documents(self, texts: Sequence[str]) -> Matrix:
         return self.inner.embed_documents([self.document_prefix + t for t in texts])

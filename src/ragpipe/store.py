@@ -201,10 +201,24 @@ def _accumulate(versions: FileVersions, payload: dict[str, Any]) -> None:
     stats.chunk_total = int(payload.get("chunk_total") or 0)
 
 
+class _Scrolling:
+    """What both backends derive from their ``scroll``."""
+
+    def scroll(self, where: Where | None = None, fields: list[str] | None = None) -> Iterator[Hit]:
+        raise NotImplementedError
+
+    def file_versions(self) -> FileVersions:
+        """Per file, per (source SHA, config fingerprint): points stored, chunks expected."""
+        versions: FileVersions = defaultdict(dict)
+        for hit in self.scroll(fields=VERSION_FIELDS):
+            _accumulate(versions, hit.payload)
+        return dict(versions)
+
+
 # -- Qdrant Edge ---------------------------------------------------------------------
 
 
-class EdgeStore:
+class EdgeStore(_Scrolling):
     """Qdrant Edge: the real engine in-process, one shard directory."""
 
     def __init__(self, path: Path, meta: StoreMeta, batch_size: int = 256, page: int = 1000):
@@ -330,12 +344,6 @@ class EdgeStore:
             if offset is None:
                 return
 
-    def file_versions(self) -> FileVersions:
-        versions: FileVersions = defaultdict(dict)
-        for hit in self.scroll(fields=VERSION_FIELDS):
-            _accumulate(versions, hit.payload)
-        return dict(versions)
-
     def _query(self, request: qdrant_edge.QueryRequest) -> list[Hit]:
         return [_hit(p.id, p.score, p.payload) for p in self._shard.query(request)]
 
@@ -401,7 +409,7 @@ class EdgeStore:
 # -- qdrant-client -------------------------------------------------------------------
 
 
-class QdrantStore:
+class QdrantStore(_Scrolling):
     """qdrant-client against a server or cluster, or its local mode."""
 
     def __init__(self, config: StoreConfig, meta: StoreMeta) -> None:
@@ -555,12 +563,6 @@ class QdrantStore:
                 yield _hit(record.id, 0.0, record.payload)
             if offset is None:
                 return
-
-    def file_versions(self) -> FileVersions:
-        versions: FileVersions = defaultdict(dict)
-        for hit in self.scroll(fields=VERSION_FIELDS):
-            _accumulate(versions, hit.payload)
-        return dict(versions)
 
     def _points(self, **kwargs: Any) -> list[Hit]:
         response = self.client.query_points(self.collection, with_payload=True, **kwargs)
