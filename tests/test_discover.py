@@ -97,3 +97,24 @@ def test_single_file_root_and_stable_paths(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.chdir(tmp_path)
     result = discover(DiscoverConfig(roots=[Path("docs/a.md"), Path("docs")]))
     assert [f.file_path for f in result.files] == ["docs/a.md", "docs/c.py", "docs/sub/b.txt"]
+
+
+def test_a_fifo_is_skipped_not_waited_on(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe.md")  # opening it for reading would block forever
+    (tmp_path / "ok.md").write_text("fine")
+    result = discover(DiscoverConfig(roots=[tmp_path]))
+    assert [Path(f.file_path).name for f in result.files] == ["ok.md"]
+    assert [(Path(s.file_path).name, s.reason) for s in result.skipped] == [
+        ("pipe.md", "not_a_file")
+    ]
+
+
+def test_everything_below_an_ignored_directory_is_ignored(tmp_path: Path) -> None:
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "a.md").write_text("a")
+    (tmp_path / "node_modules" / "pkg").mkdir(parents=True)
+    (tmp_path / "node_modules" / "pkg" / "b.md").write_text("b")
+    os.symlink(tmp_path / "nowhere", tmp_path / "node_modules" / "pkg" / "broken.md")
+    result = discover(DiscoverConfig(roots=[tmp_path], follow_symlinks=True))
+    assert [Path(f.file_path).name for f in result.files] == ["a.md"]
+    assert result.failures == []  # not even the broken link below it

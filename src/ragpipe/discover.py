@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -77,18 +78,42 @@ def is_ignored(rel_path: str, patterns: list[str]) -> bool:
     ``**/name`` matches ``name`` at any depth; a pattern without a slash
     matches the file name at any depth (like ``.gitignore``).
     """
-    name = PurePosixPath(rel_path).name
-    for pattern in patterns:
-        pat = pattern.strip().lstrip("/")
-        if not pat:
-            continue
-        if pat.endswith("/**") and (rel_path == pat[:-3] or _glob_regex(pat).match(rel_path)):
+    return IgnoreRules(patterns).ignores(rel_path)
+
+
+def _any_of(regexes: list[re.Pattern[str]]) -> re.Pattern[str] | None:
+    return re.compile("|".join(f"(?:{r.pattern})" for r in regexes)) if regexes else None
+
+
+class IgnoreRules:
+    """Ignore globs compiled once per discovery: one regex per kind of match."""
+
+    def __init__(self, patterns: list[str]) -> None:
+        paths, names, dirs = [], [], []
+        for pattern in patterns:
+            pat = pattern.strip().lstrip("/")
+            if not pat:
+                continue
+            paths.append(_glob_regex(pat))
+            if "/" not in pat:
+                names.append(_glob_regex(pat))
+            if pat.endswith("/**"):
+                dirs.append(_glob_regex(pat[:-3]))
+        self._path = _any_of(paths)
+        self._name = _any_of(names)
+        self._dir = _any_of(dirs)
+
+    def ignores(self, rel_path: str) -> bool:
+        """Whether the file (or link) at ``rel_path`` is ignored."""
+        if self._path is not None and self._path.match(rel_path):
             return True
-        if "/" not in pat and _glob_regex(pat).match(name):
+        if self._name is not None and self._name.match(rel_path.rpartition("/")[2]):
             return True
-        if _glob_regex(pat).match(rel_path):
-            return True
-    return False
+        return self.prunes(rel_path)
+
+    def prunes(self, rel_dir: str) -> bool:
+        """Whether everything below the directory ``rel_dir`` is ignored (skip walking it)."""
+        return self._dir is not None and self._dir.match(rel_dir) is not None
 
 
 def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
@@ -100,9 +125,9 @@ def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def kind_of(path: Path, text_extensions: list[str]) -> str | None:
+def kind_of(path: str | os.PathLike[str], text_extensions: list[str]) -> str | None:
     """Document kind by extension, or None when the type is not ingested."""
-    ext = path.suffix.lower().lstrip(".")
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
     if ext in KINDS:
         return KINDS[ext]
     if ext in text_extensions:
@@ -110,27 +135,45 @@ def kind_of(path: Path, text_extensions: list[str]) -> str | None:
     return None
 
 
-def _walk(root: Path, follow: bool, on_error: Callable[[OSError], None]) -> Iterator[Path]:
+def _walk(
+    root: str, rules: IgnoreRules, follow: bool, on_error: Callable[[OSError], None]
+) -> Iterator[tuple[os.DirEntry[str], str]]:
+    """Depth-first, name-sorted: (entry, root-relative path) of everything but directories.
+
+    Symbolic links to directories are yielded (not entered) unless ``follow``;
+    followed directories already visited (a link loop) are not entered again.
+    Directories an ignore glob covers entirely are not entered at all.
+    """
     seen_dirs: set[tuple[int, int]] = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=follow, onerror=on_error):
+    stack = [(root, "")]
+    while stack:
+        dirpath, rel_dir = stack.pop()
         if follow:
             try:
                 st = os.stat(dirpath)
             except OSError:
-                dirnames[:] = []
                 continue
-            key = (st.st_dev, st.st_ino)
-            if key in seen_dirs:  # a symlink loop: do not descend again
-                dirnames[:] = []
+            if (st.st_dev, st.st_ino) in seen_dirs:
                 continue
-            seen_dirs.add(key)
-        dirnames.sort()
-        for name in sorted(filenames):
-            yield Path(dirpath) / name
-        if not follow:
-            for name in dirnames:
-                if (Path(dirpath) / name).is_symlink():
-                    yield Path(dirpath) / name
+            seen_dirs.add((st.st_dev, st.st_ino))
+        try:
+            with os.scandir(dirpath) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            on_error(exc)
+            continue
+        subdirs = []
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            try:
+                is_dir = entry.is_dir(follow_symlinks=follow)
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                yield entry, rel
+            elif not rules.prunes(rel):
+                subdirs.append((entry.path, rel))
+        stack.extend(reversed(subdirs))
 
 
 def discover(
@@ -152,6 +195,7 @@ def discover(
     """
     result = DiscoverResult()
     seen_real: set[str] = set()
+    rules = IgnoreRules(config.ignore)
     for root in roots or config.roots:
         root_label = PurePosixPath(os.path.normpath(root).replace(os.sep, "/")).as_posix()
         if not root.exists():
@@ -159,23 +203,43 @@ def discover(
                 Failure(root_label, STAGE, "missing_root", f"root {root} does not exist")
             )
             continue
+        if root.is_file():
+            if not rules.ignores(root.name):
+                real = os.path.realpath(root)
+                _consider(
+                    str(root), root_label, root_label, real, config, result, seen_real, progress
+                )
+            continue
 
         def on_error(exc: OSError, label: str = root_label) -> None:
             result.failures.append(
                 Failure(exc.filename or label, STAGE, "unreadable", exc.strerror or str(exc))
             )
 
-        candidates = [root] if root.is_file() else _walk(root, config.follow_symlinks, on_error)
-        for path in candidates:
-            if root.is_file():
-                rel = path.name
-                file_path = root_label
-            else:
-                rel = path.relative_to(root).as_posix()
-                file_path = f"{root_label}/{rel}" if root_label != "." else rel
-            if is_ignored(rel, config.ignore):
+        # Without following links every directory below the root is a real one.
+        real_root = os.path.realpath(root)
+        follow = config.follow_symlinks
+        prefix = f"{root_label}/" if root_label != "." else ""
+        for entry, rel in _walk(str(root), rules, follow, on_error):
+            if rules.ignores(rel):
                 continue
-            _consider(path, file_path, root_label, config, result, seen_real, progress)
+            file_path = prefix + rel
+            if entry.is_symlink():
+                if not follow:
+                    result.skipped.append(
+                        Skip(file_path, "symlink", "discover.follow_symlinks is off")
+                    )
+                    continue
+                if not os.path.exists(entry.path):
+                    target = os.readlink(entry.path)
+                    result.failures.append(
+                        Failure(file_path, STAGE, "broken_link", f"symlink target {target} missing")
+                    )
+                    continue
+                if os.path.isdir(entry.path):
+                    continue  # a link to a directory already walked (a loop)
+            real = os.path.realpath(entry.path) if follow else f"{real_root}/{rel}"
+            _consider(entry.path, file_path, root_label, real, config, result, seen_real, progress)
     result.files.sort(key=lambda f: f.file_path)
     logger.info(
         "discover: %d files, %d failed, %d skipped",
@@ -187,51 +251,46 @@ def discover(
 
 
 def _consider(
-    path: Path,
+    path: str,
     file_path: str,
     root_label: str,
+    real: str,
     config: DiscoverConfig,
     result: DiscoverResult,
     seen_real: set[str],
     progress: Callable[[int], None] | None,
 ) -> None:
-    if path.is_symlink():
-        if not config.follow_symlinks:
-            result.skipped.append(Skip(file_path, "symlink", "discover.follow_symlinks is off"))
-            return
-        if not path.exists():
-            result.failures.append(
-                Failure(
-                    file_path, STAGE, "broken_link", f"symlink target {os.readlink(path)} missing"
-                )
-            )
-            return
-        if path.is_dir():
-            return  # os.walk(followlinks=True) descends into it
+    """Hash one file (``real``: its resolved path, for de-duplication across roots)."""
     kind = kind_of(path, config.text_extensions)
     if kind is None:
-        result.skipped.append(Skip(file_path, "unsupported_type", path.suffix or "no extension"))
+        ext = os.path.splitext(path)[1]
+        result.skipped.append(Skip(file_path, "unsupported_type", ext or "no extension"))
         return
-    real = os.path.realpath(path)
     if real in seen_real:
         return
     seen_real.add(real)
     try:
-        size = path.stat().st_size
-        if size > config.max_file_bytes:
-            result.failures.append(
-                Failure(
-                    file_path,
-                    STAGE,
-                    "too_large",
-                    f"{size} bytes exceeds discover.max_file_bytes={config.max_file_bytes}",
+        # Non-blocking open: a FIFO must not hang discovery; fstat then tells what it is.
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                result.skipped.append(Skip(file_path, "not_a_file", "not a regular file"))
+                return
+            size = st.st_size
+            if size > config.max_file_bytes:
+                result.failures.append(
+                    Failure(
+                        file_path,
+                        STAGE,
+                        "too_large",
+                        f"{size} bytes exceeds discover.max_file_bytes={config.max_file_bytes}",
+                    )
                 )
-            )
-            return
-        digest = sha256_file(path)
+                return
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
     except OSError as exc:
         result.failures.append(Failure(file_path, STAGE, "unreadable", exc.strerror or str(exc)))
         return
-    result.files.append(SourceFile(file_path, str(Path(real)), root_label, kind, size, digest))
+    result.files.append(SourceFile(file_path, real, root_label, kind, size, digest))
     if progress is not None:
         progress(1)
