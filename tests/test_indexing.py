@@ -5,15 +5,17 @@ never duplicate one."""
 from __future__ import annotations
 
 import json
+import shutil
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ragpipe import pipeline
+from ragpipe import indexing, pipeline
 from ragpipe.config import RagpipeConfig
 from ragpipe.errors import ConfigError, MassDeletionHeld
-from ragpipe.store import EdgeStore, QdrantStore, open_store
+from ragpipe.store import EdgeStore, QdrantStore, Where, open_store
 
 TOPICS = ["engines", "wings", "statistics", "gardening", "astronomy", "cooking"]
 
@@ -66,6 +68,17 @@ def stored(cfg: RagpipeConfig) -> dict[str, dict[str, Any]]:
         store.close()
 
 
+def assert_saved_versions_current(cfg: RagpipeConfig) -> None:
+    """What the next plan will trust instead of scrolling is what a scroll returns."""
+    saved = indexing.saved_versions(cfg)
+    store = open_store(cfg.store, "paraphrase-MiniLM-L3-v2", None)
+    assert store is not None
+    try:
+        assert saved == store.file_versions()
+    finally:
+        store.close()
+
+
 def by_file(points: dict[str, dict[str, Any]]) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for pid, payload in points.items():
@@ -102,6 +115,52 @@ def test_first_run_indexes_everything_and_noop_rerun_writes_nothing(
     again = stored(cfg)
     assert again == points  # same ids, same payloads: ingested_at proves nothing was rewritten
     assert second.stages["embed"]["embedded"] == 0
+
+
+def test_noop_rerun_trusts_the_saved_scroll_only_while_the_store_is_unwritten(
+    corpus: Path, tmp_path: Path
+) -> None:
+    cfg = make_config(corpus, tmp_path)
+    pipeline.run_ingest(cfg)
+    points = stored(cfg)
+    files = [p for p in cfg.store.path.rglob("*") if p.is_file()]
+    mtimes = {p: p.stat().st_mtime_ns for p in files}
+    noop = pipeline.run_ingest(cfg)
+    assert noop.skipped_unchanged == 5 and noop.points_total == len(points)
+    # Opening an Edge shard touches its files: this run never opened it.
+    assert {p: p.stat().st_mtime_ns for p in files} == mtimes
+
+    # Any write through the store (another run, a repair script) invalidates the saved scroll.
+    engines = next(p["file_path"] for p in points.values() if p["file_path"].endswith("engines.md"))
+    store = open_store(cfg.store, "paraphrase-MiniLM-L3-v2", None)
+    assert store is not None
+    gone = store.delete(Where(must={"file_path": engines}))
+    store.close()
+    healed = pipeline.run_ingest(cfg)
+    assert (healed.added, healed.chunks_written) == (1, gone)
+    assert stored(cfg).keys() == points.keys()
+
+    # So does a store that was deleted and is rebuilt.
+    shutil.rmtree(cfg.store.path)
+    rebuilt = pipeline.run_ingest(cfg)
+    assert (rebuilt.added, rebuilt.points_total) == (5, len(points))
+
+
+def test_saved_versions_equal_a_fresh_scroll_after_every_kind_of_run(
+    corpus: Path, tmp_path: Path
+) -> None:
+    cfg = make_config(corpus, tmp_path)
+    check = partial(assert_saved_versions_current, cfg)
+    pipeline.run_ingest(cfg)  # all added
+    check()
+    (corpus / "engines.md").write_text(_doc("engines", version=2, sections=2), encoding="utf-8")
+    (corpus / "cooking.md").write_text(_doc("cooking"), encoding="utf-8")
+    (corpus / "wings.md").unlink()
+    summary = pipeline.run_ingest(cfg)  # changed, added, removed
+    assert (summary.changed, summary.added, summary.removed) == (1, 1, 1)
+    check()
+    pipeline.run_ingest(make_config(corpus, tmp_path, chunk={"size": 300}))  # every file changed
+    check()
 
 
 def test_point_ids_are_deterministic_across_stores(corpus: Path, tmp_path: Path) -> None:
@@ -170,6 +229,7 @@ def test_failure_between_write_and_delete_keeps_old_version_and_next_run_finishe
 
     summary = pipeline.run_ingest(cfg)
     assert summary.chunks_written == 0 and summary.chunks_deleted == len(old[engines])
+    assert_saved_versions_current(cfg)  # after a cleanup run
     final = by_file(stored(cfg))
     assert final[engines] == both[engines] - old[engines]
 

@@ -109,13 +109,17 @@ def read_records(path: Path, record_type: type[R]) -> list[R]:
             f"checkpoint {path} has schema {table.schema} but {record_type.__name__} expects "
             f"{schema}; it was written by another ragpipe version: delete {path.parent} and re-run"
         )
-    map_fields = [f.name for f in schema if pa.types.is_map(f.type)]
-    out: list[R] = []
-    for row in table.to_pylist():
-        for name in map_fields:
-            row[name] = dict(row[name])
-        out.append(record_type(**row))
-    return out
+    # Column-wise: far cheaper than one dict per row (table.to_pylist()).
+    columns = []
+    for f in schema:
+        values = table.column(f.name).to_pylist()
+        if pa.types.is_map(f.type):
+            values = [dict(v) for v in values]
+        columns.append(values)
+    if [f.name for f in dataclasses.fields(record_type)] == schema.names:  # type: ignore[arg-type]
+        return [record_type(*row) for row in zip(*columns, strict=True)]
+    names = schema.names
+    return [record_type(**dict(zip(names, row, strict=True))) for row in zip(*columns, strict=True)]
 
 
 @dataclass

@@ -15,6 +15,7 @@ order. Providers:
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import logging
 import time
@@ -426,13 +427,19 @@ class TruncatedEmbedder(_Wrapper):
         return _row(normalise(self.inner.embed_query(text)[: self.dimensions]))
 
 
+@functools.lru_cache(maxsize=2)
+def _in_process(provider: str, model: str | None, batch_size: int) -> Embedder:
+    """In-process models load once per process: ingest, search and eval share them."""
+    if provider == EmbedProvider.LOCAL:
+        return LocalEmbedder(model, batch_size)
+    return OnnxEmbedder(model, batch_size)
+
+
 def make_embedder(config: EmbedConfig) -> Embedder:
-    """The configured embedder (models load here, once)."""
+    """The configured embedder (in-process models are loaded once per process)."""
     embedder: Embedder
-    if config.provider == EmbedProvider.LOCAL:
-        embedder = LocalEmbedder(config.model, config.batch_size)
-    elif config.provider == EmbedProvider.ONNX:
-        embedder = OnnxEmbedder(config.model, config.batch_size)
+    if config.provider in (EmbedProvider.LOCAL, EmbedProvider.ONNX):
+        embedder = _in_process(str(config.provider.value), config.model, config.batch_size)
     else:
         key = config.ollama_api_key.get_secret_value() if config.ollama_api_key else None
         embedder = OllamaEmbedder(

@@ -3,6 +3,7 @@
 Work directory layout (continuing ``stages``)::
 
     work_dir/plan/{files,plan}.parquet + manifest.json      files to (re)process
+    work_dir/plan/store-versions.parquet                    the store's file versions, cached
     work_dir/embed/embeddings.parquet + manifest.json       chunk_id, point_id, vector
     work_dir/embed/parts/<fingerprint>-<n>.parquet          embedded so far (crash resume)
     work_dir/upsert/manifest.json                           what the store run did
@@ -18,6 +19,10 @@ Invariants of the re-index:
 * New versions are written first; only then are the file's points with
   another (source SHA, fingerprint) deleted. A changed document is never
   absent from the store.
+* The diff reads the store in one scroll, except when the Edge store has not
+  been written since the last scroll (its generation token is unchanged):
+  then the saved result of that scroll is the store's content, and a no-op
+  run costs only hashing.
 * Files gone from every root are deleted, unless they exceed
   ``index.max_delete_share`` of the indexed files: then the deletions are
   held and the run fails (``MassDeletionHeld``) unless allowed.
@@ -41,7 +46,7 @@ import pyarrow.parquet as pq
 
 from ragpipe import checkpoint
 from ragpipe.chunk import TokenCounter
-from ragpipe.config import RagpipeConfig
+from ragpipe.config import RagpipeConfig, StoreBackend
 from ragpipe.embed import (
     Embedder,
     contextual_text,
@@ -53,7 +58,18 @@ from ragpipe.embed import (
 from ragpipe.progress import reporter
 from ragpipe.schemas import Chunk, Failure, PlanEntry, SourceFile
 from ragpipe.stages import StageSummary, chunk_fingerprint, finish_stage, reuse_stage, stage_dir
-from ragpipe.store import IndexPoint, SparseEncoder, VectorStore, Where, open_store
+from ragpipe.store import (
+    FileVersions,
+    IndexPoint,
+    SparseEncoder,
+    StoreMeta,
+    VectorStore,
+    VersionStats,
+    Where,
+    open_store,
+    peek_meta,
+    store_generation,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +96,85 @@ def _read_optional(path: Path, record_type: type) -> list[object]:
 
 # -- plan ----------------------------------------------------------------------------
 
+VERSIONS_FILE = "store-versions.parquet"
+_VERSIONS_SCHEMA = pa.schema(
+    [
+        ("file_path", pa.string()),
+        ("source_sha", pa.string()),
+        ("config_fingerprint", pa.string()),
+        ("points", pa.int64()),
+        ("chunk_total", pa.int64()),
+    ]
+)
+
+
+def _versions_key(config: RagpipeConfig, generation: str) -> dict[str, str]:
+    return {"store": str(config.store.path.resolve()), "generation": generation}
+
+
+def save_versions(config: RagpipeConfig, versions: FileVersions) -> None:
+    """Remember the store's file versions under its current generation (Edge only)."""
+    generation = store_generation(config.store)
+    if generation is None:
+        return
+    rows = [
+        (path, sha, fp, stats.points, stats.chunk_total)
+        for path, by_version in versions.items()
+        for (sha, fp), stats in by_version.items()
+    ]
+    columns: list[Sequence[object]] = [list(c) for c in zip(*rows, strict=True)] or [
+        [] for _ in _VERSIONS_SCHEMA
+    ]
+    table = pa.table(
+        [pa.array(c, f.type) for c, f in zip(columns, _VERSIONS_SCHEMA, strict=True)],
+        schema=_VERSIONS_SCHEMA,
+    ).replace_schema_metadata(_versions_key(config, generation))
+    checkpoint.write_table(stage_dir(config, "plan") / VERSIONS_FILE, table)
+
+
+def saved_versions(config: RagpipeConfig) -> FileVersions | None:
+    """The saved versions when the store was not written since they were saved, else None."""
+    generation = store_generation(config.store)
+    path = stage_dir(config, "plan") / VERSIONS_FILE
+    if generation is None or not path.is_file():
+        return None
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException):
+        return None
+    stored = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    if stored != _versions_key(config, generation):
+        return None
+    versions: FileVersions = {}
+    for path_, sha, fp, points, total in zip(
+        *(table.column(name).to_pylist() for name in _VERSIONS_SCHEMA.names), strict=True
+    ):
+        versions.setdefault(path_, {})[(sha, fp)] = VersionStats(points, total)
+    return versions
+
+
+def stored_versions(config: RagpipeConfig) -> FileVersions:
+    """Per file, the versions in the store: from one scroll, or its saved result.
+
+    The saved result is used only while the Edge store's generation token is
+    the one it was saved under; the embedder check of opening the store runs
+    either way.
+    """
+    name = embedder_name(config.embed)
+    cached = saved_versions(config)
+    if cached is not None:
+        StoreMeta(name, None).check(peek_meta(config.store) or {}, str(config.store.path))
+        return cached
+    store = open_store(config.store, name, None)
+    if store is None:
+        return {}
+    try:
+        versions = store.file_versions()
+    finally:
+        store.close()
+    save_versions(config, versions)
+    return versions
+
 
 def run_plan(config: RagpipeConfig, discovered: StageSummary) -> StageSummary:
     """Diff discovered files against the store in one paginated scroll.
@@ -95,12 +190,7 @@ def run_plan(config: RagpipeConfig, discovered: StageSummary) -> StageSummary:
         )
     }
     index_fp = index_fingerprint(config)
-    store = open_store(config.store, embedder_name(config.embed), None)
-    try:
-        versions = store.file_versions() if store is not None else {}
-    finally:
-        if store is not None:
-            store.close()
+    versions = stored_versions(config)
     todo: list[SourceFile] = []
     entries: list[PlanEntry] = []
     for source in sources:
@@ -377,6 +467,41 @@ def _stale(file_path: str, source_sha: str, index_fp: str) -> Where:
     )
 
 
+def _edge_absent(config: RagpipeConfig) -> bool:
+    return (
+        config.store.backend == StoreBackend.EDGE and not (config.store.path / "segments").is_dir()
+    )
+
+
+def _total_points(versions: FileVersions) -> int:
+    return sum(v.points for by_version in versions.values() for v in by_version.values())
+
+
+def _versions_after(
+    before: FileVersions,
+    written: Sequence[IndexPoint],
+    index_fp: str,
+    cleanup: Sequence[PlanEntry],
+    removed: Sequence[PlanEntry],
+) -> FileVersions:
+    """The store's versions once an upsert run succeeded, derived from what it did:
+    each written file holds exactly its new version, cleaned files their current
+    one, removed files nothing."""
+    new: FileVersions = {}
+    for point in written:
+        p = point.payload
+        key = (p["source_sha"], index_fp)
+        new.setdefault(p["file_path"], {}).setdefault(key, VersionStats(0, p["chunk_total"]))
+        new[p["file_path"]][key].points += 1
+    after = {**before, **new}
+    for entry in cleanup:
+        key = (str(entry.source_sha256), index_fp)
+        after[entry.file_path] = {key: before[entry.file_path][key]}
+    for entry in removed:
+        after.pop(entry.file_path, None)
+    return after
+
+
 def run_upsert(config: RagpipeConfig, embedded: StageSummary) -> StageSummary:
     """Write new versions, then delete stale and vanished files' points.
 
@@ -385,7 +510,6 @@ def run_upsert(config: RagpipeConfig, embedded: StageSummary) -> StageSummary:
     started = time.perf_counter()
     index_fp = index_fingerprint(config)
     entries = checkpoint.read_records(stage_dir(config, "plan") / "plan.parquet", PlanEntry)
-    chunks = checkpoint.read_records(stage_dir(config, "chunk") / "chunks.parquet", Chunk)
     vectors = read_embeddings(stage_dir(config, "embed") / "embeddings.parquet")
     dim = len(next(iter(vectors.values())).vector) if vectors else 0
 
@@ -397,17 +521,20 @@ def run_upsert(config: RagpipeConfig, embedded: StageSummary) -> StageSummary:
     hold = hold and not config.index.allow_mass_delete
     counts: Counter[str] = Counter()
 
+    before: FileVersions | None = None  # the store as the plan saw it, if unwritten since
+    after: FileVersions | None = None
+    points: list[IndexPoint] = []
     store: VectorStore | None = None
     name = embedder_name(config.embed)
     planned = checkpoint.read_manifest(stage_dir(config, "plan"))
-    if vectors:
-        store = open_store(config.store, name, dim)
-    elif cleanup or (removed and not hold):
-        store = open_store(config.store, name, None)
+    if vectors or cleanup or (removed and not hold):
+        before = {} if _edge_absent(config) else saved_versions(config)
+        store = open_store(config.store, name, dim if vectors else None)
     else:  # nothing to write or delete: the plan's scroll counted the points
         counts["points_total"] = planned.counts.get("points_total", 0) if planned else 0
     try:
         if store is not None and vectors:
+            chunks = checkpoint.read_records(stage_dir(config, "chunk") / "chunks.parquet", Chunk)
             points = build_points(chunks, vectors, index_fp)
             progress = reporter()
             progress.start("upsert", len(points))
@@ -436,10 +563,16 @@ def run_upsert(config: RagpipeConfig, embedded: StageSummary) -> StageSummary:
                         Where(must={"file_path": entry.file_path})
                     )
                 counts["files_removed"] = len(removed)
-            counts["points_total"] = store.count()
+            if before is not None:
+                after = _versions_after(before, points, index_fp, cleanup, [] if hold else removed)
+                counts["points_total"] = _total_points(after)
+            else:
+                counts["points_total"] = store.count()
     finally:
         if store is not None:
             store.close()
+    if after is not None:
+        save_versions(config, after)  # the generation is final once the store is closed
     if hold:
         counts["deletions_held"] = len(removed)
     seconds = time.perf_counter() - started

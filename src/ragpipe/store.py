@@ -37,6 +37,9 @@ logger = logging.getLogger(__name__)
 DENSE = "dense"
 SPARSE = "bm25"
 META_FILE = "ragpipe-store.json"
+# Rewritten with a fresh token before the first write of every session that writes:
+# a cached view of the store is current while the token it was taken at still stands.
+GENERATION_FILE = "ragpipe-generation"
 STORE_SCHEMA = 1
 # Payload fields read by the re-index diff (one scroll over the whole store).
 VERSION_FIELDS = ["file_path", "source_sha", "config_fingerprint", "chunk_total"]
@@ -230,6 +233,7 @@ class EdgeStore(_Scrolling):
         self.batch_size = batch_size
         self.page = page
         self._sparse = SparseEncoder()
+        self._writing = False
         meta_path = path / META_FILE
         if meta_path.is_file():
             stored = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -240,6 +244,7 @@ class EdgeStore(_Scrolling):
                 self._check_shard_dim(meta)
             else:
                 self._shard = self._create(meta)
+                self._before_write()
         except ConfigError:
             raise
         except Exception as exc:
@@ -266,6 +271,11 @@ class EdgeStore(_Scrolling):
         shard.update(qe.UpdateOperation.create_field_index("text", text_index))
         shard.flush()
         return shard
+
+    def _before_write(self) -> None:
+        if not self._writing:
+            atomic_write_bytes(self.path / GENERATION_FILE, uuid.uuid4().hex.encode())
+            self._writing = True
 
     def _check_shard_dim(self, meta: StoreMeta) -> None:
         config_file = self.path / "edge_config.json"
@@ -299,6 +309,8 @@ class EdgeStore(_Scrolling):
         self, points: Sequence[IndexPoint], progress: Callable[[int], None] | None = None
     ) -> None:
         qe = self._qe
+        if points:
+            self._before_write()
         for start in range(0, len(points), self.batch_size):
             batch = [
                 qe.Point(
@@ -322,6 +334,7 @@ class EdgeStore(_Scrolling):
         n = self._shard.count(qe.CountRequest(exact=True, filter=flt))
         if n:
             assert flt is not None
+            self._before_write()
             self._shard.update(qe.UpdateOperation.delete_points_by_filter(flt))
         return int(n)
 
@@ -402,7 +415,8 @@ class EdgeStore(_Scrolling):
         )
 
     def close(self) -> None:
-        self._shard.flush()
+        if self._writing:
+            self._shard.flush()
         self._shard.close()
 
 
@@ -633,6 +647,20 @@ def open_store(config: StoreConfig, embedder: str, dim: int | None) -> VectorSto
         store.close()
         return None
     return store
+
+
+def store_generation(config: StoreConfig) -> str | None:
+    """The token of an Edge store's last writing session (see ``GENERATION_FILE``).
+
+    None when there is no store yet, and for the qdrant backend: a server can be
+    written by anyone, so nothing read from it earlier can be trusted later.
+    """
+    if config.backend != StoreBackend.EDGE or not (config.path / "segments").is_dir():
+        return None
+    try:
+        return (config.path / GENERATION_FILE).read_text(encoding="utf-8").strip() or None
+    except FileNotFoundError:
+        return None
 
 
 def peek_meta(config: StoreConfig) -> dict[str, Any] | None:
