@@ -12,7 +12,7 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -41,10 +41,16 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A new, exclusively created temp file next to ``path`` (same file system)."""
+    tmp = str(path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
+    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), tmp
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -77,7 +83,7 @@ def write_records(path: Path, records: Sequence[Any], record_type: type) -> str:
 def write_table(path: Path, table: pa.Table) -> str:
     """Write an Arrow table atomically as Parquet; returns the file's SHA-256."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _temp_beside(path)
     os.close(fd)
     try:
         pq.write_table(table, tmp, compression="zstd")

@@ -7,7 +7,6 @@ import hashlib
 import logging
 import os
 import re
-import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -127,7 +126,8 @@ def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
 
 def kind_of(path: str | os.PathLike[str], text_extensions: list[str]) -> str | None:
     """Document kind by extension, or None when the type is not ingested."""
-    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    name = os.fspath(path).rpartition("/")[2].lstrip(".")  # ".bashrc" has no extension
+    ext = name.rpartition(".")[2].lower() if "." in name else ""
     if ext in KINDS:
         return KINDS[ext]
     if ext in text_extensions:
@@ -238,6 +238,11 @@ def discover(
                     continue
                 if os.path.isdir(entry.path):
                     continue  # a link to a directory already walked (a loop)
+            # Only regular files are opened: a FIFO or device would block or never end.
+            # (For a plain entry the type comes from the directory listing: no stat call.)
+            if not entry.is_file():
+                result.skipped.append(Skip(file_path, "not_a_file", "not a regular file"))
+                continue
             real = os.path.realpath(entry.path) if follow else f"{real_root}/{rel}"
             _consider(entry.path, file_path, root_label, real, config, result, seen_real, progress)
     result.files.sort(key=lambda f: f.file_path)
@@ -270,13 +275,8 @@ def _consider(
         return
     seen_real.add(real)
     try:
-        # Non-blocking open: a FIFO must not hang discovery; fstat then tells what it is.
-        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                result.skipped.append(Skip(file_path, "not_a_file", "not a regular file"))
-                return
-            size = st.st_size
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
             if size > config.max_file_bytes:
                 result.failures.append(
                     Failure(
