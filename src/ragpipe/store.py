@@ -86,6 +86,19 @@ class Where:
     must: dict[str, Match] = field(default_factory=dict)
     must_not_all: dict[str, Value] = field(default_factory=dict)
 
+    def matches(self, payload: dict[str, Any]) -> bool:
+        """Evaluate the filter here, as Qdrant does (an array payload matches by any element)."""
+
+        def hit(key: str, wanted: Match) -> bool:
+            value = payload.get(key)
+            have = set(value) if isinstance(value, list) else {value}
+            options = {wanted} if isinstance(wanted, str | int) else set(wanted)
+            return bool(have & options)
+
+        if not all(hit(k, v) for k, v in self.must.items()):
+            return False
+        return not (self.must_not_all and all(hit(k, v) for k, v in self.must_not_all.items()))
+
 
 @dataclass(frozen=True)
 class IndexPoint:
@@ -167,8 +180,16 @@ class VectorStore(Protocol):
         prefetch: int,
         where: Where | None = None,
         rrf_k: int = 60,
+        dense_floor: float | None = None,
     ) -> list[Hit]:
-        """Dense and BM25 legs of ``prefetch`` each, fused in Qdrant by RRF 1/(k + rank)."""
+        """Dense and BM25 legs of ``prefetch`` each, fused in Qdrant by RRF 1/(k + rank).
+
+        ``dense_floor`` drops dense candidates below that cosine before fusion.
+        """
+        ...
+
+    def dense_vectors(self, point_ids: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
+        """The stored dense vectors of these points (missing ids are left out)."""
         ...
 
     def close(self) -> None:
@@ -373,6 +394,16 @@ class EdgeStore(_Scrolling):
             )
         )
 
+    def dense_vectors(self, point_ids: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
+        records = self._shard.retrieve(
+            [uuid.UUID(p) for p in point_ids], with_payload=False, with_vector=[DENSE]
+        )
+        out = {}
+        for r in records:
+            vector = r.vector[DENSE] if isinstance(r.vector, dict) else r.vector
+            out[str(r.id)] = np.asarray(vector, np.float32)
+        return out
+
     def _sparse_query(self, text: str) -> qdrant_edge.Query:
         indices, values = self._sparse.query(text)
         return self._qe.Query.Nearest(self._qe.SparseVector(indices, values), using=SPARSE)
@@ -395,12 +426,13 @@ class EdgeStore(_Scrolling):
         prefetch: int,
         where: Where | None = None,
         rrf_k: int = 60,
+        dense_floor: float | None = None,
     ) -> list[Hit]:
         qe = self._qe
         flt = self._filter(where)
         dense = qe.Query.Nearest(vector.tolist(), using=DENSE)
         legs = [
-            qe.Prefetch(limit=prefetch, query=dense, filter=flt),
+            qe.Prefetch(limit=prefetch, query=dense, filter=flt, score_threshold=dense_floor),
             qe.Prefetch(limit=prefetch, query=self._sparse_query(text), filter=flt),
         ]
         return self._query(
@@ -589,6 +621,16 @@ class QdrantStore(_Scrolling):
             query=vector.tolist(), using=DENSE, limit=limit, query_filter=self._filter(where)
         )
 
+    def dense_vectors(self, point_ids: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
+        records = self.client.retrieve(
+            self.collection, list(point_ids), with_payload=False, with_vectors=[DENSE]
+        )
+        out = {}
+        for r in records:
+            vector = r.vector[DENSE] if isinstance(r.vector, dict) else r.vector
+            out[str(r.id)] = np.asarray(vector, np.float32)
+        return out
+
     def _sparse_vector(self, text: str) -> qm.SparseVector:
         indices, values = self._sparse.query(text)
         return self._qm.SparseVector(indices=indices, values=values)
@@ -609,11 +651,18 @@ class QdrantStore(_Scrolling):
         prefetch: int,
         where: Where | None = None,
         rrf_k: int = 60,
+        dense_floor: float | None = None,
     ) -> list[Hit]:
         models = self._qm
         flt = self._filter(where)
         legs = [
-            models.Prefetch(query=vector.tolist(), using=DENSE, limit=prefetch, filter=flt),
+            models.Prefetch(
+                query=vector.tolist(),
+                using=DENSE,
+                limit=prefetch,
+                filter=flt,
+                score_threshold=dense_floor,
+            ),
             models.Prefetch(
                 query=self._sparse_vector(text), using=SPARSE, limit=prefetch, filter=flt
             ),

@@ -1,0 +1,613 @@
+"""The query side: candidates from the store, fusion, rerank, diversity, filters.
+
+One ``Retriever`` per run holds the open store, the embedder and, when asked
+for, the cross-encoder, the client-side BM25 index and the LLM. Every knob is
+a field of ``RetrieveConfig`` so the eval flows can replay a golden set
+through exactly this stack with other settings.
+
+Order of work for one query::
+
+    fragments (split on . ? ;) ─┬─ dense (HyDE-adjusted vector, cosine floor)
+                                ├─ sparse (BM25 in Qdrant, or rank-bm25 here)
+                                └─ hybrid = RRF of both legs (in Qdrant or here)
+    best score per chunk over fragments → exact-phrase boost → rerank
+    (cross-encoder over top_k × candidate_mul) → MMR → top_k → LLM filter
+
+Scores are comparable only within one stage; each hit keeps every stage's
+score in ``scores`` so reports can show where a chunk rose or fell.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from xml.sax.saxutils import escape, quoteattr
+
+import numpy as np
+import numpy.typing as npt
+
+from ragpipe.config import (
+    FusionSite,
+    HydeMode,
+    RagpipeConfig,
+    RetrievalMode,
+    RetrieveConfig,
+    SparseEngine,
+)
+from ragpipe.embed import Embedder, embedder_name, make_embedder, normalise
+from ragpipe.errors import ConfigError, StageError
+from ragpipe.store import Hit, VectorStore, Where, open_store, store_generation
+
+if TYPE_CHECKING:
+    from ragpipe.llm import LLM
+
+logger = logging.getLogger(__name__)
+
+FRAGMENT_SPLIT = re.compile(r"[.?;]+\s*")
+_QUOTED = re.compile(r"\"([^\"]{2,})\"|“([^”]{2,})”")
+_PROPER_NOUN = re.compile(r"\b[A-Z][\w'’-]*(?:\s+(?:of\s+|de\s+|von\s+)?[A-Z][\w'’-]*)+")
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+@dataclass
+class Retrieved:
+    """One chunk in a result list, with the score of every stage it passed."""
+
+    point_id: str
+    score: float
+    payload: dict[str, Any]
+    scores: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return str(self.payload.get("text", ""))
+
+    @property
+    def file_path(self) -> str:
+        return str(self.payload.get("file_path", ""))
+
+    @property
+    def heading(self) -> str:
+        return " > ".join(self.payload.get("heading_path") or [])
+
+    @property
+    def page(self) -> int | None:
+        page = self.payload.get("page")
+        return int(page) if page is not None else None
+
+
+@dataclass
+class RetrievalResult:
+    """Ranked chunks plus what the retriever did to get them."""
+
+    query: str
+    hits: list[Retrieved]
+    trace: dict[str, Any] = field(default_factory=dict)
+
+
+# -- pure pieces (tested on their own) -----------------------------------------------
+
+
+def split_fragments(query: str) -> list[str]:
+    """The query's fragments split on ``[.?;]+\\s*``; the whole query when it has one."""
+    parts = [p.strip() for p in FRAGMENT_SPLIT.split(query) if p.strip()]
+    return parts if len(parts) > 1 else [query.strip()]
+
+
+def ranked(hits: Iterable[Retrieved]) -> list[Retrieved]:
+    """Best first; ties broken by point id so every run gives the same order."""
+    return sorted(hits, key=lambda h: (-h.score, h.point_id))
+
+
+def rrf_fuse(
+    legs: Sequence[Sequence[Hit]], k: int = 60, weights: Sequence[float] | None = None
+) -> list[Retrieved]:
+    """Reciprocal Rank Fusion: score = Σ weight / (k + rank), ranks from 1.
+
+    Each leg must be ordered best first. Ties are broken by point id.
+    """
+    weights = list(weights) if weights is not None else [1.0] * len(legs)
+    fused: dict[str, Retrieved] = {}
+    for leg, weight in zip(legs, weights, strict=True):
+        for rank, hit in enumerate(leg, start=1):
+            entry = fused.setdefault(hit.point_id, Retrieved(hit.point_id, 0.0, hit.payload))
+            entry.score += weight / (k + rank)
+    return ranked(fused.values())
+
+
+def exact_phrases(query: str) -> list[str]:
+    """Quoted phrases and multi-word proper nouns ("Ada Lovelace") worth matching exactly."""
+    phrases = [a or b for a, b in _QUOTED.findall(query)]
+    unquoted = _QUOTED.sub(" ", query)
+    phrases += [m.group(0) for m in _PROPER_NOUN.finditer(unquoted)]
+    unique: dict[str, str] = {}
+    for phrase in phrases:
+        unique.setdefault(phrase.lower(), phrase)
+    return list(unique.values())
+
+
+def boost_exact(hits: list[Retrieved], phrases: Sequence[str], boost: float) -> list[Retrieved]:
+    """Raise a hit's score by ``boost`` (a share of it) per phrase its text contains."""
+    if not phrases or boost <= 0:
+        return hits
+    lowered = [p.lower() for p in phrases]
+    for hit in hits:
+        text = hit.text.lower()
+        matched = sum(1 for p in lowered if p in text)
+        if matched:
+            hit.scores["exact_matches"] = matched
+            hit.score *= 1 + boost * matched
+    return ranked(hits)
+
+
+def mmr_select(
+    query_vector: npt.NDArray[np.float32],
+    hits: Sequence[Retrieved],
+    vectors: dict[str, npt.NDArray[np.float32]],
+    k: int,
+    lam: float,
+) -> list[Retrieved]:
+    """Maximal Marginal Relevance on cosine similarities.
+
+    Picks, one at a time, the hit maximising
+    ``lam * sim(query, d) - (1 - lam) * max(sim(d, picked))``; ties go to the
+    earlier hit. Hits without a stored vector keep their place at the end.
+    """
+    with_vec = [h for h in hits if h.point_id in vectors]
+    without = [h for h in hits if h.point_id not in vectors]
+    if not with_vec:
+        return list(hits[:k])
+    matrix = normalise(np.stack([vectors[h.point_id] for h in with_vec]))
+    relevance = matrix @ normalise(query_vector[None, :])[0]
+    picked: list[int] = []
+    redundancy = np.full(len(with_vec), -np.inf)
+    while len(picked) < min(k, len(with_vec)):
+        penalty = np.where(np.isinf(redundancy), 0.0, redundancy)
+        value = lam * relevance - (1 - lam) * penalty
+        value[picked] = -np.inf
+        best = int(np.argmax(value))
+        picked.append(best)
+        similarity = matrix @ matrix[best]
+        redundancy = np.maximum(np.where(np.isinf(redundancy), -1.0, redundancy), similarity)
+    out = []
+    for i in picked:
+        hit = with_vec[i]
+        hit.scores["mmr_relevance"] = float(relevance[i])
+        out.append(hit)
+    return (out + without)[:k]
+
+
+def lost_in_the_middle(hits: Sequence[Retrieved]) -> list[Retrieved]:
+    """Best first, second best last, the weakest in the middle."""
+    front = list(hits[0::2])
+    back = list(hits[1::2])
+    return front + back[::-1]
+
+
+def _tokens(text: str) -> list[str]:
+    return [t.lower() for t in _WORD.findall(text)]
+
+
+# -- components ----------------------------------------------------------------------
+
+
+class ClientBM25:
+    """rank-bm25 (Okapi) over every stored chunk text, rebuilt when the store changes."""
+
+    def __init__(self, store: VectorStore, state: Callable[[], str]) -> None:
+        self._store = store
+        self._state = state
+        self._built_at: str | None = None
+        self._ids: list[str] = []
+        self._payloads: list[dict[str, Any]] = []
+        self._index: Any = None
+
+    def _refresh(self) -> None:
+        state = self._state()
+        if state == self._built_at:
+            return
+        from rank_bm25 import BM25Okapi
+
+        started = time.perf_counter()
+        hits = list(self._store.scroll())
+        self._ids = [h.point_id for h in hits]
+        self._payloads = [h.payload for h in hits]
+        corpus = [_tokens(str(h.payload.get("text", ""))) for h in hits]
+        self._index = BM25Okapi(corpus) if corpus else None
+        self._built_at = state
+        logger.info(
+            "client BM25 index: %d chunks in %.2fs", len(hits), time.perf_counter() - started
+        )
+
+    def query(self, text: str, limit: int, where: Where | None = None) -> list[Hit]:
+        self._refresh()
+        if self._index is None:
+            return []
+        scores = self._index.get_scores(_tokens(text))
+        order = sorted(range(len(scores)), key=lambda i: (-scores[i], self._ids[i]))
+        out = []
+        for i in order:
+            if scores[i] <= 0:
+                break
+            if where is None or where.matches(self._payloads[i]):
+                out.append(Hit(self._ids[i], float(scores[i]), self._payloads[i]))
+                if len(out) == limit:
+                    break
+        return out
+
+
+class Reranker:
+    """A sentence-transformers CrossEncoder from a local directory or the HF cache."""
+
+    def __init__(self, model: str) -> None:
+        from sentence_transformers import CrossEncoder
+
+        local = Path(model).expanduser()
+        try:
+            if local.exists():
+                self._model = CrossEncoder(str(local), device="cpu")
+            else:
+                self._model = CrossEncoder(model, device="cpu", local_files_only=True)
+        except Exception as exc:
+            raise ConfigError(
+                f"retrieve.reranker: cannot load the cross-encoder {model!r} ({exc}). Nothing is "
+                "downloaded at run time: fetch the model on a machine with hub access (e.g. "
+                "`huggingface-cli download cross-encoder/ms-marco-MiniLM-L6-v2`) and set "
+                "retrieve.reranker to its directory, or set retrieve.rerank: false (or "
+                "retrieve.reranker: none) to run without reranking."
+            ) from exc
+        self.name = model
+
+    def score(self, query: str, texts: Sequence[str]) -> list[float]:
+        if not texts:
+            return []
+        scores = self._model.predict([(query, t) for t in texts], show_progress_bar=False)
+        return [float(s) for s in np.asarray(scores).reshape(len(texts), -1)[:, 0]]
+
+
+HYDE_TEMPLATES = [
+    "Write a short passage from technical documentation that answers the question.\n"
+    "Question: {query}\nPassage:",
+    "Write the answer to this FAQ entry in two or three sentences.\nQ: {query}\nA:",
+    "Write the paragraph of a user manual that explains this.\nTopic: {query}\nParagraph:",
+]
+
+FILTER_PROMPT = """Rate how useful each numbered passage is for answering the question.
+Reply with JSON only: {{"scores": [s1, s2, ...]}}, one number from 0 (useless) to 1 (answers it)
+per passage, in passage order.
+
+Question: {query}
+
+{passages}"""
+
+
+# -- the retriever -------------------------------------------------------------------
+
+
+class Retriever:
+    """Runs queries against the index with one configuration (overridable per call)."""
+
+    def __init__(
+        self,
+        config: RagpipeConfig,
+        embedder: Embedder | None = None,
+        store: VectorStore | None = None,
+        llm: LLM | None = None,
+    ) -> None:
+        self.config = config
+        self.embedder = embedder or make_embedder(config.embed)
+        if store is None:
+            store = open_store(config.store, embedder_name(config.embed), None)
+            if store is None:
+                where = config.store.url or config.store.path
+                raise StageError(
+                    f"no index at {where}: run `ragpipe ingest` first (or point store.path / "
+                    "store.url at an existing index)"
+                )
+        self.store = store
+        self._llm = llm
+        self._bm25: ClientBM25 | None = None
+        self._rerankers: dict[str, Reranker] = {}
+        self._files: tuple[str, list[str]] | None = None
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Retriever:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # state of the store: the client BM25 index and the file list follow it
+    def _state(self) -> str:
+        generation = store_generation(self.config.store)
+        return generation if generation is not None else f"count:{self.store.count()}"
+
+    @property
+    def llm(self) -> LLM:
+        if self._llm is None:
+            from ragpipe.llm import make_llm
+
+            self._llm = make_llm(self.config.llm)
+        return self._llm
+
+    def reranker(self, name: str) -> Reranker:
+        if name not in self._rerankers:
+            self._rerankers[name] = Reranker(name)
+        return self._rerankers[name]
+
+    def stored_files(self) -> list[str]:
+        state = self._state()
+        if self._files is None or self._files[0] != state:
+            files = sorted(
+                {str(h.payload.get("file_path")) for h in self.store.scroll(fields=["file_path"])}
+            )
+            self._files = (state, files)
+        return self._files[1]
+
+    def where(self, cfg: RetrieveConfig) -> Where | None:
+        """The payload filter of the config (file suffix resolved to stored paths)."""
+        must: dict[str, Any] = {}
+        if cfg.filter_file:
+            suffix = cfg.filter_file.lstrip("/")
+            files = [f for f in self.stored_files() if f == suffix or f.endswith("/" + suffix)]
+            must["file_path"] = files or ["\x00no file matches " + suffix]
+        if cfg.filter_heading:
+            must["heading_path"] = cfg.filter_heading
+        if cfg.filter_source_sha:
+            must["source_sha"] = cfg.filter_source_sha
+        return Where(must=must) if must else None
+
+    def search(self, query: str, **overrides: Any) -> RetrievalResult:
+        """Ranked chunks for ``query``; keyword arguments override ``retrieve.*`` fields."""
+        cfg = (
+            RetrieveConfig.model_validate({**self.config.retrieve.model_dump(), **overrides})
+            if overrides
+            else self.config.retrieve
+        )
+        started = time.perf_counter()
+        query = query.strip()
+        if not query:
+            raise ConfigError("the query is empty")
+        rerank = cfg.rerank and cfg.reranker.lower() != "none"
+        final_k = cfg.top_k
+        pool = cfg.top_k * cfg.candidate_mul if (rerank or cfg.mmr) else cfg.top_k
+        trace: dict[str, Any] = {
+            "mode": cfg.mode.value,
+            "sparse_engine": cfg.sparse_engine.value,
+            "fusion": cfg.fusion.value,
+            "top_k": cfg.top_k,
+            "reranker": cfg.reranker if rerank else "none",
+            "mmr": cfg.mmr,
+            "hyde": cfg.hyde.value,
+        }
+        where = self.where(cfg)
+        fragments = split_fragments(query) if cfg.split_fragments else [query]
+        trace["fragments"] = fragments
+        best: dict[str, Retrieved] = {}
+        query_vector = self.embedder.embed_query(query)
+        for fragment in fragments:
+            vector = query_vector if fragment == query else self.embedder.embed_query(fragment)
+            if cfg.mode != RetrievalMode.SPARSE and cfg.hyde != HydeMode.OFF:
+                vector = self._hyde(fragment, vector, cfg, where, trace)
+            for hit in self._candidates(fragment, vector, pool, cfg, where):
+                kept = best.get(hit.point_id)
+                if kept is None or hit.score > kept.score:
+                    best[hit.point_id] = hit
+        hits = ranked(best.values())
+        phrases = exact_phrases(query)
+        trace["exact_phrases"] = phrases
+        hits = boost_exact(hits, phrases, cfg.boost_exact)[:pool]
+        for hit in hits:
+            hit.scores["retrieval"] = hit.score
+        if rerank:
+            hits = self._rerank(query, hits, cfg.reranker)
+        if cfg.mmr:
+            vectors = self.store.dense_vectors([h.point_id for h in hits])
+            hits = mmr_select(query_vector, hits, vectors, final_k, cfg.mmr_lambda)
+        hits = hits[:final_k]
+        if cfg.llm_filter and hits:
+            hits = self._llm_filter(query, hits, cfg.llm_filter_threshold, trace)
+        trace["seconds"] = time.perf_counter() - started
+        return RetrievalResult(query, hits, trace)
+
+    def _candidates(
+        self,
+        text: str,
+        vector: npt.NDArray[np.float32],
+        n: int,
+        cfg: RetrieveConfig,
+        where: Where | None,
+    ) -> list[Retrieved]:
+        legs = max(cfg.top_k * cfg.prefetch_mul, n)
+        if cfg.mode == RetrievalMode.DENSE:
+            return [self._as(h, "dense") for h in self._dense(vector, n, cfg, where)]
+        if cfg.mode == RetrievalMode.SPARSE:
+            return [self._as(h, "sparse") for h in self._sparse(text, n, cfg, where)]
+        if cfg.fusion == FusionSite.QDRANT:
+            fused = self.store.query_hybrid(
+                vector, text, n, legs, where, cfg.rrf_k, dense_floor=cfg.min_dense_score
+            )
+            return ranked(self._as(h, "rrf") for h in fused)
+        dense = self._dense(vector, legs, cfg, where)
+        sparse = self._sparse(text, legs, cfg, where)
+        fused_hits = rrf_fuse([dense, sparse], cfg.rrf_k, [cfg.dense_weight, cfg.sparse_weight])
+        legs_by_id = [{h.point_id: h.score for h in leg} for leg in (dense, sparse)]
+        for hit in fused_hits:
+            hit.scores["rrf"] = hit.score
+            for name, scores in zip(("dense", "sparse"), legs_by_id, strict=True):
+                if hit.point_id in scores:
+                    hit.scores[name] = scores[hit.point_id]
+        return fused_hits[:n]
+
+    @staticmethod
+    def _as(hit: Hit, stage: str) -> Retrieved:
+        return Retrieved(hit.point_id, hit.score, hit.payload, {stage: hit.score})
+
+    def _dense(
+        self, vector: npt.NDArray[np.float32], n: int, cfg: RetrieveConfig, where: Where | None
+    ) -> list[Hit]:
+        hits = self.store.query_dense(vector, n, where)
+        if cfg.min_dense_score is not None:  # cosine, before any fusion
+            hits = [h for h in hits if h.score >= cfg.min_dense_score]
+        return hits
+
+    def _sparse(self, text: str, n: int, cfg: RetrieveConfig, where: Where | None) -> list[Hit]:
+        if cfg.sparse_engine == SparseEngine.RANK_BM25:
+            if self._bm25 is None:
+                self._bm25 = ClientBM25(self.store, self._state)
+            return self._bm25.query(text, n, where)
+        return self.store.query_sparse(text, n, where)
+
+    def _rerank(self, query: str, hits: list[Retrieved], model: str) -> list[Retrieved]:
+        reranker = self.reranker(model)
+        # The chunk's context window (sentence-window chunks) when it has one.
+        texts = [str(h.payload.get("context") or h.text) for h in hits]
+        for hit, score in zip(hits, reranker.score(query, texts), strict=True):
+            hit.scores["rerank"] = score
+            hit.score = score
+        return ranked(hits)
+
+    def _hyde(
+        self,
+        query: str,
+        vector: npt.NDArray[np.float32],
+        cfg: RetrieveConfig,
+        where: Where | None,
+        trace: dict[str, Any],
+    ) -> npt.NDArray[np.float32]:
+        """The query vector moved towards hypothetical answers written by the LLM."""
+        if cfg.hyde == HydeMode.ADAPTIVE:
+            top = self.store.query_dense(vector, 1, where)
+            top_score = top[0].score if top else -1.0
+            trace.setdefault("hyde_top1", []).append(top_score)
+            if top_score >= cfg.hyde_threshold:
+                return vector
+        templates = HYDE_TEMPLATES if cfg.hyde == HydeMode.MULTI else HYDE_TEMPLATES[:1]
+        n = 1 if cfg.hyde == HydeMode.MULTI else cfg.hyde_n
+        documents = []
+        for template in templates:
+            for i in range(n):
+                reply = self.llm.chat(
+                    [{"role": "user", "content": template.format(query=query)}],
+                    temperature=0.7 if n > 1 else None,
+                    seed=self.config.llm.seed + i,
+                )
+                if reply.text.strip():
+                    documents.append(reply.text.strip())
+        trace.setdefault("hyde_documents", []).extend(documents)
+        if not documents:
+            return vector
+        doc_vectors = self.embedder.embed_documents(documents)
+        stacked = normalise(np.vstack([vector[None, :], doc_vectors]))
+        moved: npt.NDArray[np.float32] = normalise(stacked.mean(axis=0, keepdims=True))[0]
+        return moved
+
+    def _llm_filter(
+        self, query: str, hits: list[Retrieved], threshold: float, trace: dict[str, Any]
+    ) -> list[Retrieved]:
+        passages = "\n\n".join(f"[{i}] {h.text}" for i, h in enumerate(hits, start=1))
+        schema = {
+            "type": "object",
+            "properties": {
+                "scores": {
+                    "type": "array",
+                    "items": {"type": "number", "minimum": 0, "maximum": 1},
+                    "minItems": len(hits),
+                    "maxItems": len(hits),
+                }
+            },
+            "required": ["scores"],
+        }
+        prompt = FILTER_PROMPT.format(query=query, passages=passages)
+        reply = self.llm.chat([{"role": "user", "content": prompt}], schema=schema)
+        scores = parse_filter_scores(reply.text, len(hits))
+        if scores is None:
+            trace["llm_filter"] = {"status": "malformed", "output": reply.text[:500]}
+            logger.warning("LLM chunk filter: malformed output, keeping all %d chunks", len(hits))
+            return hits
+        for hit, score in zip(hits, scores, strict=True):
+            hit.scores["llm_filter"] = score
+        kept = [h for h, s in zip(hits, scores, strict=True) if s >= threshold]
+        if not kept:  # never zero chunks: keep the one the LLM liked best
+            kept = [hits[int(np.argmax(scores))]]
+        trace["llm_filter"] = {"status": "ok", "kept": len(kept), "of": len(hits)}
+        return kept
+
+
+def parse_filter_scores(text: str, n: int) -> list[float] | None:
+    """The chunk filter's scores, or None when the output is not n numbers in [0, 1]."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        match = re.search(r"\{.*\}", text, re.S)
+        if match is None:
+            return None
+        try:
+            data = json.loads(match.group(0))
+        except json.JSONDecodeError:
+            return None
+    scores = data.get("scores") if isinstance(data, dict) else data
+    if not isinstance(scores, list) or len(scores) != n:
+        return None
+    if not all(isinstance(s, int | float) and not isinstance(s, bool) for s in scores):
+        return None
+    values = [float(s) for s in scores]
+    return values if all(0.0 <= s <= 1.0 for s in values) else None
+
+
+# -- output formats ------------------------------------------------------------------
+
+
+def to_json(result: RetrievalResult) -> str:
+    hits = [
+        {
+            "rank": i,
+            "point_id": h.point_id,
+            "score": h.score,
+            "scores": h.scores,
+            "file_path": h.file_path,
+            "page": h.page,
+            "heading": h.heading,
+            "text": h.text,
+        }
+        for i, h in enumerate(result.hits, start=1)
+    ]
+    return json.dumps({"query": result.query, "hits": hits, "trace": result.trace}, indent=2)
+
+
+def to_xml(result: RetrievalResult) -> str:
+    """A ``<retrieved_context>`` block for prompts; every value is escaped."""
+    lines = ["<retrieved_context>"]
+    for i, h in enumerate(result.hits, start=1):
+        attrs = f"id={quoteattr(str(i))} file={quoteattr(h.file_path)}"
+        if h.page is not None:
+            attrs += f" page={quoteattr(str(h.page))}"
+        if h.heading:
+            attrs += f" heading={quoteattr(h.heading)}"
+        attrs += f" score={quoteattr(f'{h.score:.6g}')}"
+        lines.append(f"<source {attrs}>{escape(h.text)}</source>")
+    lines.append("</retrieved_context>")
+    return "\n".join(lines)
+
+
+def to_text(result: RetrievalResult, width: int = 300) -> str:
+    lines = []
+    for i, h in enumerate(result.hits, start=1):
+        where = h.file_path + (f" p.{h.page}" if h.page is not None else "")
+        stages = " ".join(f"{k}={v:.4g}" for k, v in h.scores.items())
+        lines.append(f"{i}. {where}  [{h.heading or '-'}]  score={h.score:.4g}  ({stages})")
+        snippet = " ".join(h.text.split())
+        lines.append("   " + (snippet[:width] + ("…" if len(snippet) > width else "")))
+    return "\n".join(lines) if lines else "(no results)"
+
+
+def result_dict(result: RetrievalResult) -> dict[str, Any]:
+    return {"query": result.query, "hits": [asdict(h) for h in result.hits], "trace": result.trace}

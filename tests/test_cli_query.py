@@ -1,0 +1,51 @@
+"""`ragpipe search` and `ragpipe ask` on a real index and the real model."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from typer.testing import CliRunner
+
+from flows.cli import app
+from ragpipe.config import RagpipeConfig
+
+runner = CliRunner()
+
+
+def _index(cfg: RagpipeConfig) -> list[str]:
+    return ["--store-path", str(cfg.store.path), "--embedder", "onnx"]
+
+
+def test_search_formats_and_filters(indexed_edge: RagpipeConfig) -> None:
+    args = ["search", "How do I restore the database?", *_index(indexed_edge), "-k", "2"]
+    text = runner.invoke(app, args)
+    assert text.exit_code == 0, text.output
+    assert text.output.startswith("1. ") and "backups" in text.output.splitlines()[0]
+    as_json = runner.invoke(app, [*args, "--format", "json", "--mode", "dense"])
+    data = json.loads(as_json.output)
+    assert len(data["hits"]) == 2 and data["trace"]["mode"] == "dense"
+    assert set(data["hits"][0]["scores"]) >= {"dense", "retrieval"}
+    xml = runner.invoke(app, [*args, "--format", "xml", "--filter", "file=backups-copy.md"])
+    assert xml.output.startswith("<retrieved_context>") and xml.output.count("<source ") == 2
+    assert "backups.md" not in xml.output
+
+
+def test_search_errors_exit_2_with_a_message(indexed_edge: RagpipeConfig, tmp_path: Any) -> None:
+    bad_filter = runner.invoke(app, ["search", "x", *_index(indexed_edge), "--filter", "page=3"])
+    assert bad_filter.exit_code == 2 and "file=SUFFIX" in bad_filter.output
+    no_index = runner.invoke(app, ["search", "x", "--store-path", str(tmp_path / "nothing")])
+    assert no_index.exit_code == 2 and "ragpipe ingest" in no_index.output
+
+
+def test_ask_streams_an_answer_and_lists_sources(indexed_edge: RagpipeConfig) -> None:
+    args = ["ask", "How long should bread bake?", *_index(indexed_edge), "-k", "2"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "sources" in result.output and "bread.md" in result.output
+    assert "SmolLM2-135M-Instruct.Q4_1:" in result.output
+    as_json = runner.invoke(app, [*args, "--json"])
+    data = json.loads(as_json.stdout)
+    assert data["question"] == "How long should bread bake?"
+    assert data["sources"][0]["file_path"].endswith("bread.md")
+    assert data["retrieval"]["top_k"] == 2

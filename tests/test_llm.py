@@ -1,0 +1,85 @@
+"""The LLM providers on real models: SmolLM2 in-process through llama.cpp, and the
+real ollama client against the loopback Ollama-API server backed by that model."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragpipe.config import LLMConfig
+from ragpipe.errors import ConfigError, StageError
+from ragpipe.llm import LlamaCppLLM, OllamaLLM, make_llm
+from tests.ollama_server import ollama_server
+
+QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]
+SCHEMA = {
+    "type": "object",
+    "properties": {"colours": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+    "required": ["colours"],
+}
+
+
+def test_llamacpp_reply_stream_and_schema(smollm: LlamaCppLLM) -> None:
+    reply = smollm.chat(QUESTION, max_tokens=24)
+    assert reply.text.strip() and reply.model == "SmolLM2-135M-Instruct.Q4_1"
+    assert reply.tokens_in > 5 and 0 < reply.tokens_out <= 24
+    pieces: list[str] = []
+    streamed = smollm.chat(QUESTION, max_tokens=24, on_token=pieces.append)
+    assert len(pieces) > 1 and "".join(pieces) == streamed.text
+    assert streamed.text == reply.text  # temperature 0: the same greedy reply
+    structured = smollm.chat(QUESTION, schema=SCHEMA, max_tokens=64)
+    data = json.loads(structured.text)  # the grammar makes it valid JSON of that shape
+    assert isinstance(data["colours"], list) and len(data["colours"]) <= 3
+
+
+def test_missing_gguf_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"llm\.model: GGUF file .*missing\.gguf does not exist"):
+        make_llm(LLMConfig(model=str(tmp_path / "missing.gguf")))
+
+
+def _ollama(host: str, **kwargs: Any) -> OllamaLLM:
+    return OllamaLLM("smollm", host=host, **kwargs)
+
+
+def test_ollama_chat_streams_the_models_reply(smollm: LlamaCppLLM) -> None:
+    direct = smollm.chat(QUESTION, max_tokens=24)
+    with ollama_server({}, {"smollm": smollm}) as (host, state):
+        llm = make_llm(
+            LLMConfig(provider="ollama", model="smollm", host=host, api_key="k3y", max_tokens=24)  # type: ignore[arg-type]
+        )
+        pieces: list[str] = []
+        reply = llm.chat(QUESTION, on_token=pieces.append)
+        structured = llm.chat(QUESTION, schema=SCHEMA, max_tokens=64)
+    assert reply.text == direct.text and "".join(pieces) == reply.text
+    assert (reply.tokens_in, reply.tokens_out) == (direct.tokens_in, direct.tokens_out)
+    assert isinstance(json.loads(structured.text)["colours"], list)
+    chats = [r for r in state.requests if r["path"] == "/api/chat"]
+    assert chats[0]["auth"] == "Bearer k3y" and chats[0]["body"]["stream"] is True
+    assert chats[0]["body"]["options"]["temperature"] == 0.0
+    assert chats[1]["body"]["format"] == SCHEMA
+
+
+def test_ollama_chat_retries_then_gives_up(smollm: LlamaCppLLM) -> None:
+    with ollama_server({}, {"smollm": smollm}) as (host, state):
+        state.fail_next = [503, 500]
+        assert _ollama(host, retries=2, max_tokens=8).chat(QUESTION).text
+        state.fail_next = [503, 503, 503]
+        with pytest.raises(StageError, match="Ollama /api/chat failed"):
+            _ollama(host, retries=2, max_tokens=8).chat(QUESTION)
+        with pytest.raises(StageError, match="ollama pull gemma3:1b"):
+            OllamaLLM("gemma3:1b", host=host).chat(QUESTION)
+
+
+def test_ollama_chat_unreachable_is_clear_and_fast() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(StageError, match="ollama serve"):
+        _ollama(f"http://127.0.0.1:{port}", retries=1).chat(QUESTION)
+    assert time.monotonic() - started < 5

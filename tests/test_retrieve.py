@@ -1,0 +1,333 @@
+"""Retrieval on the real engines: legs, fusion (in Qdrant and here), filters,
+fragments, rerank with a real cross-encoder, MMR, floors, HyDE, the chunk filter."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+from xml.etree import ElementTree
+
+import numpy as np
+import pytest
+
+from ragpipe.config import RagpipeConfig
+from ragpipe.errors import ConfigError, StageError
+from ragpipe.llm import Completion
+from ragpipe.retrieve import (
+    Retrieved,
+    Retriever,
+    boost_exact,
+    exact_phrases,
+    lost_in_the_middle,
+    mmr_select,
+    parse_filter_scores,
+    rrf_fuse,
+    split_fragments,
+    to_json,
+    to_xml,
+)
+from ragpipe.store import Hit, IndexPoint, SparseEncoder, Where
+
+QUERIES = [
+    "How does the Calvin cycle fix carbon dioxide?",
+    "Who wrote the first program for the Analytical Engine?",
+    "How long should bread bake in the oven?",
+    "How do I restore the database from a backup?",
+    "light reactions oxygen",
+]
+
+
+def _hit(pid: str, score: float = 0.0) -> Hit:
+    return Hit(pid, score, {"text": pid})
+
+
+# -- pure pieces ----------------------------------------------------------------------
+
+
+def test_fragments_split_on_stops_question_marks_and_semicolons() -> None:
+    assert split_fragments("What is RRF? How is k chosen; and why.") == [
+        "What is RRF",
+        "How is k chosen",
+        "and why",
+    ]
+    assert split_fragments("one question?") == ["one question?"]
+
+
+def test_rrf_is_classic_with_ranks_from_one_and_ties_broken_by_id() -> None:
+    dense = [_hit("a"), _hit("b"), _hit("c")]
+    sparse = [_hit("c"), _hit("a")]
+    fused = rrf_fuse([dense, sparse], k=60)
+    scores = {h.point_id: h.score for h in fused}
+    assert scores["a"] == pytest.approx(1 / 61 + 1 / 62)
+    assert scores["c"] == pytest.approx(1 / 63 + 1 / 61)
+    assert scores["b"] == pytest.approx(1 / 62)
+    assert [h.point_id for h in fused] == ["a", "c", "b"]
+    tied = rrf_fuse([[_hit("z"), _hit("y")], [_hit("y"), _hit("z")]], k=60)
+    assert [h.point_id for h in tied] == ["y", "z"]  # equal scores: by point id
+    weighted = rrf_fuse([dense, sparse], k=60, weights=[2.0, 0.5])
+    assert {h.point_id: h.score for h in weighted}["b"] == pytest.approx(2 / 62)
+
+
+def test_exact_phrases_and_boost() -> None:
+    phrases = exact_phrases('What did Ada Lovelace write about "Bernoulli numbers"?')
+    assert phrases == ["Bernoulli numbers", "Ada Lovelace"]
+    hits = [
+        Retrieved("1", 1.0, {"text": "nothing relevant"}),
+        Retrieved("2", 0.9, {"text": "Ada Lovelace computed Bernoulli numbers"}),
+    ]
+    boosted = boost_exact(hits, phrases, 0.2)
+    assert [h.point_id for h in boosted] == ["2", "1"]
+    assert boosted[0].score == pytest.approx(0.9 * 1.4)
+
+
+def test_lost_in_the_middle_order() -> None:
+    hits = [Retrieved(str(i), 1.0 - i / 10, {}) for i in range(5)]
+    assert [h.point_id for h in lost_in_the_middle(hits)] == ["0", "2", "4", "3", "1"]
+
+
+def test_mmr_picks_a_different_document_over_a_near_duplicate() -> None:
+    q = np.array([1.0, 0.0, 0.0], np.float32)
+    vectors = {
+        "a": np.array([0.9, 0.1, 0.0], np.float32),
+        "a-copy": np.array([0.9, 0.1, 0.0], np.float32),
+        "b": np.array([0.6, 0.0, 0.8], np.float32),
+    }
+    hits = [Retrieved(p, 1.0, {}) for p in ("a", "a-copy", "b")]
+    assert [h.point_id for h in mmr_select(q, hits, vectors, 2, 1.0)] == ["a", "a-copy"]
+    assert [h.point_id for h in mmr_select(q, hits, vectors, 2, 0.5)] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"scores": [0.1, 1, 0.5]}', [0.1, 1.0, 0.5]),
+        ('Sure! {"scores": [0, 0, 1]}', [0.0, 0.0, 1.0]),
+        ('{"scores": [0.1, 0.2]}', None),  # wrong length
+        ('{"scores": [0.1, 2, 0.3]}', None),  # out of range
+        ('{"scores": [true, 0, 1]}', None),
+        ("no json here", None),
+    ],
+)
+def test_filter_scores_parse_strictly(text: str, expected: list[float] | None) -> None:
+    assert parse_filter_scores(text, 3) == expected
+
+
+# -- against the indexed corpus -------------------------------------------------------
+
+
+def _ids(result: Any) -> list[str]:
+    return [h.point_id for h in result.hits]
+
+
+@pytest.mark.parametrize("backend", ["edge", "qdrant"])
+def test_qdrant_fusion_and_client_fusion_rank_alike(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    cfg: RagpipeConfig = request.getfixturevalue(f"indexed_{backend}")
+    with Retriever(cfg) as r:
+        for query in QUERIES:
+            inside = r.search(query, mode="hybrid", fusion="qdrant", top_k=6)
+            client = r.search(query, mode="hybrid", fusion="client", top_k=6)
+            assert _ids(inside) == _ids(client), query
+            for a, b in zip(inside.hits, client.hits, strict=True):
+                assert a.score == pytest.approx(b.score, rel=1e-5)
+
+
+def test_each_mode_finds_the_topic(indexed_edge: RagpipeConfig) -> None:
+    expected = ["photosynthesis", "computing", "bread", "backups", "photosynthesis"]
+    with Retriever(indexed_edge) as r:
+        for query, topic in zip(QUERIES, expected, strict=True):
+            for mode in ("dense", "sparse", "hybrid"):
+                result = r.search(query, mode=mode, top_k=3)
+                assert topic in result.hits[0].file_path, (query, mode, result.hits[0].file_path)
+                # BM25 returns only chunks sharing a term with the query.
+                assert len(result.hits) == 3 or (mode == "sparse" and result.hits)
+                assert result.trace["mode"] == mode
+            again = r.search(query, top_k=3)
+            assert _ids(again) == _ids(r.search(query, top_k=3))  # deterministic
+
+
+def test_client_bm25_leg_and_its_refresh_when_the_store_changes(
+    indexed_edge: RagpipeConfig,
+) -> None:
+    with Retriever(indexed_edge) as r:
+        before = r.search("sourdough starter", mode="sparse", sparse_engine="rank_bm25")
+        assert before.hits == []  # no chunk mentions it
+        hybrid = r.search(QUERIES[2], mode="hybrid", fusion="client", sparse_engine="rank_bm25")
+        assert "bread" in hybrid.hits[0].file_path
+        assert {"rrf", "dense", "sparse"} <= set(hybrid.hits[0].scores)
+        # A write to the store (as an ingest would do) must be seen by the next query.
+        text = "Feed the sourdough starter with flour and water every day."
+        pid = str(uuid.uuid4())
+        vector = r.embedder.embed_documents([text])[0]
+        indices, values = SparseEncoder().document(text)
+        payload = {"text": text, "file_path": "kitchen/sourdough.md", "heading_path": []}
+        r.store.upsert([IndexPoint(pid, vector, indices, values, payload)])
+        after = r.search("sourdough starter", mode="sparse", sparse_engine="rank_bm25")
+        assert _ids(after) == [pid]
+        r.store.delete(Where(must={"file_path": "kitchen/sourdough.md"}))
+
+
+def test_filters_by_file_suffix_heading_and_sha(indexed_edge: RagpipeConfig) -> None:
+    with Retriever(indexed_edge) as r:
+        only = r.search("database backup", filter_file="ops/backups-copy.md", top_k=10)
+        assert only.hits and {h.file_path.split("/")[-1] for h in only.hits} == {"backups-copy.md"}
+        by_dir = r.search("database backup", filter_file="backups.md", top_k=10)
+        assert {h.file_path.split("/")[-1] for h in by_dir.hits} == {"backups.md"}
+        heading = r.search("what happens", filter_heading="Oven", top_k=10)
+        assert heading.hits and all("Oven" in h.payload["heading_path"] for h in heading.hits)
+        sha = only.hits[0].payload["source_sha"]
+        both = r.search("backup", filter_source_sha=sha, filter_heading="Schedule", top_k=10)
+        assert both.hits and all(h.payload["source_sha"] == sha for h in both.hits)
+        assert r.search("bread", filter_file="no/such/file.md").hits == []
+
+
+def test_multi_fragment_query_keeps_each_fragments_best(indexed_edge: RagpipeConfig) -> None:
+    with Retriever(indexed_edge) as r:
+        combined = r.search("Who was Alan Turing? How do I knead dough?", mode="dense", top_k=2)
+        assert combined.trace["fragments"] == ["Who was Alan Turing", "How do I knead dough"]
+        assert {h.file_path.split("/")[-1] for h in combined.hits} == {"computing.md", "bread.md"}
+        single = r.search("Who was Alan Turing", mode="dense", top_k=5)
+        turing = next(h for h in combined.hits if "computing" in h.file_path)
+        assert turing.score == pytest.approx(single.hits[0].score, rel=1e-5)
+
+
+def test_dense_floor_applies_to_cosine_never_to_rrf(indexed_edge: RagpipeConfig) -> None:
+    with Retriever(indexed_edge) as r:
+        plain = r.search(QUERIES[0], mode="dense", top_k=10)
+        floor = (plain.hits[0].score + plain.hits[-1].score) / 2
+        floored = r.search(QUERIES[0], mode="dense", top_k=10, min_dense_score=floor)
+        assert 0 < len(floored.hits) < len(plain.hits)
+        assert all(h.score >= floor for h in floored.hits)
+        # In hybrid the floor removes weak dense candidates before fusion; the fused
+        # scores (~1/61) are far below any cosine floor and are not cut by it.
+        hybrid = r.search(QUERIES[0], mode="hybrid", top_k=10, min_dense_score=floor)
+        assert hybrid.hits and all(h.score < floor for h in hybrid.hits)
+        for fusion in ("qdrant", "client"):
+            cut = r.search(QUERIES[0], mode="hybrid", fusion=fusion, top_k=10, min_dense_score=1)
+            sparse = r.search(QUERIES[0], mode="sparse", top_k=10)
+            assert set(_ids(cut)) == set(_ids(sparse))  # only the BM25 leg is left
+
+
+def test_rerank_with_a_real_cross_encoder(
+    indexed_edge: RagpipeConfig, tiny_cross_encoder: Any
+) -> None:
+    from sentence_transformers import CrossEncoder
+
+    with Retriever(indexed_edge) as r:
+        result = r.search(QUERIES[1], rerank=True, reranker=str(tiny_cross_encoder), top_k=3)
+        assert result.trace["reranker"] == str(tiny_cross_encoder)
+        model = CrossEncoder(str(tiny_cross_encoder), device="cpu")
+        pool = r.search(QUERIES[1], top_k=3 * 4)  # the candidates it reranked
+        direct = model.predict(
+            [(QUERIES[1], h.payload.get("context") or h.text) for h in pool.hits]
+        )
+        expected = sorted(zip(direct, _ids(pool), strict=True), key=lambda t: (-t[0], t[1]))
+        assert _ids(result) == [pid for _, pid in expected[:3]]
+        assert [h.scores["rerank"] for h in result.hits] == pytest.approx(
+            [float(s) for s, _ in expected[:3]], rel=1e-4
+        )
+        off = r.search(QUERIES[1], rerank=True, reranker="none")
+        assert off.trace["reranker"] == "none" and "rerank" not in off.hits[0].scores
+        with pytest.raises(ConfigError, match=r"(?is)retrieve\.reranker.*nothing is downloaded"):
+            r.search(QUERIES[1], rerank=True, reranker="cross-encoder/ms-marco-MiniLM-L6-v2")
+
+
+def test_mmr_drops_the_duplicate_file(indexed_edge: RagpipeConfig) -> None:
+    query = "When do full database backups run?"
+    with Retriever(indexed_edge) as r:
+        plain = r.search(query, mode="dense", top_k=2)
+        assert plain.hits[0].text == plain.hits[1].text  # the file and its copy
+        diverse = r.search(query, mode="dense", top_k=2, mmr=True, mmr_lambda=0.5)
+        assert diverse.hits[0].point_id == plain.hits[0].point_id
+        assert diverse.hits[1].text != diverse.hits[0].text
+
+
+def test_output_formats_round_trip(indexed_edge: RagpipeConfig) -> None:
+    with Retriever(indexed_edge) as r:
+        result = r.search('restore "latest full backup" <now> & then', top_k=2)
+    data = json.loads(to_json(result))
+    assert [h["point_id"] for h in data["hits"]] == _ids(result)
+    assert data["hits"][0]["scores"]["retrieval"] == result.hits[0].score
+    root = ElementTree.fromstring(to_xml(result))  # escaped: it parses
+    assert root.tag == "retrieved_context"
+    sources = root.findall("source")
+    assert [s.text for s in sources] == [h.text for h in result.hits]
+    assert sources[0].get("file") == result.hits[0].file_path
+
+
+def test_missing_index_is_a_clear_error(tmp_path: Any) -> None:
+    cfg = RagpipeConfig(embed={"provider": "onnx"}, store={"path": tmp_path / "none"})  # type: ignore[arg-type]
+    with pytest.raises(StageError, match="run `ragpipe ingest` first"):
+        Retriever(cfg)
+
+
+def test_config_rejects_what_qdrant_fusion_cannot_do() -> None:
+    with pytest.raises(ValueError, match="fusion: client"):
+        RagpipeConfig(retrieve={"sparse_engine": "rank_bm25"})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"weights need retrieve\.fusion: client"):
+        RagpipeConfig(retrieve={"dense_weight": 2.0})  # type: ignore[arg-type]
+
+
+# -- with the real LLM ----------------------------------------------------------------
+
+
+def test_hyde_standard_adaptive_and_multi(indexed_edge: RagpipeConfig, smollm: Any) -> None:
+    with Retriever(indexed_edge, llm=smollm) as r:
+        plain = r.search(QUERIES[3], mode="dense", top_k=3)
+        hyde = r.search(QUERIES[3], mode="dense", top_k=3, hyde="standard", hyde_n=2)
+        assert len(hyde.trace["hyde_documents"]) == 2
+        assert hyde.hits[0].score != plain.hits[0].score  # another query vector
+        skipped = r.search(QUERIES[3], mode="dense", hyde="adaptive", hyde_threshold=-1)
+        assert "hyde_documents" not in skipped.trace and len(skipped.trace["hyde_top1"]) == 1
+        forced = r.search(QUERIES[3], mode="dense", hyde="adaptive", hyde_threshold=1, hyde_n=1)
+        assert len(forced.trace["hyde_documents"]) == 1
+        multi = r.search(QUERIES[3], mode="dense", hyde="multi")
+        assert len(multi.trace["hyde_documents"]) == 3
+
+
+class ScriptedLLM:
+    """Replies with fixed text: the only way to get malformed output on demand."""
+
+    name = "scripted"
+
+    def __init__(self, reply: str) -> None:
+        self.reply = reply
+
+    def chat(self, messages: Sequence[dict[str, str]], **kwargs: Any) -> Completion:
+        return Completion(self.reply, 1, 1, self.name, 0.0)
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 4
+
+
+@pytest.mark.parametrize(
+    ("reply", "status", "kept"),
+    [
+        ('{"scores": [0.9, 0.1, 0.7]}', "ok", [0, 2]),
+        ('{"scores": [0.1, 0.3, 0.2]}', "ok", [1]),  # never zero chunks: the best one stays
+        ("I think they are all good", "malformed", [0, 1, 2]),
+    ],
+)
+def test_llm_filter_outcomes(
+    indexed_edge: RagpipeConfig, reply: str, status: str, kept: list[int]
+) -> None:
+    with Retriever(indexed_edge, llm=ScriptedLLM(reply)) as r:
+        plain = r.search(QUERIES[2], top_k=3)
+        filtered = r.search(QUERIES[2], top_k=3, llm_filter=True)
+    assert filtered.trace["llm_filter"]["status"] == status
+    assert _ids(filtered) == [_ids(plain)[i] for i in kept]
+
+
+def test_llm_filter_with_the_real_model(indexed_edge: RagpipeConfig, smollm: Any) -> None:
+    with Retriever(indexed_edge, llm=smollm) as r:
+        plain = r.search(QUERIES[2], top_k=3)
+        filtered = r.search(QUERIES[2], top_k=3, llm_filter=True)
+    report = filtered.trace["llm_filter"]
+    assert filtered.hits and set(_ids(filtered)) <= set(_ids(plain))
+    if report["status"] == "ok":  # grammar-constrained JSON: usually parses
+        assert all(0 <= h.scores["llm_filter"] <= 1 for h in filtered.hits)
+    else:
+        assert _ids(filtered) == _ids(plain) and report["status"] == "malformed"
