@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import logging
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -28,6 +27,7 @@ import numpy.typing as npt
 
 from ragpipe.config import EmbedConfig, EmbedProvider, fingerprint
 from ragpipe.errors import ConfigError, StageError
+from ragpipe.ollama_api import call_with_retries
 
 if TYPE_CHECKING:
     from ragpipe.chunk import TokenCounter
@@ -318,39 +318,14 @@ class OllamaEmbedder:
         return vectors
 
     def _call(self, request: Callable[[], T]) -> T:
-        import httpx
-        import ollama
-
-        delay = 0.5
-        for attempt in range(self.retries + 1):
-            try:
-                return request()
-            except ollama.ResponseError as exc:
-                if exc.status_code == 404:
-                    raise StageError(
-                        f"Ollama at {self.host} has no model {self.model!r}: run "
-                        f"`ollama pull {self.model}` there, or set embed.model"
-                    ) from exc
-                retryable = exc.status_code >= 500 or exc.status_code == 429
-                last: Exception = exc
-            except (ConnectionError, httpx.TransportError) as exc:
-                retryable, last = True, exc
-            if not retryable or attempt == self.retries:
-                break
-            logger.warning(
-                "Ollama request failed (%s); retry %d/%d in %.1fs",
-                last,
-                attempt + 1,
-                self.retries,
-                delay,
-            )
-            time.sleep(delay)
-            delay *= 2
-        raise StageError(
-            f"Ollama at {self.host} failed after {self.retries + 1} attempt(s): "
-            f"{type(last).__name__}: {last}. Is the server running (`ollama serve`)? "
-            "Set embed.ollama_host / RAGPIPE_EMBED__OLLAMA_HOST to its URL."
-        ) from last
+        return call_with_retries(
+            request,
+            host=self.host,
+            model=self.model,
+            retries=self.retries,
+            section="embed",
+            host_field="ollama_host",
+        )
 
     def embed_documents(self, texts: Sequence[str]) -> Matrix:
         prefixed = [self.document_prefix + t for t in texts]

@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
-
 from ragpipe.config import LLMConfig, LLMProvider
 from ragpipe.errors import ConfigError, StageError
+from ragpipe.ollama_api import call_with_retries
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +220,6 @@ class OllamaLLM:
 
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self._client = ollama.Client(host=host, timeout=timeout_s, headers=headers)
-        self._ollama = ollama
         self.name = model
         self.host = host
         self.retries = retries
@@ -244,18 +242,17 @@ class OllamaLLM:
             "temperature": self.temperature if temperature is None else temperature,
             "seed": self.seed if seed is None else seed,
         }
-        started = time.perf_counter()
-        for attempt in range(self.retries + 1):
-            pieces: list[str] = []
+        pieces: list[str] = []
+
+        def request() -> Any:
+            pieces.clear()
+            final = None
+            stream = self._client.chat(
+                model=self.name, messages=list(messages), stream=True, format=schema,
+                options=options,
+            )  # fmt: skip
             try:
-                final: Any = None
-                for part in self._client.chat(
-                    model=self.name,
-                    messages=list(messages),
-                    stream=True,
-                    format=schema,
-                    options=options,
-                ):
+                for part in stream:
                     piece = part.message.content or ""
                     if piece:
                         pieces.append(piece)
@@ -263,28 +260,19 @@ class OllamaLLM:
                             on_token(piece)
                     if part.done:
                         final = part
-                break
-            except self._ollama.ResponseError as exc:
-                if exc.status_code == 404:
+            except Exception as exc:
+                if pieces:  # text already went out: a retry would repeat it
                     raise StageError(
-                        f"the Ollama server at {self.host} has no model {self.name!r}: run "
-                        f"`ollama pull {self.name}` there, or set llm.model"
+                        f"Ollama at {self.host} broke off the answer after "
+                        f"{len(pieces)} pieces: {exc}"
                     ) from exc
-                retriable = exc.status_code >= 500 and not pieces
-                if not retriable or attempt == self.retries:
-                    raise StageError(f"Ollama /api/chat failed: {exc}") from exc
-            except (ConnectionError, httpx.ConnectError, OSError) as exc:
-                if attempt == self.retries or pieces:
-                    raise StageError(
-                        f"cannot reach the Ollama server at {self.host} ({exc}): start it "
-                        "(`ollama serve`) or fix llm.host"
-                    ) from exc
-            except (httpx.HTTPError, self._ollama.RequestError) as exc:  # timeouts, transport
-                if attempt == self.retries or pieces:
-                    raise StageError(f"Ollama /api/chat failed at {self.host}: {exc}") from exc
-            delay = min(2.0**attempt * 0.25, 5.0)
-            logger.warning("Ollama chat attempt %d failed; retrying in %.2fs", attempt + 1, delay)
-            time.sleep(delay)
+                raise
+            return final
+
+        started = time.perf_counter()
+        final = call_with_retries(
+            request, host=self.host, model=self.name, retries=self.retries, section="llm"
+        )
         tokens_in = int(getattr(final, "prompt_eval_count", 0) or 0)
         tokens_out = int(getattr(final, "eval_count", 0) or 0)
         finish = getattr(final, "done_reason", None)
