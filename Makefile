@@ -15,10 +15,11 @@ demo: setup
 	.venv/bin/ragpipe ingest
 	.venv/bin/ragpipe search "How should I cite R?" -k 3
 	.venv/bin/ragpipe ask "How should I cite R?" -k 3
+	.venv/bin/ragpipe eval retrieval
 
 test: setup
-	.venv/bin/ruff check src tasks flows tests bench
-	.venv/bin/ruff format --check src tasks flows tests bench
+	.venv/bin/ruff check src tasks flows tests bench scripts
+	.venv/bin/ruff format --check src tasks flows tests bench scripts
 	.venv/bin/mypy
 	.venv/bin/pytest
 
@@ -27,6 +28,7 @@ bench: setup
 	.venv/bin/python bench/index.py
 	.venv/bin/python bench/query.py
 	.venv/bin/python bench/modes.py
+	.venv/bin/python bench/eval.py
 
 clean:
 	rm -rf data/work .pytest_cache .mypy_cache .ruff_cache

@@ -30,7 +30,7 @@ from ragpipe.config import (
     StoreBackend,
     load_config,
 )
-from ragpipe.errors import ConfigError, MassDeletionHeld, RagpipeError
+from ragpipe.errors import ConfigError, GateFailed, MassDeletionHeld, RagpipeError
 from ragpipe.progress import set_reporter
 
 app = typer.Typer(
@@ -409,6 +409,220 @@ def ask(
         f"{reply.model}: {reply.tokens_in} tokens in, {reply.tokens_out} out, {reply.seconds:.1f}s",
         highlight=False,
     )
+
+
+eval_app = typer.Typer(
+    help="Evaluate retrieval on a golden set: metrics with bootstrap 95% CIs, reports.",
+    no_args_is_help=True,
+)
+app.add_typer(eval_app, name="eval")
+
+GoldenOption = Annotated[
+    Path | None,
+    typer.Option(help="Golden set YAML (eval.golden; default eval/golden/r-faq-dev.yaml)."),
+]
+GranularityOption = Annotated[
+    str | None,
+    typer.Option(help="chunk (the golden set's chunk targets) or file (de-duplicated by file)."),
+]
+NameOption = Annotated[
+    str | None, typer.Option(help="Run name (report directory suffix; default: the set's name).")
+]
+ReportsOption = Annotated[
+    Path | None, typer.Option(help="eval.reports_dir (default eval/reports).")
+]
+
+
+def _eval_config(
+    config: Path | None,
+    store_path: Path | None,
+    embedder: EmbedderOption,
+    retrieve: dict[str, Any],
+    evaluation: dict[str, Any],
+) -> RagpipeConfig:
+    overrides: dict[str, Any] = {
+        "retrieve": {k: v for k, v in retrieve.items() if v is not None},
+        "eval": {k: str(v) if isinstance(v, Path) else v
+                 for k, v in evaluation.items() if v is not None},
+    }  # fmt: skip
+    if store_path is not None:
+        overrides["store"] = {"path": str(store_path)}
+    if embedder is not None:
+        overrides["embed"] = {"provider": embedder.value}
+    return load_config(config, overrides)
+
+
+def _print_eval(summary: dict[str, Any]) -> None:
+    from ragpipe.metrics import METRICS
+
+    table = Table(title=f"{summary['name']}: {summary['golden']['queries']} queries, "
+                  f"{summary['granularity']} level, mean [95% CI]")  # fmt: skip
+    table.add_column("metric")
+    variants = list(summary["metrics"])
+    for v in variants:
+        table.add_column(v, justify="right")
+    for m in METRICS:
+        row = [m]
+        for v in variants:
+            ci = summary["metrics"][v][m]
+            cell = f"{ci['mean']:.3f} [{ci['ci_low']:.3f}, {ci['ci_high']:.3f}]"
+            if v in summary["deltas"]:
+                d = summary["deltas"][v][m]
+                cell += f"  Δ {d['mean']:+.3f} p={d['p_value']:.2f}"
+            row.append(cell)
+        table.add_row(*row)
+    Console().print(table)
+    for warning in summary["warnings"]:
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+    out = Path(summary["report_dir"])
+    print(f"report: {out / 'report.html'} (also report.md, summary.json, per_query.parquet)")
+
+
+@eval_app.command("retrieval")
+def eval_retrieval(
+    golden: GoldenOption = None,
+    mode: ModeOption = None,
+    rerank: RerankOption = None,
+    granularity: GranularityOption = None,
+    depth: Annotated[int | None, typer.Option(help="Results per query (default 10).")] = None,
+    name: NameOption = None,
+    reports_dir: ReportsOption = None,
+    config: ConfigOption = None,
+    store_path: StorePathOption = None,
+    embedder: EmbedderOption = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Replay the golden set through the retrieval stack and write a report.
+
+    Metrics per query (Recall@5/10, Precision@5, MRR, Success@5, Hit@3, MAP, NDCG@10 linear
+    and exponential gain), means with bootstrap 95% CIs, a history row per run.
+    """
+    _prefect_env(verbose)
+    try:
+        cfg = _eval_config(
+            config,
+            store_path,
+            embedder,
+            {"mode": mode, "rerank": rerank},
+            {"golden": golden, "granularity": granularity, "depth": depth,
+             "reports_dir": reports_dir},
+        )  # fmt: skip
+        from flows.eval import eval_retrieval_flow
+
+        summary = eval_retrieval_flow(config=cfg, name=name)
+    except RagpipeError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from exc
+    _print_eval(summary)
+
+
+@eval_app.command("compare")
+def eval_compare(
+    variants: Annotated[
+        list[str],
+        typer.Option(
+            "--variant",
+            help="NAME:key=value,... of retrieve settings, e.g. dense:mode=dense or "
+            "'hyb-w:mode=hybrid,fusion=client,dense_weight=2'. The first is the baseline.",
+        ),
+    ],
+    golden: GoldenOption = None,
+    granularity: GranularityOption = None,
+    gate_metric: Annotated[
+        str | None, typer.Option(help="Fail (exit 4) when this metric's delta CI ...")
+    ] = None,
+    gate_threshold: Annotated[
+        float, typer.Option(help="... lies entirely below this value (e.g. -0.02).")
+    ] = 0.0,
+    name: NameOption = None,
+    reports_dir: ReportsOption = None,
+    config: ConfigOption = None,
+    store_path: StorePathOption = None,
+    embedder: EmbedderOption = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Compare retrieval settings on the same queries: paired deltas, CIs, p-values."""
+    _prefect_env(verbose)
+    from ragpipe.evaluate import parse_variant
+
+    try:
+        parsed = [parse_variant(v) for v in variants]
+        if len(parsed) < 2:
+            raise ConfigError("give at least two --variant options (the first is the baseline)")
+        cfg = _eval_config(
+            config,
+            store_path,
+            embedder,
+            {},
+            {"golden": golden, "granularity": granularity, "reports_dir": reports_dir},
+        )
+        from flows.eval import eval_compare_flow
+
+        summary = eval_compare_flow(
+            variants={v.name: v.overrides for v in parsed},
+            config=cfg,
+            name=name or "compare",
+            gate_metric=gate_metric,
+            gate_threshold=gate_threshold,
+        )
+    except GateFailed as exc:
+        console.print(f"[red]gate failed:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(4) from exc
+    except RagpipeError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from exc
+    _print_eval(summary)
+
+
+@app.command()
+def report(
+    last: Annotated[int, typer.Option(help="How many recent runs to show side by side.")] = 5,
+    metric: Annotated[str, typer.Option(help="Metric whose trend to show.")] = "mrr",
+    reports_dir: ReportsOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Show the latest evaluation runs side by side and the trend of one metric."""
+    from ragpipe.metrics import METRICS
+    from ragpipe.report import read_history
+
+    try:
+        cfg = load_config(
+            config, {"eval": {"reports_dir": str(reports_dir)}} if reports_dir else {}
+        )
+    except RagpipeError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from exc
+    if metric not in METRICS:
+        console.print(f"[red]error:[/red] --metric must be one of {', '.join(METRICS)}")
+        raise typer.Exit(2)
+    rows = read_history(cfg.eval.reports_dir)
+    if not rows:
+        print(f"no evaluation runs in {cfg.eval.reports_dir} yet: run `ragpipe eval retrieval`")
+        return
+    runs: list[tuple[str, str]] = []
+    for r in rows:
+        if (r["run_id"], r["variant"]) not in runs:
+            runs.append((r["run_id"], r["variant"]))
+    latest = runs[-last:]
+    table = Table(title=f"latest {len(latest)} runs (mean [95% CI])")
+    table.add_column("metric")
+    for run_id, variant in latest:
+        table.add_column(f"{run_id}\n{variant}", justify="right")
+    by_key = {(r["run_id"], r["variant"], r["metric"]): r for r in rows}
+    for m in METRICS:
+        cells = []
+        for run_id, variant in latest:
+            got = by_key.get((run_id, variant, m))
+            cells.append(
+                f"{got['mean']:.3f} [{got['ci_low']:.3f}, {got['ci_high']:.3f}]" if got else ""
+            )
+        table.add_row(m, *cells)
+    Console().print(table)
+    print(f"trend of {metric} (oldest first):")
+    for run_id, variant in runs:
+        r = by_key[(run_id, variant, metric)]
+        bar = "█" * round(40 * r["mean"])
+        print(f"  {run_id} {variant:>12s} {r['mean']:.3f} {bar}")
 
 
 def main() -> None:

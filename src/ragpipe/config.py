@@ -12,7 +12,7 @@ import json
 import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -522,6 +522,27 @@ class GenerateConfig(_Section):
     )
 
 
+class EvalConfig(_Section):
+    """Evaluation runs: which golden set, how to score, where reports go."""
+
+    golden: Path = Field(
+        default=Path("eval/golden/r-faq-dev.yaml"), description="Golden set (YAML) to replay."
+    )
+    granularity: Literal["chunk", "file"] = Field(
+        default="chunk",
+        description="chunk: relevance by the golden set's chunk targets; file: by file "
+        "(retrieved chunks de-duplicated by file).",
+    )
+    depth: int = Field(default=10, gt=0, description="Results retrieved per query (top_k).")
+    resamples: int = Field(default=1000, ge=100, description="Bootstrap resamples per CI.")
+    seed: int = Field(default=0, description="Seed of the bootstrap and permutation tests.")
+    reports_dir: Path = Field(
+        default=Path("eval/reports"),
+        description="Each run writes <reports_dir>/<timestamp>-<name>/; history.parquet "
+        "collects every run.",
+    )
+
+
 class PathsConfig(_Section):
     """Where state lives."""
 
@@ -551,6 +572,7 @@ class RagpipeConfig(BaseSettings):
     retrieve: RetrieveConfig = Field(default_factory=RetrieveConfig)
     llm: LLMConfig = Field(default_factory=LLMConfig)
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     paths: PathsConfig = Field(default_factory=PathsConfig)
 
     @classmethod

@@ -27,3 +27,7 @@ class StageError(RagpipeError):
 
 class MassDeletionHeld(RagpipeError):
     """More indexed files vanished than ``index.max_delete_share`` allows; none were deleted."""
+
+
+class GateFailed(RagpipeError):
+    """An evaluation's regression gate failed (the report was written first)."""

@@ -1,0 +1,239 @@
+"""Golden question sets: YAML in ``eval/``, validated on load; BEIR import.
+
+Format::
+
+    name: r-faq-dev
+    description: what the set is for
+    items:
+      - id: faq-2.7
+        query: What documentation exists for R?
+        relevance: {R-FAQ.pdf: 3}          # file suffix -> grade 0..3
+        # expected_files: [R-FAQ.pdf]      # binary shorthand (grade 1 each)
+        chunks:                            # optional chunk-level targets
+          - {file: R-FAQ.pdf, heading: "2.7 What documentation exists for R?", grade: 3}
+          - {file: R-FAQ.pdf, contains: "help.start()"}
+        expected_answer: Online documentation ...   # optional (RAG metrics)
+
+File matching is by path suffix on component boundaries: ``math/trig.md``
+matches ``docs/math/trig.md`` but not ``docs/xmath/trig.md``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ragpipe.errors import ConfigError
+
+MAX_GRADE = 3
+
+
+@dataclass(frozen=True)
+class ChunkTarget:
+    """A chunk that answers the query: in ``file``, containing text or under a heading."""
+
+    file: str
+    contains: str | None = None
+    heading: str | None = None
+    grade: int = 1
+
+    @property
+    def key(self) -> str:
+        what = f"heading={self.heading}" if self.heading else f"contains={self.contains}"
+        return f"{self.file}#{what}"
+
+    def matches(self, payload: dict[str, Any]) -> bool:
+        if not file_matches(str(payload.get("file_path", "")), self.file):
+            return False
+        if self.heading is not None and self.heading not in (payload.get("heading_path") or []):
+            return False
+        text = str(payload.get("text", ""))
+        return self.contains is None or " ".join(self.contains.split()) in " ".join(text.split())
+
+
+@dataclass(frozen=True)
+class GoldenItem:
+    """One question with its graded relevance."""
+
+    id: str
+    query: str
+    relevance: dict[str, int]  # file suffix -> grade
+    chunks: tuple[ChunkTarget, ...] = ()
+    expected_answer: str | None = None
+
+
+@dataclass
+class GoldenSet:
+    name: str
+    items: list[GoldenItem]
+    description: str = ""
+    source: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def file_matches(path: str, suffix: str) -> bool:
+    """Whether ``path`` ends with ``suffix`` on a path-component boundary."""
+    path = path.replace("\\", "/")
+    suffix = suffix.replace("\\", "/").lstrip("/")
+    return path == suffix or path.endswith("/" + suffix)
+
+
+def _grade(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_GRADE:
+        raise ConfigError(f"{where}: grade {value!r} must be an integer 0..{MAX_GRADE}")
+    return value
+
+
+def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
+    where = f"{source}: item {index + 1}"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a mapping with id, query and relevance")
+    unknown = set(raw) - {"id", "query", "relevance", "expected_files", "chunks", "expected_answer"}
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown keys {sorted(unknown)} (allowed: id, query, relevance, "
+            "expected_files, chunks, expected_answer)"
+        )
+    item_id = str(raw.get("id") or "").strip()
+    if not item_id:
+        raise ConfigError(f"{where}: 'id' is missing")
+    where = f"{source}: item {index + 1} (id {item_id})"
+    if item_id in seen:
+        raise ConfigError(f"{where}: duplicate id")
+    seen.add(item_id)
+    query = raw.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise ConfigError(f"{where}: 'query' must be a non-empty string")
+    relevance: dict[str, int] = {}
+    graded = raw.get("relevance") or {}
+    if not isinstance(graded, dict):
+        raise ConfigError(f"{where}: 'relevance' must map file suffixes to grades 0..3")
+    for file, grade in graded.items():
+        relevance[str(file)] = _grade(grade, f"{where}, relevance of {file!r}")
+    for file in raw.get("expected_files") or []:
+        relevance.setdefault(str(file), 1)
+    chunks = []
+    for j, target in enumerate(raw.get("chunks") or []):
+        cw = f"{where}, chunk target {j + 1}"
+        if not isinstance(target, dict) or not target.get("file"):
+            raise ConfigError(f"{cw}: needs 'file' and one of 'contains' or 'heading'")
+        if bool(target.get("contains")) == bool(target.get("heading")):
+            raise ConfigError(f"{cw}: give exactly one of 'contains' or 'heading'")
+        grade = _grade(target.get("grade", 1), cw)
+        chunks.append(
+            ChunkTarget(str(target["file"]), target.get("contains"), target.get("heading"), grade)
+        )
+        relevance.setdefault(str(target["file"]), grade)
+    if not any(g > 0 for g in relevance.values()):
+        raise ConfigError(
+            f"{where}: no relevant file (grade > 0): add 'relevance', 'expected_files' or "
+            "'chunks'; a query with nothing relevant cannot be scored"
+        )
+    answer = raw.get("expected_answer")
+    if answer is not None and not isinstance(answer, str):
+        raise ConfigError(f"{where}: 'expected_answer' must be a string")
+    return GoldenItem(item_id, query.strip(), relevance, tuple(chunks), answer)
+
+
+def load_golden(path: Path) -> GoldenSet:
+    """Read and validate a golden set; errors name the item and the fix."""
+    if not path.is_file():
+        raise ConfigError(f"golden set {path} not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"golden set {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("items"), list):
+        raise ConfigError(f"golden set {path}: expected a mapping with an 'items' list")
+    seen: set[str] = set()
+    items = [_item(raw, i, str(path), seen) for i, raw in enumerate(data["items"])]
+    if not items:
+        raise ConfigError(f"golden set {path} has no items")
+    name = str(data.get("name") or path.stem)
+    return GoldenSet(name, items, str(data.get("description", "")), str(path))
+
+
+def save_golden(golden: GoldenSet, path: Path) -> None:
+    """Write a golden set in the YAML format above."""
+    items = []
+    for item in golden.items:
+        raw: dict[str, Any] = {"id": item.id, "query": item.query, "relevance": item.relevance}
+        if item.chunks:
+            raw["chunks"] = [
+                {
+                    k: v
+                    for k, v in (
+                        ("file", c.file),
+                        ("heading", c.heading),
+                        ("contains", c.contains),
+                        ("grade", c.grade),
+                    )
+                    if v is not None
+                }
+                for c in item.chunks
+            ]
+        if item.expected_answer:
+            raw["expected_answer"] = item.expected_answer
+        items.append(raw)
+    data = {"name": golden.name, "description": golden.description, "items": items}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100))
+
+
+def import_beir(directory: Path, out_corpus: Path, split: str = "test") -> GoldenSet:
+    """Turn a BEIR dataset into documents under ``out_corpus`` and a golden set.
+
+    Each corpus entry becomes ``<out_corpus>/<doc id>.md`` (title as heading,
+    then the text), so the normal ingest indexes it; qrels of ``split``
+    become file-level graded relevance.
+    """
+    corpus_file = directory / "corpus.jsonl"
+    queries_file = directory / "queries.jsonl"
+    qrels_file = directory / "qrels" / f"{split}.tsv"
+    for required in (corpus_file, queries_file, qrels_file):
+        if not required.is_file():
+            raise ConfigError(f"BEIR import: {required} is missing")
+    out_corpus.mkdir(parents=True, exist_ok=True)
+    names: dict[str, str] = {}
+    with corpus_file.open(encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+                doc_id = str(doc["_id"])
+            except (json.JSONDecodeError, KeyError) as exc:
+                raise ConfigError(f"{corpus_file}:{line_no}: not a BEIR corpus line") from exc
+            name = "".join(c if c.isalnum() or c in "-_." else "_" for c in doc_id) + ".md"
+            title = str(doc.get("title") or "").strip()
+            body = (f"# {title}\n\n" if title else "") + str(doc.get("text", "")) + "\n"
+            (out_corpus / name).write_text(body, encoding="utf-8")
+            names[doc_id] = name
+    queries: dict[str, str] = {}
+    with queries_file.open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                q = json.loads(line)
+                queries[str(q["_id"])] = str(q["text"])
+    graded: dict[str, dict[str, int]] = {}
+    with qrels_file.open(encoding="utf-8") as fh:
+        rows = csv.reader(fh, delimiter="\t")
+        for row in rows:
+            if len(row) < 3 or row[0] == "query-id":
+                continue
+            qid, doc_id, score = row[0], row[1], int(row[2])
+            if doc_id in names and qid in queries:
+                graded.setdefault(qid, {})[names[doc_id]] = min(max(score, 0), MAX_GRADE)
+    items = [
+        GoldenItem(qid, queries[qid], rel)
+        for qid, rel in sorted(graded.items())
+        if any(g > 0 for g in rel.values())
+    ]
+    if not items:
+        raise ConfigError(f"BEIR import: no query in {qrels_file} has a relevant document")
+    return GoldenSet(directory.name, items, f"BEIR {directory.name} ({split})", str(directory))

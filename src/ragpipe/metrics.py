@@ -1,0 +1,143 @@
+"""Retrieval metrics per query, bootstrap confidence intervals, paired comparisons.
+
+Definitions follow trec_eval (checked against pytrec_eval in the tests):
+ranked lists hold unique document ids best first; ``qrels`` map relevant ids
+to grades 1..3 (0 = judged irrelevant). Every query gets every metric: one
+that retrieved nothing scores 0, it never drops out of the mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+METRICS = (
+    "recall@5",
+    "recall@10",
+    "precision@5",
+    "mrr",
+    "success@5",
+    "hit@3",
+    "map",
+    "ndcg@10",
+    "ndcg@10_exp",
+)
+
+
+def _dcg(gains: Sequence[float]) -> float:
+    return sum(g / math.log2(i + 2) for i, g in enumerate(gains))
+
+
+def ndcg(ranked: Sequence[str], qrels: Mapping[str, int], k: int, exponential: bool) -> float:
+    """NDCG@k; gain = grade (linear, trec_eval) or 2^grade - 1 (exponential, Burges)."""
+
+    def gain(grade: int) -> float:
+        return float(2**grade - 1) if exponential else float(grade)
+
+    ideal = _dcg(sorted((gain(g) for g in qrels.values() if g > 0), reverse=True)[:k])
+    if ideal == 0:
+        return 0.0
+    return _dcg([gain(qrels.get(d, 0)) for d in ranked[:k]]) / ideal
+
+
+def query_metrics(ranked: Sequence[str], qrels: Mapping[str, int]) -> dict[str, float]:
+    """All metrics of one query from its ranked ids and graded relevance."""
+    relevant = {d for d, g in qrels.items() if g > 0}
+    hits = [d in relevant for d in ranked]
+    n_rel = len(relevant)
+    first = next((i + 1 for i, h in enumerate(hits) if h), None)
+    precisions = [sum(hits[: i + 1]) / (i + 1) for i, h in enumerate(hits) if h]
+    return {
+        "recall@5": sum(hits[:5]) / n_rel if n_rel else 0.0,
+        "recall@10": sum(hits[:10]) / n_rel if n_rel else 0.0,
+        "precision@5": sum(hits[:5]) / 5,
+        "mrr": 1.0 / first if first else 0.0,
+        "success@5": 1.0 if first is not None and first <= 5 else 0.0,
+        "hit@3": 1.0 if first is not None and first <= 3 else 0.0,
+        "map": sum(precisions) / n_rel if n_rel else 0.0,
+        "ndcg@10": ndcg(ranked, qrels, 10, exponential=False),
+        "ndcg@10_exp": ndcg(ranked, qrels, 10, exponential=True),
+    }
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean with its bootstrap confidence interval, and how it was computed."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    resamples: int
+    seed: int
+    level: float = 0.95
+    method: str = "percentile bootstrap"
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return {
+            "mean": self.mean,
+            "ci_low": self.low,
+            "ci_high": self.high,
+            "n": self.n,
+            "resamples": self.resamples,
+            "seed": self.seed,
+            "level": self.level,
+            "method": self.method,
+        }
+
+
+def bootstrap_ci(
+    values: npt.ArrayLike, resamples: int = 1000, seed: int = 0, level: float = 0.95
+) -> Interval:
+    """Percentile bootstrap CI of the mean (seeded ``numpy.random.Generator``)."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return Interval(float("nan"), float("nan"), float("nan"), 0, resamples, seed, level)
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+    alpha = (1 - level) / 2
+    low, high = np.quantile(means, [alpha, 1 - alpha])
+    return Interval(float(x.mean()), float(low), float(high), int(x.size), resamples, seed, level)
+
+
+@dataclass(frozen=True)
+class PairedDelta:
+    """Mean per-query difference (candidate - baseline) with its CI and p-value."""
+
+    interval: Interval
+    p_value: float
+    permutations: int
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return {
+            **self.interval.as_dict(),
+            "p_value": self.p_value,
+            "permutations": self.permutations,
+        }
+
+
+def paired_delta(
+    baseline: npt.ArrayLike,
+    candidate: npt.ArrayLike,
+    resamples: int = 1000,
+    seed: int = 0,
+    permutations: int = 10000,
+) -> PairedDelta:
+    """Paired bootstrap CI of the mean delta, and a two-sided sign-flip permutation test."""
+    a = np.asarray(baseline, dtype=np.float64)
+    b = np.asarray(candidate, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError("paired comparison needs the same queries in the same order")
+    d = b - a
+    interval = bootstrap_ci(d, resamples, seed)
+    if d.size == 0:
+        return PairedDelta(interval, float("nan"), permutations)
+    rng = np.random.default_rng(seed + 1)
+    signs = rng.choice(np.array([-1.0, 1.0]), size=(permutations, d.size))
+    observed = abs(d.mean())
+    extreme = int((np.abs((signs * d).mean(axis=1)) >= observed - 1e-12).sum())
+    return PairedDelta(interval, (extreme + 1) / (permutations + 1), permutations)

@@ -1,0 +1,399 @@
+"""Evaluation reports: per-query Parquet, summary JSON, Markdown, self-contained HTML,
+and a history table across runs."""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import subprocess
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ragpipe.checkpoint import atomic_write_bytes, write_table
+from ragpipe.config import RagpipeConfig
+from ragpipe.embed import embedder_name
+from ragpipe.evaluate import (
+    EvalResult,
+    Gate,
+    Granularity,
+    Variant,
+    corpus_fingerprint,
+    run_retrieval_eval,
+)
+from ragpipe.golden import load_golden
+from ragpipe.metrics import METRICS
+from ragpipe.retrieve import Retriever
+
+HISTORY = "history.parquet"
+PACKAGES = (
+    "ragpipe",
+    "qdrant-edge-py",
+    "qdrant-client",
+    "sentence-transformers",
+    "numpy",
+    "xllamacpp",
+    "rank-bm25",
+)
+HISTORY_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("finished_at", pa.string()),
+        ("name", pa.string()),
+        ("golden", pa.string()),
+        ("granularity", pa.string()),
+        ("variant", pa.string()),
+        ("metric", pa.string()),
+        ("mean", pa.float64()),
+        ("ci_low", pa.float64()),
+        ("ci_high", pa.float64()),
+        ("n", pa.int64()),
+        ("git_revision", pa.string()),
+    ]
+)
+
+
+def git_revision(repo: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=repo or Path.cwd(),
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def summary_dict(
+    result: EvalResult, config: RagpipeConfig, corpus: dict[str, Any], run_id: str
+) -> dict[str, Any]:
+    """Everything needed to trust (or reproduce) the numbers; secrets stay masked."""
+    return {
+        "run_id": run_id,
+        "name": result.name,
+        "kind": "retrieval" if len(result.variants) == 1 else "compare",
+        "finished_at": datetime.now(UTC).isoformat(),
+        "golden": {
+            "name": result.golden.name,
+            "source": result.golden.source,
+            "queries": len(result.golden.items),
+        },
+        "granularity": result.granularity.value,
+        "depth": result.depth,
+        "corpus": corpus,
+        "models": {
+            "embedder": embedder_name(config.embed),
+            **{
+                v: {"reranker": s["reranker"] if s["rerank"] else "none"}
+                for v, s in result.settings.items()
+            },
+        },
+        "variants": result.settings,
+        "baseline": result.baseline,
+        "statistics": {
+            "method": "percentile bootstrap",
+            "level": 0.95,
+            "resamples": result.resamples,
+            "seed": result.seed,
+            "paired": "bootstrap of per-query deltas; sign-flip permutation p-value",
+        },
+        "metrics": {
+            v: {m: ci.as_dict() for m, ci in by.items()} for v, by in result.summary.items()
+        },
+        "deltas": {v: {m: d.as_dict() for m, d in by.items()} for v, by in result.deltas.items()},
+        "gate": None
+        if result.gate is None
+        else {
+            "metric": result.gate.metric,
+            "threshold": result.gate.threshold,
+            "passed": result.passed,
+            "failures": result.gate_failures,
+        },
+        "warnings": result.warnings,
+        "timing": {"search_s": result.search_seconds, "metrics_and_ci_s": result.stats_seconds},
+        "config": config.model_dump(mode="json"),
+        "versions": versions(),
+        "git_revision": git_revision(),
+    }
+
+
+def per_query_table(result: EvalResult) -> pa.Table:
+    columns: dict[str, list[Any]] = {
+        "variant": [r.variant for r in result.rows],
+        "item_id": [r.item_id for r in result.rows],
+        "query": [r.query for r in result.rows],
+        "retrieved": [r.retrieved for r in result.rows],
+        "relevant": [json.dumps(r.relevant) for r in result.rows],
+        "search_seconds": [r.search_seconds for r in result.rows],
+    }
+    for m in METRICS:
+        columns[m] = [r.metrics[m] for r in result.rows]
+    return pa.table(columns)
+
+
+def _fmt(ci: dict[str, Any]) -> str:
+    return f"{ci['mean']:.3f} [{ci['ci_low']:.3f}, {ci['ci_high']:.3f}]"
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    lines = [f"# Retrieval evaluation: {summary['name']}", ""]
+    g = summary["golden"]
+    lines += [
+        f"- golden set: **{g['name']}** ({g['queries']} queries, `{g['source']}`)",
+        f"- granularity: {summary['granularity']}, depth {summary['depth']}",
+        f"- corpus: {summary['corpus']['files']} files, {summary['corpus']['points']} chunks "
+        f"(fingerprint {summary['corpus']['sha256']})",
+        f"- embedder: {summary['models']['embedder']}; git {summary['git_revision'] or 'n/a'}",
+        f"- 95% CIs: percentile bootstrap, {summary['statistics']['resamples']} resamples, "
+        f"seed {summary['statistics']['seed']}",
+        "",
+    ]
+    for warning in summary["warnings"]:
+        lines.append(f"> **warning:** {warning}")
+    variants = list(summary["metrics"])
+    lines += ["", "| metric | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
+    for m in METRICS:
+        lines.append(
+            f"| {m} | " + " | ".join(_fmt(summary["metrics"][v][m]) for v in variants) + " |"
+        )
+    if summary["deltas"]:
+        lines += ["", f"## Paired deltas vs `{summary['baseline']}`", ""]
+        others = list(summary["deltas"])
+        lines += ["| metric | " + " | ".join(others) + " |", "|---" * (len(others) + 1) + "|"]
+        for m in METRICS:
+            cells = []
+            for v in others:
+                d = summary["deltas"][v][m]
+                ci = f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+                cells.append(f"{d['mean']:+.3f} {ci} p={d['p_value']:.3f}")
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    if summary["gate"]:
+        gate = summary["gate"]
+        state = "PASSED" if gate["passed"] else "FAILED"
+        lines += [
+            "",
+            f"**Gate {state}:** {gate['metric']} delta CI must not lie entirely below "
+            f"{gate['threshold']:+.3f}.",
+        ]
+        lines += [f"- {f}" for f in gate["failures"]]
+    lines += ["", "## Settings", ""]
+    for v, s in summary["variants"].items():
+        keys = ("mode", "sparse_engine", "fusion", "rrf_k", "prefetch_mul", "rerank", "mmr", "hyde")
+        lines.append(f"- **{v}**: " + ", ".join(f"{k}={s[k]}" for k in keys))
+    return "\n".join(lines) + "\n"
+
+
+def _svg(fig: Any) -> str:
+    buffer = io.StringIO()
+    fig.savefig(buffer, format="svg", bbox_inches="tight")
+    return buffer.getvalue()[buffer.getvalue().index("<svg") :]
+
+
+def plots(summary: dict[str, Any], table: pa.Table) -> list[tuple[str, str]]:
+    """(title, inline SVG) figures: metric bars with CI whiskers, distributions, deltas."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    variants = list(summary["metrics"])
+    width = 0.8 / len(variants)
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for i, v in enumerate(variants):
+        means = [summary["metrics"][v][m]["mean"] for m in METRICS]
+        low = [means[j] - summary["metrics"][v][m]["ci_low"] for j, m in enumerate(METRICS)]
+        high = [summary["metrics"][v][m]["ci_high"] - means[j] for j, m in enumerate(METRICS)]
+        xs = [j + i * width for j in range(len(METRICS))]
+        ax.bar(xs, means, width, yerr=[low, high], capsize=3, label=v)
+    ax.set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(METRICS))], METRICS)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("mean (95% CI)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.tick_params(axis="x", rotation=30)
+    out.append(("Metrics with 95% confidence intervals", _svg(fig)))
+    plt.close(fig)
+
+    data = table.to_pydict()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
+    for ax, m in zip(axes, ("mrr", "ndcg@10", "recall@10"), strict=True):
+        series = [
+            [x for x, vv in zip(data[m], data["variant"], strict=True) if vv == v] for v in variants
+        ]
+        ax.boxplot(series, tick_labels=variants, showmeans=True)
+        ax.set_title(f"{m} per query")
+        ax.set_ylim(-0.05, 1.05)
+        ax.tick_params(axis="x", rotation=20)
+    out.append(("Per-query distributions", _svg(fig)))
+    plt.close(fig)
+
+    if summary["deltas"]:
+        others = list(summary["deltas"])
+        fig, ax = plt.subplots(figsize=(10, 4))
+        width = 0.8 / len(others)
+        for i, v in enumerate(others):
+            d = [summary["deltas"][v][m] for m in METRICS]
+            means = [x["mean"] for x in d]
+            err = [[x["mean"] - x["ci_low"] for x in d], [x["ci_high"] - x["mean"] for x in d]]
+            ax.bar(
+                [j + i * width for j in range(len(METRICS))],
+                means,
+                width,
+                yerr=err,
+                capsize=3,
+                label=f"{v} - {summary['baseline']}",
+            )
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_xticks([j + width * (len(others) - 1) / 2 for j in range(len(METRICS))], METRICS)
+        ax.tick_params(axis="x", rotation=30)
+        ax.set_ylabel("paired delta (95% CI)")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        out.append((f"Deltas vs baseline ({summary['baseline']})", _svg(fig)))
+        plt.close(fig)
+    return out
+
+
+def html_page(summary: dict[str, Any], md: str, figures: list[tuple[str, str]]) -> str:
+    """One self-contained page: the Markdown tables rendered plainly, plus inline SVG."""
+    body = []
+    in_table = False
+    for line in md.splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if set("".join(cells)) <= set("-"):
+                continue
+            tag = "th" if not in_table else "td"
+            if not in_table:
+                body.append("<table>")
+                in_table = True
+            body.append(
+                "<tr>" + "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in cells) + "</tr>"
+            )
+            continue
+        if in_table:
+            body.append("</table>")
+            in_table = False
+        if line.startswith("# "):
+            body.append(f"<h1>{html.escape(line[2:])}</h1>")
+        elif line.startswith("## "):
+            body.append(f"<h2>{html.escape(line[3:].replace('`', ''))}</h2>")
+        elif line.startswith("> "):
+            body.append(f"<p class='warn'>{html.escape(line[2:].replace('**', ''))}</p>")
+        elif line.startswith("- "):
+            body.append(f"<p>• {html.escape(line[2:].replace('**', '').replace('`', ''))}</p>")
+        elif line.strip():
+            body.append(f"<p>{html.escape(line.replace('**', ''))}</p>")
+    if in_table:
+        body.append("</table>")
+    for title, svg in figures:
+        body.append(f"<h2>{html.escape(title)}</h2><div class='fig'>{svg}</div>")
+    style = (
+        "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;"
+        "font-variant-numeric:tabular-nums}th{background:#f3f3f3}.warn{color:#a40}"
+        ".fig svg{max-width:100%;height:auto}"
+    )
+    title = html.escape(f"ragpipe eval: {summary['name']}")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+        f"<style>{style}</style></head><body>{''.join(body)}</body></html>"
+    )
+
+
+def write_report(
+    result: EvalResult, config: RagpipeConfig, corpus: dict[str, Any], root: Path
+) -> Path:
+    """Write the run's directory under ``root`` and append the history table."""
+    now = datetime.now(UTC)
+    slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in result.name)
+    run_id = f"{now.strftime('%Y%m%dT%H%M%SZ')}-{slug}"
+    out = root / run_id
+    out.mkdir(parents=True, exist_ok=False)
+    table = per_query_table(result)
+    write_table(out / "per_query.parquet", table)
+    summary = summary_dict(result, config, corpus, run_id)
+    atomic_write_bytes(out / "summary.json", json.dumps(summary, indent=2).encode())
+    md = markdown(summary)
+    atomic_write_bytes(out / "report.md", md.encode())
+    atomic_write_bytes(out / "report.html", html_page(summary, md, plots(summary, table)).encode())
+    append_history(root, summary)
+    return out
+
+
+def evaluate_and_report(
+    config: RagpipeConfig,
+    variants: Sequence[Variant] | None = None,
+    *,
+    name: str | None = None,
+    gate: Gate | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[EvalResult, Path]:
+    """Replay ``config.eval.golden`` through the retriever and write the report."""
+    golden = load_golden(config.eval.golden)
+    with Retriever(config) as retriever:
+        corpus = corpus_fingerprint(retriever)
+        result = run_retrieval_eval(
+            config,
+            golden,
+            variants,
+            name=name,
+            granularity=Granularity(config.eval.granularity),
+            depth=config.eval.depth,
+            resamples=config.eval.resamples,
+            seed=config.eval.seed,
+            gate=gate,
+            retriever=retriever,
+            progress=progress,
+        )
+    return result, write_report(result, config, corpus, config.eval.reports_dir)
+
+
+def append_history(root: Path, summary: dict[str, Any]) -> None:
+    rows = [
+        {
+            "run_id": summary["run_id"],
+            "finished_at": summary["finished_at"],
+            "name": summary["name"],
+            "golden": summary["golden"]["name"],
+            "granularity": summary["granularity"],
+            "variant": variant,
+            "metric": metric,
+            "mean": ci["mean"],
+            "ci_low": ci["ci_low"],
+            "ci_high": ci["ci_high"],
+            "n": ci["n"],
+            "git_revision": summary["git_revision"] or "",
+        }
+        for variant, by_metric in summary["metrics"].items()
+        for metric, ci in by_metric.items()
+    ]
+    new = pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA)
+    path = root / HISTORY
+    if path.is_file():
+        new = pa.concat_tables([pq.read_table(path).cast(HISTORY_SCHEMA), new])
+    write_table(path, new)
+
+
+def read_history(root: Path) -> list[dict[str, Any]]:
+    path = root / HISTORY
+    return pq.read_table(path).to_pylist() if path.is_file() else []

@@ -1,0 +1,50 @@
+"""Eval tasks: the library runs the evaluation; these publish it to Prefect."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from ragpipe.config import RagpipeConfig
+from ragpipe.evaluate import Gate, Variant
+from ragpipe.metrics import METRICS
+from ragpipe.report import evaluate_and_report
+
+
+@task(name="retrieval-eval", cache_policy=NO_CACHE)
+def retrieval_eval_task(
+    config: RagpipeConfig,
+    variants: list[Variant] | None = None,
+    name: str | None = None,
+    gate: Gate | None = None,
+) -> dict[str, Any]:
+    """Run the evaluation and write the report; returns summary.json's content."""
+    _, out = evaluate_and_report(config, variants, name=name, gate=gate)
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    summary["report_dir"] = str(out)
+    return summary
+
+
+@task(name="publish-eval", cache_policy=NO_CACHE)
+def publish_eval_task(summary: dict[str, Any], key: str) -> None:
+    """A Markdown summary and a metrics table as Prefect artifacts with stable keys."""
+    out = Path(summary["report_dir"])
+    create_markdown_artifact(
+        key=f"{key}-summary",
+        markdown=(out / "report.md").read_text(encoding="utf-8")
+        + f"\n\nReport: `{out / 'report.html'}`\n",
+        description=f"{summary['name']}: retrieval metrics with 95% CIs",
+    )
+    rows = [
+        {"variant": variant, "metric": m, "mean": round(ci["mean"], 4),
+         "ci_low": round(ci["ci_low"], 4), "ci_high": round(ci["ci_high"], 4), "n": ci["n"]}
+        for variant, by_metric in summary["metrics"].items()
+        for m, ci in by_metric.items()
+        if m in METRICS
+    ]  # fmt: skip
+    create_table_artifact(key=f"{key}-metrics", table=rows, description=summary["run_id"])

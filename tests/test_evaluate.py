@@ -1,0 +1,192 @@
+"""Retrieval evaluation end to end on the real index: per-query rows, exact metric
+values, compare with paired deltas and a gate, reports, history, flows, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from ragpipe.config import RagpipeConfig
+from ragpipe.errors import ConfigError
+from ragpipe.evaluate import Gate, Granularity, Variant, parse_variant, run_retrieval_eval
+from ragpipe.golden import load_golden
+from ragpipe.metrics import METRICS, query_metrics
+from ragpipe.report import evaluate_and_report, read_history
+from ragpipe.retrieve import Retriever
+
+GOLDEN = """
+name: query-corpus
+items:
+  - id: calvin
+    query: How does the Calvin cycle fix carbon dioxide?
+    relevance: {photosynthesis.md: 3}
+    chunks: [{file: science/photosynthesis.md, heading: Calvin cycle, grade: 3}]
+  - id: lovelace
+    query: Who wrote the first program for the Analytical Engine?
+    relevance: {history/computing.md: 2}
+    chunks: [{file: computing.md, contains: Analytical Engine, grade: 2}]
+  - id: restore
+    query: How do I restore the database from a backup?
+    relevance: {ops/backups.md: 3, ops/backups-copy.md: 1}
+    chunks: [{file: ops/backups.md, heading: Restore, grade: 3}]
+  - id: oven
+    query: How hot should the oven be for bread?
+    relevance: {bread.md: 3}
+    chunks: [{file: bread.md, heading: Oven, grade: 3}]
+"""
+
+
+@pytest.fixture
+def eval_config(indexed_edge: RagpipeConfig, tmp_path: Path) -> RagpipeConfig:
+    golden = tmp_path / "golden.yaml"
+    golden.write_text(GOLDEN, encoding="utf-8")
+    return indexed_edge.model_copy(
+        update={
+            "eval": indexed_edge.eval.model_copy(
+                update={"golden": golden, "reports_dir": tmp_path / "reports", "resamples": 200}
+            )
+        }
+    )
+
+
+def test_rows_and_metric_values_follow_the_retrieved_ranks(eval_config: RagpipeConfig) -> None:
+    golden = load_golden(eval_config.eval.golden)
+    variants = [Variant("dense", {"mode": "dense"}),
+                Variant("nothing", {"mode": "dense", "filter_file": "no/such.md"})]  # fmt: skip
+    with Retriever(eval_config) as r:
+        result = run_retrieval_eval(eval_config, golden, variants, depth=5, retriever=r)
+        for row in (x for x in result.rows if x.variant == "dense"):
+            item = next(i for i in golden.items if i.id == row.item_id)
+            hits = r.search(item.query, mode="dense", top_k=5).hits
+            target = item.chunks[0]
+            ranks = [n for n, h in enumerate(hits, start=1) if target.matches(h.payload)]
+            assert row.retrieved[ranks[0] - 1] == target.key  # the target counts once, first
+            assert row.metrics["mrr"] == 1 / ranks[0]
+            assert row.metrics == query_metrics(row.retrieved, {target.key: target.grade})
+    assert len(result.rows) == 2 * len(golden.items)  # every query, every variant
+    empty = [x for x in result.rows if x.variant == "nothing"]
+    assert all(x.retrieved == [] and set(x.metrics.values()) == {0.0} for x in empty)
+    dense = result.summary["dense"]
+    assert set(dense) == set(METRICS) and dense["mrr"].n == 4
+    assert dense["mrr"].mean == pytest.approx(
+        sum(x.metrics["mrr"] for x in result.rows if x.variant == "dense") / 4
+    )
+    assert result.warnings and "only 4 queries" in result.warnings[0]
+
+
+def test_file_granularity_deduplicates_by_file(eval_config: RagpipeConfig) -> None:
+    golden = load_golden(eval_config.eval.golden)
+    result = run_retrieval_eval(eval_config, golden, granularity=Granularity.FILE, depth=10)
+    for row in result.rows:
+        assert len(row.retrieved) == len(set(row.retrieved))
+    restore = next(x for x in result.rows if x.item_id == "restore")
+    assert set(restore.retrieved[:2]) == {"ops/backups.md", "ops/backups-copy.md"}
+    assert restore.metrics["recall@5"] == 1.0  # both graded files found
+
+
+def test_compare_gate_and_report_files(eval_config: RagpipeConfig) -> None:
+    broken = {"mode": "dense", "filter_file": "kitchen/bread.md"}
+    variants = [Variant("dense", {"mode": "dense"}), Variant("broken", broken)]
+    result, out = evaluate_and_report(
+        eval_config, variants, name="gate test", gate=Gate("mrr", -0.1)
+    )
+    assert not result.passed and "broken: mrr delta CI" in result.gate_failures[0]
+    delta = result.deltas["broken"]["mrr"]
+    assert delta.interval.high < -0.1 and 0 < delta.p_value <= 1
+    table = pq.read_table(out / "per_query.parquet")
+    assert table.num_rows == 8 and set(METRICS) <= set(table.column_names)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["gate"]["passed"] is False and summary["baseline"] == "dense"
+    assert summary["statistics"]["resamples"] == 200 and summary["corpus"]["files"] == 5
+    assert summary["versions"]["qdrant-edge-py"] and summary["models"]["embedder"]
+    assert summary["deltas"]["broken"]["mrr"]["ci_high"] < -0.1
+    page = (out / "report.html").read_text()
+    assert page.count("<svg") == 3 and "Deltas vs baseline" in page
+    assert "| mrr |" in (out / "report.md").read_text()
+    history = read_history(eval_config.eval.reports_dir)
+    assert {(r["variant"], r["metric"]) for r in history} == {
+        (v, m) for v in ("dense", "broken") for m in METRICS
+    }
+
+
+def test_bad_variants_fail_before_any_search(eval_config: RagpipeConfig) -> None:
+    golden = load_golden(eval_config.eval.golden)
+    with pytest.raises(ConfigError, match="variant 'w'"):
+        run_retrieval_eval(eval_config, golden, [Variant("w", {"dense_weight": 3})])
+    with pytest.raises(ConfigError, match=r"not retrieve\.KEY=VALUE"):
+        parse_variant("x:colour=red")
+    assert parse_variant("h:mode=hybrid,fusion=client,dense_weight=2,hyde=off") == Variant(
+        "h", {"mode": "hybrid", "fusion": "client", "dense_weight": 2, "hyde": False}
+    )
+    with pytest.raises(ConfigError, match="gate metric 'f1'"):
+        run_retrieval_eval(eval_config, golden, gate=Gate("f1", 0))
+
+
+@pytest.mark.slow
+def test_flows_publish_artifacts_and_cli_reports(
+    prefect_harness: None, eval_config: RagpipeConfig, tmp_path: Path
+) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.eval import eval_compare_flow, eval_retrieval_flow
+    from ragpipe.errors import GateFailed
+
+    summary = eval_retrieval_flow(config=eval_config, name="flow run")
+    assert Path(summary["report_dir"], "report.html").is_file()
+    with pytest.raises(GateFailed, match="broken: mrr"):
+        eval_compare_flow(
+            {"dense": {"mode": "dense"}, "broken": {"filter_file": "kitchen/bread.md"}},
+            config=eval_config,
+            gate_metric="mrr",
+            gate_threshold=-0.1,
+        )
+
+    async def keys() -> set[str]:
+        async with get_client() as client:
+            found = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_="eval-"))
+            )
+        return {a.key for a in found if a.key}
+
+    import asyncio
+
+    assert {"eval-retrieval-summary", "eval-retrieval-metrics", "eval-compare-summary",
+            "eval-compare-metrics"} <= asyncio.run(keys())  # fmt: skip
+
+    runner = CliRunner()
+    shown = runner.invoke(app, ["report", "--reports-dir", str(eval_config.eval.reports_dir),
+                                "--metric", "ndcg@10"])  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    assert "flow run" in shown.output or "flow-run" in shown.output
+    assert "trend of ndcg@10" in shown.output
+    empty = runner.invoke(app, ["report", "--reports-dir", str(tmp_path / "none")])
+    assert "no evaluation runs" in empty.output
+
+
+def _cli(eval_config: RagpipeConfig, *args: str) -> Any:
+    return CliRunner().invoke(
+        app,
+        [*args, "--golden", str(eval_config.eval.golden), "--store-path",
+         str(eval_config.store.path), "--embedder", "onnx", "--reports-dir",
+         str(eval_config.eval.reports_dir)],
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_cli_eval_commands(prefect_harness: None, eval_config: RagpipeConfig) -> None:
+    ok = _cli(eval_config, "eval", "retrieval", "--mode", "dense", "--name", "cli")
+    assert ok.exit_code == 0, ok.output
+    assert "report: " in ok.output and "report.html" in ok.output
+    gated = _cli(eval_config, "eval", "compare", "--variant", "dense:mode=dense", "--variant",
+                 "broken:filter_file=kitchen/bread.md", "--gate-metric", "mrr",
+                 "--gate-threshold", "-0.1")  # fmt: skip
+    assert gated.exit_code == 4 and "gate failed" in gated.output
+    one = _cli(eval_config, "eval", "compare", "--variant", "dense:mode=dense")
+    assert one.exit_code == 2 and "at least two" in one.output

@@ -1,0 +1,116 @@
+"""Golden sets: validation with clear errors, suffix matching, BEIR import, the shipped set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ragpipe.errors import ConfigError
+from ragpipe.golden import ChunkTarget, file_matches, import_beir, load_golden
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "golden.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_formats_and_shorthands(tmp_path: Path) -> None:
+    golden = load_golden(_write(tmp_path, """
+name: t
+items:
+  - id: a
+    query: What is trig?
+    relevance: {math/trig.md: 3, math/algebra.md: 0}
+  - id: b
+    query: Bread?
+    expected_files: [bread.md, oven.md]
+    chunks:
+      - {file: bread.md, heading: Oven, grade: 2}
+    expected_answer: Bake it.
+"""))  # fmt: skip
+    a, b = golden.items
+    assert a.relevance == {"math/trig.md": 3, "math/algebra.md": 0}
+    assert b.relevance == {"bread.md": 1, "oven.md": 1}
+    assert b.chunks == (ChunkTarget("bread.md", heading="Oven", grade=2),)
+    assert b.expected_answer == "Bake it."
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        ("- {query: q, relevance: {a.md: 1}}", r"item 1: 'id' is missing"),
+        ("- {id: x, relevance: {a.md: 1}}", r"\(id x\): 'query' must be a non-empty string"),
+        ("- {id: x, query: q, relevance: {a.md: 5}}", r"relevance of 'a.md': grade 5 must be"),
+        ("- {id: x, query: q, relevance: {a.md: 0}}", r"no relevant file \(grade > 0\)"),
+        ("- {id: x, query: q, expected_files: [a], colour: red}", r"unknown keys \['colour'\]"),
+        ("- {id: x, query: q, chunks: [{file: a.md}]}", r"one of 'contains' or 'heading'"),
+        ("- {id: x, query: q, expected_files: [a]}\n- {id: x, query: r, expected_files: [a]}",
+         r"item 2 \(id x\): duplicate id"),
+    ],
+)  # fmt: skip
+def test_validation_names_the_item_and_the_fix(tmp_path: Path, items: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_golden(_write(tmp_path, f"items:\n{items}\n"))
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_golden(tmp_path / "none.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_golden(_write(tmp_path, "items: [\n"))
+
+
+def test_suffix_matching_on_component_boundaries() -> None:
+    assert file_matches("docs/math/trig.md", "math/trig.md")
+    assert file_matches("math/trig.md", "math/trig.md")
+    assert not file_matches("docs/xmath/trig.md", "math/trig.md")
+    target = ChunkTarget("trig.md", contains="sine  of\nan angle")
+    assert target.matches({"file_path": "d/trig.md", "text": "The sine of an angle is..."})
+    assert not target.matches({"file_path": "d/trig.md", "text": "cosine only"})
+
+
+def test_beir_import(tmp_path: Path) -> None:
+    beir = tmp_path / "scifact-mini"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text(
+        "\n".join(json.dumps(d) for d in [
+            {"_id": "d1", "title": "Vitamin D", "text": "Vitamin D helps bones."},
+            {"_id": "d/2", "title": "", "text": "Unrelated text."},
+        ]) + "\n", encoding="utf-8")  # fmt: skip
+    (beir / "queries.jsonl").write_text(
+        json.dumps({"_id": "q1", "text": "Does vitamin D help bones?"}) + "\n"
+        + json.dumps({"_id": "q2", "text": "no judgements"}) + "\n", encoding="utf-8")  # fmt: skip
+    (beir / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td/2\t0\n", encoding="utf-8"
+    )
+    golden = import_beir(beir, tmp_path / "docs")
+    assert [i.id for i in golden.items] == ["q1"]  # q2 has no relevant document
+    assert golden.items[0].relevance == {"d1.md": 1, "d_2.md": 0}
+    assert (tmp_path / "docs" / "d1.md").read_text() == "# Vitamin D\n\nVitamin D helps bones.\n"
+    with pytest.raises(ConfigError, match=r"qrels/dev\.tsv is missing"):
+        import_beir(beir, tmp_path / "docs", split="dev")
+
+
+def test_the_shipped_dev_set_is_the_faq_and_rebuilds_identically(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    shipped = REPO / "eval" / "golden" / "r-faq-dev.yaml"
+    golden = load_golden(shipped)
+    assert len(golden.items) >= 60
+    assert all(i.chunks and i.chunks[0].file == "R-FAQ.pdf" for i in golden.items)
+    item = next(i for i in golden.items if i.id == "faq-2.7")
+    assert item.query == "What documentation exists for R?"
+    assert item.chunks[0].heading == "2.7 What documentation exists for R?"
+    out = tmp_path / "rebuilt.yaml"
+    subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "make_golden_rfaq.py"), "--out", str(out)],
+        check=True,
+        capture_output=True,
+    )
+    assert out.read_text(encoding="utf-8") == shipped.read_text(encoding="utf-8")
