@@ -1,9 +1,10 @@
 """Evaluation flows: replay the golden set through the retrieval stack, report.
 
-``eval-retrieval`` scores one configuration; ``eval-compare`` scores several
+``eval-retrieval`` scores one configuration; ``eval-rag`` answers and judges
+with RAGAS; ``eval-compare`` scores several
 over the same queries with paired deltas against the first, and can gate on
 a metric. Both write ``eval/reports/<timestamp>-<name>/`` and publish
-Prefect artifacts (keys ``eval-retrieval-*`` / ``eval-compare-*``).
+Prefect artifacts (keys ``eval-retrieval-*``, ``eval-rag-*``, ``eval-compare-*``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from prefect import flow
 from ragpipe.config import RagpipeConfig, load_config
 from ragpipe.errors import GateFailed
 from ragpipe.evaluate import Gate, Variant
-from tasks.eval import publish_eval_task, retrieval_eval_task
+from tasks.eval import publish_eval_task, rag_eval_task, retrieval_eval_task
 
 
 def _config(config: RagpipeConfig | None, config_path: str | None) -> RagpipeConfig:
@@ -35,6 +36,22 @@ def eval_retrieval_flow(
     """
     summary = retrieval_eval_task(_config(config, config_path), None, name)
     publish_eval_task(summary, "eval-retrieval")
+    return summary
+
+
+@flow(name="eval-rag", log_prints=False)
+def eval_rag_flow(
+    config: RagpipeConfig | None = None,
+    config_path: str | None = None,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """Retrieve → generate → judge (RAGAS) on ``config.eval.golden``; write the report.
+
+    The judge is ``config.eval.judge`` (default: the generator, ``config.llm``);
+    ``config.eval.rag_limit`` bounds the number of questions.
+    """
+    summary = rag_eval_task(_config(config, config_path), name)
+    publish_eval_task(summary, "eval-rag")
     return summary
 
 

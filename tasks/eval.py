@@ -13,7 +13,8 @@ from prefect.cache_policies import NO_CACHE
 from ragpipe.config import RagpipeConfig
 from ragpipe.evaluate import Gate, Variant
 from ragpipe.metrics import METRICS
-from ragpipe.report import evaluate_and_report
+from ragpipe.rag_eval import RAG_METRICS
+from ragpipe.report import evaluate_and_report, rag_evaluate_and_report
 
 
 @task(name="retrieval-eval", cache_policy=NO_CACHE)
@@ -30,6 +31,15 @@ def retrieval_eval_task(
     return summary
 
 
+@task(name="rag-eval", cache_policy=NO_CACHE)
+def rag_eval_task(config: RagpipeConfig, name: str | None = None) -> dict[str, Any]:
+    """Retrieve, generate and judge with RAGAS; returns summary.json's content."""
+    _, out = rag_evaluate_and_report(config, name=name)
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    summary["report_dir"] = str(out)
+    return summary
+
+
 @task(name="publish-eval", cache_policy=NO_CACHE)
 def publish_eval_task(summary: dict[str, Any], key: str) -> None:
     """A Markdown summary and a metrics table as Prefect artifacts with stable keys."""
@@ -38,13 +48,13 @@ def publish_eval_task(summary: dict[str, Any], key: str) -> None:
         key=f"{key}-summary",
         markdown=(out / "report.md").read_text(encoding="utf-8")
         + f"\n\nReport: `{out / 'report.html'}`\n",
-        description=f"{summary['name']}: retrieval metrics with 95% CIs",
+        description=f"{summary['name']}: {summary['kind']} metrics with 95% CIs",
     )
     rows = [
         {"variant": variant, "metric": m, "mean": round(ci["mean"], 4),
          "ci_low": round(ci["ci_low"], 4), "ci_high": round(ci["ci_high"], 4), "n": ci["n"]}
         for variant, by_metric in summary["metrics"].items()
         for m, ci in by_metric.items()
-        if m in METRICS
+        if m in METRICS or m in RAG_METRICS
     ]  # fmt: skip
     create_table_artifact(key=f"{key}-metrics", table=rows, description=summary["run_id"])

@@ -536,6 +536,22 @@ class EvalConfig(_Section):
     depth: int = Field(default=10, gt=0, description="Results retrieved per query (top_k).")
     resamples: int = Field(default=1000, ge=100, description="Bootstrap resamples per CI.")
     seed: int = Field(default=0, description="Seed of the bootstrap and permutation tests.")
+    judge: LLMConfig | None = Field(
+        default=None,
+        description="The RAGAS judge model; None uses the generator (llm section). Set it to "
+        "judge with a stronger model than the one answering.",
+    )
+    judge_timeout_s: float = Field(
+        default=300.0, gt=0, description="Seconds per judged metric before it counts as failed."
+    )
+    judge_max_tokens: int = Field(
+        default=384, gt=0, description="Tokens the judge may write per structured reply."
+    )
+    rag_limit: int | None = Field(
+        default=None,
+        gt=0,
+        description="RAG eval: judge only the first N golden items (the judge is slow on CPU).",
+    )
     reports_dir: Path = Field(
         default=Path("eval/reports"),
         description="Each run writes <reports_dir>/<timestamp>-<name>/; history.parquet "

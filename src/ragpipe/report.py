@@ -29,6 +29,7 @@ from ragpipe.evaluate import (
 )
 from ragpipe.golden import load_golden
 from ragpipe.metrics import METRICS
+from ragpipe.rag_eval import RAG_METRICS, RagEvalResult, run_rag_eval
 from ragpipe.retrieve import Retriever
 
 HISTORY = "history.parquet"
@@ -92,6 +93,7 @@ def summary_dict(
         "run_id": run_id,
         "name": result.name,
         "kind": "retrieval" if len(result.variants) == 1 else "compare",
+        "metric_names": list(METRICS),
         "finished_at": datetime.now(UTC).isoformat(),
         "golden": {
             "name": result.golden.name,
@@ -152,11 +154,19 @@ def per_query_table(result: EvalResult) -> pa.Table:
 
 
 def _fmt(ci: dict[str, Any]) -> str:
+    if not ci["n"]:
+        return "n/a"
     return f"{ci['mean']:.3f} [{ci['ci_low']:.3f}, {ci['ci_high']:.3f}]"
 
 
+def _names(summary: dict[str, Any]) -> list[str]:
+    return list(summary.get("metric_names") or METRICS)
+
+
 def markdown(summary: dict[str, Any]) -> str:
-    lines = [f"# Retrieval evaluation: {summary['name']}", ""]
+    names = _names(summary)
+    title = "RAG evaluation" if summary.get("kind") == "rag" else "Retrieval evaluation"
+    lines = [f"# {title}: {summary['name']}", ""]
     g = summary["golden"]
     lines += [
         f"- golden set: **{g['name']}** ({g['queries']} queries, `{g['source']}`)",
@@ -172,7 +182,7 @@ def markdown(summary: dict[str, Any]) -> str:
         lines.append(f"> **warning:** {warning}")
     variants = list(summary["metrics"])
     lines += ["", "| metric | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
-    for m in METRICS:
+    for m in names:
         lines.append(
             f"| {m} | " + " | ".join(_fmt(summary["metrics"][v][m]) for v in variants) + " |"
         )
@@ -180,7 +190,7 @@ def markdown(summary: dict[str, Any]) -> str:
         lines += ["", f"## Paired deltas vs `{summary['baseline']}`", ""]
         others = list(summary["deltas"])
         lines += ["| metric | " + " | ".join(others) + " |", "|---" * (len(others) + 1) + "|"]
-        for m in METRICS:
+        for m in names:
             cells = []
             for v in others:
                 d = summary["deltas"][v][m]
@@ -196,6 +206,24 @@ def markdown(summary: dict[str, Any]) -> str:
             f"{gate['threshold']:+.3f}.",
         ]
         lines += [f"- {f}" for f in gate["failures"]]
+    if summary.get("judge"):
+        judge = summary["judge"]
+        lines += [
+            "",
+            "## Judge",
+            "",
+            f"- model: {judge['model']}, temperature {judge['temperature']}, ragas "
+            f"{judge['ragas']}; metrics: {', '.join(judge['metric_classes'])}",
+            "- a judge failure is recorded as null with its reason (never as 0); "
+            "not applicable: context_recall without expected_answer, faithfulness of a "
+            "'not found' answer",
+            "",
+            "| metric | scored | failed | not applicable |",
+            "|---|---|---|---|",
+        ]
+        for m in names:
+            c = judge["counts"][m]
+            lines.append(f"| {m} | {c['ok']} | {c['failed']} | {c['not_applicable']} |")
     lines += ["", "## Settings", ""]
     for v, s in summary["variants"].items():
         keys = ("mode", "sparse_engine", "fusion", "rrf_k", "prefetch_mul", "rerank", "mmr", "hyde")
@@ -217,16 +245,17 @@ def plots(summary: dict[str, Any], table: pa.Table) -> list[tuple[str, str]]:
     import matplotlib.pyplot as plt
 
     out = []
+    names = _names(summary)
     variants = list(summary["metrics"])
     width = 0.8 / len(variants)
     fig, ax = plt.subplots(figsize=(10, 4))
     for i, v in enumerate(variants):
-        means = [summary["metrics"][v][m]["mean"] for m in METRICS]
-        low = [means[j] - summary["metrics"][v][m]["ci_low"] for j, m in enumerate(METRICS)]
-        high = [summary["metrics"][v][m]["ci_high"] - means[j] for j, m in enumerate(METRICS)]
-        xs = [j + i * width for j in range(len(METRICS))]
+        means = [summary["metrics"][v][m]["mean"] for m in names]
+        low = [means[j] - summary["metrics"][v][m]["ci_low"] for j, m in enumerate(names)]
+        high = [summary["metrics"][v][m]["ci_high"] - means[j] for j, m in enumerate(names)]
+        xs = [j + i * width for j in range(len(names))]
         ax.bar(xs, means, width, yerr=[low, high], capsize=3, label=v)
-    ax.set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(METRICS))], METRICS)
+    ax.set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(names))], names)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("mean (95% CI)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -235,10 +264,12 @@ def plots(summary: dict[str, Any], table: pa.Table) -> list[tuple[str, str]]:
     plt.close(fig)
 
     data = table.to_pydict()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
-    for ax, m in zip(axes, ("mrr", "ndcg@10", "recall@10"), strict=True):
+    shown = [m for m in ("mrr", "ndcg@10", "recall@10") if m in names] or names[:3]
+    fig, axes = plt.subplots(1, len(shown), figsize=(4 * len(shown), 3.5), squeeze=False)
+    for ax, m in zip(axes[0], shown, strict=True):
         series = [
-            [x for x, vv in zip(data[m], data["variant"], strict=True) if vv == v] for v in variants
+            [x for x, vv in zip(data[m], data["variant"], strict=True) if vv == v and x is not None]
+            for v in variants
         ]
         ax.boxplot(series, tick_labels=variants, showmeans=True)
         ax.set_title(f"{m} per query")
@@ -252,11 +283,11 @@ def plots(summary: dict[str, Any], table: pa.Table) -> list[tuple[str, str]]:
         fig, ax = plt.subplots(figsize=(10, 4))
         width = 0.8 / len(others)
         for i, v in enumerate(others):
-            d = [summary["deltas"][v][m] for m in METRICS]
+            d = [summary["deltas"][v][m] for m in names]
             means = [x["mean"] for x in d]
             err = [[x["mean"] - x["ci_low"] for x in d], [x["ci_high"] - x["mean"] for x in d]]
             ax.bar(
-                [j + i * width for j in range(len(METRICS))],
+                [j + i * width for j in range(len(names))],
                 means,
                 width,
                 yerr=err,
@@ -264,7 +295,7 @@ def plots(summary: dict[str, Any], table: pa.Table) -> list[tuple[str, str]]:
                 label=f"{v} - {summary['baseline']}",
             )
         ax.axhline(0, color="black", linewidth=0.8)
-        ax.set_xticks([j + width * (len(others) - 1) / 2 for j in range(len(METRICS))], METRICS)
+        ax.set_xticks([j + width * (len(others) - 1) / 2 for j in range(len(names))], names)
         ax.tick_params(axis="x", rotation=30)
         ax.set_ylabel("paired delta (95% CI)")
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -368,6 +399,92 @@ def evaluate_and_report(
     return result, write_report(result, config, corpus, config.eval.reports_dir)
 
 
+def rag_summary(
+    result: RagEvalResult, config: RagpipeConfig, corpus: dict[str, Any], run_id: str
+) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "name": result.name,
+        "kind": "rag",
+        "metric_names": list(RAG_METRICS),
+        "finished_at": datetime.now(UTC).isoformat(),
+        "golden": {"name": result.golden.name, "source": result.golden.source,
+                   "queries": len(result.rows)},
+        "granularity": "answer",
+        "depth": config.retrieve.top_k,
+        "corpus": corpus,
+        "models": {"embedder": embedder_name(config.embed), "generator": result.generator,
+                   "judge": result.judge["model"]},
+        "variants": {"rag": config.retrieve.model_dump(mode="json")},
+        "baseline": "rag",
+        "statistics": {"method": "percentile bootstrap over scored queries", "level": 0.95,
+                       "resamples": result.resamples, "seed": result.seed},
+        "metrics": {"rag": {m: ci.as_dict() for m, ci in result.summary.items()}},
+        "deltas": {},
+        "gate": None,
+        "judge": result.judge,
+        "warnings": result.warnings,
+        "config": config.model_dump(mode="json"),
+        "versions": versions(),
+        "git_revision": git_revision(),
+    }  # fmt: skip
+
+
+def rag_table(result: RagEvalResult) -> pa.Table:
+    columns: dict[str, Any] = {
+        "variant": ["rag"] * len(result.rows),
+        "item_id": [r.item_id for r in result.rows],
+        "query": [r.query for r in result.rows],
+        "answer": [r.answer for r in result.rows],
+        "not_found": [r.not_found for r in result.rows],
+        "cited": [r.cited for r in result.rows],
+        "invalid_citations": [r.invalid_citations for r in result.rows],
+        "tokens_in": [r.tokens_in for r in result.rows],
+        "tokens_out": [r.tokens_out for r in result.rows],
+        "generation_seconds": [r.generation_seconds for r in result.rows],
+        "context_precision_kind": [r.context_precision_kind for r in result.rows],
+    }
+    for m in RAG_METRICS:
+        columns[m] = pa.array([r.judged[m].value for r in result.rows], pa.float64())
+        columns[f"{m}_status"] = [r.judged[m].status for r in result.rows]
+        columns[f"{m}_reason"] = [r.judged[m].reason for r in result.rows]
+    return pa.table(columns)
+
+
+def write_rag_report(
+    result: RagEvalResult, config: RagpipeConfig, corpus: dict[str, Any], root: Path
+) -> Path:
+    """The RAG run's directory (same files as retrieval runs) and history rows."""
+    now = datetime.now(UTC)
+    slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in result.name)
+    run_id = f"{now.strftime('%Y%m%dT%H%M%SZ')}-{slug}"
+    out = root / run_id
+    out.mkdir(parents=True, exist_ok=False)
+    table = rag_table(result)
+    write_table(out / "per_query.parquet", table)
+    summary = rag_summary(result, config, corpus, run_id)
+    atomic_write_bytes(out / "summary.json", json.dumps(summary, indent=2).encode())
+    md = markdown(summary)
+    atomic_write_bytes(out / "report.md", md.encode())
+    atomic_write_bytes(out / "report.html", html_page(summary, md, plots(summary, table)).encode())
+    append_history(root, summary)
+    return out
+
+
+def rag_evaluate_and_report(
+    config: RagpipeConfig, *, name: str | None = None, progress: Callable[[int], None] | None = None
+) -> tuple[RagEvalResult, Path]:
+    """Retrieve, generate and judge ``config.eval.golden`` and write the report."""
+    golden = load_golden(config.eval.golden)
+    with Retriever(config) as retriever:
+        corpus = corpus_fingerprint(retriever)
+        result = run_rag_eval(
+            config, golden, name=name, limit=config.eval.rag_limit, retriever=retriever,
+            progress=progress,
+        )  # fmt: skip
+    return result, write_rag_report(result, config, corpus, config.eval.reports_dir)
+
+
 def append_history(root: Path, summary: dict[str, Any]) -> None:
     rows = [
         {
@@ -386,6 +503,7 @@ def append_history(root: Path, summary: dict[str, Any]) -> None:
         }
         for variant, by_metric in summary["metrics"].items()
         for metric, ci in by_metric.items()
+        if ci["n"]
     ]
     new = pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA)
     path = root / HISTORY

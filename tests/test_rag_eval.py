@@ -1,0 +1,110 @@
+"""RAG evaluation: real retrieval, real generation, the real ragas metrics judged by
+the real SmolLM2; judge failures are null with a reason, never 0."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from ragpipe.config import RagpipeConfig
+from ragpipe.golden import load_golden
+from ragpipe.llm import Completion
+from ragpipe.rag_eval import FAILED, NOT_APPLICABLE, OK, RAG_METRICS, run_rag_eval
+from ragpipe.report import write_rag_report
+
+GOLDEN = """
+name: rag-mini
+items:
+  - id: oven
+    query: How long should bread bake in the oven?
+    expected_files: [bread.md]
+    expected_answer: Bake the loaf at 230 degrees Celsius for thirty-five minutes.
+  - id: lovelace
+    query: Who wrote the first program for the Analytical Engine?
+    expected_files: [computing.md]
+"""
+
+
+@pytest.fixture
+def rag_config(indexed_edge: RagpipeConfig, tmp_path: Path) -> RagpipeConfig:
+    golden = tmp_path / "golden.yaml"
+    golden.write_text(GOLDEN, encoding="utf-8")
+    evaluation = indexed_edge.eval.model_copy(
+        update={
+            "golden": golden,
+            "reports_dir": tmp_path / "reports",
+            "resamples": 200,
+            "judge_max_tokens": 160,
+        }
+    )
+    retrieve = indexed_edge.retrieve.model_copy(update={"top_k": 2})
+    return indexed_edge.model_copy(update={"eval": evaluation, "retrieve": retrieve})
+
+
+class Rambler:
+    """A judge whose every reply is cut off mid-JSON, as a small model's often is."""
+
+    name = "rambler"
+
+    def chat(self, messages: Any, **kwargs: Any) -> Completion:
+        return Completion('{"statements": ["an unfinished', 5, 5, self.name, 0.0)
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 4
+
+
+def test_judge_failures_are_null_with_reasons_not_zero(
+    rag_config: RagpipeConfig, smollm: Any, tmp_path: Path
+) -> None:
+    golden = load_golden(rag_config.eval.golden)
+    result = run_rag_eval(rag_config, golden, generator=smollm, judge_llm=Rambler())
+    for row in result.rows:
+        for m in RAG_METRICS:
+            judged = row.judged[m]
+            assert judged.value is None and judged.reason
+            assert judged.status in (FAILED, NOT_APPLICABLE)
+    lovelace = next(r for r in result.rows if r.item_id == "lovelace")
+    assert lovelace.judged["context_recall"].status == NOT_APPLICABLE  # no expected_answer
+    assert lovelace.context_precision_kind == "without_reference"
+    assert "ValidationError" in (lovelace.judged["answer_relevancy"].reason or "")
+    assert result.counts["answer_relevancy"] == {OK: 0, FAILED: 2, NOT_APPLICABLE: 0}
+    assert result.summary["answer_relevancy"].n == 0  # nothing scored: no mean, not 0
+    assert any("judge call(s) failed" in w for w in result.warnings)
+    out = write_rag_report(result, rag_config, {"files": 5, "points": 0, "sha256": "x"},
+                           tmp_path / "reports")  # fmt: skip
+    table = pq.read_table(out / "per_query.parquet").to_pylist()
+    assert all(r["answer_relevancy"] is None for r in table)
+    assert table[0]["answer_relevancy_status"] == FAILED
+    assert "| answer_relevancy | 0 | 2 | 0 |" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_rag_eval_with_the_real_model_as_generator_and_judge(
+    rag_config: RagpipeConfig, smollm: Any
+) -> None:
+    from ragpipe.report import rag_evaluate_and_report, read_history
+
+    result, out = rag_evaluate_and_report(rag_config.model_copy(
+        update={"llm": rag_config.llm.model_copy(update={"max_tokens": 64})}))  # fmt: skip
+    assert len(result.rows) == 2 and result.judge["model"] == "SmolLM2-135M-Instruct.Q4_1"
+    assert result.judge["ragas"] == "0.4.3" and "Faithfulness" in result.judge["metric_classes"]
+    for row in result.rows:
+        assert row.contexts and row.tokens_out > 0
+        for m in RAG_METRICS:
+            judged = row.judged[m]
+            if judged.status == OK:
+                assert judged.value is not None and 0.0 <= judged.value <= 1.0
+            else:
+                assert judged.value is None and judged.reason
+    scored = sum(c[OK] for c in result.counts.values())
+    failed = sum(c[FAILED] for c in result.counts.values())
+    assert scored + failed + sum(c[NOT_APPLICABLE] for c in result.counts.values()) == 8
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["kind"] == "rag" and summary["judge"]["counts"] == result.counts
+    assert summary["models"]["generator"] == summary["models"]["judge"]
+    assert "<svg" in (out / "report.html").read_text()
+    assert {r["variant"] for r in read_history(rag_config.eval.reports_dir)} == {"rag"}
