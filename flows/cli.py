@@ -578,6 +578,35 @@ def eval_rag(
     print("judge outcomes (scored / failed / not applicable): " + ", ".join(outcomes))
 
 
+@eval_app.command("import-beir")
+def import_beir_command(
+    dataset: Annotated[
+        Path, typer.Argument(help="A BEIR dataset directory (corpus.jsonl, queries.jsonl, qrels/).")
+    ],
+    corpus_out: Annotated[
+        Path, typer.Option(help="Where to write the corpus as Markdown files (one per document).")
+    ],
+    golden_out: Annotated[Path, typer.Option(help="Where to write the golden set YAML.")],
+    split: Annotated[str, typer.Option(help="qrels/<split>.tsv to use.")] = "test",
+) -> None:
+    """Turn a BEIR dataset into documents to ingest and a golden set (qrels as graded relevance).
+
+    Then: `ragpipe ingest CORPUS_OUT` and `ragpipe eval retrieval --golden GOLDEN_OUT
+    --granularity file`.
+    """
+    from ragpipe.golden import import_beir, save_golden
+
+    try:
+        golden = import_beir(dataset, corpus_out, split)
+    except RagpipeError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from exc
+    save_golden(golden, golden_out)
+    files = sum(1 for _ in corpus_out.glob("*.md"))
+    print(f"wrote {files} documents to {corpus_out} and {len(golden.items)} queries to "
+          f"{golden_out}")  # fmt: skip
+
+
 @eval_app.command("compare")
 def eval_compare(
     variants: Annotated[

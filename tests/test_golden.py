@@ -95,6 +95,18 @@ def test_beir_import(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"qrels/dev\.tsv is missing"):
         import_beir(beir, tmp_path / "docs", split="dev")
 
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    out = tmp_path / "beir.yaml"
+    docs = str(tmp_path / "cli-docs")
+    args = ["eval", "import-beir", str(beir), "--corpus-out", docs, "--golden-out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "wrote 2 documents" in result.output and "1 queries" in result.output
+    assert load_golden(out).items[0].relevance == {"d1.md": 1, "d_2.md": 0}
+
 
 def test_the_shipped_dev_set_is_the_faq_and_rebuilds_identically(tmp_path: Path) -> None:
     import subprocess
