@@ -26,6 +26,10 @@ def retrieval_eval_task(
 ) -> dict[str, Any]:
     """Run the evaluation and write the report; returns summary.json's content."""
     _, out = evaluate_and_report(config, variants, name=name, gate=gate)
+    return _summary(out)
+
+
+def _summary(out: Path) -> dict[str, Any]:
     summary: dict[str, Any] = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     summary["report_dir"] = str(out)
     return summary
@@ -35,9 +39,7 @@ def retrieval_eval_task(
 def rag_eval_task(config: RagpipeConfig, name: str | None = None) -> dict[str, Any]:
     """Retrieve, generate and judge with RAGAS; returns summary.json's content."""
     _, out = rag_evaluate_and_report(config, name=name)
-    summary: dict[str, Any] = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    summary["report_dir"] = str(out)
-    return summary
+    return _summary(out)
 
 
 @task(name="publish-eval", cache_policy=NO_CACHE)

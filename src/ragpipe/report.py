@@ -351,24 +351,32 @@ def html_page(summary: dict[str, Any], md: str, figures: list[tuple[str, str]]) 
     )
 
 
-def write_report(
-    result: EvalResult, config: RagpipeConfig, corpus: dict[str, Any], root: Path
-) -> Path:
-    """Write the run's directory under ``root`` and append the history table."""
-    now = datetime.now(UTC)
-    slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in result.name)
-    run_id = f"{now.strftime('%Y%m%dT%H%M%SZ')}-{slug}"
+def _run_dir(root: Path, name: str) -> tuple[str, Path]:
+    slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
+    run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{slug}"
     out = root / run_id
     out.mkdir(parents=True, exist_ok=False)
-    table = per_query_table(result)
+    return run_id, out
+
+
+def _write_run(root: Path, out: Path, table: pa.Table, summary: dict[str, Any]) -> Path:
+    """The four report files of one run, then its history rows."""
     write_table(out / "per_query.parquet", table)
-    summary = summary_dict(result, config, corpus, run_id)
     atomic_write_bytes(out / "summary.json", json.dumps(summary, indent=2).encode())
     md = markdown(summary)
     atomic_write_bytes(out / "report.md", md.encode())
     atomic_write_bytes(out / "report.html", html_page(summary, md, plots(summary, table)).encode())
     append_history(root, summary)
     return out
+
+
+def write_report(
+    result: EvalResult, config: RagpipeConfig, corpus: dict[str, Any], root: Path
+) -> Path:
+    """Write the run's directory under ``root`` and append the history table."""
+    run_id, out = _run_dir(root, result.name)
+    summary = summary_dict(result, config, corpus, run_id)
+    return _write_run(root, out, per_query_table(result), summary)
 
 
 def evaluate_and_report(
@@ -455,20 +463,8 @@ def write_rag_report(
     result: RagEvalResult, config: RagpipeConfig, corpus: dict[str, Any], root: Path
 ) -> Path:
     """The RAG run's directory (same files as retrieval runs) and history rows."""
-    now = datetime.now(UTC)
-    slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in result.name)
-    run_id = f"{now.strftime('%Y%m%dT%H%M%SZ')}-{slug}"
-    out = root / run_id
-    out.mkdir(parents=True, exist_ok=False)
-    table = rag_table(result)
-    write_table(out / "per_query.parquet", table)
-    summary = rag_summary(result, config, corpus, run_id)
-    atomic_write_bytes(out / "summary.json", json.dumps(summary, indent=2).encode())
-    md = markdown(summary)
-    atomic_write_bytes(out / "report.md", md.encode())
-    atomic_write_bytes(out / "report.html", html_page(summary, md, plots(summary, table)).encode())
-    append_history(root, summary)
-    return out
+    run_id, out = _run_dir(root, result.name)
+    return _write_run(root, out, rag_table(result), rag_summary(result, config, corpus, run_id))
 
 
 def rag_evaluate_and_report(
