@@ -108,3 +108,22 @@ def test_rag_eval_with_the_real_model_as_generator_and_judge(
     assert summary["models"]["generator"] == summary["models"]["judge"]
     assert "<svg" in (out / "report.html").read_text()
     assert {r["variant"] for r in read_history(rag_config.eval.reports_dir)} == {"rag"}
+
+
+@pytest.mark.slow
+def test_rag_eval_with_an_ollama_generator_and_judge(
+    rag_config: RagpipeConfig, smollm: Any
+) -> None:
+    from ragpipe.llm import OllamaLLM
+    from tests.ollama_server import ollama_server
+
+    golden = load_golden(rag_config.eval.golden)
+    with ollama_server({}, {"smollm": smollm}) as (host, state):
+        ollama = OllamaLLM("smollm", host=host, max_tokens=64)
+        result = run_rag_eval(rag_config, golden, limit=1, generator=ollama, judge_llm=ollama)
+    (row,) = result.rows
+    assert row.answer and row.tokens_out > 0 and result.judge["model"] == "smollm"
+    assert all(row.judged[m].status in (OK, FAILED) for m in RAG_METRICS)  # it has a reference
+    chats = [r["body"] for r in state.requests if r["path"] == "/api/chat"]
+    assert len(chats) >= 5  # the answer, then the judge's structured calls
+    assert sum(1 for body in chats if isinstance(body.get("format"), dict)) == len(chats) - 1
