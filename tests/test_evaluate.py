@@ -78,6 +78,25 @@ def test_rows_and_metric_values_follow_the_retrieved_ranks(eval_config: RagpipeC
         sum(x.metrics["mrr"] for x in result.rows if x.variant == "dense") / 4
     )
     assert result.warnings and "only 4 queries" in result.warnings[0]
+    _agrees_with_trec_eval(result.rows)
+
+
+def _agrees_with_trec_eval(rows: list[Any]) -> None:
+    """The run's own per-query numbers, recomputed by trec_eval (pytrec_eval)."""
+    import pytrec_eval
+
+    names = {"recall@5": "recall_5", "recall@10": "recall_10", "precision@5": "P_5",
+             "mrr": "recip_rank", "map": "map", "ndcg@10": "ndcg_cut_10"}  # fmt: skip
+    key = {id(r): f"{r.variant}/{r.item_id}" for r in rows}
+    qrels = {key[id(r)]: r.relevant for r in rows}
+    run = {key[id(r)]: {d: float(100 - i) for i, d in enumerate(r.retrieved)} for r in rows}
+    trec = pytrec_eval.RelevanceEvaluator(qrels, set(names.values())).evaluate(
+        {q: docs for q, docs in run.items() if docs}
+    )
+    for r in rows:
+        for ours, theirs in names.items():
+            expected = trec[key[id(r)]][theirs] if r.retrieved else 0.0
+            assert r.metrics[ours] == pytest.approx(expected, abs=1e-9)
 
 
 def test_file_granularity_deduplicates_by_file(eval_config: RagpipeConfig) -> None:
@@ -85,6 +104,7 @@ def test_file_granularity_deduplicates_by_file(eval_config: RagpipeConfig) -> No
     result = run_retrieval_eval(eval_config, golden, granularity=Granularity.FILE, depth=10)
     for row in result.rows:
         assert len(row.retrieved) == len(set(row.retrieved))
+    _agrees_with_trec_eval(result.rows)
     restore = next(x for x in result.rows if x.item_id == "restore")
     assert set(restore.retrieved[:2]) == {"ops/backups.md", "ops/backups-copy.md"}
     assert restore.metrics["recall@5"] == 1.0  # both graded files found
