@@ -8,8 +8,11 @@ deleted (behind the mass-deletion guard).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
+from uuid import UUID
 
 from prefect import flow
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from ragpipe.config import RagpipeConfig, load_config
 from ragpipe.errors import MassDeletionHeld
@@ -23,6 +26,7 @@ from tasks.ingest import (
     discover_task,
     embed_task,
     plan_task,
+    publish_ingest_task,
     summary_task,
     upsert_task,
 )
@@ -50,16 +54,18 @@ def ingest_flow(
     cfg = config if config is not None else load_config(Path(config_path) if config_path else None)
     cfg = with_mass_delete(cfg, allow_mass_delete)
     root_paths = [Path(r) for r in roots] if roots else None
-    discovered = discover_task(cfg, root_paths)
-    planned = plan_task(cfg, discovered)
-    converted = convert_task(cfg, planned)
-    cleaned = clean_task(cfg, converted)
-    chunked = chunk_task(cfg, cleaned)
-    embedded = embed_task(cfg, chunked)
-    upserted = upsert_task(cfg, embedded)
-    summary = summary_task(
-        cfg, [discovered, planned, converted, cleaned, chunked, embedded, upserted]
+    # Progress in the Prefect UI: the share of the seven stages done.
+    progress = cast(
+        UUID, create_progress_artifact(0.0, key="ingest-progress", description="stages done (%)")
     )
+    discovered = discover_task(cfg, root_paths)
+    done = [discovered]
+    for stage in (plan_task, convert_task, clean_task, chunk_task, embed_task, upsert_task):
+        update_progress_artifact(progress, 100 * len(done) / 7)
+        done.append(stage(cfg, done[-1]))
+    update_progress_artifact(progress, 100.0)
+    summary = summary_task(cfg, done)
+    publish_ingest_task(cfg, summary)
     if summary.deletions_held:
         raise MassDeletionHeld(
             mass_deletion_message(cfg, summary.deletions_held, summary.indexed_files)

@@ -54,3 +54,22 @@ def upsert_task(config: RagpipeConfig, embedded: StageSummary) -> StageSummary:
 @task(name="summarise", cache_policy=NO_CACHE)
 def summary_task(config: RagpipeConfig, stage_summaries: list[StageSummary]) -> IngestSummary:
     return stages.write_summary(config, stage_summaries)
+
+
+@task(name="publish-ingest", cache_policy=NO_CACHE)
+def publish_ingest_task(config: RagpipeConfig, summary: IngestSummary) -> None:
+    """The run's outcome as a Prefect artifact (key ``ingest-summary``)."""
+    from prefect.artifacts import create_markdown_artifact
+
+    seconds = ", ".join(f"{stage} {s:.1f}s" for stage, s in summary.seconds.items())
+    create_markdown_artifact(
+        key="ingest-summary",
+        markdown=(
+            f"# ingest ({config.store.backend.value}: {config.store.path})\n\n"
+            f"`{summary.line()}`\n\n"
+            f"- failures: {summary.failed} (see `{config.paths.work_dir / 'failures.parquet'}`)\n"
+            f"- deletions held by the mass-deletion guard: {summary.deletions_held}\n"
+            f"- seconds per stage: {seconds}\n"
+        ),
+        description=summary.line(),
+    )

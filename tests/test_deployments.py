@@ -1,0 +1,182 @@
+"""prefect.yaml on a real Prefect server and process worker: deploy everything, run
+the nightly re-index and a retrieval eval through the API, check artifacts and files,
+and that overlapping nightly runs are cancelled instead of piling up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import QUERY_CORPUS
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+REPO = Path(__file__).resolve().parents[1]
+PREFECT = str(Path(sys.executable).parent / "prefect")
+GOLDEN = """
+name: deploy-check
+items:
+  - id: oven
+    query: How hot should the oven be for bread?
+    chunks: [{file: bread.md, heading: Oven, grade: 3}]
+  - id: restore
+    query: How do I restore the database from a backup?
+    chunks: [{file: ops/backups.md, heading: Restore, grade: 3}]
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Stack:
+    def __init__(self, env: dict[str, str], api: str) -> None:
+        self.env, self.api = env, api
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PREFECT, "--no-prompt", *args], cwd=REPO, env=self.env,
+                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        response = httpx.post(f"{self.api}{path}", json=body, timeout=30)
+        response.raise_for_status()
+        return response.json()
+
+    def runs(self, deployment: str) -> list[dict[str, Any]]:
+        name = deployment.split("/")[1]
+        found = self.post("/deployments/filter", {"deployments": {"name": {"any_": [name]}}})
+        ids = [d["id"] for d in found]
+        return list(self.post("/flow_runs/filter", {"flow_runs": {"deployment_id": {"any_": ids}}}))
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "RAGPIPE_HOME": str(REPO),
+           "PREFECT_LOGGING_EXTRA_LOGGERS": "ragpipe", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    env.pop("PREFECT_API_KEY", None)
+    logs = home / "logs"
+    logs.mkdir()
+    server = subprocess.Popen(
+        [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=(logs / "server.log").open("wb"), stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None, (logs / "server.log").read_text()[-2000:]
+            time.sleep(1)
+        else:
+            pytest.fail("prefect server did not become healthy in 120 s")
+        s = Stack(env, api)
+        pool = s.cli("work-pool", "create", "ragpipe-process", "--type", "process")
+        assert pool.returncode == 0, pool.stdout + pool.stderr
+        deployed = s.cli("deploy", "--all")
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        worker = subprocess.Popen(
+            [PREFECT, "worker", "start", "--pool", "ragpipe-process"],
+            cwd=REPO, env=env, stdout=(logs / "worker.log").open("wb"),
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        yield s
+    finally:
+        if worker is not None:
+            _stop(worker)
+        _stop(server)
+
+
+def _config(tmp: Path) -> dict[str, Any]:
+    corpus = tmp / "corpus"
+    for name, text in QUERY_CORPUS.items():
+        (corpus / name).parent.mkdir(parents=True, exist_ok=True)
+        (corpus / name).write_text(text, encoding="utf-8")
+    (tmp / "golden.yaml").write_text(GOLDEN, encoding="utf-8")
+    return {
+        "discover": {"roots": [str(corpus)]},
+        "chunk": {"size": 200, "overlap": 20},
+        "embed": {"provider": "onnx"},
+        "store": {"path": str(tmp / "store")},
+        "paths": {"work_dir": str(tmp / "work")},
+        "eval": {"golden": str(tmp / "golden.yaml"), "reports_dir": str(tmp / "reports"),
+                 "resamples": 200},
+    }  # fmt: skip
+
+
+def test_deployments_run_on_a_real_server_and_worker(stack: Stack, tmp_path: Path) -> None:
+    config = json.dumps(_config(tmp_path))
+    schedules = stack.post("/deployments/filter", {})
+    nightly = next(d for d in schedules if d["name"] == "nightly-reindex")
+    assert nightly["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
+    assert nightly["schedules"][0]["schedule"]["timezone"] == "UTC"
+    assert nightly["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
+    assert nightly["enforce_parameter_schema"] is True
+    assert {d["name"] for d in schedules} == {"nightly-reindex", "eval-retrieval", "eval-rag",
+                                              "eval-compare"}  # fmt: skip
+
+    ingest = stack.cli("deployment", "run", "ingest/nightly-reindex", "--watch",
+                       "--param", f"config={config}", timeout=600)  # fmt: skip
+    assert "finished successfully in 'Completed'" in ingest.stdout, ingest.stdout + ingest.stderr
+    assert (tmp_path / "store" / "segments").is_dir()
+    assert json.loads((tmp_path / "work" / "summary.json").read_text())["added"] == 5
+
+    evaluated = stack.cli("deployment", "run", "eval-retrieval/eval-retrieval", "--watch",
+                          "--param", f"config={config}", timeout=600)  # fmt: skip
+    assert "finished successfully" in evaluated.stdout, evaluated.stdout + evaluated.stderr
+    (report,) = (tmp_path / "reports").glob("*-deploy-check")
+    assert {p.name for p in report.iterdir()} == {"per_query.parquet", "summary.json",
+                                                  "report.md", "report.html"}  # fmt: skip
+    keys = {a["key"] for a in stack.post("/artifacts/filter", {}) if a["key"]}
+    assert {"ingest-summary", "ingest-progress", "eval-retrieval-summary",
+            "eval-retrieval-metrics"} <= keys  # fmt: skip
+
+    bad = stack.cli("deployment", "run", "eval-retrieval/eval-retrieval",
+                    "--param", 'config={"retrieve": {"top_k": "many"}}')  # fmt: skip
+    assert bad.returncode != 0  # the typed parameter schema rejects it before any run
+
+    # Overlapping nightly runs: the one that would start while another runs is cancelled.
+    for _ in range(2):
+        started = stack.cli("deployment", "run", "ingest/nightly-reindex",
+                            "--param", f"config={config}")  # fmt: skip
+        assert started.returncode == 0, started.stdout + started.stderr
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        states = [r["state_type"] for r in stack.runs("ingest/nightly-reindex")
+                  if r["state_type"] != "SCHEDULED"]  # fmt: skip
+        finished = [s for s in states if s in ("COMPLETED", "CANCELLED", "FAILED", "CRASHED")]
+        if len(finished) == 3:  # the first --watch run and the two just started
+            break
+        time.sleep(2)
+    assert sorted(finished) == ["CANCELLED", "COMPLETED", "COMPLETED"], states
