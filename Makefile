@@ -1,5 +1,5 @@
 # ragpipe: the two commands a user needs are `make demo` and `make test`.
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench clean prefect-server prefect-deploy prefect-worker
 
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
@@ -29,6 +29,23 @@ bench: setup
 	.venv/bin/python bench/query.py
 	.venv/bin/python bench/modes.py
 	.venv/bin/python bench/eval.py
+
+# Deployments (see README "Deployments"): a local Prefect server, the work pool and
+# deployments from prefect.yaml, and a process worker. Run server and worker in
+# their own terminals. Only these targets talk to that server (demo and test
+# keep Prefect's ephemeral mode); set PREFECT_API_URL to use another server.
+PREFECT_SERVER_URL ?= http://127.0.0.1:4200/api
+prefect-deploy prefect-worker: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)
+
+prefect-server: setup
+	.venv/bin/prefect server start --host 127.0.0.1 --port 4200
+
+prefect-deploy: setup
+	.venv/bin/prefect work-pool create ragpipe-process --type process --overwrite
+	RAGPIPE_HOME=$(CURDIR) .venv/bin/prefect --no-prompt deploy --all
+
+prefect-worker: setup
+	RAGPIPE_HOME=$(CURDIR) .venv/bin/prefect worker start --pool ragpipe-process
 
 clean:
 	rm -rf data/work .pytest_cache .mypy_cache .ruff_cache

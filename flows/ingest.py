@@ -17,6 +17,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from ragpipe.config import RagpipeConfig, load_config
 from ragpipe.errors import MassDeletionHeld
 from ragpipe.indexing import mass_deletion_message
+from ragpipe.locking import ingest_lock
 from ragpipe.pipeline import with_mass_delete
 from ragpipe.stages import IngestSummary
 from tasks.ingest import (
@@ -58,13 +59,14 @@ def ingest_flow(
     progress = cast(
         UUID, create_progress_artifact(0.0, key="ingest-progress", description="stages done (%)")
     )
-    discovered = discover_task(cfg, root_paths)
-    done = [discovered]
-    for stage in (plan_task, convert_task, clean_task, chunk_task, embed_task, upsert_task):
-        update_progress_artifact(progress, 100 * len(done) / 7)
-        done.append(stage(cfg, done[-1]))
-    update_progress_artifact(progress, 100.0)
-    summary = summary_task(cfg, done)
+    with ingest_lock(cfg):  # one writer per index: a second run waits or refuses
+        discovered = discover_task(cfg, root_paths)
+        done = [discovered]
+        for stage in (plan_task, convert_task, clean_task, chunk_task, embed_task, upsert_task):
+            update_progress_artifact(progress, 100 * len(done) / 7)
+            done.append(stage(cfg, done[-1]))
+        update_progress_artifact(progress, 100.0)
+        summary = summary_task(cfg, done)
     publish_ingest_task(cfg, summary)
     if summary.deletions_held:
         raise MassDeletionHeld(

@@ -334,6 +334,12 @@ class IndexConfig(_Section):
     allow_mass_delete: bool = Field(
         default=False, description="Apply deletions above max_delete_share (one run's consent)."
     )
+    lock_timeout_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="A second ingest against the same index waits this long for the first to "
+        "finish, then refuses (exit 2). 0 refuses at once.",
+    )
 
 
 class RetrievalMode(StrEnum):

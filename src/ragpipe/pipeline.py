@@ -11,6 +11,7 @@ from pathlib import Path
 from ragpipe import indexing, stages
 from ragpipe.config import RagpipeConfig
 from ragpipe.errors import MassDeletionHeld
+from ragpipe.locking import ingest_lock
 from ragpipe.stages import IngestSummary
 
 
@@ -31,16 +32,17 @@ def run_ingest(
         MassDeletionHeld: after the summary is written, when deletions were held.
     """
     config = with_mass_delete(config, allow_mass_delete)
-    discovered = stages.run_discover(config, roots)
-    planned = indexing.run_plan(config, discovered)
-    converted = stages.run_convert(config, planned)
-    cleaned = stages.run_clean(config, converted)
-    chunked = stages.run_chunk(config, cleaned)
-    embedded = indexing.run_embed(config, chunked)
-    upserted = indexing.run_upsert(config, embedded)
-    summary = stages.write_summary(
-        config, [discovered, planned, converted, cleaned, chunked, embedded, upserted]
-    )
+    with ingest_lock(config):
+        discovered = stages.run_discover(config, roots)
+        planned = indexing.run_plan(config, discovered)
+        converted = stages.run_convert(config, planned)
+        cleaned = stages.run_clean(config, converted)
+        chunked = stages.run_chunk(config, cleaned)
+        embedded = indexing.run_embed(config, chunked)
+        upserted = indexing.run_upsert(config, embedded)
+        summary = stages.write_summary(
+            config, [discovered, planned, converted, cleaned, chunked, embedded, upserted]
+        )
     if summary.deletions_held:
         raise MassDeletionHeld(
             indexing.mass_deletion_message(config, summary.deletions_held, summary.indexed_files)
