@@ -118,6 +118,16 @@ def ingest(
             "(default 20%) of the index.",
         ),
     ] = False,
+    dask_workers: Annotated[
+        int,
+        typer.Option(
+            help="Fan conversion and embedding out over a local Dask cluster of this many "
+            "worker processes (prefect-dask); 0 runs them in this process.",
+        ),
+    ] = 0,
+    batch_size: Annotated[
+        int, typer.Option(help="Files per conversion batch when fanning out.")
+    ] = 4,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show Prefect and stage logs.")
     ] = False,
@@ -153,7 +163,9 @@ def ingest(
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from exc
 
-    from flows.ingest import ingest_flow  # Prefect import is slow: only when running
+    from flows.ingest import dask_ingest_flow, ingest_flow  # slow import: only when running
+
+    flow = dask_ingest_flow(dask_workers) if dask_workers > 0 else ingest_flow
 
     columns = (
         TextColumn("{task.description:>9}"),
@@ -164,10 +176,11 @@ def ingest(
     with Progress(*columns, console=console, transient=False) as progress:
         previous = set_reporter(_RichReporter(progress))
         try:
-            summary = ingest_flow(
+            summary = flow(
                 config=cfg,
                 roots=[str(p) for p in paths] if paths else None,
                 allow_mass_delete=allow_mass_delete,
+                batch_size=batch_size if dask_workers > 0 else None,
             )
         except MassDeletionHeld as exc:
             _print_failures(cfg.paths.work_dir)

@@ -8,23 +8,26 @@ deleted (behind the mass-deletion guard).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 from uuid import UUID
 
-from prefect import flow
+from prefect import flow, unmapped
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.futures import wait
 
 from ragpipe.config import RagpipeConfig, load_config
 from ragpipe.errors import MassDeletionHeld
-from ragpipe.indexing import mass_deletion_message
+from ragpipe.indexing import embed_batches, mass_deletion_message
 from ragpipe.locking import ingest_lock
 from ragpipe.pipeline import with_mass_delete
-from ragpipe.stages import IngestSummary
+from ragpipe.stages import IngestSummary, convert_batches
 from tasks.ingest import (
     chunk_task,
     clean_task,
+    convert_batch_task,
     convert_task,
     discover_task,
+    embed_batch_task,
     embed_task,
     plan_task,
     publish_ingest_task,
@@ -39,6 +42,7 @@ def ingest_flow(
     config_path: str | None = None,
     roots: list[str] | None = None,
     allow_mass_delete: bool = False,
+    batch_size: int | None = None,
 ) -> IngestSummary:
     """Ingest documents into the index, re-processing only what changed.
 
@@ -47,6 +51,9 @@ def ingest_flow(
         config_path: YAML file (``ragpipe.yaml`` in the working directory if None).
         roots: Paths that replace ``discover.roots`` for this run.
         allow_mass_delete: Apply deletions even above ``index.max_delete_share``.
+        batch_size: Fan conversion out in batches of this many files (and embedding
+            in batches of 20x as many chunks) as parallel tasks on the flow's task
+            runner (see ``dask_ingest_flow``); the stages then assemble the results.
 
     Raises:
         MassDeletionHeld: Too many indexed files vanished; additions were
@@ -60,10 +67,14 @@ def ingest_flow(
         UUID, create_progress_artifact(0.0, key="ingest-progress", description="stages done (%)")
     )
     with ingest_lock(cfg):  # one writer per index: a second run waits or refuses
-        discovered = discover_task(cfg, root_paths)
-        done = [discovered]
+        done = [discover_task(cfg, root_paths)]
         for stage in (plan_task, convert_task, clean_task, chunk_task, embed_task, upsert_task):
             update_progress_artifact(progress, 100 * len(done) / 7)
+            if batch_size and stage is convert_task:  # fan out, then the stage assembles
+                batches = convert_batches(cfg, done[-1], batch_size)
+                wait(convert_batch_task.map(unmapped(cfg), batches))
+            if batch_size and stage is embed_task:
+                wait(embed_batch_task.map(unmapped(cfg), embed_batches(cfg, batch_size * 20)))
             done.append(stage(cfg, done[-1]))
         update_progress_artifact(progress, 100.0)
         summary = summary_task(cfg, done)
@@ -73,6 +84,19 @@ def ingest_flow(
             mass_deletion_message(cfg, summary.deletions_held, summary.indexed_files)
         )
     return summary
+
+
+def dask_ingest_flow(workers: int = 2, threads_per_worker: int = 1) -> Any:
+    """``ingest_flow`` on a local Dask cluster (``prefect-dask``): batches run in parallel
+    worker processes. Point ``cluster_kwargs``/``address`` at a real Dask cluster to scale out.
+    """
+    from prefect_dask.task_runners import DaskTaskRunner
+
+    runner: Any = DaskTaskRunner(
+        cluster_kwargs={"n_workers": workers, "threads_per_worker": threads_per_worker,
+                        "processes": True, "dashboard_address": None}
+    )  # fmt: skip
+    return ingest_flow.with_options(name="ingest-dask", task_runner=runner)
 
 
 if __name__ == "__main__":

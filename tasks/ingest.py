@@ -13,6 +13,7 @@ from prefect.cache_policies import NO_CACHE
 
 from ragpipe import indexing, stages
 from ragpipe.config import RagpipeConfig
+from ragpipe.schemas import Chunk, SourceFile
 from ragpipe.stages import IngestSummary, StageSummary
 
 
@@ -73,3 +74,13 @@ def publish_ingest_task(config: RagpipeConfig, summary: IngestSummary) -> None:
         ),
         description=summary.line(),
     )
+
+
+@task(name="convert-batch", cache_policy=NO_CACHE)
+def convert_batch_task(config: RagpipeConfig, sources: list[SourceFile]) -> int:
+    return stages.convert_batch(config, sources)
+
+
+@task(name="embed-batch", cache_policy=NO_CACHE)
+def embed_batch_task(config: RagpipeConfig, chunks: list[Chunk]) -> int:
+    return indexing.embed_batch(config, chunks)

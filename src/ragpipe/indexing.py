@@ -30,6 +30,7 @@ Invariants of the re-index:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import uuid
@@ -311,6 +312,57 @@ def _texts_to_embed(
     return texts, prefixes, stats
 
 
+def _embedding_rows(
+    chunks: Sequence[Chunk],
+    texts: Sequence[str],
+    prefixes: Sequence[str],
+    embedder: Embedder,
+    sparse: SparseEncoder,
+    index_fp: str,
+) -> list[EmbeddingRow]:
+    vectors = embedder.embed_documents(list(texts))
+    rows = []
+    for row, (chunk, text, prefix) in enumerate(zip(chunks, texts, prefixes, strict=True)):
+        indices, values = sparse.document(text)
+        pid = point_id(chunk.file_path, chunk.source_sha256, index_fp, chunk.chunk_index)
+        rows.append(EmbeddingRow(chunk.chunk_id, pid, prefix, vectors[row], indices, values))
+    return rows
+
+
+def _done_ids(config: RagpipeConfig, index_fp: str) -> set[str]:
+    here = stage_dir(config, "embed")
+    done = set(read_embeddings(here / "embeddings.parquet", index_fp))
+    for part in sorted((here / "parts").glob(f"{index_fp}-*.parquet")):
+        done.update(read_embeddings(part, index_fp))
+    return done
+
+
+def embed_batches(config: RagpipeConfig, size: int) -> list[list[Chunk]]:
+    """The chunked chunks without vectors yet, in batches of ``size`` (for fan-out)."""
+    chunks = checkpoint.read_records(stage_dir(config, "chunk") / "chunks.parquet", Chunk)
+    done = _done_ids(config, index_fingerprint(config))
+    todo = [c for c in chunks if c.chunk_id not in done]
+    return [todo[i : i + size] for i in range(0, len(todo), size)]
+
+
+def embed_batch(config: RagpipeConfig, chunks: Sequence[Chunk]) -> int:
+    """Embed ``chunks`` into a durable part; ``run_embed`` then reuses the vectors.
+
+    Run in parallel (one batch per worker) before ``run_embed``. The part's
+    name is derived from its chunks, so a batch re-run overwrites itself.
+    """
+    if not chunks:
+        return 0
+    index_fp = index_fingerprint(config)
+    embedder = make_embedder(config.embed)
+    texts, prefixes, _ = _texts_to_embed(list(chunks), config, embedder)
+    rows = _embedding_rows(chunks, texts, prefixes, embedder, SparseEncoder(), index_fp)
+    key = hashlib.sha256("\n".join(c.chunk_id for c in chunks).encode()).hexdigest()[:12]
+    part = stage_dir(config, "embed") / "parts" / f"{index_fp}-batch-{key}.parquet"
+    checkpoint.write_table(part, embeddings_table(rows, embedder.dim, index_fp))
+    return len(rows)
+
+
 def run_embed(config: RagpipeConfig, chunked: StageSummary) -> StageSummary:
     """Embed every chunk; vectors are saved in parts so a crash does not re-embed."""
     started = time.perf_counter()
@@ -347,19 +399,10 @@ def run_embed(config: RagpipeConfig, chunked: StageSummary) -> StageSummary:
             seq = len(list(parts_dir.glob(f"{index_fp}-*.parquet")))
             for start in range(0, len(order), PART_SIZE):
                 group = order[start : start + PART_SIZE]
-                vectors = embedder.embed_documents([texts[i] for i in group])
-                rows = []
-                for row, i in enumerate(group):
-                    chunk = todo[i]
-                    indices, values = sparse.document(texts[i])
-                    pid = point_id(
-                        chunk.file_path, chunk.source_sha256, index_fp, chunk.chunk_index
-                    )
-                    rows.append(
-                        EmbeddingRow(
-                            chunk.chunk_id, pid, prefixes[i], vectors[row], indices, values
-                        )
-                    )
+                rows = _embedding_rows(
+                    [todo[i] for i in group], [texts[i] for i in group],
+                    [prefixes[i] for i in group], embedder, sparse, index_fp,
+                )  # fmt: skip
                 done.update((r.chunk_id, r) for r in rows)
                 part = parts_dir / f"{index_fp}-{seq:05d}.parquet"
                 checkpoint.write_table(part, embeddings_table(rows, dim, index_fp))

@@ -160,16 +160,57 @@ def _cache_key(source: SourceFile, config_fp: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 
+def _convert_fingerprint(converter: Converter) -> str:
+    # auto mode resolves to the converter actually available; it is part of the key.
+    resolved = converter.pdf_converter_name()
+    return checkpoint.combine_fingerprints(
+        [fingerprint(converter.config, CONVERT_VERSION), resolved]
+    )
+
+
+def convert_batches(
+    config: RagpipeConfig, planned: StageSummary, size: int
+) -> list[list[SourceFile]]:
+    """The planned files not converted yet, in batches of ``size`` (for fan-out)."""
+    sources = checkpoint.read_records(
+        stage_dir(config, planned.stage) / "files.parquet", SourceFile
+    )
+    cache_dir = stage_dir(config, "convert") / "cache"
+    config_fp = _convert_fingerprint(Converter(config.convert))
+    todo = [s for s in sources if not (cache_dir / f"{_cache_key(s, config_fp)}.parquet").is_file()]
+    return [todo[i : i + size] for i in range(0, len(todo), size)]
+
+
+def convert_batch(config: RagpipeConfig, sources: Sequence[SourceFile]) -> int:
+    """Convert ``sources`` into the per-document cache; returns how many were converted.
+
+    Run in parallel (one batch per worker) before ``run_convert``, which then
+    finds them cached. A file that fails here is left to ``run_convert``,
+    which records its failure row.
+    """
+    converter = Converter(config.convert)
+    config_fp = _convert_fingerprint(converter)
+    cache_dir = stage_dir(config, "convert") / "cache"
+    converted = 0
+    for source in sources:
+        cached = cache_dir / f"{_cache_key(source, config_fp)}.parquet"
+        if cached.is_file():
+            continue
+        try:
+            doc = converter.convert(source, config_fp)
+        except (InputError, StageError):
+            continue
+        checkpoint.write_records(cached, [doc], Document)
+        converted += 1
+    return converted
+
+
 def run_convert(config: RagpipeConfig, discovered: StageSummary) -> StageSummary:
     """Convert every discovered file, reusing per-document cache entries."""
     started = time.perf_counter()
     here = stage_dir(config, "convert")
     converter = Converter(config.convert)
-    # auto mode resolves to the converter actually available; it is part of the key.
-    resolved = converter.pdf_converter_name()
-    config_fp = checkpoint.combine_fingerprints(
-        [fingerprint(config.convert, CONVERT_VERSION), resolved]
-    )
+    config_fp = _convert_fingerprint(converter)
     reused = reuse_stage(here, "convert", config_fp, discovered.output_fingerprint)
     if reused:
         reused.counts = {
