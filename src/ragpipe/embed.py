@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from ragpipe.config import EmbedConfig, EmbedProvider, fingerprint
 from ragpipe.errors import ConfigError, StageError
-from ragpipe.ollama_api import call_with_retries
+from ragpipe.ollama_api import call_with_retries, ollama_client
 
 if TYPE_CHECKING:
     from ragpipe.chunk import TokenCounter
@@ -277,10 +277,7 @@ class OllamaEmbedder:
         query_prefix: str | None = None,
         max_tokens: int = 2048,
     ) -> None:
-        import ollama
-
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-        self._client = ollama.Client(host=host, timeout=timeout_s, headers=headers)
+        self._client = ollama_client(host, timeout_s, api_key)
         self.model = model
         self.host = host
         self.retries = retries

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from ragpipe.config import LLMConfig, LLMProvider
 from ragpipe.errors import ConfigError, StageError
-from ragpipe.ollama_api import call_with_retries
+from ragpipe.ollama_api import call_with_retries, ollama_client
 
 logger = logging.getLogger(__name__)
 
@@ -216,10 +216,7 @@ class OllamaLLM:
         temperature: float = 0.0,
         seed: int = 0,
     ) -> None:
-        import ollama
-
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-        self._client = ollama.Client(host=host, timeout=timeout_s, headers=headers)
+        self._client = ollama_client(host, timeout_s, api_key)
         self.name = model
         self.host = host
         self.retries = retries

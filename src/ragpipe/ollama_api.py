@@ -8,13 +8,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ragpipe.errors import StageError
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def ollama_client(host: str, timeout_s: float, api_key: str | None) -> Any:
+    """An ``ollama.Client`` for ``host``; an API key goes out as a Bearer token."""
+    import ollama
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    return ollama.Client(host=host, timeout=timeout_s, headers=headers)
 
 
 def call_with_retries(
