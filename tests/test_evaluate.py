@@ -210,3 +210,20 @@ def test_cli_eval_commands(prefect_harness: None, eval_config: RagpipeConfig) ->
     assert gated.exit_code == 4 and "gate failed" in gated.output
     one = _cli(eval_config, "eval", "compare", "--variant", "dense:mode=dense")
     assert one.exit_code == 2 and "at least two" in one.output
+
+
+def test_secrets_never_reach_reports(eval_config: RagpipeConfig) -> None:
+    secret = "sk-very-secret-4242"
+    cfg = eval_config.model_copy(
+        update={
+            "llm": eval_config.llm.model_copy(update={"api_key": secret}),
+            "embed": eval_config.embed.model_copy(update={"ollama_api_key": secret}),
+        }
+    )
+    cfg = RagpipeConfig.model_validate(cfg.model_dump() | {"store": {
+        **cfg.store.model_dump(), "api_key": secret}})  # fmt: skip
+    _, out = evaluate_and_report(cfg, [Variant("dense", {"mode": "dense"})], name="secrets")
+    for path in [*out.iterdir(), cfg.eval.reports_dir / "history.parquet"]:
+        assert secret.encode() not in path.read_bytes(), path
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["llm"]["api_key"] == "**********"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -79,3 +80,24 @@ def test_unreachable_server_is_a_clear_error_fast() -> None:
         embedder.embed_documents(TEXTS)
     assert f"127.0.0.1:{port}" in str(info.value)
     assert time.monotonic() - started < 5
+
+
+def test_ingest_with_ollama_down_fails_before_any_conversion(tmp_path: Path) -> None:
+    from ragpipe import pipeline
+    from ragpipe.config import RagpipeConfig
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.md").write_text("# A\n\ntext\n", encoding="utf-8")
+    cfg = RagpipeConfig(
+        discover={"roots": [tmp_path / "corpus"]},  # type: ignore[arg-type]
+        embed={"provider": "ollama", "ollama_host": f"http://127.0.0.1:{port}", "retries": 0},  # type: ignore[arg-type]
+        store={"path": tmp_path / "store"},  # type: ignore[arg-type]
+        paths={"work_dir": tmp_path / "work"},  # type: ignore[arg-type]
+    )
+    with pytest.raises(StageError, match="ollama serve"):
+        pipeline.run_ingest(cfg)
+    assert not (tmp_path / "work" / "convert").exists()  # no work was started
+    assert not (tmp_path / "work" / "plan" / "manifest.json").exists()  # nor marked done

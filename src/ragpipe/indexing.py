@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 
 from ragpipe import checkpoint
 from ragpipe.chunk import TokenCounter
-from ragpipe.config import RagpipeConfig, StoreBackend
+from ragpipe.config import EmbedProvider, RagpipeConfig, StoreBackend
 from ragpipe.embed import (
     Embedder,
     contextual_text,
@@ -203,6 +203,11 @@ def run_plan(config: RagpipeConfig, discovered: StageSummary) -> StageSummary:
             action = "changed" if stored else "added"
             todo.append(source)
         entries.append(PlanEntry(source.file_path, action, source.sha256, len(stored)))
+    if todo and config.embed.provider == EmbedProvider.OLLAMA:
+        # A remote embedder that is down or lacks the model fails now, before any
+        # conversion work, not after it (the probe embeds one short text).
+        dim = make_embedder(config.embed).dim
+        logger.info("plan: the Ollama embedder answers (%d dimensions)", dim)
     # A file that failed discovery (unreadable) still exists: it is not "removed".
     present = {s.file_path for s in sources} | unreadable
     for path in sorted(set(versions) - present):
