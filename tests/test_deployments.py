@@ -167,16 +167,37 @@ def test_deployments_run_on_a_real_server_and_worker(stack: Stack, tmp_path: Pat
     assert bad.returncode != 0  # the typed parameter schema rejects it before any run
 
     # Overlapping nightly runs: the one that would start while another runs is cancelled.
-    for _ in range(2):
-        started = stack.cli("deployment", "run", "ingest/nightly-reindex",
-                            "--param", f"config={config}")  # fmt: skip
-        assert started.returncode == 0, started.stdout + started.stderr
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        states = [r["state_type"] for r in stack.runs("ingest/nightly-reindex")
-                  if r["state_type"] != "SCHEDULED"]  # fmt: skip
-        finished = [s for s in states if s in ("COMPLETED", "CANCELLED", "FAILED", "CRASHED")]
-        if len(finished) == 3:  # the first --watch run and the two just started
-            break
-        time.sleep(2)
-    assert sorted(finished) == ["CANCELLED", "COMPLETED", "COMPLETED"], states
+    # The first is kept running by holding the index's writer lock here (it waits for it).
+    from ragpipe.config import RagpipeConfig
+    from ragpipe.locking import ingest_lock
+
+    slow = {**_config(tmp_path), "index": {"lock_timeout_s": 300}}
+    before = {r["id"] for r in stack.runs("ingest/nightly-reindex")}
+
+    def new_runs() -> list[dict[str, Any]]:
+        return [r for r in stack.runs("ingest/nightly-reindex") if r["id"] not in before
+                and r["state_type"] != "SCHEDULED"]  # fmt: skip
+
+    def wait_for(predicate: Any, what: str) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            runs = new_runs()
+            if predicate(runs):
+                return runs
+            time.sleep(1)
+        pytest.fail(f"timed out waiting for {what}: {[r['state_type'] for r in new_runs()]}")
+
+    with ingest_lock(RagpipeConfig.model_validate(slow), timeout_s=0):
+        first = stack.cli("deployment", "run", "ingest/nightly-reindex",
+                          "--param", f"config={json.dumps(slow)}")  # fmt: skip
+        assert first.returncode == 0, first.stdout + first.stderr
+        wait_for(lambda runs: any(r["state_type"] == "RUNNING" for r in runs), "a running run")
+        second = stack.cli("deployment", "run", "ingest/nightly-reindex",
+                           "--param", f"config={json.dumps(slow)}")  # fmt: skip
+        assert second.returncode == 0, second.stdout + second.stderr
+        wait_for(lambda runs: any(r["state_type"] == "CANCELLED" for r in runs), "a cancel")
+    final = wait_for(
+        lambda runs: sorted(r["state_type"] for r in runs) == ["CANCELLED", "COMPLETED"],
+        "the first run to finish",
+    )
+    assert len(final) == 2
