@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import Counter
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -223,9 +224,14 @@ def ingest(
     Console().print(table)
     print(summary.line())
     if summary.skipped:
+        from ragpipe.checkpoint import read_records
+        from ragpipe.schemas import Skip
+
+        skipped_path = cfg.paths.work_dir / "discover" / "skipped.parquet"
+        reasons = Counter(s.reason for s in read_records(skipped_path, Skip))
         console.print(
-            f"{summary.skipped} path(s) not ingested on purpose (symlinks, unsupported types): "
-            f"see {cfg.paths.work_dir / 'discover' / 'skipped.parquet'}",
+            f"{summary.skipped} path(s) not ingested on purpose "
+            f"({', '.join(f'{k}: {v}' for k, v in sorted(reasons.items()))}): see {skipped_path}",
             highlight=False,
             soft_wrap=True,  # never break a path a user will copy
         )

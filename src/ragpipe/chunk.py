@@ -74,6 +74,33 @@ class TokenCounter:
         """Word-piece counts of many texts (one batched tokenizer call)."""
         return [len(enc.ids) for enc in self._load().encode_batch(texts)]
 
+    def token_starts(self, text: str) -> list[int]:
+        """Character offset of each word-piece of ``text`` (special tokens left out)."""
+        return [start for start, _ in self._load().encode(text, add_special_tokens=False).offsets]
+
+
+class _MemoCounter(TokenCounter):
+    """One document's counts: each distinct text is tokenised once."""
+
+    def __init__(self, inner: TokenCounter) -> None:
+        super().__init__(inner.name)
+        self.inner = inner
+        self.memo: dict[str, int] = {}
+
+    def count(self, text: str) -> int:
+        n = self.memo.get(text)
+        if n is None:
+            n = self.memo[text] = self.inner.count(text)
+        return n
+
+    def count_many(self, texts: list[str]) -> list[int]:
+        missing = [t for t in dict.fromkeys(texts) if t not in self.memo]
+        self.memo.update(zip(missing, self.inner.count_many(missing), strict=True))
+        return [self.memo[t] for t in texts]
+
+    def token_starts(self, text: str) -> list[int]:
+        return self.inner.token_starts(text)
+
 
 def resolve_tokenizer(name: str) -> Path:
     """Path of the tokenizer.json for a configured tokenizer name."""
@@ -167,11 +194,20 @@ class _Splitter:
         self.size = size
         self.max_tokens = max_tokens
         self.counter = counter
+        # No tokenizer yields more pieces than UTF-8 bytes (+1 for a SentencePiece
+        # prefix), and a code point is at most 4 bytes: spans this short fit untested.
+        # Without this, splitting a long paragraph into words tokenises every word.
+        self.surely_fits = (max_tokens - 3) // 4
+
+    def count(self, start: int, end: int) -> int:
+        return self.counter.count(self.text[start:end])
 
     def fits(self, start: int, end: int) -> bool:
         if end - start > self.size:
             return False
-        return self.counter.count(self.text[start:end]) <= self.max_tokens
+        if end - start <= self.surely_fits:
+            return True
+        return self.count(start, end) <= self.max_tokens
 
     def split(self, start: int, end: int, level: int = 0) -> list[Span]:
         if self.fits(start, end):
@@ -224,12 +260,55 @@ def _overlap_start(
     return None
 
 
+def _last_fitting(
+    text: str,
+    start: int,
+    pieces: list[Span],
+    first: int,
+    last: int,
+    splitter: _Splitter,
+    specials: int,
+) -> int:
+    """The last piece in ``first..last`` such that ``start`` to its end fits the budget.
+
+    One tokenisation of the longest candidate gives its token offsets; the count of
+    a shorter candidate is guessed from them by bisection, then checked exactly.
+    Walking down one piece at a time would tokenise every candidate again, which is
+    quadratic on a long paragraph split into words.
+    """
+    if first == last or pieces[last][1] - start <= splitter.surely_fits:
+        return last
+    offsets = splitter.counter.token_starts(text[start : pieces[last][1]])
+    if specials + len(offsets) <= splitter.max_tokens:
+        return last
+
+    def guess(k: int) -> int:
+        return specials + bisect.bisect_left(offsets, pieces[k][1] - start)
+
+    lo, hi = first, last - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if guess(mid) <= splitter.max_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    k = lo
+    if not splitter.fits(start, pieces[k][1]):
+        while k > first and not splitter.fits(start, pieces[k][1]):
+            k -= 1
+    elif splitter.count(start, pieces[k][1]) != guess(k):  # not additive: check upwards
+        while k < last - 1 and splitter.fits(start, pieces[k + 1][1]):
+            k += 1
+    return k
+
+
 def recursive_spans(
     text: str, section: _Section, config: ChunkConfig, counter: TokenCounter
 ) -> list[Span]:
     """Chunk spans of one section for the recursive chunker."""
     splitter = _Splitter(text, config.size, config.max_tokens, counter)
     pieces = [p for p in (_trim(text, s) for s in splitter.split(section.start, section.end)) if p]
+    specials = counter.count("")
     spans: list[Span] = []
     i = 0
     start = pieces[0][0] if pieces else 0
@@ -237,8 +316,7 @@ def recursive_spans(
         j = i
         while j + 1 < len(pieces) and pieces[j + 1][1] - start <= config.size:
             j += 1
-        while j > i and not splitter.fits(start, pieces[j][1]):
-            j -= 1
+        j = _last_fitting(text, start, pieces, i, j, splitter, specials)
         if not splitter.fits(start, pieces[j][1]):
             start = pieces[i][0]  # the overlap would not fit: drop it
         spans.append((start, pieces[j][1]))
@@ -291,6 +369,7 @@ def chunk_document(
     Returns:
         Chunks in document order, indexed from 0.
     """
+    counter = _MemoCounter(counter)  # the chosen spans were measured while chunking
     text, pages = strip_page_markers(doc.markdown)
     page_offsets = [off for off, _ in pages]
     sections = split_sections(text, parse_headings=kind != "text")
@@ -301,17 +380,25 @@ def chunk_document(
     for section in sections:
         spans_by_section.append((section, make_spans(text, section, config, counter)))
 
+    bodies = [text[start:end] for _, spans in spans_by_section for start, end in spans]
+    token_counts = counter.count_many(bodies)
     chunks: list[Chunk] = []
+    line, line_at = 1, 0  # line number at offset line_at; spans only move forward
     for section, spans in spans_by_section:
         for k, (start, end) in enumerate(spans):
-            body = text[start:end]
+            index = len(chunks)
+            body = bodies[index]
             context = None
             if config.chunker == ChunkerKind.SENTENCE_WINDOW:
                 lo = spans[max(0, k - config.window)][0]
                 hi = spans[min(len(spans) - 1, k + config.window)][1]
                 context = text[lo:hi]
             page_idx = bisect.bisect_right(page_offsets, start) - 1
-            index = len(chunks)
+            if start >= line_at:
+                line += text.count("\n", line_at, start)
+            else:
+                line = text.count("\n", 0, start) + 1
+            line_at = start
             chunks.append(
                 Chunk(
                     chunk_id=chunk_id(doc.file_path, doc.source_sha256, fingerprint, index),
@@ -320,14 +407,14 @@ def chunk_document(
                     source_sha256=doc.source_sha256,
                     heading_path=list(section.heading_path),
                     page=pages[page_idx][1] if page_idx >= 0 else None,
-                    line_start=text.count("\n", 0, start) + 1,
+                    line_start=line,
                     chunk_index=index,
                     char_start=start,
                     char_end=end,
                     text=body,
                     context=context,
                     text_sha256=hashlib.sha256(body.encode()).hexdigest(),
-                    token_count=counter.count(body),
+                    token_count=token_counts[index],
                     config_fingerprint=fingerprint,
                 )
             )

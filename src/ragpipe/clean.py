@@ -15,7 +15,7 @@ from ragpipe.config import CleanConfig
 from ragpipe.schemas import PAGE_MARKER_RE
 
 STAGE = "clean"
-CLEAN_VERSION = "1"
+CLEAN_VERSION = "2"
 
 _PAGE_MARKER = re.compile(PAGE_MARKER_RE)
 _COMMENT = re.compile(r"<!--(?!\s*ragpipe:page).*?-->", re.DOTALL)
@@ -68,7 +68,9 @@ OCR_FIXES = {
     "\uf0b7": "•",  # Symbol-font bullet in the private use area
 }
 _LIGATURE_RE = re.compile("|".join(map(re.escape, [*LIGATURES, *OCR_FIXES])))
-_HYPHEN_RE = re.compile(r"([^\W\d_]{2,})-\n([a-z]{2,})")
+# "-\n" between two letters before and two lowercase letters after. Lookarounds, not
+# captured words: a greedy word pattern backtracks quadratically on a long letter run.
+_HYPHEN_RE = re.compile(r"(?<=[^\W\d_]{2})-\n(?=[a-z]{2})")
 _TOC_ENTRY = re.compile(
     r"(?:(?:\.\s*){3,}|\s{2,}|\s)(?:\d{1,4}|[ivxlcdm]{1,6})\s*\|?$", re.IGNORECASE
 )
@@ -157,7 +159,7 @@ def clean_markdown(markdown: str, config: CleanConfig) -> CleanResult:
             continue
         text = "\n".join(kept_lines)
         if config.hyphenation:
-            text, n = _HYPHEN_RE.subn(r"\1\2", text)
+            text, n = _HYPHEN_RE.subn("", text)
             dropped["hyphenation"] += n
         text = re.sub(r"[ \t]{2,}", " ", text) if not text.lstrip().startswith("|") else text
         out.append(text)

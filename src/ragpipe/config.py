@@ -72,6 +72,12 @@ class DiscoverConfig(_Section):
         description="Follow symbolic links to files and directories. Off: links are counted as "
         "skipped. On: broken links get a failure row, loops are cut.",
     )
+    dedupe_content: bool = Field(
+        default=True,
+        description="A file whose bytes equal another's is indexed once, under the first path "
+        "in sort order; the others are skipped (reason duplicate_content) so copies do not "
+        "fill the top-k with the same text. Empty files are never deduplicated.",
+    )
 
     @field_validator("text_extensions")
     @classmethod

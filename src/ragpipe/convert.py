@@ -177,6 +177,12 @@ class Converter:
         try:
             with path.open("rb") as fh:
                 head = fh.read(8192)
+        except FileNotFoundError as exc:
+            raise InputError(
+                "vanished",
+                "the file was deleted or moved after discovery; the next run drops it from the "
+                "index",
+            ) from exc
         except OSError as exc:
             raise InputError("unreadable", f"cannot read {path}: {exc.strerror}") from exc
         if not head:
@@ -189,7 +195,7 @@ class Converter:
         else:
             converter, markdown, pages = CONVERTER_TEXT, _read_text(path), None
         if not markdown.strip():
-            raise InputError("no_text", f"{converter} extracted no text (scanned PDF? try OCR)")
+            raise InputError("no_text", _no_text_reason(source.kind, converter))
         return Document(
             doc_id=doc_id_for(source.file_path),
             file_path=source.file_path,
@@ -255,6 +261,15 @@ class Converter:
             raise InputError("corrupt", "not a DOCX file: the zip header is missing")
         result = _run_docling(self._simple_converter().convert, path)
         return f"docling-simple-{kind}", result.document.export_to_markdown(), None
+
+
+def _no_text_reason(kind: str, converter: str) -> str:
+    if kind != "pdf":
+        return f"{converter} extracted no text"
+    return (
+        f"{converter} found no text layer: a scanned PDF? OCR needs convert.pdf_mode: accurate "
+        "with convert.do_ocr: true and Docling's OCR weights"
+    )
 
 
 def _run_docling(convert: Callable[..., Any], path: Path) -> Any:

@@ -246,6 +246,8 @@ def discover(
             real = os.path.realpath(entry.path) if follow else f"{real_root}/{rel}"
             _consider(entry.path, file_path, root_label, real, config, result, seen_real, progress)
     result.files.sort(key=lambda f: f.file_path)
+    if config.dedupe_content:
+        _skip_duplicate_content(result)
     logger.info(
         "discover: %d files, %d failed, %d skipped",
         len(result.files),
@@ -253,6 +255,21 @@ def discover(
         len(result.skipped),
     )
     return result
+
+
+def _skip_duplicate_content(result: DiscoverResult) -> None:
+    """Keep the first file (in path order) of each content; skip the other copies."""
+    first: dict[str, str] = {}
+    kept: list[SourceFile] = []
+    for f in result.files:
+        original = first.setdefault(f.sha256, f.file_path) if f.size_bytes else f.file_path
+        if original == f.file_path:
+            kept.append(f)
+        else:
+            result.skipped.append(
+                Skip(f.file_path, "duplicate_content", f"same bytes as {original}")
+            )
+    result.files = kept
 
 
 def _consider(
