@@ -47,6 +47,21 @@ def _temp_beside(path: Path) -> tuple[int, str]:
     return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), tmp
 
 
+def remove_stale_temps(directory: Path) -> int:
+    """Delete temp files a killed writer left under ``directory``; returns how many.
+
+    Call only while holding the ingest lock: no other writer is mid-write then.
+    Temp files are never read (they do not carry a checkpoint's name), so this
+    only reclaims space.
+    """
+    removed = 0
+    if directory.is_dir():
+        for tmp in directory.rglob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)

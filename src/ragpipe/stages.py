@@ -127,6 +127,9 @@ def run_discover(config: RagpipeConfig, roots: list[Path] | None = None) -> Stag
     """Find and hash files; always runs (hashing is how changes are seen)."""
     started = time.perf_counter()
     here = stage_dir(config, "discover")
+    stale = checkpoint.remove_stale_temps(config.paths.work_dir)
+    if stale:
+        logger.warning("removed %d temp files left by an interrupted run", stale)
     result = discover(config.discover, roots)
     roots_used = [str(r) for r in (roots or config.discover.roots)]
     config_fp = checkpoint.combine_fingerprints(
