@@ -2,8 +2,9 @@
 
 Only what ragpipe calls: ``GET /api/tags``, ``POST /api/embed`` and
 ``POST /api/chat`` (streamed NDJSON or one JSON object; ``format`` as a JSON
-schema). Requests are recorded, and ``fail_next`` makes the next requests
-answer with the given HTTP status codes (to exercise retries).
+schema). Requests are recorded; ``fail_next`` makes the next requests answer
+with the given HTTP status codes (to exercise retries), and ``down_after``
+fails every request after the first N (a server that dies mid-run).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class OllamaState:
     llms: dict[str, LLM] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
     fail_next: list[int] = field(default_factory=list)
+    down_after: int | None = None  # from this many requests on, every one answers 503
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -45,6 +47,8 @@ def _handler(state: OllamaState) -> type[BaseHTTPRequestHandler]:
         def _fault(self) -> bool:
             with state.lock:
                 status = state.fail_next.pop(0) if state.fail_next else None
+                if state.down_after is not None and len(state.requests) > state.down_after:
+                    status = 503
             if status is None:
                 return False
             self._send(status, {"error": f"injected failure {status}"})

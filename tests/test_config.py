@@ -93,3 +93,33 @@ def test_example_config_loads_and_yaml_off_means_off(tmp_path: Path) -> None:
     path.write_text("retrieve:\n  sparse_engine: rank_bm25\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"retrieve\.fusion 'qdrant' cannot fuse"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "expected"),
+    [
+        ("chunk: [unclosed\n", ["not valid YAML"]),
+        ("chunk:\n  chunker: semantic\n", ["chunk.chunker", "semantic", "recursive"]),
+        ("chunk:\n  size: 500\n  overlap: 500\n", ["overlap (500) must be smaller than size"]),
+        ("llm:\n  model: /nowhere/model.gguf\n", ["llm", "/nowhere/model.gguf does not exist"]),
+        ("eval:\n  judge:\n    model: /nowhere/judge.gguf\n", ["eval.judge", "does not exist"]),
+        ("store:\n  retries: -1\n", ["store.retries", "greater than or equal to 0"]),
+    ],
+)
+def test_config_mistakes_stop_the_cli_before_any_work(
+    tmp_path: Path, yaml_text: str, expected: list[str]
+) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    config = tmp_path / "ragpipe.yaml"
+    config.write_text(yaml_text + f"paths:\n  work_dir: {tmp_path / 'work'}\n")
+    if yaml_text.startswith("chunk: [unclosed"):
+        config.write_text(yaml_text)
+    result = CliRunner().invoke(app, ["ingest", "--config", str(config)])
+    assert result.exit_code == 2, result.output
+    for text in expected:
+        assert text in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "work").exists()  # nothing started

@@ -38,8 +38,14 @@ def test_llamacpp_reply_stream_and_schema(smollm: LlamaCppLLM) -> None:
 
 
 def test_missing_gguf_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"llm\.model: GGUF file .*missing\.gguf does not exist"):
-        make_llm(LLMConfig(model=str(tmp_path / "missing.gguf")))
+    gguf = tmp_path / "model.gguf"
+    with pytest.raises(ValueError, match=r"GGUF file .*model\.gguf does not exist"):
+        LLMConfig(model=str(gguf))  # refused when the config is loaded
+    gguf.write_bytes(b"")
+    config = LLMConfig(model=str(gguf))
+    gguf.unlink()  # and if it vanishes between loading the config and using it
+    with pytest.raises(ConfigError, match=r"llm\.model: GGUF file .*model\.gguf does not exist"):
+        make_llm(config)
 
 
 def _ollama(host: str, **kwargs: Any) -> OllamaLLM:

@@ -320,6 +320,12 @@ class StoreConfig(_Section):
         default=None, description="Force TLS on or off; None follows the URL scheme."
     )
     timeout_s: int = Field(default=30, gt=0, description="Seconds per Qdrant request.")
+    retries: int = Field(
+        default=3,
+        ge=0,
+        description="Retries of a Qdrant server request that timed out, lost its connection "
+        "or got 429/5xx (backoff 0.5 s, 1 s, 2 s, ...); then the run fails.",
+    )
     batch_size: int = Field(default=256, gt=0, description="Points per upsert request.")
     scroll_page: int = Field(
         default=1000, gt=0, description="Points per page when scrolling the index."
@@ -524,6 +530,17 @@ class LLMConfig(_Section):
     threads: int | None = Field(
         default=None, gt=0, description="llamacpp: CPU threads (default: all cores)."
     )
+
+    @model_validator(mode="after")
+    def _gguf_exists(self) -> LLMConfig:
+        if self.provider == LLMProvider.LLAMACPP and self.model is not None:
+            path = Path(self.model).expanduser()
+            if not path.is_file():
+                raise ValueError(
+                    f"model: GGUF file {path} does not exist; set it to a .gguf file, or "
+                    "leave it unset for the packaged SmolLM2-135M (or use provider: ollama)"
+                )
+        return self
 
 
 class GenerateConfig(_Section):

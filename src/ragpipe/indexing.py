@@ -374,7 +374,9 @@ def run_embed(config: RagpipeConfig, chunked: StageSummary) -> StageSummary:
     here = stage_dir(config, "embed")
     index_fp = index_fingerprint(config)
     reused = reuse_stage(here, "embed", index_fp, chunked.output_fingerprint)
-    if reused:
+    if reused:  # this run embedded nothing: every vector comes from the checkpoint
+        n_kept = reused.counts["chunks"] - reused.counts["duplicates_skipped"]
+        reused.counts = {**reused.counts, "embedded": 0, "reused": n_kept, "prefix_trimmed": 0}
         return reused
     chunks = checkpoint.read_records(stage_dir(config, "chunk") / "chunks.parquet", Chunk)
     kept, duplicates = chunks, 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +31,7 @@ from ragpipe.errors import ConfigError, StageError
 
 if TYPE_CHECKING:
     import qdrant_edge
+    from qdrant_client import QdrantClient
     from qdrant_client.http import models as qm
 
 logger = logging.getLogger(__name__)
@@ -455,6 +457,69 @@ class EdgeStore(_Scrolling):
 # -- qdrant-client -------------------------------------------------------------------
 
 
+RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+class _Retrying:
+    """A qdrant-client whose requests are retried on timeouts, dropped connections and
+    429/5xx answers (bounded, with backoff), then fail with what to check.
+
+    Every call ragpipe makes is idempotent (deterministic point ids, delete by
+    filter), so a retry cannot duplicate anything.
+    """
+
+    def __init__(self, client: Any, config: StoreConfig) -> None:
+        self._client = client
+        self._config = config
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr) or name == "close":
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._with_retries(name, lambda: attr(*args, **kwargs))
+
+        return call
+
+    def _with_retries(self, name: str, request: Callable[[], Any]) -> Any:
+        import httpx
+        from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+
+        retries = self._config.retries
+        delay = 0.5
+        for attempt in range(retries + 1):
+            try:
+                return request()
+            except UnexpectedResponse as exc:
+                if exc.status_code not in RETRY_STATUS:
+                    raise
+                last: Exception = exc
+            except (ResponseHandlingException, httpx.TransportError, ConnectionError) as exc:
+                last = exc
+            if attempt < retries:
+                logger.warning(
+                    "Qdrant %s failed (%s); retry %d/%d in %.1fs",
+                    name,
+                    _short(last),
+                    attempt + 1,
+                    retries,
+                    delay,
+                )
+                time.sleep(delay)
+                delay *= 2
+        raise StageError(
+            f"Qdrant at {self._config.url} failed {name} after {retries + 1} attempt(s): "
+            f"{type(last).__name__}: {_short(last)}. Is the server up and reachable? Check "
+            f"store.url (RAGPIPE_STORE__URL), store.timeout_s ({self._config.timeout_s}s) and "
+            "store.retries. Nothing was marked done: the next run picks up from here."
+        ) from last
+
+
+def _short(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:200]
+
+
 class QdrantStore(_Scrolling):
     """qdrant-client against a server or cluster, or its local mode."""
 
@@ -471,9 +536,10 @@ class QdrantStore(_Scrolling):
         try:
             if config.url:
                 self.location = f"qdrant:{config.url}/{config.collection}"
-                self.client = QdrantClient(
+                client = QdrantClient(
                     url=config.url, api_key=api_key, https=config.https, timeout=config.timeout_s
                 )
+                self.client = cast("QdrantClient", _Retrying(client, config))
                 self.local = False
             else:
                 path = str(config.path)
@@ -484,7 +550,7 @@ class QdrantStore(_Scrolling):
                     self.client = QdrantClient(path=path)
                 self.local = True
             exists = self.client.collection_exists(self.collection)
-        except ConfigError:
+        except (ConfigError, StageError):
             raise
         except Exception as exc:
             where = config.url or str(config.path)
