@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ class OllamaState:
     requests: list[dict[str, Any]] = field(default_factory=list)
     fail_next: list[int] = field(default_factory=list)
     down_after: int | None = None  # from this many requests on, every one answers 503
+    hang_s: float = 0.0  # with down_after: hang this long instead of answering 503
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -45,10 +47,15 @@ def _handler(state: OllamaState) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def _fault(self) -> bool:
+            hang = 0.0
             with state.lock:
                 status = state.fail_next.pop(0) if state.fail_next else None
                 if state.down_after is not None and len(state.requests) > state.down_after:
                     status = 503
+                    hang = state.hang_s
+            if status == 503 and state.down_after is not None and hang:
+                time.sleep(hang)  # a server that stopped answering: the client times out
+                return True
             if status is None:
                 return False
             self._send(status, {"error": f"injected failure {status}"})

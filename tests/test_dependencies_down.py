@@ -158,6 +158,28 @@ def test_ollama_dying_mid_embed_keeps_the_finished_parts(
         assert summary.stages["embed"]["embedded"] == summary.chunks - 16
 
 
+def test_ollama_timing_out_mid_embed_is_retried_then_fails_clearly(
+    corpus: Path, tmp_path: Path, onnx_embedder: OnnxEmbedder
+) -> None:
+    with ollama_server({"all-minilm": onnx_embedder}) as (host, state):
+        cfg = RagpipeConfig(
+            discover={"roots": [corpus]},  # type: ignore[arg-type]
+            embed={"provider": "ollama", "model": "all-minilm", "ollama_host": host,  # type: ignore[arg-type]
+                   "retries": 1, "timeout_s": 1},
+            store={"path": tmp_path / "store"},  # type: ignore[arg-type]
+            paths={"work_dir": tmp_path / "work"},  # type: ignore[arg-type]
+        )  # fmt: skip
+        state.down_after, state.hang_s = 2, 3.0  # the two probes answer, then it hangs
+        started = time.monotonic()
+        with pytest.raises(StageError, match="failed after 2 attempt") as err:
+            pipeline.run_ingest(cfg)
+        assert "timed out" in str(err.value).lower() and "ollama serve" in str(err.value)
+        assert time.monotonic() - started < 20
+        assert manifest(cfg, "embed") is None
+        state.down_after = None
+        assert pipeline.run_ingest(cfg).ok
+
+
 @pytest.mark.slow
 def test_api_keys_never_reach_logs_artifacts_or_checkpoints(
     prefect_harness: None,

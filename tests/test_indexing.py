@@ -310,6 +310,11 @@ def test_switching_embedder_on_an_existing_index_fails_before_any_work(
     with pytest.raises(ConfigError, match=r"paraphrase-MiniLM-L3-v2.*all-MiniLM-L6-v2"):
         pipeline.run_ingest(other)
     assert (cfg.paths.work_dir / "convert" / "manifest.json").read_text() == convert_manifest
+    (corpus / "new.md").write_text(_doc("astronomy"), encoding="utf-8")  # work to do
+    smaller = make_config(corpus, tmp_path, embed={"dimensions": 128})  # same model, 128-d
+    with pytest.raises(ConfigError, match=r"'paraphrase-MiniLM-L3-v2@128'"):
+        pipeline.run_ingest(smaller)
+    assert (cfg.paths.work_dir / "convert" / "manifest.json").read_text() == convert_manifest
 
 
 def test_duplicate_chunks_are_embedded_once_when_asked(corpus: Path, tmp_path: Path) -> None:
