@@ -319,8 +319,11 @@ def test_switching_embedder_on_an_existing_index_fails_before_any_work(
 
 def test_duplicate_chunks_are_embedded_once_when_asked(corpus: Path, tmp_path: Path) -> None:
     (corpus / "copy-of-wings.md").write_text(_doc("wings"), encoding="utf-8")
-    plain = pipeline.run_ingest(make_config(corpus, tmp_path))
-    deduped_cfg = make_config(corpus, tmp_path / "dedupe", embed={"dedupe_chunks": True})
+    keep_copies = {"dedupe_content": False}  # chunk-level dedupe, not discovery's whole-file one
+    plain = pipeline.run_ingest(make_config(corpus, tmp_path, discover=keep_copies))
+    deduped_cfg = make_config(
+        corpus, tmp_path / "dedupe", embed={"dedupe_chunks": True}, discover=keep_copies
+    )
     deduped = pipeline.run_ingest(deduped_cfg)
     assert deduped.stages["embed"]["duplicates_skipped"] == plain.chunks_written // 6
     assert (
