@@ -30,6 +30,7 @@ from ragpipe.config import (
     RetrievalMode,
     StoreBackend,
     load_config,
+    with_sources,
 )
 from ragpipe.errors import ConfigError, GateFailed, MassDeletionHeld, RagpipeError
 from ragpipe.progress import set_reporter
@@ -78,9 +79,13 @@ class _RichReporter:
 
 @app.command()
 def ingest(
-    paths: Annotated[
-        list[Path] | None,
-        typer.Argument(help="Files or directories to ingest; replace discover.roots from config."),
+    sources: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Files, directories or http(s) URLs to ingest; they replace discover.roots, "
+            "discover.urls and discover.sitemaps from config.",
+            show_default=False,
+        ),
     ] = None,
     config: Annotated[
         Path | None,
@@ -159,7 +164,7 @@ def ingest(
             **({"path": str(store_path)} if store_path is not None else {}),
         }
     try:
-        cfg = load_config(config, overrides)
+        cfg = with_sources(load_config(config, overrides), sources)
     except RagpipeError as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from exc
@@ -179,7 +184,6 @@ def ingest(
         try:
             summary = flow(
                 config=cfg,
-                roots=[str(p) for p in paths] if paths else None,
                 allow_mass_delete=allow_mass_delete,
                 batch_size=batch_size if dask_workers > 0 else None,
             )

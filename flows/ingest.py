@@ -15,7 +15,7 @@ from prefect import flow, unmapped
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.futures import wait
 
-from ragpipe.config import RagpipeConfig, load_config
+from ragpipe.config import RagpipeConfig, load_config, with_sources
 from ragpipe.errors import MassDeletionHeld
 from ragpipe.indexing import embed_batches, mass_deletion_message
 from ragpipe.locking import ingest_lock
@@ -49,7 +49,8 @@ def ingest_flow(
     Args:
         config: A ready configuration; when None it is loaded from ``config_path``.
         config_path: YAML file (``ragpipe.yaml`` in the working directory if None).
-        roots: Paths that replace ``discover.roots`` for this run.
+        roots: Sources for this run: paths and http(s) URLs; they replace
+            ``discover.roots``, ``discover.urls`` and ``discover.sitemaps``.
         allow_mass_delete: Apply deletions even above ``index.max_delete_share``.
         batch_size: Fan conversion out in batches of this many files (and embedding
             in batches of 20x as many chunks) as parallel tasks on the flow's task
@@ -60,14 +61,13 @@ def ingest_flow(
             applied, deletions held. The summary was written first.
     """
     cfg = config if config is not None else load_config(Path(config_path) if config_path else None)
-    cfg = with_mass_delete(cfg, allow_mass_delete)
-    root_paths = [Path(r) for r in roots] if roots else None
+    cfg = with_sources(with_mass_delete(cfg, allow_mass_delete), roots)
     # Progress in the Prefect UI: the share of the seven stages done.
     progress = cast(
         UUID, create_progress_artifact(0.0, key="ingest-progress", description="stages done (%)")
     )
     with ingest_lock(cfg):  # one writer per index: a second run waits or refuses
-        done = [discover_task(cfg, root_paths)]
+        done = [discover_task(cfg)]
         for stage in (plan_task, convert_task, clean_task, chunk_task, embed_task, upsert_task):
             update_progress_artifact(progress, 100 * len(done) / 7)
             if batch_size and stage is convert_task:  # fan out, then the stage assembles

@@ -47,8 +47,18 @@ class DiscoverConfig(_Section):
     roots: list[Path] = Field(
         default_factory=lambda: [Path("data/sample")],
         description="Directories (or single files) to scan; relative paths are taken from the "
-        "working directory. Merged and de-duplicated by real path.",
-        min_length=1,
+        "working directory. Merged and de-duplicated by real path. May be empty when urls or "
+        "sitemaps are given.",
+    )
+    urls: list[str] = Field(
+        default_factory=list,
+        description="Web pages to ingest beside the files (http/https only), fetched under the "
+        "fetch settings; each page is indexed under its URL.",
+    )
+    sitemaps: list[str] = Field(
+        default_factory=list,
+        description="Sitemap URLs (XML urlset or sitemap index, .xml.gz, or a plain-text list); "
+        "every page they list is ingested like discover.urls.",
     )
     ignore: list[str] = Field(
         default_factory=lambda: [".git/**", "**/.git/**", "**/__pycache__/**", "**/.venv/**",
@@ -83,6 +93,87 @@ class DiscoverConfig(_Section):
     @classmethod
     def _normalise_extensions(cls, value: list[str]) -> list[str]:
         return sorted({v.lower().lstrip(".") for v in value if v.strip()})
+
+    @field_validator("urls", "sitemaps")
+    @classmethod
+    def _web_urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            problem = url_problem(url)
+            if problem:
+                raise ValueError(f"{url!r} {problem}")
+        return value
+
+    @model_validator(mode="after")
+    def _some_source(self) -> DiscoverConfig:
+        if not (self.roots or self.urls or self.sitemaps):
+            raise ValueError(
+                "no sources: give at least one of discover.roots, discover.urls, discover.sitemaps"
+            )
+        return self
+
+
+def is_url(source: str) -> bool:
+    """Whether a CLI source names a web page rather than a path."""
+    return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", source))
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be fetched (only absolute http/https URLs can), or None."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url.strip())
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        return f"is not a valid URL ({exc})"
+    if parts.scheme.lower() not in ("http", "https"):
+        return "is not an http(s) URL; only http and https are fetched"
+    if not parts.hostname:
+        return "has no host; write an absolute URL such as https://example.com/page"
+    return None
+
+
+class FetchConfig(_Section):
+    """How web pages (discover.urls, discover.sitemaps) are fetched: politely and bounded."""
+
+    timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds one request may take in all (connect, headers and body); a slower "
+        "page gets a 'timeout' failure row.",
+    )
+    max_bytes: int = Field(
+        default=20 * 1024 * 1024,
+        gt=0,
+        description="A response body larger than this many bytes is abandoned with a "
+        "'too_large' failure row.",
+    )
+    user_agent: str = Field(
+        default="ragpipe/0.1 (+https://github.com/ragpipe/ragpipe; batch RAG indexer)",
+        min_length=1,
+        description="User-Agent of every request. Its first word (before '/') is the token "
+        "robots.txt groups are matched against.",
+    )
+    max_redirects: int = Field(
+        default=5, ge=0, description="Redirects followed per URL; more is a failure row."
+    )
+    delay_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Seconds between two requests to the same host. A robots.txt Crawl-delay "
+        "raises it (up to max_delay_s).",
+    )
+    max_delay_s: float = Field(default=30.0, ge=0, description="Cap on a robots.txt Crawl-delay.")
+    max_sitemap_depth: int = Field(
+        default=3, ge=1, description="Levels of nested sitemap indexes followed."
+    )
+
+    @field_validator("user_agent")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        if not value.isprintable() or not value.isascii():
+            raise ValueError("must be printable ASCII (it is sent as an HTTP header)")
+        return value
 
 
 class PdfMode(StrEnum):
@@ -608,6 +699,7 @@ class RagpipeConfig(BaseSettings):
     )
 
     discover: DiscoverConfig = Field(default_factory=DiscoverConfig)
+    fetch: FetchConfig = Field(default_factory=FetchConfig)
     convert: ConvertConfig = Field(default_factory=ConvertConfig)
     clean: CleanConfig = Field(default_factory=CleanConfig)
     chunk: ChunkConfig = Field(default_factory=ChunkConfig)
@@ -704,10 +796,36 @@ def _field_info(loc: tuple[int | str, ...]) -> tuple[str | None, list[str]]:
     return description, siblings
 
 
-def _format_validation_error(exc: ValidationError, source: str) -> str:
+def with_sources(config: RagpipeConfig, sources: list[str] | None) -> RagpipeConfig:
+    """``config`` whose sources are ``sources`` (paths and http(s) URLs), e.g. from the CLI.
+
+    Given sources replace ``discover.roots``, ``discover.urls`` and
+    ``discover.sitemaps``; none leaves the configuration as it is.
+
+    Raises:
+        ConfigError: A source is a URL that cannot be fetched (not http/https).
+    """
+    if not sources:
+        return config
+    data = {
+        **config.discover.model_dump(),
+        "roots": [Path(s) for s in sources if not is_url(s)],
+        "urls": [s for s in sources if is_url(s)],
+        "sitemaps": [],
+    }
+    try:
+        discover = DiscoverConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, "the command line", ("discover",))) from exc
+    return config.model_copy(update={"discover": discover})
+
+
+def _format_validation_error(
+    exc: ValidationError, source: str, prefix: tuple[str, ...] = ()
+) -> str:
     lines = [f"invalid configuration (from {source}, RAGPIPE_* environment):"]
     for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if p not in ("function-after",))
+        loc = prefix + tuple(p for p in err["loc"] if p not in ("function-after",))
         name = ".".join(str(p) for p in loc) or "<root>"
         env = "RAGPIPE_" + "__".join(str(p).upper() for p in loc)
         if err["type"] == "extra_forbidden":

@@ -247,7 +247,7 @@ def discover(
             _consider(entry.path, file_path, root_label, real, config, result, seen_real, progress)
     result.files.sort(key=lambda f: f.file_path)
     if config.dedupe_content:
-        _skip_duplicate_content(result)
+        skip_duplicate_content(result)
     logger.info(
         "discover: %d files, %d failed, %d skipped",
         len(result.files),
@@ -257,8 +257,11 @@ def discover(
     return result
 
 
-def _skip_duplicate_content(result: DiscoverResult) -> None:
-    """Keep the first file (in path order) of each content; skip the other copies."""
+def skip_duplicate_content(result: DiscoverResult) -> None:
+    """Keep the first file (in path order) of each content; skip the other copies.
+
+    ``result.files`` must be sorted by ``file_path``.
+    """
     first: dict[str, str] = {}
     kept: list[SourceFile] = []
     for f in result.files:

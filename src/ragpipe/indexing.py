@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -56,9 +57,17 @@ from ragpipe.embed import (
     fit_context,
     make_embedder,
 )
+from ragpipe.fetch import GONE_CATEGORIES, detect_language, iter_metadata
 from ragpipe.progress import reporter
 from ragpipe.schemas import Chunk, Failure, PlanEntry, SourceFile
-from ragpipe.stages import StageSummary, chunk_fingerprint, finish_stage, reuse_stage, stage_dir
+from ragpipe.stages import (
+    StageSummary,
+    chunk_fingerprint,
+    finish_stage,
+    reuse_stage,
+    stage_dir,
+    web_pages,
+)
 from ragpipe.store import (
     FileVersions,
     IndexPoint,
@@ -184,11 +193,14 @@ def run_plan(config: RagpipeConfig, discovered: StageSummary) -> StageSummary:
     """
     started = time.perf_counter()
     sources = checkpoint.read_records(stage_dir(config, "discover") / "files.parquet", SourceFile)
+    # A source that failed discovery (unreadable file, page timing out) still exists,
+    # unless the failure says it is gone (a page answering 404).
     unreadable = {
         f.file_path
         for f in checkpoint.read_records(
             stage_dir(config, "discover") / "failures.parquet", Failure
         )
+        if f.category not in GONE_CATEGORIES
     }
     index_fp = index_fingerprint(config)
     versions = stored_versions(config)
@@ -208,7 +220,6 @@ def run_plan(config: RagpipeConfig, discovered: StageSummary) -> StageSummary:
         # conversion work, not after it (the probe embeds one short text).
         dim = make_embedder(config.embed).dim
         logger.info("plan: the Ollama embedder answers (%d dimensions)", dim)
-    # A file that failed discovery (unreadable) still exists: it is not "removed".
     present = {s.file_path for s in sources} | unreadable
     for path in sorted(set(versions) - present):
         entries.append(PlanEntry(path, "removed", None, len(versions[path])))
@@ -476,12 +487,22 @@ def _dedupe(chunks: Sequence[Chunk], indexed: set[str]) -> tuple[list[Chunk], in
 
 
 def build_points(
-    chunks: Sequence[Chunk], embedded: dict[str, EmbeddingRow], index_fp: str
+    chunks: Sequence[Chunk],
+    embedded: dict[str, EmbeddingRow],
+    index_fp: str,
+    web: dict[str, dict[str, Any]] | None = None,
 ) -> list[IndexPoint]:
-    """Points for the embedded chunks; ``chunk_total`` counts each file's stored chunks."""
+    """Points for the embedded chunks; ``chunk_total`` counts each file's stored chunks.
+
+    ``web`` maps a page's URL to the fields its points carry besides the
+    chunk's (``fetch.iter_metadata``); those points also get the page's
+    ``language``, detected from its text, and a ``title`` (the page's, else its
+    first heading).
+    """
     kept = [c for c in chunks if c.chunk_id in embedded]
     totals = Counter(c.file_path for c in kept)
     ingested_at = datetime.now(UTC).isoformat()
+    page_fields = _page_fields(kept, web or {})
     points = []
     for chunk in kept:
         row = embedded[chunk.chunk_id]
@@ -502,11 +523,31 @@ def build_points(
             "text_sha": chunk.text_sha256,
             "config_fingerprint": index_fp,
             "ingested_at": ingested_at,
+            **page_fields.get(chunk.file_path, {}),
         }
         points.append(
             IndexPoint(row.point_id, row.vector, row.sparse_indices, row.sparse_values, payload)
         )
     return points
+
+
+def _page_fields(
+    chunks: Sequence[Chunk], web: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Per web page among ``chunks``: its metadata, language and title."""
+    by_page: dict[str, list[Chunk]] = {}
+    for chunk in chunks:
+        if chunk.file_path in web:
+            by_page.setdefault(chunk.file_path, []).append(chunk)
+    fields = {}
+    for url, page_chunks in by_page.items():
+        page_chunks.sort(key=lambda c: c.chunk_index)
+        first_heading = next((c.heading_path[0] for c in page_chunks if c.heading_path), None)
+        meta = dict(web[url])
+        meta["title"] = meta.get("title") or first_heading
+        meta["language"] = detect_language(" ".join(c.text for c in page_chunks[:40]))
+        fields[url] = meta
+    return fields
 
 
 def _stale(file_path: str, source_sha: str, index_fp: str) -> Where:
@@ -585,7 +626,8 @@ def run_upsert(config: RagpipeConfig, embedded: StageSummary) -> StageSummary:
     try:
         if store is not None and vectors:
             chunks = checkpoint.read_records(stage_dir(config, "chunk") / "chunks.parquet", Chunk)
-            points = build_points(chunks, vectors, index_fp)
+            web = dict(iter_metadata(web_pages(config)))
+            points = build_points(chunks, vectors, index_fp, web)
             progress = reporter()
             progress.start("upsert", len(points))
             try:

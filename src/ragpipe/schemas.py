@@ -110,6 +110,30 @@ class PlanEntry:
     stored_versions: int
 
 
+@dataclass(frozen=True)
+class WebPage:
+    """What the last fetch of one URL returned (the fetch state, ``fetch/pages.parquet``).
+
+    ``sha256`` is over the bytes as served; ``body_path`` holds them as UTF-8
+    text (HTML, text) or as served (PDF). ``fetched_at`` is when this content
+    was downloaded, ``checked_at`` when the server last confirmed it.
+    """
+
+    url: str
+    final_url: str
+    source: str  # "urls" or the configured sitemap that listed the page
+    kind: str
+    content_type: str
+    etag: str | None
+    last_modified: str | None
+    sha256: str
+    size_bytes: int
+    fetched_at: str
+    checked_at: str
+    title: str | None
+    body_path: str
+
+
 # Page boundaries survive convert → clean as a marker line; chunk strips them.
 PAGE_MARKER = "<!-- ragpipe:page {page} -->"
 PAGE_MARKER_RE = r"^<!-- ragpipe:page (\d+) -->$"
@@ -198,6 +222,24 @@ PLAN_ENTRY_SCHEMA = pa.schema(
     ]
 )
 
+WEB_PAGE_SCHEMA = pa.schema(
+    [
+        pa.field("url", pa.string(), nullable=False),
+        pa.field("final_url", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("content_type", pa.string(), nullable=False),
+        pa.field("etag", pa.string(), nullable=True),
+        pa.field("last_modified", pa.string(), nullable=True),
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("size_bytes", pa.int64(), nullable=False),
+        pa.field("fetched_at", pa.string(), nullable=False),
+        pa.field("checked_at", pa.string(), nullable=False),
+        pa.field("title", pa.string(), nullable=True),
+        pa.field("body_path", pa.string(), nullable=False),
+    ]
+)
+
 SCHEMAS: dict[type, pa.Schema] = {
     SourceFile: SOURCE_FILE_SCHEMA,
     Document: DOCUMENT_SCHEMA,
@@ -206,4 +248,5 @@ SCHEMAS: dict[type, pa.Schema] = {
     Failure: FAILURE_SCHEMA,
     Skip: SKIP_SCHEMA,
     PlanEntry: PLAN_ENTRY_SCHEMA,
+    WebPage: WEB_PAGE_SCHEMA,
 }

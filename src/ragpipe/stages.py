@@ -4,6 +4,7 @@ Each ``run_*`` function is what one Prefect task calls (and what tests call
 without Prefect). Layout of the work directory::
 
     work_dir/discover/{files,failures,skipped}.parquet + manifest.json
+    work_dir/fetch/pages.parquet, work_dir/fetch/bodies/   web pages: state, bodies
     work_dir/convert/{documents,failures}.parquet + manifest.json
     work_dir/convert/cache/<key>.parquet      one per converted document
     work_dir/clean/{documents,failures}.parquet + manifest.json
@@ -33,10 +34,11 @@ from ragpipe.chunk import CHUNK_VERSION, TokenCounter, chunk_document
 from ragpipe.clean import CLEAN_VERSION, clean_markdown
 from ragpipe.config import RagpipeConfig, fingerprint
 from ragpipe.convert import CONVERT_VERSION, Converter
-from ragpipe.discover import discover
+from ragpipe.discover import discover, skip_duplicate_content
 from ragpipe.errors import InputError, StageError
+from ragpipe.fetch import GONE_CATEGORIES, FetchResult, fetch_pages, prune_bodies
 from ragpipe.progress import reporter
-from ragpipe.schemas import Chunk, CleanedDocument, Document, Failure, Skip, SourceFile
+from ragpipe.schemas import Chunk, CleanedDocument, Document, Failure, Skip, SourceFile, WebPage
 
 logger = logging.getLogger(__name__)
 
@@ -124,13 +126,20 @@ def _per_document(
 
 
 def run_discover(config: RagpipeConfig, roots: list[Path] | None = None) -> StageSummary:
-    """Find and hash files; always runs (hashing is how changes are seen)."""
+    """Find and hash files, fetch web pages; always runs (it is how changes are seen)."""
     started = time.perf_counter()
     here = stage_dir(config, "discover")
     stale = checkpoint.remove_stale_temps(config.paths.work_dir)
     if stale:
         logger.warning("removed %d temp files left by an interrupted run", stale)
     result = discover(config.discover, roots)
+    web = run_fetch(config)
+    result.failures.extend(web.failures)
+    result.skipped.extend(web.skipped)
+    if web.files:
+        result.files = sorted([*result.files, *web.files], key=lambda f: f.file_path)
+        if config.discover.dedupe_content:  # a page redirected to another listed page
+            skip_duplicate_content(result)
     roots_used = [str(r) for r in (roots or config.discover.roots)]
     config_fp = checkpoint.combine_fingerprints(
         [fingerprint(config.discover, "1"), json.dumps(roots_used)]
@@ -140,6 +149,13 @@ def run_discover(config: RagpipeConfig, roots: list[Path] | None = None) -> Stag
         "failed": len(result.failures),
         "skipped": len(result.skipped),
     }
+    if web.requests or web.pages:
+        counts |= {
+            "pages": len(web.files),
+            "pages_not_modified": web.not_modified,
+            "pages_downloaded": web.downloaded,
+            "requests": web.requests,
+        }
     return finish_stage(
         here,
         "discover",
@@ -153,6 +169,54 @@ def run_discover(config: RagpipeConfig, roots: list[Path] | None = None) -> Stag
         counts,
         started,
     )
+
+
+def web_pages(config: RagpipeConfig) -> list[WebPage]:
+    """The fetch state: what the last run fetched of each web page ([] when none)."""
+    path = stage_dir(config, "fetch") / "pages.parquet"
+    if not path.is_file():
+        return []
+    try:
+        return checkpoint.read_records(path, WebPage)
+    except (StageError, ValueError) as exc:
+        logger.warning("fetch state %s unreadable (%s); fetching every page in full", path, exc)
+        return []
+
+
+def run_fetch(config: RagpipeConfig) -> FetchResult:
+    """Fetch ``discover.urls`` and ``discover.sitemaps``, then save the fetch state.
+
+    The state is written after every body it names (bodies are written as
+    they arrive), so it never points at a body that is not on disk.
+    """
+    here = stage_dir(config, "fetch")
+    previous = web_pages(config)
+    if not (config.discover.urls or config.discover.sitemaps):
+        if previous:  # URL sources were removed from the config: forget them
+            checkpoint.write_records(here / "pages.parquet", [], WebPage)
+            prune_bodies(here / "bodies", [])
+        return FetchResult()
+    progress = reporter()
+    progress.start("fetch", 0)
+    try:
+        result = fetch_pages(
+            config.fetch,
+            config.discover.urls,
+            config.discover.sitemaps,
+            here / "bodies",
+            previous,
+            progress=progress.advance,
+            on_total=lambda n: progress.start("fetch", n),
+        )
+    finally:
+        progress.finish()
+    # Pages that failed this time keep their last state: the next run asks conditionally.
+    failed = {f.file_path for f in result.failures if f.category not in GONE_CATEGORIES}
+    kept = [p for p in previous if p.url in failed and p.url not in {q.url for q in result.pages}]
+    pages = sorted([*result.pages, *kept], key=lambda p: p.url)
+    checkpoint.write_records(here / "pages.parquet", pages, WebPage)
+    prune_bodies(here / "bodies", pages)
+    return result
 
 
 # -- convert -------------------------------------------------------------------------

@@ -1,0 +1,138 @@
+"""robots.txt as RFC 9309 reads it: groups per user agent, longest match wins.
+
+The standard library's ``urllib.robotparser`` predates the RFC: it takes the
+first matching rule instead of the longest, and knows neither ``*`` nor
+``$`` in paths. This module implements the RFC's matching:
+
+* The crawler obeys the groups whose ``User-agent`` equals its product token
+  (case-insensitive; several such groups are merged), else the ``*`` groups,
+  else nothing is disallowed.
+* Of the rules matching a URL's path (plus query), the longest pattern wins;
+  on a tie ``Allow`` wins. ``*`` matches any run of characters, a final ``$``
+  anchors the end. ``/robots.txt`` itself is always allowed.
+* ``Crawl-delay`` (not in the RFC, widely used) is read from the same groups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from urllib.parse import unquote, urlsplit
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One Allow or Disallow line."""
+
+    allow: bool
+    pattern: str
+
+    def matches(self, path: str) -> bool:
+        return _pattern_regex(self.pattern).match(path) is not None
+
+
+@dataclass
+class _Group:
+    agents: list[str] = field(default_factory=list)
+    rules: list[Rule] = field(default_factory=list)
+    crawl_delay: float | None = None
+
+
+@lru_cache(maxsize=1024)
+def _pattern_regex(pattern: str) -> re.Pattern[str]:
+    anchored = pattern.endswith("$")
+    body = pattern[:-1] if anchored else pattern
+    regex = ".*".join(re.escape(part) for part in body.split("*"))
+    return re.compile(regex + ("\\Z" if anchored else ""), re.DOTALL)
+
+
+def _normalise(path: str) -> str:
+    # Compare decoded octets: /a%7Eb and /a~b are the same path.
+    return unquote(path)
+
+
+@dataclass(frozen=True)
+class RobotsRules:
+    """The rules of one robots.txt that apply to one user agent."""
+
+    rules: tuple[Rule, ...] = ()
+    crawl_delay: float | None = None
+    sitemaps: tuple[str, ...] = ()
+
+    @classmethod
+    def allow_all(cls) -> RobotsRules:
+        return cls()
+
+    @classmethod
+    def disallow_all(cls) -> RobotsRules:
+        return cls((Rule(False, "/"),))
+
+    @classmethod
+    def parse(cls, text: str, user_agent: str) -> RobotsRules:
+        """Rules of ``text`` for the product token of ``user_agent`` (``ragpipe/0.1 ...``)."""
+        token = product_token(user_agent)
+        groups: list[_Group] = []
+        current: _Group | None = None
+        sitemaps: list[str] = []
+        for raw in text.splitlines():
+            line = raw.split("#", 1)[0].strip()
+            if ":" not in line:
+                continue
+            key, _, value = line.partition(":")
+            key, value = key.strip().lower(), value.strip()
+            if key == "user-agent":
+                if current is None or current.rules or current.crawl_delay is not None:
+                    current = _Group()
+                    groups.append(current)
+                current.agents.append(value.lower())
+            elif key in ("allow", "disallow"):
+                if current is not None and value:
+                    current.rules.append(Rule(key == "allow", _normalise(value)))
+            elif key == "crawl-delay":
+                if current is not None:
+                    with contextlib.suppress(ValueError):
+                        current.crawl_delay = max(0.0, float(value))
+            elif key == "sitemap" and value:
+                sitemaps.append(value)
+        mine = [g for g in groups if token in g.agents]
+        if not mine:
+            mine = [g for g in groups if "*" in g.agents]
+        delays = [g.crawl_delay for g in mine if g.crawl_delay is not None]
+        return cls(
+            tuple(r for g in mine for r in g.rules),
+            max(delays) if delays else None,
+            tuple(sitemaps),
+        )
+
+    def allowed(self, url: str) -> bool:
+        """Whether the crawler may fetch ``url``."""
+        parts = urlsplit(url)
+        path = _normalise(parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        if path == "/robots.txt":
+            return True
+        best: Rule | None = None
+        for rule in self.rules:
+            if not rule.matches(path):
+                continue
+            if (
+                best is None
+                or len(rule.pattern) > len(best.pattern)
+                or (len(rule.pattern) == len(best.pattern) and rule.allow)
+            ):
+                best = rule
+        return best is None or best.allow
+
+    def rule_for(self, url: str) -> Rule | None:
+        """The rule that decides ``url`` (for messages), or None when none matches."""
+        parts = urlsplit(url)
+        path = _normalise(parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        matching = [r for r in self.rules if r.matches(path)]
+        return max(matching, key=lambda r: (len(r.pattern), r.allow), default=None)
+
+
+def product_token(user_agent: str) -> str:
+    """``ragpipe/0.1 (+https://...)`` -> ``ragpipe``: what robots.txt groups name."""
+    first = user_agent.strip().split()[0] if user_agent.strip() else ""
+    return first.split("/", 1)[0].lower()

@@ -1,0 +1,505 @@
+"""URL sources: robots.txt, the fetch policy, sitemaps, and web pages through the
+whole ingest against a loopback site (tests/web_server.py)."""
+
+from __future__ import annotations
+
+import gzip
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragpipe import checkpoint
+from ragpipe.config import FetchConfig, RagpipeConfig, load_config, with_sources
+from ragpipe.convert import DOC_NAMESPACE, doc_id_for
+from ragpipe.errors import ConfigError, MassDeletionHeld
+from ragpipe.fetch import Disallowed, Fetcher, FetchError, normalise_url, parse_sitemap
+from ragpipe.pipeline import run_ingest
+from ragpipe.robots import RobotsRules
+from ragpipe.schemas import Failure, Skip, WebPage
+from ragpipe.store import open_store
+from tests.conftest import shared_pdf
+from tests.web_server import Route, html_page, web_site
+
+UA = FetchConfig().user_agent
+
+# -- robots.txt (RFC 9309) -----------------------------------------------------------
+
+
+def test_robots_longest_match_wins_and_allow_wins_ties() -> None:
+    rules = RobotsRules.parse(
+        "User-agent: *\nDisallow: /docs\nAllow: /docs/public\nAllow: /tie\nDisallow: /tie\n", UA
+    )
+    assert not rules.allowed("https://x.org/docs/secret")
+    assert rules.allowed("https://x.org/docs/public/page")  # longer Allow beats Disallow
+    assert rules.allowed("https://x.org/tie")  # equal length: Allow
+    assert rules.allowed("https://x.org/other")
+    # The standard library takes the first matching rule instead (not RFC 9309).
+    from urllib.robotparser import RobotFileParser
+
+    stdlib = RobotFileParser()
+    stdlib.parse("User-agent: *\nDisallow: /docs\nAllow: /docs/public\n".splitlines())
+    assert not stdlib.can_fetch("ragpipe", "https://x.org/docs/public/page")
+
+
+def test_robots_wildcards_anchors_and_encoding() -> None:
+    rules = RobotsRules.parse(
+        "User-agent: *\nDisallow: /*.pdf$\nDisallow: /search?q=*\nDisallow: /a%3Cd.html\n"
+        "Disallow:\n",
+        UA,
+    )
+    assert not rules.allowed("https://x.org/files/report.pdf")
+    assert rules.allowed("https://x.org/files/report.pdf?download=1")  # $ anchors the end
+    assert not rules.allowed("https://x.org/search?q=widgets")
+    assert rules.allowed("https://x.org/search")
+    assert not rules.allowed("https://x.org/a<d.html")  # %3C and < are the same octet
+    assert rules.allowed("https://x.org/robots.txt")
+
+
+def test_robots_groups_by_product_token() -> None:
+    text = (
+        "Disallow: /before-any-group\n"  # ignored: no user-agent yet
+        "User-agent: *\nDisallow: /\n\n"
+        "User-agent: otherbot\nUser-Agent: RagPipe\nDisallow: /private/\nCrawl-delay: 2.5\n\n"
+        "User-agent: ragpipe\nDisallow: /drafts/\n"
+        "Sitemap: https://x.org/sitemap.xml\n"
+    )
+    mine = RobotsRules.parse(text, "ragpipe/0.1 (+https://example.org)")
+    assert mine.allowed("https://x.org/guide")
+    assert not mine.allowed("https://x.org/private/a")
+    assert not mine.allowed("https://x.org/drafts/b")  # both ragpipe groups apply
+    assert mine.crawl_delay == 2.5
+    assert mine.sitemaps == ("https://x.org/sitemap.xml",)
+    stranger = RobotsRules.parse(text, "somebot/1.0")
+    assert not stranger.allowed("https://x.org/guide")  # falls to the * group
+    assert RobotsRules.parse("", UA).allowed("https://x.org/anything")
+
+
+# -- the fetcher ---------------------------------------------------------------------
+
+ROBOTS = Route(b"User-agent: *\nDisallow: /private/\n", "text/plain")
+
+
+def test_fetcher_redirects_robots_and_user_agent() -> None:
+    routes = {
+        "/robots.txt": ROBOTS,
+        "/page": Route(html_page("Page", ("A", "text"))),
+        "/r1": Route(status=301, location="/r2"),
+        "/r2": Route(status=302, location="/page#frag"),
+        "/loop1": Route(status=302, location="/loop2"),
+        "/loop2": Route(status=302, location="/loop1"),
+        "/to-ftp": Route(status=301, location="ftp://files.example.org/x"),
+        "/to-private": Route(status=301, location="/private/doc"),
+        "/private/doc": Route(html_page("Private", ("A", "text"))),
+    }
+    with web_site(routes) as site, Fetcher(FetchConfig(max_redirects=3)) as fetcher:
+        response = fetcher.get(f"{site.url}/r1")
+        assert (response.status, response.url) == (200, f"{site.url}/page")
+        with pytest.raises(FetchError) as loop:
+            fetcher.get(f"{site.url}/loop1")
+        assert loop.value.category == "too_many_redirects"
+        assert len(site.hits("/loop1")) + len(site.hits("/loop2")) == 4  # 1 + max_redirects
+        with pytest.raises(FetchError) as ftp:
+            fetcher.get(f"{site.url}/to-ftp")
+        assert ftp.value.category == "bad_redirect"
+        with pytest.raises(Disallowed):
+            fetcher.get(f"{site.url}/private/doc")
+        with pytest.raises(Disallowed):  # a redirect hop is checked too
+            fetcher.get(f"{site.url}/to-private")
+        assert site.hits("/private/doc") == []
+        assert len(site.hits("/robots.txt")) == 1  # once per origin and run
+        assert {h["user-agent"] for _, h in site.requests} == {UA}
+
+
+def test_fetcher_timeouts_and_size_cap() -> None:
+    body = b"<html><body>" + b"<p>words words words</p>" * 200 + b"</body></html>"
+    routes = {
+        "/slow": Route(body, delay_s=2.0),
+        "/drip": Route(body, drip_s=0.1),  # steady bytes, never a 0.8 s gap
+        "/big": Route(b"x" * 10_000, "text/plain"),
+        "/big-no-length": Route(b"x" * 10_000, "text/plain", send_length=False),
+        "/ok": Route(b"small enough", "text/plain"),
+    }
+    config = FetchConfig(timeout_s=0.8, max_bytes=8_000)
+    with web_site(routes) as site, Fetcher(config) as fetcher:
+        categories = {}
+        for path in ("/slow", "/drip", "/big", "/big-no-length"):
+            with pytest.raises(FetchError) as err:
+                fetcher.get(f"{site.url}{path}")
+            categories[path] = (err.value.category, str(err.value).split(" ")[0])
+        assert categories == {
+            "/slow": ("timeout", "no"),
+            "/drip": ("timeout", "body"),  # the whole request is bounded, not each read
+            "/big": ("too_large", "Content-Length"),
+            "/big-no-length": ("too_large", "body"),
+        }
+        assert fetcher.get(f"{site.url}/ok").body == b"small enough"
+
+
+def test_robots_txt_errors() -> None:
+    with web_site({"/robots.txt": Route(b"down", "text/plain", status=503)}) as site:
+        with Fetcher(FetchConfig()) as fetcher, pytest.raises(FetchError) as err:
+            fetcher.get(f"{site.url}/page")
+        assert err.value.category == "robots_unreachable"
+        assert site.hits("/page") == []  # RFC 9309: an unreachable robots.txt forbids all
+    no_robots = {"/page": Route(b"hello there", "text/plain")}  # robots.txt: 404
+    with web_site(no_robots) as site, Fetcher(FetchConfig()) as fetcher:
+        assert fetcher.get(f"{site.url}/page").status == 200
+
+
+def test_crawl_delay_spaces_requests_to_a_host() -> None:
+    robots = Route(b"User-agent: *\nCrawl-delay: 100\n", "text/plain")
+    routes = {
+        "/robots.txt": robots,
+        "/a": Route(b"a", "text/plain"),
+        "/b": Route(b"b", "text/plain"),
+    }
+    now = [1000.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    config = FetchConfig(max_delay_s=5.0, delay_s=1.0)
+    with web_site(routes) as site, Fetcher(config, clock=lambda: now[0], sleep=sleep) as fetcher:
+        fetcher.get(f"{site.url}/a")
+        fetcher.get(f"{site.url}/b")
+    # robots.txt, then /a and /b each after the Crawl-delay, capped at max_delay_s.
+    assert slept == [5.0, 5.0]
+    config = FetchConfig(delay_s=1.0)
+    with web_site({"/a": routes["/a"], "/b": routes["/b"]}) as site:
+        slept.clear()
+        with Fetcher(config, clock=lambda: now[0], sleep=sleep) as fetcher:
+            fetcher.get(f"{site.url}/a")
+            fetcher.get(f"{site.url}/b")
+    assert slept == [1.0, 1.0]  # no robots.txt: fetch.delay_s alone
+
+
+# -- sitemaps ------------------------------------------------------------------------
+
+NS = 'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"'
+
+
+def test_parse_sitemap_forms() -> None:
+    urlset = f"<?xml version='1.0'?><urlset {NS}><url><loc> https://x.org/a?x=1&amp;y=2 </loc>"
+    urlset += "<lastmod>2026-01-01</lastmod></url><url><loc>https://x.org/b</loc></url></urlset>"
+    assert parse_sitemap(urlset.encode(), 10_000) == (
+        ["https://x.org/a?x=1&y=2", "https://x.org/b"],
+        [],
+    )
+    index = f"<sitemapindex {NS}><sitemap><loc>https://x.org/s1.xml</loc></sitemap></sitemapindex>"
+    assert parse_sitemap(index.encode(), 10_000) == ([], ["https://x.org/s1.xml"])
+    assert parse_sitemap(gzip.compress(urlset.encode()), 10_000)[0][1] == "https://x.org/b"
+    assert parse_sitemap(b"https://x.org/a\n\nhttps://x.org/c\n", 100) == (
+        ["https://x.org/a", "https://x.org/c"],
+        [],
+    )
+    bad = {
+        b"<html><body>not a sitemap</body></html>": "corrupt",
+        b"<urlset><url>": "corrupt",
+        b"just words": "corrupt",
+        b'<!DOCTYPE x [<!ENTITY a "aaaa">]><urlset/>': "corrupt",
+        gzip.compress(b"https://x.org/" + b"a" * 5000): "too_large",
+    }
+    for body, category in bad.items():
+        with pytest.raises(FetchError) as err:
+            parse_sitemap(body, 1000)
+        assert err.value.category == category, body[:30]
+
+
+def test_normalise_url() -> None:
+    assert normalise_url("HTTPS://Example.ORG:443/a/b?q=1#part") == "https://example.org/a/b?q=1"
+    assert normalise_url("http://example.org") == "http://example.org/"
+    assert normalise_url("http://example.org:8080/x") == "http://example.org:8080/x"
+
+
+# -- config --------------------------------------------------------------------------
+
+
+def test_config_rejects_non_http_urls(tmp_path: Path) -> None:
+    path = tmp_path / "ragpipe.yaml"
+    path.write_text("discover:\n  urls: [ftp://files.example.org/x, 'https://ok.example.org/']\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "discover.urls" in str(err.value) and "only http and https" in str(err.value)
+    path.write_text("discover:\n  roots: []\n")
+    with pytest.raises(ConfigError, match="no sources"):
+        load_config(path)
+    path.write_text("discover:\n  roots: []\n  sitemaps: ['https://x.org/sitemap.xml']\n")
+    assert load_config(path).discover.sitemaps == ["https://x.org/sitemap.xml"]
+    cfg = with_sources(load_config(path), ["docs", "https://x.org/page"])
+    assert (cfg.discover.roots, cfg.discover.urls, cfg.discover.sitemaps) == (
+        [Path("docs")],
+        ["https://x.org/page"],
+        [],
+    )
+    with pytest.raises(ConfigError, match=r"discover\.urls"):
+        with_sources(cfg, ["file:///etc/passwd"])
+
+
+# -- through the whole ingest --------------------------------------------------------
+
+GUIDE = html_page(
+    "Install Guide",
+    ("Requirements", "Python 3.11 or newer is needed to run the widget installer on Linux."),
+    ("Steps", "Run pip install widget, then widget init inside the project folder."),
+)
+GERMAN = html_page(
+    "Anleitung",
+    (
+        "Voraussetzungen",
+        "Für die Installation wird Python benötigt, und der Rechner muss mit dem Internet "
+        "verbunden sein, damit alle Pakete geladen werden können.",
+    ),
+    lang="de",
+)
+LATIN1 = (
+    "<html><head><title>Caf\xe9 M\xfcller</title></head><body><h1>Caf\xe9 M\xfcller</h1>"
+    "<p>Das Caf\xe9 M\xfcller \xf6ffnet um acht Uhr und schlie\xdft um sechs.</p></body></html>"
+).encode("latin-1")
+PLAIN = b"Plain notes. The widget counts apples and pears in a basket."
+LAST_MODIFIED = "Wed, 21 Oct 2026 07:28:00 GMT"
+
+
+def _site_routes(pdf: bytes) -> dict[str, Route]:
+    return {
+        "/robots.txt": ROBOTS,
+        "/guide": Route(GUIDE, etag='"guide-v1"'),
+        "/de": Route(GERMAN, last_modified=LAST_MODIFIED),
+        "/plain": Route(
+            b"Plain notes. The widget counts apples and pears in a basket.", "text/plain"
+        ),
+        "/manual.pdf": Route(pdf, "application/pdf", etag='"pdf-v1"'),
+        "/cafe": Route(LATIN1, "text/html; charset=iso-8859-1"),
+        "/old-guide": Route(status=301, location="/guide"),
+        "/private/notes": Route(html_page("Private", ("Notes", "Not for robots."))),
+        "/logo.png": Route(b"\x89PNG\r\n\x1a\n....", "image/png"),
+        "/slow": Route(GUIDE, delay_s=2.0),
+        "/huge": Route(b"y" * 300_000, "text/plain"),
+        "/sitemap.xml": Route(
+            f"<sitemapindex {NS}><sitemap><loc>SITE/pages.xml</loc></sitemap>"
+            "</sitemapindex>".encode(),
+            "application/xml",
+        ),
+        "/pages.xml": Route(
+            (
+                f"<urlset {NS}><url><loc>SITE/guide</loc></url><url><loc>SITE/plain</loc></url>"
+                "<url><loc>SITE/gone</loc></url><url><loc>ftp://files.example.org/x</loc></url>"
+                "</urlset>"
+            ).encode(),
+            "application/xml",
+        ),
+    }
+
+
+def _config(site_url: str, tmp_path: Path, **discover: Any) -> RagpipeConfig:
+    urls = ["/de", "/manual.pdf", "/cafe", "/old-guide", "/private/notes", "/logo.png"]
+    urls += ["/slow", "/huge"]
+    return RagpipeConfig(
+        discover={
+            "roots": [],
+            "urls": [site_url + u for u in urls],
+            "sitemaps": [f"{site_url}/sitemap.xml"],
+            **discover,
+        },
+        fetch={"timeout_s": 1.0, "max_bytes": 200_000},
+        chunk={"size": 400, "overlap": 50},
+        embed={"provider": "onnx", "batch_size": 16},
+        store={"path": tmp_path / "store"},
+        paths={"work_dir": tmp_path / "work"},
+    )
+
+
+def _points(cfg: RagpipeConfig) -> dict[str, dict[str, Any]]:
+    store = open_store(cfg.store, "paraphrase-MiniLM-L3-v2", None)
+    assert store is not None
+    try:
+        return {h.point_id: h.payload for h in store.scroll()}
+    finally:
+        store.close()
+
+
+def _by_url(points: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for payload in points.values():
+        out.setdefault(payload["file_path"], []).append(payload)
+    return out
+
+
+def _failures(cfg: RagpipeConfig) -> dict[str, str]:
+    rows = checkpoint.read_records(cfg.paths.work_dir / "failures.parquet", Failure)
+    return {f.file_path: f.category for f in rows}
+
+
+def _skips(cfg: RagpipeConfig) -> dict[str, str]:
+    rows = checkpoint.read_records(cfg.paths.work_dir / "discover" / "skipped.parquet", Skip)
+    return {s.file_path: s.reason for s in rows}
+
+
+def _serve_sitemaps(site: Any) -> None:
+    for path in ("/sitemap.xml", "/pages.xml"):
+        route = site.routes[path]
+        route.body = route.body.replace(b"SITE", site.url.encode())
+
+
+def test_web_pages_ingest_and_nightly_refetch(tmp_path: Path) -> None:
+    pdf = shared_pdf("multi_page.pdf").read_bytes()
+    with web_site(_site_routes(pdf)) as site:
+        _serve_sitemaps(site)
+        u = site.url
+        cfg = _config(u, tmp_path)
+        first = run_ingest(cfg)
+
+        # Every outcome is a row: pages indexed, failures and skips with their reason.
+        assert _failures(cfg) == {
+            f"{u}/slow": "timeout",
+            f"{u}/huge": "too_large",
+            f"{u}/gone": "not_found",
+        }
+        assert _skips(cfg) == {
+            f"{u}/private/notes": "robots_disallowed",
+            f"{u}/logo.png": "unsupported_content_type",
+            "ftp://files.example.org/x": "unsupported_scheme",
+            f"{u}/old-guide": "duplicate_content",  # redirected to /guide, listed too
+        }
+        pages = _by_url(_points(cfg))
+        indexed = [f"{u}{p}" for p in ("/cafe", "/de", "/guide", "/manual.pdf", "/plain")]
+        assert sorted(pages) == indexed
+        assert (first.seen, first.added, first.failed) == (5, 5, 3)
+        for url, payloads in pages.items():
+            for p in payloads:
+                assert p["doc_id"] == str(uuid.uuid5(DOC_NAMESPACE, url)) == doc_id_for(url)
+                assert p["source_url"] == url
+                datetime.fromisoformat(p["fetched_at"])
+        guide = pages[f"{u}/guide"]
+        assert {p["title"] for p in guide} == {"Install Guide"}
+        assert {p["language"] for p in guide} == {"en"}
+        assert ["Install Guide", "Requirements"] in [p["heading_path"] for p in guide]
+        assert {p["language"] for p in pages[f"{u}/de"]} == {"de"}
+        cafe = " ".join(p["text"] for p in pages[f"{u}/cafe"])
+        assert "Café Müller öffnet" in cafe  # decoded by the HTTP charset
+        assert {p["title"] for p in pages[f"{u}/cafe"]} == {"Café Müller"}
+        assert {p["content_type"] for p in pages[f"{u}/manual.pdf"]} == {"application/pdf"}
+        assert len(site.hits("/robots.txt")) == 1
+        assert {h["user-agent"] for _, h in site.requests} == {UA}
+        assert site.hits("/private/notes") == []
+        before = _points(cfg)
+
+        # Nightly, nothing changed: one request per page, answered 304 where the
+        # server has validators, and nothing re-embedded or re-written.
+        site.requests.clear()
+        second = run_ingest(cfg)
+        assert (second.added, second.changed, second.skipped_unchanged) == (0, 0, 5)
+        assert (second.chunks_written, second.chunks_deleted) == (0, 0)
+        assert second.stages["embed"]["embedded"] == 0
+        assert _points(cfg) == before
+        assert site.hits("/guide")[0]["if-none-match"] == '"guide-v1"'
+        assert site.hits("/de")[0]["if-modified-since"] == LAST_MODIFIED
+        assert site.hits("/manual.pdf")[0]["if-none-match"] == '"pdf-v1"'
+        for path in ("/de", "/manual.pdf", "/cafe", "/plain"):
+            assert len(site.hits(path)) == 1, path
+        assert second.stages["discover"]["pages_not_modified"] == 4  # guide twice: via /old-guide
+
+        # The guide changes, /plain is re-served with the same bytes, /de is gone, the PDF
+        # becomes disallowed: 2 of 5 indexed pages would go, over the 20 % guard.
+        site.routes["/guide"] = Route(
+            GUIDE.replace(b"Linux", b"Linux and macOS"), etag='"guide-v2"'
+        )
+        del site.routes["/de"]
+        site.routes["/robots.txt"] = Route(
+            b"User-agent: *\nDisallow: /private/\nDisallow: /*.pdf$\n", "text/plain"
+        )
+        with pytest.raises(MassDeletionHeld):
+            run_ingest(cfg)
+        held = _by_url(_points(cfg))
+        assert f"{u}/de" in held and f"{u}/manual.pdf" in held
+        assert {p["source_sha"] for p in held[f"{u}/guide"]} != {
+            p["source_sha"] for p in pages[f"{u}/guide"]
+        }  # the change was applied; only deletions wait
+
+        third = run_ingest(cfg, allow_mass_delete=True)
+        assert third.removed == 2
+        assert third.changed == 0 and third.stages["embed"]["embedded"] == 0
+        after = _by_url(_points(cfg))
+        assert sorted(after) == [f"{u}/cafe", f"{u}/guide", f"{u}/plain"]
+        assert after[f"{u}/plain"] == pages[f"{u}/plain"]  # same bytes: same points
+        assert _skips(cfg)[f"{u}/manual.pdf"] == "robots_disallowed"
+        assert _failures(cfg)[f"{u}/de"] == "not_found"
+
+        # A page that times out keeps its indexed version (it is not gone).
+        site.routes["/plain"].delay_s = 2.0
+        fourth = run_ingest(cfg)
+        assert _failures(cfg)[f"{u}/plain"] == "timeout"
+        assert fourth.removed == 0
+        assert f"{u}/plain" in _by_url(_points(cfg))
+
+
+def test_sitemap_outage_keeps_its_pages(tmp_path: Path) -> None:
+    routes = {
+        "/a": Route(html_page("Alpha", ("One", "The first page of the site talks about apples."))),
+        "/b": Route(html_page("Beta", ("Two", "The second page of the site talks about bees."))),
+        "/sitemap.xml": Route(
+            f"<urlset {NS}><url><loc>SITE/a</loc></url><url><loc>SITE/b</loc></url>"
+            "</urlset>".encode(),
+            "application/xml",
+        ),
+    }
+    with web_site(routes) as site:
+        sitemap = site.routes["/sitemap.xml"]
+        sitemap.body = sitemap.body.replace(b"SITE", site.url.encode())
+        cfg = RagpipeConfig(
+            discover={"roots": [], "sitemaps": [f"{site.url}/sitemap.xml"]},
+            embed={"provider": "onnx"},
+            store={"path": tmp_path / "store"},
+            paths={"work_dir": tmp_path / "work"},
+        )
+        run_ingest(cfg)
+        before = _points(cfg)
+        assert sorted(_by_url(before)) == [f"{site.url}/a", f"{site.url}/b"]
+        sitemap.status = 500
+        site.requests.clear()
+        outage = run_ingest(cfg)
+        assert _failures(cfg) == {f"{site.url}/sitemap.xml": "sitemap_http_error"}
+        assert (outage.removed, outage.skipped_unchanged) == (0, 2)
+        assert len(site.hits("/a")) == 1  # the pages it listed last time are still checked
+        assert _points(cfg) == before
+
+        # URL sources dropped from the config: their pages leave the index, the state empties.
+        files = tmp_path / "files"
+        files.mkdir()
+        (files / "note.md").write_text("# Note\n\nA local note about the garden.\n")
+        local = cfg.model_copy(
+            update={"discover": cfg.discover.model_copy(update={"roots": [files], "sitemaps": []})}
+        )
+        dropped = run_ingest(local, allow_mass_delete=True)
+        assert dropped.removed == 2
+        assert sorted(_by_url(_points(local))) == [f"{files}/note.md"]
+        state = tmp_path / "work" / "fetch"
+        assert checkpoint.read_records(state / "pages.parquet", WebPage) == []
+        assert list((state / "bodies").iterdir()) == []
+
+
+def test_cli_ingests_a_url_argument(tmp_path: Path, prefect_harness: None) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    routes = {"/guide": Route(GUIDE, etag='"v1"')}
+    config = tmp_path / "ragpipe.yaml"
+    config.write_text(
+        f"embed: {{provider: onnx}}\nstore: {{path: {tmp_path / 'store'}}}\n"
+        f"paths: {{work_dir: {tmp_path / 'work'}}}\n"
+    )
+    with web_site(routes) as site:
+        result = CliRunner().invoke(app, ["ingest", "-c", str(config), f"{site.url}/guide"])
+        assert result.exit_code == 0, result.output
+        assert "seen=1 added=1" in result.output
+        cfg = load_config(config)
+        assert sorted(_by_url(_points(cfg))) == [f"{site.url}/guide"]
+        bad = CliRunner().invoke(app, ["ingest", "-c", str(config), "ftp://files.example.org/x"])
+        assert bad.exit_code == 2
+        said = " ".join(bad.output.split())  # the console wraps long lines
+        assert "discover.urls: 'ftp://files.example.org/x' is not an http(s) URL" in said
