@@ -138,7 +138,11 @@ def ingest(
         bool, typer.Option("--verbose", "-v", help="Show Prefect and stage logs.")
     ] = False,
 ) -> None:
-    """Index documents: discover, convert, clean, chunk, embed, upsert into Qdrant.
+    """Index documents and web pages: discover/fetch, convert, clean, chunk, embed, upsert.
+
+    Web pages (http/https URLs here, or discover.urls / discover.sitemaps) are
+    fetched with the fetch settings, obeying robots.txt; re-runs ask the server
+    conditionally (ETag / Last-Modified).
 
     Re-runs are incremental: unchanged files cost only hashing; changed files
     are re-indexed (new version written before the old one is deleted); files

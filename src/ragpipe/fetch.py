@@ -450,19 +450,20 @@ def page_title(kind: str, text: str | None, body: bytes) -> str | None:
     return None
 
 
-def body_path(bodies: Path, url: str, kind: str) -> Path:
-    """Where the body of ``url`` is kept (one file per URL, replaced on change)."""
-    key = hashlib.sha256(url.encode()).hexdigest()[:32]
-    return bodies / f"{key}{BODY_SUFFIX[kind]}"
+def body_path(bodies: Path, url: str, sha256: str, kind: str) -> Path:
+    """Where one version of ``url`` is kept: named by URL and content, so the fetch
+    state never names a file that a later, interrupted fetch overwrote."""
+    key = hashlib.sha256(url.encode()).hexdigest()[:24]
+    return bodies / f"{key}-{sha256[:16]}{BODY_SUFFIX[kind]}"
 
 
 def _stored_body(
-    bodies: Path, body: bytes, url: str, kind: str, charset: str | None
+    bodies: Path, body: bytes, url: str, sha256: str, kind: str, charset: str | None
 ) -> tuple[Path, str | None]:
     """Write the body (text as UTF-8) where convert will read it; returns (path, title)."""
     from ragpipe.checkpoint import atomic_write_bytes
 
-    path = body_path(bodies, url, kind)
+    path = body_path(bodies, url, sha256, kind)
     if kind == "pdf":
         atomic_write_bytes(path, body)
         return path, page_title(kind, None, body)
@@ -476,11 +477,9 @@ def _stored_body(
 
 
 def _intact(page: WebPage) -> bool:
+    """Whether the body the state names is still there (bodies are written atomically)."""
     path = Path(page.body_path)
-    if not path.is_file():
-        return False
-    # The stored body is the served one transcoded; its size tells a truncated write.
-    return path.stat().st_size > 0
+    return path.is_file() and path.stat().st_size > 0
 
 
 def _plan_urls(
@@ -692,7 +691,7 @@ def _page(
                 "checked_at": now,
             }
         )
-    path, title = _stored_body(bodies, response.body, url, kind, charset)
+    path, title = _stored_body(bodies, response.body, url, sha, kind, charset)
     return WebPage(
         url=url,
         final_url=response.url,

@@ -697,7 +697,8 @@ def run_upsert(config: RagpipeConfig, embedded: StageSummary) -> StageSummary:
 def mass_deletion_message(config: RagpipeConfig, held: int, indexed: int) -> str:
     """The error a held mass deletion fails the run with."""
     return (
-        f"{held} of {indexed} indexed files vanished from every root (more than "
+        f"{held} of {indexed} indexed files vanished from every root, or are web pages now "
+        f"gone or disallowed (more than "
         f"index.max_delete_share = {config.index.max_delete_share:.0%}). New and changed files "
         "were indexed; the deletions were held. If the files really are gone, re-run with "
         "--allow-mass-delete (or index.allow_mass_delete: true); if a share is unmounted or a "
