@@ -278,6 +278,8 @@ def _site_routes(pdf: bytes) -> dict[str, Route]:
         "/private/notes": Route(html_page("Private", ("Notes", "Not for robots."))),
         "/logo.png": Route(b"\x89PNG\r\n\x1a\n....", "image/png"),
         "/slow": Route(GUIDE, delay_s=2.0),
+        "/empty": Route(b"", "text/html"),
+        "/broken.pdf": Route(b"%PDF-1.4\n this is not really a PDF \n%%EOF", "application/pdf"),
         "/huge": Route(b"y" * 300_000, "text/plain"),
         "/sitemap.xml": Route(
             f"<sitemapindex {NS}><sitemap><loc>SITE/pages.xml</loc></sitemap>"
@@ -297,7 +299,7 @@ def _site_routes(pdf: bytes) -> dict[str, Route]:
 
 def _config(site_url: str, tmp_path: Path, **discover: Any) -> RagpipeConfig:
     urls = ["/de", "/manual.pdf", "/cafe", "/old-guide", "/private/notes", "/logo.png"]
-    urls += ["/slow", "/huge"]
+    urls += ["/slow", "/huge", "/empty", "/broken.pdf"]
     return RagpipeConfig(
         discover={
             "roots": [],
@@ -358,6 +360,8 @@ def test_web_pages_ingest_and_nightly_refetch(tmp_path: Path) -> None:
             f"{u}/slow": "timeout",
             f"{u}/huge": "too_large",
             f"{u}/gone": "not_found",
+            f"{u}/empty": "empty",
+            f"{u}/broken.pdf": "corrupt",  # fetched fine; Docling cannot read it
         }
         assert _skips(cfg) == {
             f"{u}/private/notes": "robots_disallowed",
@@ -368,7 +372,7 @@ def test_web_pages_ingest_and_nightly_refetch(tmp_path: Path) -> None:
         pages = _by_url(_points(cfg))
         indexed = [f"{u}{p}" for p in ("/cafe", "/de", "/guide", "/manual.pdf", "/plain")]
         assert sorted(pages) == indexed
-        assert (first.seen, first.added, first.failed) == (5, 5, 3)
+        assert (first.seen, first.added, first.failed) == (6, 6, 5)
         for url, payloads in pages.items():
             for p in payloads:
                 assert p["doc_id"] == str(uuid.uuid5(DOC_NAMESPACE, url)) == doc_id_for(url)
@@ -392,7 +396,8 @@ def test_web_pages_ingest_and_nightly_refetch(tmp_path: Path) -> None:
         # server has validators, and nothing re-embedded or re-written.
         site.requests.clear()
         second = run_ingest(cfg)
-        assert (second.added, second.changed, second.skipped_unchanged) == (0, 0, 5)
+        # broken.pdf is retried (and fails) every run: a source that failed is not indexed.
+        assert (second.added, second.changed, second.skipped_unchanged) == (1, 0, 5)
         assert (second.chunks_written, second.chunks_deleted) == (0, 0)
         assert second.stages["embed"]["embedded"] == 0
         assert _points(cfg) == before
