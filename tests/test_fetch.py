@@ -238,6 +238,10 @@ def test_config_rejects_non_http_urls(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"discover\.urls"):
         with_sources(cfg, ["file:///etc/passwd"])
+    with pytest.raises(ConfigError) as secret:
+        with_sources(cfg, ["https://bob:hunter2@x.org/page"])
+    assert "carries credentials" in str(secret.value)
+    assert "hunter2" not in str(secret.value) and "bob:***@x.org" in str(secret.value)
 
 
 # -- through the whole ingest --------------------------------------------------------

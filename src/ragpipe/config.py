@@ -100,7 +100,7 @@ class DiscoverConfig(_Section):
         for url in value:
             problem = url_problem(url)
             if problem:
-                raise ValueError(f"{url!r} {problem}")
+                raise ValueError(f"{_redact_userinfo(repr(url))} {problem}")
         return value
 
     @model_validator(mode="after")
@@ -117,6 +117,11 @@ def is_url(source: str) -> bool:
     return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", source))
 
 
+def _redact_userinfo(text: str) -> str:
+    """Mask passwords in URLs (``https://bob:***@host``) before a message shows them."""
+    return re.sub(r"(://[^/@\s:'\"]*:)[^/@\s'\"]*@", r"\1***@", text)
+
+
 def url_problem(url: str) -> str | None:
     """Why ``url`` cannot be fetched (only absolute http/https URLs can), or None."""
     from urllib.parse import urlsplit
@@ -130,6 +135,11 @@ def url_problem(url: str) -> str | None:
         return "is not an http(s) URL; only http and https are fetched"
     if not parts.hostname:
         return "has no host; write an absolute URL such as https://example.com/page"
+    if parts.username or parts.password:
+        return (
+            "carries credentials (user:password@); URLs are stored in the index and logs, "
+            "so ragpipe does not accept them"
+        )
     return None
 
 
@@ -834,7 +844,7 @@ def _format_validation_error(
             continue
         description, _ = _field_info(loc)
         got = err.get("input")
-        got_text = "" if isinstance(got, dict) else f" (got {got!r})"
+        got_text = "" if isinstance(got, dict) else _redact_userinfo(f" (got {got!r})")
         msg = err["msg"].removeprefix("Value error, ")
         line = f"  {name}: {msg}{got_text}; set it in the YAML file or {env}"
         if description:

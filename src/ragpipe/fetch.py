@@ -114,11 +114,6 @@ def normalise_url(url: str) -> str:
         if port is None or (scheme, port) in (("http", 80), ("https", 443))
         else (f"{host}:{port}")
     )
-    if parts.username or parts.password:
-        userinfo = parts.username or ""
-        if parts.password:
-            userinfo += f":{parts.password}"
-        netloc = f"{userinfo}@{netloc}"
     return urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
 
 
@@ -196,9 +191,7 @@ class Fetcher:
                 f"{robots_url} answered HTTP {response.status}; RFC 9309 forbids crawling the "
                 "site until it can be read, so its pages are kept as indexed and retried next run",
             )
-        if response.status >= 400:  # 4xx: no robots.txt, nothing is disallowed
-            return RobotsRules.allow_all()
-        if response.status != 200:
+        if response.status != 200:  # 4xx (no robots.txt): nothing is disallowed
             return RobotsRules.allow_all()
         text = response.body.decode("utf-8", errors="replace")
         return RobotsRules.parse(text, self.config.user_agent)

@@ -212,7 +212,8 @@ def run_fetch(config: RagpipeConfig) -> FetchResult:
         progress.finish()
     # Pages that failed this time keep their last state: the next run asks conditionally.
     failed = {f.file_path for f in result.failures if f.category not in GONE_CATEGORIES}
-    kept = [p for p in previous if p.url in failed and p.url not in {q.url for q in result.pages}]
+    failed -= {p.url for p in result.pages}
+    kept = [p for p in previous if p.url in failed]
     pages = sorted([*result.pages, *kept], key=lambda p: p.url)
     checkpoint.write_records(here / "pages.parquet", pages, WebPage)
     prune_bodies(here / "bodies", pages)
