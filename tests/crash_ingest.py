@@ -16,6 +16,11 @@ the kernel's. Points (each in the stage it names):
 * ``delete-partial``: the first stale version is deleted, the others not.
 * ``versions``: the store is final, its saved scroll not yet renamed.
 * ``upsert-manifest``: everything is written but upsert's manifest.
+
+Web-page points (``WEB_POINTS``, for a config with ``discover.urls``):
+
+* ``fetch-body``: the second downloaded page's body is in its temp file.
+* ``fetch-state``: every body is written, the fetch state not yet renamed.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ POINTS = (
     "versions",
     "upsert-manifest",
 )
+
+WEB_POINTS = ("fetch-body", "fetch-state")
 
 
 def die() -> None:
@@ -114,8 +121,20 @@ def arm(point: str) -> None:
         on_rename(lambda p: p.endswith("/plan/store-versions.parquet"))
     elif point == "upsert-manifest":
         on_rename(lambda p: p.endswith("/upsert/manifest.json"))
+    elif point == "fetch-body":
+        bodies = 0
+
+        def second_body(path: str) -> bool:
+            nonlocal bodies
+            bodies += "/fetch/bodies/" in path
+            return bodies == 2
+
+        on_rename(second_body)
+    elif point == "fetch-state":
+        on_rename(lambda p: p.endswith("/fetch/pages.parquet"))
     else:
-        raise SystemExit(f"unknown crash point {point!r}; choose from {', '.join(POINTS)}")
+        choices = ", ".join(POINTS + WEB_POINTS)
+        raise SystemExit(f"unknown crash point {point!r}; choose from {choices}")
 
 
 def main() -> None:

@@ -21,6 +21,8 @@ from ragpipe.robots import RobotsRules
 from ragpipe.schemas import Failure, Skip, WebPage
 from ragpipe.store import open_store
 from tests.conftest import shared_pdf
+from tests.crash_ingest import WEB_POINTS
+from tests.test_crash_resume import crash, temp_files
 from tests.web_server import Route, html_page, web_site
 
 UA = FetchConfig().user_agent
@@ -512,3 +514,57 @@ def test_cli_ingests_a_url_argument(tmp_path: Path, prefect_harness: None) -> No
         assert bad.exit_code == 2
         said = " ".join(bad.output.split())  # the console wraps long lines
         assert "discover.urls: 'ftp://files.example.org/x' is not an http(s) URL" in said
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.parametrize("point", WEB_POINTS)
+def test_sigkill_mid_fetch_then_rerun_equals_a_clean_run(tmp_path: Path, point: str) -> None:
+    # Plain-text pages: the child does not spend seconds importing Docling.
+    def page(name: str, version: int) -> Route:
+        text = f"{name} notes, version {version}. " + f"The {name} page talks about {name}. " * 8
+        return Route(text.encode(), "text/plain; charset=utf-8", etag=f'"{name}-{version}"')
+
+    routes = {f"/{name}": page(name, 1) for name in ("alpha", "beta", "gamma", "delta")}
+    with web_site(routes) as site:
+        urls = [f"{site.url}/{name}" for name in ("alpha", "beta", "gamma", "delta")]
+
+        def config(base: Path) -> RagpipeConfig:
+            return RagpipeConfig(
+                discover={"roots": [], "urls": urls},
+                embed={"provider": "onnx"},
+                index={"max_delete_share": 1.0},
+                store={"path": base / "store"},
+                paths={"work_dir": base / "work"},
+            )
+
+        cfg = config(tmp_path / "crashed")
+        run_ingest(cfg)
+        site.routes["/beta"] = page("beta", 2)  # two pages change overnight
+        site.routes["/delta"] = page("delta", 2)
+        discover_before = checkpoint.read_manifest(cfg.paths.work_dir / "discover")
+        state_before = checkpoint.read_records(
+            cfg.paths.work_dir / "fetch" / "pages.parquet", WebPage
+        )
+        crash(cfg, point)
+        # Nothing claims the interrupted fetch finished.
+        assert checkpoint.read_manifest(cfg.paths.work_dir / "discover") == discover_before
+        state = checkpoint.read_records(cfg.paths.work_dir / "fetch" / "pages.parquet", WebPage)
+        assert state == state_before
+        assert all(Path(p.body_path).is_file() for p in state)  # the state's bodies are intact
+
+        summary = run_ingest(cfg)
+        assert summary.ok and (summary.changed, summary.skipped_unchanged) == (2, 2)
+        clean = config(tmp_path / "clean")
+        run_ingest(clean)
+        assert _timeless(_points(cfg)) == _timeless(_points(clean))
+        assert temp_files(cfg) == []
+        again = run_ingest(cfg)
+        assert (again.chunks_written, again.chunks_deleted, again.skipped_unchanged) == (0, 0, 4)
+
+
+def _timeless(points: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        pid: {k: v for k, v in p.items() if k not in ("ingested_at", "fetched_at")}
+        for pid, p in points.items()
+    }
