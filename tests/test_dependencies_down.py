@@ -47,6 +47,17 @@ def server_config(corpus: Path, work: Path, url: str, **store: Any) -> RagpipeCo
     )  # fmt: skip
 
 
+def ollama_config(corpus: Path, base: Path, host: str, **embed: Any) -> RagpipeConfig:
+    """An Edge index embedded by the loopback Ollama server, one retry per request."""
+    return RagpipeConfig(
+        discover={"roots": [corpus]},  # type: ignore[arg-type]
+        embed={"provider": "ollama", "model": "all-minilm", "ollama_host": host,  # type: ignore[arg-type]
+               "retries": 1, **embed},
+        store={"path": base / "store"},  # type: ignore[arg-type]
+        paths={"work_dir": base / "work"},  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
 def point_ids(fake: QdrantFake) -> set[str]:
     records, _ = fake.engine.scroll("ragpipe", limit=10_000)
     return {str(r.id) for r in records}
@@ -137,13 +148,7 @@ def test_ollama_dying_mid_embed_keeps_the_finished_parts(
 
     monkeypatch.setattr(indexing, "PART_SIZE", 8)
     with ollama_server({"all-minilm": onnx_embedder}) as (host, state):
-        cfg = RagpipeConfig(
-            discover={"roots": [corpus]},  # type: ignore[arg-type]
-            embed={"provider": "ollama", "model": "all-minilm", "ollama_host": host,  # type: ignore[arg-type]
-                   "retries": 1, "batch_size": 8},
-            store={"path": tmp_path / "store"},  # type: ignore[arg-type]
-            paths={"work_dir": tmp_path / "work"},  # type: ignore[arg-type]
-        )  # fmt: skip
+        cfg = ollama_config(corpus, tmp_path, host, batch_size=8)
         state.down_after = 4  # two one-text probes (plan, embed), two batches, then it dies
         with pytest.raises(StageError, match="failed after 2 attempt"):
             pipeline.run_ingest(cfg)
@@ -162,13 +167,7 @@ def test_ollama_timing_out_mid_embed_is_retried_then_fails_clearly(
     corpus: Path, tmp_path: Path, onnx_embedder: OnnxEmbedder
 ) -> None:
     with ollama_server({"all-minilm": onnx_embedder}) as (host, state):
-        cfg = RagpipeConfig(
-            discover={"roots": [corpus]},  # type: ignore[arg-type]
-            embed={"provider": "ollama", "model": "all-minilm", "ollama_host": host,  # type: ignore[arg-type]
-                   "retries": 1, "timeout_s": 1},
-            store={"path": tmp_path / "store"},  # type: ignore[arg-type]
-            paths={"work_dir": tmp_path / "work"},  # type: ignore[arg-type]
-        )  # fmt: skip
+        cfg = ollama_config(corpus, tmp_path, host, timeout_s=1)
         state.down_after, state.hang_s = 2, 3.0  # the two probes answer, then it hangs
         started = time.monotonic()
         with pytest.raises(StageError, match="failed after 2 attempt") as err:
