@@ -197,7 +197,12 @@ def run_fetch(config: RagpipeConfig) -> FetchResult:
             prune_bodies(here / "bodies", [])
         return FetchResult()
     progress = reporter()
-    progress.start("fetch", 0)
+    started: list[int] = []  # the page count is known once the sitemaps are read
+
+    def start(total: int) -> None:
+        started.append(total)
+        progress.start("fetch", total)
+
     try:
         result = fetch_pages(
             config.fetch,
@@ -206,10 +211,11 @@ def run_fetch(config: RagpipeConfig) -> FetchResult:
             here / "bodies",
             previous,
             progress=progress.advance,
-            on_total=lambda n: progress.start("fetch", n),
+            on_total=start,
         )
     finally:
-        progress.finish()
+        if started:
+            progress.finish()
     # Pages that failed this time keep their last state: the next run asks conditionally.
     failed = {f.file_path for f in result.failures if f.category not in GONE_CATEGORIES}
     failed -= {p.url for p in result.pages}
