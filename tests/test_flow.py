@@ -88,6 +88,6 @@ def test_cli_help_explains_options() -> None:
         "--store",
         "--store-path",
         "--allow-mass-delete",
-        "PATHS",
+        "SOURCES",
     ):
         assert option in result.output
