@@ -85,6 +85,18 @@ def on_rename(match: Callable[[str], bool]) -> None:
     os.replace = replace  # type: ignore[assignment]
 
 
+def nth(fragment: str, n: int) -> Callable[[str], bool]:
+    """A rename matcher true for the ``n``-th path containing ``fragment``."""
+    seen = 0
+
+    def match(path: str) -> bool:
+        nonlocal seen
+        seen += fragment in path
+        return seen == n and fragment in path
+
+    return match
+
+
 def arm(point: str) -> None:
     store_types = (EdgeStore, QdrantStore)
     if point == "convert":
@@ -97,14 +109,7 @@ def arm(point: str) -> None:
         stages.chunk_document = on_call(2, stages.chunk_document)  # type: ignore[assignment]
     elif point == "embed":
         indexing.PART_SIZE = 4
-        parts = 0
-
-        def second_part(path: str) -> bool:
-            nonlocal parts
-            parts += "/embed/parts/" in path
-            return parts == 2
-
-        on_rename(second_part)
+        on_rename(nth("/embed/parts/", 2))
     elif point == "upsert":
         for cls in store_types:
             real = cls.upsert
@@ -122,14 +127,7 @@ def arm(point: str) -> None:
     elif point == "upsert-manifest":
         on_rename(lambda p: p.endswith("/upsert/manifest.json"))
     elif point == "fetch-body":
-        bodies = 0
-
-        def second_body(path: str) -> bool:
-            nonlocal bodies
-            bodies += "/fetch/bodies/" in path
-            return bodies == 2
-
-        on_rename(second_body)
+        on_rename(nth("/fetch/bodies/", 2))
     elif point == "fetch-state":
         on_rename(lambda p: p.endswith("/fetch/pages.parquet"))
     else:

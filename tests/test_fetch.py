@@ -19,10 +19,10 @@ from ragpipe.fetch import Disallowed, Fetcher, FetchError, normalise_url, parse_
 from ragpipe.pipeline import run_ingest
 from ragpipe.robots import RobotsRules
 from ragpipe.schemas import Failure, Skip, WebPage
-from ragpipe.store import open_store
 from tests.conftest import shared_pdf
 from tests.crash_ingest import WEB_POINTS
 from tests.test_crash_resume import crash, temp_files
+from tests.test_indexing import stored
 from tests.web_server import Route, html_page, web_site
 
 UA = FetchConfig().user_agent
@@ -321,15 +321,6 @@ def _config(site_url: str, tmp_path: Path, **discover: Any) -> RagpipeConfig:
     )
 
 
-def _points(cfg: RagpipeConfig) -> dict[str, dict[str, Any]]:
-    store = open_store(cfg.store, "paraphrase-MiniLM-L3-v2", None)
-    assert store is not None
-    try:
-        return {h.point_id: h.payload for h in store.scroll()}
-    finally:
-        store.close()
-
-
 def _by_url(points: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for payload in points.values():
@@ -375,7 +366,7 @@ def test_web_pages_ingest_and_nightly_refetch(tmp_path: Path) -> None:
             "ftp://files.example.org/x": "unsupported_scheme",
             f"{u}/old-guide": "duplicate_content",  # redirected to /guide, listed too
         }
-        pages = _by_url(_points(cfg))
+        pages = _by_url(stored(cfg))
         indexed = [f"{u}{p}" for p in ("/cafe", "/de", "/guide", "/manual.pdf", "/plain")]
         assert sorted(pages) == indexed
         assert (first.seen, first.added, first.failed) == (6, 6, 5)
@@ -396,7 +387,7 @@ def test_web_pages_ingest_and_nightly_refetch(tmp_path: Path) -> None:
         assert len(site.hits("/robots.txt")) == 1
         assert {h["user-agent"] for _, h in site.requests} == {UA}
         assert site.hits("/private/notes") == []
-        before = _points(cfg)
+        before = stored(cfg)
 
         # Nightly, nothing changed: one request per page, answered 304 where the
         # server has validators, and nothing re-embedded or re-written.
@@ -406,7 +397,7 @@ def test_web_pages_ingest_and_nightly_refetch(tmp_path: Path) -> None:
         assert (second.added, second.changed, second.skipped_unchanged) == (1, 0, 5)
         assert (second.chunks_written, second.chunks_deleted) == (0, 0)
         assert second.stages["embed"]["embedded"] == 0
-        assert _points(cfg) == before
+        assert stored(cfg) == before
         assert site.hits("/guide")[0]["if-none-match"] == '"guide-v1"'
         assert site.hits("/de")[0]["if-modified-since"] == LAST_MODIFIED
         assert site.hits("/manual.pdf")[0]["if-none-match"] == '"pdf-v1"'
@@ -425,7 +416,7 @@ def test_web_pages_ingest_and_nightly_refetch(tmp_path: Path) -> None:
         )
         with pytest.raises(MassDeletionHeld):
             run_ingest(cfg)
-        held = _by_url(_points(cfg))
+        held = _by_url(stored(cfg))
         assert f"{u}/de" in held and f"{u}/manual.pdf" in held
         assert {p["source_sha"] for p in held[f"{u}/guide"]} != {
             p["source_sha"] for p in pages[f"{u}/guide"]
@@ -434,7 +425,7 @@ def test_web_pages_ingest_and_nightly_refetch(tmp_path: Path) -> None:
         third = run_ingest(cfg, allow_mass_delete=True)
         assert third.removed == 2
         assert third.changed == 0 and third.stages["embed"]["embedded"] == 0
-        after = _by_url(_points(cfg))
+        after = _by_url(stored(cfg))
         assert sorted(after) == [f"{u}/cafe", f"{u}/guide", f"{u}/plain"]
         assert after[f"{u}/plain"] == pages[f"{u}/plain"]  # same bytes: same points
         assert _skips(cfg)[f"{u}/manual.pdf"] == "robots_disallowed"
@@ -445,7 +436,7 @@ def test_web_pages_ingest_and_nightly_refetch(tmp_path: Path) -> None:
         fourth = run_ingest(cfg)
         assert _failures(cfg)[f"{u}/plain"] == "timeout"
         assert fourth.removed == 0
-        assert f"{u}/plain" in _by_url(_points(cfg))
+        assert f"{u}/plain" in _by_url(stored(cfg))
 
 
 def test_sitemap_outage_keeps_its_pages(tmp_path: Path) -> None:
@@ -468,7 +459,7 @@ def test_sitemap_outage_keeps_its_pages(tmp_path: Path) -> None:
             paths={"work_dir": tmp_path / "work"},
         )
         run_ingest(cfg)
-        before = _points(cfg)
+        before = stored(cfg)
         assert sorted(_by_url(before)) == [f"{site.url}/a", f"{site.url}/b"]
         sitemap.status = 500
         site.requests.clear()
@@ -476,7 +467,7 @@ def test_sitemap_outage_keeps_its_pages(tmp_path: Path) -> None:
         assert _failures(cfg) == {f"{site.url}/sitemap.xml": "sitemap_http_error"}
         assert (outage.removed, outage.skipped_unchanged) == (0, 2)
         assert len(site.hits("/a")) == 1  # the pages it listed last time are still checked
-        assert _points(cfg) == before
+        assert stored(cfg) == before
 
         # URL sources dropped from the config: their pages leave the index, the state empties.
         files = tmp_path / "files"
@@ -487,7 +478,7 @@ def test_sitemap_outage_keeps_its_pages(tmp_path: Path) -> None:
         )
         dropped = run_ingest(local, allow_mass_delete=True)
         assert dropped.removed == 2
-        assert sorted(_by_url(_points(local))) == [f"{files}/note.md"]
+        assert sorted(_by_url(stored(local))) == [f"{files}/note.md"]
         state = tmp_path / "work" / "fetch"
         assert checkpoint.read_records(state / "pages.parquet", WebPage) == []
         assert list((state / "bodies").iterdir()) == []
@@ -509,7 +500,7 @@ def test_cli_ingests_a_url_argument(tmp_path: Path, prefect_harness: None) -> No
         assert result.exit_code == 0, result.output
         assert "seen=1 added=1" in result.output
         cfg = load_config(config)
-        assert sorted(_by_url(_points(cfg))) == [f"{site.url}/guide"]
+        assert sorted(_by_url(stored(cfg))) == [f"{site.url}/guide"]
         bad = CliRunner().invoke(app, ["ingest", "-c", str(config), "ftp://files.example.org/x"])
         assert bad.exit_code == 2
         said = " ".join(bad.output.split())  # the console wraps long lines
@@ -557,7 +548,7 @@ def test_sigkill_mid_fetch_then_rerun_equals_a_clean_run(tmp_path: Path, point: 
         assert summary.ok and (summary.changed, summary.skipped_unchanged) == (2, 2)
         clean = config(tmp_path / "clean")
         run_ingest(clean)
-        assert _timeless(_points(cfg)) == _timeless(_points(clean))
+        assert _timeless(stored(cfg)) == _timeless(stored(clean))
         assert temp_files(cfg) == []
         again = run_ingest(cfg)
         assert (again.chunks_written, again.chunks_deleted, again.skipped_unchanged) == (0, 0, 4)
