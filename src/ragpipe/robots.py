@@ -66,10 +66,6 @@ class RobotsRules:
         return cls()
 
     @classmethod
-    def disallow_all(cls) -> RobotsRules:
-        return cls((Rule(False, "/"),))
-
-    @classmethod
     def parse(cls, text: str, user_agent: str) -> RobotsRules:
         """Rules of ``text`` for the product token of ``user_agent`` (``ragpipe/0.1 ...``)."""
         token = product_token(user_agent)
