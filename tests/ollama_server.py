@@ -15,11 +15,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from ragpipe.embed import Embedder
 from ragpipe.llm import LLM
+from tests.loopback import serve
 
 
 @dataclass
@@ -150,12 +151,5 @@ def ollama_server(
 ) -> Iterator[tuple[str, OllamaState]]:
     """Serve the Ollama API on a free loopback port; yields (host URL, state)."""
     state = OllamaState(embedders, dict(llms or {}))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serve(_handler(state)) as url:
+        yield url, state

@@ -18,12 +18,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from importlib.metadata import version
 from typing import Any
 
 from qdrant_client import QdrantClient
 from qdrant_client.http import models as m
+
+from tests.loopback import serve
 
 _LOCK = threading.Lock()
 _ENGINE_LOCK = threading.Lock()
@@ -212,16 +214,8 @@ def qdrant_server(
 ) -> Iterator[QdrantFake]:
     """Serve ``engine`` (default: a fresh in-memory one) on a free loopback port."""
     fake = QdrantFake(engine or QdrantClient(location=":memory:"), api_key=api_key)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
-    server.daemon_threads = True
-    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serve(_handler(fake)) as fake.url:
         yield fake
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def closed_port_url() -> str:

@@ -8,12 +8,13 @@ conditional requests, slow and oversize responses.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from tests.loopback import serve
 
 
 @dataclass
@@ -111,14 +112,5 @@ class _Handler(BaseHTTPRequestHandler):
 def web_site(routes: dict[str, Route] | None = None) -> Iterator[Site]:
     """Serve ``routes`` on 127.0.0.1 (a free port) for the duration of the block."""
     site = Site("", dict(routes or {}))
-    handler = type("Handler", (_Handler,), {"site": site})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    site.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serve(type("Handler", (_Handler,), {"site": site})) as site.url:
         yield site
-    finally:
-        server.shutdown()
-        server.server_close()
