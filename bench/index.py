@@ -73,7 +73,7 @@ def bench_embed(cfg: RagpipeConfig, repeat: int) -> dict[str, Any]:
     chunked = stages.StageSummary("chunk", "bench", {})
     embedder = LocalEmbedder(batch_size=cfg.embed.batch_size)
     # The raw side gets the texts ready-made (contextual prefix already applied).
-    texts = [contextual_text(c.file_path, c.heading_path, c.text) for c in chunks]
+    texts = [contextual_text(c.heading_path, c.text) for c in chunks]
     model = embedder._model
     model.encode(texts[:64], batch_size=cfg.embed.batch_size)  # warm-up
 

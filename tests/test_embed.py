@@ -119,24 +119,22 @@ def test_fingerprint_follows_what_changes_vectors_only() -> None:
     assert base not in prints and len(prints) == len(different)
 
 
-def test_contextual_text_format() -> None:
-    assert contextual_text("docs/a.md", ["Intro", "Setup"], "Body.") == (
-        "docs/a.md > Intro > Setup\nBody."
-    )
-    assert contextual_text("docs/a.md", [], "Body.") == "docs/a.md\nBody."
+def test_contextual_text_is_the_heading_path_without_the_file_path() -> None:
+    assert contextual_text(["Intro", "Setup"], "Body.") == "Intro > Setup\nBody."
+    assert contextual_text([], "Body.") == "Body."
+    assert contextual_text(["", " "], "Body.") == "Body."
 
 
 def test_fit_context_shortens_the_prefix_never_the_text() -> None:
     counter = TokenCounter("all-MiniLM-L6-v2")
     text = "word " * 200
     headings = ["A very long outer heading " * 3, "Middle section heading", "Inner"]
-    path = "some/deep/directory/structure/document.md"
-    full = contextual_text(path, headings, text)
-    assert counter.count(full) > 230
-    fitted, trimmed = fit_context(path, headings, text, 230, counter)
-    assert trimmed and fitted.endswith(text) and counter.count(fitted) <= 230
-    assert fitted.startswith(path)  # outer headings went first, the path stayed
-    untouched, trimmed = fit_context(path, headings, "short", 230, counter)
-    assert not trimmed and untouched == contextual_text(path, headings, "short")
-    bare, trimmed = fit_context(path, headings, "word " * 260, 230, counter)
+    full = contextual_text(headings, text)
+    assert counter.count(full) > 215
+    fitted, trimmed = fit_context(headings, text, 215, counter)
+    assert trimmed and fitted.endswith(text) and counter.count(fitted) <= 215
+    assert fitted.startswith("Middle section heading > Inner\n")  # the outer heading went first
+    untouched, trimmed = fit_context(headings, "short", 215, counter)
+    assert not trimmed and untouched == contextual_text(headings, "short")
+    bare, trimmed = fit_context(headings, "word " * 260, 215, counter)
     assert trimmed and bare == "word " * 260

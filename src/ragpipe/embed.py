@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-EMBED_VERSION = "1"
+EMBED_VERSION = "2"  # 2: the contextual prefix is the heading path, no file path
 Matrix = npt.NDArray[np.float32]
 T = TypeVar("T")
 
@@ -468,14 +468,19 @@ def embedder_fingerprint(config: EmbedConfig) -> str:
     return combine_fingerprints([section, embedder_name(config)])
 
 
-def contextual_text(file_path: str, heading_path: Sequence[str], text: str) -> str:
-    """``"{file_path} > {heading path}\\n{text}"``, or the path alone without headings."""
-    prefix = " > ".join([file_path, *heading_path])
-    return f"{prefix}\n{text}"
+def contextual_text(heading_path: Sequence[str], text: str) -> str:
+    """``"{heading > path}\n{text}"``, or the text alone when the chunk has no heading.
+
+    The file path is left out on purpose: its words are noise to the embedder
+    unless they mean something, and on the Debian FAQ set (opaque file names)
+    an absolute or relative path in the prefix cost 0.03-0.04 NDCG@10 against
+    headings alone; headings are what the author wrote about the text.
+    """
+    headings = [h for h in heading_path if h.strip()]
+    return f"{' > '.join(headings)}\n{text}" if headings else text
 
 
 def fit_context(
-    file_path: str,
     heading_path: Sequence[str],
     text: str,
     max_tokens: int,
@@ -484,22 +489,17 @@ def fit_context(
     """The contextual text, with the prefix shortened until it fits ``max_tokens``.
 
     The chunk text itself is never cut to make room: outer headings go first,
-    then the directories of the path, then the whole prefix.
+    then the whole prefix.
 
     Returns:
         The text to embed and whether the prefix had to be shortened.
     """
-    candidates = [contextual_text(file_path, heading_path, text)]
-    for drop in range(1, len(heading_path) + 1):
-        candidates.append(contextual_text(file_path, heading_path[drop:], text))
-    name = Path(file_path).name
-    candidates.append(contextual_text(name, heading_path[-1:], text))
-    candidates.append(contextual_text(name, [], text))
-    counts = counter.count_many(candidates)
+    candidates = [contextual_text(heading_path[drop:], text) for drop in range(len(heading_path))]
+    counts = counter.count_many(candidates) if candidates else []
     for i, (candidate, tokens) in enumerate(zip(candidates, counts, strict=True)):
         if tokens <= max_tokens:
             return candidate, i > 0
-    return text, True
+    return text, bool(heading_path)
 
 
 def describe(embedder: Embedder) -> dict[str, Any]:

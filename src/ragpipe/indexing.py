@@ -314,12 +314,12 @@ def _texts_to_embed(
     if not config.embed.contextual_prefix:
         return [c.text for c in chunks], ["" for _ in chunks], stats
     counter = TokenCounter(config.chunk.tokenizer)
-    texts = [contextual_text(c.file_path, c.heading_path, c.text) for c in chunks]
+    texts = [contextual_text(c.heading_path, c.text) for c in chunks]
     counts = counter.count_many(texts)
     for i, (chunk, tokens) in enumerate(zip(chunks, counts, strict=True)):
         if tokens > embedder.max_tokens:
             texts[i], trimmed = fit_context(
-                chunk.file_path, chunk.heading_path, chunk.text, embedder.max_tokens, counter
+                chunk.heading_path, chunk.text, embedder.max_tokens, counter
             )
             stats["prefix_trimmed"] += int(trimmed)
     prefixes = [
