@@ -138,7 +138,7 @@ def test_compare_gate_and_report_files(eval_config: RagpipeConfig) -> None:
 def test_bad_variants_fail_before_any_search(eval_config: RagpipeConfig) -> None:
     golden = load_golden(eval_config.eval.golden)
     with pytest.raises(ConfigError, match="variant 'w'"):
-        run_retrieval_eval(eval_config, golden, [Variant("w", {"dense_weight": 3})])
+        run_retrieval_eval(eval_config, golden, [Variant("w", {"fusion": "qdrant", "alpha": 0.3})])
     with pytest.raises(ConfigError, match=r"not retrieve\.KEY=VALUE"):
         parse_variant("x:colour=red")
     assert parse_variant("h:mode=hybrid,fusion=client,dense_weight=2,hyde=off") == Variant(

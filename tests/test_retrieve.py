@@ -19,6 +19,10 @@ from ragpipe.retrieve import (
     Retrieved,
     Retriever,
     boost_exact,
+    convex_fuse,
+    cut_query,
+    dbsf_fuse,
+    dbsf_normalise,
     exact_phrases,
     lost_in_the_middle,
     mmr_select,
@@ -46,13 +50,42 @@ def _hit(pid: str, score: float = 0.0) -> Hit:
 # -- pure pieces ----------------------------------------------------------------------
 
 
-def test_fragments_split_on_stops_question_marks_and_semicolons() -> None:
-    assert split_fragments("What is RRF? How is k chosen; and why.") == [
-        "What is RRF",
-        "How is k chosen",
-        "and why",
+def test_fragments_split_only_at_sentence_ends() -> None:
+    assert split_fragments("What is RRF? How is k chosen, and why?") == [
+        "What is RRF?",
+        "How is k chosen, and why?",
     ]
-    assert split_fragments("one question?") == ["one question?"]
+    assert split_fragments("one question?") == []  # a single sentence is searched whole
+    # File names, abbreviations and version numbers never cut a query.
+    assert split_fragments("Why does __init__.py fail on Python 3.5.0, e.g. on Debian?") == []
+    assert split_fragments("Use e.g. Debian 5.0 for this. Then upgrade every package.") == [
+        "Use e.g. Debian 5.0 for this.",
+        "Then upgrade every package.",
+    ]
+    assert split_fragments("Dr. Smith wrote the FAQ. What did Dr. Smith write?") == [
+        "Dr. Smith wrote the FAQ.",
+        "What did Dr. Smith write?",
+    ]
+
+
+def test_fragments_drop_tiny_and_duplicate_sentences_and_are_capped() -> None:
+    assert split_fragments("Hi. Thanks. How do I restore a backup?") == []  # one left
+    assert split_fragments("How do I restore? how do I restore? Where are backups kept?") == [
+        "How do I restore?",
+        "Where are backups kept?",
+    ]
+    sentences = [f"Sentence number {i} has {'many ' * (i % 5)}words." for i in range(40)]
+    capped = split_fragments(" ".join(sentences), max_fragments=8)
+    assert len(capped) == 8
+    assert capped == [s for s in sentences if s in capped]  # query order kept
+    assert all("many many many many" in s for s in capped)  # the longest ones
+
+
+def test_a_huge_query_is_cut_at_a_word_boundary() -> None:
+    query = "word " * 20_000  # 100 KB
+    cut = cut_query(query, 1536)
+    assert len(cut) <= 1536 and cut.endswith("word") and query.startswith(cut)
+    assert cut_query("short query", 1536) == "short query"
 
 
 def test_rrf_is_classic_with_ranks_from_one_and_ties_broken_by_id() -> None:
@@ -70,8 +103,39 @@ def test_rrf_is_classic_with_ranks_from_one_and_ties_broken_by_id() -> None:
     assert {h.point_id: h.score for h in weighted}["b"] == pytest.approx(2 / 62)
 
 
-def test_exact_phrases_and_boost() -> None:
-    phrases = exact_phrases('What did Ada Lovelace write about "Bernoulli numbers"?')
+def test_dbsf_matches_qdrants_formula_by_hand() -> None:
+    # Leg 1: scores 3, 2, 1 -> mean 2, sample sd 1 -> (s - (2 - 3)) / 6.
+    dense = [_hit("a", 3.0), _hit("b", 2.0), _hit("c", 1.0)]
+    # Leg 2: scores 10, 6 -> mean 8, sample sd 2*sqrt(2) -> (s - (8 - 6 sqrt 2)) / (12 sqrt 2).
+    sparse = [_hit("c", 10.0), _hit("d", 6.0)]
+    fused = {h.point_id: h.score for h in dbsf_fuse([dense, sparse])}
+    sd = 2 * 2**0.5
+    assert fused["a"] == pytest.approx(4 / 6)
+    assert fused["b"] == pytest.approx(3 / 6)
+    assert fused["c"] == pytest.approx(2 / 6 + (10 - (8 - 3 * sd)) / (6 * sd))
+    assert fused["d"] == pytest.approx((6 - (8 - 3 * sd)) / (6 * sd))
+    assert dbsf_normalise([0.7]) == [0.5] and dbsf_normalise([2.0, 2.0]) == [0.5, 0.5]
+    weighted = {h.point_id: h.score for h in dbsf_fuse([dense, sparse], [2.0, 0.5])}
+    assert weighted["a"] == pytest.approx(2 * 4 / 6)
+
+
+def test_convex_fusion_by_hand() -> None:
+    dense = [_hit("a", 0.9), _hit("b", 0.7), _hit("c", 0.5)]  # min-max: 1, 0.5, 0
+    sparse = [_hit("c", 12.0), _hit("d", 4.0), _hit("a", 2.0)]  # min-max: 1, 0.2, 0
+    fused = convex_fuse([dense, sparse], [0.7, 0.3])
+    scores = {h.point_id: h.score for h in fused}
+    assert scores == pytest.approx({"a": 0.7, "b": 0.35, "c": 0.3, "d": 0.06})
+    assert [h.point_id for h in fused] == ["a", "b", "c", "d"]
+    # The score gap survives: RRF would put c (ranks 3 and 1) above b (rank 2 only).
+    assert [h.point_id for h in rrf_fuse([dense, sparse])][:2] == ["a", "c"]
+    single = convex_fuse([[_hit("x", 0.3)], []], [0.5, 0.5])
+    assert single[0].score == pytest.approx(0.5)  # the leg's only candidate is its best
+
+
+def test_exact_phrases_quoted_by_default_proper_nouns_on_request() -> None:
+    query = 'What did Ada Lovelace write about "Bernoulli numbers"?'
+    assert exact_phrases(query) == ["Bernoulli numbers"]
+    phrases = exact_phrases(query, proper_nouns=True)
     assert phrases == ["Bernoulli numbers", "Ada Lovelace"]
     hits = [
         Retrieved("1", 1.0, {"text": "nothing relevant"}),
@@ -121,18 +185,61 @@ def _ids(result: Any) -> list[str]:
     return [h.point_id for h in result.hits]
 
 
+@pytest.mark.parametrize("method", ["rrf", "dbsf"])
 @pytest.mark.parametrize("backend", ["edge", "qdrant"])
 def test_qdrant_fusion_and_client_fusion_rank_alike(
-    backend: str, request: pytest.FixtureRequest
+    backend: str, method: str, request: pytest.FixtureRequest
 ) -> None:
     cfg: RagpipeConfig = request.getfixturevalue(f"indexed_{backend}")
+    same = {"mode": "hybrid", "fusion_method": method, "doc_weight": 0.0, "top_k": 6}
     with Retriever(cfg) as r:
         for query in QUERIES:
-            inside = r.search(query, mode="hybrid", fusion="qdrant", top_k=6)
-            client = r.search(query, mode="hybrid", fusion="client", top_k=6)
+            inside = r.search(query, fusion="qdrant", **same)
+            client = r.search(query, fusion="client", **same)
+            assert inside.trace["fusion"] == "qdrant" and client.trace["fusion"] == "client"
             assert _ids(inside) == _ids(client), query
             for a, b in zip(inside.hits, client.hits, strict=True):
                 assert a.score == pytest.approx(b.score, rel=1e-5)
+            auto = r.search(query, **same)  # auto: the engine can do it, so it does
+            assert auto.trace["fusion"] == "qdrant" and _ids(auto) == _ids(inside)
+
+
+def test_convex_default_fuses_here_with_the_document_signal(indexed_edge: RagpipeConfig) -> None:
+    with Retriever(indexed_edge) as r:
+        result = r.search(QUERIES[0], top_k=10)
+        assert result.trace["fusion"] == "client" and result.trace["fusion_method"] == "convex"
+        alpha = r.config.retrieve.alpha
+        dense = r.search(QUERIES[0], mode="dense", top_k=40)
+        sparse = r.search(QUERIES[0], mode="sparse", top_k=40)
+        expected = convex_fuse(
+            [[Hit(h.point_id, h.score, h.payload) for h in leg.hits] for leg in (dense, sparse)],
+            [alpha, 1 - alpha],
+        )
+        assert _ids(result) == [h.point_id for h in expected[:10]]
+        assert [h.score for h in result.hits] == pytest.approx([h.score for h in expected[:10]])
+
+
+def test_document_signal_blends_the_chunk_with_its_documents_lead(
+    indexed_edge: RagpipeConfig,
+) -> None:
+    with Retriever(indexed_edge) as r:
+        query = "What did Ada Lovelace publish?"
+        plain = r.search(query, mode="dense", doc_weight=0.0, top_k=20)
+        blended = r.search(query, mode="dense", doc_weight=0.4, top_k=20)
+        q = r.embedder.embed_query(query)
+        later = [h for h in blended.hits if h.payload["chunk_index"] > 0]
+        assert later, "the corpus has documents of several chunks"
+        for hit in blended.hits:
+            lead = r.store.query_dense(
+                q, 1, Where(must={"doc_id": hit.payload["doc_id"], "chunk_index": 0})
+            )[0]
+            own = float(r.store.dense_vectors([hit.point_id])[hit.point_id] @ q)
+            assert hit.scores["chunk_cosine"] == pytest.approx(own, abs=1e-5)
+            assert hit.scores["doc"] == pytest.approx(float(lead.score), abs=1e-6)
+            assert hit.score == pytest.approx(0.6 * own + 0.4 * lead.score, abs=1e-5)
+            if hit.payload["chunk_index"] == 0:
+                assert hit.score == pytest.approx(own, abs=1e-5)
+        assert {h.point_id for h in plain.hits} != set() and "doc" not in plain.hits[0].scores
 
 
 def test_each_mode_finds_the_topic(indexed_edge: RagpipeConfig) -> None:
@@ -155,9 +262,9 @@ def test_client_bm25_leg_and_its_refresh_when_the_store_changes(
     with Retriever(indexed_edge) as r:
         before = r.search("sourdough starter", mode="sparse", sparse_engine="rank_bm25")
         assert before.hits == []  # no chunk mentions it
-        hybrid = r.search(QUERIES[2], mode="hybrid", fusion="client", sparse_engine="rank_bm25")
-        assert "bread" in hybrid.hits[0].file_path
-        assert {"rrf", "dense", "sparse"} <= set(hybrid.hits[0].scores)
+        hybrid = r.search(QUERIES[2], mode="hybrid", sparse_engine="rank_bm25")
+        assert "bread" in hybrid.hits[0].file_path and hybrid.trace["fusion"] == "client"
+        assert {"convex", "dense", "sparse"} <= set(hybrid.hits[0].scores)
         # A write to the store (as an ingest would do) must be seen by the next query.
         text = "Feed the sourdough starter with flour and water every day."
         pid = str(uuid.uuid4())
@@ -184,14 +291,20 @@ def test_filters_by_file_suffix_heading_and_sha(indexed_edge: RagpipeConfig) -> 
         assert r.search("bread", filter_file="no/such/file.md").hits == []
 
 
-def test_multi_fragment_query_keeps_each_fragments_best(indexed_edge: RagpipeConfig) -> None:
+def test_multi_sentence_query_keeps_each_sentences_best(indexed_edge: RagpipeConfig) -> None:
+    query = "Who was Alan Turing? How do I knead dough?"
     with Retriever(indexed_edge) as r:
-        combined = r.search("Who was Alan Turing? How do I knead dough?", mode="dense", top_k=2)
-        assert combined.trace["fragments"] == ["Who was Alan Turing", "How do I knead dough"]
-        assert {h.file_path.split("/")[-1] for h in combined.hits} == {"computing.md", "bread.md"}
-        single = r.search("Who was Alan Turing", mode="dense", top_k=5)
+        combined = r.search(query, mode="dense", top_k=4)
+        assert combined.trace["fragments"] == ["Who was Alan Turing?", "How do I knead dough?"]
+        assert {h.file_path.split("/")[-1] for h in combined.hits} >= {"computing.md", "bread.md"}
+        whole = r.search(query, mode="dense", split_fragments=False, top_k=20)
+        single = r.search("Who was Alan Turing?", mode="dense", top_k=5)
         turing = next(h for h in combined.hits if "computing" in h.file_path)
-        assert turing.score == pytest.approx(single.hits[0].score, rel=1e-5)
+        # The whole query and each sentence are searched; a chunk keeps its best score.
+        by_id = {h.point_id: h.score for h in whole.hits}
+        best = max(single.hits[0].score, by_id.get(turing.point_id, -1.0))
+        assert turing.point_id == single.hits[0].point_id
+        assert turing.score == pytest.approx(best, rel=1e-5)
 
 
 def test_dense_floor_applies_to_cosine_never_to_rrf(indexed_edge: RagpipeConfig) -> None:
@@ -202,11 +315,20 @@ def test_dense_floor_applies_to_cosine_never_to_rrf(indexed_edge: RagpipeConfig)
         assert 0 < len(floored.hits) < len(plain.hits)
         assert all(h.score >= floor for h in floored.hits)
         # In hybrid the floor removes weak dense candidates before fusion; the fused
-        # scores (~1/61) are far below any cosine floor and are not cut by it.
-        hybrid = r.search(QUERIES[0], mode="hybrid", top_k=10, min_dense_score=floor)
+        # scores (~1/61 with RRF) are far below any cosine floor and are not cut by it.
+        rrf = {"fusion_method": "rrf", "doc_weight": 0.0}
+        hybrid = r.search(QUERIES[0], mode="hybrid", top_k=10, min_dense_score=floor, **rrf)
         assert hybrid.hits and all(h.score < floor for h in hybrid.hits)
-        for fusion in ("qdrant", "client"):
-            cut = r.search(QUERIES[0], mode="hybrid", fusion=fusion, top_k=10, min_dense_score=1)
+        for method, fusion in (("rrf", "qdrant"), ("dbsf", "qdrant"), ("convex", "client")):
+            cut = r.search(
+                QUERIES[0],
+                mode="hybrid",
+                fusion=fusion,
+                fusion_method=method,
+                doc_weight=0.0 if fusion == "qdrant" else 0.5,
+                top_k=10,
+                min_dense_score=1,
+            )
             sparse = r.search(QUERIES[0], mode="sparse", top_k=10)
             assert set(_ids(cut)) == set(_ids(sparse))  # only the BM25 leg is left
 
@@ -265,10 +387,31 @@ def test_missing_index_is_a_clear_error(tmp_path: Any) -> None:
 
 
 def test_config_rejects_what_qdrant_fusion_cannot_do() -> None:
-    with pytest.raises(ValueError, match="fusion: client"):
-        RagpipeConfig(retrieve={"sparse_engine": "rank_bm25"})  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"weights need retrieve\.fusion: client"):
-        RagpipeConfig(retrieve={"dense_weight": 2.0})  # type: ignore[arg-type]
+    engine = {"fusion": "qdrant", "fusion_method": "rrf", "doc_weight": 0.0}
+    RagpipeConfig(retrieve=engine)  # type: ignore[arg-type]
+    RagpipeConfig(retrieve={**engine, "fusion_method": "dbsf"})  # type: ignore[arg-type]
+    for bad in (
+        {"sparse_engine": "rank_bm25"},
+        {"dense_weight": 2.0},
+        {"fusion_method": "convex"},
+        {"doc_weight": 0.5},
+    ):
+        with pytest.raises(ValueError, match=r"need retrieve\.fusion: client or auto"):
+            RagpipeConfig(retrieve={**engine, **bad})  # type: ignore[arg-type]
+        RagpipeConfig(retrieve={**engine, **bad, "fusion": "auto"})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"prefetch_mul was replaced by retrieve\.prefetch"):
+        RagpipeConfig(retrieve={"prefetch_mul": 4})  # type: ignore[arg-type]
+
+
+def test_a_huge_query_is_cut_and_searched_in_bounded_work(indexed_edge: RagpipeConfig) -> None:
+    sentences = [f"How do I restore backup number {i} of the database?" for i in range(2000)]
+    query = " ".join(sentences)  # ~100 KB, 2,000 sentences
+    with Retriever(indexed_edge) as r:
+        result = r.search(query, top_k=3)
+    cut = result.trace["query_cut"]
+    assert cut["chars"] == len(query) and cut["kept"] <= r.embedder.max_tokens * 6
+    assert 2 <= len(result.trace["fragments"]) <= 8
+    assert "backups" in result.hits[0].file_path
 
 
 # -- with the real LLM ----------------------------------------------------------------

@@ -129,6 +129,20 @@ def judged(
     return ranked, qrels
 
 
+def search_depth(depth: int, granularity: Granularity, settings: dict[str, Any]) -> int:
+    """Chunks to ask for so that ``depth`` results at the granularity can be ranked.
+
+    chunk: ``depth``. file: a file counts at its best chunk, and several
+    chunks of one file would leave fewer than ``depth`` files, so the
+    retriever is asked for its whole candidate list (``prefetch``, at least
+    ``depth``); the pool stays what a search for ``depth`` chunks fuses, so
+    the order is the one a user gets.
+    """
+    if granularity == Granularity.CHUNK:
+        return depth
+    return max(depth, int(settings.get("prefetch", depth)))
+
+
 def corpus_fingerprint(retriever: Retriever) -> dict[str, Any]:
     """What was searched: files and versions in the store, hashed."""
     pairs = sorted(
@@ -177,6 +191,7 @@ def run_retrieval_eval(
             )
     own = retriever is None
     retriever = retriever or Retriever(config)
+    top_k = {v.name: search_depth(depth, granularity, settings[v.name]) for v in variants}
     rows: list[QueryRow] = []
     traces: dict[str, list[dict[str, Any]]] = {}
     search_seconds = 0.0
@@ -184,10 +199,12 @@ def run_retrieval_eval(
         for variant in variants:
             for item in golden.items:
                 started = time.perf_counter()
-                result = retriever.search(item.query, **{**variant.overrides, "top_k": depth})
+                overrides = {**variant.overrides, "top_k": top_k[variant.name]}
+                result = retriever.search(item.query, **overrides)
                 elapsed = time.perf_counter() - started
                 search_seconds += elapsed
                 ranked, qrels = judged(result.hits, item, granularity)
+                ranked = ranked[:depth]
                 rows.append(QueryRow(variant.name, item.id, item.query, {}, ranked, qrels, elapsed))
                 traces.setdefault(variant.name, []).append(result.trace)
                 if progress is not None:

@@ -226,7 +226,17 @@ def markdown(summary: dict[str, Any]) -> str:
             lines.append(f"| {m} | {c['ok']} | {c['failed']} | {c['not_applicable']} |")
     lines += ["", "## Settings", ""]
     for v, s in summary["variants"].items():
-        keys = ("mode", "sparse_engine", "fusion", "rrf_k", "prefetch_mul", "rerank", "mmr", "hyde")
+        keys = (
+            "mode",
+            "fusion_method",
+            "alpha",
+            "doc_weight",
+            "rrf_k",
+            "prefetch",
+            "rerank",
+            "mmr",
+            "hyde",
+        )
         lines.append(f"- **{v}**: " + ", ".join(f"{k}={s[k]}" for k in keys))
     return "\n".join(lines) + "\n"
 

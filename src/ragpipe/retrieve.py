@@ -7,10 +7,12 @@ through exactly this stack with other settings.
 
 Order of work for one query::
 
-    fragments (split on . ? ;) ─┬─ dense (HyDE-adjusted vector, cosine floor)
-                                ├─ sparse (BM25 in Qdrant, or rank-bm25 here)
-                                └─ hybrid = RRF of both legs (in Qdrant or here)
-    best score per chunk over fragments → exact-phrase boost → rerank
+    query cut to the embedder's window
+    query + its sentences ─┬─ dense (HyDE-adjusted vector, cosine floor, blended with the
+                           │        cosine of the chunk's document lead: doc_weight)
+                           ├─ sparse (BM25 in Qdrant, or rank-bm25 here)
+                           └─ hybrid = convex / DBSF / RRF of both legs (in Qdrant or here)
+    best score per chunk over the searches → quoted-phrase boost → rerank
     (cross-encoder over top_k × candidate_mul) → MMR → top_k → LLM filter
 
 Scores are comparable only within one stage; each hit keeps every stage's
@@ -33,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ragpipe.config import (
-    FusionSite,
+    FusionMethod,
     HydeMode,
     RagpipeConfig,
     RetrievalMode,
@@ -49,7 +51,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-FRAGMENT_SPLIT = re.compile(r"[.?;]+\s*")
+MIN_FRAGMENT_WORDS = 3
+# Characters of query text kept per token of the embedder's window: word-pieces
+# average about 4 characters in English; 6 leaves room, so only a query far past
+# the window is cut (the model would truncate it anyway).
+QUERY_CHARS_PER_TOKEN = 6
 _QUOTED = re.compile(r"\"([^\"]{2,})\"|“([^”]{2,})”")
 _PROPER_NOUN = re.compile(r"\b[A-Z][\w'’-]*(?:\s+(?:of\s+|de\s+|von\s+)?[A-Z][\w'’-]*)+")
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -94,10 +100,37 @@ class RetrievalResult:
 # -- pure pieces (tested on their own) -----------------------------------------------
 
 
-def split_fragments(query: str) -> list[str]:
-    """The query's fragments split on ``[.?;]+\\s*``; the whole query when it has one."""
-    parts = [p.strip() for p in FRAGMENT_SPLIT.split(query) if p.strip()]
-    return parts if len(parts) > 1 else [query.strip()]
+def split_fragments(query: str, max_fragments: int = 8) -> list[str]:
+    """The query's sentences worth searching on their own, or ``[]`` for a single sentence.
+
+    Splits only at sentence ends (nupunkt, the chunker's sentence splitter), so
+    ``__init__.py``, ``e.g.``, ``Dr.`` and ``5.0`` never cut a query. Fragments
+    under three words are dropped, duplicates (case-insensitive) kept once, and
+    at most ``max_fragments`` are returned: the longest, in query order.
+    """
+    import nupunkt
+
+    seen: set[str] = set()
+    parts: list[str] = []
+    for start, end in nupunkt.sent_spans(query):
+        part = " ".join(query[start:end].split())
+        if len(_WORD.findall(part)) < MIN_FRAGMENT_WORDS or part.lower() in seen:
+            continue
+        seen.add(part.lower())
+        parts.append(part)
+    if len(parts) < 2:
+        return []
+    keep = set(sorted(range(len(parts)), key=lambda i: (-len(parts[i]), i))[:max_fragments])
+    return [p for i, p in enumerate(parts) if i in keep]
+
+
+def cut_query(query: str, max_chars: int) -> str:
+    """The query cut at a word boundary to at most ``max_chars`` characters."""
+    if len(query) <= max_chars:
+        return query
+    cut = query[:max_chars]
+    space = cut.rfind(" ")
+    return cut[:space] if space > max_chars // 2 else cut
 
 
 def ranked(hits: Iterable[Retrieved]) -> list[Retrieved]:
@@ -105,27 +138,106 @@ def ranked(hits: Iterable[Retrieved]) -> list[Retrieved]:
     return sorted(hits, key=lambda h: (-h.score, h.point_id))
 
 
+Leg = Sequence[Hit | Retrieved]
+
+
+def _fuse(legs: Sequence[Leg], leg_scores: Sequence[dict[str, float]]) -> list[Retrieved]:
+    """Sum each point's per-leg scores; the stage scores a leg carried are kept."""
+    fused: dict[str, Retrieved] = {}
+    for leg, scores in zip(legs, leg_scores, strict=True):
+        for hit in leg:
+            entry = fused.setdefault(hit.point_id, Retrieved(hit.point_id, 0.0, hit.payload))
+            entry.score += scores[hit.point_id]
+            if isinstance(hit, Retrieved):
+                entry.scores.update(hit.scores)
+    return ranked(fused.values())
+
+
 def rrf_fuse(
-    legs: Sequence[Sequence[Hit]], k: int = 60, weights: Sequence[float] | None = None
+    legs: Sequence[Leg], k: int = 60, weights: Sequence[float] | None = None
 ) -> list[Retrieved]:
     """Reciprocal Rank Fusion: score = Σ weight / (k + rank), ranks from 1.
 
     Each leg must be ordered best first. Ties are broken by point id.
     """
     weights = list(weights) if weights is not None else [1.0] * len(legs)
-    fused: dict[str, Retrieved] = {}
-    for leg, weight in zip(legs, weights, strict=True):
-        for rank, hit in enumerate(leg, start=1):
-            entry = fused.setdefault(hit.point_id, Retrieved(hit.point_id, 0.0, hit.payload))
-            entry.score += weight / (k + rank)
-    return ranked(fused.values())
+    scores = [
+        {h.point_id: w / (k + rank) for rank, h in enumerate(leg, start=1)}
+        for leg, w in zip(legs, weights, strict=True)
+    ]
+    return _fuse(legs, scores)
 
 
-def exact_phrases(query: str) -> list[str]:
-    """Quoted phrases and multi-word proper nouns ("Ada Lovelace") worth matching exactly."""
+def dbsf_normalise(scores: Sequence[float]) -> list[float]:
+    """Qdrant's DBSF mapping: (s - (μ - 3σ)) / 6σ with the sample σ; 0.5 for one or equal scores."""
+    if len(scores) < 2:
+        return [0.5] * len(scores)
+    values = np.asarray(scores, dtype=np.float64)
+    sigma = float(values.std(ddof=1))
+    if sigma == 0:
+        return [0.5] * len(scores)
+    low = float(values.mean()) - 3 * sigma
+    return [float(v) for v in (values - low) / (6 * sigma)]
+
+
+def dbsf_fuse(legs: Sequence[Leg], weights: Sequence[float] | None = None) -> list[Retrieved]:
+    """Distribution-based score fusion: Σ weight x DBSF-normalised score over the legs.
+
+    With equal weights of 1 this is exactly Qdrant's ``Fusion.DBSF``.
+    """
+    weights = list(weights) if weights is not None else [1.0] * len(legs)
+    scores = [
+        {
+            h.point_id: w * n
+            for h, n in zip(leg, dbsf_normalise([h.score for h in leg]), strict=True)
+        }
+        for leg, w in zip(legs, weights, strict=True)
+    ]
+    return _fuse(legs, scores)
+
+
+def minmax_normalise(scores: Sequence[float]) -> list[float]:
+    """(s - min) / (max - min) over the leg's candidates; 1.0 when they are all equal."""
+    if not scores:
+        return []
+    low, high = min(scores), max(scores)
+    if high == low:
+        return [1.0] * len(scores)
+    return [(s - low) / (high - low) for s in scores]
+
+
+def convex_fuse(legs: Sequence[Leg], weights: Sequence[float]) -> list[Retrieved]:
+    """Convex combination Σ weight x min-max-normalised score (weights summing to 1).
+
+    A point missing from a leg scores 0 there: no better than that leg's
+    weakest candidate. Unlike RRF the score gaps inside each leg survive.
+    """
+    scores = [
+        {
+            h.point_id: w * n
+            for h, n in zip(leg, minmax_normalise([h.score for h in leg]), strict=True)
+        }
+        for leg, w in zip(legs, weights, strict=True)
+    ]
+    return _fuse(legs, scores)
+
+
+def fuse(legs: Sequence[Leg], cfg: RetrieveConfig) -> list[Retrieved]:
+    """The dense and sparse legs (in that order) fused by ``cfg.fusion_method``."""
+    if cfg.fusion_method == FusionMethod.CONVEX:
+        return convex_fuse(legs, [cfg.alpha, 1 - cfg.alpha])
+    weights = [cfg.dense_weight, cfg.sparse_weight]
+    if cfg.fusion_method == FusionMethod.DBSF:
+        return dbsf_fuse(legs, weights)
+    return rrf_fuse(legs, cfg.rrf_k, weights)
+
+
+def exact_phrases(query: str, proper_nouns: bool = False) -> list[str]:
+    """Quoted phrases, and with ``proper_nouns`` multi-word names ("Ada Lovelace"), to match."""
     phrases = [a or b for a, b in _QUOTED.findall(query)]
-    unquoted = _QUOTED.sub(" ", query)
-    phrases += [m.group(0) for m in _PROPER_NOUN.finditer(unquoted)]
+    if proper_nouns:
+        unquoted = _QUOTED.sub(" ", query)
+        phrases += [m.group(0) for m in _PROPER_NOUN.finditer(unquoted)]
     unique: dict[str, str] = {}
     for phrase in phrases:
         unique.setdefault(phrase.lower(), phrase)
@@ -382,27 +494,38 @@ class Retriever:
         trace: dict[str, Any] = {
             "mode": cfg.mode.value,
             "sparse_engine": cfg.sparse_engine.value,
-            "fusion": cfg.fusion.value,
+            "fusion_method": cfg.fusion_method.value,
+            "fusion": "qdrant" if cfg.fuse_in_engine else "client",
             "top_k": cfg.top_k,
             "reranker": cfg.reranker if rerank else "none",
             "mmr": cfg.mmr,
             "hyde": cfg.hyde.value,
         }
+        max_chars = self.embedder.max_tokens * QUERY_CHARS_PER_TOKEN
+        searched = cut_query(query, max_chars)
+        if searched != query:
+            trace["query_cut"] = {"chars": len(query), "kept": len(searched)}
+            logger.info(
+                "query of %d characters cut to %d (the embedder reads %d tokens)",
+                len(query),
+                len(searched),
+                self.embedder.max_tokens,
+            )
         where = self.where(cfg)
-        fragments = split_fragments(query) if cfg.split_fragments else [query]
+        fragments = split_fragments(searched, cfg.max_fragments) if cfg.split_fragments else []
         trace["fragments"] = fragments
         best: dict[str, Retrieved] = {}
-        query_vector = self.embedder.embed_query(query)
-        for fragment in fragments:
-            vector = query_vector if fragment == query else self.embedder.embed_query(fragment)
+        query_vector = self.embedder.embed_query(searched)
+        vectors = [query_vector, *(self.embedder.embed_query(f) for f in fragments)]
+        for text, vector in zip([searched, *fragments], vectors, strict=True):
             if cfg.mode != RetrievalMode.SPARSE and cfg.hyde != HydeMode.OFF:
-                vector = self._hyde(fragment, vector, cfg, where, trace)
-            for hit in self._candidates(fragment, vector, pool, cfg, where):
+                vector = self._hyde(text, vector, cfg, where, trace)
+            for hit in self._candidates(text, vector, pool, cfg, where):
                 kept = best.get(hit.point_id)
                 if kept is None or hit.score > kept.score:
                     best[hit.point_id] = hit
         hits = ranked(best.values())
-        phrases = exact_phrases(query)
+        phrases = exact_phrases(query, cfg.boost_proper_nouns)
         trace["exact_phrases"] = phrases
         hits = boost_exact(hits, phrases, cfg.boost_exact)[:pool]
         for hit in hits:
@@ -410,8 +533,8 @@ class Retriever:
         if rerank:
             hits = self._rerank(query, hits, cfg.reranker)
         if cfg.mmr:
-            vectors = self.store.dense_vectors([h.point_id for h in hits])
-            hits = mmr_select(query_vector, hits, vectors, final_k, cfg.mmr_lambda)
+            stored = self.store.dense_vectors([h.point_id for h in hits])
+            hits = mmr_select(query_vector, hits, stored, final_k, cfg.mmr_lambda)
         hits = hits[:final_k]
         if cfg.llm_filter and hits:
             hits = self._llm_filter(query, hits, cfg.llm_filter_threshold, trace)
@@ -426,25 +549,29 @@ class Retriever:
         cfg: RetrieveConfig,
         where: Where | None,
     ) -> list[Retrieved]:
-        legs = max(cfg.top_k * cfg.prefetch_mul, n)
+        legs = max(cfg.prefetch, n)
         if cfg.mode == RetrievalMode.DENSE:
-            return [self._as(h, "dense") for h in self._dense(vector, n, cfg, where)]
+            return ranked(self._dense(vector, legs, cfg, where))[:n]
         if cfg.mode == RetrievalMode.SPARSE:
             return [self._as(h, "sparse") for h in self._sparse(text, n, cfg, where)]
-        if cfg.fusion == FusionSite.QDRANT:
+        if cfg.fuse_in_engine:
+            method = cfg.fusion_method.value
             fused = self.store.query_hybrid(
-                vector, text, n, legs, where, cfg.rrf_k, dense_floor=cfg.min_dense_score
+                vector,
+                text,
+                n,
+                legs,
+                where,
+                cfg.rrf_k,
+                dense_floor=cfg.min_dense_score,
+                method=method,
             )
-            return ranked(self._as(h, "rrf") for h in fused)
+            return ranked(self._as(h, method) for h in fused)
         dense = self._dense(vector, legs, cfg, where)
-        sparse = self._sparse(text, legs, cfg, where)
-        fused_hits = rrf_fuse([dense, sparse], cfg.rrf_k, [cfg.dense_weight, cfg.sparse_weight])
-        legs_by_id = [{h.point_id: h.score for h in leg} for leg in (dense, sparse)]
+        sparse = [self._as(h, "sparse") for h in self._sparse(text, legs, cfg, where)]
+        fused_hits = fuse([dense, sparse], cfg)
         for hit in fused_hits:
-            hit.scores["rrf"] = hit.score
-            for name, scores in zip(("dense", "sparse"), legs_by_id, strict=True):
-                if hit.point_id in scores:
-                    hit.scores[name] = scores[hit.point_id]
+            hit.scores[cfg.fusion_method.value] = hit.score
         return fused_hits[:n]
 
     @staticmethod
@@ -453,11 +580,36 @@ class Retriever:
 
     def _dense(
         self, vector: npt.NDArray[np.float32], n: int, cfg: RetrieveConfig, where: Where | None
-    ) -> list[Hit]:
+    ) -> list[Retrieved]:
         hits = self.store.query_dense(vector, n, where)
         if cfg.min_dense_score is not None:  # cosine, before any fusion
             hits = [h for h in hits if h.score >= cfg.min_dense_score]
-        return hits
+        out = [self._as(h, "dense") for h in hits]
+        if cfg.doc_weight > 0 and out:
+            out = self._with_document(vector, out, cfg.doc_weight)
+        return out
+
+    def _with_document(
+        self, vector: npt.NDArray[np.float32], hits: list[Retrieved], weight: float
+    ) -> list[Retrieved]:
+        """Each hit's cosine blended with its document lead's: (1 - w) x own + w x lead.
+
+        The lead is the document's first chunk (its title and opening), which
+        says what the whole document is about; one filtered query scores the
+        leads of every document among the hits. A hit whose lead is not in the
+        index keeps its own cosine.
+        """
+        docs = sorted({str(h.payload.get("doc_id")) for h in hits})
+        leads = self.store.query_dense(
+            vector, len(docs), Where(must={"doc_id": docs, "chunk_index": 0})
+        )
+        lead_score = {str(h.payload.get("doc_id")): h.score for h in leads}
+        for hit in hits:
+            lead = lead_score.get(str(hit.payload.get("doc_id")), hit.score)
+            hit.scores.update(chunk_cosine=hit.score, doc=lead)
+            hit.score = (1 - weight) * hit.score + weight * lead
+            hit.scores["dense"] = hit.score
+        return ranked(hits)
 
     def _sparse(self, text: str, n: int, cfg: RetrieveConfig, where: Where | None) -> list[Hit]:
         if cfg.sparse_engine == SparseEngine.RANK_BM25:

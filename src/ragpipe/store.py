@@ -183,10 +183,14 @@ class VectorStore(Protocol):
         where: Where | None = None,
         rrf_k: int = 60,
         dense_floor: float | None = None,
+        method: str = "rrf",
     ) -> list[Hit]:
-        """Dense and BM25 legs of ``prefetch`` each, fused in Qdrant by RRF 1/(k + rank).
+        """Dense and BM25 legs of ``prefetch`` each, fused in Qdrant.
 
-        ``dense_floor`` drops dense candidates below that cosine before fusion.
+        ``method`` "rrf": 1/(k + rank), ranks from 1; "dbsf": Qdrant's
+        distribution-based score fusion (each leg's scores mapped by mean +/- 3
+        sample standard deviations, then summed). ``dense_floor`` drops dense
+        candidates below that cosine before fusion.
         """
         ...
 
@@ -429,6 +433,7 @@ class EdgeStore(_Scrolling):
         where: Where | None = None,
         rrf_k: int = 60,
         dense_floor: float | None = None,
+        method: str = "rrf",
     ) -> list[Hit]:
         qe = self._qe
         flt = self._filter(where)
@@ -442,7 +447,7 @@ class EdgeStore(_Scrolling):
                 limit=limit,
                 prefetches=legs,
                 # Qdrant counts ranks from 0: k + 1 gives the classic 1/(k + rank from 1).
-                query=qe.Fusion.Rrf(k=rrf_k + 1),
+                query=qe.Fusion.Dbsf() if method == "dbsf" else qe.Fusion.Rrf(k=rrf_k + 1),
                 filter=flt,
                 with_payload=True,
             )
@@ -718,6 +723,7 @@ class QdrantStore(_Scrolling):
         where: Where | None = None,
         rrf_k: int = 60,
         dense_floor: float | None = None,
+        method: str = "rrf",
     ) -> list[Hit]:
         models = self._qm
         flt = self._filter(where)
@@ -736,7 +742,11 @@ class QdrantStore(_Scrolling):
         return self._points(
             prefetch=legs,
             # Qdrant counts ranks from 0: k + 1 gives the classic 1/(k + rank from 1).
-            query=models.RrfQuery(rrf=models.Rrf(k=rrf_k + 1)),
+            query=(
+                models.FusionQuery(fusion=models.Fusion.DBSF)
+                if method == "dbsf"
+                else models.RrfQuery(rrf=models.Rrf(k=rrf_k + 1))
+            ),
             limit=limit,
             query_filter=flt,
         )
