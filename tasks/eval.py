@@ -15,6 +15,7 @@ from ragpipe.evaluate import Gate, Variant
 from ragpipe.metrics import METRICS
 from ragpipe.rag_eval import RAG_METRICS
 from ragpipe.report import evaluate_and_report, rag_evaluate_and_report
+from ragpipe.tune import tune_and_report
 
 
 @task(name="retrieval-eval", cache_policy=NO_CACHE)
@@ -40,6 +41,41 @@ def rag_eval_task(config: RagpipeConfig, name: str | None = None) -> dict[str, A
     """Retrieve, generate and judge with RAGAS; returns summary.json's content."""
     _, out = rag_evaluate_and_report(config, name=name)
     return _summary(out)
+
+
+@task(name="tune-retrieval", cache_policy=NO_CACHE)
+def tune_task(
+    config: RagpipeConfig,
+    metric: str,
+    share: float,
+    name: str | None,
+    base_config: str | None,
+    write_config: str | None,
+) -> dict[str, Any]:
+    """Tune retrieve.* with a held-out confirmation; returns tune.json's content."""
+    _, out = tune_and_report(
+        config,
+        metric=metric,
+        share=share,
+        name=name,
+        base_config=Path(base_config) if base_config else None,
+        write_config=Path(write_config) if write_config else None,
+    )
+    summary: dict[str, Any] = json.loads((out / "tune.json").read_text(encoding="utf-8"))
+    summary["report_dir"] = str(out)
+    return summary
+
+
+@task(name="publish-tune", cache_policy=NO_CACHE)
+def publish_tune_task(summary: dict[str, Any]) -> None:
+    """The tune report as a Markdown artifact (key ``eval-tune-summary``)."""
+    out = Path(summary["report_dir"])
+    create_markdown_artifact(
+        key="eval-tune-summary",
+        markdown=(out / "report.md").read_text(encoding="utf-8")
+        + f"\n\nReport: `{out / 'tune.json'}`\n",
+        description=f"{summary['golden']['name']}: {summary['decision']}",
+    )
 
 
 @task(name="publish-eval", cache_policy=NO_CACHE)

@@ -361,7 +361,8 @@ def html_page(summary: dict[str, Any], md: str, figures: list[tuple[str, str]]) 
     )
 
 
-def _run_dir(root: Path, name: str) -> tuple[str, Path]:
+def run_dir(root: Path, name: str) -> tuple[str, Path]:
+    """A new ``<root>/<UTC time>-<name>/`` directory and its run id."""
     slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
     run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{slug}"
     out = root / run_id
@@ -384,7 +385,7 @@ def write_report(
     result: EvalResult, config: RagpipeConfig, corpus: dict[str, Any], root: Path
 ) -> Path:
     """Write the run's directory under ``root`` and append the history table."""
-    run_id, out = _run_dir(root, result.name)
+    run_id, out = run_dir(root, result.name)
     summary = summary_dict(result, config, corpus, run_id)
     return _write_run(root, out, per_query_table(result), summary)
 
@@ -473,7 +474,7 @@ def write_rag_report(
     result: RagEvalResult, config: RagpipeConfig, corpus: dict[str, Any], root: Path
 ) -> Path:
     """The RAG run's directory (same files as retrieval runs) and history rows."""
-    run_id, out = _run_dir(root, result.name)
+    run_id, out = run_dir(root, result.name)
     return _write_run(root, out, rag_table(result), rag_summary(result, config, corpus, run_id))
 
 

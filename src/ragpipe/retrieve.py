@@ -56,6 +56,7 @@ MIN_FRAGMENT_WORDS = 3
 # average about 4 characters in English; 6 leaves room, so only a query far past
 # the window is cut (the model would truncate it anyway).
 QUERY_CHARS_PER_TOKEN = 6
+QUERY_CACHE_SIZE = 4096
 _QUOTED = re.compile(r"\"([^\"]{2,})\"|“([^”]{2,})”")
 _PROPER_NOUN = re.compile(r"\b[A-Z][\w'’-]*(?:\s+(?:of\s+|de\s+|von\s+)?[A-Z][\w'’-]*)+")
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -427,6 +428,8 @@ class Retriever:
         self._bm25: ClientBM25 | None = None
         self._rerankers: dict[str, Reranker] = {}
         self._files: tuple[str, list[str]] | None = None
+        # Evals and tuning replay the same queries under many settings: embed each once.
+        self._query_vectors: dict[str, npt.NDArray[np.float32]] = {}
 
     def close(self) -> None:
         self.store.close()
@@ -449,6 +452,14 @@ class Retriever:
 
             self._llm = make_llm(self.config.llm)
         return self._llm
+
+    def _embed_query(self, text: str) -> npt.NDArray[np.float32]:
+        vector = self._query_vectors.get(text)
+        if vector is None:
+            if len(self._query_vectors) >= QUERY_CACHE_SIZE:
+                self._query_vectors.clear()
+            vector = self._query_vectors[text] = self.embedder.embed_query(text)
+        return vector
 
     def reranker(self, name: str) -> Reranker:
         if name not in self._rerankers:
@@ -515,8 +526,8 @@ class Retriever:
         fragments = split_fragments(searched, cfg.max_fragments) if cfg.split_fragments else []
         trace["fragments"] = fragments
         best: dict[str, Retrieved] = {}
-        query_vector = self.embedder.embed_query(searched)
-        vectors = [query_vector, *(self.embedder.embed_query(f) for f in fragments)]
+        query_vector = self._embed_query(searched)
+        vectors = [query_vector, *(self._embed_query(f) for f in fragments)]
         for text, vector in zip([searched, *fragments], vectors, strict=True):
             if cfg.mode != RetrievalMode.SPARSE and cfg.hyde != HydeMode.OFF:
                 vector = self._hyde(text, vector, cfg, where, trace)

@@ -1,0 +1,251 @@
+"""`ragpipe eval tune`: the seeded split, the coordinate search, the held-out verdict.
+
+End to end on the small query corpus indexed in Qdrant Edge: the pick never
+depends on a confirmation query, a pick the held-out queries reject is
+refused, and a recommended pick is written as a config that loads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from flows.cli import app
+from ragpipe.config import RagpipeConfig, load_config
+from ragpipe.errors import ConfigError
+from ragpipe.golden import ChunkTarget, GoldenItem, GoldenSet, save_golden
+from ragpipe.metrics import Interval, PairedDelta
+from ragpipe.retrieve import Retrieved, Retriever
+from ragpipe.tune import coordinate_search, decide, run_tune, split_queries, tune_and_report
+
+WORDS = [
+    "oxygen",
+    "bread",
+    "restore",
+    "Enigma",
+    "sugar",
+    "oven",
+    "backup",
+    "Babbage",
+    "yeast",
+    "chlorophyll",
+    "steam",
+    "hour",
+]
+WORDS += ["water", "program", "service", "night"]
+SPACE = {"mode": ["hybrid", "sparse"]}
+
+
+def _golden(n: int, name: str = "g") -> GoldenSet:
+    items = [GoldenItem(f"q{i:02d}", f"query {i}", {"a.md": 1}) for i in range(n)]
+    return GoldenSet(name, items)
+
+
+# -- pure pieces ------------------------------------------------------------------------
+
+
+def test_split_is_seeded_disjoint_and_depends_only_on_the_ids() -> None:
+    golden = _golden(20)
+    split = split_queries(golden, seed=7)
+    assert split == split_queries(golden, seed=7)
+    assert len(split.tuning) == len(split.confirmation) == 10
+    assert set(split.tuning).isdisjoint(split.confirmation)
+    assert set(split.tuning) | set(split.confirmation) == {i.id for i in golden.items}
+    assert split != split_queries(golden, seed=8)
+    # Other queries, other relevance, another item order: the same split.
+    shuffled = GoldenSet("g", [GoldenItem(i.id, "x", {"b.md": 2}) for i in golden.items[::-1]])
+    assert split_queries(shuffled, seed=7) == split
+    assert len(split_queries(golden, seed=7, share=0.3).tuning) == 6
+    with pytest.raises(ConfigError, match="at least 4"):
+        split_queries(_golden(3), seed=0)
+    with pytest.raises(ConfigError, match="strictly between 0 and 1"):
+        split_queries(golden, seed=0, share=1.0)
+
+
+def test_coordinate_search_climbs_and_keeps_the_incumbent_on_small_gains() -> None:
+    current = RagpipeConfig().retrieve.model_dump(mode="json")
+
+    def score(settings: dict[str, Any]) -> float:  # best: sparse... unless hybrid alpha 0.9
+        if settings["mode"] == "hybrid":
+            return 0.5 + 0.2 * settings["alpha"] + (0.003 if settings["prefetch"] == 80 else 0)
+        return 0.6
+
+    best, trials = coordinate_search(current, score)
+    assert best["mode"] == "hybrid" and best["alpha"] == 0.9
+    assert best["prefetch"] == 40  # +0.003 is below the minimum gain
+    assert trials[0].overrides == {} and trials[0].score == pytest.approx(0.63)
+    keys = [json.dumps(t.overrides, sort_keys=True) for t in trials]
+    assert len(keys) == len(set(keys))  # every configuration scored once
+    # Settings that change nothing in the current mode are not tried: alpha only for convex.
+    assert not any("rrf_k" in t.overrides and t.overrides.get("fusion_method") != "rrf"
+                   for t in trials)  # fmt: skip
+
+
+def _delta(low: float, mean: float, high: float) -> PairedDelta:
+    return PairedDelta(Interval(mean, low, high, 40, 1000, 0), 0.04, 10000)
+
+
+def test_verdicts() -> None:
+    change = {"mode": "sparse"}
+    assert decide({}, _delta(0, 0, 0), "ndcg@10")[0] == "no change"
+    verdict, message = decide(change, _delta(-0.09, -0.05, -0.01), "ndcg@10")
+    assert verdict == "refused" and "worse on the held-out queries" in message
+    assert "[-0.0900, -0.0100]" in message
+    assert decide(change, _delta(-0.05, -0.01, 0.03), "ndcg@10")[0] == "no change"
+    verdict, message = decide(change, _delta(-0.01, 0.02, 0.05), "ndcg@10")
+    assert verdict == "recommend" and "not significant" in message
+    verdict, message = decide(change, _delta(0.01, 0.03, 0.05), "ndcg@10")
+    assert verdict == "recommend" and "not significant" not in message
+
+
+# -- end to end on the indexed query corpus -----------------------------------------------
+
+
+def _target(hit: Retrieved) -> ChunkTarget:
+    return ChunkTarget(file=hit.file_path.split("/", 1)[-1], contains=hit.text[:40])
+
+
+def _disagreements(cfg: RagpipeConfig) -> list[tuple[str, ChunkTarget, ChunkTarget]]:
+    """Queries whose top chunk differs between the default (hybrid) and BM25 alone."""
+    out = []
+    with Retriever(cfg) as r:
+        for a, b in itertools.combinations(WORDS, 2):
+            query = f"{a} and {b}"
+            default = r.search(query, top_k=1).hits[0]
+            sparse = r.search(query, mode="sparse", top_k=1).hits
+            if (
+                sparse
+                and not _target(default).matches(sparse[0].payload)
+                and not _target(sparse[0]).matches(default.payload)
+            ):
+                out.append((query, _target(default), _target(sparse[0])))
+    return out
+
+
+def _write(cfg: RagpipeConfig, tmp_path: Path, items: list[GoldenItem]) -> RagpipeConfig:
+    path = tmp_path / "golden.yaml"
+    save_golden(GoldenSet("tune-test", items), path)
+    evaluation = cfg.eval.model_copy(
+        update={"golden": path, "reports_dir": tmp_path / "reports", "resamples": 200}
+    )
+    return cfg.model_copy(update={"eval": evaluation})
+
+
+def _items(pairs: list[tuple[str, ChunkTarget, ChunkTarget]], pick: Any) -> list[GoldenItem]:
+    items = []
+    for i, (query, default, sparse) in enumerate(pairs[:16]):
+        target = pick(f"q{i:02d}", default, sparse)
+        items.append(GoldenItem(f"q{i:02d}", query, {target.file: 1}, [target]))
+    return items
+
+
+@pytest.fixture(scope="module")
+def pairs(indexed_edge: RagpipeConfig) -> list[tuple[str, ChunkTarget, ChunkTarget]]:
+    found = _disagreements(indexed_edge)
+    assert len(found) >= 16, f"the corpus gives only {len(found)} disagreeing queries"
+    return found
+
+
+def test_confirmation_queries_never_influence_the_pick(
+    indexed_edge: RagpipeConfig, pairs: list[tuple[str, ChunkTarget, ChunkTarget]]
+) -> None:
+    items = _items(pairs, lambda _id, default, sparse: default)
+    golden = GoldenSet("g", items)
+    split = split_queries(golden, seed=3)
+    space = {"mode": ["hybrid", "dense", "sparse"], "alpha": [0.3, 0.65, 0.9]}
+    with Retriever(indexed_edge) as r:
+        first = run_tune(indexed_edge, golden, seed=3, space=space, retriever=r)
+        # Every confirmation item gets another query and another target.
+        held = set(split.confirmation)
+        changed = [
+            GoldenItem(i.id, "sourdough pizza", {"ops/backups.md": 1},
+                       [ChunkTarget("ops/backups.md", contains="Incremental backups")])
+            if i.id in held else i
+            for i in items
+        ]  # fmt: skip
+        second = run_tune(indexed_edge, GoldenSet("g", changed), seed=3, space=space, retriever=r)
+    assert first.split == second.split
+    assert [(t.overrides, t.score) for t in first.trials] == [
+        (t.overrides, t.score) for t in second.trials
+    ]
+    assert first.overrides == second.overrides
+    assert first.means() != second.means()  # the confirmation part did change
+
+
+def test_a_pick_the_held_out_queries_reject_is_refused(
+    indexed_edge: RagpipeConfig,
+    pairs: list[tuple[str, ChunkTarget, ChunkTarget]],
+    tmp_path: Path,
+) -> None:
+    # Adversarial golden set: the tuning queries' targets are what BM25 alone ranks first,
+    # the held-out queries' targets what the default ranks first.
+    ids = [f"q{i:02d}" for i in range(16)]
+    split = split_queries(GoldenSet("g", [GoldenItem(i, "", {"x": 1}) for i in ids]), seed=0)
+    tuning = set(split.tuning)
+    items = _items(pairs, lambda id_, default, sparse: sparse if id_ in tuning else default)
+    cfg = _write(indexed_edge, tmp_path, items)
+    outcome, out = tune_and_report(cfg, metric="mrr", space=SPACE)
+    assert outcome.overrides == {"mode": "sparse"}  # it wins on the tuning queries ...
+    assert outcome.tuning_best > outcome.tuning_current
+    assert outcome.delta.interval.high < 0  # ... and loses on the held-out ones
+    assert outcome.decision == "refused"
+    summary = json.loads((out / "tune.json").read_text())
+    assert summary["decision"] == "refused" and "tuned_config" not in summary
+    assert not (out / "tuned.yaml").exists()
+    assert "refused" in (out / "report.md").read_text()
+
+
+def test_a_recommended_pick_is_written_as_a_config_that_loads(
+    indexed_edge: RagpipeConfig,
+    pairs: list[tuple[str, ChunkTarget, ChunkTarget]],
+    tmp_path: Path,
+) -> None:
+    items = _items(pairs, lambda _id, default, sparse: sparse)  # BM25 is right everywhere
+    cfg = _write(indexed_edge, tmp_path, items)
+    base = tmp_path / "ragpipe.yaml"
+    base.write_text(
+        yaml.safe_dump(
+            {
+                "embed": {"provider": "onnx"},
+                "store": {"path": str(cfg.store.path)},
+                "retrieve": {"top_k": 7},
+            }
+        )
+    )
+    written = tmp_path / "tuned" / "ragpipe.tuned.yaml"
+    outcome, out = tune_and_report(
+        cfg, metric="mrr", space=SPACE, base_config=base, write_config=written
+    )
+    assert outcome.decision == "recommend" and outcome.overrides == {"mode": "sparse"}
+    assert outcome.delta.interval.mean > 0
+    assert written.read_text() == (out / "tuned.yaml").read_text()
+    assert written.read_text().startswith("# Written by `ragpipe eval tune`")
+    tuned = load_config(written)
+    assert tuned.retrieve.mode == "sparse" and tuned.retrieve.top_k == 7  # merged, kept
+    assert tuned.embed.provider == "onnx" and tuned.store.path == cfg.store.path
+
+
+@pytest.mark.slow
+def test_cli_eval_tune(
+    prefect_harness: None,
+    indexed_edge: RagpipeConfig,
+    pairs: list[tuple[str, ChunkTarget, ChunkTarget]],
+    tmp_path: Path,
+) -> None:
+    cfg = _write(indexed_edge, tmp_path, _items(pairs, lambda _id, default, sparse: default))
+    args = ["eval", "tune", "--golden", str(cfg.eval.golden), "--store-path",
+            str(cfg.store.path), "--embedder", "onnx", "--reports-dir",
+            str(cfg.eval.reports_dir), "--granularity", "chunk"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert "8 tuning queries, 8 held-out" in output
+    assert "held-out queries: tuned - current" in output and "report: " in output
+    bad = CliRunner().invoke(app, [*args, "--metric", "f1"])
+    assert bad.exit_code == 2 and "tune metric 'f1'" in bad.output
