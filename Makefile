@@ -30,6 +30,7 @@ bench: setup
 	.venv/bin/python bench/modes.py
 	.venv/bin/python bench/eval.py
 	.venv/bin/python bench/fetch.py
+	.venv/bin/python bench/retrieval_quality.py
 
 # Deployments (see README "Deployments"): a local Prefect server, the work pool and
 # deployments from prefect.yaml, and a process worker. Run server and worker in

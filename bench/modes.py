@@ -38,9 +38,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "dense": {"mode": "dense"},
     "sparse (Qdrant BM25)": {"mode": "sparse"},
     "sparse (rank-bm25)": {"mode": "sparse", "sparse_engine": "rank_bm25"},
-    "hybrid RRF (Qdrant)": {"mode": "hybrid"},
-    "hybrid RRF dense x2": {"mode": "hybrid", "fusion": "client", "dense_weight": 2.0},
-    "hybrid RRF sparse x2": {"mode": "hybrid", "fusion": "client", "sparse_weight": 2.0},
+    "hybrid (default: convex + document signal)": {"mode": "hybrid"},
+    "hybrid DBSF (Qdrant)": {"mode": "hybrid", "fusion_method": "dbsf", "doc_weight": 0.0},
+    "hybrid RRF (Qdrant)": {"mode": "hybrid", "fusion_method": "rrf", "doc_weight": 0.0},
+    "hybrid RRF dense x2": {"mode": "hybrid", "fusion_method": "rrf", "dense_weight": 2.0},
+    "hybrid RRF sparse x2": {"mode": "hybrid", "fusion_method": "rrf", "sparse_weight": 2.0},
     "hybrid, no fragment split": {"mode": "hybrid", "split_fragments": False},
 }
 

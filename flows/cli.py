@@ -644,7 +644,7 @@ def eval_compare(
         typer.Option(
             "--variant",
             help="NAME:key=value,... of retrieve settings, e.g. dense:mode=dense or "
-            "'hyb-w:mode=hybrid,fusion=client,dense_weight=2'. The first is the baseline.",
+            "'rrf-w:fusion_method=rrf,dense_weight=2'. The first is the baseline.",
         ),
     ],
     golden: GoldenOption = None,

@@ -33,6 +33,12 @@ items:
   - id: restore
     query: How do I restore the database from a backup?
     chunks: [{file: ops/backups.md, heading: Restore, grade: 3}]
+  - id: calvin
+    query: Where is carbon dioxide fixed into sugar?
+    chunks: [{file: photosynthesis.md, heading: Calvin cycle, grade: 3}]
+  - id: turing
+    query: Who worked on the Enigma cipher?
+    chunks: [{file: computing.md, heading: Alan Turing, grade: 3}]
 """
 
 
@@ -144,7 +150,7 @@ def test_deployments_run_on_a_real_server_and_worker(stack: Stack, tmp_path: Pat
     assert nightly["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
     assert nightly["enforce_parameter_schema"] is True
     assert {d["name"] for d in schedules} == {"nightly-reindex", "eval-retrieval", "eval-rag",
-                                              "eval-compare"}  # fmt: skip
+                                              "eval-compare", "eval-tune"}  # fmt: skip
 
     ingest = stack.cli("deployment", "run", "ingest/nightly-reindex", "--watch",
                        "--param", f"config={config}", timeout=600)  # fmt: skip
@@ -158,9 +164,16 @@ def test_deployments_run_on_a_real_server_and_worker(stack: Stack, tmp_path: Pat
     (report,) = (tmp_path / "reports").glob("*-deploy-check")
     assert {p.name for p in report.iterdir()} == {"per_query.parquet", "summary.json",
                                                   "report.md", "report.html"}  # fmt: skip
+    tuned = stack.cli("deployment", "run", "eval-tune/eval-tune", "--watch",
+                      "--param", f"config={config}", timeout=600)  # fmt: skip
+    assert "finished successfully" in tuned.stdout, tuned.stdout + tuned.stderr
+    (tune_dir,) = (tmp_path / "reports").glob("*-deploy-check-tune")
+    verdict = json.loads((tune_dir / "tune.json").read_text())
+    assert verdict["decision"] in {"recommend", "refused", "no change"}
+    assert len(verdict["split"]["tuning"]) == len(verdict["split"]["confirmation"]) == 2
     keys = {a["key"] for a in stack.post("/artifacts/filter", {}) if a["key"]}
     assert {"ingest-summary", "ingest-progress", "eval-retrieval-summary",
-            "eval-retrieval-metrics"} <= keys  # fmt: skip
+            "eval-retrieval-metrics", "eval-tune-summary"} <= keys  # fmt: skip
 
     bad = stack.cli("deployment", "run", "eval-retrieval/eval-retrieval",
                     "--param", 'config={"retrieve": {"top_k": "many"}}')  # fmt: skip

@@ -217,6 +217,8 @@ def test_convex_default_fuses_here_with_the_document_signal(indexed_edge: Ragpip
         )
         assert _ids(result) == [h.point_id for h in expected[:10]]
         assert [h.score for h in result.hits] == pytest.approx([h.score for h in expected[:10]])
+        # The pool does not depend on top_k: a search for 5 is the first 5 of one for 10.
+        assert _ids(r.search(QUERIES[0], top_k=5)) == _ids(result)[:5]
 
 
 def test_document_signal_blends_the_chunk_with_its_documents_lead(

@@ -506,7 +506,11 @@ class Retriever:
             "mode": cfg.mode.value,
             "sparse_engine": cfg.sparse_engine.value,
             "fusion_method": cfg.fusion_method.value,
-            "fusion": "qdrant" if cfg.fuse_in_engine else "client",
+            "fusion": (
+                ("qdrant" if cfg.fuse_in_engine else "client")
+                if cfg.mode == RetrievalMode.HYBRID
+                else "none"
+            ),
             "top_k": cfg.top_k,
             "reranker": cfg.reranker if rerank else "none",
             "mmr": cfg.mmr,
