@@ -176,3 +176,25 @@ def test_reopen_with_another_embedder_or_dimension_is_refused(backend: str, tmp_
 @pytest.mark.parametrize("backend", ["edge", "qdrant"])
 def test_open_without_dimension_does_not_create(backend: str, tmp_path: Path) -> None:
     assert open_store(_config(backend, tmp_path), "model-a", None) is None
+
+
+def test_edge_store_gains_the_chunk_index_index_at_its_next_write(tmp_path: Path) -> None:
+    import qdrant_edge as qe
+
+    from ragpipe.store import EdgeStore
+
+    config = _config("edge", tmp_path)
+    store = open_store(config, "test-embedder", DIM)
+    assert isinstance(store, EdgeStore)
+    assert "chunk_index" in store._shard.info().payload_schema  # new stores have it
+    # A store built before the index existed: drop it, as an old shard would lack it.
+    store._shard.update(qe.UpdateOperation.delete_field_index("chunk_index"))
+    store.close()
+    reopened = open_store(config, "test-embedder", DIM)
+    assert isinstance(reopened, EdgeStore)
+    assert "chunk_index" not in reopened._shard.info().payload_schema  # reading adds nothing
+    reopened.upsert(make_points()[:1])
+    assert "chunk_index" in reopened._shard.info().payload_schema
+    lead = reopened.query_dense(_vector(1), 5, Where(must={"chunk_index": 0}))
+    assert [h.payload["chunk_index"] for h in lead] == [0]
+    reopened.close()

@@ -610,15 +610,20 @@ class Retriever:
         """Each hit's cosine blended with its document lead's: (1 - w) x own + w x lead.
 
         The lead is the document's first chunk (its title and opening), which
-        says what the whole document is about; one filtered query scores the
-        leads of every document among the hits. A hit whose lead is not in the
-        index keeps its own cosine.
+        says what the whole document is about. Leads among the hits are scored
+        already; one filtered query scores the others. A hit whose lead is not
+        in the index keeps its own cosine.
         """
-        docs = sorted({str(h.payload.get("doc_id")) for h in hits})
-        leads = self.store.query_dense(
-            vector, len(docs), Where(must={"doc_id": docs, "chunk_index": 0})
-        )
-        lead_score = {str(h.payload.get("doc_id")): h.score for h in leads}
+        # A lead among the candidates needs no query: its cosine is its own score.
+        lead_score = {
+            str(h.payload.get("doc_id")): h.score for h in hits if h.payload.get("chunk_index") == 0
+        }
+        docs = sorted({str(h.payload.get("doc_id")) for h in hits} - set(lead_score))
+        if docs:
+            leads = self.store.query_dense(
+                vector, len(docs), Where(must={"doc_id": docs, "chunk_index": 0})
+            )
+            lead_score.update((str(h.payload.get("doc_id")), h.score) for h in leads)
         for hit in hits:
             lead = lead_score.get(str(hit.payload.get("doc_id")), hit.score)
             hit.scores.update(chunk_cosine=hit.score, doc=lead)

@@ -46,6 +46,10 @@ STORE_SCHEMA = 1
 # Payload fields read by the re-index diff (one scroll over the whole store).
 VERSION_FIELDS = ["file_path", "source_sha", "config_fingerprint", "chunk_total"]
 KEYWORD_FIELDS = ["file_path", "source_sha", "config_fingerprint", "doc_id"]
+# The document signal's lead query filters on chunk_index = 0 within a few doc_ids;
+# without an index Qdrant checks the payload of every chunk of those documents
+# (3.6 ms at 50k chunks, 0.9 ms with it).
+INTEGER_FIELDS = ["chunk_index"]
 
 Value = str | int
 Match = Value | Sequence[Value]
@@ -294,15 +298,25 @@ class EdgeStore(_Scrolling):
         shard: qdrant_edge.EdgeShard = qe.EdgeShard.create(str(self.path), config)
         for name in KEYWORD_FIELDS:
             shard.update(qe.UpdateOperation.create_field_index(name, qe.PayloadSchemaType.Keyword))
+        self._integer_indexes(shard)
         text_index = qe.TextIndexParams(tokenizer=qe.TokenizerType.Word, lowercase=True)
         shard.update(qe.UpdateOperation.create_field_index("text", text_index))
         shard.flush()
         return shard
 
+    def _integer_indexes(self, shard: qdrant_edge.EdgeShard) -> None:
+        """Create the integer payload indexes the shard lacks (stores built before they existed)."""
+        have = set(shard.info().payload_schema)
+        for name in INTEGER_FIELDS:
+            if name not in have:
+                kind = self._qe.PayloadSchemaType.Integer
+                shard.update(self._qe.UpdateOperation.create_field_index(name, kind))
+
     def _before_write(self) -> None:
         if not self._writing:
             atomic_write_bytes(self.path / GENERATION_FILE, uuid.uuid4().hex.encode())
             self._writing = True
+            self._integer_indexes(self._shard)
 
     def _check_shard_dim(self, meta: StoreMeta) -> None:
         config_file = self.path / "edge_config.json"
@@ -600,6 +614,10 @@ class QdrantStore(_Scrolling):
         for name in KEYWORD_FIELDS:
             self.client.create_payload_index(
                 self.collection, name, models.PayloadSchemaType.KEYWORD, wait=True
+            )
+        for name in INTEGER_FIELDS:
+            self.client.create_payload_index(
+                self.collection, name, models.PayloadSchemaType.INTEGER, wait=True
             )
         self.client.create_payload_index(
             self.collection,
