@@ -748,7 +748,14 @@ def eval_tune(
             },
         )
         from flows.eval import eval_tune_flow
+        from ragpipe.golden import load_golden
+        from ragpipe.metrics import METRICS
+        from ragpipe.tune import split_queries
 
+        # Checked here so that a mistake is one line, not a flow run's traceback.
+        if metric not in METRICS:
+            raise ConfigError(f"tune metric {metric!r} is not one of {', '.join(METRICS)}")
+        split_queries(load_golden(cfg.eval.golden), cfg.eval.seed, share)
         base = config or (DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None)
         columns = (TextColumn("{task.description:>9}"), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=True) as progress:
