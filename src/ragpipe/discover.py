@@ -224,6 +224,9 @@ def discover(
             if rules.ignores(rel):
                 continue
             file_path = prefix + rel
+            if not _is_utf8(file_path):
+                result.failures.append(_bad_name(file_path))
+                continue
             if entry.is_symlink():
                 if not follow:
                     result.skipped.append(
@@ -255,6 +258,28 @@ def discover(
         len(result.skipped),
     )
     return result
+
+
+def _is_utf8(path: str) -> bool:
+    """False for a name whose bytes are not UTF-8 (Python keeps them as lone surrogates)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _bad_name(path: str) -> Failure:
+    """A failure row for a file whose name is not UTF-8, named so that it can be stored."""
+    raw = os.fsencode(path)
+    shown = raw.decode("utf-8", "backslashreplace")
+    return Failure(
+        shown,
+        STAGE,
+        "bad_name",
+        f"the file name is not valid UTF-8 (bytes {raw!r}); paths are stored as UTF-8, so "
+        "rename it, e.g. `convmv -f latin1 -t utf-8 --notest FILE`",
+    )
 
 
 def skip_duplicate_content(result: DiscoverResult) -> None:
