@@ -396,7 +396,7 @@ def ask(
     """
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     from ragpipe.generate import answer
-    from ragpipe.retrieve import Retriever
+    from ragpipe.retrieve import Retriever, terminal_safe
 
     try:
         cfg = _query_config(
@@ -409,7 +409,7 @@ def ask(
         )
         with Retriever(cfg) as retriever:
             result = retriever.search(question)
-            stream = None if as_json else (lambda s: print(s, end="", flush=True))
+            stream = None if as_json else (lambda s: print(terminal_safe(s), end="", flush=True))
             reply = answer(
                 question, result.hits, retriever.llm, cfg.generate.context_tokens, stream
             )
@@ -420,7 +420,7 @@ def ask(
         print(json.dumps({**reply.as_dict(), "retrieval": result.trace}, indent=2))
         return
     if not result.hits:
-        print(reply.text, end="")
+        print(terminal_safe(reply.text), end="")
     print("\n")
     shown = reply.cited or ([] if reply.not_found else reply.sources)
     title = "cited sources" if reply.cited else "sources given to the model (none cited)"
@@ -428,7 +428,8 @@ def ask(
         print(title + ":")
         for s in shown:
             where = s.file_path + (f" p.{s.page}" if s.page is not None else "")
-            print(f"  [{s.number}] {where}" + (f" — {s.heading}" if s.heading else ""))
+            line = f"  [{s.number}] {where}" + (f" — {s.heading}" if s.heading else "")
+            print(terminal_safe(line))
     if reply.invalid_citations:
         console.print(
             f"[yellow]warning:[/yellow] the answer cites {reply.invalid_citations}, which are "
