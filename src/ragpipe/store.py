@@ -267,8 +267,7 @@ class EdgeStore(_Scrolling):
         self._writing = False
         meta_path = path / META_FILE
         if meta_path.is_file():
-            stored = json.loads(meta_path.read_text(encoding="utf-8"))
-            meta.check(stored, str(path))
+            meta.check(read_meta(meta_path), str(path))
         try:
             if (path / "segments").is_dir():
                 self._shard = qe.EdgeShard.load(str(path))
@@ -810,6 +809,23 @@ def peek_meta(config: StoreConfig) -> dict[str, Any] | None:
     """The stored metadata of an Edge store without opening it (None if absent)."""
     meta_path = config.path / META_FILE
     if config.backend == StoreBackend.EDGE and meta_path.is_file():
-        data: dict[str, Any] = json.loads(meta_path.read_text(encoding="utf-8"))
-        return data
+        return read_meta(meta_path)
     return None
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """The store's metadata file, or a StageError naming it and the way to repair it."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StageError(
+            f"the store metadata {path} is unreadable or damaged ({exc}). It records which "
+            'embedder built the index: restore it from a backup, or write {"embedder": "<the '
+            'embedder name>", "dim": <its dimension>} into it (e.g. all-MiniLM-L6-v2 and 384 '
+            "for the default), or delete the store directory and re-run `ragpipe ingest`"
+        ) from exc
+    if not isinstance(data, dict):
+        raise StageError(
+            f"the store metadata {path} is not a JSON object; restore it or re-create the store"
+        )
+    return data
