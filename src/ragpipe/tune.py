@@ -10,7 +10,7 @@ confirmation part, and the paired delta (bootstrap CI, permutation p-value)
 decides:
 
 - ``recommend``: the pick differs from the current settings and gains on the
-  held-out queries (``significant`` says whether its delta CI lies entirely
+  held-out queries (the message says whether its delta CI lies entirely
   above zero);
 - ``refused``: the pick's delta CI lies entirely below zero on the held-out
   queries: it was fitted to the tuning part, and nothing is recommended;
@@ -30,12 +30,14 @@ from typing import Any
 import numpy as np
 import yaml
 
+from ragpipe.checkpoint import atomic_write_bytes
 from ragpipe.config import FusionMethod, RagpipeConfig, RetrievalMode, RetrieveConfig
 from ragpipe.errors import ConfigError
 from ragpipe.evaluate import EvalResult, Granularity, Variant, run_retrieval_eval
-from ragpipe.golden import GoldenSet
+from ragpipe.golden import GoldenSet, load_golden
 from ragpipe.metrics import METRICS, PairedDelta
 from ragpipe.progress import reporter
+from ragpipe.report import run_dir
 from ragpipe.retrieve import Retriever
 
 logger = logging.getLogger(__name__)
@@ -96,10 +98,6 @@ class TuneOutcome:
     def delta(self) -> PairedDelta:
         """The decision metric's paired delta (pick - current) on the confirmation part."""
         return self.deltas[self.metric]
-
-    @property
-    def significant(self) -> bool:
-        return bool(self.overrides) and self.delta.interval.low > 0
 
     def means(self, metric: str | None = None) -> tuple[float, float]:
         """Mean of ``metric`` on the confirmation part: (current, tuned)."""
@@ -434,10 +432,6 @@ def tune_and_report(
     merged in, also written to ``write_config`` when given. Granularity,
     depth, resamples and seed come from ``config.eval``.
     """
-    from ragpipe.checkpoint import atomic_write_bytes
-    from ragpipe.golden import load_golden
-    from ragpipe.report import run_dir
-
     golden = load_golden(config.eval.golden)
     progress = reporter()
     progress.start("tune", 0)  # the number of configurations is not known up front
