@@ -57,8 +57,38 @@ def _prefect_env(verbose: bool) -> None:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "ragpipe")
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     os.environ.setdefault("DO_NOT_TRACK", "1")
+    from flows.ephemeral import guard_ephemeral_server
+
+    guard_ephemeral_server()  # a killed run must not leave Prefect's server behind
     if not verbose:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+        for name in _PREFECT_RUN_LOGGERS:
+            logging.getLogger(name).addFilter(_HIDE_EXPECTED)
+
+
+def _error_names(cls: type[BaseException] = RagpipeError) -> set[str]:
+    return {cls.__name__}.union(*(_error_names(sub) for sub in cls.__subclasses__()))
+
+
+class _HideExpectedErrors(logging.Filter):
+    """Drop Prefect's tracebacks of ragpipe's own errors (bad config, a held store, a full
+    disk, ...): the CLI prints the one line that matters. Unexpected errors keep theirs;
+    ``--verbose`` keeps everything."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, RagpipeError):
+            return False
+        if record.levelno < logging.ERROR:
+            return True
+        message = record.getMessage()
+        return not any(f"exception {n}:" in message or f"{n}(" in message for n in _error_names())
+
+
+_HIDE_EXPECTED = _HideExpectedErrors()
+# Where Prefect logs a failed task or flow run (with the traceback).
+_PREFECT_RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs", "prefect.task_engine",
+                        "prefect.flow_engine")  # fmt: skip
 
 
 class _RichReporter:
