@@ -54,7 +54,7 @@ def make_config(
         "paths": {"work_dir": tmp_path / f"work-{backend}"},
     }
     for name, values in sections.items():
-        data[name] = {**data[name], **values}
+        data[name] = {**data.get(name, {}), **values}
     return RagpipeConfig(**data)
 
 

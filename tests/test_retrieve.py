@@ -29,9 +29,7 @@ from ragpipe.retrieve import (
     parse_filter_scores,
     rrf_fuse,
     split_fragments,
-    terminal_safe,
     to_json,
-    to_text,
     to_xml,
 )
 from ragpipe.store import Hit, IndexPoint, SparseEncoder, Where
@@ -478,22 +476,3 @@ def test_llm_filter_with_the_real_model(indexed_edge: RagpipeConfig, smollm: Any
         assert all(0 <= h.scores["llm_filter"] <= 1 for h in filtered.hits)
     else:
         assert _ids(filtered) == _ids(plain) and report["status"] == "malformed"
-
-
-def test_hostile_text_gives_well_formed_xml_and_inert_terminal_output() -> None:
-    from ragpipe.retrieve import RetrievalResult
-
-    text = "bell\x07 esc\x1b[31mred\x1b]0;title\x07 vt\x0b bs\x08 csi\x9b2J & <tag> &lt; \ufffe end"
-    hit = Retrieved(
-        "p1", 0.5, {"text": text, "file_path": "a\x1b[1m.md", "heading_path": ["H\x07"]}
-    )
-    result = RetrievalResult("q", [hit])
-    root = ElementTree.fromstring(to_xml(result))  # raises when not well-formed
-    source = root.find("source")
-    assert source is not None and source.get("file") == "a[1m.md" and source.get("heading") == "H"
-    assert source.text == (
-        "bell esc[31mred]0;title vt bs csi\x9b2J & <tag> &lt;  end"
-    )  # forbidden characters dropped, markup escaped and read back verbatim
-    shown = to_text(result)
-    assert not any(c in shown for c in "\x07\x1b\x0b\x08\x9b")
-    assert "<tag> &lt;" in shown and terminal_safe("tab\tnew\nline") == "tab\tnew\nline"

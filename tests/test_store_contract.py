@@ -198,18 +198,3 @@ def test_edge_store_gains_the_chunk_index_index_at_its_next_write(tmp_path: Path
     lead = reopened.query_dense(_vector(1), 5, Where(must={"chunk_index": 0}))
     assert [h.payload["chunk_index"] for h in lead] == [0]
     reopened.close()
-
-
-def test_damaged_store_metadata_is_a_clear_error_naming_the_file(tmp_path: Path) -> None:
-    from ragpipe.errors import StageError
-    from ragpipe.store import META_FILE, peek_meta
-
-    config = _config("edge", tmp_path)
-    store = open_store(config, "test-embedder", DIM)
-    assert store is not None
-    store.close()
-    meta = config.path / META_FILE
-    meta.write_bytes(b"\x00garbage{")
-    for opening in (lambda: open_store(config, "test-embedder", DIM), lambda: peek_meta(config)):
-        with pytest.raises(StageError, match=r"ragpipe-store\.json is unreadable or damaged"):
-            opening()

@@ -8,10 +8,12 @@ manifest is missing did not finish, whatever Parquet files lie around.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
 import os
+import shutil
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +24,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragpipe.errors import StageError
+from ragpipe.errors import DiskFull, StageError
 from ragpipe.schemas import SCHEMAS
 
 logger = logging.getLogger(__name__)
@@ -62,18 +64,63 @@ def remove_stale_temps(directory: Path) -> int:
     return removed
 
 
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_no_space(exc: BaseException) -> bool:
+    """True for "no space left on device" / "disk quota exceeded", also as Arrow reports it."""
+    if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+        return True
+    text = str(exc)
+    return "No space left on device" in text or "Disk quota exceeded" in text
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free bytes on the file system holding ``path`` (or its nearest existing parent)."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            try:
+                return shutil.disk_usage(candidate).free
+            except OSError:
+                return None
+    return None
+
+
+def _mb(n: int | None) -> str:
+    return "?" if n is None else f"{n / 1e6:.1f} MB"
+
+
+def disk_full(
+    path: Path, needed: int | None, exc: BaseException | None = None, why: str = ""
+) -> DiskFull:
+    """The one-line error for a write that found no space; nothing half-written is kept."""
+    cause = f" ({exc.strerror or exc})" if isinstance(exc, OSError) else ""
+    return DiskFull(
+        f"no space left to write {path}{cause}: {_mb(free_bytes(path))} free, about "
+        f"{_mb(needed)} needed{why}. The run stopped there; what finished is kept. Free some "
+        "space (or move paths.work_dir / store.path) and re-run."
+    )
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _temp_beside(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = _temp_beside(path)
+    except OSError as exc:
+        if is_no_space(exc):
+            raise disk_full(path, len(data), exc) from exc
+        raise
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if is_no_space(exc):
+            raise disk_full(path, len(data), exc) from exc
         raise
     _fsync_dir(path.parent)
 
@@ -97,8 +144,13 @@ def write_records(path: Path, records: Sequence[Any], record_type: type) -> str:
 
 def write_table(path: Path, table: pa.Table) -> str:
     """Write an Arrow table atomically as Parquet; returns the file's SHA-256."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _temp_beside(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = _temp_beside(path)
+    except OSError as exc:
+        if is_no_space(exc):
+            raise disk_full(path, table.nbytes, exc) from exc
+        raise
     os.close(fd)
     try:
         pq.write_table(table, tmp, compression="zstd")
@@ -106,8 +158,10 @@ def write_table(path: Path, table: pa.Table) -> str:
             digest = hashlib.file_digest(fh, "sha256").hexdigest()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if is_no_space(exc):
+            raise disk_full(path, table.nbytes, exc) from exc
         raise
     _fsync_dir(path.parent)
     return digest
@@ -153,6 +207,9 @@ class Manifest:
     outputs: dict[str, str]  # output name -> sha256 of the file
     counts: dict[str, int]
     written_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
+    # The ingest run whose plan this output belongs to (a fresh id per plan; stamped again
+    # when a later run reuses the output). Stages check it before reading their input.
+    plan_id: str = ""
 
     @property
     def output_fingerprint(self) -> str:

@@ -77,6 +77,14 @@ class DiscoverConfig(_Section):
         description="Files larger than this many bytes get a 'too_large' failure row instead of "
         "being read.",
     )
+    max_line_bytes: int = Field(
+        default=100_000,
+        ge=0,
+        description="Markdown and text files with a line longer than this many bytes get a "
+        "'long_line' failure row instead of being indexed: minified or generated data (a 5 MB "
+        "one-line file is ~5,400 chunks and minutes of embedding). HTML is exempt (often "
+        "minified, Docling parses it). 0: no limit.",
+    )
     follow_symlinks: bool = Field(
         default=False,
         description="Follow symbolic links to files and directories. Off: links are counted as "
@@ -430,6 +438,15 @@ class StoreConfig(_Section):
     batch_size: int = Field(default=256, gt=0, description="Points per upsert request.")
     scroll_page: int = Field(
         default=1000, gt=0, description="Points per page when scrolling the index."
+    )
+    min_free_mb: int = Field(
+        default=128,
+        ge=0,
+        description="edge: free space the store's file system must have before the store is "
+        "opened (and, on top, about 3x the size of the points an upsert adds). Qdrant Edge maps "
+        "its files into memory (32 MB write-ahead-log segments and storage pages; a new store "
+        "touches about 110 MB) and dies with SIGBUS, not an error, when a mapped page meets a "
+        "full disk; below this ragpipe stops with a clear error instead. 0 turns the check off.",
     )
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from ragpipe.config import DiscoverConfig
 from ragpipe.schemas import Failure, Skip, SourceFile
@@ -122,6 +123,30 @@ def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
         while block := fh.read(chunk_size):
             digest.update(block)
     return digest.hexdigest()
+
+
+# Kinds whose lines are checked against discover.max_line_bytes (HTML is often minified).
+LINE_CHECKED = frozenset({"markdown", "text"})
+
+
+def _digest_and_longest_line(fh: BinaryIO, chunk_size: int = 1 << 20) -> tuple[str, int]:
+    """SHA-256 of the rest of ``fh`` and the length of its longest line, in one pass."""
+    digest = hashlib.sha256()
+    longest = run = 0
+    while block := fh.read(chunk_size):
+        digest.update(block)
+        first, _, rest = block.partition(b"\n")
+        if not _:  # no newline in this block: the current line goes on
+            run += len(block)
+            continue
+        longest = max(longest, run + len(first))
+        last_nl = rest.rfind(b"\n")
+        if last_nl >= 0:
+            longest = max(longest, max(map(len, rest[:last_nl].split(b"\n"))))
+            run = len(rest) - last_nl - 1
+        else:
+            run = len(rest)
+    return digest.hexdigest(), max(longest, run)
 
 
 def kind_of(path: str | os.PathLike[str], text_extensions: list[str]) -> str | None:
@@ -332,7 +357,24 @@ def _consider(
                     )
                 )
                 return
-            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+            if kind in LINE_CHECKED and config.max_line_bytes:
+                digest, longest = _digest_and_longest_line(fh)
+                if longest > config.max_line_bytes:
+                    result.failures.append(
+                        Failure(
+                            file_path,
+                            STAGE,
+                            "long_line",
+                            f"a line of {longest} bytes (discover.max_line_bytes="
+                            f"{config.max_line_bytes}): minified or generated data, not text to "
+                            "search? Raise discover.max_line_bytes (0: no limit) to index it "
+                            "anyway, or add it to discover.ignore.",
+                            digest,
+                        )
+                    )
+                    return
+            else:
+                digest = hashlib.file_digest(fh, "sha256").hexdigest()
     except OSError as exc:
         result.failures.append(Failure(file_path, STAGE, "unreadable", exc.strerror or str(exc)))
         return

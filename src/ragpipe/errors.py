@@ -25,6 +25,10 @@ class StageError(RagpipeError):
     """A pipeline stage cannot run at all (missing models, broken checkpoint)."""
 
 
+class DiskFull(StageError):
+    """A write failed for lack of space (ENOSPC/EDQUOT): the run stops at once."""
+
+
 class MassDeletionHeld(RagpipeError):
     """More indexed files vanished than ``index.max_delete_share`` allows; none were deleted."""
 

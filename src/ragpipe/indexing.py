@@ -64,8 +64,11 @@ from ragpipe.stages import (
     StageSummary,
     chunk_fingerprint,
     finish_stage,
+    read_input,
+    read_output,
     reuse_stage,
     stage_dir,
+    verify_output,
     web_pages,
 )
 from ragpipe.store import (
@@ -76,6 +79,7 @@ from ragpipe.store import (
     VectorStore,
     VersionStats,
     Where,
+    check_store_space,
     open_store,
     peek_meta,
     store_generation,
@@ -172,8 +176,9 @@ def stored_versions(config: RagpipeConfig) -> FileVersions:
     """
     name = embedder_name(config.embed)
     cached = saved_versions(config)
-    if cached is not None:
-        StoreMeta(name, None).check(peek_meta(config.store) or {}, str(config.store.path))
+    meta = peek_meta(config.store) if cached is not None else None
+    if cached is not None and meta is not None:  # no metadata: opening the store rebuilds it
+        StoreMeta(name, None).check(meta, str(config.store.path))
         return cached
     store = open_store(config.store, name, None)
     if store is None:
@@ -192,14 +197,13 @@ def run_plan(config: RagpipeConfig, discovered: StageSummary) -> StageSummary:
     Always runs: the store, not a checkpoint, is the truth about what is indexed.
     """
     started = time.perf_counter()
-    sources = checkpoint.read_records(stage_dir(config, "discover") / "files.parquet", SourceFile)
+    check_store_space(config.store)  # a full disk stops the run here, not after converting
+    sources = read_input(config, discovered, "files.parquet", SourceFile)
     # A source that failed discovery (unreadable file, page timing out) still exists,
     # unless the failure says it is gone (a page answering 404).
     unreadable = {
         f.file_path
-        for f in checkpoint.read_records(
-            stage_dir(config, "discover") / "failures.parquet", Failure
-        )
+        for f in read_input(config, discovered, "failures.parquet", Failure)
         if f.category not in GONE_CATEGORIES
     }
     index_fp = index_fingerprint(config)
@@ -237,6 +241,7 @@ def run_plan(config: RagpipeConfig, discovered: StageSummary) -> StageSummary:
         {"files": (todo, SourceFile), "plan": (entries, PlanEntry)},
         counts,
         started,
+        uuid.uuid4().hex,  # this run's plan: every later stage checks its input carries it
     )
 
 
@@ -384,12 +389,13 @@ def run_embed(config: RagpipeConfig, chunked: StageSummary) -> StageSummary:
     started = time.perf_counter()
     here = stage_dir(config, "embed")
     index_fp = index_fingerprint(config)
-    reused = reuse_stage(here, "embed", index_fp, chunked.output_fingerprint)
+    plan_id = chunked.plan_id
+    reused = reuse_stage(here, "embed", index_fp, chunked.output_fingerprint, plan_id)
     if reused:  # this run embedded nothing: every vector comes from the checkpoint
         n_kept = reused.counts["chunks"] - reused.counts["duplicates_skipped"]
         reused.counts = {**reused.counts, "embedded": 0, "reused": n_kept, "prefix_trimmed": 0}
         return reused
-    chunks = checkpoint.read_records(stage_dir(config, "chunk") / "chunks.parquet", Chunk)
+    chunks = read_input(config, chunked, "chunks.parquet", Chunk)
     kept, duplicates = chunks, 0
     if config.embed.dedupe_chunks:
         kept, duplicates = _dedupe(chunks, _indexed_text_shas(config, chunks))
@@ -446,13 +452,16 @@ def run_embed(config: RagpipeConfig, chunked: StageSummary) -> StageSummary:
             "prefix_trimmed": stats["prefix_trimmed"],
             "dim": dim,
         },
+        plan_id=plan_id,
     )
     checkpoint.write_manifest(here, manifest)
     for part in parts_dir.glob("*.parquet"):  # folded into embeddings.parquet
         part.unlink(missing_ok=True)
     seconds = time.perf_counter() - started
     logger.info("embed: %d embedded, %d reused in %.1fs", len(todo), reused_n, seconds)
-    return StageSummary("embed", manifest.output_fingerprint, manifest.counts, seconds=seconds)
+    return StageSummary(
+        "embed", manifest.output_fingerprint, manifest.counts, seconds=seconds, plan_id=plan_id
+    )
 
 
 def _indexed_text_shas(config: RagpipeConfig, chunks: Sequence[Chunk]) -> set[str]:
@@ -600,8 +609,13 @@ def run_upsert(config: RagpipeConfig, embedded: StageSummary) -> StageSummary:
     """
     started = time.perf_counter()
     index_fp = index_fingerprint(config)
-    entries = checkpoint.read_records(stage_dir(config, "plan") / "plan.parquet", PlanEntry)
-    vectors = read_embeddings(stage_dir(config, "embed") / "embeddings.parquet")
+    plan_id = embedded.plan_id
+    # Every input checked to be this run's before anything is written.
+    entries = read_output(config, "plan", "plan.parquet", PlanEntry, plan_id)
+    chunks_path = verify_output(config, "chunk", "chunks.parquet", plan_id)
+    vectors = read_embeddings(
+        verify_output(config, "embed", "embeddings.parquet", plan_id, embedded.output_fingerprint)
+    )
     dim = len(next(iter(vectors.values())).vector) if vectors else 0
 
     removed = [e for e in entries if e.action == "removed"]
@@ -625,7 +639,7 @@ def run_upsert(config: RagpipeConfig, embedded: StageSummary) -> StageSummary:
         counts["points_total"] = planned.counts.get("points_total", 0) if planned else 0
     try:
         if store is not None and vectors:
-            chunks = checkpoint.read_records(stage_dir(config, "chunk") / "chunks.parquet", Chunk)
+            chunks = checkpoint.read_records(chunks_path, Chunk)
             web = dict(iter_metadata(web_pages(config)))
             points = build_points(chunks, vectors, index_fp, web)
             progress = reporter()
@@ -680,7 +694,9 @@ def run_upsert(config: RagpipeConfig, embedded: StageSummary) -> StageSummary:
             "points_total",
         )
     }
-    manifest = checkpoint.Manifest("upsert", index_fp, embedded.output_fingerprint, {}, result)
+    manifest = checkpoint.Manifest(
+        "upsert", index_fp, embedded.output_fingerprint, {}, result, plan_id=plan_id
+    )
     checkpoint.write_manifest(here, manifest)
     if hold:
         logger.error(
@@ -691,7 +707,9 @@ def run_upsert(config: RagpipeConfig, embedded: StageSummary) -> StageSummary:
             100 * share,
             100 * config.index.max_delete_share,
         )
-    return StageSummary("upsert", manifest.output_fingerprint, result, seconds=seconds)
+    return StageSummary(
+        "upsert", manifest.output_fingerprint, result, seconds=seconds, plan_id=plan_id
+    )
 
 
 def mass_deletion_message(config: RagpipeConfig, held: int, indexed: int) -> str:

@@ -1,10 +1,12 @@
-"""One writer per index: an exclusive lock held for a whole ingest run.
+"""One writer per index, and per work dir: exclusive locks held for a whole ingest run.
 
-Two ingests against the same store never interleave: the second waits up to
-``index.lock_timeout_s`` for the first to finish, then refuses with a message
-naming the lock and its holder. The lock is an OS file lock (``flock``),
-released when the holding process exits, even by SIGKILL: a crash never
-leaves a stale lock behind.
+Two ingests against the same store never interleave, nor do two that share a
+work dir (their checkpoints would mix, whatever stores they write to): the
+second waits up to ``index.lock_timeout_s`` for the first to finish, saying
+so, then refuses with a message naming the lock and its holder. The locks are
+OS file locks (``flock``), released when the holding process exits, even by
+SIGKILL: a crash never leaves a stale lock behind. An Edge store's lock is
+keyed on its real path, so a store reached through a symlink is the same index.
 """
 
 from __future__ import annotations
@@ -12,55 +14,89 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import socket
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 from ragpipe.config import RagpipeConfig, StoreBackend
 from ragpipe.errors import StageError
 
+logger = logging.getLogger(__name__)
+
+# How often a waiting run says it is still waiting.
+WAIT_NOTICE_S = 30.0
+
 
 def lock_path(config: RagpipeConfig) -> Path:
-    """Beside an Edge store; in the work dir for a qdrant server or local mode."""
+    """Beside an Edge store (its real path); in the work dir's parent for a qdrant server."""
     store = config.store
     if store.backend == StoreBackend.EDGE:
-        return store.path.parent / f".{store.path.name}.ingest.lock"
+        real = store.path.resolve()
+        return real.parent / f".{real.name}.ingest.lock"
     where = f"{store.url or store.path}|{store.collection}"
     digest = hashlib.sha256(where.encode()).hexdigest()[:12]
-    return config.paths.work_dir.parent / f".ragpipe-{digest}.ingest.lock"
+    return config.paths.work_dir.resolve().parent / f".ragpipe-{digest}.ingest.lock"
+
+
+def work_dir_lock_path(config: RagpipeConfig) -> Path:
+    """The work dir's own lock: inside it, so every config naming it finds the same file."""
+    return config.paths.work_dir.resolve() / ".ingest.lock"
 
 
 @contextmanager
 def ingest_lock(config: RagpipeConfig, timeout_s: float | None = None) -> Iterator[Path]:
-    """Hold the index's writer lock for the body; wait, then raise StageError if taken."""
-    path = lock_path(config)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Hold the index's and then the work dir's writer locks for the body.
+
+    Always in this order, so two runs never wait on each other. Each is waited for
+    up to ``index.lock_timeout_s`` (or ``timeout_s``); a lock still taken then
+    raises StageError naming its holder.
+    """
     wait = config.index.lock_timeout_s if timeout_s is None else timeout_s
+    deadline = time.monotonic() + wait
+    with ExitStack() as stack:
+        path = lock_path(config)
+        stack.enter_context(_flock(path, "index", deadline, wait))
+        stack.enter_context(_flock(work_dir_lock_path(config), "work dir", deadline, wait))
+        yield path
+
+
+@contextmanager
+def _flock(path: Path, what: str, deadline: float, wait: float) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        deadline = time.monotonic() + wait
+        said = 0.0
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = _read_holder(path)
+                now = time.monotonic()
+                holder = _read_holder(path)
+                if now >= deadline:
                     raise StageError(
-                        f"another ingest is writing to this index ({holder}; lock {path}). "
+                        f"another ingest is writing to this {what} ({holder}; lock {path}). "
                         f"Waited {wait:.0f}s (index.lock_timeout_s). Runs never interleave: "
                         "try again when it has finished."
                     ) from None
-                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                if now - said >= WAIT_NOTICE_S or not said:
+                    logger.warning(
+                        "waiting for the ingest holding the %s lock (%s; lock %s), "
+                        "up to %.0fs more (index.lock_timeout_s)",
+                        what, holder, path, deadline - now,
+                    )  # fmt: skip
+                    said = now
+                time.sleep(min(0.5, max(0.0, deadline - now)))
         me = {"pid": os.getpid(), "host": socket.gethostname(),
               "since": datetime.now(UTC).isoformat()}  # fmt: skip
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(me).encode(), 0)
-        yield path
+        yield
     finally:
         os.close(fd)  # closing releases the lock
 

@@ -25,7 +25,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -55,6 +55,7 @@ class StageSummary:
     counts: dict[str, int]
     reused: bool = False
     seconds: float = 0.0
+    plan_id: str = ""  # the run's plan (see ``read_input``); "" before plan runs
 
 
 def stage_dir(config: RagpipeConfig, stage: str) -> Path:
@@ -70,26 +71,102 @@ def finish_stage(
     outputs: dict[str, tuple[Sequence[Any], type]],
     counts: dict[str, int],
     started: float,
+    plan_id: str = "",
 ) -> StageSummary:
     """Write a stage's outputs, then its manifest (which marks it done)."""
     digests = {
         f"{name}.parquet": checkpoint.write_records(directory / f"{name}.parquet", rows, rtype)
         for name, (rows, rtype) in outputs.items()
     }
-    manifest = checkpoint.Manifest(stage, config_fp, input_fp, digests, counts)
+    manifest = checkpoint.Manifest(stage, config_fp, input_fp, digests, counts, plan_id=plan_id)
     checkpoint.write_manifest(directory, manifest)  # last: marks the stage done
     seconds = time.perf_counter() - started
     logger.info("%s: %s (%.1fs)", stage, ", ".join(f"{k}={v}" for k, v in counts.items()), seconds)
-    return StageSummary(stage, manifest.output_fingerprint, counts, seconds=seconds)
+    return StageSummary(
+        stage, manifest.output_fingerprint, counts, seconds=seconds, plan_id=plan_id
+    )
 
 
-def reuse_stage(directory: Path, stage: str, config_fp: str, input_fp: str) -> StageSummary | None:
-    """The finished stage's summary when it already ran on these inputs and config."""
+def reuse_stage(
+    directory: Path, stage: str, config_fp: str, input_fp: str, plan_id: str = ""
+) -> StageSummary | None:
+    """The finished stage's summary when it already ran on these inputs and config.
+
+    The reused output now belongs to this run's plan: its manifest is stamped with it.
+    """
     manifest = checkpoint.is_current(directory, config_fp, input_fp)
     if manifest is None:
         return None
+    if manifest.plan_id != plan_id:
+        manifest.plan_id = plan_id
+        checkpoint.write_manifest(directory, manifest)
     logger.info("%s: inputs and config unchanged, reusing checkpoint", stage)
-    return StageSummary(stage, manifest.output_fingerprint, manifest.counts, reused=True)
+    return StageSummary(
+        stage, manifest.output_fingerprint, manifest.counts, reused=True, plan_id=plan_id
+    )
+
+
+def checked_manifest(config: RagpipeConfig, stage: str, plan_id: str) -> checkpoint.Manifest:
+    """The finished ``stage``'s manifest, refused unless it belongs to this run's plan.
+
+    Two runs sharing a work dir for different indexes would otherwise read each
+    other's checkpoints (the ingest lock also covers the work dir; this is the
+    check that holds whoever writes there).
+    """
+    directory = stage_dir(config, stage)
+    manifest = checkpoint.read_manifest(directory)
+    if manifest is None or (plan_id and manifest.plan_id != plan_id):
+        found = "no finished stage" if manifest is None else f"plan {manifest.plan_id[:12] or '?'}"
+        raise StageError(
+            f"the {stage} checkpoint in {directory} is not this run's ({found}; this run's plan "
+            f"{plan_id[:12]}): another run wrote into the work dir {config.paths.work_dir} "
+            "meanwhile. Give each index its own paths.work_dir and re-run; nothing of this run "
+            "was written to the store."
+        )
+    return manifest
+
+
+def verify_output(
+    config: RagpipeConfig,
+    stage: str,
+    name: str,
+    plan_id: str,
+    output_fingerprint: str | None = None,
+) -> Path:
+    """The path of one output of a finished ``stage``, checked to be this run's.
+
+    The manifest must be of this run's plan (once the run has one) and, when given,
+    have ``output_fingerprint``; the file must still have the SHA-256 it records.
+    """
+    directory = stage_dir(config, stage)
+    manifest = checked_manifest(config, stage, plan_id)
+    path = directory / name
+    recorded = {name: manifest.outputs.get(name, "")}
+    same = output_fingerprint is None or manifest.output_fingerprint == output_fingerprint
+    if not same or not checkpoint.outputs_intact(directory, replace(manifest, outputs=recorded)):
+        raise StageError(
+            f"{path} is not the file its stage finished with (another run writing into the "
+            f"work dir {config.paths.work_dir}?). Give each index its own paths.work_dir and "
+            "re-run; nothing of this run was written to the store."
+        )
+    return path
+
+
+def read_output(
+    config: RagpipeConfig, stage: str, name: str, record_type: type[T], plan_id: str
+) -> list[T]:
+    """Read one output of a finished ``stage`` (see ``verify_output``)."""
+    return checkpoint.read_records(verify_output(config, stage, name, plan_id), record_type)
+
+
+def read_input(
+    config: RagpipeConfig, previous: StageSummary, name: str, record_type: type[T]
+) -> list[T]:
+    """Read an output of the stage ``previous`` summarises (see ``read_output``)."""
+    path = verify_output(
+        config, previous.stage, name, previous.plan_id, previous.output_fingerprint
+    )
+    return checkpoint.read_records(path, record_type)
 
 
 def _per_document(
@@ -285,7 +362,8 @@ def run_convert(config: RagpipeConfig, discovered: StageSummary) -> StageSummary
     here = stage_dir(config, "convert")
     converter = Converter(config.convert)
     config_fp = _convert_fingerprint(converter)
-    reused = reuse_stage(here, "convert", config_fp, discovered.output_fingerprint)
+    plan_id = discovered.plan_id
+    reused = reuse_stage(here, "convert", config_fp, discovered.output_fingerprint, plan_id)
     if reused:
         reused.counts = {
             **reused.counts,
@@ -294,9 +372,7 @@ def run_convert(config: RagpipeConfig, discovered: StageSummary) -> StageSummary
         }
         return reused
     # The files to convert: the plan's (only new and changed files) or discover's (all).
-    sources = checkpoint.read_records(
-        stage_dir(config, discovered.stage) / "files.parquet", SourceFile
-    )
+    sources = read_input(config, discovered, "files.parquet", SourceFile)
     cache_dir = here / "cache"
     stats: Counter[str] = Counter()
 
@@ -333,6 +409,7 @@ def run_convert(config: RagpipeConfig, discovered: StageSummary) -> StageSummary
         {"documents": (docs, Document), "failures": (failures, Failure)},
         counts,
         started,
+        plan_id,
     )
 
 
@@ -353,10 +430,10 @@ def run_clean(config: RagpipeConfig, converted: StageSummary) -> StageSummary:
     started = time.perf_counter()
     here = stage_dir(config, "clean")
     config_fp = fingerprint(config.clean, CLEAN_VERSION)
-    reused = reuse_stage(here, "clean", config_fp, converted.output_fingerprint)
+    reused = reuse_stage(here, "clean", config_fp, converted.output_fingerprint, converted.plan_id)
     if reused:
         return reused
-    docs = checkpoint.read_records(stage_dir(config, "convert") / "documents.parquet", Document)
+    docs = read_input(config, converted, "documents.parquet", Document)
 
     def clean_one(doc: Document) -> CleanedDocument:
         result = clean_markdown(doc.markdown, config.clean)
@@ -392,6 +469,7 @@ def run_clean(config: RagpipeConfig, converted: StageSummary) -> StageSummary:
         {"documents": (cleaned, CleanedDocument), "failures": (failures, Failure)},
         counts,
         started,
+        converted.plan_id,
     )
 
 
@@ -414,12 +492,10 @@ def run_chunk(config: RagpipeConfig, cleaned: StageSummary) -> StageSummary:
     started = time.perf_counter()
     here = stage_dir(config, "chunk")
     config_fp = chunk_fingerprint(config)
-    reused = reuse_stage(here, "chunk", config_fp, cleaned.output_fingerprint)
+    reused = reuse_stage(here, "chunk", config_fp, cleaned.output_fingerprint, cleaned.plan_id)
     if reused:
         return reused
-    docs = checkpoint.read_records(
-        stage_dir(config, "clean") / "documents.parquet", CleanedDocument
-    )
+    docs = read_input(config, cleaned, "documents.parquet", CleanedDocument)
     counter = TokenCounter(config.chunk.tokenizer)
 
     def chunk_one(doc: CleanedDocument) -> list[Chunk]:
@@ -443,6 +519,7 @@ def run_chunk(config: RagpipeConfig, cleaned: StageSummary) -> StageSummary:
         {"chunks": (chunks, Chunk), "failures": (failures, Failure)},
         counts,
         started,
+        cleaned.plan_id,
     )
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import time
 import uuid
 from collections import defaultdict
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import numpy as np
 import numpy.typing as npt
 
-from ragpipe.checkpoint import atomic_write_bytes
+from ragpipe.checkpoint import _fsync_dir, atomic_write_bytes, disk_full, free_bytes
 from ragpipe.config import StoreBackend, StoreConfig
 from ragpipe.errors import ConfigError, StageError
 
@@ -50,6 +52,9 @@ KEYWORD_FIELDS = ["file_path", "source_sha", "config_fingerprint", "doc_id"]
 # without an index Qdrant checks the payload of every chunk of those documents
 # (3.6 ms at 50k chunks, 0.9 ms with it).
 INTEGER_FIELDS = ["chunk_index"]
+# Stamped on every point: which embedder wrote it. The store's identity survives inside
+# the shard when its metadata file is lost, so the embedder check cannot be bypassed.
+EMBEDDER_FIELD = "embedder"
 
 Value = str | int
 Match = Value | Sequence[Value]
@@ -252,30 +257,72 @@ class _Scrolling:
 # -- Qdrant Edge ---------------------------------------------------------------------
 
 
+def ensure_space(path: Path, reserve: int, adding: int = 0) -> None:
+    """Refuse (DiskFull) when the file system of an Edge store lacks ``reserve + adding``.
+
+    Qdrant Edge memory-maps its files: a full disk kills the process with SIGBUS
+    when a mapped page is first written, so this is the only place to say so.
+    """
+    if not reserve:
+        return
+    free = free_bytes(path)
+    if free is not None and free < reserve + adding:
+        why = (
+            f" (Qdrant Edge maps its files into memory: store.min_free_mb "
+            f"{reserve // 1_000_000} MB{' + 3x the new points' if adding else ''})"
+        )
+        raise disk_full(path, reserve + adding, why=why)
+
+
+def check_store_space(config: StoreConfig) -> None:
+    """Before any conversion work: an Edge store's file system has its reserve."""
+    if config.backend == StoreBackend.EDGE:
+        ensure_space(config.path, config.min_free_mb * 1_000_000)
+
+
+def _point_bytes(point: IndexPoint) -> int:
+    """Rough size of one stored point: vector, sparse terms, payload text, overhead."""
+    text = point.payload.get("text")
+    return point.dense.nbytes + 8 * len(point.sparse_indices) + 2 * len(str(text or "")) + 512
+
+
 class EdgeStore(_Scrolling):
     """Qdrant Edge: the real engine in-process, one shard directory."""
 
-    def __init__(self, path: Path, meta: StoreMeta, batch_size: int = 256, page: int = 1000):
+    def __init__(
+        self,
+        path: Path,
+        meta: StoreMeta,
+        batch_size: int = 256,
+        page: int = 1000,
+        min_free_mb: int = 0,
+    ):
         import qdrant_edge as qe
 
         self._qe = qe
         self.path = path
+        self.min_free = min_free_mb * 1_000_000
+        ensure_space(path, self.min_free)
         self.location = f"edge:{path}"
         self.batch_size = batch_size
         self.page = page
         self._sparse = SparseEncoder()
         self._writing = False
+        self._embedder = meta.embedder
         meta_path = path / META_FILE
-        if meta_path.is_file():
-            meta.check(read_meta(meta_path), str(path))
+        stored = read_meta(meta_path) if meta_path.is_file() else None
+        if stored is not None:
+            meta.check(stored, str(path))
         try:
             if (path / "segments").is_dir():
                 self._shard = qe.EdgeShard.load(str(path))
                 self._check_shard_dim(meta)
+                if stored is None:
+                    self._recover_meta(meta)
             else:
                 self._shard = self._create(meta)
                 self._before_write()
-        except ConfigError:
+        except (ConfigError, StageError):
             raise
         except Exception as exc:
             if "WouldBlock" in str(exc):
@@ -284,45 +331,121 @@ class EdgeStore(_Scrolling):
                     "ingest running?); wait for it to finish"
                 ) from exc
             raise StageError(f"cannot open the Qdrant Edge store at {path}: {exc}") from exc
-        if not meta_path.is_file() and meta.dim is not None:
-            atomic_write_bytes(meta_path, json.dumps(asdict(meta), indent=2).encode())
 
     def _create(self, meta: StoreMeta) -> qdrant_edge.EdgeShard:
+        """Create the shard atomically: built whole in a temp dir, then renamed into place.
+
+        A kill mid-creation leaves only the temp dir (removed by the next creation),
+        never a store without its payload indexes or metadata.
+        """
         qe = self._qe
         assert meta.dim is not None
+        parent = self.path.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        for leftover in parent.glob(f".{self.path.name}.creating-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        tmp = parent / f".{self.path.name}.creating-{uuid.uuid4().hex[:12]}"
         config = qe.EdgeConfig(
             vectors={DENSE: qe.EdgeVectorParams(size=meta.dim, distance=qe.Distance.Cosine)},
             sparse_vectors={SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
         )
-        shard: qdrant_edge.EdgeShard = qe.EdgeShard.create(str(self.path), config)
-        for name in KEYWORD_FIELDS:
-            shard.update(qe.UpdateOperation.create_field_index(name, qe.PayloadSchemaType.Keyword))
-        self._integer_indexes(shard)
-        text_index = qe.TextIndexParams(tokenizer=qe.TokenizerType.Word, lowercase=True)
-        shard.update(qe.UpdateOperation.create_field_index("text", text_index))
-        shard.flush()
-        return shard
+        try:
+            shard: qdrant_edge.EdgeShard = qe.EdgeShard.create(str(tmp), config)
+            self._repair_indexes(shard)
+            shard.flush()
+            shard.close()
+            atomic_write_bytes(tmp / META_FILE, json.dumps(asdict(meta), indent=2).encode())
+            if self.path.exists():
+                self._clear_non_store(self.path)
+            os.rename(tmp, self.path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _fsync_dir(parent)
+        loaded: qdrant_edge.EdgeShard = qe.EdgeShard.load(str(self.path))
+        return loaded
 
-    def _integer_indexes(self, shard: qdrant_edge.EdgeShard) -> None:
-        """Create the integer payload indexes the shard lacks (stores built before they existed)."""
+    @staticmethod
+    def _clear_non_store(path: Path) -> None:
+        """Make room for a new store at ``path``: only ragpipe's own files may be there."""
+        found = sorted(p.name for p in path.iterdir()) if path.is_dir() else [path.name]
+        if not path.is_dir() or not set(found) <= {META_FILE, GENERATION_FILE}:
+            raise StageError(
+                f"store.path {path} exists and is not a Qdrant Edge store (it holds "
+                f"{', '.join(found[:5])}{', …' if len(found) > 5 else ''}). Point store.path at "
+                "a new or empty directory."
+            )
+        for name in found:
+            (path / name).unlink()
+        path.rmdir()
+
+    def _repair_indexes(self, shard: qdrant_edge.EdgeShard) -> None:
+        """Create every payload index the shard lacks (a store created before one existed,
+        or by an older ragpipe killed mid-creation)."""
+        qe = self._qe
         have = set(shard.info().payload_schema)
-        for name in INTEGER_FIELDS:
-            if name not in have:
-                kind = self._qe.PayloadSchemaType.Integer
-                shard.update(self._qe.UpdateOperation.create_field_index(name, kind))
+        wanted: list[tuple[str, Any]] = [
+            *((name, qe.PayloadSchemaType.Keyword) for name in KEYWORD_FIELDS),
+            *((name, qe.PayloadSchemaType.Integer) for name in INTEGER_FIELDS),
+            ("text", qe.TextIndexParams(tokenizer=qe.TokenizerType.Word, lowercase=True)),
+        ]
+        missing = [(name, kind) for name, kind in wanted if name not in have]
+        if missing and have:  # a fresh shard has none: that is creation, not repair
+            logger.warning(
+                "store %s lacked the payload indexes %s; created them",
+                self.path, ", ".join(name for name, _ in missing),
+            )  # fmt: skip
+        for name, kind in missing:
+            shard.update(qe.UpdateOperation.create_field_index(name, kind))
 
     def _before_write(self) -> None:
         if not self._writing:
             atomic_write_bytes(self.path / GENERATION_FILE, uuid.uuid4().hex.encode())
             self._writing = True
-            self._integer_indexes(self._shard)
+            self._repair_indexes(self._shard)
 
-    def _check_shard_dim(self, meta: StoreMeta) -> None:
+    def _stored_dim(self) -> int | None:
         config_file = self.path / "edge_config.json"
         if not config_file.is_file():
-            return
+            return None
         stored = json.loads(config_file.read_text(encoding="utf-8"))
         size = stored.get("vectors", {}).get(DENSE, {}).get("size")
+        return int(size) if size is not None else None
+
+    def _recover_meta(self, meta: StoreMeta) -> None:
+        """The metadata file is gone: check the embedder stamped on the points, then
+        write the file back. Points from before the stamp cannot be checked: say so."""
+        qe = self._qe
+        request = qe.ScrollRequest(limit=64, with_payload=[EMBEDDER_FIELD])
+        records, _ = self._shard.scroll(request)
+        stamps = [r.payload.get(EMBEDDER_FIELD) for r in records if r.payload]
+        found = next((s for s in stamps if s), None)
+        dim = self._stored_dim()
+        if found is None and records:
+            logger.warning(
+                "%s is missing and the store's points predate the embedder stamp: the "
+                "embedder (%s) cannot be checked against the one that built it",
+                self.path / META_FILE, meta.embedder,
+            )  # fmt: skip
+            return
+        try:
+            meta.check({"embedder": found or meta.embedder, "dim": dim}, str(self.path))
+        except ConfigError:
+            self._shard.close()
+            raise
+        rebuilt = StoreMeta(embedder=found or meta.embedder, dim=dim)
+        try:
+            atomic_write_bytes(
+                self.path / META_FILE, json.dumps(asdict(rebuilt), indent=2).encode()
+            )
+        except OSError as exc:  # a read-only store still answers; the check was made
+            logger.warning("could not write back %s: %s", self.path / META_FILE, exc)
+            return
+        logger.warning("%s was missing; rebuilt it from the store (embedder %s, %s dimensions)",
+                       self.path / META_FILE, rebuilt.embedder, dim)  # fmt: skip
+
+    def _check_shard_dim(self, meta: StoreMeta) -> None:
+        size = self._stored_dim()
         if meta.dim is not None and size is not None and size != meta.dim:
             self._shard.close()
             meta.check({"dim": size, "embedder": meta.embedder}, str(self.path))
@@ -350,6 +473,7 @@ class EdgeStore(_Scrolling):
     ) -> None:
         qe = self._qe
         if points:
+            ensure_space(self.path, self.min_free, 3 * sum(_point_bytes(p) for p in points))
             self._before_write()
         for start in range(0, len(points), self.batch_size):
             batch = [
@@ -359,7 +483,7 @@ class EdgeStore(_Scrolling):
                         DENSE: p.dense.tolist(),
                         SPARSE: qe.SparseVector(p.sparse_indices, p.sparse_values),
                     },
-                    p.payload,
+                    {**p.payload, EMBEDDER_FIELD: self._embedder},
                 )
                 for p in points[start : start + self.batch_size]
             ]
@@ -546,6 +670,7 @@ class QdrantStore(_Scrolling):
         from qdrant_client.http import models as qm
 
         self._qm = qm
+        self._embedder = meta.embedder
         self.collection = config.collection
         self.batch_size = config.batch_size
         self.page = config.scroll_page
@@ -660,7 +785,7 @@ class QdrantStore(_Scrolling):
                             indices=p.sparse_indices, values=p.sparse_values
                         ),
                     },
-                    payload=p.payload,
+                    payload={**p.payload, EMBEDDER_FIELD: self._embedder},
                 )
                 for p in points[start : start + self.batch_size]
             ]
@@ -783,7 +908,9 @@ def open_store(config: StoreConfig, embedder: str, dim: int | None) -> VectorSto
     if config.backend == StoreBackend.EDGE:
         if dim is None and not (config.path / "segments").is_dir():
             return None
-        return EdgeStore(config.path, meta, config.batch_size, config.scroll_page)
+        return EdgeStore(
+            config.path, meta, config.batch_size, config.scroll_page, config.min_free_mb
+        )
     store = QdrantStore(config, meta)
     if not store.exists:
         store.close()

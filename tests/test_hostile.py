@@ -1,0 +1,438 @@
+"""The attacker's cases (issue 16), kept as tests so they stay found.
+
+A. a file name that is not UTF-8;  B. two runs sharing a work dir;
+C. a kill while a new Edge store is created;  D. hostile text in output;
+E. damaged or deleted store metadata;  F. a full disk.
+Also: Prefect's ephemeral server after a SIGKILL, a run waiting on the lock,
+a store reached through a symlink, a file of one 5 MB line, and the
+crash-with-edits torture (kills at random points with edits between runs,
+compared with a clean reference each time; ``RAGPIPE_TORTURE_ROUNDS`` for more).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree
+
+import pytest
+
+from ragpipe import checkpoint, indexing, pipeline, stages
+from ragpipe.config import DiscoverConfig, RagpipeConfig, StoreConfig
+from ragpipe.discover import discover
+from ragpipe.errors import ConfigError, DiskFull, StageError
+from ragpipe.locking import ingest_lock, lock_path
+from ragpipe.retrieve import Retrieved, terminal_safe, to_text, to_xml
+from ragpipe.store import (
+    EMBEDDER_FIELD,
+    INTEGER_FIELDS,
+    KEYWORD_FIELDS,
+    META_FILE,
+    EdgeStore,
+    open_store,
+    peek_meta,
+)
+from tests.conftest import REPO
+from tests.crash_ingest import POINTS
+from tests.test_indexing import TOPICS, _doc, make_config, stored
+
+ONNX = "paraphrase-MiniLM-L3-v2"
+ALL_INDEXES = {*KEYWORD_FIELDS, *INTEGER_FIELDS, "text"}
+
+
+def _text_corpus(root: Path, topics: list[str], version: int = 1) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for topic in topics:
+        (root / f"{topic}.txt").write_text(_doc(topic, version), encoding="utf-8")
+    return root
+
+
+def _without_time(points: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {pid: {k: v for k, v in p.items() if k != "ingested_at"} for pid, p in points.items()}
+
+
+# -- A. a file name that is not UTF-8 --------------------------------------------------
+
+
+def test_a_file_name_that_is_not_utf8_is_a_failure_row_and_the_batch_goes_on(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "good.md").write_text("# Good\n\nApples.\n")
+    bad = os.path.join(os.fsencode(root), b"bad_\xff\xfe_name.md")
+    with open(bad, "wb") as fh:
+        fh.write(b"# Bad name\n\nThe bytes of this name are not UTF-8.\n")
+    result = discover(DiscoverConfig(roots=[root]))
+    assert [f.file_path.rsplit("/", 1)[-1] for f in result.files] == ["good.md"]
+    (failure,) = result.failures
+    assert failure.category == "bad_name" and failure.file_path.endswith("bad_\\xff\\xfe_name.md")
+    failure.file_path.encode("utf-8")  # storable as it is
+    assert "b'" in failure.message and "convmv" in failure.message
+
+
+# -- B. two runs sharing a work dir ----------------------------------------------------
+
+
+def test_two_ingests_sharing_a_work_dir_take_turns_and_each_store_gets_its_own_corpus(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    corpus_a = _text_corpus(tmp_path / "a", TOPICS[:2])
+    corpus_b = _text_corpus(tmp_path / "b", TOPICS[2:5])
+    work = {"paths": {"work_dir": tmp_path / "work"}, "index": {"lock_timeout_s": 120}}
+    cfg_a = make_config(corpus_a, tmp_path / "sa", **work)
+    cfg_b = make_config(corpus_b, tmp_path / "sb", **work)
+    results: dict[str, Any] = {}
+
+    def run(name: str, cfg: RagpipeConfig) -> None:
+        try:
+            results[name] = pipeline.run_ingest(cfg)
+        except Exception as exc:  # reported below
+            results[name] = exc
+
+    with caplog.at_level(logging.WARNING, logger="ragpipe.locking"):
+        threads = [threading.Thread(target=run, args=x) for x in (("a", cfg_a), ("b", cfg_b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert results["a"].added == 2 and results["b"].added == 3, results
+    for cfg, topics in ((cfg_a, TOPICS[:2]), (cfg_b, TOPICS[2:5])):
+        files = {Path(p["file_path"]).stem for p in stored(cfg).values()}
+        assert files == set(topics)  # its own corpus, whole, and nothing of the other
+    assert "waiting for the ingest holding the work dir lock" in caplog.text
+
+
+def test_a_stage_refuses_a_checkpoint_another_run_wrote_into_its_work_dir(tmp_path: Path) -> None:
+    work = {"paths": {"work_dir": tmp_path / "work"}}
+    cfg_a = make_config(_text_corpus(tmp_path / "a", TOPICS[:2]), tmp_path / "sa", **work)
+    cfg_b = make_config(_text_corpus(tmp_path / "b", TOPICS[2:4]), tmp_path / "sb", **work)
+    discovered = stages.run_discover(cfg_a)
+    planned = indexing.run_plan(cfg_a, discovered)
+    chunked = stages.run_chunk(cfg_a, stages.run_clean(cfg_a, stages.run_convert(cfg_a, planned)))
+    assert len(planned.plan_id) == 32 and chunked.plan_id == planned.plan_id
+    pipeline.run_ingest(cfg_b)  # another index's run, in the same work dir, meanwhile
+    with pytest.raises(StageError, match=r"the chunk checkpoint in .* is not this run's"):
+        indexing.run_embed(cfg_a, chunked)
+    store = open_store(cfg_a.store, ONNX, None)
+    assert store is None  # nothing of B's corpus reached A's store
+
+
+def test_a_store_reached_through_a_symlink_is_the_same_index(tmp_path: Path) -> None:
+    corpus = _text_corpus(tmp_path / "c", TOPICS[:1])
+    real = make_config(corpus, tmp_path / "real")
+    (tmp_path / "via").mkdir()
+    (tmp_path / "via" / "store-edge").symlink_to(real.store.path, target_is_directory=True)
+    linked = make_config(corpus, tmp_path / "via", paths={"work_dir": tmp_path / "w2"})
+    assert lock_path(linked) == lock_path(real)
+    with ingest_lock(real), pytest.raises(StageError, match="another ingest is writing to this"):
+        pipeline.run_ingest(linked)
+    assert not linked.paths.work_dir.joinpath("discover").exists()  # refused before any work
+
+
+# -- C. a kill while a new Edge store is created ---------------------------------------
+
+_KILL_MID_CREATION = """
+import os, signal, sys
+from pathlib import Path
+import qdrant_edge as qe
+from ragpipe import store
+from ragpipe.config import StoreConfig
+
+def first_index_then_die(self, shard):
+    kind = qe.PayloadSchemaType.Keyword
+    shard.update(qe.UpdateOperation.create_field_index("file_path", kind))
+    shard.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+store.EdgeStore._repair_indexes = first_index_then_die
+store.open_store(StoreConfig(path=Path(sys.argv[1])), "e", 8)
+"""
+
+
+def test_a_kill_while_a_store_is_created_leaves_no_half_store(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    child = subprocess.run(
+        [sys.executable, "-c", _KILL_MID_CREATION, str(path)], cwd=REPO, capture_output=True
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert not path.exists()  # the half-made shard is only in its temp dir
+    assert [p.name.split("-")[0] for p in tmp_path.iterdir()] == [".store.creating"]
+    store = open_store(StoreConfig(path=path), "e", 8)
+    assert isinstance(store, EdgeStore)
+    assert set(store._shard.info().payload_schema) == ALL_INDEXES
+    store.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]  # leftover removed
+    assert json.loads((path / META_FILE).read_text())["embedder"] == "e"
+
+
+def test_a_store_missing_payload_indexes_is_repaired_at_its_next_write(tmp_path: Path) -> None:
+    import qdrant_edge as qe
+
+    from tests.test_store_contract import DIM, make_points
+
+    path = tmp_path / "store"
+    config = qe.EdgeConfig(
+        vectors={"dense": qe.EdgeVectorParams(size=DIM, distance=qe.Distance.Cosine)},
+        sparse_vectors={"bm25": qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
+    )
+    shard = qe.EdgeShard.create(str(path), config)  # as the old code left it when killed
+    shard.update(qe.UpdateOperation.create_field_index("file_path", qe.PayloadSchemaType.Keyword))
+    shard.close()
+    store = open_store(StoreConfig(path=path), "e", DIM)
+    assert isinstance(store, EdgeStore)
+    assert set(store._shard.info().payload_schema) == {"file_path"}  # reading repairs nothing
+    store.upsert(make_points()[:2])
+    assert set(store._shard.info().payload_schema) == ALL_INDEXES
+    store.close()
+
+
+# -- D. hostile text in output ---------------------------------------------------------
+
+
+def test_hostile_text_gives_well_formed_xml_and_inert_terminal_output() -> None:
+    from ragpipe.retrieve import RetrievalResult
+
+    text = "bell\x07 esc\x1b[31mred\x1b]0;title\x07 vt\x0b bs\x08 csi\x9b2J & <tag> &lt; \ufffe end"
+    hit = Retrieved(
+        "p1", 0.5, {"text": text, "file_path": "a\x1b[1m.md", "heading_path": ["H\x07"]}
+    )
+    result = RetrievalResult("q", [hit])
+    root = ElementTree.fromstring(to_xml(result))  # raises when not well-formed
+    source = root.find("source")
+    assert source is not None and source.get("file") == "a[1m.md" and source.get("heading") == "H"
+    assert source.text == (
+        "bell esc[31mred]0;title vt bs csi\x9b2J & <tag> &lt;  end"
+    )  # forbidden characters dropped, markup escaped and read back verbatim
+    shown = to_text(result)
+    assert not any(c in shown for c in "\x07\x1b\x0b\x08\x9b")
+    assert "<tag> &lt;" in shown and terminal_safe("tab\tnew\nline") == "tab\tnew\nline"
+
+
+# -- E. damaged or deleted store metadata ----------------------------------------------
+
+
+def test_damaged_store_metadata_is_a_clear_error_naming_the_file(tmp_path: Path) -> None:
+    config = StoreConfig(path=tmp_path / "store")
+    store = open_store(config, "test-embedder", 8)
+    assert store is not None
+    store.close()
+    (config.path / META_FILE).write_bytes(b"\x00garbage{")
+    for opening in (lambda: open_store(config, "test-embedder", 8), lambda: peek_meta(config)):
+        with pytest.raises(StageError, match=r"ragpipe-store\.json is unreadable or damaged"):
+            opening()
+
+
+def test_deleted_store_metadata_is_rebuilt_and_cannot_bypass_the_embedder_check(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = make_config(_text_corpus(tmp_path / "c", TOPICS[:2]), tmp_path)
+    pipeline.run_ingest(cfg)
+    assert {p[EMBEDDER_FIELD] for p in stored(cfg).values()} == {ONNX}  # identity in the shard
+    meta = cfg.store.path / META_FILE
+    meta.unlink()
+    with pytest.raises(ConfigError, match="built with embedder 'paraphrase-MiniLM-L3-v2'"):
+        open_store(cfg.store, "all-MiniLM-L6-v2", None)  # search --embedder local
+    assert not meta.exists()  # a refused open writes nothing
+    with caplog.at_level(logging.WARNING, logger="ragpipe.store"):
+        again = pipeline.run_ingest(cfg)  # the nightly no-op
+    assert again.ok and again.chunks_written == 0
+    assert json.loads(meta.read_text()) | {"created_at": None} == {
+        "embedder": ONNX, "dim": 384, "sparse": "qdrant-bm25", "schema": 1, "created_at": None
+    }  # fmt: skip
+    assert "was missing; rebuilt it from the store" in caplog.text
+
+
+# -- F. a full disk --------------------------------------------------------------------
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MB tmpfs (root only; skipped where mounting is not allowed)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("needs root to mount a small tmpfs")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)])
+    if done.returncode != 0:
+        pytest.skip("mounting a tmpfs is not allowed here")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_no_space_is_recognised_as_arrow_and_the_os_report_it() -> None:
+    assert checkpoint.is_no_space(OSError(28, "No space left on device"))
+    assert checkpoint.is_no_space(
+        OSError("Error writing bytes to file. Detail: [errno 28] No space left on device")
+    )
+    assert not checkpoint.is_no_space(OSError(13, "Permission denied"))
+
+
+def test_a_full_store_disk_is_one_clear_line_and_exit_2(tmpfs: Path, tmp_path: Path) -> None:
+    corpus = _text_corpus(tmp_path / "c", TOPICS[:1])
+    env = {**os.environ, "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore"}
+    args = ["ingest", str(corpus), "--embedder", "onnx", "--work-dir", str(tmpfs / "work"),
+            "--store-path", str(tmpfs / "store")]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args], cwd=REPO, capture_output=True, text=True,
+        env=env, timeout=300,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out  # not a SIGBUS (135)
+    assert out.count("error:") == 1 and "Traceback" not in out, out
+    assert "no space left to write" in out and "MB needed" in out and "store.min_free_mb" in out
+    assert not (tmpfs / "store").exists()  # stopped at plan: no Edge file was mapped
+    assert not (tmpfs / "work" / "convert").exists()  # and nothing was converted first
+
+
+def test_a_full_work_dir_stops_the_run_at_the_first_failed_write_then_converges(
+    tmpfs: Path, tmp_path: Path
+) -> None:
+    corpus = _text_corpus(tmp_path / "c", TOPICS[:4])
+    cfg = make_config(corpus, tmp_path, paths={"work_dir": tmpfs / "work"})
+    filler = tmpfs / "filler"
+    free = shutil.disk_usage(tmpfs).free
+    filler.write_bytes(b"\0" * (free - 48 * 1024))  # room for discover, not for the rest
+    with pytest.raises(DiskFull, match=r"no space left to write .*/work/.* free, about"):
+        pipeline.run_ingest(cfg)
+    assert not (cfg.paths.work_dir / "failures.parquet").exists()  # no failure row per file
+    assert list(tmpfs.rglob(".*.tmp")) == []  # nothing half-written kept
+    filler.unlink()
+    summary = pipeline.run_ingest(cfg)
+    assert summary.ok and summary.added == 4
+    reference = make_config(corpus, tmp_path / "ref")
+    pipeline.run_ingest(reference)
+    assert _without_time(stored(cfg)) == _without_time(stored(reference))
+
+
+# -- Also ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_killed_ingest_does_not_leave_prefects_server_running(tmp_path: Path) -> None:
+    corpus = _text_corpus(tmp_path / "c", TOPICS)
+    env = {**os.environ, "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore"}
+    args = ["ingest", str(corpus), "--embedder", "onnx", "--work-dir", str(tmp_path / "w"),
+            "--store-path", str(tmp_path / "s")]  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", *args], cwd=REPO, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    server = None
+    deadline = time.monotonic() + 120
+    while server is None and time.monotonic() < deadline and parent.poll() is None:
+        server = next(iter(_children(parent.pid)), None)
+        time.sleep(0.2)
+    assert server is not None, "the ingest never started Prefect's ephemeral server"
+    assert "uvicorn" in Path(f"/proc/{server}/cmdline").read_text()
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 20
+    while Path(f"/proc/{server}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = Path(f"/proc/{server}/stat").exists() and _state(server) != "Z"
+    assert not alive, "Prefect's ephemeral server outlived the killed ingest"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def test_a_one_line_data_file_is_a_failure_row_not_thousands_of_chunks(tmp_path: Path) -> None:
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "dump.txt").write_bytes(b"x " * 2_500_000)  # 5 MB, one line
+    (root / "minified.html").write_bytes(b"<p>" + b"y " * 100_000 + b"</p>")  # HTML is exempt
+    (root / "prose.md").write_text("# Prose\n\n" + "A normal paragraph.\n" * 1000)
+    result = discover(DiscoverConfig(roots=[root]))
+    assert sorted(Path(f.file_path).name for f in result.files) == ["minified.html", "prose.md"]
+    (failure,) = result.failures
+    assert failure.category == "long_line" and "a line of 5000000 bytes" in failure.message
+    assert failure.source_sha256 is not None
+    unlimited = discover(DiscoverConfig(roots=[root], max_line_bytes=0))
+    assert len(unlimited.files) == 3 and unlimited.failures == []
+
+
+# -- the crash-with-edits torture ------------------------------------------------------
+
+TORTURE_ROUNDS = int(os.environ.get("RAGPIPE_TORTURE_ROUNDS", "3"))
+TORTURE_SEED = int(os.environ.get("RAGPIPE_TORTURE_SEED", "16"))
+
+
+def _edit(corpus: Path, rng: random.Random, generation: int) -> str:
+    """Change two files, add one, remove one (never below three files)."""
+    files = sorted(corpus.glob("*.txt"))
+    changed = rng.sample(files, k=min(2, len(files)))
+    for path in changed:
+        path.write_text(_doc(path.stem, version=generation), encoding="utf-8")
+    added = corpus / f"topic{generation}.txt"
+    added.write_text(_doc(f"topic{generation}"), encoding="utf-8")
+    removed = ""
+    if len(files) > 3:
+        gone = rng.choice([f for f in files if f not in changed])
+        gone.unlink()
+        removed = gone.name
+    return f"changed {[p.name for p in changed]}, added {added.name}, removed {removed or '-'}"
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_kills_at_random_points_with_edits_between_runs_always_converge(tmp_path: Path) -> None:
+    rng = random.Random(TORTURE_SEED)
+    corpus = _text_corpus(tmp_path / "corpus", TOPICS[:5])
+    cfg = make_config(corpus, tmp_path / "index", index={"max_delete_share": 1.0})
+    pipeline.run_ingest(cfg)
+    kills = 0
+    for round_ in range(1, TORTURE_ROUNDS + 1):
+        story = [_edit(corpus, rng, 10 * round_)]
+        point = rng.choice(POINTS)
+        child = subprocess.run(
+            [sys.executable, "-m", "tests.crash_ingest", cfg.model_dump_json(), point],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        # 3: the run finished before reaching the point (e.g. nothing left to delete).
+        assert child.returncode in (-signal.SIGKILL, 3), child.stdout + child.stderr
+        kills += child.returncode < 0
+        story.append(f"killed at {point}" if child.returncode < 0 else f"{point} not reached")
+        if rng.random() < 0.5:  # the files change again before the re-run
+            story.append(_edit(corpus, rng, 10 * round_ + 1))
+        summary = pipeline.run_ingest(cfg)
+        reference = make_config(corpus, tmp_path / f"ref{round_}")
+        pipeline.run_ingest(reference)
+        where = f"round {round_} (seed {TORTURE_SEED}): " + "; ".join(story)
+        assert summary.ok, where
+        assert _without_time(stored(cfg)) == _without_time(stored(reference)), where
+        again = pipeline.run_ingest(cfg)
+        assert (again.chunks_written, again.chunks_deleted) == (0, 0), where
+        shutil.rmtree(reference.store.path)
+        shutil.rmtree(reference.paths.work_dir)
+        print(where)
+    assert kills, "no round reached its crash point: the torture tested nothing"
