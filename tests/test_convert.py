@@ -86,6 +86,22 @@ def test_simple_pipeline_formats(converter: Converter, tmp_path: Path) -> None:
     assert "# Notes" in doc.markdown
 
 
+def test_text_is_stored_as_written_not_escaped_for_rendering(
+    converter: Converter, tmp_path: Path
+) -> None:
+    # Docling's Markdown export escapes `<`, `&` and `_` (issue 16 D: XML output then
+    # escaped them twice); the index holds the document's own characters.
+    md = tmp_path / "ops.md"
+    md.write_text("# Ops\n\nIf a < b && c > d, call snake_case() at AT&T.\n")
+    html = tmp_path / "ops.html"
+    html.write_text("<html><body><p>If a &lt; b &amp;&amp; c &gt; d, call snake_case().</p>")
+    wanted = "If a < b && c > d, call snake_case()"
+    for path, kind in ((md, "markdown"), (html, "html")):
+        text = converter.convert(_source(path, kind), "fp").markdown
+        assert wanted in text and "&lt;" not in text and "&amp;" not in text, text
+        assert "\\_" not in text
+
+
 def _bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     from pypdf import PdfWriter
 

@@ -34,8 +34,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# Docling escapes HTML (`a < b` -> `a &lt; b`) and underscores (`snake\\_case`) for
+# rendering; ragpipe stores the document's own text, which is what is searched, shown and
+# quoted (every output format escapes for its own syntax).
+UNESCAPED: dict[str, bool] = {"escape_html": False, "escape_underscores": False}
 # Bump when conversion output changes for the same input and config.
-CONVERT_VERSION = "1"
+CONVERT_VERSION = "2"  # 2: text stored unescaped (no &lt; or \\_ from Docling)
 DOC_NAMESPACE = uuid.UUID("6f1c3f0e-8a57-4c1e-9f53-2b4f5d7a9c11")
 
 CONVERTER_FAST = "docling-native-pdf+ragpipe-structure"
@@ -218,7 +222,7 @@ class Converter:
             parts = []
             for page_no in sorted(doc.pages):
                 parts.append(PAGE_MARKER.format(page=page_no))
-                parts.append(doc.export_to_markdown(page_no=page_no))
+                parts.append(doc.export_to_markdown(page_no=page_no, **UNESCAPED))
             return name, "\n\n".join(parts) + "\n", n_pages
         result = _run_docling(self._fast_converter().convert, path)
         lines: list[Line] = []
@@ -260,7 +264,7 @@ class Converter:
         elif not head.startswith(b"PK"):
             raise InputError("corrupt", "not a DOCX file: the zip header is missing")
         result = _run_docling(self._simple_converter().convert, path)
-        return f"docling-simple-{kind}", result.document.export_to_markdown(), None
+        return f"docling-simple-{kind}", result.document.export_to_markdown(**UNESCAPED), None
 
 
 def _no_text_reason(kind: str, converter: str) -> str:
