@@ -58,8 +58,10 @@ def _prefect_env(verbose: bool) -> None:
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     from flows.ephemeral import guard_ephemeral_server
+    from flows.logs import set_library_level
 
     guard_ephemeral_server()  # a killed run must not leave Prefect's server behind
+    set_library_level(logging.INFO if verbose else logging.WARNING)
     if not verbose:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
         for name in _PREFECT_RUN_LOGGERS:

@@ -16,6 +16,7 @@ from typing import Any
 
 from prefect import flow
 
+from flows.logs import library_logs
 from ragpipe.config import RagpipeConfig, load_config
 from ragpipe.errors import GateFailed
 from ragpipe.evaluate import Gate, Variant
@@ -42,6 +43,7 @@ def eval_retrieval_flow(
 
     Returns summary.json's content plus ``report_dir``.
     """
+    library_logs()
     summary = retrieval_eval_task(_config(config, config_path), None, name)
     publish_eval_task(summary, "eval-retrieval")
     return summary
@@ -58,6 +60,7 @@ def eval_rag_flow(
     The judge is ``config.eval.judge`` (default: the generator, ``config.llm``);
     ``config.eval.rag_limit`` bounds the number of questions.
     """
+    library_logs()
     summary = rag_eval_task(_config(config, config_path), name)
     publish_eval_task(summary, "eval-rag")
     return summary
@@ -80,6 +83,7 @@ def eval_compare_flow(
         gate_metric: Fail the run (after the report is written) when this
             metric's delta CI lies entirely below ``gate_threshold`` for any variant.
     """
+    library_logs()
     if len(variants) < 2:
         raise ValueError("eval-compare needs at least two variants")
     gate = Gate(gate_metric, gate_threshold) if gate_metric else None
@@ -113,6 +117,7 @@ def eval_tune_flow(
     Returns tune.json's content plus ``report_dir``: the decision (recommend,
     refused, no change), the changed settings, and the held-out deltas.
     """
+    library_logs()
     summary = tune_task(
         _config(config, config_path), metric, share, name, config_path, write_config
     )

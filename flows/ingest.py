@@ -15,6 +15,7 @@ from prefect import flow, unmapped
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.futures import wait
 
+from flows.logs import library_logs
 from ragpipe.config import RagpipeConfig, load_config, with_sources
 from ragpipe.errors import MassDeletionHeld
 from ragpipe.indexing import embed_batches, mass_deletion_message
@@ -60,6 +61,7 @@ def ingest_flow(
         MassDeletionHeld: Too many indexed files vanished; additions were
             applied, deletions held. The summary was written first.
     """
+    library_logs()
     cfg = config if config is not None else load_config(Path(config_path) if config_path else None)
     cfg = with_sources(with_mass_delete(cfg, allow_mass_delete), roots)
     # Progress in the Prefect UI: the share of the seven stages done.

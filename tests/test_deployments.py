@@ -164,6 +164,17 @@ def test_deployments_run_on_a_real_server_and_worker(stack: Stack, tmp_path: Pat
     (report,) = (tmp_path / "reports").glob("*-deploy-check")
     assert {p.name for p in report.iterdir()} == {"per_query.parquet", "summary.json",
                                                   "report.md", "report.html"}  # fmt: skip
+    # Run logs: ragpipe's INFO lines (stage counts) reach the flow run's logs on the server.
+    (ingest_run,) = [
+        r for r in stack.runs("ingest/nightly-reindex") if r["state_type"] == "COMPLETED"
+    ]
+    logs = stack.post("/logs/filter", {"logs": {"flow_run_id": {"any_": [ingest_run["id"]]}}})
+    messages = "\n".join(entry["message"] for entry in logs)
+    for line in ("discover: seen=5", "upsert: points_written=14", "ingest: seen=5 added=5"):
+        assert line in messages, messages
+
+    _readers_while_the_nightly_writes(stack, tmp_path, report)
+
     tuned = stack.cli("deployment", "run", "eval-tune/eval-tune", "--watch",
                       "--param", f"config={config}", timeout=600)  # fmt: skip
     assert "finished successfully" in tuned.stdout, tuned.stdout + tuned.stderr
@@ -214,3 +225,65 @@ def test_deployments_run_on_a_real_server_and_worker(stack: Stack, tmp_path: Pat
         "the first run to finish",
     )
     assert len(final) == 2
+
+
+def _search(tmp_path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    path = tmp_path / "search.yaml"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "ragpipe"), "search", "--config", str(path),
+         "--format", "json", "How hot should the oven be?"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def _readers_while_the_nightly_writes(stack: Stack, tmp_path: Path, first_report: Path) -> None:
+    """A nightly ingest writes the index while an eval and a `ragpipe search` read it."""
+    from ragpipe import published
+    from ragpipe.config import RagpipeConfig
+    from ragpipe.locking import ingest_lock
+    from ragpipe.store import open_store
+
+    config = {**_config(tmp_path), "index": {"lock_timeout_s": 300}}
+    cfg = RagpipeConfig.model_validate(config)
+    before = published.current(cfg.store.path)
+    assert before is not None
+    assert json.loads((first_report / "summary.json").read_text())["corpus"]["index_version"][
+        "generation"
+    ] == before  # fmt: skip
+    (tmp_path / "corpus" / "kitchen.md").write_text("# Kitchen\n\nKnives go in the block.\n")
+    known = {r["id"] for r in stack.runs("ingest/nightly-reindex")}
+    # Hold the lock and the working shard, as the nightly itself does while it writes; the
+    # nightly started now waits for them and then writes a new version.
+    with ingest_lock(cfg, timeout_s=0):
+        writer = open_store(cfg.store, "paraphrase-MiniLM-L3-v2", None)
+        assert writer is not None
+        try:
+            started = stack.cli("deployment", "run", "ingest/nightly-reindex",
+                                "--param", f"config={json.dumps(config)}")  # fmt: skip
+            assert started.returncode == 0, started.stdout + started.stderr
+            evaluated = stack.cli("deployment", "run", "eval-retrieval/eval-retrieval",
+                                  "--watch", "--param", f"config={json.dumps(config)}",
+                                  "--param", "name=during-ingest", timeout=600)  # fmt: skip
+            assert "finished successfully" in evaluated.stdout, evaluated.stdout + evaluated.stderr
+            assert _search(tmp_path, config)["trace"]["index_version"] == before
+        finally:
+            writer.close()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        runs = [r for r in stack.runs("ingest/nightly-reindex")
+                if r["id"] not in known and r["state_type"] != "SCHEDULED"]  # fmt: skip
+        if runs and all(r["state_type"] in ("COMPLETED", "FAILED", "CRASHED") for r in runs):
+            break
+        time.sleep(1)
+    assert [r["state_type"] for r in runs] == ["COMPLETED"]
+    (report,) = (tmp_path / "reports").glob("*-during-ingest")
+    version = json.loads((report / "summary.json").read_text())["corpus"]["index_version"]
+    assert version["generation"] == before and version["index_fingerprint"]
+    assert "index version: `" in (report / "report.md").read_text()
+    after = published.current(cfg.store.path)
+    assert after is not None and after != before  # the nightly published a new version
+    assert _search(tmp_path, config)["trace"]["index_version"] == after  # seen at next open

@@ -152,7 +152,13 @@ def corpus_fingerprint(retriever: Retriever) -> dict[str, Any]:
         }
     )
     digest = hashlib.sha256("\n".join(f"{p}\t{s}" for p, s in pairs).encode()).hexdigest()
-    return {"files": len(pairs), "points": retriever.store.count(), "sha256": digest[:16]}
+    return {
+        "files": len(pairs),
+        "points": retriever.store.count(),
+        "sha256": digest[:16],
+        # The published index version read: generation, build fingerprint, when published.
+        "index_version": retriever.index_version,
+    }
 
 
 def run_retrieval_eval(

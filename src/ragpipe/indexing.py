@@ -46,7 +46,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragpipe import checkpoint
+from ragpipe import checkpoint, published
 from ragpipe.chunk import TokenCounter
 from ragpipe.config import EmbedProvider, RagpipeConfig, StoreBackend
 from ragpipe.embed import (
@@ -681,6 +681,8 @@ def run_upsert(config: RagpipeConfig, embedded: StageSummary) -> StageSummary:
         save_versions(config, after)  # the generation is final once the store is closed
     if hold:
         counts["deletions_held"] = len(removed)
+    version = _publish(config, counts["points_total"], after, planned, index_fp)
+    counts["published"] = int(version is not None)
     seconds = time.perf_counter() - started
     here = stage_dir(config, "upsert")
     result = {
@@ -692,8 +694,10 @@ def run_upsert(config: RagpipeConfig, embedded: StageSummary) -> StageSummary:
             "files_removed",
             "deletions_held",
             "points_total",
+            "published",
         )
     }
+    logger.info("upsert: %s (%.1fs)", ", ".join(f"{k}={v}" for k, v in result.items()), seconds)
     manifest = checkpoint.Manifest(
         "upsert", index_fp, embedded.output_fingerprint, {}, result, plan_id=plan_id
     )
@@ -710,6 +714,30 @@ def run_upsert(config: RagpipeConfig, embedded: StageSummary) -> StageSummary:
     return StageSummary(
         "upsert", manifest.output_fingerprint, result, seconds=seconds, plan_id=plan_id
     )
+
+
+def _publish(
+    config: RagpipeConfig,
+    points: int,
+    after: FileVersions | None,
+    planned: checkpoint.Manifest | None,
+    index_fp: str,
+) -> published.IndexVersion | None:
+    """Publish the Edge store for readers when this run changed it (or it never was)."""
+    generation = store_generation(config.store)
+    if generation is None:  # qdrant backend, or no store yet
+        return None
+    if after is not None:
+        files = len(after)
+    elif (
+        planned is not None
+        and not planned.counts.get("added")
+        and not planned.counts.get("removed")
+    ):
+        files = planned.counts.get("indexed_files", 0)
+    else:
+        files = len(stored_versions(config))
+    return published.publish(config.store.path, generation, points, files, index_fp)
 
 
 def mass_deletion_message(config: RagpipeConfig, held: int, indexed: int) -> str:

@@ -163,6 +163,16 @@ def _names(summary: dict[str, Any]) -> list[str]:
     return list(summary.get("metric_names") or METRICS)
 
 
+def _index_version_line(version: dict[str, Any]) -> list[str]:
+    if not version:
+        return []
+    return [
+        f"- index version: `{version['generation'][:12]}`, published {version['published_at']}"
+        f" (build fingerprint `{version['index_fingerprint']}`: converter, cleaner, chunker, "
+        "embedder settings)"
+    ]
+
+
 def markdown(summary: dict[str, Any]) -> str:
     names = _names(summary)
     title = "RAG evaluation" if summary.get("kind") == "rag" else "Retrieval evaluation"
@@ -173,6 +183,7 @@ def markdown(summary: dict[str, Any]) -> str:
         f"- granularity: {summary['granularity']}, depth {summary['depth']}",
         f"- corpus: {summary['corpus']['files']} files, {summary['corpus']['points']} chunks "
         f"(fingerprint {summary['corpus']['sha256']})",
+        *_index_version_line(summary["corpus"].get("index_version") or {}),
         f"- embedder: {summary['models']['embedder']}; git {summary['git_revision'] or 'n/a'}",
         f"- 95% CIs: percentile bootstrap, {summary['statistics']['resamples']} resamples, "
         f"seed {summary['statistics']['seed']}",

@@ -44,7 +44,8 @@ from ragpipe.config import (
 )
 from ragpipe.embed import Embedder, embedder_name, make_embedder, normalise
 from ragpipe.errors import ConfigError, StageError
-from ragpipe.store import Hit, VectorStore, Where, open_store, store_generation
+from ragpipe.published import describe
+from ragpipe.store import Hit, VectorStore, Where, open_reader
 
 if TYPE_CHECKING:
     from ragpipe.llm import LLM
@@ -422,7 +423,7 @@ class Retriever:
         self.config = config
         self.embedder = embedder or make_embedder(config.embed)
         if store is None:
-            store = open_store(config.store, embedder_name(config.embed), None)
+            store = open_reader(config.store, embedder_name(config.embed))
             if store is None:
                 where = config.store.url or config.store.path
                 raise StageError(
@@ -448,8 +449,13 @@ class Retriever:
 
     # state of the store: the client BM25 index and the file list follow it
     def _state(self) -> str:
-        generation = store_generation(self.config.store)
+        generation = getattr(self.store, "generation", None)
         return generation if generation is not None else f"count:{self.store.count()}"
+
+    @property
+    def index_version(self) -> dict[str, Any]:
+        """The published version this retriever reads ({} when not a published copy)."""
+        return describe(getattr(self.store, "version", None))
 
     @property
     def llm(self) -> LLM:
@@ -521,6 +527,7 @@ class Retriever:
             "reranker": cfg.reranker if rerank else "none",
             "mmr": cfg.mmr,
             "hyde": cfg.hyde.value,
+            "index_version": self.index_version.get("generation"),
         }
         max_chars = self.embedder.max_tokens * QUERY_CHARS_PER_TOKEN
         searched = cut_query(query, max_chars)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import numpy as np
 import numpy.typing as npt
 
+from ragpipe import published
 from ragpipe.checkpoint import _fsync_dir, atomic_write_bytes, disk_full, free_bytes
 from ragpipe.config import StoreBackend, StoreConfig
 from ragpipe.errors import ConfigError, StageError
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     import qdrant_edge
     from qdrant_client import QdrantClient
     from qdrant_client.http import models as qm
+
+    from ragpipe.published import IndexVersion
 
 logger = logging.getLogger(__name__)
 
@@ -301,6 +304,8 @@ class EdgeStore(_Scrolling):
 
         self._qe = qe
         self.path = path
+        self.owned_copy = False  # a reader's private copy of a published version: removed on close
+        self.version: IndexVersion | None = None
         self.min_free = min_free_mb * 1_000_000
         ensure_space(path, self.min_free)
         self.location = f"edge:{path}"
@@ -327,8 +332,10 @@ class EdgeStore(_Scrolling):
         except Exception as exc:
             if "WouldBlock" in str(exc):
                 raise StageError(
-                    f"the Qdrant Edge store at {path} is open in another process (another "
-                    "ingest running?); wait for it to finish"
+                    f"the Qdrant Edge store at {path} is open in another process: an ingest "
+                    "writing it, or a reader of an index that was never published (readers "
+                    "open a published copy, made at the end of every ingest: run `ragpipe "
+                    "ingest` once when nothing else uses the index)"
                 ) from exc
             raise StageError(f"cannot open the Qdrant Edge store at {path}: {exc}") from exc
 
@@ -590,10 +597,20 @@ class EdgeStore(_Scrolling):
             )
         )
 
+    @property
+    def generation(self) -> str | None:
+        """The token of the last writing session (fixed for a published copy)."""
+        try:
+            return (self.path / GENERATION_FILE).read_text(encoding="utf-8").strip() or None
+        except FileNotFoundError:
+            return None
+
     def close(self) -> None:
         if self._writing:
             self._shard.flush()
         self._shard.close()
+        if self.owned_copy:
+            shutil.rmtree(self.path, ignore_errors=True)
 
 
 # -- qdrant-client -------------------------------------------------------------------
@@ -916,6 +933,30 @@ def open_store(config: StoreConfig, embedder: str, dim: int | None) -> VectorSto
         store.close()
         return None
     return store
+
+
+def open_reader(config: StoreConfig, embedder: str) -> VectorStore | None:
+    """Open the index for reading (search, ask, evals): for Qdrant Edge, a private copy of
+    its current published version, so readers never meet the writer nor each other (see
+    ``published``). Before the first publish, the working shard itself. None: no index."""
+    if config.backend == StoreBackend.EDGE:
+        got = published.reader_copy(config.path)
+        if got is not None:
+            path, version = got
+            try:
+                store = EdgeStore(
+                    path, StoreMeta(embedder, None), config.batch_size, config.scroll_page,
+                    config.min_free_mb,
+                )  # fmt: skip
+            except BaseException:
+                shutil.rmtree(path, ignore_errors=True)
+                raise
+            store.owned_copy = True
+            store.version = version
+            label = version.generation[:12] if version else path.name
+            store.location = f"edge:{config.path} (published version {label})"
+            return store
+    return open_store(config, embedder, None)
 
 
 def store_generation(config: StoreConfig) -> str | None:

@@ -1,0 +1,125 @@
+"""Readers never meet the writer: published versions of an Edge index (issue 17)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ragpipe import pipeline, published
+from ragpipe.retrieve import Retriever
+from ragpipe.store import EdgeStore, open_reader, open_store
+from tests.conftest import REPO
+from tests.test_indexing import TOPICS, _doc, make_config
+
+ONNX = "paraphrase-MiniLM-L3-v2"
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    root = tmp_path / "corpus"
+    root.mkdir()
+    for topic in TOPICS[:3]:
+        (root / f"{topic}.txt").write_text(_doc(topic), encoding="utf-8")
+    return root
+
+
+def _versions(store_path: Path) -> list[str]:
+    base = published.root(store_path)
+    return sorted(p.name for p in base.iterdir() if p.is_dir() and p.name != published.READERS)
+
+
+def test_an_ingest_publishes_what_it_wrote_and_a_no_op_publishes_nothing(
+    corpus: Path, tmp_path: Path
+) -> None:
+    cfg = make_config(corpus, tmp_path)
+    first = pipeline.run_ingest(cfg)
+    assert first.stages["upsert"]["published"] == 1
+    generation = published.current(cfg.store.path)
+    assert generation is not None and _versions(cfg.store.path) == [generation]
+    version = published.IndexVersion.read(published.root(cfg.store.path) / generation)
+    assert version is not None
+    assert (version.points, version.files) == (first.points_total, 3)
+    assert version.bytes > 0 and version.publish_seconds >= 0
+    again = pipeline.run_ingest(cfg)
+    assert again.stages["upsert"]["published"] == 0
+    assert published.current(cfg.store.path) == generation
+    (corpus / "wings.txt").write_text(_doc("wings", version=2), encoding="utf-8")
+    changed = pipeline.run_ingest(cfg)
+    assert changed.stages["upsert"]["published"] == 1
+    new = published.current(cfg.store.path)
+    assert new != generation and _versions(cfg.store.path) == [new]  # the old one removed
+
+
+def test_readers_and_the_writer_never_block_each_other(corpus: Path, tmp_path: Path) -> None:
+    cfg = make_config(corpus, tmp_path)
+    pipeline.run_ingest(cfg)
+    old = published.current(cfg.store.path)
+    with Retriever(cfg) as one, Retriever(cfg) as two:  # two readers at once
+        assert one.index_version["generation"] == old
+        before = [h.point_id for h in one.search("engines sentence").hits]
+        (corpus / "astronomy.txt").write_text(_doc("astronomy"), encoding="utf-8")
+        summary = pipeline.run_ingest(cfg)  # writes and publishes while both are open
+        assert summary.added == 1
+        assert [h.point_id for h in two.search("engines sentence").hits] == before
+        assert one.store.count() == summary.points_total - summary.chunks_written  # old version
+        copies = [Path(r.store.path) for r in (one, two)]
+    assert not any(c.exists() for c in copies)  # private copies removed on close
+    with Retriever(cfg) as three:  # the next open sees the new version
+        assert three.index_version["generation"] == published.current(cfg.store.path) != old
+        assert three.store.count() == summary.points_total
+
+
+def test_a_version_being_copied_is_kept_until_no_reader_holds_it(
+    corpus: Path, tmp_path: Path
+) -> None:
+    cfg = make_config(corpus, tmp_path)
+    pipeline.run_ingest(cfg)
+    base = published.root(cfg.store.path)
+    old = published.current(cfg.store.path)
+    assert old is not None
+    fd = os.open(base / f"{old}.lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # as a reader copying it
+    (corpus / "extra.txt").write_text(_doc("extra"), encoding="utf-8")
+    pipeline.run_ingest(cfg)
+    new = published.current(cfg.store.path)
+    assert sorted(_versions(cfg.store.path)) == sorted([old, new])
+    os.close(fd)
+    assert published.remove_unused(cfg.store.path) == 1
+    assert _versions(cfg.store.path) == [new] and not (base / f"{old}.lock").exists()
+
+
+def test_a_killed_readers_copy_is_removed_by_the_next_publish(corpus: Path, tmp_path: Path) -> None:
+    cfg = make_config(corpus, tmp_path)
+    pipeline.run_ingest(cfg)
+    script = (
+        "import os, sys\nfrom pathlib import Path\nfrom ragpipe.config import StoreConfig\n"
+        "from ragpipe.store import open_reader\n"
+        f"s = open_reader(StoreConfig(path=Path({str(cfg.store.path)!r})), {ONNX!r})\n"
+        "print(s.path, flush=True)\nos._exit(0)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
+    left = Path(child.stdout.strip())
+    assert left.is_dir(), child.stderr  # exited without closing: its copy is still there
+    published.remove_unused(cfg.store.path)
+    assert not left.exists()
+
+
+def test_search_works_while_the_working_shard_is_held_by_a_writer(
+    corpus: Path, tmp_path: Path
+) -> None:
+    cfg = make_config(corpus, tmp_path)
+    pipeline.run_ingest(cfg)
+    writer = open_store(cfg.store, ONNX, 384)  # holds the working shard, as an ingest does
+    assert isinstance(writer, EdgeStore)
+    try:
+        reader = open_reader(cfg.store, ONNX)
+        assert isinstance(reader, EdgeStore) and reader.owned_copy
+        assert reader.count() == writer.count() > 0
+        reader.close()
+    finally:
+        writer.close()
