@@ -45,8 +45,24 @@ app = typer.Typer(
 console = Console(stderr=True)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"ragpipe {version('ragpipe')}")
+        except PackageNotFoundError:
+            print("ragpipe (not installed as a package)")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
     """ragpipe: keep a retrieval index fresh and measure RAG quality honestly."""
 
 

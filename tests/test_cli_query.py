@@ -49,3 +49,10 @@ def test_ask_streams_an_answer_and_lists_sources(indexed_edge: RagpipeConfig) ->
     assert data["question"] == "How long should bread bake?"
     assert data["sources"][0]["file_path"].endswith("bread.md")
     assert data["retrieval"]["top_k"] == 2
+
+
+def test_version_prints_the_installed_package_version() -> None:
+    from importlib.metadata import version
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"ragpipe {version('ragpipe')}"

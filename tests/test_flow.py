@@ -63,6 +63,7 @@ def test_cli_ingest_exit_codes(prefect_harness: None, small_corpus: Path, tmp_pa
     held = runner.invoke(app, ["ingest", str(small_corpus), *args])
     assert held.exit_code == 3, held.output
     assert "1 of 3 indexed files vanished" in held.output and "--allow-mass-delete" in held.output
+    assert "the parameter allow_mass_delete: true (a Prefect" in " ".join(held.output.split())
     allowed = runner.invoke(app, ["ingest", str(small_corpus), *args, "--allow-mass-delete"])
     assert allowed.exit_code == 0, allowed.output
     assert "removed=1" in allowed.output

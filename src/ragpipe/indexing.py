@@ -747,7 +747,8 @@ def mass_deletion_message(config: RagpipeConfig, held: int, indexed: int) -> str
         f"gone or disallowed (more than "
         f"index.max_delete_share = {config.index.max_delete_share:.0%}). New and changed files "
         "were indexed; the deletions were held. If the files really are gone, re-run with "
-        "--allow-mass-delete (or index.allow_mass_delete: true); if a share is unmounted or a "
-        "root is wrong, fix that first. The list is in "
+        "--allow-mass-delete (CLI), the parameter allow_mass_delete: true (a Prefect "
+        "deployment run, e.g. from the UI), or index.allow_mass_delete: true in the config; "
+        "if a share is unmounted or a root is wrong, fix that first. The list is in "
         f"{stage_dir(config, 'plan') / 'plan.parquet'}."
     )
