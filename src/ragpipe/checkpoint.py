@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 R = TypeVar("R")
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:  # some filesystems do not allow opening directories
@@ -122,7 +122,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         if is_no_space(exc):
             raise disk_full(path, len(data), exc) from exc
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def records_to_table(records: Sequence[Any], record_type: type) -> pa.Table:
@@ -163,7 +163,7 @@ def write_table(path: Path, table: pa.Table) -> str:
         if is_no_space(exc):
             raise disk_full(path, table.nbytes, exc) from exc
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return digest
 
 

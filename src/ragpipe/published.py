@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ragpipe.checkpoint import _fsync_dir, atomic_write_bytes, disk_full, is_no_space
+from ragpipe.checkpoint import atomic_write_bytes, disk_full, fsync_dir, is_no_space
 from ragpipe.errors import StageError
 
 logger = logging.getLogger(__name__)
@@ -124,33 +124,25 @@ def publish(
     started = time.perf_counter()
     base.mkdir(parents=True, exist_ok=True)
     target = base / generation
-    if not target.is_dir():
+    version = IndexVersion.read(target) if target.is_dir() else None
+    if version is None:  # written once, before any reader can see the directory
+        shutil.rmtree(target, ignore_errors=True)  # a publish killed before its version file
         tmp = base / f".{generation}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             _copy_tree(store_path, tmp)
             version = IndexVersion(
-                generation, datetime.now(UTC).isoformat(), points, files, index_fingerprint
-            )
+                generation, datetime.now(UTC).isoformat(), points, files, index_fingerprint,
+                round(time.perf_counter() - started, 3), _disk_bytes(tmp),
+            )  # fmt: skip
             atomic_write_bytes(tmp / VERSION_FILE, json.dumps(asdict(version)).encode())
             os.rename(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        _fsync_dir(base)
+        fsync_dir(base)
     _lock_file(base, generation).touch()
     atomic_write_bytes(base / CURRENT, generation.encode())
     seconds = time.perf_counter() - started
-    stored = IndexVersion.read(target)
-    version = IndexVersion(
-        generation,
-        stored.published_at if stored else datetime.now(UTC).isoformat(),
-        points,
-        files,
-        index_fingerprint,
-        round(seconds, 3),
-        _disk_bytes(target),
-    )
-    atomic_write_bytes(target / VERSION_FILE, json.dumps(asdict(version)).encode())
     removed = remove_unused(store_path)
     logger.info(
         "published index version %s (%d points, %.1f MB) in %.2fs%s",

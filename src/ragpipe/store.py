@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ragpipe import published
-from ragpipe.checkpoint import _fsync_dir, atomic_write_bytes, disk_full, free_bytes
+from ragpipe.checkpoint import atomic_write_bytes, disk_full, free_bytes, fsync_dir
 from ragpipe.config import StoreBackend, StoreConfig
 from ragpipe.errors import ConfigError, StageError
 
@@ -368,7 +368,7 @@ class EdgeStore(_Scrolling):
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        _fsync_dir(parent)
+        fsync_dir(parent)
         loaded: qdrant_edge.EdgeShard = qe.EdgeShard.load(str(self.path))
         return loaded
 
