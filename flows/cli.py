@@ -299,14 +299,12 @@ def ingest(
 
 
 def _print_failures(work_dir: Path) -> None:
-    from ragpipe.checkpoint import read_records
-    from ragpipe.schemas import Failure
+    from ragpipe.stages import failures_path, read_failures
 
-    path = work_dir / "failures.parquet"
-    failures = read_records(path, Failure) if path.is_file() else []
+    failures = read_failures(work_dir)
     if not failures:
         return
-    table = Table(title=f"failures ({path})")
+    table = Table(title=f"failures ({failures_path(work_dir)})")
     for col in ("file", "stage", "category", "message"):
         table.add_column(col, overflow="fold")
     for f in failures:
@@ -588,9 +586,9 @@ def eval_retrieval(
             {"golden": golden, "granularity": granularity, "depth": depth,
              "reports_dir": reports_dir},
         )  # fmt: skip
-        from flows.eval import eval_retrieval_flow
+        from flows.eval import evaluate_retrieval
 
-        summary = eval_retrieval_flow(config=cfg, name=name)
+        summary = evaluate_retrieval(cfg, name=name)
     except RagpipeError as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from exc
@@ -645,9 +643,9 @@ def eval_rag(
         cfg = cfg.model_copy(
             update={"llm": llm_cfg, "eval": cfg.eval.model_copy(update={"judge": judge_cfg})}
         )
-        from flows.eval import eval_rag_flow
+        from flows.eval import evaluate_rag
 
-        summary = eval_rag_flow(config=cfg, name=name)
+        summary = evaluate_rag(cfg, name=name)
     except RagpipeError as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from exc
@@ -699,7 +697,8 @@ def eval_compare(
     golden: GoldenOption = None,
     granularity: GranularityOption = None,
     gate_metric: Annotated[
-        str | None, typer.Option(help="Fail (exit 4) when this metric's delta CI ...")
+        str | None,
+        typer.Option(help="Fail (exit 4) when this metric's (e.g. mrr, ndcg@10) delta CI ..."),
     ] = None,
     gate_threshold: Annotated[
         float, typer.Option(help="... lies entirely below this value (e.g. -0.02).")
@@ -714,9 +713,12 @@ def eval_compare(
     """Compare retrieval settings on the same queries: paired deltas, CIs, p-values."""
     _prefect_env(verbose)
     from ragpipe.evaluate import parse_variant
+    from ragpipe.metrics import METRICS
 
     try:
         parsed = [parse_variant(v) for v in variants]
+        if gate_metric is not None and gate_metric not in METRICS:
+            raise ConfigError(f"--gate-metric {gate_metric!r} is not one of {', '.join(METRICS)}")
         if len(parsed) < 2:
             raise ConfigError("give at least two --variant options (the first is the baseline)")
         cfg = _eval_config(
@@ -726,15 +728,11 @@ def eval_compare(
             {},
             {"golden": golden, "granularity": granularity, "reports_dir": reports_dir},
         )
-        from flows.eval import eval_compare_flow
+        from flows.eval import compare_retrieval
+        from ragpipe.evaluate import Gate
 
-        summary = eval_compare_flow(
-            variants={v.name: v.overrides for v in parsed},
-            config=cfg,
-            name=name or "compare",
-            gate_metric=gate_metric,
-            gate_threshold=gate_threshold,
-        )
+        gate = Gate(gate_metric, gate_threshold) if gate_metric else None
+        summary = compare_retrieval(cfg, parsed, name=name or "compare", gate=gate)
     except GateFailed as exc:
         console.print(f"[red]gate failed:[/red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(4) from exc
@@ -796,7 +794,7 @@ def eval_tune(
                 "seed": seed,
             },
         )
-        from flows.eval import eval_tune_flow
+        from flows.eval import tune_retrieval
         from ragpipe.golden import load_golden
         from ragpipe.metrics import METRICS
         from ragpipe.tune import split_queries
@@ -810,8 +808,8 @@ def eval_tune(
         with Progress(*columns, console=console, transient=True) as progress:
             previous = set_reporter(_RichReporter(progress))
             try:
-                summary = eval_tune_flow(
-                    config=cfg,
+                summary = tune_retrieval(
+                    cfg,
                     config_path=str(base) if base else None,
                     name=name,
                     metric=metric,

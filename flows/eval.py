@@ -1,25 +1,39 @@
 """Evaluation flows: replay the golden set through the retrieval stack, report.
 
 ``eval-retrieval`` scores one configuration; ``eval-rag`` answers and judges
-with RAGAS; ``eval-compare`` scores several
-over the same queries with paired deltas against the first, and can gate on
-a metric; ``eval-tune`` searches the retrieval settings on part of the golden
-set and confirms the pick on the rest. All write
-``eval/reports/<timestamp>-<name>/`` and publish Prefect artifacts (keys
-``eval-retrieval-*``, ``eval-rag-*``, ``eval-compare-*``, ``eval-tune-summary``).
+with RAGAS; ``eval-compare`` scores several retrieval settings over the same
+queries with paired deltas against a baseline, and can gate on a metric;
+``eval-tune`` searches the retrieval settings on part of the golden set and
+confirms the pick on the rest. All write ``eval/reports/<timestamp>-<name>/``
+and publish Prefect artifacts (keys ``eval-retrieval-*``, ``eval-rag-*``,
+``eval-compare-*``, ``eval-tune-summary``).
+
+Each comes twice under one flow name: the deployed flow (``*_flow``) takes a
+small typed form whose empty fields keep the configured value (see
+``ragpipe.forms``); the CLI and library callers hand a ready configuration to
+the twin (``evaluate_retrieval``, ``evaluate_rag``, ``compare_retrieval``,
+``tune_retrieval``).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+import logging
+from typing import Annotated, Any
 
 from prefect import flow
+from pydantic import Field, NonNegativeFloat, PositiveInt
 
 from flows.logs import library_logs
-from ragpipe.config import RagpipeConfig, load_config
-from ragpipe.errors import GateFailed
+from ragpipe.config import (
+    DEFAULT_CONFIG_FILE,
+    FusionMethod,
+    RagpipeConfig,
+    RetrievalMode,
+    environment_overrides,
+)
+from ragpipe.errors import ConfigError, GateFailed
 from ragpipe.evaluate import Gate, Variant
+from ragpipe.forms import CURRENT, Granularity, MetricName, VariantForm, form_config
 from tasks.eval import (
     publish_eval_task,
     publish_tune_task,
@@ -28,76 +42,198 @@ from tasks.eval import (
     tune_task,
 )
 
+log = logging.getLogger("ragpipe.flows")
 
-def _config(config: RagpipeConfig | None, config_path: str | None) -> RagpipeConfig:
-    return config if config is not None else load_config(Path(config_path) if config_path else None)
+Share = Annotated[float, Field(gt=0, lt=1)]
+
+
+def _from_form(config_path: str | None, **values: Any) -> RagpipeConfig:
+    library_logs()
+    config = form_config(config_path, values)
+    filled = sorted(k for k, v in values.items() if v is not None)
+    log.info(
+        "configuration: %s; environment: %s; form: %s",
+        config_path or "ragpipe.yaml (if present) and defaults",
+        ", ".join(environment_overrides()) or "none",
+        ", ".join(filled) or "none",
+    )
+    return config
 
 
 @flow(name="eval-retrieval", log_prints=False)
-def eval_retrieval_flow(
-    config: RagpipeConfig | None = None,
-    config_path: str | None = None,
-    name: str | None = None,
-) -> dict[str, Any]:
+def evaluate_retrieval(config: RagpipeConfig, name: str | None = None) -> dict[str, Any]:
     """Score the retrieval stack in ``config.retrieve`` on ``config.eval.golden``.
 
     Returns summary.json's content plus ``report_dir``.
     """
     library_logs()
-    summary = retrieval_eval_task(_config(config, config_path), None, name)
-    publish_eval_task(summary, "eval-retrieval")
+    summary = retrieval_eval_task(config, None, name)
+    publish_eval_task(config, summary, "eval-retrieval")
     return summary
 
 
-@flow(name="eval-rag", log_prints=False)
-def eval_rag_flow(
-    config: RagpipeConfig | None = None,
-    config_path: str | None = None,
+@flow(name="eval-retrieval", log_prints=False)
+def eval_retrieval_flow(
+    golden: str | None = None,
+    mode: RetrievalMode | None = None,
+    fusion_method: FusionMethod | None = None,
+    alpha: Annotated[float, Field(ge=0, le=1)] | None = None,
+    dense_weight: NonNegativeFloat | None = None,
+    sparse_weight: NonNegativeFloat | None = None,
+    depth: PositiveInt | None = None,
+    rerank: bool | None = None,
+    granularity: Granularity | None = None,
     name: str | None = None,
+    config_path: str | None = None,
 ) -> dict[str, Any]:
+    """Score the retrieval stack on a golden set and write the report.
+
+    Empty fields keep the configured value. The base is the config file; RAGPIPE_*
+    variables on the worker override it; the fields here override both.
+
+    Args:
+        golden: Golden set YAML to replay, e.g. eval/golden/r-faq-dev.yaml (eval.golden).
+        mode: dense, sparse (BM25) or hybrid (retrieve.mode).
+        fusion_method: How hybrid fuses the dense and BM25 lists (retrieve.fusion_method).
+        alpha: Dense share of a convex fusion, 0 to 1 (retrieve.alpha).
+        dense_weight: Weight of the dense list in rrf/dbsf fusion (retrieve.dense_weight).
+        sparse_weight: Weight of the BM25 list in rrf/dbsf fusion (retrieve.sparse_weight).
+        depth: Results retrieved and scored per query (eval.depth, default 10).
+        rerank: Rerank with the cross-encoder (retrieve.rerank).
+        granularity: chunk scores the golden set's chunk targets; file de-duplicates by file.
+        name: Run name, the report folder's suffix (default: the golden set's name).
+        config_path: YAML config used as the base (default: ragpipe.yaml in the worker's
+            directory, RAGPIPE_HOME).
+    """
+    config = _from_form(
+        config_path, golden=golden, mode=mode, fusion_method=fusion_method, alpha=alpha,
+        dense_weight=dense_weight, sparse_weight=sparse_weight, depth=depth, rerank=rerank,
+        granularity=granularity,
+    )  # fmt: skip
+    return evaluate_retrieval.fn(config, name)
+
+
+@flow(name="eval-rag", log_prints=False)
+def evaluate_rag(config: RagpipeConfig, name: str | None = None) -> dict[str, Any]:
     """Retrieve → generate → judge (RAGAS) on ``config.eval.golden``; write the report.
 
     The judge is ``config.eval.judge`` (default: the generator, ``config.llm``);
     ``config.eval.rag_limit`` bounds the number of questions.
     """
     library_logs()
-    summary = rag_eval_task(_config(config, config_path), name)
-    publish_eval_task(summary, "eval-rag")
+    summary = rag_eval_task(config, name)
+    publish_eval_task(config, summary, "eval-rag")
     return summary
 
 
-@flow(name="eval-compare", log_prints=False)
-def eval_compare_flow(
-    variants: dict[str, dict[str, Any]],
-    config: RagpipeConfig | None = None,
-    config_path: str | None = None,
+@flow(name="eval-rag", log_prints=False)
+def eval_rag_flow(
+    golden: str | None = None,
+    limit: PositiveInt | None = None,
+    mode: RetrievalMode | None = None,
+    fusion_method: FusionMethod | None = None,
+    dense_weight: NonNegativeFloat | None = None,
+    sparse_weight: NonNegativeFloat | None = None,
+    top_k: PositiveInt | None = None,
+    rerank: bool | None = None,
     name: str | None = None,
-    gate_metric: str | None = None,
-    gate_threshold: float = 0.0,
+    config_path: str | None = None,
+) -> dict[str, Any]:
+    """Answer the golden questions with cited sources and judge them with RAGAS.
+
+    Empty fields keep the configured value. The base is the config file; RAGPIPE_*
+    variables on the worker override it; the fields here override both. The
+    generator and the judge are the config's llm and eval.judge sections.
+
+    Args:
+        golden: Golden set YAML, e.g. eval/golden/r-faq-dev.yaml (eval.golden).
+        limit: Judge only the first N questions; about 30 s each on CPU (eval.rag_limit).
+        mode: dense, sparse (BM25) or hybrid (retrieve.mode).
+        fusion_method: How hybrid fuses the dense and BM25 lists (retrieve.fusion_method).
+        dense_weight: Weight of the dense list in rrf/dbsf fusion (retrieve.dense_weight).
+        sparse_weight: Weight of the BM25 list in rrf/dbsf fusion (retrieve.sparse_weight).
+        top_k: Chunks handed to the generator as numbered sources (retrieve.top_k).
+        rerank: Rerank with the cross-encoder (retrieve.rerank).
+        name: Run name, the report folder's suffix (default: the golden set's name).
+        config_path: YAML config used as the base (default: ragpipe.yaml in the worker's
+            directory, RAGPIPE_HOME).
+    """
+    config = _from_form(
+        config_path, golden=golden, limit=limit, mode=mode, fusion_method=fusion_method,
+        dense_weight=dense_weight, sparse_weight=sparse_weight, top_k=top_k, rerank=rerank,
+    )  # fmt: skip
+    return evaluate_rag.fn(config, name)
+
+
+@flow(name="eval-compare", log_prints=False)
+def compare_retrieval(
+    config: RagpipeConfig,
+    variants: list[Variant],
+    name: str | None = None,
+    gate: Gate | None = None,
 ) -> dict[str, Any]:
     """Score several retrieval settings over the same queries; the first is the baseline.
 
-    Args:
-        variants: name -> ``retrieve.*`` overrides, e.g.
-            ``{"dense": {"mode": "dense"}, "hybrid": {"mode": "hybrid"}}``.
-        gate_metric: Fail the run (after the report is written) when this
-            metric's delta CI lies entirely below ``gate_threshold`` for any variant.
+    Raises:
+        GateFailed: ``gate`` is set and a variant's delta CI of its metric lies
+            entirely below its threshold. The report and artifacts are written
+            first; the flow run ends Failed.
     """
     library_logs()
     if len(variants) < 2:
-        raise ValueError("eval-compare needs at least two variants")
-    gate = Gate(gate_metric, gate_threshold) if gate_metric else None
-    chosen = [Variant(k, dict(v)) for k, v in variants.items()]
-    summary = retrieval_eval_task(_config(config, config_path), chosen, name, gate)
-    publish_eval_task(summary, "eval-compare")
+        raise ConfigError("eval-compare needs a baseline and at least one other variant")
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"eval-compare: variant names must differ, got {names}")
+    summary = retrieval_eval_task(config, variants, name, gate)
+    publish_eval_task(config, summary, "eval-compare")
     if summary["gate"] and not summary["gate"]["passed"]:
         raise GateFailed("; ".join(summary["gate"]["failures"]))
     return summary
 
 
+@flow(name="eval-compare", log_prints=False)
+def eval_compare_flow(
+    variants: list[VariantForm],
+    baseline: VariantForm = CURRENT,
+    golden: str | None = None,
+    granularity: Granularity | None = None,
+    depth: PositiveInt | None = None,
+    gate_metric: MetricName | None = None,
+    gate_threshold: float = 0.0,
+    name: str = "compare",
+    config_path: str | None = None,
+) -> dict[str, Any]:
+    """Compare retrieval settings with the baseline on the same queries.
+
+    Paired deltas (variant minus baseline) with bootstrap 95% CIs and permutation
+    p-values. With a gate metric, the run ends Failed when a variant is worse
+    than the baseline beyond the threshold, so an automation can notify.
+
+    Args:
+        variants: The settings to compare with the baseline, in report order; each has a
+            name and the retrieve settings it changes, e.g. name hybrid, mode hybrid.
+        baseline: What every variant is compared with; the default, named current, is
+            the configuration unchanged.
+        golden: Golden set YAML, e.g. eval/golden/r-faq-dev.yaml (eval.golden).
+        granularity: chunk scores the golden set's chunk targets; file de-duplicates by file.
+        depth: Results retrieved and scored per query (eval.depth, default 10).
+        gate_metric: Fail the run when this metric's delta CI lies entirely below
+            gate_threshold for any variant. Empty: no gate.
+        gate_threshold: The gate's bound on the delta, e.g. -0.02 tolerates a small loss.
+        name: Run name, the report folder's suffix.
+        config_path: YAML config used as the base (default: ragpipe.yaml in the worker's
+            directory, RAGPIPE_HOME).
+    """
+    config = _from_form(config_path, golden=golden, granularity=granularity, depth=depth)
+    chosen = [Variant(v.name, v.overrides()) for v in (baseline, *variants)]
+    gate = Gate(gate_metric, gate_threshold) if gate_metric else None
+    return compare_retrieval.fn(config, chosen, name, gate)
+
+
 @flow(name="eval-tune", log_prints=False)
-def eval_tune_flow(
-    config: RagpipeConfig | None = None,
+def tune_retrieval(
+    config: RagpipeConfig,
     config_path: str | None = None,
     name: str | None = None,
     metric: str = "ndcg@10",
@@ -107,6 +243,8 @@ def eval_tune_flow(
     """Tune ``retrieve.*`` on ``config.eval.golden`` with a seeded hold-out.
 
     Args:
+        config_path: The config file ``config`` came from; tuned.yaml keeps its other
+            sections.
         metric: What the search maximises on the tuning queries, and what the
             held-out verdict is about (one of ragpipe's metric names).
         share: Share of the golden queries that tune (seed ``eval.seed``); the
@@ -118,8 +256,38 @@ def eval_tune_flow(
     refused, no change), the changed settings, and the held-out deltas.
     """
     library_logs()
-    summary = tune_task(
-        _config(config, config_path), metric, share, name, config_path, write_config
-    )
-    publish_tune_task(summary)
+    summary = tune_task(config, metric, share, name, config_path, write_config)
+    publish_tune_task(config, summary)
     return summary
+
+
+@flow(name="eval-tune", log_prints=False)
+def eval_tune_flow(
+    golden: str | None = None,
+    granularity: Granularity | None = None,
+    metric: MetricName = "ndcg@10",
+    share: Share = 0.5,
+    write_config: str | None = None,
+    name: str | None = None,
+    config_path: str | None = None,
+) -> dict[str, Any]:
+    """Tune the retrieve settings on a golden set, with an honest hold-out.
+
+    A seeded split: the search picks settings on the tuning share only, then the pick
+    and the current settings are scored on the held-out queries. Verdict: recommend
+    (tuned.yaml written), refused, or no change.
+
+    Args:
+        golden: Golden set YAML, e.g. eval/golden/r-faq-dev.yaml (eval.golden).
+        granularity: chunk scores the golden set's chunk targets; file de-duplicates by file.
+        metric: What the search maximises and the held-out verdict is about.
+        share: Share of the golden queries that tune (0 to 1); the rest only confirm.
+        write_config: Also write the tuned config YAML to this path when the verdict is
+            recommend (it is always in the run folder as tuned.yaml).
+        name: Run name, the report folder's suffix (default: the golden set's name + -tune).
+        config_path: YAML config used as the base (default: ragpipe.yaml in the worker's
+            directory, RAGPIPE_HOME).
+    """
+    config = _from_form(config_path, golden=golden, granularity=granularity)
+    base = config_path or (str(DEFAULT_CONFIG_FILE) if DEFAULT_CONFIG_FILE.is_file() else None)
+    return tune_retrieval.fn(config, base, name, metric, share, write_config)

@@ -15,6 +15,7 @@ from prefect import flow, unmapped
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.futures import wait
 
+from flows.concurrency import writer_slot
 from flows.logs import library_logs
 from ragpipe.config import RagpipeConfig, load_config, with_sources
 from ragpipe.errors import MassDeletionHeld
@@ -68,7 +69,9 @@ def ingest_flow(
     progress = cast(
         UUID, create_progress_artifact(0.0, key="ingest-progress", description="stages done (%)")
     )
-    with ingest_lock(cfg):  # one writer per index: a second run waits or refuses
+    # One writer per index: across deployments a second run queues for the slot; a
+    # writer outside this Prefect server meets the file lock (waits, then refuses).
+    with writer_slot(cfg), ingest_lock(cfg):
         done = [discover_task(cfg)]
         for stage in (plan_task, convert_task, clean_task, chunk_task, embed_task, upsert_task):
             update_progress_artifact(progress, 100 * len(done) / 7)

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
 from prefect import task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_table_artifact,
+)
 from prefect.cache_policies import NO_CACHE
 
 from ragpipe.config import RagpipeConfig
 from ragpipe.evaluate import Gate, Variant
 from ragpipe.metrics import METRICS
 from ragpipe.rag_eval import RAG_METRICS
-from ragpipe.report import evaluate_and_report, rag_evaluate_and_report
+from ragpipe.report import evaluate_and_report, rag_evaluate_and_report, report_link
 from ragpipe.tune import tune_and_report
 
 
@@ -66,26 +71,42 @@ def tune_task(
     return summary
 
 
+def _link(config: RagpipeConfig, out: Path, file: str, key: str) -> str:
+    """A link artifact to one of the run's report files; returns the link."""
+    link = report_link(config, out, file)
+    where = "" if config.eval.reports_url else f" on {socket.gethostname()}"
+    create_link_artifact(
+        key=key,
+        link=link,
+        link_text=f"{out.name}/{file}",
+        description=f"The run's full report{where}",
+    )
+    return link
+
+
 @task(name="publish-tune", cache_policy=NO_CACHE)
-def publish_tune_task(summary: dict[str, Any]) -> None:
-    """The tune report as a Markdown artifact (key ``eval-tune-summary``)."""
+def publish_tune_task(config: RagpipeConfig, summary: dict[str, Any]) -> None:
+    """The tune report as artifacts: ``eval-tune-summary`` (Markdown), ``eval-tune-report``
+    (link)."""
     out = Path(summary["report_dir"])
+    link = _link(config, out, "report.md", "eval-tune-report")
     create_markdown_artifact(
         key="eval-tune-summary",
-        markdown=(out / "report.md").read_text(encoding="utf-8")
-        + f"\n\nReport: `{out / 'tune.json'}`\n",
+        markdown=(out / "report.md").read_text(encoding="utf-8") + f"\n\n[Report]({link})\n",
         description=f"{summary['golden']['name']}: {summary['decision']}",
     )
 
 
 @task(name="publish-eval", cache_policy=NO_CACHE)
-def publish_eval_task(summary: dict[str, Any], key: str) -> None:
-    """A Markdown summary and a metrics table as Prefect artifacts with stable keys."""
+def publish_eval_task(config: RagpipeConfig, summary: dict[str, Any], key: str) -> None:
+    """Artifacts with stable keys: ``<key>-summary`` (Markdown), ``<key>-metrics`` (table),
+    ``<key>-report`` (a link to the HTML report with its drill-down into the worst queries)."""
     out = Path(summary["report_dir"])
+    link = _link(config, out, "report.html", f"{key}-report")
     create_markdown_artifact(
         key=f"{key}-summary",
         markdown=(out / "report.md").read_text(encoding="utf-8")
-        + f"\n\nReport: `{out / 'report.html'}`\n",
+        + f"\n\n[HTML report with the worst questions]({link})\n",
         description=f"{summary['name']}: {summary['kind']} metrics with 95% CIs",
     )
     rows = [

@@ -59,21 +59,32 @@ def summary_task(config: RagpipeConfig, stage_summaries: list[StageSummary]) -> 
 
 @task(name="publish-ingest", cache_policy=NO_CACHE)
 def publish_ingest_task(config: RagpipeConfig, summary: IngestSummary) -> None:
-    """The run's outcome as a Prefect artifact (key ``ingest-summary``)."""
-    from prefect.artifacts import create_markdown_artifact
+    """The run's outcome as Prefect artifacts: ``ingest-summary`` and, when files failed,
+    ``ingest-failures`` (one row per failure: stage, category, file, reason)."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     seconds = ", ".join(f"{stage} {s:.1f}s" for stage, s in summary.seconds.items())
+    failures = stages.read_failures(config.paths.work_dir)
     create_markdown_artifact(
         key="ingest-summary",
         markdown=(
             f"# ingest ({config.store.backend.value}: {config.store.path})\n\n"
             f"`{summary.line()}`\n\n"
-            f"- failures: {summary.failed} (see `{config.paths.work_dir / 'failures.parquet'}`)\n"
-            f"- deletions held by the mass-deletion guard: {summary.deletions_held}\n"
+            f"- failures: {summary.failed}"
+            + (" (table artifact `ingest-failures`)" if failures else "")
+            + f"\n- deletions held by the mass-deletion guard: {summary.deletions_held}\n"
             f"- seconds per stage: {seconds}\n"
         ),
         description=summary.line(),
     )
+    if failures:
+        rows = [{"stage": f.stage, "category": f.category, "file": f.file_path,
+                 "reason": f.message} for f in failures]  # fmt: skip
+        create_table_artifact(
+            key="ingest-failures",
+            table=rows,
+            description=f"{len(rows)} file(s) not indexed this run, and why",
+        )
 
 
 @task(name="convert-batch", cache_policy=NO_CACHE)

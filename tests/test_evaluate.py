@@ -3,12 +3,14 @@ values, compare with paired deltas and a gate, reports, history, flows, CLI."""
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -128,6 +130,18 @@ def test_compare_gate_and_report_files(eval_config: RagpipeConfig) -> None:
     assert summary["deltas"]["broken"]["mrr"]["ci_high"] < -0.1
     page = (out / "report.html").read_text()
     assert page.count("<svg") == 3 and "Deltas vs baseline" in page
+    # The drill-down: the worst questions first (by the baseline's ndcg@10), each with
+    # what was expected and both variants' ranked lists, hits marked.
+    rows = [r for r in table.to_pylist() if r["variant"] == "dense"]
+    worst = min(rows, key=lambda r: (r["ndcg@10"], r["mrr"], r["item_id"]))
+    drill = page[page.index("<h2>Worst 4 of 4 questions (by ndcg@10 of dense)</h2>") :]
+    assert drill.count("<details>") == 4
+    assert drill.index(html.escape(worst["query"])) < drill.index("</details>")
+    first = drill[: drill.index("</details>")]
+    assert "expected:" in first and "<b>dense</b> retrieved" in first
+    assert "<b>broken</b> retrieved" in first
+    for key in worst["retrieved"]:
+        assert html.escape(key) in first
     assert "| mrr |" in (out / "report.md").read_text()
     history = read_history(eval_config.eval.reports_dir)
     assert {(r["variant"], r["metric"]) for r in history} == {
@@ -156,16 +170,44 @@ def test_flows_publish_artifacts_and_cli_reports(
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     from flows.eval import eval_compare_flow, eval_retrieval_flow
+    from ragpipe.config import RetrievalMode
     from ragpipe.errors import GateFailed
+    from ragpipe.forms import VariantForm
 
-    summary = eval_retrieval_flow(config=eval_config, name="flow run")
+    # The deployed forms: the file is the base, the form's fields win over it.
+    base = tmp_path / "base.yaml"
+    settings = eval_config.model_dump(mode="json")
+    settings["retrieve"]["mode"] = "sparse"
+    base.write_text(yaml.safe_dump(settings), encoding="utf-8")
+    summary = eval_retrieval_flow(
+        config_path=str(base), mode=RetrievalMode.DENSE, depth=7, name="flow run"
+    )
     assert Path(summary["report_dir"], "report.html").is_file()
-    with pytest.raises(GateFailed, match="broken: mrr"):
+    assert summary["depth"] == 7 and summary["variants"]["default"]["mode"] == "dense"
+    from prefect.artifacts import Artifact
+
+    link = Artifact.get("eval-retrieval-report")
+    out = Path(summary["report_dir"])  # link artifacts are stored as a Markdown link
+    assert link is not None and link.data == (
+        f"[{out.name}/report.html]({(out / 'report.html').resolve().as_uri()})"
+    )
+    settings["eval"]["reports_url"] = "https://reports.example.org/rag/"
+    base.write_text(yaml.safe_dump(settings), encoding="utf-8")
+    kept = eval_retrieval_flow(config_path=str(base), name="from file")
+    assert kept["depth"] == 10 and kept["variants"]["default"]["mode"] == "sparse"
+    link = Artifact.get("eval-retrieval-report")
+    url = f"https://reports.example.org/rag/{kept['run_id']}/report.html"
+    assert link is not None and link.data == f"[{kept['run_id']}/report.html]({url})"
+    summary_artifact = Artifact.get("eval-retrieval-summary")
+    assert summary_artifact is not None and f"({url})" in str(summary_artifact.data)
+    # The gate: "same" equals the baseline, so its delta (0) lies below a threshold of 0.5.
+    with pytest.raises(GateFailed, match="same: mrr"):
         eval_compare_flow(
-            {"dense": {"mode": "dense"}, "broken": {"filter_file": "kitchen/bread.md"}},
-            config=eval_config,
+            [VariantForm(name="same", mode=RetrievalMode.SPARSE)],
+            baseline=VariantForm(name="sparse", mode=RetrievalMode.SPARSE),
+            config_path=str(base),
             gate_metric="mrr",
-            gate_threshold=-0.1,
+            gate_threshold=0.5,
         )
 
     async def keys() -> set[str]:
@@ -177,8 +219,9 @@ def test_flows_publish_artifacts_and_cli_reports(
 
     import asyncio
 
-    assert {"eval-retrieval-summary", "eval-retrieval-metrics", "eval-compare-summary",
-            "eval-compare-metrics"} <= asyncio.run(keys())  # fmt: skip
+    assert {"eval-retrieval-summary", "eval-retrieval-metrics", "eval-retrieval-report",
+            "eval-compare-summary", "eval-compare-metrics",
+            "eval-compare-report"} <= asyncio.run(keys())  # fmt: skip
 
     runner = CliRunner()
     shown = runner.invoke(app, ["report", "--reports-dir", str(eval_config.eval.reports_dir),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,21 @@ def test_ingest_flow_runs_and_skips_on_rerun(
     second = ingest_flow(config=cfg)
     assert (second.converted, second.skipped_unchanged, second.chunks_written) == (0, 3, 0)
     assert second.points_total == first.points_total
+
+    # A run with failures publishes them as a table artifact a team reads in the UI.
+    from prefect.artifacts import Artifact
+
+    (small_corpus / "bad.pdf").write_bytes(b"%PDF-1.4 truncated")
+    third = ingest_flow(config=cfg)
+    assert third.failed == 1
+    failures = Artifact.get("ingest-failures")
+    assert failures is not None and failures.type == "table"
+    (row,) = json.loads(str(failures.data))
+    assert (row["stage"], row["category"], Path(row["file"]).name) == ("convert", "corrupt",
+                                                                       "bad.pdf")  # fmt: skip
+    assert row["reason"]
+    summary = Artifact.get("ingest-summary")
+    assert summary is not None and "table artifact `ingest-failures`" in str(summary.data)
 
 
 def test_cli_ingest_exit_codes(prefect_harness: None, small_corpus: Path, tmp_path: Path) -> None:

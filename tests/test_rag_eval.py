@@ -3,6 +3,7 @@ the real SmolLM2; judge failures are null with a reason, never 0."""
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,14 @@ def test_judge_failures_are_null_with_reasons_not_zero(
     assert all(r["answer_relevancy"] is None for r in table)
     assert table[0]["answer_relevancy_status"] == FAILED
     assert "| answer_relevancy | 0 | 2 | 0 |" in (out / "report.md").read_text()
+    assert table[0]["contexts"] == result.rows[0].contexts
+    # The drill-down shows each question's answer, contexts and judge reasons.
+    page = (out / "report.html").read_text()
+    drill = page[page.index("<h2>Worst 2 of 2 questions (judge failures first") :]
+    assert drill.count("<details>") == 2
+    assert "answer_relevancy: failed" in drill and "ValidationError" in drill
+    assert html.escape(lovelace.answer) in drill
+    assert "context_recall: not_applicable" in drill
 
 
 @pytest.mark.slow

@@ -1,15 +1,18 @@
 """One typed configuration, nested per stage.
 
-Loaded once at the entry point (CLI or flow) from a YAML file plus
-``RAGPIPE_*`` environment overrides (``RAGPIPE_CHUNK__SIZE=800``), validated
-at load, and passed down. Nothing in the library reads a global config.
+Loaded once at the entry point (CLI or flow), validated at load, and passed
+down. Precedence, later winning: built-in defaults, a YAML file, ``RAGPIPE_*``
+environment variables (``RAGPIPE_CHUNK__SIZE=800``), then the entry point's own
+values (CLI options, a Prefect form's fields). Nothing in the library reads a global config.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+from contextvars import ContextVar
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +27,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from ragpipe.errors import ConfigError
@@ -782,6 +786,19 @@ class EvalConfig(_Section):
         description="Each run writes <reports_dir>/<timestamp>-<name>/; history.parquet "
         "collects every run.",
     )
+    reports_url: str | None = Field(
+        default=None,
+        description="Base URL where reports_dir is served to the team (a web server, a "
+        "bucket's website), e.g. https://reports.example.org/ragpipe; the Prefect link "
+        "artifacts then point there. None: a file:// link on the machine that ran the eval.",
+    )
+
+    @field_validator("reports_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError("must be an http(s) URL such as https://reports.example.org/ragpipe")
+        return value
 
 
 class PathsConfig(_Section):
@@ -794,7 +811,7 @@ class PathsConfig(_Section):
 
 
 class RagpipeConfig(BaseSettings):
-    """The whole configuration. Environment variables override the YAML file."""
+    """The whole configuration: see ``load_config`` for where values come from."""
 
     model_config = SettingsConfigDict(
         env_prefix="RAGPIPE_",
@@ -826,18 +843,40 @@ class RagpipeConfig(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The YAML file arrives as init kwargs; the environment must win over it.
-        return env_settings, init_settings
+        # Earlier wins: overrides (CLI options, form fields), then the environment,
+        # then the YAML file (it arrives as init kwargs).
+        return _OverridesSource(settings_cls), env_settings, init_settings
 
 
-def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> RagpipeConfig:
+_OVERRIDES: ContextVar[dict[str, Any] | None] = ContextVar("ragpipe_overrides", default=None)
+
+
+class _OverridesSource(PydanticBaseSettingsSource):
+    """The overrides ``load_config`` is validating, ahead of the environment."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return (_OVERRIDES.get() or {}).get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_OVERRIDES.get() or {})
+
+
+def load_config(
+    path: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    overrides_from: str = "the command line",
+) -> RagpipeConfig:
     """Load and validate the configuration.
+
+    Precedence, later winning: built-in defaults, the YAML file, ``RAGPIPE_*``
+    environment variables, ``overrides`` (CLI options, a Prefect form's fields).
 
     Args:
         path: YAML file. None: ``ragpipe.yaml`` in the working directory if it
             exists, else built-in defaults.
-        overrides: Values applied over the YAML (e.g. CLI arguments), as a
-            nested dict; environment variables still win over the YAML only.
+        overrides: Values applied over the file and the environment, as a
+            nested dict (``{"retrieve": {"mode": "dense"}}``).
+        overrides_from: Where the overrides came from, for error messages.
 
     Returns:
         The validated configuration.
@@ -867,11 +906,36 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
             )
         data = loaded
     if overrides:
-        data = _deep_merge(data, overrides)
+        try:  # the overrides alone first, so that a mistake in them is named as theirs
+            RagpipeConfig.model_validate(_deep_merge(data, overrides))
+        except ValidationError as exc:
+            if any(_within(err["loc"], overrides) for err in exc.errors()):
+                raise ConfigError(
+                    _format_validation_error(exc, overrides_from, hint=False)
+                ) from exc
+    token = _OVERRIDES.set(overrides)
     try:
         return RagpipeConfig(**data)
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(exc, source)) from exc
+    finally:
+        _OVERRIDES.reset(token)
+
+
+def _within(loc: tuple[int | str, ...], overrides: dict[str, Any]) -> bool:
+    """Whether an error location lies inside the given (nested) overrides."""
+    node: Any = overrides
+    for part in loc:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def environment_overrides() -> list[str]:
+    """Names of the ``RAGPIPE_*`` configuration variables set in this environment."""
+    sections = {f"RAGPIPE_{name.upper()}__" for name in RagpipeConfig.model_fields}
+    return sorted(k for k in os.environ if any(k.upper().startswith(s) for s in sections))
 
 
 def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -926,9 +990,10 @@ def with_sources(config: RagpipeConfig, sources: list[str] | None) -> RagpipeCon
 
 
 def _format_validation_error(
-    exc: ValidationError, source: str, prefix: tuple[str, ...] = ()
+    exc: ValidationError, source: str, prefix: tuple[str, ...] = (), hint: bool = True
 ) -> str:
-    lines = [f"invalid configuration (from {source}, RAGPIPE_* environment):"]
+    origin = f"{source}, RAGPIPE_* environment" if hint else source
+    lines = [f"invalid configuration (from {origin}):"]
     for err in exc.errors():
         loc = prefix + tuple(p for p in err["loc"] if p not in ("function-after",))
         name = ".".join(str(p) for p in loc) or "<root>"
@@ -941,7 +1006,8 @@ def _format_validation_error(
         got = err.get("input")
         got_text = "" if isinstance(got, dict) else _redact_userinfo(f" (got {got!r})")
         msg = err["msg"].removeprefix("Value error, ")
-        line = f"  {name}: {msg}{got_text}; set it in the YAML file or {env}"
+        line = f"  {name}: {msg}{got_text}"
+        line += f"; set it in the YAML file or {env}" if hint else ""
         if description:
             line += f". {name} = {description}"
         lines.append(line)

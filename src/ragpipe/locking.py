@@ -32,14 +32,21 @@ logger = logging.getLogger(__name__)
 WAIT_NOTICE_S = 30.0
 
 
+def index_identity(config: RagpipeConfig) -> str:
+    """What names one index: an Edge store's real path, a qdrant URL (or path) + collection."""
+    store = config.store
+    if store.backend == StoreBackend.EDGE:
+        return str(store.path.resolve())
+    return f"{store.url or store.path}|{store.collection}"
+
+
 def lock_path(config: RagpipeConfig) -> Path:
     """Beside an Edge store (its real path); in the work dir's parent for a qdrant server."""
     store = config.store
     if store.backend == StoreBackend.EDGE:
         real = store.path.resolve()
         return real.parent / f".{real.name}.ingest.lock"
-    where = f"{store.url or store.path}|{store.collection}"
-    digest = hashlib.sha256(where.encode()).hexdigest()[:12]
+    digest = hashlib.sha256(index_identity(config).encode()).hexdigest()[:12]
     return config.paths.work_dir.resolve().parent / f".ragpipe-{digest}.ingest.lock"
 
 

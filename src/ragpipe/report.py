@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -325,8 +326,99 @@ def plots(summary: dict[str, Any], table: pa.Table) -> list[tuple[str, str]]:
     return out
 
 
-def html_page(summary: dict[str, Any], md: str, figures: list[tuple[str, str]]) -> str:
-    """One self-contained page: the Markdown tables rendered plainly, plus inline SVG."""
+# Questions shown in the HTML report's drill-down.
+WORST_SHOWN = 10
+
+
+def _worst_retrieval(table: pa.Table, metric: str, shown: int) -> str:
+    rows = table.to_pylist()
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    by_item: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by_item.setdefault(r["item_id"], {})[r["variant"]] = r
+    first = variants[0]
+    order = sorted(by_item, key=lambda i: (by_item[i][first][metric], by_item[i][first]["mrr"], i))
+    parts = []
+    for item_id in order[:shown]:
+        group = by_item[item_id]
+        head = group[first]
+        relevant: dict[str, int] = json.loads(head["relevant"])
+        scores = ", ".join(f"{v} {group[v][metric]:.3f}" for v in variants if v in group)
+        expected = "".join(
+            f"<li>{html.escape(key)} <span class='grade'>grade {grade}</span></li>"
+            for key, grade in sorted(relevant.items(), key=lambda kv: -kv[1])
+        )
+        lists = []
+        for v in variants:
+            if v not in group:
+                continue
+            ranked = "".join(
+                f"<li class='{'hit' if key in relevant else 'miss'}'>{html.escape(key)}"
+                + (f" <span class='grade'>grade {relevant[key]}</span>" if key in relevant else "")
+                + "</li>"
+                for key in group[v]["retrieved"]
+            )
+            lists.append(
+                f"<div><b>{html.escape(v)}</b> retrieved ({metric} {group[v][metric]:.3f}, "
+                f"mrr {group[v]['mrr']:.3f}):<ol>{ranked or '<li>nothing</li>'}</ol></div>"
+            )
+        parts.append(
+            f"<details><summary>{html.escape(item_id)}: {html.escape(head['query'])} "
+            f"<span class='score'>{metric}: {scores}</span></summary>"
+            f"<div>expected:<ul>{expected}</ul></div>{''.join(lists)}</details>"
+        )
+    return (
+        f"<h2>Worst {min(shown, len(order))} of {len(order)} questions (by {metric} of "
+        f"{html.escape(first)})</h2>" + "".join(parts)
+    )
+
+
+def _worst_rag(table: pa.Table, shown: int) -> str:
+    rows = table.to_pylist()
+
+    def badness(r: dict[str, Any]) -> tuple[int, float, str]:
+        scores = [r[m] for m in RAG_METRICS if r[m] is not None]
+        failed = sum(r[f"{m}_status"] == "failed" for m in RAG_METRICS)
+        return (-failed, sum(scores) / len(scores) if scores else 0.0, r["item_id"])
+
+    parts = []
+    for r in sorted(rows, key=badness)[:shown]:
+        judged = "".join(
+            f"<li>{m}: "
+            + (f"{r[m]:.3f}" if r[m] is not None else html.escape(r[f"{m}_status"]))
+            + (f" <i>({html.escape(r[f'{m}_reason'])})</i>" if r[f"{m}_reason"] else "")
+            + "</li>"
+            for m in RAG_METRICS
+        )
+        contexts = "".join(f"<li><pre>{html.escape(c)}</pre></li>" for c in r.get("contexts") or [])
+        expected = r.get("expected_answer")
+        parts.append(
+            f"<details><summary>{html.escape(r['item_id'])}: {html.escape(r['query'])}</summary>"
+            + (f"<p>expected: {html.escape(expected)}</p>" if expected else "")
+            + f"<p>answer{' (not found)' if r['not_found'] else ''}: "
+            f"{html.escape(r['answer'])}</p><div>judge:<ul>{judged}</ul></div>"
+            f"<div>contexts (numbered as cited):<ol>{contexts}</ol></div></details>"
+        )
+    return (
+        f"<h2>Worst {min(shown, len(rows))} of {len(rows)} questions (judge failures first, "
+        "then by mean score)</h2>" + "".join(parts)
+    )
+
+
+def drill_down(summary: dict[str, Any], table: pa.Table, shown: int = WORST_SHOWN) -> str:
+    """HTML: the worst questions with what was expected, retrieved (ranked) or answered."""
+    if table.num_rows == 0:
+        return ""
+    if summary["kind"] == "rag":
+        return _worst_rag(table, shown)
+    return _worst_retrieval(table, "ndcg@10", shown)
+
+
+def html_page(
+    summary: dict[str, Any], md: str, figures: list[tuple[str, str]], drill: str = ""
+) -> str:
+    """One self-contained page: the Markdown tables rendered plainly, inline SVG, and the
+    drill-down into the worst questions."""
     body = []
     in_table = False
     for line in md.splitlines():
@@ -359,17 +451,28 @@ def html_page(summary: dict[str, Any], md: str, figures: list[tuple[str, str]]) 
         body.append("</table>")
     for title, svg in figures:
         body.append(f"<h2>{html.escape(title)}</h2><div class='fig'>{svg}</div>")
+    body.append(drill)
     style = (
         "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
         "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;"
         "font-variant-numeric:tabular-nums}th{background:#f3f3f3}.warn{color:#a40}"
-        ".fig svg{max-width:100%;height:auto}"
+        ".fig svg{max-width:100%;height:auto}details{margin:.4em 0}summary{cursor:pointer}"
+        ".hit{color:#070}.miss{color:#555}.grade,.score{color:#666;font-size:90%}"
+        "pre{white-space:pre-wrap;background:#f7f7f7;padding:4px}"
     )
     title = html.escape(f"ragpipe eval: {summary['name']}")
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
         f"<style>{style}</style></head><body>{''.join(body)}</body></html>"
     )
+
+
+def report_link(config: RagpipeConfig, out: Path, file: str = "report.html") -> str:
+    """Where a team opens a run's report: under ``eval.reports_url`` when it is set
+    (reports_dir served there), else a file:// URL on this machine."""
+    if config.eval.reports_url:
+        return f"{config.eval.reports_url.rstrip('/')}/{quote(out.name)}/{file}"
+    return (out / file).resolve().as_uri()
 
 
 def run_dir(root: Path, name: str) -> tuple[str, Path]:
@@ -387,7 +490,8 @@ def _write_run(root: Path, out: Path, table: pa.Table, summary: dict[str, Any]) 
     atomic_write_bytes(out / "summary.json", json.dumps(summary, indent=2).encode())
     md = markdown(summary)
     atomic_write_bytes(out / "report.md", md.encode())
-    atomic_write_bytes(out / "report.html", html_page(summary, md, plots(summary, table)).encode())
+    page = html_page(summary, md, plots(summary, table), drill_down(summary, table))
+    atomic_write_bytes(out / "report.html", page.encode())
     append_history(root, summary)
     return out
 
@@ -461,6 +565,7 @@ def rag_summary(
 
 
 def rag_table(result: RagEvalResult) -> pa.Table:
+    expected = {i.id: i.expected_answer for i in result.golden.items}
     columns: dict[str, Any] = {
         "variant": ["rag"] * len(result.rows),
         "item_id": [r.item_id for r in result.rows],
@@ -473,6 +578,8 @@ def rag_table(result: RagEvalResult) -> pa.Table:
         "tokens_out": [r.tokens_out for r in result.rows],
         "generation_seconds": [r.generation_seconds for r in result.rows],
         "context_precision_kind": [r.context_precision_kind for r in result.rows],
+        "contexts": pa.array([r.contexts for r in result.rows], pa.list_(pa.string())),
+        "expected_answer": pa.array([expected.get(r.item_id) for r in result.rows], pa.string()),
     }
     for m in RAG_METRICS:
         columns[m] = pa.array([r.judged[m].value for r in result.rows], pa.float64())

@@ -566,6 +566,17 @@ class IngestSummary:
 STAGES_WITH_FAILURES = ("discover", "convert", "clean", "chunk")
 
 
+def failures_path(work_dir: Path) -> Path:
+    """The last run's failure rows, every stage's together."""
+    return work_dir / "failures.parquet"
+
+
+def read_failures(work_dir: Path) -> list[Failure]:
+    """The last run's failure rows (none before the first run)."""
+    path = failures_path(work_dir)
+    return checkpoint.read_records(path, Failure) if path.is_file() else []
+
+
 def write_summary(config: RagpipeConfig, stages: Sequence[StageSummary]) -> IngestSummary:
     """Gather every stage's failures into one table and write the run summary."""
     work = config.paths.work_dir
@@ -574,7 +585,7 @@ def write_summary(config: RagpipeConfig, stages: Sequence[StageSummary]) -> Inge
         path = work / stage / "failures.parquet"
         if path.is_file():
             failures.extend(checkpoint.read_records(path, Failure))
-    checkpoint.write_records(work / "failures.parquet", failures, Failure)
+    checkpoint.write_records(failures_path(work), failures, Failure)
     by_stage = {s.stage: s.counts for s in stages}
     plan = by_stage.get("plan")
     upsert = by_stage.get("upsert", {})

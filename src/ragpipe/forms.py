@@ -1,0 +1,100 @@
+"""The few settings a team changes per evaluation run, typed for forms.
+
+The Prefect deployments of the eval flows take these fields instead of the
+whole configuration (about 120 fields). The configuration file is the base
+(``config_path``, else ``ragpipe.yaml`` in the working directory); an empty
+field keeps the configured value. Precedence, later winning: built-in
+defaults, the file, ``RAGPIPE_*`` environment variables, the form. The CLI
+applies its options the same way (``load_config``'s overrides).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
+
+from ragpipe.config import FusionMethod, RagpipeConfig, RetrievalMode, load_config
+
+Granularity = Literal["chunk", "file"]
+
+# The retrieval metrics a gate or the tuner can use (kept equal to metrics.METRICS by a test).
+MetricName = Literal[
+    "recall@5", "recall@10", "precision@5", "mrr", "success@5", "hit@3", "map", "ndcg@10",
+    "ndcg@10_exp",
+]  # fmt: skip
+
+# Form field -> the configuration field it overrides.
+FORM_FIELDS: dict[str, tuple[str, str]] = {
+    "golden": ("eval", "golden"),
+    "granularity": ("eval", "granularity"),
+    "depth": ("eval", "depth"),
+    "limit": ("eval", "rag_limit"),
+    "mode": ("retrieve", "mode"),
+    "fusion_method": ("retrieve", "fusion_method"),
+    "alpha": ("retrieve", "alpha"),
+    "dense_weight": ("retrieve", "dense_weight"),
+    "sparse_weight": ("retrieve", "sparse_weight"),
+    "top_k": ("retrieve", "top_k"),
+    "rerank": ("retrieve", "rerank"),
+    "mmr": ("retrieve", "mmr"),
+}
+
+
+def form_overrides(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The nested configuration overrides of a form's filled-in fields (None = keep)."""
+    overrides: dict[str, dict[str, Any]] = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        section, field = FORM_FIELDS[name]
+        overrides.setdefault(section, {})[field] = value
+    return overrides
+
+
+def form_config(config_path: str | None, values: Mapping[str, Any]) -> RagpipeConfig:
+    """The configuration of a form: file (or ragpipe.yaml), environment, then the form.
+
+    Raises:
+        ConfigError: The file is missing or invalid, or a form value is out of range;
+            the message names the field.
+    """
+    path = Path(config_path) if config_path else None
+    return load_config(path, form_overrides(values), overrides_from="the run's parameters")
+
+
+class VariantForm(BaseModel):
+    """One retrieval setting to compare; empty fields keep the configured value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$",
+        description="Column name in the report, e.g. dense or hybrid-rrf.",
+    )
+    mode: RetrievalMode | None = Field(default=None, description="dense, sparse or hybrid.")
+    fusion_method: FusionMethod | None = Field(
+        default=None, description="How hybrid fuses its two lists."
+    )
+    alpha: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        default=None, description="Dense share of a convex fusion (0..1)."
+    )
+    dense_weight: NonNegativeFloat | None = Field(
+        default=None, description="Weight of the dense list in rrf/dbsf fusion."
+    )
+    sparse_weight: NonNegativeFloat | None = Field(
+        default=None, description="Weight of the BM25 list in rrf/dbsf fusion."
+    )
+    rerank: bool | None = Field(default=None, description="Cross-encoder rerank on or off.")
+    mmr: bool | None = Field(default=None, description="Diversify the final list with MMR.")
+
+    def overrides(self) -> dict[str, Any]:
+        """``retrieve.*`` overrides of this variant."""
+        return {
+            k: v for k, v in self.model_dump(exclude={"name"}).items() if v is not None
+        }  # fmt: skip
+
+
+CURRENT = VariantForm(name="current")

@@ -1,0 +1,84 @@
+"""The eval deployments' small typed forms and the configuration precedence they share
+with the CLI: form (or CLI option) > RAGPIPE_* environment > config file > defaults."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+import pytest
+from prefect.utilities.callables import parameter_schema_from_entrypoint
+from pydantic import ValidationError
+
+from ragpipe.config import RetrievalMode, load_config
+from ragpipe.errors import ConfigError
+from ragpipe.forms import MetricName, VariantForm, form_config
+from ragpipe.metrics import METRICS
+
+FLOWS = ("eval_retrieval_flow", "eval_rag_flow", "eval_compare_flow", "eval_tune_flow")
+
+
+def test_precedence_form_then_environment_then_file_then_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text("retrieve:\n  mode: sparse\n  top_k: 4\neval:\n  depth: 12\n")
+    monkeypatch.setenv("RAGPIPE_RETRIEVE__TOP_K", "6")
+    monkeypatch.setenv("RAGPIPE_EVAL__DEPTH", "15")
+    cfg = form_config(str(path), {"depth": 20, "mode": None})
+    assert cfg.eval.depth == 20  # the form beats the environment
+    assert cfg.retrieve.top_k == 6  # the environment beats the file
+    assert cfg.retrieve.mode is RetrievalMode.SPARSE  # an empty field keeps the file's value
+    assert cfg.retrieve.rrf_k == 60  # nothing set: the default
+    # The CLI's options are the same kind of overrides.
+    assert load_config(path, {"retrieve": {"top_k": 9}}).retrieve.top_k == 9
+    # Overriding one field of a section keeps the section's other values from below.
+    assert load_config(path, {"retrieve": {"rrf_k": 10}}).retrieve.top_k == 6
+
+
+def test_a_bad_form_value_is_named_as_the_forms(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        form_config(None, {"depth": 0})
+    message = str(err.value)
+    assert message.startswith("invalid configuration (from the run's parameters):")
+    assert "eval.depth: Input should be greater than 0 (got 0)" in message
+    assert "RAGPIPE_" not in message  # the fix is in the form, not the environment
+    with pytest.raises(ConfigError, match=r"config file .*nope\.yaml not found"):
+        form_config(str(tmp_path / "nope.yaml"), {})
+
+
+def test_metric_choices_are_the_metrics() -> None:
+    assert typing.get_args(MetricName) == METRICS
+
+
+def test_variant_form_is_typed() -> None:
+    variant = VariantForm(name="rrf-2", mode=RetrievalMode.HYBRID, dense_weight=2.0)
+    assert variant.overrides() == {"mode": RetrievalMode.HYBRID, "dense_weight": 2.0}
+    for bad in ({"name": "a b"}, {"name": "x", "dense_weight": -1},
+                {"name": "x", "alpha": 1.5}, {"name": "x", "top_k": 3}):  # fmt: skip
+        with pytest.raises(ValidationError):
+            VariantForm.model_validate(bad)
+
+
+@pytest.mark.parametrize("flow", FLOWS)
+def test_eval_forms_are_small_and_described(flow: str) -> None:
+    """What `prefect deploy` registers: at most 12 fields, each with a description that
+    renders as plain text, no nested whole configuration."""
+    schema = parameter_schema_from_entrypoint(f"flows/eval.py:{flow}").model_dump()
+    fields = schema["properties"]
+    assert 0 < len(fields) <= 12, list(fields)
+    for name, spec in fields.items():
+        assert spec.get("description"), name
+        assert "**" not in spec["description"] and "``" not in spec["description"], name
+    assert "config" not in fields and "RagpipeConfig" not in schema.get("definitions", {})
+    assert "config_path" in fields and "name" in fields
+
+
+def test_choices_in_the_forms() -> None:
+    compare = parameter_schema_from_entrypoint("flows/eval.py:eval_compare_flow").model_dump()
+    fields, definitions = compare["properties"], compare["definitions"]
+    assert fields["gate_metric"]["anyOf"][0]["enum"] == list(METRICS)
+    assert fields["granularity"]["anyOf"][0]["enum"] == ["chunk", "file"]
+    assert fields["variants"]["type"] == "array"  # ordered, unlike a mapping
+    assert fields["baseline"]["default"]["name"] == "current"
+    assert definitions["RetrievalMode"]["enum"] == ["dense", "sparse", "hybrid"]
