@@ -143,14 +143,22 @@ def _config(tmp: Path) -> dict[str, Any]:
 
 def test_deployments_run_on_a_real_server_and_worker(stack: Stack, tmp_path: Path) -> None:
     config = json.dumps(_config(tmp_path))
+    config_file = tmp_path / "ragpipe-test.yaml"
+    config_file.write_text(config, encoding="utf-8")  # JSON is YAML
     schedules = stack.post("/deployments/filter", {})
     nightly = next(d for d in schedules if d["name"] == "nightly-reindex")
     assert nightly["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
     assert nightly["schedules"][0]["schedule"]["timezone"] == "UTC"
     assert nightly["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
     assert nightly["enforce_parameter_schema"] is True
-    assert {d["name"] for d in schedules} == {"nightly-reindex", "eval-retrieval", "eval-rag",
-                                              "eval-compare", "eval-tune"}  # fmt: skip
+    assert {d["name"] for d in schedules} == {"nightly-reindex", "reindex-now", "eval-retrieval",
+                                              "eval-rag", "eval-compare", "eval-tune"}  # fmt: skip
+    # The eval forms: a handful of typed, described fields, not the whole configuration.
+    for d in schedules:
+        if d["name"].startswith("eval-"):
+            fields = d["parameter_openapi_schema"]["properties"]
+            assert len(fields) <= 12 and all(f.get("description") for f in fields.values())
+            assert "config" not in fields and "config_path" in fields
 
     ingest = stack.cli("deployment", "run", "ingest/nightly-reindex", "--watch",
                        "--param", f"config={config}", timeout=600)  # fmt: skip
@@ -159,7 +167,7 @@ def test_deployments_run_on_a_real_server_and_worker(stack: Stack, tmp_path: Pat
     assert json.loads((tmp_path / "work" / "summary.json").read_text())["added"] == 5
 
     evaluated = stack.cli("deployment", "run", "eval-retrieval/eval-retrieval", "--watch",
-                          "--param", f"config={config}", timeout=600)  # fmt: skip
+                          "--param", f"config_path={config_file}", timeout=600)  # fmt: skip
     assert "finished successfully" in evaluated.stdout, evaluated.stdout + evaluated.stderr
     (report,) = (tmp_path / "reports").glob("*-deploy-check")
     assert {p.name for p in report.iterdir()} == {"per_query.parquet", "summary.json",
@@ -176,21 +184,36 @@ def test_deployments_run_on_a_real_server_and_worker(stack: Stack, tmp_path: Pat
     _readers_while_the_nightly_writes(stack, tmp_path, report)
 
     tuned = stack.cli("deployment", "run", "eval-tune/eval-tune", "--watch",
-                      "--param", f"config={config}", timeout=600)  # fmt: skip
+                      "--param", f"config_path={config_file}", timeout=600)  # fmt: skip
     assert "finished successfully" in tuned.stdout, tuned.stdout + tuned.stderr
     (tune_dir,) = (tmp_path / "reports").glob("*-deploy-check-tune")
     verdict = json.loads((tune_dir / "tune.json").read_text())
     assert verdict["decision"] in {"recommend", "refused", "no change"}
     assert len(verdict["split"]["tuning"]) == len(verdict["split"]["confirmation"]) == 2
+
+    # A failing gate ends the flow run Failed (what an automation can notify on).
+    gated = stack.cli("deployment", "run", "eval-compare/eval-compare", "--watch", "--params",
+                      json.dumps({"variants": [{"name": "same", "mode": "dense"}],
+                                  "baseline": {"name": "dense", "mode": "dense"},
+                                  "gate_metric": "mrr", "gate_threshold": 0.5,
+                                  "config_path": str(config_file)}), timeout=600)  # fmt: skip
+    (compare_run,) = stack.runs("eval-compare/eval-compare")
+    assert compare_run["state_type"] == "FAILED", gated.stdout + gated.stderr
+    assert "same: mrr delta CI" in compare_run["state"]["message"]
+    (compare_dir,) = (tmp_path / "reports").glob("*-compare")
+    assert json.loads((compare_dir / "summary.json").read_text())["gate"]["passed"] is False
+
     keys = {a["key"] for a in stack.post("/artifacts/filter", {}) if a["key"]}
     assert {"ingest-summary", "ingest-progress", "eval-retrieval-summary",
-            "eval-retrieval-metrics", "eval-tune-summary"} <= keys  # fmt: skip
+            "eval-retrieval-metrics", "eval-retrieval-report", "eval-tune-summary",
+            "eval-compare-report"} <= keys  # fmt: skip
 
-    bad = stack.cli("deployment", "run", "eval-retrieval/eval-retrieval",
-                    "--param", 'config={"retrieve": {"top_k": "many"}}')  # fmt: skip
-    assert bad.returncode != 0  # the typed parameter schema rejects it before any run
+    for bad_param in ("depth=0", "mode=fuzzy", "granularity=page"):
+        bad = stack.cli("deployment", "run", "eval-retrieval/eval-retrieval", "--param", bad_param)
+        assert bad.returncode != 0, bad_param  # the typed schema rejects it before any run
 
-    # Overlapping nightly runs: the one that would start while another runs is cancelled.
+    # Overlapping nightly runs: the one that would start while another runs is cancelled;
+    # a manual re-index (another deployment) queues for the index's writer slot instead.
     # The first is kept running by holding the index's writer lock here (it waits for it).
     from ragpipe.config import RagpipeConfig
     from ragpipe.locking import ingest_lock
@@ -220,11 +243,48 @@ def test_deployments_run_on_a_real_server_and_worker(stack: Stack, tmp_path: Pat
                            "--param", f"config={json.dumps(slow)}")  # fmt: skip
         assert second.returncode == 0, second.stdout + second.stderr
         wait_for(lambda runs: any(r["state_type"] == "CANCELLED" for r in runs), "a cancel")
+        manual = stack.cli("deployment", "run", "ingest/reindex-now",
+                           "--param", f"config_path={config_file}")  # fmt: skip
+        assert manual.returncode == 0, manual.stdout + manual.stderr
+        queued = _wait_for_log(stack, "ingest/reindex-now", "waiting for the writer slot")
+        assert "another ingest of this index is running" in queued
     final = wait_for(
         lambda runs: sorted(r["state_type"] for r in runs) == ["CANCELLED", "COMPLETED"],
         "the first run to finish",
     )
     assert len(final) == 2
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        (manual_run,) = stack.runs("ingest/reindex-now")
+        if manual_run["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            break
+        time.sleep(1)
+    assert manual_run["state_type"] == "COMPLETED"  # it waited, then re-indexed
+    nightly_end = max(r["end_time"] for r in final if r["state_type"] == "COMPLETED")
+    assert "got the writer slot" in _logs(stack, manual_run["id"])
+    assert _writing_started(stack, manual_run["id"]) > nightly_end
+
+
+def _logs(stack: Stack, run_id: str) -> str:
+    entries = stack.post("/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}}})
+    return "\n".join(entry["message"] for entry in entries)
+
+
+def _writing_started(stack: Stack, run_id: str) -> str:
+    """When the run's discover stage logged (it runs under the writer slot)."""
+    entries = stack.post("/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}}})
+    return min(e["timestamp"] for e in entries if e["message"].startswith("discover:"))
+
+
+def _wait_for_log(stack: Stack, deployment: str, text: str) -> str:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for run in stack.runs(deployment):
+            logs = _logs(stack, run["id"])
+            if text in logs:
+                return logs
+        time.sleep(1)
+    pytest.fail(f"no run of {deployment} logged {text!r}")
 
 
 def _search(tmp_path: Path, config: dict[str, Any]) -> dict[str, Any]:
@@ -265,8 +325,10 @@ def _readers_while_the_nightly_writes(stack: Stack, tmp_path: Path, first_report
             started = stack.cli("deployment", "run", "ingest/nightly-reindex",
                                 "--param", f"config={json.dumps(config)}")  # fmt: skip
             assert started.returncode == 0, started.stdout + started.stderr
+            during = tmp_path / "during.yaml"
+            during.write_text(json.dumps(config), encoding="utf-8")
             evaluated = stack.cli("deployment", "run", "eval-retrieval/eval-retrieval",
-                                  "--watch", "--param", f"config={json.dumps(config)}",
+                                  "--watch", "--param", f"config_path={during}",
                                   "--param", "name=during-ingest", timeout=600)  # fmt: skip
             assert "finished successfully" in evaluated.stdout, evaluated.stdout + evaluated.stderr
             assert _search(tmp_path, config)["trace"]["index_version"] == before
