@@ -14,10 +14,11 @@ import os
 from collections import Counter
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -73,15 +74,22 @@ def _prefect_env(verbose: bool) -> None:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "ragpipe")
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     os.environ.setdefault("DO_NOT_TRACK", "1")
+    if not verbose:  # before Prefect is imported: its settings are read once
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     from flows.ephemeral import guard_ephemeral_server
     from flows.logs import set_library_level
 
     guard_ephemeral_server()  # a killed run must not leave Prefect's server behind
     set_library_level(logging.INFO if verbose else logging.WARNING)
     if not verbose:
-        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
         for name in _PREFECT_RUN_LOGGERS:
             logging.getLogger(name).addFilter(_HIDE_EXPECTED)
+
+
+def _fail(exc: BaseException, code: int, label: str = "error") -> NoReturn:
+    """Print an expected error as one line (never wrapped, never read as markup); exit."""
+    console.print(f"[red]{label}:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code) from exc
 
 
 def _error_names(cls: type[BaseException] = RagpipeError) -> set[str]:
@@ -221,8 +229,7 @@ def ingest(
     try:
         cfg = with_sources(load_config(config, overrides), sources)
     except RagpipeError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2) from exc
+        _fail(exc, 2)
 
     from flows.ingest import dask_ingest_flow, ingest_flow  # slow import: only when running
 
@@ -234,7 +241,9 @@ def ingest(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=console, transient=False) as progress:
+    with Progress(
+        *columns, console=console, transient=False, disable=not console.is_terminal
+    ) as progress:
         previous = set_reporter(_RichReporter(progress))
         try:
             summary = flow(
@@ -244,11 +253,9 @@ def ingest(
             )
         except MassDeletionHeld as exc:
             _print_failures(cfg.paths.work_dir)
-            console.print(f"[red]deletions held:[/red] {exc}", highlight=False, soft_wrap=True)
-            raise typer.Exit(3) from exc
+            _fail(exc, 3, "deletions held")
         except RagpipeError as exc:
-            console.print(f"[red]error:[/red] {exc}", highlight=False)
-            raise typer.Exit(2) from exc
+            _fail(exc, 2)
         finally:
             set_reporter(previous)
 
@@ -407,8 +414,7 @@ def search(
         with Retriever(cfg) as retriever:
             result = retriever.search(query)
     except RagpipeError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from exc
+        _fail(exc, 2)
     render = {OutputFormat.TEXT: to_text, OutputFormat.JSON: to_json, OutputFormat.XML: to_xml}
     print(render[output](result))
 
@@ -460,8 +466,7 @@ def ask(
                 question, result.hits, retriever.llm, cfg.generate.context_tokens, stream
             )
     except RagpipeError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from exc
+        _fail(exc, 2)
     if as_json:
         print(json.dumps({**reply.as_dict(), "retrieval": result.trace}, indent=2))
         return
@@ -590,8 +595,7 @@ def eval_retrieval(
 
         summary = evaluate_retrieval(cfg, name=name)
     except RagpipeError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from exc
+        _fail(exc, 2)
     _print_eval(summary)
 
 
@@ -647,8 +651,7 @@ def eval_rag(
 
         summary = evaluate_rag(cfg, name=name)
     except RagpipeError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from exc
+        _fail(exc, 2)
     _print_eval(summary)
     counts = summary["judge"]["counts"]
     outcomes = [f"{m} {c['ok']}/{c['failed']}/{c['not_applicable']}" for m, c in counts.items()]
@@ -676,8 +679,7 @@ def import_beir_command(
     try:
         golden = import_beir(dataset, corpus_out, split)
     except RagpipeError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from exc
+        _fail(exc, 2)
     save_golden(golden, golden_out)
     files = sum(1 for _ in corpus_out.glob("*.md"))
     print(f"wrote {files} documents to {corpus_out} and {len(golden.items)} queries to "
@@ -734,11 +736,9 @@ def eval_compare(
         gate = Gate(gate_metric, gate_threshold) if gate_metric else None
         summary = compare_retrieval(cfg, parsed, name=name or "compare", gate=gate)
     except GateFailed as exc:
-        console.print(f"[red]gate failed:[/red] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(4) from exc
+        _fail(exc, 4, "gate failed")
     except RagpipeError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from exc
+        _fail(exc, 2)
     _print_eval(summary)
 
 
@@ -805,7 +805,9 @@ def eval_tune(
         split_queries(load_golden(cfg.eval.golden), cfg.eval.seed, share)
         base = config or (DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None)
         columns = (TextColumn("{task.description:>9}"), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=console, transient=True) as progress:
+        with Progress(
+            *columns, console=console, transient=True, disable=not console.is_terminal
+        ) as progress:
             previous = set_reporter(_RichReporter(progress))
             try:
                 summary = tune_retrieval(
@@ -819,8 +821,7 @@ def eval_tune(
             finally:
                 set_reporter(previous)
     except RagpipeError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from exc
+        _fail(exc, 2)
     _print_tune(summary)
 
 
@@ -869,8 +870,7 @@ def report(
             config, {"eval": {"reports_dir": str(reports_dir)}} if reports_dir else {}
         )
     except RagpipeError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2) from exc
+        _fail(exc, 2)
     if metric not in METRICS:
         console.print(f"[red]error:[/red] --metric must be one of {', '.join(METRICS)}")
         raise typer.Exit(2)
@@ -878,30 +878,49 @@ def report(
     if not rows:
         print(f"no evaluation runs in {cfg.eval.reports_dir} yet: run `ragpipe eval retrieval`")
         return
-    runs: list[tuple[str, str]] = []
-    for r in rows:
-        if (r["run_id"], r["variant"]) not in runs:
-            runs.append((r["run_id"], r["variant"]))
-    latest = runs[-last:]
-    table = Table(title=f"latest {len(latest)} runs (mean [95% CI])")
-    table.add_column("metric")
-    for run_id, variant in latest:
-        table.add_column(f"{run_id}\n{variant}", justify="right")
+    if last < 1:
+        console.print("[red]error:[/red] --last must be at least 1")
+        raise typer.Exit(2)
+    _print_history(rows, last, metric)
+
+
+def _print_history(rows: list[dict[str, Any]], last: int, metric: str) -> None:
+    """The latest ``last`` runs (every variant of each) side by side, and one metric's trend."""
+    from ragpipe.metrics import METRICS
+    from ragpipe.rag_eval import RAG_METRICS
+
+    runs = list(dict.fromkeys(r["run_id"] for r in rows))
+    columns = list(dict.fromkeys((r["run_id"], r["variant"]) for r in rows))
+    shown = [c for c in columns if c[0] in runs[-last:]]
+    table = Table(title=f"latest {min(last, len(runs))} of {len(runs)} runs (mean [95% CI])")
+    table.add_column("metric", no_wrap=True)
+    for run_id, variant in shown:
+        stamp, _, name = run_id.partition("-")
+        # Headers wrap rather than being cut: run name, time, variant on their own lines.
+        table.add_column(f"{name}\n{stamp}\n{variant}", justify="right", overflow="fold")
     by_key = {(r["run_id"], r["variant"], r["metric"]): r for r in rows}
-    for m in METRICS:
+    names = [m for m in (*METRICS, *RAG_METRICS) if any((*c, m) in by_key for c in shown)]
+    for m in names:
         cells = []
-        for run_id, variant in latest:
+        for run_id, variant in shown:
             got = by_key.get((run_id, variant, m))
             cells.append(
                 f"{got['mean']:.3f} [{got['ci_low']:.3f}, {got['ci_high']:.3f}]" if got else ""
             )
         table.add_row(m, *cells)
     Console().print(table)
-    print(f"trend of {metric} (oldest first):")
-    for run_id, variant in runs:
-        r = by_key[(run_id, variant, metric)]
-        bar = "█" * round(40 * r["mean"])
-        print(f"  {run_id} {variant:>12s} {r['mean']:.3f} {bar}")
+    trend = [by_key[(run_id, variant, metric)] for run_id, variant in columns
+             if (run_id, variant, metric) in by_key]  # fmt: skip
+    if not trend:
+        print(f"no run has {metric}")
+        return
+    low, high = min(r["mean"] for r in trend), max(r["mean"] for r in trend)
+    print(f"trend of {metric} (oldest first; bars span {low:.3f} to {high:.3f}, not 0 to 1):")
+    wide = max(len(r["run_id"]) for r in trend), max(len(r["variant"]) for r in trend)
+    for r in trend:
+        share = (r["mean"] - low) / (high - low) if high > low else 1.0
+        bar = "█" * (1 + round(39 * share))
+        print(f"  {r['run_id']:<{wide[0]}s} {r['variant']:>{wide[1]}s} {r['mean']:.3f} {bar}")
 
 
 def main() -> None:
