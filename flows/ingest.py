@@ -1,5 +1,9 @@
 """The ingest flow: discover → plan → convert → clean → chunk → embed → upsert.
 
+``ingest_flow`` takes a ready configuration (the CLI, library callers);
+``reindex_flow``, what the deployments run, takes a small form and loads the
+configuration file itself.
+
 Run nightly, it is the incremental re-index: unchanged files cost only
 hashing, changed files are re-indexed new-version-first, vanished files are
 deleted (behind the mass-deletion guard).
@@ -7,6 +11,7 @@ deleted (behind the mass-deletion guard).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, cast
 from uuid import UUID
@@ -14,10 +19,11 @@ from uuid import UUID
 from prefect import flow, unmapped
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.futures import wait
+from pydantic import PositiveInt
 
 from flows.concurrency import writer_slot
 from flows.logs import library_logs
-from ragpipe.config import RagpipeConfig, load_config, with_sources
+from ragpipe.config import RagpipeConfig, environment_overrides, load_config, with_sources
 from ragpipe.errors import MassDeletionHeld
 from ragpipe.indexing import embed_batches, mass_deletion_message
 from ragpipe.locking import ingest_lock
@@ -36,6 +42,8 @@ from tasks.ingest import (
     summary_task,
     upsert_task,
 )
+
+log = logging.getLogger("ragpipe.flows")
 
 
 @flow(name="ingest", log_prints=False)
@@ -89,6 +97,37 @@ def ingest_flow(
             mass_deletion_message(cfg, summary.deletions_held, summary.indexed_files)
         )
     return summary
+
+
+@flow(name="ingest", log_prints=False)
+def reindex_flow(
+    config_path: str | None = None,
+    roots: list[str] | None = None,
+    allow_mass_delete: bool = False,
+    batch_size: PositiveInt | None = None,
+) -> IngestSummary:
+    """Re-index the configured sources: only what changed is converted and embedded.
+
+    The deployments' form. The configuration is the file; RAGPIPE_* variables on the
+    worker override it.
+
+    Args:
+        config_path: YAML config (default: ragpipe.yaml in the worker's directory,
+            RAGPIPE_HOME).
+        roots: Sources for this run (paths and http(s) URLs), replacing the configured
+            discover.roots, discover.urls and discover.sitemaps. Empty: the configured ones.
+        allow_mass_delete: Apply the deletions even when more than index.max_delete_share
+            of the indexed files vanished (after checking that a share is not unmounted).
+        batch_size: Fan conversion and embedding out in parallel batches of this many files.
+    """
+    library_logs()
+    config = load_config(Path(config_path) if config_path else None)
+    log.info(
+        "configuration: %s; environment: %s",
+        config_path or "ragpipe.yaml (if present) and defaults",
+        ", ".join(environment_overrides()) or "none",
+    )
+    return ingest_flow.fn(config, None, roots, allow_mass_delete, batch_size)
 
 
 def dask_ingest_flow(workers: int = 2, threads_per_worker: int = 1) -> Any:

@@ -153,15 +153,14 @@ def test_deployments_run_on_a_real_server_and_worker(stack: Stack, tmp_path: Pat
     assert nightly["enforce_parameter_schema"] is True
     assert {d["name"] for d in schedules} == {"nightly-reindex", "reindex-now", "eval-retrieval",
                                               "eval-rag", "eval-compare", "eval-tune"}  # fmt: skip
-    # The eval forms: a handful of typed, described fields, not the whole configuration.
+    # The forms: a handful of typed, described fields, not the whole configuration.
     for d in schedules:
-        if d["name"].startswith("eval-"):
-            fields = d["parameter_openapi_schema"]["properties"]
-            assert len(fields) <= 12 and all(f.get("description") for f in fields.values())
-            assert "config" not in fields and "config_path" in fields
+        fields = d["parameter_openapi_schema"]["properties"]
+        assert len(fields) <= 12 and all(f.get("description") for f in fields.values())
+        assert "config" not in fields and "config_path" in fields, d["name"]
 
     ingest = stack.cli("deployment", "run", "ingest/nightly-reindex", "--watch",
-                       "--param", f"config={config}", timeout=600)  # fmt: skip
+                       "--param", f"config_path={config_file}", timeout=600)  # fmt: skip
     assert "finished successfully in 'Completed'" in ingest.stdout, ingest.stdout + ingest.stderr
     assert (tmp_path / "store" / "segments").is_dir()
     assert json.loads((tmp_path / "work" / "summary.json").read_text())["added"] == 5
@@ -219,6 +218,8 @@ def test_deployments_run_on_a_real_server_and_worker(stack: Stack, tmp_path: Pat
     from ragpipe.locking import ingest_lock
 
     slow = {**_config(tmp_path), "index": {"lock_timeout_s": 300}}
+    slow_file = tmp_path / "slow.yaml"
+    slow_file.write_text(json.dumps(slow), encoding="utf-8")
     before = {r["id"] for r in stack.runs("ingest/nightly-reindex")}
 
     def new_runs() -> list[dict[str, Any]]:
@@ -236,11 +237,11 @@ def test_deployments_run_on_a_real_server_and_worker(stack: Stack, tmp_path: Pat
 
     with ingest_lock(RagpipeConfig.model_validate(slow), timeout_s=0):
         first = stack.cli("deployment", "run", "ingest/nightly-reindex",
-                          "--param", f"config={json.dumps(slow)}")  # fmt: skip
+                          "--param", f"config_path={slow_file}")  # fmt: skip
         assert first.returncode == 0, first.stdout + first.stderr
         wait_for(lambda runs: any(r["state_type"] == "RUNNING" for r in runs), "a running run")
         second = stack.cli("deployment", "run", "ingest/nightly-reindex",
-                           "--param", f"config={json.dumps(slow)}")  # fmt: skip
+                           "--param", f"config_path={slow_file}")  # fmt: skip
         assert second.returncode == 0, second.stdout + second.stderr
         wait_for(lambda runs: any(r["state_type"] == "CANCELLED" for r in runs), "a cancel")
         manual = stack.cli("deployment", "run", "ingest/reindex-now",
@@ -322,11 +323,11 @@ def _readers_while_the_nightly_writes(stack: Stack, tmp_path: Path, first_report
         writer = open_store(cfg.store, "paraphrase-MiniLM-L3-v2", None)
         assert writer is not None
         try:
-            started = stack.cli("deployment", "run", "ingest/nightly-reindex",
-                                "--param", f"config={json.dumps(config)}")  # fmt: skip
-            assert started.returncode == 0, started.stdout + started.stderr
             during = tmp_path / "during.yaml"
             during.write_text(json.dumps(config), encoding="utf-8")
+            started = stack.cli("deployment", "run", "ingest/nightly-reindex",
+                                "--param", f"config_path={during}")  # fmt: skip
+            assert started.returncode == 0, started.stdout + started.stderr
             evaluated = stack.cli("deployment", "run", "eval-retrieval/eval-retrieval",
                                   "--watch", "--param", f"config_path={during}",
                                   "--param", "name=during-ingest", timeout=600)  # fmt: skip

@@ -240,9 +240,10 @@ def test_flows_publish_artifacts_and_cli_reports(
     for run_id in two:  # whole headers, folded rather than cut
         stamp, _, name = run_id.partition("-")
         assert stamp in latest.output and name in latest.output
-    assert "…" not in latest.output and runs[0].partition("-")[0] not in latest.output.split(
-        "trend of"
-    )[0]
+    assert (
+        "…" not in latest.output
+        and runs[0].partition("-")[0] not in latest.output.split("trend of")[0]
+    )
     # Trend bars span the shown range, so the lowest gets 1 block and the highest 40.
     bars = {line.split()[-1].count("█") for line in latest.output.splitlines()
             if line.startswith("  ") and "█" in line}  # fmt: skip
