@@ -1,5 +1,5 @@
 # ragpipe: the two commands a user needs are `make demo` and `make test`.
-.PHONY: setup demo test lint bench clean prefect-server prefect-deploy prefect-worker
+.PHONY: setup demo test test-fast lint bench clean prefect-server prefect-deploy prefect-worker
 
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
@@ -22,6 +22,10 @@ test: setup
 	.venv/bin/ruff format --check src tasks flows tests bench scripts
 	.venv/bin/mypy
 	.venv/bin/pytest
+
+# The unit tests only (no full ingest, model, server or Prefect): under a minute.
+test-fast: setup
+	.venv/bin/pytest -m "not slow and not integration"
 
 bench: setup
 	.venv/bin/python bench/convert.py

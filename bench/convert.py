@@ -24,9 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from ragpipe.config import ConvertConfig  # noqa: E402
-from ragpipe.convert import Converter  # noqa: E402
-from ragpipe.discover import sha256_file  # noqa: E402
-from ragpipe.fidelity import compare  # noqa: E402
+from ragpipe.ingest.convert import Converter  # noqa: E402
+from ragpipe.ingest.discover import sha256_file  # noqa: E402
+from ragpipe.ingest.fidelity import compare  # noqa: E402
 from ragpipe.schemas import SourceFile  # noqa: E402
 
 NON_ENGLISH = {"normal_4pages", "right_to_left_01"}  # Korean, Arabic

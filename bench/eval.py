@@ -23,11 +23,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from ragpipe import pipeline  # noqa: E402
 from ragpipe.config import RagpipeConfig  # noqa: E402
-from ragpipe.evaluate import Variant, run_retrieval_eval  # noqa: E402
-from ragpipe.golden import GoldenSet, load_golden  # noqa: E402
-from ragpipe.retrieve import Retriever  # noqa: E402
+from ragpipe.evaluation.golden import GoldenSet, load_golden  # noqa: E402
+from ragpipe.evaluation.retrieval import Variant, run_retrieval_eval  # noqa: E402
+from ragpipe.ingest.pipeline import run_ingest  # noqa: E402
+from ragpipe.query.retrieve import Retriever  # noqa: E402
 
 PHRASINGS = {
     "": lambda q: q,
@@ -55,7 +55,7 @@ def main() -> int:
             store={"path": Path(tmp) / "store"},  # type: ignore[arg-type]
             paths={"work_dir": Path(tmp) / "work"},  # type: ignore[arg-type]
         )
-        pipeline.run_ingest(cfg)
+        run_ingest(cfg)
         with Retriever(cfg) as retriever:
             retriever.search("warm up")
             for label, variants in {

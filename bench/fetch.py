@@ -5,7 +5,7 @@
    ``httpx.Client.get`` of the same pages, one after the other.
 2. Nightly re-fetch of the same unchanged pages (conditional requests, 304)
    vs raw conditional GETs with the same validators.
-3. A no-op nightly ingest of the pages (``pipeline.run_ingest``: fetch, plan,
+3. A no-op nightly ingest of the pages (``run_ingest``: fetch, plan,
    every later stage reused) vs the raw conditional GETs: what a nightly run of
    an unchanged site costs beyond asking the server.
 
@@ -36,9 +36,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import httpx  # noqa: E402
 
-from ragpipe import pipeline, stages  # noqa: E402
+from ragpipe import checkpoint  # noqa: E402
 from ragpipe.config import FetchConfig, RagpipeConfig  # noqa: E402
-from ragpipe.fetch import fetch_pages  # noqa: E402
+from ragpipe.ingest.pipeline import run_ingest  # noqa: E402
+from ragpipe.ingest.runner import stage_dir  # noqa: E402
+from ragpipe.web.fetch import fetch_pages  # noqa: E402
 from tests.web_server import Route, html_page, web_site  # noqa: E402
 
 UA = FetchConfig().user_agent
@@ -110,17 +112,17 @@ def main() -> None:
             paths={"work_dir": Path(tmp) / "work"},
         )
         started = time.perf_counter()
-        built = pipeline.run_ingest(cfg)
+        built = run_ingest(cfg)
         build_s = time.perf_counter() - started
         assert built.added == args.pages, built.line()
         nightly_ours, nightly_raw = [], []
         for _ in range(args.repeat):
             nightly_raw.append(_timed(lambda: raw_gets(urls, conditional=True)))
             started = time.perf_counter()
-            summary = pipeline.run_ingest(cfg)
+            summary = run_ingest(cfg)
             nightly_ours.append(time.perf_counter() - started)
             assert summary.skipped_unchanged == args.pages and summary.chunks_written == 0
-        discover_counts = stages.checkpoint.read_manifest(stages.stage_dir(cfg, "discover"))
+        discover_counts = checkpoint.read_manifest(stage_dir(cfg, "discover"))
         assert discover_counts is not None
 
     def med(xs: list[float]) -> float:

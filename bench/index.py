@@ -43,9 +43,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 
-from ragpipe import checkpoint, indexing, pipeline, stages  # noqa: E402
+from ragpipe import checkpoint  # noqa: E402
 from ragpipe.config import RagpipeConfig  # noqa: E402
-from ragpipe.embed import LocalEmbedder, contextual_text  # noqa: E402
+from ragpipe.ingest.embed import EmbeddingRow, embeddings_table, read_embeddings, run_embed  # noqa: E402
+from ragpipe.ingest.pipeline import run_ingest, run_stages  # noqa: E402
+from ragpipe.ingest.plan import index_fingerprint, point_id  # noqa: E402
+from ragpipe.ingest.runner import StageSummary  # noqa: E402
+from ragpipe.ingest.upsert import build_points, run_upsert  # noqa: E402
+from ragpipe.models.embedders import LocalEmbedder, contextual_text  # noqa: E402
 from ragpipe.schemas import Chunk, PlanEntry  # noqa: E402
 from ragpipe.store import DENSE, SPARSE, IndexPoint  # noqa: E402
 
@@ -63,14 +68,13 @@ def prepare_chunks(work: Path, corpus: Path) -> RagpipeConfig:
         store={"path": work / "store"},  # type: ignore[arg-type]
         paths={"work_dir": work / "work"},  # type: ignore[arg-type]
     )
-    planned = indexing.run_plan(cfg, stages.run_discover(cfg))
-    stages.run_chunk(cfg, stages.run_clean(cfg, stages.run_convert(cfg, planned)))
+    run_stages(cfg, until="chunk")
     return cfg
 
 
 def bench_embed(cfg: RagpipeConfig, repeat: int) -> dict[str, Any]:
     chunks = checkpoint.read_records(cfg.paths.work_dir / "chunk" / "chunks.parquet", Chunk)
-    chunked = stages.StageSummary("chunk", "bench", {})
+    chunked = StageSummary("chunk", "bench", {})
     embedder = LocalEmbedder(batch_size=cfg.embed.batch_size)
     # The raw side gets the texts ready-made (contextual prefix already applied).
     texts = [contextual_text(c.heading_path, c.text) for c in chunks]
@@ -79,7 +83,7 @@ def bench_embed(cfg: RagpipeConfig, repeat: int) -> dict[str, Any]:
 
     def ours() -> None:
         shutil.rmtree(cfg.paths.work_dir / "embed", ignore_errors=True)
-        indexing.run_embed(cfg, chunked)
+        run_embed(cfg, chunked)
 
     def raw() -> None:
         model.encode(texts, batch_size=cfg.embed.batch_size, normalize_embeddings=True)
@@ -101,8 +105,8 @@ def bench_embed(cfg: RagpipeConfig, repeat: int) -> dict[str, Any]:
 def synthetic_upsert_input(cfg: RagpipeConfig, copies: int) -> int:
     """Multiply the embedded chunks into ``copies`` fake files each (same vectors)."""
     chunks = checkpoint.read_records(cfg.paths.work_dir / "chunk" / "chunks.parquet", Chunk)
-    embedded = indexing.read_embeddings(cfg.paths.work_dir / "embed" / "embeddings.parquet")
-    index_fp = indexing.index_fingerprint(cfg)
+    embedded = read_embeddings(cfg.paths.work_dir / "embed" / "embeddings.parquet")
+    index_fp = index_fingerprint(cfg)
     many: list[Chunk] = []
     rows = []
     for copy in range(copies):
@@ -110,17 +114,15 @@ def synthetic_upsert_input(cfg: RagpipeConfig, copies: int) -> int:
             path = f"copy{copy:03d}/{c.file_path}"
             cid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{path}|{c.chunk_index}"))
             many.append(Chunk(**{**c.__dict__, "chunk_id": cid, "file_path": path}))
-            pid = indexing.point_id(path, c.source_sha256, index_fp, c.chunk_index)
+            pid = point_id(path, c.source_sha256, index_fp, c.chunk_index)
             e = embedded[c.chunk_id]
             rows.append(
-                indexing.EmbeddingRow(
-                    cid, pid, e.prefix, e.vector, e.sparse_indices, e.sparse_values
-                )
+                EmbeddingRow(cid, pid, e.prefix, e.vector, e.sparse_indices, e.sparse_values)
             )
     checkpoint.write_records(cfg.paths.work_dir / "chunk" / "chunks.parquet", many, Chunk)
     checkpoint.write_table(
         cfg.paths.work_dir / "embed" / "embeddings.parquet",
-        indexing.embeddings_table(rows, len(rows[0].vector), index_fp),
+        embeddings_table(rows, len(rows[0].vector), index_fp),
     )
     files = sorted({(c.file_path, c.source_sha256) for c in many})
     plan = [PlanEntry(path, "added", sha, 0) for path, sha in files]  # a first ingest
@@ -131,8 +133,8 @@ def synthetic_upsert_input(cfg: RagpipeConfig, copies: int) -> int:
 def stored_points(cfg: RagpipeConfig, limit: int | None = None) -> list[IndexPoint]:
     """The exact points run_upsert writes (vectors, BM25 weights, payloads)."""
     chunks = checkpoint.read_records(cfg.paths.work_dir / "chunk" / "chunks.parquet", Chunk)
-    embedded = indexing.read_embeddings(cfg.paths.work_dir / "embed" / "embeddings.parquet")
-    return indexing.build_points(chunks[:limit], embedded, indexing.index_fingerprint(cfg))
+    embedded = read_embeddings(cfg.paths.work_dir / "embed" / "embeddings.parquet")
+    return build_points(chunks[:limit], embedded, index_fingerprint(cfg))
 
 
 def bench_upsert(cfg: RagpipeConfig, repeat: int) -> dict[str, Any]:
@@ -148,12 +150,12 @@ def bench_upsert(cfg: RagpipeConfig, repeat: int) -> dict[str, Any]:
 
     data = stored_points(cfg)
     dim = len(data[0].dense)
-    embedded = stages.StageSummary("embed", "bench", {})
+    embedded = StageSummary("embed", "bench", {})
     store_dir = cfg.store.path
 
     def ours() -> None:
         shutil.rmtree(store_dir, ignore_errors=True)
-        indexing.run_upsert(cfg, embedded)
+        run_upsert(cfg, embedded)
 
     def raw() -> None:
         path = store_dir.parent / "raw-edge"
@@ -246,7 +248,7 @@ def bench_noop(tmp: Path, n_files: int, repeat: int) -> dict[str, Any]:
         paths={"work_dir": tmp / "noop-work"},  # type: ignore[arg-type]
     )
     started = time.perf_counter()
-    first = pipeline.run_ingest(cfg)
+    first = run_ingest(cfg)
     initial_s = time.perf_counter() - started
 
     def hash_only() -> None:  # what any re-indexer must do: find the files and hash them
@@ -256,7 +258,7 @@ def bench_noop(tmp: Path, n_files: int, repeat: int) -> dict[str, Any]:
                     hashlib.file_digest(fh, "sha256").hexdigest()
 
     def noop() -> None:
-        summary = pipeline.run_ingest(cfg)
+        summary = run_ingest(cfg)
         assert summary.chunks_written == 0 and summary.skipped_unchanged == n_files
 
     from flows.ingest import ingest_flow

@@ -28,9 +28,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from ragpipe import pipeline  # noqa: E402
 from ragpipe.config import RagpipeConfig  # noqa: E402
-from ragpipe.retrieve import Retriever  # noqa: E402
+from ragpipe.ingest.pipeline import run_ingest  # noqa: E402
+from ragpipe.query.retrieve import Retriever  # noqa: E402
 
 QUESTION = re.compile(r"^(\d+\.\d+)\s+(.+\?)$")
 
@@ -76,7 +76,7 @@ def main() -> int:
             store={"path": Path(tmp) / "store"},  # type: ignore[arg-type]
             paths={"work_dir": Path(tmp) / "work"},  # type: ignore[arg-type]
         )
-        print(pipeline.run_ingest(cfg).line(), flush=True)
+        print(run_ingest(cfg).line(), flush=True)
         results: dict[str, Any] = {}
         with Retriever(cfg) as retriever:
             questions = golden(retriever)

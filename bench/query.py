@@ -46,7 +46,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 
 from ragpipe.config import RagpipeConfig  # noqa: E402
-from ragpipe.retrieve import Retriever  # noqa: E402
+from ragpipe.query.retrieve import Retriever  # noqa: E402
 from ragpipe.store import DENSE, EdgeStore, IndexPoint, SparseEncoder, StoreMeta  # noqa: E402
 
 SAMPLE = REPO / "data" / "sample"

@@ -54,11 +54,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import pytrec_eval  # noqa: E402
 
-from ragpipe import pipeline  # noqa: E402
 from ragpipe.config import RagpipeConfig  # noqa: E402
-from ragpipe.evaluate import Granularity, Variant, parse_variant, run_retrieval_eval  # noqa: E402
-from ragpipe.golden import GoldenSet, import_beir, load_golden  # noqa: E402
-from ragpipe.retrieve import Retriever  # noqa: E402
+from ragpipe.evaluation.golden import GoldenSet, import_beir, load_golden  # noqa: E402
+from ragpipe.evaluation.retrieval import Granularity, Variant, parse_variant, run_retrieval_eval  # noqa: E402
+from ragpipe.ingest.pipeline import run_ingest  # noqa: E402
+from ragpipe.query.retrieve import Retriever  # noqa: E402
 from ragpipe.store import VectorStore  # noqa: E402
 
 MEASURES = {"ndcg_cut_10": "ndcg@10", "recip_rank": "mrr", "recall_10": "recall@10"}
@@ -81,12 +81,12 @@ def build(work: Path) -> list[DevSet]:
     beir = work / "debfaq"
     golden = import_beir(SHARED / "debfaq", beir / "corpus")
     cfg = _config(beir, [beir / "corpus"])
-    print(pipeline.run_ingest(cfg).line(), flush=True)
+    print(run_ingest(cfg).line(), flush=True)
     qrels = {i.id: dict(i.relevance) for i in golden.items}
     sets.append(DevSet("debfaq", cfg, golden, Granularity.FILE, qrels))
     rfaq = load_golden(REPO / "eval" / "golden" / "r-faq-dev.yaml")
     cfg = _config(work / "r-faq", [REPO / "data" / "sample"])
-    print(pipeline.run_ingest(cfg).line(), flush=True)
+    print(run_ingest(cfg).line(), flush=True)
     qrels = {i.id: {t.key: t.grade for t in i.chunks} for i in rfaq.items}
     sets.append(DevSet("r-faq", cfg, rfaq, Granularity.CHUNK, qrels))
     return sets
@@ -216,7 +216,7 @@ def ragpipe_runs(dev: DevSet, variants: list[Variant], retriever: Retriever) -> 
 
 
 def tuned(dev: DevSet, retriever: Retriever) -> tuple[Variant, str]:
-    from ragpipe.tune import run_tune
+    from ragpipe.evaluation.tune import run_tune
 
     outcome = run_tune(
         dev.config, dev.golden, granularity=dev.granularity, retriever=retriever, seed=0

@@ -10,7 +10,7 @@ and publish Prefect artifacts (keys ``eval-retrieval-*``, ``eval-rag-*``,
 
 Each comes twice under one flow name: the deployed flow (``*_flow``) takes a
 small typed form whose empty fields keep the configured value (see
-``ragpipe.forms``); the CLI and library callers hand a ready configuration to
+``ragpipe.evaluation.forms``); the CLI and library callers hand a ready configuration to
 the twin (``evaluate_retrieval``, ``evaluate_rag``, ``compare_retrieval``,
 ``tune_retrieval``).
 """
@@ -32,8 +32,8 @@ from ragpipe.config import (
     environment_overrides,
 )
 from ragpipe.errors import ConfigError, GateFailed
-from ragpipe.evaluate import Gate, Variant
-from ragpipe.forms import CURRENT, Granularity, MetricName, VariantForm, form_config
+from ragpipe.evaluation.forms import CURRENT, Granularity, MetricName, VariantForm, form_config
+from ragpipe.evaluation.retrieval import Gate, Variant
 from tasks.eval import (
     publish_eval_task,
     publish_tune_task,

@@ -25,22 +25,19 @@ from flows.concurrency import writer_slot
 from flows.logs import library_logs
 from ragpipe.config import RagpipeConfig, environment_overrides, load_config, with_sources
 from ragpipe.errors import MassDeletionHeld
-from ragpipe.indexing import embed_batches, mass_deletion_message
+from ragpipe.ingest.convert import convert_batches
+from ragpipe.ingest.embed import embed_batches
+from ragpipe.ingest.pipeline import STAGES, with_mass_delete
+from ragpipe.ingest.runner import StageSummary
+from ragpipe.ingest.summary import IngestSummary
+from ragpipe.ingest.upsert import mass_deletion_message
 from ragpipe.locking import ingest_lock
-from ragpipe.pipeline import with_mass_delete
-from ragpipe.stages import IngestSummary, convert_batches
 from tasks.ingest import (
-    chunk_task,
-    clean_task,
+    STAGE_TASKS,
     convert_batch_task,
-    convert_task,
-    discover_task,
     embed_batch_task,
-    embed_task,
-    plan_task,
     publish_ingest_task,
     summary_task,
-    upsert_task,
 )
 
 log = logging.getLogger("ragpipe.flows")
@@ -73,22 +70,22 @@ def ingest_flow(
     library_logs()
     cfg = config if config is not None else load_config(Path(config_path) if config_path else None)
     cfg = with_sources(with_mass_delete(cfg, allow_mass_delete), roots)
-    # Progress in the Prefect UI: the share of the seven stages done.
+    # Progress in the Prefect UI: the share of the stages done.
     progress = cast(
         UUID, create_progress_artifact(0.0, key="ingest-progress", description="stages done (%)")
     )
     # One writer per index: across deployments a second run queues for the slot; a
     # writer outside this Prefect server meets the file lock (waits, then refuses).
     with writer_slot(cfg), ingest_lock(cfg):
-        done = [discover_task(cfg)]
-        for stage in (plan_task, convert_task, clean_task, chunk_task, embed_task, upsert_task):
-            update_progress_artifact(progress, 100 * len(done) / 7)
-            if batch_size and stage is convert_task:  # fan out, then the stage assembles
+        done: list[StageSummary] = []
+        for stage in STAGES:
+            update_progress_artifact(progress, 100 * len(done) / len(STAGES))
+            if batch_size and stage.name == "convert":  # fan out, then the stage assembles
                 batches = convert_batches(cfg, done[-1], batch_size)
                 wait(convert_batch_task.map(unmapped(cfg), batches))
-            if batch_size and stage is embed_task:
+            if batch_size and stage.name == "embed":
                 wait(embed_batch_task.map(unmapped(cfg), embed_batches(cfg, batch_size * 20)))
-            done.append(stage(cfg, done[-1]))
+            done.append(STAGE_TASKS[stage.name](cfg, *done[-1:]))
         update_progress_artifact(progress, 100.0)
         summary = summary_task(cfg, done)
     publish_ingest_task(cfg, summary)

@@ -26,11 +26,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from ragpipe.clean import clean_markdown  # noqa: E402
 from ragpipe.config import RagpipeConfig  # noqa: E402
-from ragpipe.convert import Converter  # noqa: E402
-from ragpipe.discover import sha256_file  # noqa: E402
-from ragpipe.golden import ChunkTarget, GoldenItem, GoldenSet, save_golden  # noqa: E402
+from ragpipe.evaluation.golden import ChunkTarget, GoldenItem, GoldenSet, save_golden  # noqa: E402
+from ragpipe.ingest.clean import clean_markdown  # noqa: E402
+from ragpipe.ingest.convert import Converter  # noqa: E402
+from ragpipe.ingest.discover import sha256_file  # noqa: E402
 from ragpipe.schemas import SourceFile  # noqa: E402
 
 HEADING = re.compile(r"^(#{2,6})\s+((\d+(?:\.\d+)+)\s+(.+\?))\s*$")

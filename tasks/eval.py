@@ -16,11 +16,11 @@ from prefect.artifacts import (
 from prefect.cache_policies import NO_CACHE
 
 from ragpipe.config import RagpipeConfig
-from ragpipe.evaluate import Gate, Variant
-from ragpipe.metrics import METRICS
-from ragpipe.rag_eval import RAG_METRICS
-from ragpipe.report import evaluate_and_report, rag_evaluate_and_report, report_link
-from ragpipe.tune import tune_and_report
+from ragpipe.evaluation.metrics import METRICS
+from ragpipe.evaluation.rag import RAG_METRICS
+from ragpipe.evaluation.report import evaluate_and_report, rag_evaluate_and_report, report_link
+from ragpipe.evaluation.retrieval import Gate, Variant
+from ragpipe.evaluation.tune import tune_and_report
 
 
 @task(name="retrieval-eval", cache_policy=NO_CACHE)

@@ -6,55 +6,26 @@ fingerprints, which Prefect's source-hash cache policies cannot see.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from ragpipe import indexing, stages
 from ragpipe.config import RagpipeConfig
+from ragpipe.ingest.convert import convert_batch
+from ragpipe.ingest.embed import embed_batch
+from ragpipe.ingest.pipeline import STAGES
+from ragpipe.ingest.runner import StageSummary, WorkDir
+from ragpipe.ingest.summary import IngestSummary, read_failures, write_summary
 from ragpipe.schemas import Chunk, SourceFile
-from ragpipe.stages import IngestSummary, StageSummary
 
-
-@task(name="discover", cache_policy=NO_CACHE)
-def discover_task(config: RagpipeConfig, roots: list[Path] | None = None) -> StageSummary:
-    return stages.run_discover(config, roots)
-
-
-@task(name="plan", cache_policy=NO_CACHE)
-def plan_task(config: RagpipeConfig, discovered: StageSummary) -> StageSummary:
-    return indexing.run_plan(config, discovered)
-
-
-@task(name="convert", cache_policy=NO_CACHE)
-def convert_task(config: RagpipeConfig, planned: StageSummary) -> StageSummary:
-    return stages.run_convert(config, planned)
-
-
-@task(name="clean", cache_policy=NO_CACHE)
-def clean_task(config: RagpipeConfig, converted: StageSummary) -> StageSummary:
-    return stages.run_clean(config, converted)
-
-
-@task(name="chunk", cache_policy=NO_CACHE)
-def chunk_task(config: RagpipeConfig, cleaned: StageSummary) -> StageSummary:
-    return stages.run_chunk(config, cleaned)
-
-
-@task(name="embed", cache_policy=NO_CACHE)
-def embed_task(config: RagpipeConfig, chunked: StageSummary) -> StageSummary:
-    return indexing.run_embed(config, chunked)
-
-
-@task(name="upsert", cache_policy=NO_CACHE)
-def upsert_task(config: RagpipeConfig, embedded: StageSummary) -> StageSummary:
-    return indexing.run_upsert(config, embedded)
+# One task per stage of the library's one stage list, named after it.
+STAGE_TASKS = {
+    stage.name: task(name=stage.name, cache_policy=NO_CACHE)(stage.run) for stage in STAGES
+}
 
 
 @task(name="summarise", cache_policy=NO_CACHE)
 def summary_task(config: RagpipeConfig, stage_summaries: list[StageSummary]) -> IngestSummary:
-    return stages.write_summary(config, stage_summaries)
+    return write_summary(config, stage_summaries)
 
 
 @task(name="publish-ingest", cache_policy=NO_CACHE)
@@ -64,7 +35,7 @@ def publish_ingest_task(config: RagpipeConfig, summary: IngestSummary) -> None:
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     seconds = ", ".join(f"{stage} {s:.1f}s" for stage, s in summary.seconds.items())
-    failures = stages.read_failures(config.paths.work_dir)
+    failures = read_failures(WorkDir.of(config))
     create_markdown_artifact(
         key="ingest-summary",
         markdown=(
@@ -89,9 +60,9 @@ def publish_ingest_task(config: RagpipeConfig, summary: IngestSummary) -> None:
 
 @task(name="convert-batch", cache_policy=NO_CACHE)
 def convert_batch_task(config: RagpipeConfig, sources: list[SourceFile]) -> int:
-    return stages.convert_batch(config, sources)
+    return convert_batch(config, sources)
 
 
 @task(name="embed-batch", cache_policy=NO_CACHE)
 def embed_batch_task(config: RagpipeConfig, chunks: list[Chunk]) -> int:
-    return indexing.embed_batch(config, chunks)
+    return embed_batch(config, chunks)

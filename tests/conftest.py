@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "corpus"
-SAMPLE = REPO / "data" / "sample"
+from tests.support.paths import QUERY_CORPUS, SHARED, shared_pdf
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
@@ -20,13 +20,46 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def shared_pdf(name: str) -> Path:
-    """A PDF of the shared corpus (tests fail loudly if shared/ is missing)."""
-    for folder in ("pdf", "rdocs"):
-        path = SHARED / folder / name
-        if path.is_file():
-            return path
-    raise FileNotFoundError(f"{name} not in {SHARED}; the shared corpus must sit beside the repo")
+# Fixtures that load a model, index a corpus or start a server: a test using one is
+# integration (`make test-fast` leaves it out; `make test` runs everything).
+HEAVY_FIXTURES = {"prefect_harness", "onnx_embedder", "local_embedder", "query_corpus",
+                  "indexed_edge", "indexed_qdrant", "smollm", "tiny_cross_encoder"}  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+def _loopback_only(address: Any) -> None:
+    if isinstance(address, tuple) and address:
+        host = str(address[0])
+        try:
+            loopback = ipaddress.ip_address(host.split("%")[0]).is_loopback
+        except ValueError:
+            loopback = host == "localhost"
+        if not loopback:
+            raise OSError(f"tests may reach loopback only, not {host} (tests/conftest.py)")
+
+
+@pytest.fixture(autouse=True)
+def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every socket this process opens may connect to loopback only."""
+    real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
+
+    def connect(self: socket.socket, address: Any) -> None:
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            _loopback_only(address)
+        real_connect(self, address)
+
+    def connect_ex(self: socket.socket, address: Any) -> int:
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            _loopback_only(address)
+        return real_connect_ex(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +95,7 @@ def prefect_harness() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def onnx_embedder() -> object:
     """The fast packaged test embedder (paraphrase-MiniLM-L3-v2, ONNX), loaded once."""
-    from ragpipe.embed import OnnxEmbedder
+    from ragpipe.models.embedders import OnnxEmbedder
 
     return OnnxEmbedder()
 
@@ -70,59 +103,9 @@ def onnx_embedder() -> object:
 @pytest.fixture(scope="session")
 def local_embedder() -> object:
     """The default embedder (all-MiniLM-L6-v2, sentence-transformers), loaded once."""
-    from ragpipe.embed import LocalEmbedder
+    from ragpipe.models.embedders import LocalEmbedder
 
     return LocalEmbedder()
-
-
-QUERY_CORPUS = {
-    "science/photosynthesis.md": """# Photosynthesis
-
-## Light reactions
-Plants capture sunlight with chlorophyll in the thylakoid membranes. The light reactions split
-water, release oxygen and store energy as ATP and NADPH.
-
-## Calvin cycle
-In the stroma the Calvin cycle fixes carbon dioxide into sugar. The enzyme RuBisCO attaches
-carbon dioxide to ribulose bisphosphate; ATP and NADPH from the light reactions drive it.
-""",
-    "history/computing.md": """# Early computing
-
-## Ada Lovelace
-Ada Lovelace wrote the first published program for Charles Babbage's Analytical Engine in 1843.
-Her notes describe how the engine could compute Bernoulli numbers.
-
-## Alan Turing
-Alan Turing described a universal machine in 1936 and worked on breaking the Enigma cipher at
-Bletchley Park during the Second World War.
-""",
-    "kitchen/bread.md": """# Baking bread
-
-## Dough
-Mix flour, water, salt and yeast. Knead the dough for ten minutes until it is smooth and
-elastic, then let it rise for an hour in a warm place.
-
-## Oven
-Bake the loaf at 230 degrees Celsius for thirty-five minutes. A tray of water in the oven
-gives the crust steam and makes it crisp.
-""",
-    "ops/backups.md": """# Database backups
-
-## Schedule
-Take a full backup of the database every night at two o'clock and keep the last fourteen
-copies. Incremental backups run every hour.
-
-## Restore
-To restore, stop the service, copy the latest full backup into place, replay the incremental
-backups in order and start the service again. Test a restore every month.
-""",
-    "ops/backups-copy.md": """# Database backups
-
-## Schedule
-Take a full backup of the database every night at two o'clock and keep the last fourteen
-copies. Incremental backups run every hour.
-""",
-}
 
 
 @pytest.fixture(scope="session")
@@ -136,8 +119,8 @@ def query_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _indexed(root: Path, base: Path, backend: str) -> Any:
-    from ragpipe import pipeline
     from ragpipe.config import RagpipeConfig
+    from ragpipe.ingest.pipeline import run_ingest
 
     cfg = RagpipeConfig(
         discover={"roots": [root]},  # type: ignore[arg-type]
@@ -146,7 +129,7 @@ def _indexed(root: Path, base: Path, backend: str) -> Any:
         store={"backend": backend, "path": base / "store"},  # type: ignore[arg-type]
         paths={"work_dir": base / "work"},  # type: ignore[arg-type]
     )
-    summary = pipeline.run_ingest(cfg)
+    summary = run_ingest(cfg)
     assert summary.failed == 0 and summary.points_total > 8
     return cfg
 
@@ -166,7 +149,7 @@ def indexed_qdrant(query_corpus: Path, tmp_path_factory: pytest.TempPathFactory)
 @pytest.fixture(scope="session")
 def smollm() -> Any:
     """The packaged SmolLM2-135M-Instruct through llama.cpp (loaded once)."""
-    from ragpipe.llm import LlamaCppLLM
+    from ragpipe.models.llm import LlamaCppLLM
 
     return LlamaCppLLM(max_tokens=64)
 

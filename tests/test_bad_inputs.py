@@ -21,12 +21,17 @@ import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
-from ragpipe import checkpoint, indexing, pipeline, stages
+from ragpipe import checkpoint
 from ragpipe.config import DiscoverConfig, RagpipeConfig
-from ragpipe.discover import discover
+from ragpipe.ingest.discover import discover
+from ragpipe.ingest.pipeline import run_ingest, run_stages
+from ragpipe.ingest.summary import write_summary
+from ragpipe.models.embedders import embedder_name
 from ragpipe.schemas import Chunk, Failure, Skip
 from ragpipe.store import Where, open_store
-from tests.conftest import SHARED, shared_pdf
+from tests.support.paths import SHARED, shared_pdf
+
+pytestmark = pytest.mark.integration
 
 NOTES = "Plain notes.\n\nThe quarterly report is due on Friday. Send it to the team.\n"
 ODD_NAME = "Überblick – Ärger & Co (draft) 2.md"
@@ -146,7 +151,7 @@ def test_bad_input_zoo_through_the_cli(prefect_harness: None, tmp_path: Path) ->
         ODD_NAME,
     }
     cfg = RagpipeConfig.model_validate(yaml.safe_load(config.read_text()))
-    store = open_store(cfg.store, indexing.embedder_name(cfg.embed), None)
+    store = open_store(cfg.store, embedder_name(cfg.embed), None)
     assert store is not None
     try:
         odd = list(store.scroll(Where(must={"file_path": str(root / ODD_NAME)})))
@@ -171,17 +176,9 @@ def test_a_file_deleted_between_discover_and_convert(small_corpus: Path, tmp_pat
         store={"path": tmp_path / "store"},  # type: ignore[arg-type]
         paths={"work_dir": tmp_path / "work"},  # type: ignore[arg-type]
     )
-    discovered = stages.run_discover(cfg)
-    planned = indexing.run_plan(cfg, discovered)
+    planned = run_stages(cfg, until="plan")
     (small_corpus / "notes.txt").unlink()  # gone before conversion reaches it
-    converted = stages.run_convert(cfg, planned)
-    cleaned = stages.run_clean(cfg, converted)
-    chunked = stages.run_chunk(cfg, cleaned)
-    embedded = indexing.run_embed(cfg, chunked)
-    upserted = indexing.run_upsert(cfg, embedded)
-    summary = stages.write_summary(
-        cfg, [discovered, planned, converted, cleaned, chunked, embedded, upserted]
-    )
+    summary = write_summary(cfg, run_stages(cfg, done=planned))
     (failure,) = checkpoint.read_records(tmp_path / "work" / "failures.parquet", Failure)
     assert (Path(failure.file_path).name, failure.stage, failure.category) == (
         "notes.txt",
@@ -191,7 +188,7 @@ def test_a_file_deleted_between_discover_and_convert(small_corpus: Path, tmp_pat
     assert "deleted or moved after discovery" in failure.message
     assert summary.failed == 1 and summary.chunks_written == summary.chunks > 0
 
-    after = pipeline.run_ingest(cfg)  # the next run no longer sees it, and is clean
+    after = run_ingest(cfg)  # the next run no longer sees it, and is clean
     assert after.ok and after.seen == 2 and after.chunks_written == 0
 
 
@@ -208,8 +205,7 @@ def test_a_five_megabyte_single_line_is_chunked_whole_when_allowed(tmp_path: Pat
         paths={"work_dir": tmp_path / "work"},  # type: ignore[arg-type]
     )
     assert len(line) > 5_000_000
-    discovered = stages.run_discover(cfg)
-    chunked = stages.run_chunk(cfg, stages.run_clean(cfg, stages.run_convert(cfg, discovered)))
+    chunked = run_stages(cfg, until="chunk")[-1]
     assert chunked.counts["failed"] == 0
     chunks = checkpoint.read_records(tmp_path / "work" / "chunk" / "chunks.parquet", Chunk)
     assert all(len(c.text) <= 4000 and c.token_count <= 2048 for c in chunks)

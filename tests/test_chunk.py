@@ -5,9 +5,9 @@ import itertools
 
 import pytest
 
-from ragpipe.chunk import TokenCounter, chunk_document, strip_page_markers
 from ragpipe.config import ChunkConfig, ChunkerKind
 from ragpipe.errors import ConfigError
+from ragpipe.ingest.chunk import TokenCounter, chunk_document, strip_page_markers
 from ragpipe.schemas import Chunk, CleanedDocument
 
 COUNTER = TokenCounter("all-MiniLM-L6-v2")

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from ragpipe.clean import clean_markdown
 from ragpipe.config import CleanConfig
+from ragpipe.ingest.clean import clean_markdown
 
 
 def test_boilerplate_lines_dropped_and_counted() -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
 from ragpipe.config import RagpipeConfig
+
+pytestmark = pytest.mark.integration
 
 runner = CliRunner()
 

@@ -127,3 +127,15 @@ def test_config_mistakes_stop_the_cli_before_any_work(
         assert text in output
     assert "Traceback" not in result.output
     assert not (tmp_path / "work").exists()  # nothing started
+
+
+def test_tests_reach_loopback_only() -> None:
+    """The autouse guard in conftest: a connection beyond loopback fails at once."""
+    import socket
+
+    with socket.socket() as sock, pytest.raises(OSError, match=r"loopback only, not 192\.0\.2\.1"):
+        sock.connect(("192.0.2.1", 80))  # TEST-NET-1: never routed
+    with socket.socket() as server, socket.socket() as client:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        client.connect(server.getsockname())  # loopback is allowed

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from ragpipe.clean import clean_markdown
 from ragpipe.config import CleanConfig, ConvertConfig, PdfMode
-from ragpipe.convert import CONVERTER_FAST, Converter
-from ragpipe.discover import sha256_file
 from ragpipe.errors import InputError, StageError
-from ragpipe.fidelity import compare
+from ragpipe.ingest.clean import clean_markdown
+from ragpipe.ingest.convert import CONVERTER_FAST, Converter
+from ragpipe.ingest.discover import sha256_file
+from ragpipe.ingest.fidelity import compare
 from ragpipe.schemas import SourceFile
-from tests.conftest import SHARED, shared_pdf
+from tests.support.paths import SHARED, shared_pdf
 
 GOLDEN = Path(__file__).parent / "golden"
 # Set RAGPIPE_REGEN_GOLDEN=1 to rewrite the golden files after an intended change.
@@ -32,10 +32,6 @@ def converter() -> Converter:
     return Converter(ConvertConfig())
 
 
-def test_regenerate_flag_is_off_in_ci() -> None:
-    assert not (REGENERATE and os.environ.get("CI")), "RAGPIPE_REGEN_GOLDEN must not be set in CI"
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["multi_page", "code_and_formula", "amt_handbook_sample"])
 def test_fast_mode_golden_convert_and_clean(converter: Converter, name: str) -> None:
@@ -44,8 +40,9 @@ def test_fast_mode_golden_convert_and_clean(converter: Converter, name: str) -> 
     assert doc.converter == CONVERTER_FAST
     cleaned = clean_markdown(doc.markdown, CleanConfig()).markdown
     golden = GOLDEN / f"{name}.md"
-    if REGENERATE:
+    if REGENERATE:  # a regeneration run never passes: review the diff, then run again
         golden.write_text(cleaned, encoding="utf-8")
+        pytest.fail(f"rewrote {golden}; check `git diff`, then re-run without RAGPIPE_REGEN_GOLDEN")
     assert cleaned == golden.read_text(encoding="utf-8")
 
 

@@ -11,19 +11,25 @@ nothing missing, and no half-written checkpoint taken for a finished one.
 from __future__ import annotations
 
 import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ragpipe import checkpoint, pipeline
+from ragpipe import checkpoint
 from ragpipe.config import RagpipeConfig
-from tests.conftest import REPO
-from tests.crash_ingest import POINTS
-from tests.test_indexing import TOPICS, _doc, assert_saved_versions_current, make_config, stored
+from ragpipe.ingest.pipeline import run_ingest
+from tests.support.corpora import (
+    TOPICS,
+    assert_versions_current,
+    make_config,
+    stored,
+    topic_doc,
+)
+from tests.support.crash import crash, temp_files
+from tests.support.crash_ingest import POINTS
+
+pytestmark = pytest.mark.integration
 
 # The stage each point kills, and the manifests that must not claim it finished.
 NOT_DONE = {
@@ -52,19 +58,19 @@ class Scenario:
         self.corpus = base / "corpus"
         self.corpus.mkdir()
         for topic in TOPICS[:5]:
-            (self.corpus / f"{topic}.md").write_text(_doc(topic), encoding="utf-8")
+            (self.corpus / f"{topic}.md").write_text(topic_doc(topic), encoding="utf-8")
         # The files the re-index converts are plain text, so the child process does
         # not spend 5 s importing Docling; conversion's caching is the same for all kinds.
-        (self.corpus / "notes.txt").write_text(_doc("notes"), encoding="utf-8")
+        (self.corpus / "notes.txt").write_text(topic_doc("notes"), encoding="utf-8")
         for backend in ("edge", "qdrant"):
-            pipeline.run_ingest(make_config(self.corpus, base / "before", backend))
-        (self.corpus / "notes.txt").write_text(_doc("notes", version=2), encoding="utf-8")
-        (self.corpus / f"{TOPICS[5]}.txt").write_text(_doc(TOPICS[5]), encoding="utf-8")
+            run_ingest(make_config(self.corpus, base / "before", backend))
+        (self.corpus / "notes.txt").write_text(topic_doc("notes", version=2), encoding="utf-8")
+        (self.corpus / f"{TOPICS[5]}.txt").write_text(topic_doc(TOPICS[5]), encoding="utf-8")
         (self.corpus / "wings.md").unlink()
         self.clean: dict[str, dict[str, dict[str, Any]]] = {}
         for backend in ("edge", "qdrant"):
             cfg = make_config(self.corpus, base / "clean", backend)
-            pipeline.run_ingest(cfg)
+            run_ingest(cfg)
             self.clean[backend] = _without_time(stored(cfg))
 
     def copy_before(self, tmp_path: Path, backend: str) -> RagpipeConfig:
@@ -77,21 +83,6 @@ class Scenario:
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
     return Scenario(tmp_path_factory.mktemp("crash-scenario"))
-
-
-def crash(cfg: RagpipeConfig, point: str) -> None:
-    child = subprocess.run(
-        [sys.executable, "-m", "tests.crash_ingest", cfg.model_dump_json(), point],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
-
-
-def temp_files(cfg: RagpipeConfig) -> list[Path]:
-    return sorted(cfg.paths.work_dir.rglob(".*.tmp"))
 
 
 @pytest.mark.slow
@@ -111,15 +102,15 @@ def test_sigkill_then_rerun_equals_a_clean_run(
     if point in ("convert-output", "embed", "versions", "upsert-manifest"):
         assert temp_files(cfg), "the kill should have left a half-finished temp file"
 
-    summary = pipeline.run_ingest(cfg)
+    summary = run_ingest(cfg)
     assert summary.ok and summary.failed == 0
     final = _without_time(stored(cfg))
     assert final == scenario.clean["edge"]  # same ids and payloads: nothing lost or extra
     assert summary.points_total == len(final)
-    assert_saved_versions_current(cfg)
+    assert_versions_current(cfg)
     assert temp_files(cfg) == []
 
-    again = pipeline.run_ingest(cfg)  # and the run after that has nothing left to do
+    again = run_ingest(cfg)  # and the run after that has nothing left to do
     assert (again.chunks_written, again.chunks_deleted, again.converted) == (0, 0, 0)
 
 
@@ -131,6 +122,6 @@ def test_sigkill_on_the_qdrant_backend_converges_too(
 ) -> None:
     cfg = scenario.copy_before(tmp_path, "qdrant")
     crash(cfg, point)
-    summary = pipeline.run_ingest(cfg)
+    summary = run_ingest(cfg)
     assert summary.ok
     assert _without_time(stored(cfg)) == scenario.clean["qdrant"]

@@ -10,7 +10,7 @@ import pytest
 
 from ragpipe.config import RagpipeConfig
 from ragpipe.store import open_store
-from tests.conftest import QUERY_CORPUS
+from tests.support.paths import QUERY_CORPUS
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -17,24 +17,21 @@ from typing import Any
 
 import pytest
 
-from ragpipe import checkpoint, pipeline
+from ragpipe import checkpoint
 from ragpipe.config import RagpipeConfig
-from ragpipe.embed import OnnxEmbedder
 from ragpipe.errors import StageError
-from tests.ollama_server import ollama_server
-from tests.qdrant_server import QdrantFake, closed_port_url, qdrant_server
-from tests.test_indexing import TOPICS, _doc
+from ragpipe.ingest.pipeline import run_ingest
+from ragpipe.models.embedders import OnnxEmbedder
+from tests.support.corpora import topic_doc, write_topics
+from tests.support.ollama_server import ollama_server
+from tests.support.qdrant_server import QdrantFake, closed_port_url, qdrant_server
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
-    root = tmp_path / "corpus"
-    root.mkdir()
-    for topic in TOPICS[:4]:
-        (root / f"{topic}.md").write_text(_doc(topic), encoding="utf-8")
-    return root
+    return write_topics(tmp_path / "corpus", 4)
 
 
 def server_config(corpus: Path, work: Path, url: str, **store: Any) -> RagpipeConfig:
@@ -71,7 +68,7 @@ def test_qdrant_server_down_fails_before_any_conversion(corpus: Path, tmp_path: 
     cfg = server_config(corpus, tmp_path / "work", closed_port_url())
     started = time.monotonic()
     with pytest.raises(StageError) as err:
-        pipeline.run_ingest(cfg)
+        run_ingest(cfg)
     message = str(err.value)
     assert "failed collection_exists after 3 attempt(s)" in message
     assert "store.url" in message and cfg.store.url in message  # type: ignore[operator]
@@ -86,21 +83,21 @@ def test_qdrant_dying_mid_upsert_then_the_next_run_completes(corpus: Path, tmp_p
         cfg = server_config(corpus, tmp_path / "work", fake.url)
         fake.fail("refuse", on="PUT /collections/ragpipe/points")  # down from the first write
         with pytest.raises(StageError, match="failed upsert after 3 attempt"):
-            pipeline.run_ingest(cfg)
+            run_ingest(cfg)
         assert fake.calls["PUT /collections/ragpipe/points"] == 3  # bounded: 1 + 2 retries
         assert manifest(cfg, "embed") is not None  # the vectors are kept ...
         assert manifest(cfg, "upsert") is None  # ... but nothing claims they are stored
         assert not (tmp_path / "work" / "summary.json").exists()
 
         fake.fail(None)  # the server is back
-        summary = pipeline.run_ingest(cfg)
+        summary = run_ingest(cfg)
         assert summary.ok and summary.stages["embed"]["embedded"] == 0  # nothing re-embedded
         assert summary.chunks_written == summary.points_total == summary.chunks
         assert set(fake.keys_seen) == {"k3y"}  # the API key went with every request
         resumed = point_ids(fake)
 
     with qdrant_server(api_key="k3y") as clean:
-        pipeline.run_ingest(server_config(corpus, tmp_path / "clean", clean.url))
+        run_ingest(server_config(corpus, tmp_path / "clean", clean.url))
         assert resumed == point_ids(clean)
 
 
@@ -111,16 +108,16 @@ def test_qdrant_timeouts_and_503s_are_retried_then_fail_clearly(
     with qdrant_server(api_key="k3y") as fake:
         cfg = server_config(corpus, tmp_path / "work", fake.url)
         fake.fail("503", on="PUT /collections/ragpipe/points", times=2)  # a short blip
-        first = pipeline.run_ingest(cfg)
+        first = run_ingest(cfg)
         assert first.ok and first.points_total == first.chunks
         assert fake.calls["PUT /collections/ragpipe/points"] == first.chunks // 8 + 1 + 2
 
-        (corpus / "engines.md").write_text(_doc("engines", version=2), encoding="utf-8")
+        (corpus / "engines.md").write_text(topic_doc("engines", version=2), encoding="utf-8")
         fake.hang_s = 3  # longer than store.timeout_s (1 s)
         fake.fail("hang", on="POST /collections/ragpipe/points/delete")
         started = time.monotonic()
         with pytest.raises(StageError, match="failed delete after 3 attempt") as err:
-            pipeline.run_ingest(cfg)
+            run_ingest(cfg)
         assert "timed out" in str(err.value).lower()
         assert time.monotonic() - started < 30  # 3 timeouts of 1 s plus 1.5 s of backoff
         assert manifest(cfg, "upsert") is not None  # the first run's, not this one's
@@ -130,13 +127,13 @@ def test_qdrant_timeouts_and_503s_are_retried_then_fail_clearly(
         time.sleep(fake.hang_s)  # let the hung requests finish before comparing
         # A timed-out request may still have been carried out by the server (as a slow
         # real one would): the next run deletes whatever old version is left, if any.
-        again = pipeline.run_ingest(cfg)
+        again = run_ingest(cfg)
         assert again.ok and again.chunks_written == 0
         final = point_ids(fake)
 
     with qdrant_server() as clean:
         clean_cfg = server_config(corpus, tmp_path / "clean", clean.url)
-        pipeline.run_ingest(clean_cfg)
+        run_ingest(clean_cfg)
         assert final == point_ids(clean)
 
 
@@ -144,20 +141,21 @@ def test_qdrant_timeouts_and_503s_are_retried_then_fail_clearly(
 def test_ollama_dying_mid_embed_keeps_the_finished_parts(
     corpus: Path, tmp_path: Path, onnx_embedder: OnnxEmbedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ragpipe import indexing
 
-    monkeypatch.setattr(indexing, "PART_SIZE", 8)
+    from ragpipe.ingest import embed as embed_stage
+
+    monkeypatch.setattr(embed_stage, "PART_SIZE", 8)
     with ollama_server({"all-minilm": onnx_embedder}) as (host, state):
         cfg = ollama_config(corpus, tmp_path, host, batch_size=8)
         state.down_after = 4  # two one-text probes (plan, embed), two batches, then it dies
         with pytest.raises(StageError, match="failed after 2 attempt"):
-            pipeline.run_ingest(cfg)
+            run_ingest(cfg)
         assert manifest(cfg, "embed") is None and manifest(cfg, "upsert") is None
         parts = list((tmp_path / "work" / "embed" / "parts").glob("*.parquet"))
         assert len(parts) == 2  # the two finished parts are durable
 
         state.down_after = None
-        summary = pipeline.run_ingest(cfg)
+        summary = run_ingest(cfg)
         assert summary.ok and summary.points_total == summary.chunks
         assert summary.stages["embed"]["reused"] == 16  # 2 parts of 8 were not re-embedded
         assert summary.stages["embed"]["embedded"] == summary.chunks - 16
@@ -171,12 +169,12 @@ def test_ollama_timing_out_mid_embed_is_retried_then_fails_clearly(
         state.down_after, state.hang_s = 2, 3.0  # the two probes answer, then it hangs
         started = time.monotonic()
         with pytest.raises(StageError, match="failed after 2 attempt") as err:
-            pipeline.run_ingest(cfg)
+            run_ingest(cfg)
         assert "timed out" in str(err.value).lower() and "ollama serve" in str(err.value)
         assert time.monotonic() - started < 20
         assert manifest(cfg, "embed") is None
         state.down_after = None
-        assert pipeline.run_ingest(cfg).ok
+        assert run_ingest(cfg).ok
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import QUERY_CORPUS
+from tests.support.paths import QUERY_CORPUS
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -303,10 +303,9 @@ def _search(tmp_path: Path, config: dict[str, Any]) -> dict[str, Any]:
 
 def _readers_while_the_nightly_writes(stack: Stack, tmp_path: Path, first_report: Path) -> None:
     """A nightly ingest writes the index while an eval and a `ragpipe search` read it."""
-    from ragpipe import published
     from ragpipe.config import RagpipeConfig
     from ragpipe.locking import ingest_lock
-    from ragpipe.store import open_store
+    from ragpipe.store import open_store, published
 
     config = {**_config(tmp_path), "index": {"lock_timeout_s": 300}}
     cfg = RagpipeConfig.model_validate(config)

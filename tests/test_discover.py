@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ragpipe.config import DiscoverConfig
-from ragpipe.discover import discover, is_ignored
+from ragpipe.ingest.discover import discover, is_ignored
 
 
 def _tree(root: Path) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ragpipe.chunk import TokenCounter
 from ragpipe.config import EmbedConfig
-from ragpipe.embed import (
+from ragpipe.errors import ConfigError
+from ragpipe.ingest.chunk import TokenCounter
+from ragpipe.models.embedders import (
     LocalEmbedder,
     OnnxEmbedder,
     TruncatedEmbedder,
@@ -19,7 +20,8 @@ from ragpipe.embed import (
     make_embedder,
     normalise,
 )
-from ragpipe.errors import ConfigError
+
+pytestmark = pytest.mark.integration
 
 TEXTS = [
     "R is a language and environment for statistical computing and graphics.",

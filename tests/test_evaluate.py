@@ -16,11 +16,19 @@ from typer.testing import CliRunner
 from flows.cli import app
 from ragpipe.config import RagpipeConfig
 from ragpipe.errors import ConfigError
-from ragpipe.evaluate import Gate, Granularity, Variant, parse_variant, run_retrieval_eval
-from ragpipe.golden import load_golden
-from ragpipe.metrics import METRICS, query_metrics
-from ragpipe.report import evaluate_and_report, read_history
-from ragpipe.retrieve import Retriever
+from ragpipe.evaluation.golden import load_golden
+from ragpipe.evaluation.metrics import METRICS, query_metrics
+from ragpipe.evaluation.report import evaluate_and_report, read_history
+from ragpipe.evaluation.retrieval import (
+    Gate,
+    Granularity,
+    Variant,
+    parse_variant,
+    run_retrieval_eval,
+)
+from ragpipe.query.retrieve import Retriever
+
+pytestmark = pytest.mark.integration
 
 GOLDEN = """
 name: query-corpus
@@ -172,7 +180,7 @@ def test_flows_publish_artifacts_and_cli_reports(
     from flows.eval import eval_compare_flow, eval_retrieval_flow
     from ragpipe.config import RetrievalMode
     from ragpipe.errors import GateFailed
-    from ragpipe.forms import VariantForm
+    from ragpipe.evaluation.forms import VariantForm
 
     # The deployed forms: the file is the base, the form's fields win over it.
     base = tmp_path / "base.yaml"

@@ -13,17 +13,19 @@ import pytest
 
 from ragpipe import checkpoint
 from ragpipe.config import FetchConfig, RagpipeConfig, load_config, with_sources
-from ragpipe.convert import DOC_NAMESPACE, doc_id_for
 from ragpipe.errors import ConfigError, MassDeletionHeld
-from ragpipe.fetch import Disallowed, Fetcher, FetchError, normalise_url, parse_sitemap
-from ragpipe.pipeline import run_ingest
-from ragpipe.robots import RobotsRules
+from ragpipe.ingest.convert import DOC_NAMESPACE, doc_id_for
+from ragpipe.ingest.pipeline import run_ingest
 from ragpipe.schemas import Failure, Skip, WebPage
-from tests.conftest import shared_pdf
-from tests.crash_ingest import WEB_POINTS
-from tests.test_crash_resume import crash, temp_files
-from tests.test_indexing import stored
-from tests.web_server import Route, html_page, web_site
+from ragpipe.web.fetch import Disallowed, Fetcher, FetchError, normalise_url, parse_sitemap
+from ragpipe.web.robots import RobotsRules
+from tests.support.corpora import stored
+from tests.support.crash import crash, temp_files
+from tests.support.crash_ingest import WEB_POINTS
+from tests.support.paths import shared_pdf
+from tests.support.web_server import Route, html_page, web_site
+
+pytestmark = pytest.mark.integration
 
 UA = FetchConfig().user_agent
 

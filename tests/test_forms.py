@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from ragpipe.config import RetrievalMode, load_config
 from ragpipe.errors import ConfigError
-from ragpipe.forms import MetricName, VariantForm, form_config
-from ragpipe.metrics import METRICS
+from ragpipe.evaluation.forms import MetricName, VariantForm, form_config
+from ragpipe.evaluation.metrics import METRICS
 
 FLOWS = ("eval.py:eval_retrieval_flow", "eval.py:eval_rag_flow", "eval.py:eval_compare_flow",
          "eval.py:eval_tune_flow", "ingest.py:reindex_flow")  # fmt: skip

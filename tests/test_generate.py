@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from ragpipe.config import RagpipeConfig
-from ragpipe.generate import (
+from ragpipe.models.llm import LlamaCppLLM
+from ragpipe.query.generate import (
     NOT_FOUND,
     Source,
     answer,
@@ -14,8 +17,10 @@ from ragpipe.generate import (
     is_not_found,
     select_sources,
 )
-from ragpipe.llm import LlamaCppLLM
-from ragpipe.retrieve import Retrieved, Retriever
+from ragpipe.query.results import Retrieved
+from ragpipe.query.retrieve import Retriever
+
+pytestmark = pytest.mark.integration
 
 
 def _hits(n: int, words: int = 20) -> list[Retrieved]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ragpipe.errors import ConfigError
-from ragpipe.golden import ChunkTarget, file_matches, import_beir, load_golden
+from ragpipe.evaluation.golden import ChunkTarget, file_matches, import_beir, load_golden
 
 REPO = Path(__file__).resolve().parents[1]
 

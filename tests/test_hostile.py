@@ -28,12 +28,19 @@ from xml.etree import ElementTree
 
 import pytest
 
-from ragpipe import checkpoint, indexing, pipeline, stages
+from flows.render import terminal_safe, to_text, to_xml
+from ragpipe import checkpoint
 from ragpipe.config import DiscoverConfig, RagpipeConfig, StoreConfig
-from ragpipe.discover import discover
 from ragpipe.errors import ConfigError, DiskFull, StageError
+from ragpipe.ingest.chunk import run_chunk
+from ragpipe.ingest.clean import run_clean
+from ragpipe.ingest.convert import run_convert
+from ragpipe.ingest.discover import discover, run_discover
+from ragpipe.ingest.embed import run_embed
+from ragpipe.ingest.pipeline import run_ingest
+from ragpipe.ingest.plan import run_plan
 from ragpipe.locking import ingest_lock, lock_path
-from ragpipe.retrieve import Retrieved, terminal_safe, to_text, to_xml
+from ragpipe.query.results import Retrieved
 from ragpipe.store import (
     EMBEDDER_FIELD,
     INTEGER_FIELDS,
@@ -43,9 +50,11 @@ from ragpipe.store import (
     open_store,
     peek_meta,
 )
-from tests.conftest import REPO
-from tests.crash_ingest import POINTS
-from tests.test_indexing import TOPICS, _doc, make_config, stored
+from tests.support.corpora import TOPICS, make_config, stored, topic_doc
+from tests.support.crash_ingest import POINTS
+from tests.support.paths import REPO
+
+pytestmark = pytest.mark.integration
 
 ONNX = "paraphrase-MiniLM-L3-v2"
 ALL_INDEXES = {*KEYWORD_FIELDS, *INTEGER_FIELDS, "text"}
@@ -54,7 +63,7 @@ ALL_INDEXES = {*KEYWORD_FIELDS, *INTEGER_FIELDS, "text"}
 def _text_corpus(root: Path, topics: list[str], version: int = 1) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for topic in topics:
-        (root / f"{topic}.txt").write_text(_doc(topic, version), encoding="utf-8")
+        (root / f"{topic}.txt").write_text(topic_doc(topic, version), encoding="utf-8")
     return root
 
 
@@ -97,7 +106,7 @@ def test_two_ingests_sharing_a_work_dir_take_turns_and_each_store_gets_its_own_c
 
     def run(name: str, cfg: RagpipeConfig) -> None:
         try:
-            results[name] = pipeline.run_ingest(cfg)
+            results[name] = run_ingest(cfg)
         except Exception as exc:  # reported below
             results[name] = exc
 
@@ -118,13 +127,13 @@ def test_a_stage_refuses_a_checkpoint_another_run_wrote_into_its_work_dir(tmp_pa
     work = {"paths": {"work_dir": tmp_path / "work"}}
     cfg_a = make_config(_text_corpus(tmp_path / "a", TOPICS[:2]), tmp_path / "sa", **work)
     cfg_b = make_config(_text_corpus(tmp_path / "b", TOPICS[2:4]), tmp_path / "sb", **work)
-    discovered = stages.run_discover(cfg_a)
-    planned = indexing.run_plan(cfg_a, discovered)
-    chunked = stages.run_chunk(cfg_a, stages.run_clean(cfg_a, stages.run_convert(cfg_a, planned)))
+    discovered = run_discover(cfg_a)
+    planned = run_plan(cfg_a, discovered)
+    chunked = run_chunk(cfg_a, run_clean(cfg_a, run_convert(cfg_a, planned)))
     assert len(planned.plan_id) == 32 and chunked.plan_id == planned.plan_id
-    pipeline.run_ingest(cfg_b)  # another index's run, in the same work dir, meanwhile
+    run_ingest(cfg_b)  # another index's run, in the same work dir, meanwhile
     with pytest.raises(StageError, match=r"the chunk checkpoint in .* is not this run's"):
-        indexing.run_embed(cfg_a, chunked)
+        run_embed(cfg_a, chunked)
     store = open_store(cfg_a.store, ONNX, None)
     assert store is None  # nothing of B's corpus reached A's store
 
@@ -137,7 +146,7 @@ def test_a_store_reached_through_a_symlink_is_the_same_index(tmp_path: Path) -> 
     linked = make_config(corpus, tmp_path / "via", paths={"work_dir": tmp_path / "w2"})
     assert lock_path(linked) == lock_path(real)
     with ingest_lock(real), pytest.raises(StageError, match="another ingest is writing to this"):
-        pipeline.run_ingest(linked)
+        run_ingest(linked)
     assert not linked.paths.work_dir.joinpath("discover").exists()  # refused before any work
 
 
@@ -180,7 +189,7 @@ def test_a_kill_while_a_store_is_created_leaves_no_half_store(tmp_path: Path) ->
 def test_a_store_missing_payload_indexes_is_repaired_at_its_next_write(tmp_path: Path) -> None:
     import qdrant_edge as qe
 
-    from tests.test_store_contract import DIM, make_points
+    from tests.support.points import DIM, make_points
 
     path = tmp_path / "store"
     config = qe.EdgeConfig(
@@ -202,7 +211,7 @@ def test_a_store_missing_payload_indexes_is_repaired_at_its_next_write(tmp_path:
 
 
 def test_hostile_text_gives_well_formed_xml_and_inert_terminal_output() -> None:
-    from ragpipe.retrieve import RetrievalResult
+    from ragpipe.query.results import RetrievalResult
 
     text = "bell\x07 esc\x1b[31mred\x1b]0;title\x07 vt\x0b bs\x08 csi\x9b2J & <tag> &lt; \ufffe end"
     hit = Retrieved(
@@ -238,7 +247,7 @@ def test_deleted_store_metadata_is_rebuilt_and_cannot_bypass_the_embedder_check(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     cfg = make_config(_text_corpus(tmp_path / "c", TOPICS[:2]), tmp_path)
-    pipeline.run_ingest(cfg)
+    run_ingest(cfg)
     assert {p[EMBEDDER_FIELD] for p in stored(cfg).values()} == {ONNX}  # identity in the shard
     meta = cfg.store.path / META_FILE
     meta.unlink()
@@ -246,7 +255,7 @@ def test_deleted_store_metadata_is_rebuilt_and_cannot_bypass_the_embedder_check(
         open_store(cfg.store, "all-MiniLM-L6-v2", None)  # search --embedder local
     assert not meta.exists()  # a refused open writes nothing
     with caplog.at_level(logging.WARNING, logger="ragpipe.store"):
-        again = pipeline.run_ingest(cfg)  # the nightly no-op
+        again = run_ingest(cfg)  # the nightly no-op
     assert again.ok and again.chunks_written == 0
     assert json.loads(meta.read_text()) | {"created_at": None} == {
         "embedder": ONNX, "dim": 384, "sparse": "qdrant-bm25", "schema": 1, "created_at": None
@@ -307,14 +316,14 @@ def test_a_full_work_dir_stops_the_run_at_the_first_failed_write_then_converges(
     free = shutil.disk_usage(tmpfs).free
     filler.write_bytes(b"\0" * (free - 48 * 1024))  # room for discover, not for the rest
     with pytest.raises(DiskFull, match=r"no space left to write .*/work/.* free, about"):
-        pipeline.run_ingest(cfg)
+        run_ingest(cfg)
     assert not (cfg.paths.work_dir / "failures.parquet").exists()  # no failure row per file
     assert list(tmpfs.rglob(".*.tmp")) == []  # nothing half-written kept
     filler.unlink()
-    summary = pipeline.run_ingest(cfg)
+    summary = run_ingest(cfg)
     assert summary.ok and summary.added == 4
     reference = make_config(corpus, tmp_path / "ref")
-    pipeline.run_ingest(reference)
+    run_ingest(reference)
     assert _without_time(stored(cfg)) == _without_time(stored(reference))
 
 
@@ -392,9 +401,9 @@ def _edit(corpus: Path, rng: random.Random, generation: int) -> str:
     files = sorted(corpus.glob("*.txt"))
     changed = rng.sample(files, k=min(2, len(files)))
     for path in changed:
-        path.write_text(_doc(path.stem, version=generation), encoding="utf-8")
+        path.write_text(topic_doc(path.stem, version=generation), encoding="utf-8")
     added = corpus / f"topic{generation}.txt"
-    added.write_text(_doc(f"topic{generation}"), encoding="utf-8")
+    added.write_text(topic_doc(f"topic{generation}"), encoding="utf-8")
     removed = ""
     if len(files) > 3:
         gone = rng.choice([f for f in files if f not in changed])
@@ -409,13 +418,13 @@ def test_kills_at_random_points_with_edits_between_runs_always_converge(tmp_path
     rng = random.Random(TORTURE_SEED)
     corpus = _text_corpus(tmp_path / "corpus", TOPICS[:5])
     cfg = make_config(corpus, tmp_path / "index", index={"max_delete_share": 1.0})
-    pipeline.run_ingest(cfg)
+    run_ingest(cfg)
     kills = 0
     for round_ in range(1, TORTURE_ROUNDS + 1):
         story = [_edit(corpus, rng, 10 * round_)]
         point = rng.choice(POINTS)
         child = subprocess.run(
-            [sys.executable, "-m", "tests.crash_ingest", cfg.model_dump_json(), point],
+            [sys.executable, "-m", "tests.support.crash_ingest", cfg.model_dump_json(), point],
             cwd=REPO, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         # 3: the run finished before reaching the point (e.g. nothing left to delete).
@@ -424,13 +433,13 @@ def test_kills_at_random_points_with_edits_between_runs_always_converge(tmp_path
         story.append(f"killed at {point}" if child.returncode < 0 else f"{point} not reached")
         if rng.random() < 0.5:  # the files change again before the re-run
             story.append(_edit(corpus, rng, 10 * round_ + 1))
-        summary = pipeline.run_ingest(cfg)
+        summary = run_ingest(cfg)
         reference = make_config(corpus, tmp_path / f"ref{round_}")
-        pipeline.run_ingest(reference)
+        run_ingest(reference)
         where = f"round {round_} (seed {TORTURE_SEED}): " + "; ".join(story)
         assert summary.ok, where
         assert _without_time(stored(cfg)) == _without_time(stored(reference)), where
-        again = pipeline.run_ingest(cfg)
+        again = run_ingest(cfg)
         assert (again.chunks_written, again.chunks_deleted) == (0, 0), where
         shutil.rmtree(reference.store.path)
         shutil.rmtree(reference.paths.work_dir)

@@ -12,71 +12,23 @@ from typing import Any
 
 import pytest
 
-from ragpipe import indexing, pipeline
-from ragpipe.config import RagpipeConfig
 from ragpipe.errors import ConfigError, MassDeletionHeld
+from ragpipe.ingest.pipeline import run_ingest
 from ragpipe.store import EdgeStore, QdrantStore, Where, open_store
+from tests.support.corpora import (
+    assert_versions_current,
+    make_config,
+    stored,
+    topic_doc,
+    write_topics,
+)
 
-TOPICS = ["engines", "wings", "statistics", "gardening", "astronomy", "cooking"]
-
-
-def _doc(topic: str, version: int = 1, sections: int = 4) -> str:
-    parts = [f"# Notes on {topic}\n"]
-    for s in range(sections):
-        parts.append(f"## {topic.title()} part {s}\n")
-        parts.append(
-            " ".join(
-                f"Sentence {i} of section {s} explains {topic} in revision {version}."
-                for i in range(12)
-            )
-            + "\n"
-        )
-    return "\n".join(parts)
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
-    root = tmp_path / "corpus"
-    root.mkdir()
-    for topic in TOPICS[:5]:
-        (root / f"{topic}.md").write_text(_doc(topic), encoding="utf-8")
-    return root
-
-
-def make_config(
-    root: Path, tmp_path: Path, backend: str = "edge", **sections: Any
-) -> RagpipeConfig:
-    data: dict[str, Any] = {
-        "discover": {"roots": [root]},
-        "chunk": {"size": 400, "overlap": 50},
-        "embed": {"provider": "onnx", "batch_size": 16},
-        "store": {"backend": backend, "path": tmp_path / f"store-{backend}", "batch_size": 8},
-        "paths": {"work_dir": tmp_path / f"work-{backend}"},
-    }
-    for name, values in sections.items():
-        data[name] = {**data.get(name, {}), **values}
-    return RagpipeConfig(**data)
-
-
-def stored(cfg: RagpipeConfig) -> dict[str, dict[str, Any]]:
-    """point id -> payload of everything in the store."""
-    store = open_store(cfg.store, "paraphrase-MiniLM-L3-v2", None)
-    assert store is not None
-    try:
-        return {h.point_id: h.payload for h in store.scroll()}
-    finally:
-        store.close()
-
-
-def assert_saved_versions_current(cfg: RagpipeConfig) -> None:
-    """What the next plan will trust instead of scrolling is what a scroll returns."""
-    saved = indexing.saved_versions(cfg)
-    store = open_store(cfg.store, "paraphrase-MiniLM-L3-v2", None)
-    assert store is not None
-    try:
-        assert saved == store.file_versions()
-    finally:
-        store.close()
+    return write_topics(tmp_path / "corpus", 5)
 
 
 def by_file(points: dict[str, dict[str, Any]]) -> dict[str, set[str]]:
@@ -91,7 +43,7 @@ def test_first_run_indexes_everything_and_noop_rerun_writes_nothing(
     corpus: Path, tmp_path: Path, backend: str
 ) -> None:
     cfg = make_config(corpus, tmp_path, backend)
-    first = pipeline.run_ingest(cfg)
+    first = run_ingest(cfg)
     points = stored(cfg)
     assert (first.added, first.failed) == (5, 0)
     assert first.chunks_written == first.chunks == len(points) == first.points_total > 20
@@ -109,7 +61,7 @@ def test_first_run_indexes_everything_and_noop_rerun_writes_nothing(
         "chunk_index",
     } <= set(next(iter(points.values())))
 
-    second = pipeline.run_ingest(cfg)
+    second = run_ingest(cfg)
     assert (second.added, second.changed, second.skipped_unchanged) == (0, 0, 5)
     assert (second.chunks_written, second.chunks_deleted) == (0, 0)
     again = stored(cfg)
@@ -121,11 +73,11 @@ def test_noop_rerun_trusts_the_saved_scroll_only_while_the_store_is_unwritten(
     corpus: Path, tmp_path: Path
 ) -> None:
     cfg = make_config(corpus, tmp_path)
-    pipeline.run_ingest(cfg)
+    run_ingest(cfg)
     points = stored(cfg)
     files = [p for p in cfg.store.path.rglob("*") if p.is_file()]
     mtimes = {p: p.stat().st_mtime_ns for p in files}
-    noop = pipeline.run_ingest(cfg)
+    noop = run_ingest(cfg)
     assert noop.skipped_unchanged == 5 and noop.points_total == len(points)
     # Opening an Edge shard touches its files: this run never opened it.
     assert {p: p.stat().st_mtime_ns for p in files} == mtimes
@@ -136,13 +88,13 @@ def test_noop_rerun_trusts_the_saved_scroll_only_while_the_store_is_unwritten(
     assert store is not None
     gone = store.delete(Where(must={"file_path": engines}))
     store.close()
-    healed = pipeline.run_ingest(cfg)
+    healed = run_ingest(cfg)
     assert (healed.added, healed.chunks_written) == (1, gone)
     assert stored(cfg).keys() == points.keys()
 
     # So does a store that was deleted and is rebuilt.
     shutil.rmtree(cfg.store.path)
-    rebuilt = pipeline.run_ingest(cfg)
+    rebuilt = run_ingest(cfg)
     assert (rebuilt.added, rebuilt.points_total) == (5, len(points))
 
 
@@ -150,33 +102,35 @@ def test_saved_versions_equal_a_fresh_scroll_after_every_kind_of_run(
     corpus: Path, tmp_path: Path
 ) -> None:
     cfg = make_config(corpus, tmp_path)
-    check = partial(assert_saved_versions_current, cfg)
-    pipeline.run_ingest(cfg)  # all added
+    check = partial(assert_versions_current, cfg)
+    run_ingest(cfg)  # all added
     check()
-    (corpus / "engines.md").write_text(_doc("engines", version=2, sections=2), encoding="utf-8")
-    (corpus / "cooking.md").write_text(_doc("cooking"), encoding="utf-8")
+    (corpus / "engines.md").write_text(
+        topic_doc("engines", version=2, sections=2), encoding="utf-8"
+    )
+    (corpus / "cooking.md").write_text(topic_doc("cooking"), encoding="utf-8")
     (corpus / "wings.md").unlink()
-    summary = pipeline.run_ingest(cfg)  # changed, added, removed
+    summary = run_ingest(cfg)  # changed, added, removed
     assert (summary.changed, summary.added, summary.removed) == (1, 1, 1)
     check()
-    pipeline.run_ingest(make_config(corpus, tmp_path, chunk={"size": 300}))  # every file changed
+    run_ingest(make_config(corpus, tmp_path, chunk={"size": 300}))  # every file changed
     check()
 
 
 def test_point_ids_are_deterministic_across_stores(corpus: Path, tmp_path: Path) -> None:
     edge = make_config(corpus, tmp_path, "edge")
     qdrant = make_config(corpus, tmp_path, "qdrant")
-    pipeline.run_ingest(edge)
-    pipeline.run_ingest(qdrant)
+    run_ingest(edge)
+    run_ingest(qdrant)
     assert set(stored(edge)) == set(stored(qdrant))
 
 
 def test_changed_file_gets_new_points_and_loses_its_old_ones(corpus: Path, tmp_path: Path) -> None:
     cfg = make_config(corpus, tmp_path)
-    pipeline.run_ingest(cfg)
+    run_ingest(cfg)
     before = by_file(stored(cfg))
-    (corpus / "wings.md").write_text(_doc("wings", version=2, sections=2), encoding="utf-8")
-    summary = pipeline.run_ingest(cfg)
+    (corpus / "wings.md").write_text(topic_doc("wings", version=2, sections=2), encoding="utf-8")
+    summary = run_ingest(cfg)
     after_points = stored(cfg)
     after = by_file(after_points)
     changed = next(k for k in after if k.endswith("wings.md"))
@@ -197,9 +151,9 @@ def test_chunk_size_change_reindexes_everything_and_leaves_no_orphan(
     corpus: Path, tmp_path: Path
 ) -> None:
     small = make_config(corpus, tmp_path)
-    first = pipeline.run_ingest(small)
+    first = run_ingest(small)
     big = make_config(corpus, tmp_path, chunk={"size": 1500, "overlap": 100})
-    second = pipeline.run_ingest(big)
+    second = run_ingest(big)
     points = stored(big)
     assert second.changed == 5 and second.skipped_unchanged == 0
     assert second.chunks_written < first.chunks_written  # fewer, bigger chunks
@@ -212,9 +166,9 @@ def test_failure_between_write_and_delete_keeps_old_version_and_next_run_finishe
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg = make_config(corpus, tmp_path)
-    pipeline.run_ingest(cfg)
+    run_ingest(cfg)
     old = by_file(stored(cfg))
-    (corpus / "engines.md").write_text(_doc("engines", version=2), encoding="utf-8")
+    (corpus / "engines.md").write_text(topic_doc("engines", version=2), encoding="utf-8")
 
     def broken_delete(self: EdgeStore, where: Any) -> int:
         raise RuntimeError("disk unplugged")
@@ -222,14 +176,14 @@ def test_failure_between_write_and_delete_keeps_old_version_and_next_run_finishe
     with monkeypatch.context() as m:
         m.setattr(EdgeStore, "delete", broken_delete)
         with pytest.raises(RuntimeError, match="disk unplugged"):
-            pipeline.run_ingest(cfg)
+            run_ingest(cfg)
     both = by_file(stored(cfg))
     engines = next(k for k in both if k.endswith("engines.md"))
     assert old[engines] < both[engines]  # the old version is still there (and searchable)
 
-    summary = pipeline.run_ingest(cfg)
+    summary = run_ingest(cfg)
     assert summary.chunks_written == 0 and summary.chunks_deleted == len(old[engines])
-    assert_saved_versions_current(cfg)  # after a cleanup run
+    assert_versions_current(cfg)  # after a cleanup run
     final = by_file(stored(cfg))
     assert final[engines] == both[engines] - old[engines]
 
@@ -247,14 +201,14 @@ def test_crash_mid_upsert_does_not_reembed_and_converges_to_a_clean_run(
     with monkeypatch.context() as m:
         m.setattr(EdgeStore, "upsert", flaky_upsert)
         with pytest.raises(RuntimeError, match="killed mid-upsert"):
-            pipeline.run_ingest(cfg)
+            run_ingest(cfg)
     partial = stored(cfg)
     assert len(partial) > 0
 
-    resumed = pipeline.run_ingest(cfg)
+    resumed = run_ingest(cfg)
     assert resumed.stages["embed"]["embedded"] == 0  # vectors came from the checkpoint
     clean_cfg = make_config(corpus, tmp_path / "clean")
-    pipeline.run_ingest(clean_cfg)
+    run_ingest(clean_cfg)
     final, clean = stored(cfg), stored(clean_cfg)
     assert set(final) == set(clean)
     assert resumed.points_total == len(clean)
@@ -262,25 +216,25 @@ def test_crash_mid_upsert_does_not_reembed_and_converges_to_a_clean_run(
 
 def test_vanished_files_are_deleted_but_mass_deletion_is_held(corpus: Path, tmp_path: Path) -> None:
     cfg = make_config(corpus, tmp_path)
-    pipeline.run_ingest(cfg)
+    run_ingest(cfg)
     (corpus / "astronomy.md").unlink()  # 1 of 5 = 20 %: not above the default share
-    one = pipeline.run_ingest(cfg)
+    one = run_ingest(cfg)
     assert one.removed == 1 and one.chunks_deleted > 0
     assert not any(p["file_path"].endswith("astronomy.md") for p in stored(cfg).values())
 
     before = stored(cfg)
     for name in ("engines.md", "wings.md"):  # 2 of 4 = 50 %
         (corpus / name).unlink()
-    (corpus / "cooking.md").write_text(_doc("cooking"), encoding="utf-8")
+    (corpus / "cooking.md").write_text(topic_doc("cooking"), encoding="utf-8")
     with pytest.raises(MassDeletionHeld, match="2 of 4 indexed files vanished"):
-        pipeline.run_ingest(cfg)
+        run_ingest(cfg)
     held = stored(cfg)
     assert set(before) < set(held)  # nothing deleted, the addition applied
     assert any(p["file_path"].endswith("cooking.md") for p in held.values())
     summary = json.loads((cfg.paths.work_dir / "summary.json").read_text())
     assert summary["deletions_held"] == 2
 
-    allowed = pipeline.run_ingest(cfg, allow_mass_delete=True)
+    allowed = run_ingest(cfg, allow_mass_delete=True)
     assert allowed.removed == 2
     assert {Path(p["file_path"]).name for p in stored(cfg).values()} == {
         "statistics.md",
@@ -291,12 +245,12 @@ def test_vanished_files_are_deleted_but_mass_deletion_is_held(corpus: Path, tmp_
 
 def test_an_emptied_root_never_wipes_the_index(corpus: Path, tmp_path: Path) -> None:
     cfg = make_config(corpus, tmp_path)
-    pipeline.run_ingest(cfg)
+    run_ingest(cfg)
     before = stored(cfg)
     for path in corpus.iterdir():
         path.unlink()
     with pytest.raises(MassDeletionHeld, match="5 of 5"):
-        pipeline.run_ingest(cfg)
+        run_ingest(cfg)
     assert stored(cfg) == before
 
 
@@ -304,43 +258,43 @@ def test_switching_embedder_on_an_existing_index_fails_before_any_work(
     corpus: Path, tmp_path: Path
 ) -> None:
     cfg = make_config(corpus, tmp_path)
-    pipeline.run_ingest(cfg)
+    run_ingest(cfg)
     other = make_config(corpus, tmp_path, embed={"provider": "local"})
     convert_manifest = (cfg.paths.work_dir / "convert" / "manifest.json").read_text()
     with pytest.raises(ConfigError, match=r"paraphrase-MiniLM-L3-v2.*all-MiniLM-L6-v2"):
-        pipeline.run_ingest(other)
+        run_ingest(other)
     assert (cfg.paths.work_dir / "convert" / "manifest.json").read_text() == convert_manifest
-    (corpus / "new.md").write_text(_doc("astronomy"), encoding="utf-8")  # work to do
+    (corpus / "new.md").write_text(topic_doc("astronomy"), encoding="utf-8")  # work to do
     smaller = make_config(corpus, tmp_path, embed={"dimensions": 128})  # same model, 128-d
     with pytest.raises(ConfigError, match=r"'paraphrase-MiniLM-L3-v2@128'"):
-        pipeline.run_ingest(smaller)
+        run_ingest(smaller)
     assert (cfg.paths.work_dir / "convert" / "manifest.json").read_text() == convert_manifest
 
 
 def test_duplicate_chunks_are_embedded_once_when_asked(corpus: Path, tmp_path: Path) -> None:
-    (corpus / "copy-of-wings.md").write_text(_doc("wings"), encoding="utf-8")
+    (corpus / "copy-of-wings.md").write_text(topic_doc("wings"), encoding="utf-8")
     keep_copies = {"dedupe_content": False}  # chunk-level dedupe, not discovery's whole-file one
-    plain = pipeline.run_ingest(make_config(corpus, tmp_path, discover=keep_copies))
+    plain = run_ingest(make_config(corpus, tmp_path, discover=keep_copies))
     deduped_cfg = make_config(
         corpus, tmp_path / "dedupe", embed={"dedupe_chunks": True}, discover=keep_copies
     )
-    deduped = pipeline.run_ingest(deduped_cfg)
+    deduped = run_ingest(deduped_cfg)
     assert deduped.stages["embed"]["duplicates_skipped"] == plain.chunks_written // 6
     assert (
         deduped.chunks_written
         == plain.chunks_written - deduped.stages["embed"]["duplicates_skipped"]
     )
     # Stable across runs: the copy's chunks are already indexed (under the first file).
-    again = pipeline.run_ingest(deduped_cfg)
+    again = run_ingest(deduped_cfg)
     assert again.chunks_written == 0 and again.stages["embed"]["duplicates_skipped"] > 0
     assert again.points_total == deduped.points_total
 
 
 def test_qdrant_backend_is_a_drop_in(corpus: Path, tmp_path: Path) -> None:
     cfg = make_config(corpus, tmp_path, "qdrant")
-    pipeline.run_ingest(cfg)
-    (corpus / "wings.md").write_text(_doc("wings", version=3, sections=1), encoding="utf-8")
-    summary = pipeline.run_ingest(cfg)
+    run_ingest(cfg)
+    (corpus / "wings.md").write_text(topic_doc("wings", version=3, sections=1), encoding="utf-8")
+    summary = run_ingest(cfg)
     assert summary.changed == 1 and summary.chunks_deleted > summary.chunks_written > 0
     assert summary.points_total == len(stored(cfg))
     assert isinstance(open_store(cfg.store, "paraphrase-MiniLM-L3-v2", None), QdrantStore)

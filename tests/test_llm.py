@@ -13,8 +13,10 @@ import pytest
 
 from ragpipe.config import LLMConfig
 from ragpipe.errors import ConfigError, StageError
-from ragpipe.llm import LlamaCppLLM, OllamaLLM, make_llm
-from tests.ollama_server import ollama_server
+from ragpipe.models.llm import LlamaCppLLM, OllamaLLM, make_llm
+from tests.support.ollama_server import ollama_server
+
+pytestmark = pytest.mark.integration
 
 QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]
 SCHEMA = {

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from ragpipe import pipeline
 from ragpipe.config import RagpipeConfig
 from ragpipe.errors import StageError
+from ragpipe.ingest.pipeline import run_ingest
 from ragpipe.locking import ingest_lock, lock_path
+
+pytestmark = pytest.mark.integration
 
 
 def _config(tmp_path: Path, **index: float) -> RagpipeConfig:
@@ -33,9 +35,9 @@ def test_a_second_ingest_refuses_while_one_runs(tmp_path: Path) -> None:
     cfg = _config(tmp_path)
     with ingest_lock(cfg):  # as if another run were writing
         with pytest.raises(StageError, match=r"another ingest is writing to this index \(pid"):
-            pipeline.run_ingest(cfg)
+            run_ingest(cfg)
         assert not (tmp_path / "work" / "discover").exists()  # refused before any work
-    assert pipeline.run_ingest(cfg).added == 1  # free again once the holder is done
+    assert run_ingest(cfg).added == 1  # free again once the holder is done
 
 
 def test_a_second_ingest_waits_when_asked(tmp_path: Path) -> None:
@@ -51,7 +53,7 @@ def test_a_second_ingest_waits_when_asked(tmp_path: Path) -> None:
     holder.start()
     held.wait(5)
     started = time.monotonic()
-    summary = pipeline.run_ingest(cfg)
+    summary = run_ingest(cfg)
     holder.join()
     assert summary.added == 1 and time.monotonic() - started >= 1.0  # it waited its turn
 
@@ -68,7 +70,7 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     with pytest.raises(StageError, match="another ingest"):
-        pipeline.run_ingest(cfg)
+        run_ingest(cfg)
     proc.kill()  # SIGKILL: no cleanup code runs
     proc.wait()
-    assert pipeline.run_ingest(cfg).added == 1
+    assert run_ingest(cfg).added == 1

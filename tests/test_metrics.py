@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import pytrec_eval
 
-from ragpipe.metrics import METRICS, bootstrap_ci, paired_delta, query_metrics
+from ragpipe.evaluation.metrics import METRICS, bootstrap_ci, paired_delta, query_metrics
 
 TREC = {
     "recall@5": "recall_5",

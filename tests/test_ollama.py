@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from ragpipe.config import EmbedConfig
-from ragpipe.embed import OllamaEmbedder, OnnxEmbedder, make_embedder
 from ragpipe.errors import StageError
-from tests.ollama_server import ollama_server
+from ragpipe.models.embedders import OllamaEmbedder, OnnxEmbedder, make_embedder
+from tests.support.ollama_server import ollama_server
+
+pytestmark = pytest.mark.integration
 
 TEXTS = ["first passage about R packages", "second passage about aircraft", "third"]
 
@@ -83,8 +85,8 @@ def test_unreachable_server_is_a_clear_error_fast() -> None:
 
 
 def test_ingest_with_ollama_down_fails_before_any_conversion(tmp_path: Path) -> None:
-    from ragpipe import pipeline
     from ragpipe.config import RagpipeConfig
+    from ragpipe.ingest.pipeline import run_ingest
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -98,6 +100,6 @@ def test_ingest_with_ollama_down_fails_before_any_conversion(tmp_path: Path) -> 
         paths={"work_dir": tmp_path / "work"},  # type: ignore[arg-type]
     )
     with pytest.raises(StageError, match="ollama serve"):
-        pipeline.run_ingest(cfg)
+        run_ingest(cfg)
     assert not (tmp_path / "work" / "convert").exists()  # no work was started
     assert not (tmp_path / "work" / "plan" / "manifest.json").exists()  # nor marked done

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ragpipe.pdf_structure import Line, lines_to_markdown
+from ragpipe.ingest.pdf_structure import Line, lines_to_markdown
 
 W, H = 600.0, 800.0
 

@@ -10,22 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from ragpipe import pipeline, published
-from ragpipe.retrieve import Retriever
-from ragpipe.store import EdgeStore, open_reader, open_store
-from tests.conftest import REPO
-from tests.test_indexing import TOPICS, _doc, make_config
+from ragpipe.ingest.pipeline import run_ingest
+from ragpipe.query.retrieve import Retriever
+from ragpipe.store import EdgeStore, open_reader, open_store, published
+from tests.support.corpora import make_config, topic_doc, write_topics
+from tests.support.paths import REPO
+
+pytestmark = pytest.mark.integration
 
 ONNX = "paraphrase-MiniLM-L3-v2"
 
 
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
-    root = tmp_path / "corpus"
-    root.mkdir()
-    for topic in TOPICS[:3]:
-        (root / f"{topic}.txt").write_text(_doc(topic), encoding="utf-8")
-    return root
+    return write_topics(tmp_path / "corpus", 3, ".txt")
 
 
 def _versions(store_path: Path) -> list[str]:
@@ -37,7 +35,7 @@ def test_an_ingest_publishes_what_it_wrote_and_a_no_op_publishes_nothing(
     corpus: Path, tmp_path: Path
 ) -> None:
     cfg = make_config(corpus, tmp_path)
-    first = pipeline.run_ingest(cfg)
+    first = run_ingest(cfg)
     assert first.stages["upsert"]["published"] == 1
     generation = published.current(cfg.store.path)
     assert generation is not None and _versions(cfg.store.path) == [generation]
@@ -45,11 +43,11 @@ def test_an_ingest_publishes_what_it_wrote_and_a_no_op_publishes_nothing(
     assert version is not None
     assert (version.points, version.files) == (first.points_total, 3)
     assert version.bytes > 0 and version.publish_seconds >= 0
-    again = pipeline.run_ingest(cfg)
+    again = run_ingest(cfg)
     assert again.stages["upsert"]["published"] == 0
     assert published.current(cfg.store.path) == generation
-    (corpus / "wings.txt").write_text(_doc("wings", version=2), encoding="utf-8")
-    changed = pipeline.run_ingest(cfg)
+    (corpus / "wings.txt").write_text(topic_doc("wings", version=2), encoding="utf-8")
+    changed = run_ingest(cfg)
     assert changed.stages["upsert"]["published"] == 1
     new = published.current(cfg.store.path)
     assert new != generation and _versions(cfg.store.path) == [new]  # the old one removed
@@ -57,13 +55,13 @@ def test_an_ingest_publishes_what_it_wrote_and_a_no_op_publishes_nothing(
 
 def test_readers_and_the_writer_never_block_each_other(corpus: Path, tmp_path: Path) -> None:
     cfg = make_config(corpus, tmp_path)
-    pipeline.run_ingest(cfg)
+    run_ingest(cfg)
     old = published.current(cfg.store.path)
     with Retriever(cfg) as one, Retriever(cfg) as two:  # two readers at once
         assert one.index_version["generation"] == old
         before = [h.point_id for h in one.search("engines sentence").hits]
-        (corpus / "astronomy.txt").write_text(_doc("astronomy"), encoding="utf-8")
-        summary = pipeline.run_ingest(cfg)  # writes and publishes while both are open
+        (corpus / "astronomy.txt").write_text(topic_doc("astronomy"), encoding="utf-8")
+        summary = run_ingest(cfg)  # writes and publishes while both are open
         assert summary.added == 1
         assert [h.point_id for h in two.search("engines sentence").hits] == before
         assert one.store.count() == summary.points_total - summary.chunks_written  # old version
@@ -78,14 +76,14 @@ def test_a_version_being_copied_is_kept_until_no_reader_holds_it(
     corpus: Path, tmp_path: Path
 ) -> None:
     cfg = make_config(corpus, tmp_path)
-    pipeline.run_ingest(cfg)
+    run_ingest(cfg)
     base = published.root(cfg.store.path)
     old = published.current(cfg.store.path)
     assert old is not None
     fd = os.open(base / f"{old}.lock", os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_SH)  # as a reader copying it
-    (corpus / "extra.txt").write_text(_doc("extra"), encoding="utf-8")
-    pipeline.run_ingest(cfg)
+    (corpus / "extra.txt").write_text(topic_doc("extra"), encoding="utf-8")
+    run_ingest(cfg)
     new = published.current(cfg.store.path)
     assert sorted(_versions(cfg.store.path)) == sorted([old, new])
     os.close(fd)
@@ -95,7 +93,7 @@ def test_a_version_being_copied_is_kept_until_no_reader_holds_it(
 
 def test_a_killed_readers_copy_is_removed_by_the_next_publish(corpus: Path, tmp_path: Path) -> None:
     cfg = make_config(corpus, tmp_path)
-    pipeline.run_ingest(cfg)
+    run_ingest(cfg)
     script = (
         "import os, sys\nfrom pathlib import Path\nfrom ragpipe.config import StoreConfig\n"
         "from ragpipe.store import open_reader\n"
@@ -113,7 +111,7 @@ def test_search_works_while_the_working_shard_is_held_by_a_writer(
     corpus: Path, tmp_path: Path
 ) -> None:
     cfg = make_config(corpus, tmp_path)
-    pipeline.run_ingest(cfg)
+    run_ingest(cfg)
     writer = open_store(cfg.store, ONNX, 384)  # holds the working shard, as an ingest does
     assert isinstance(writer, EdgeStore)
     try:

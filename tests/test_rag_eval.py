@@ -12,10 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from ragpipe.config import RagpipeConfig
-from ragpipe.golden import load_golden
-from ragpipe.llm import Completion
-from ragpipe.rag_eval import FAILED, NOT_APPLICABLE, OK, RAG_METRICS, run_rag_eval
-from ragpipe.report import write_rag_report
+from ragpipe.evaluation.golden import load_golden
+from ragpipe.evaluation.rag import FAILED, NOT_APPLICABLE, OK, RAG_METRICS, run_rag_eval
+from ragpipe.evaluation.report import write_rag_report
+from ragpipe.models.llm import Completion
+
+pytestmark = pytest.mark.integration
 
 GOLDEN = """
 name: rag-mini
@@ -95,7 +97,7 @@ def test_judge_failures_are_null_with_reasons_not_zero(
 def test_rag_eval_with_the_real_model_as_generator_and_judge(
     rag_config: RagpipeConfig, smollm: Any
 ) -> None:
-    from ragpipe.report import rag_evaluate_and_report, read_history
+    from ragpipe.evaluation.report import rag_evaluate_and_report, read_history
 
     result, out = rag_evaluate_and_report(rag_config.model_copy(
         update={"llm": rag_config.llm.model_copy(update={"max_tokens": 64})}))  # fmt: skip
@@ -123,8 +125,8 @@ def test_rag_eval_with_the_real_model_as_generator_and_judge(
 def test_rag_eval_with_an_ollama_generator_and_judge(
     rag_config: RagpipeConfig, smollm: Any
 ) -> None:
-    from ragpipe.llm import OllamaLLM
-    from tests.ollama_server import ollama_server
+    from ragpipe.models.llm import OllamaLLM
+    from tests.support.ollama_server import ollama_server
 
     golden = load_golden(rag_config.eval.golden)
     with ollama_server({}, {"smollm": smollm}) as (host, state):

@@ -12,27 +12,25 @@ from xml.etree import ElementTree
 import numpy as np
 import pytest
 
+from flows.render import to_json, to_xml
 from ragpipe.config import RagpipeConfig
 from ragpipe.errors import ConfigError, StageError
-from ragpipe.llm import Completion
-from ragpipe.retrieve import (
-    Retrieved,
-    Retriever,
+from ragpipe.models.llm import Completion
+from ragpipe.query.fusion import (
     boost_exact,
     convex_fuse,
-    cut_query,
     dbsf_fuse,
     dbsf_normalise,
     exact_phrases,
     lost_in_the_middle,
     mmr_select,
-    parse_filter_scores,
     rrf_fuse,
-    split_fragments,
-    to_json,
-    to_xml,
 )
+from ragpipe.query.results import Retrieved
+from ragpipe.query.retrieve import Retriever, cut_query, parse_filter_scores, split_fragments
 from ragpipe.store import Hit, IndexPoint, SparseEncoder, Where
+
+pytestmark = pytest.mark.integration
 
 QUERIES = [
     "How does the Calvin cycle fix carbon dioxide?",

@@ -12,8 +12,12 @@ import pytest
 from ragpipe import checkpoint
 from ragpipe.config import RagpipeConfig
 from ragpipe.errors import StageError
+from ragpipe.ingest.chunk import run_chunk
+from ragpipe.ingest.clean import run_clean
+from ragpipe.ingest.convert import run_convert
+from ragpipe.ingest.discover import run_discover
+from ragpipe.ingest.summary import write_summary
 from ragpipe.schemas import CHUNK_SCHEMA, Chunk, Document, Failure
-from ragpipe.stages import run_chunk, run_clean, run_convert, run_discover, write_summary
 
 pytestmark = pytest.mark.slow
 
@@ -23,6 +27,8 @@ def _config(root: Path, work: Path, **chunk: object) -> RagpipeConfig:
 
 
 def _run(cfg: RagpipeConfig):  # type: ignore[no-untyped-def]
+    # Without plan on purpose: this checks each stage's own checkpoint reuse, which plan
+    # would otherwise pre-empt (it hands convert only the added and changed files).
     d = run_discover(cfg)
     c = run_convert(cfg, d)
     k = run_clean(cfg, c)
@@ -74,7 +80,7 @@ def test_crash_mid_convert_resumes_from_cached_documents(
 ) -> None:
     cfg = _config(small_corpus, tmp_path / "work")
     discovered = run_discover(cfg)
-    from ragpipe import convert as convert_module
+    from ragpipe.ingest import convert as convert_module
 
     real = convert_module.Converter.convert
     calls: list[str] = []

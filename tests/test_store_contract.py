@@ -5,23 +5,15 @@ Every test runs against both; they must behave the same.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from ragpipe.config import StoreConfig
 from ragpipe.errors import ConfigError
-from ragpipe.store import IndexPoint, SparseEncoder, VectorStore, Where, open_store
-
-DIM = 8
-DOCS = {
-    "a.md": ["alpha apples grow on trees", "alpha bananas are yellow", "alpha cherries are red"],
-    "b.md": ["beta engines need oil", "beta wings carry the aircraft"],
-    "dir/c.md": ["gamma statistics in R", "gamma plots with ggplot", "gamma models", "gamma data"],
-}
+from ragpipe.store import VectorStore, Where, open_store
+from tests.support.points import DIM, _vector, make_points
 
 
 def _config(backend: str, tmp_path: Path) -> StoreConfig:
@@ -31,35 +23,6 @@ def _config(backend: str, tmp_path: Path) -> StoreConfig:
         batch_size=3,
         scroll_page=4,  # smaller than the store: the scroll must paginate
     )
-
-
-def _vector(seed: int) -> np.ndarray:
-    v = np.random.default_rng(seed).normal(size=DIM).astype(np.float32)
-    return v / np.linalg.norm(v)
-
-
-def make_points(
-    sha: str = "s1", fp: str = "f1", files: dict[str, list[str]] = DOCS
-) -> list[IndexPoint]:
-    sparse = SparseEncoder()
-    points = []
-    seed = 0
-    for path, texts in files.items():
-        for i, text in enumerate(texts):
-            seed += 1
-            indices, values = sparse.document(text)
-            pid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{path}|{sha}|{fp}|{i}"))
-            payload = {
-                "text": text,
-                "file_path": path,
-                "source_sha": sha,
-                "config_fingerprint": fp,
-                "chunk_index": i,
-                "chunk_total": len(texts),
-                "heading_path": ["H"],
-            }
-            points.append(IndexPoint(pid, _vector(seed), indices, values, payload))
-    return points
 
 
 @pytest.fixture(params=["edge", "qdrant"])

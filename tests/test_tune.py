@@ -19,10 +19,19 @@ from typer.testing import CliRunner
 from flows.cli import app
 from ragpipe.config import RagpipeConfig, load_config
 from ragpipe.errors import ConfigError
-from ragpipe.golden import ChunkTarget, GoldenItem, GoldenSet, save_golden
-from ragpipe.metrics import Interval, PairedDelta
-from ragpipe.retrieve import Retrieved, Retriever
-from ragpipe.tune import coordinate_search, decide, run_tune, split_queries, tune_and_report
+from ragpipe.evaluation.golden import ChunkTarget, GoldenItem, GoldenSet, save_golden
+from ragpipe.evaluation.metrics import Interval, PairedDelta
+from ragpipe.evaluation.tune import (
+    coordinate_search,
+    decide,
+    run_tune,
+    split_queries,
+    tune_and_report,
+)
+from ragpipe.query.results import Retrieved
+from ragpipe.query.retrieve import Retriever
+
+pytestmark = pytest.mark.integration
 
 WORDS = [
     "oxygen",

@@ -1,0 +1,123 @@
+"""What every command shares: Prefect set up quietly, expected errors as one line,
+progress bars, and the options several commands take."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress
+
+from ragpipe.config import (
+    EmbedProvider,
+    RetrievalMode,
+)
+from ragpipe.errors import RagpipeError
+
+console = Console(stderr=True)
+
+
+def prefect_env(verbose: bool) -> None:
+    # Embedded default: Prefect in ephemeral mode, quiet, no telemetry.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "ragpipe")
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    if not verbose:  # before Prefect is imported: its settings are read once
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    from flows.ephemeral import guard_ephemeral_server
+    from flows.logs import set_library_level
+
+    guard_ephemeral_server()  # a killed run must not leave Prefect's server behind
+    set_library_level(logging.INFO if verbose else logging.WARNING)
+    if not verbose:
+        for name in PREFECT_RUN_LOGGERS:
+            logging.getLogger(name).addFilter(HIDE_EXPECTED)
+
+
+def fail(exc: BaseException, code: int, label: str = "error") -> NoReturn:
+    """Print an expected error as one line (never wrapped, never read as markup); exit."""
+    console.print(f"[red]{label}:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code) from exc
+
+
+def error_names(cls: type[BaseException] = RagpipeError) -> set[str]:
+    return {cls.__name__}.union(*(error_names(sub) for sub in cls.__subclasses__()))
+
+
+class HideExpectedErrors(logging.Filter):
+    """Drop Prefect's tracebacks of ragpipe's own errors (bad config, a held store, a full
+    disk, ...): the CLI prints the one line that matters. Unexpected errors keep theirs;
+    ``--verbose`` keeps everything."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, RagpipeError):
+            return False
+        if record.levelno < logging.ERROR:
+            return True
+        message = record.getMessage()
+        return not any(f"exception {n}:" in message or f"{n}(" in message for n in error_names())
+
+
+HIDE_EXPECTED = HideExpectedErrors()
+# Where Prefect logs a failed task or flow run (with the traceback).
+PREFECT_RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs", "prefect.task_engine",
+                        "prefect.flow_engine")  # fmt: skip
+
+
+class RichReporter:
+    """Shows one progress bar per stage."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task: Any = None
+
+    def start(self, stage: str, total: int) -> None:
+        # total 0: not known up front (e.g. tune's search), shown as a running count.
+        self.task = self.progress.add_task(stage, total=total or None)
+
+    def advance(self, n: int = 1) -> None:
+        if self.task is not None:
+            self.progress.advance(self.task, n)
+
+    def finish(self) -> None:
+        self.task = None
+
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="YAML config file (default: ./ragpipe.yaml if present)."),
+]
+StorePathOption = Annotated[
+    Path | None, typer.Option(help="store.path: the index to query (default data/store).")
+]
+ModeOption = Annotated[
+    RetrievalMode | None,
+    typer.Option(help="dense, sparse (BM25) or hybrid (both, fused by RRF). Default: config."),
+]
+KOption = Annotated[int | None, typer.Option("--k", "-k", help="Chunks to return (top_k).")]
+RerankOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--rerank/--no-rerank",
+        help="Rerank with the cross-encoder in retrieve.reranker (must exist locally).",
+    ),
+]
+FilterOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--filter",
+        help="file=SUFFIX (path ends with), heading=TEXT, sha=SOURCE_SHA256; repeat to AND.",
+    ),
+]
+EmbedderOption = Annotated[
+    EmbedProvider | None,
+    typer.Option(help="The embedder the index was built with (default: config)."),
+]

@@ -1,0 +1,460 @@
+"""`ragpipe eval ...` and `ragpipe report`: golden-set evaluations and their history."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from flows.cli_common import (
+    ConfigOption,
+    EmbedderOption,
+    KOption,
+    ModeOption,
+    RerankOption,
+    RichReporter,
+    StorePathOption,
+    console,
+    fail,
+    prefect_env,
+)
+from ragpipe.config import (
+    DEFAULT_CONFIG_FILE,
+    LLMProvider,
+    RagpipeConfig,
+    load_config,
+)
+from ragpipe.errors import ConfigError, GateFailed, RagpipeError
+from ragpipe.progress import set_reporter
+
+eval_app = typer.Typer(
+    help="Evaluate retrieval on a golden set: metrics with bootstrap 95% CIs, reports.",
+    no_args_is_help=True,
+)
+
+GoldenOption = Annotated[
+    Path | None,
+    typer.Option(help="Golden set YAML (eval.golden; default eval/golden/r-faq-dev.yaml)."),
+]
+GranularityOption = Annotated[
+    str | None,
+    typer.Option(help="chunk (the golden set's chunk targets) or file (de-duplicated by file)."),
+]
+NameOption = Annotated[
+    str | None, typer.Option(help="Run name (report directory suffix; default: the set's name).")
+]
+ReportsOption = Annotated[
+    Path | None, typer.Option(help="eval.reports_dir (default eval/reports).")
+]
+
+
+def _eval_config(
+    config: Path | None,
+    store_path: Path | None,
+    embedder: EmbedderOption,
+    retrieve: dict[str, Any],
+    evaluation: dict[str, Any],
+) -> RagpipeConfig:
+    overrides: dict[str, Any] = {
+        "retrieve": {k: v for k, v in retrieve.items() if v is not None},
+        "eval": {k: str(v) if isinstance(v, Path) else v
+                 for k, v in evaluation.items() if v is not None},
+    }  # fmt: skip
+    if store_path is not None:
+        overrides["store"] = {"path": str(store_path)}
+    if embedder is not None:
+        overrides["embed"] = {"provider": embedder.value}
+    return load_config(config, overrides)
+
+
+def _print_eval(summary: dict[str, Any]) -> None:
+    names = summary.get("metric_names") or []
+
+    table = Table(title=f"{summary['name']}: {summary['golden']['queries']} queries, "
+                  f"{summary['granularity']} level, mean [95% CI]")  # fmt: skip
+    table.add_column("metric")
+    variants = list(summary["metrics"])
+    for v in variants:
+        table.add_column(v, justify="right")
+    for m in names:
+        row = [m]
+        for v in variants:
+            ci = summary["metrics"][v][m]
+            cell = (
+                f"{ci['mean']:.3f} [{ci['ci_low']:.3f}, {ci['ci_high']:.3f}]" if ci["n"] else "n/a"
+            )
+            if v in summary["deltas"]:
+                d = summary["deltas"][v][m]
+                cell += f"  Δ {d['mean']:+.3f} p={d['p_value']:.2f}"
+            row.append(cell)
+        table.add_row(*row)
+    Console().print(table)
+    for warning in summary["warnings"]:
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+    out = Path(summary["report_dir"])
+    print(f"report: {out / 'report.html'} (also report.md, summary.json, per_query.parquet)")
+
+
+@eval_app.command("retrieval")
+def eval_retrieval(
+    golden: GoldenOption = None,
+    mode: ModeOption = None,
+    rerank: RerankOption = None,
+    granularity: GranularityOption = None,
+    depth: Annotated[int | None, typer.Option(help="Results per query (default 10).")] = None,
+    name: NameOption = None,
+    reports_dir: ReportsOption = None,
+    config: ConfigOption = None,
+    store_path: StorePathOption = None,
+    embedder: EmbedderOption = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Replay the golden set through the retrieval stack and write a report.
+
+    Metrics per query (Recall@5/10, Precision@5, MRR, Success@5, Hit@3, MAP, NDCG@10 linear
+    and exponential gain), means with bootstrap 95% CIs, a history row per run.
+    """
+    prefect_env(verbose)
+    try:
+        cfg = _eval_config(
+            config,
+            store_path,
+            embedder,
+            {"mode": mode, "rerank": rerank},
+            {"golden": golden, "granularity": granularity, "depth": depth,
+             "reports_dir": reports_dir},
+        )  # fmt: skip
+        from flows.eval import evaluate_retrieval
+
+        summary = evaluate_retrieval(cfg, name=name)
+    except RagpipeError as exc:
+        fail(exc, 2)
+    _print_eval(summary)
+
+
+@eval_app.command("rag")
+def eval_rag(
+    golden: GoldenOption = None,
+    limit: Annotated[
+        int | None, typer.Option(help="Judge only the first N questions (eval.rag_limit).")
+    ] = None,
+    llm: Annotated[
+        LLMProvider | None, typer.Option(help="Generator: llamacpp (default) or ollama.")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Generator model: a .gguf path or an Ollama model name.")
+    ] = None,
+    judge_model: Annotated[
+        str | None,
+        typer.Option(help="Judge model (same provider as the generator); default: the generator."),
+    ] = None,
+    mode: ModeOption = None,
+    k: KOption = None,
+    name: NameOption = None,
+    reports_dir: ReportsOption = None,
+    config: ConfigOption = None,
+    store_path: StorePathOption = None,
+    embedder: EmbedderOption = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Answer the golden questions and judge the answers with RAGAS.
+
+    Faithfulness, answer relevancy, context precision, context recall (only where the item
+    has expected_answer), with bootstrap 95% CIs over the scored questions. A judge failure
+    is recorded as null with its reason and counted, never scored 0. Slow on CPU: about 30 s
+    per question with the packaged SmolLM2 (use --limit).
+    """
+    prefect_env(verbose)
+    try:
+        cfg = _eval_config(
+            config,
+            store_path,
+            embedder,
+            {"mode": mode, "top_k": k},
+            {"golden": golden, "rag_limit": limit, "reports_dir": reports_dir},
+        )
+        generator = {k: v for k, v in {"provider": llm.value if llm else None,
+                                       "model": model}.items() if v is not None}  # fmt: skip
+        llm_cfg = cfg.llm.model_copy(update=generator)
+        judge_cfg = llm_cfg.model_copy(update={"model": judge_model}) if judge_model else None
+        cfg = cfg.model_copy(
+            update={"llm": llm_cfg, "eval": cfg.eval.model_copy(update={"judge": judge_cfg})}
+        )
+        from flows.eval import evaluate_rag
+
+        summary = evaluate_rag(cfg, name=name)
+    except RagpipeError as exc:
+        fail(exc, 2)
+    _print_eval(summary)
+    counts = summary["judge"]["counts"]
+    outcomes = [f"{m} {c['ok']}/{c['failed']}/{c['not_applicable']}" for m, c in counts.items()]
+    print("judge outcomes (scored / failed / not applicable): " + ", ".join(outcomes))
+
+
+@eval_app.command("import-beir")
+def import_beir_command(
+    dataset: Annotated[
+        Path, typer.Argument(help="A BEIR dataset directory (corpus.jsonl, queries.jsonl, qrels/).")
+    ],
+    corpus_out: Annotated[
+        Path, typer.Option(help="Where to write the corpus as Markdown files (one per document).")
+    ],
+    golden_out: Annotated[Path, typer.Option(help="Where to write the golden set YAML.")],
+    split: Annotated[str, typer.Option(help="qrels/<split>.tsv to use.")] = "test",
+) -> None:
+    """Turn a BEIR dataset into documents to ingest and a golden set (qrels as graded relevance).
+
+    Then: `ragpipe ingest CORPUS_OUT` and `ragpipe eval retrieval --golden GOLDEN_OUT
+    --granularity file`.
+    """
+    from ragpipe.evaluation.golden import import_beir, save_golden
+
+    try:
+        golden = import_beir(dataset, corpus_out, split)
+    except RagpipeError as exc:
+        fail(exc, 2)
+    save_golden(golden, golden_out)
+    files = sum(1 for _ in corpus_out.glob("*.md"))
+    print(f"wrote {files} documents to {corpus_out} and {len(golden.items)} queries to "
+          f"{golden_out}")  # fmt: skip
+
+
+@eval_app.command("compare")
+def eval_compare(
+    variants: Annotated[
+        list[str],
+        typer.Option(
+            "--variant",
+            help="NAME:key=value,... of retrieve settings, e.g. dense:mode=dense or "
+            "'rrf-w:fusion_method=rrf,dense_weight=2'. The first is the baseline.",
+        ),
+    ],
+    golden: GoldenOption = None,
+    granularity: GranularityOption = None,
+    gate_metric: Annotated[
+        str | None,
+        typer.Option(help="Fail (exit 4) when this metric's (e.g. mrr, ndcg@10) delta CI ..."),
+    ] = None,
+    gate_threshold: Annotated[
+        float, typer.Option(help="... lies entirely below this value (e.g. -0.02).")
+    ] = 0.0,
+    name: NameOption = None,
+    reports_dir: ReportsOption = None,
+    config: ConfigOption = None,
+    store_path: StorePathOption = None,
+    embedder: EmbedderOption = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Compare retrieval settings on the same queries: paired deltas, CIs, p-values."""
+    prefect_env(verbose)
+    from ragpipe.evaluation.metrics import METRICS
+    from ragpipe.evaluation.retrieval import parse_variant
+
+    try:
+        parsed = [parse_variant(v) for v in variants]
+        if gate_metric is not None and gate_metric not in METRICS:
+            raise ConfigError(f"--gate-metric {gate_metric!r} is not one of {', '.join(METRICS)}")
+        if len(parsed) < 2:
+            raise ConfigError("give at least two --variant options (the first is the baseline)")
+        cfg = _eval_config(
+            config,
+            store_path,
+            embedder,
+            {},
+            {"golden": golden, "granularity": granularity, "reports_dir": reports_dir},
+        )
+        from flows.eval import compare_retrieval
+        from ragpipe.evaluation.retrieval import Gate
+
+        gate = Gate(gate_metric, gate_threshold) if gate_metric else None
+        summary = compare_retrieval(cfg, parsed, name=name or "compare", gate=gate)
+    except GateFailed as exc:
+        fail(exc, 4, "gate failed")
+    except RagpipeError as exc:
+        fail(exc, 2)
+    _print_eval(summary)
+
+
+@eval_app.command("tune")
+def eval_tune(
+    golden: GoldenOption = None,
+    granularity: GranularityOption = None,
+    metric: Annotated[
+        str, typer.Option(help="Metric to maximise and to judge the pick by, e.g. ndcg@10, mrr.")
+    ] = "ndcg@10",
+    share: Annotated[
+        float, typer.Option(help="Share of the golden queries that tune; the rest only confirm.")
+    ] = 0.5,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of the split and the statistics (eval.seed).")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write the tuned config here when the verdict is 'recommend' "
+            "(pass it back with --config)."
+        ),
+    ] = None,
+    name: NameOption = None,
+    reports_dir: ReportsOption = None,
+    config: ConfigOption = None,
+    store_path: StorePathOption = None,
+    embedder: EmbedderOption = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Tune the retrieve settings on your golden set, with an honest hold-out.
+
+    The queries are split by a seeded shuffle: a coordinate search over mode, fusion
+    method, alpha, rrf_k, leg weights, document weight, prefetch depth, fragments, the
+    quoted-phrase boost and MMR picks the best settings on the tuning share only. Then
+    the pick and the current settings are scored on the held-out queries (paired delta,
+    bootstrap 95% CI, permutation p-value). Verdict: recommend (tuned.yaml written, with
+    your config's other sections kept), refused (the pick is worse on the held-out
+    queries: its delta CI lies entirely below zero), or no change. Exit 0 for every
+    verdict; 2 for a bad configuration or golden set.
+    """
+    prefect_env(verbose)
+    try:
+        cfg = _eval_config(
+            config,
+            store_path,
+            embedder,
+            {},
+            {
+                "golden": golden,
+                "granularity": granularity,
+                "reports_dir": reports_dir,
+                "seed": seed,
+            },
+        )
+        from flows.eval import tune_retrieval
+        from ragpipe.evaluation.golden import load_golden
+        from ragpipe.evaluation.metrics import METRICS
+        from ragpipe.evaluation.tune import split_queries
+
+        # Checked here so that a mistake is one line, not a flow run's traceback.
+        if metric not in METRICS:
+            raise ConfigError(f"tune metric {metric!r} is not one of {', '.join(METRICS)}")
+        split_queries(load_golden(cfg.eval.golden), cfg.eval.seed, share)
+        base = config or (DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None)
+        columns = (TextColumn("{task.description:>9}"), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(
+            *columns, console=console, transient=True, disable=not console.is_terminal
+        ) as progress:
+            previous = set_reporter(RichReporter(progress))
+            try:
+                summary = tune_retrieval(
+                    cfg,
+                    config_path=str(base) if base else None,
+                    name=name,
+                    metric=metric,
+                    share=share,
+                    write_config=str(out) if out else None,
+                )
+            finally:
+                set_reporter(previous)
+    except RagpipeError as exc:
+        fail(exc, 2)
+    _print_tune(summary)
+
+
+def _print_tune(summary: dict[str, Any]) -> None:
+    split = summary["split"]
+    tuning = summary["tuning"]
+    print(
+        f"split (seed {summary['seed']}): {len(split['tuning'])} tuning queries, "
+        f"{len(split['confirmation'])} held-out; {len(tuning['trials'])} configurations "
+        f"scored on the tuning queries ({summary['metric']}: current {tuning['current']:.4f}, "
+        f"best {tuning['best']:.4f})"
+    )
+    print("changed settings: " + (json.dumps(summary["overrides"]) or "{}"))
+    table = Table(title="held-out queries: tuned - current, mean [95% CI]")
+    for column in ("metric", "current", "tuned", "delta", "p"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    for m, d in summary["confirmation"].items():
+        table.add_row(
+            m,
+            f"{d['current']:.4f}",
+            f"{d['tuned']:.4f}",
+            f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]",
+            f"{d['p_value']:.3g}",
+        )
+    Console().print(table)
+    colour = {"recommend": "green", "refused": "red"}.get(summary["decision"], "yellow")
+    console.print(f"[{colour}]{summary['message']}[/{colour}]", highlight=False, soft_wrap=True)
+    if summary.get("tuned_config"):
+        print(f"tuned config: {summary['tuned_config']} (use it with --config)")
+    print(f"report: {Path(summary['report_dir']) / 'report.md'} (also tune.json)")
+
+
+def report(
+    last: Annotated[int, typer.Option(help="How many recent runs to show side by side.")] = 5,
+    metric: Annotated[str, typer.Option(help="Metric whose trend to show.")] = "mrr",
+    reports_dir: ReportsOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Show the latest evaluation runs side by side and the trend of one metric."""
+    from ragpipe.evaluation.metrics import METRICS
+    from ragpipe.evaluation.report import read_history
+
+    try:
+        cfg = load_config(
+            config, {"eval": {"reports_dir": str(reports_dir)}} if reports_dir else {}
+        )
+    except RagpipeError as exc:
+        fail(exc, 2)
+    if metric not in METRICS:
+        console.print(f"[red]error:[/red] --metric must be one of {', '.join(METRICS)}")
+        raise typer.Exit(2)
+    rows = read_history(cfg.eval.reports_dir)
+    if not rows:
+        print(f"no evaluation runs in {cfg.eval.reports_dir} yet: run `ragpipe eval retrieval`")
+        return
+    if last < 1:
+        console.print("[red]error:[/red] --last must be at least 1")
+        raise typer.Exit(2)
+    _print_history(rows, last, metric)
+
+
+def _print_history(rows: list[dict[str, Any]], last: int, metric: str) -> None:
+    """The latest ``last`` runs (every variant of each) side by side, and one metric's trend."""
+    from ragpipe.evaluation.metrics import METRICS
+    from ragpipe.evaluation.rag import RAG_METRICS
+
+    runs = list(dict.fromkeys(r["run_id"] for r in rows))
+    columns = list(dict.fromkeys((r["run_id"], r["variant"]) for r in rows))
+    shown = [c for c in columns if c[0] in runs[-last:]]
+    table = Table(title=f"latest {min(last, len(runs))} of {len(runs)} runs (mean [95% CI])")
+    table.add_column("metric", no_wrap=True)
+    for run_id, variant in shown:
+        stamp, _, name = run_id.partition("-")
+        # Headers wrap rather than being cut: run name, time, variant on their own lines.
+        table.add_column(f"{name}\n{stamp}\n{variant}", justify="right", overflow="fold")
+    by_key = {(r["run_id"], r["variant"], r["metric"]): r for r in rows}
+    names = [m for m in (*METRICS, *RAG_METRICS) if any((*c, m) in by_key for c in shown)]
+    for m in names:
+        cells = []
+        for run_id, variant in shown:
+            got = by_key.get((run_id, variant, m))
+            cells.append(
+                f"{got['mean']:.3f} [{got['ci_low']:.3f}, {got['ci_high']:.3f}]" if got else ""
+            )
+        table.add_row(m, *cells)
+    Console().print(table)
+    trend = [by_key[(run_id, variant, metric)] for run_id, variant in columns
+             if (run_id, variant, metric) in by_key]  # fmt: skip
+    if not trend:
+        print(f"no run has {metric}")
+        return
+    low, high = min(r["mean"] for r in trend), max(r["mean"] for r in trend)
+    print(f"trend of {metric} (oldest first; bars span {low:.3f} to {high:.3f}, not 0 to 1):")
+    wide = max(len(r["run_id"]) for r in trend), max(len(r["variant"]) for r in trend)
+    for r in trend:
+        share = (r["mean"] - low) / (high - low) if high > low else 1.0
+        bar = "█" * (1 + round(39 * share))
+        print(f"  {r['run_id']:<{wide[0]}s} {r['variant']:>{wide[1]}s} {r['mean']:.3f} {bar}")

@@ -1,0 +1,172 @@
+"""`ragpipe search` and `ragpipe ask`: read the published index."""
+
+from __future__ import annotations
+
+import json
+import logging
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from flows.cli_common import (
+    ConfigOption,
+    EmbedderOption,
+    FilterOption,
+    KOption,
+    ModeOption,
+    RerankOption,
+    StorePathOption,
+    console,
+    fail,
+)
+from ragpipe.config import (
+    EmbedProvider,
+    LLMProvider,
+    RagpipeConfig,
+    load_config,
+)
+from ragpipe.errors import ConfigError, RagpipeError
+
+
+class OutputFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+    XML = "xml"
+
+
+def _query_config(
+    config: Path | None,
+    store_path: Path | None,
+    retrieve: dict[str, Any],
+    filters: list[str] | None,
+    embedder: EmbedProvider | None = None,
+    llm: dict[str, Any] | None = None,
+) -> RagpipeConfig:
+    overrides: dict[str, Any] = {"retrieve": {k: v for k, v in retrieve.items() if v is not None}}
+    for item in filters or []:
+        key, sep, value = item.partition("=")
+        field = {"file": "filter_file", "heading": "filter_heading", "sha": "filter_source_sha"}
+        if not sep or key.strip() not in field:
+            raise ConfigError(
+                f"--filter {item!r}: use file=SUFFIX, heading=TEXT or sha=SOURCE_SHA256 "
+                "(repeat --filter to combine them with AND)"
+            )
+        overrides["retrieve"][field[key.strip()]] = value.strip()
+    if store_path is not None:
+        overrides["store"] = {"path": str(store_path)}
+    if embedder is not None:
+        overrides["embed"] = {"provider": embedder.value}
+    if llm:
+        overrides["llm"] = {k: v for k, v in llm.items() if v is not None}
+    return load_config(config, overrides)
+
+
+def search(
+    query: Annotated[str, typer.Argument(help="The question or keywords.")],
+    mode: ModeOption = None,
+    k: KOption = None,
+    rerank: RerankOption = None,
+    filters: FilterOption = None,
+    output: Annotated[
+        OutputFormat,
+        typer.Option(
+            "--format",
+            help="text (readable), json (with every stage's scores), xml "
+            "(a <retrieved_context> block for prompts).",
+        ),
+    ] = OutputFormat.TEXT,
+    config: ConfigOption = None,
+    store_path: StorePathOption = None,
+    embedder: EmbedderOption = None,
+) -> None:
+    """Print the chunks the index returns for QUERY, ranked, with file, page, heading, scores."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from flows.render import to_json, to_text, to_xml
+    from ragpipe.query.retrieve import Retriever
+
+    try:
+        cfg = _query_config(
+            config, store_path, {"mode": mode, "top_k": k, "rerank": rerank}, filters, embedder
+        )
+        with Retriever(cfg) as retriever:
+            result = retriever.search(query)
+    except RagpipeError as exc:
+        fail(exc, 2)
+    render = {OutputFormat.TEXT: to_text, OutputFormat.JSON: to_json, OutputFormat.XML: to_xml}
+    print(render[output](result))
+
+
+def ask(
+    question: Annotated[str, typer.Argument(help="The question to answer from the index.")],
+    mode: ModeOption = None,
+    k: KOption = None,
+    rerank: RerankOption = None,
+    filters: FilterOption = None,
+    llm: Annotated[
+        LLMProvider | None,
+        typer.Option(help="llamacpp (in-process GGUF, default) or ollama."),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="llm.model: a .gguf path, or an Ollama model name.")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the answer object as JSON (no streaming).")
+    ] = False,
+    config: ConfigOption = None,
+    store_path: StorePathOption = None,
+    embedder: EmbedderOption = None,
+) -> None:
+    """Answer QUESTION from the index, streaming a cited answer, then list the sources.
+
+    The model is told to cite sources as [1], [2] and to answer exactly "Not found in the
+    provided documents." when they do not support an answer. Citations that point at no
+    source are reported.
+    """
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from flows.render import terminal_safe
+    from ragpipe.query.generate import answer
+    from ragpipe.query.retrieve import Retriever
+
+    try:
+        cfg = _query_config(
+            config,
+            store_path,
+            {"mode": mode, "top_k": k, "rerank": rerank},
+            filters,
+            embedder,
+            {"provider": llm.value if llm else None, "model": model},
+        )
+        with Retriever(cfg) as retriever:
+            result = retriever.search(question)
+            stream = None if as_json else (lambda s: print(terminal_safe(s), end="", flush=True))
+            reply = answer(
+                question, result.hits, retriever.llm, cfg.generate.context_tokens, stream
+            )
+    except RagpipeError as exc:
+        fail(exc, 2)
+    if as_json:
+        print(json.dumps({**reply.as_dict(), "retrieval": result.trace}, indent=2))
+        return
+    if not result.hits:
+        print(terminal_safe(reply.text), end="")
+    print("\n")
+    shown = reply.cited or ([] if reply.not_found else reply.sources)
+    title = "cited sources" if reply.cited else "sources given to the model (none cited)"
+    if shown:
+        print(title + ":")
+        for s in shown:
+            where = s.file_path + (f" p.{s.page}" if s.page is not None else "")
+            line = f"  [{s.number}] {where}" + (f" — {s.heading}" if s.heading else "")
+            print(terminal_safe(line))
+    if reply.invalid_citations:
+        console.print(
+            f"[yellow]warning:[/yellow] the answer cites {reply.invalid_citations}, which are "
+            f"not among the {len(reply.sources)} sources",
+            highlight=False,
+        )
+    console.print(
+        f"{reply.model}: {reply.tokens_in} tokens in, {reply.tokens_out} out, {reply.seconds:.1f}s",
+        highlight=False,
+    )

@@ -1,0 +1,1 @@
+"""Evaluation: golden sets, metrics, retrieval and RAG runs, reports, tuning, the eval forms."""

@@ -1,0 +1,290 @@
+"""Retrieval evaluation: replay a golden set through the retriever, score every query.
+
+One run evaluates one or more *variants* (retrieval settings) over the same
+queries. With several, the first is the baseline and every other variant
+gets per-metric paired deltas (bootstrap CI and permutation p-value); an
+optional gate fails the run when a metric's delta CI lies entirely below a
+threshold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from ragpipe.config import RagpipeConfig, RetrieveConfig
+from ragpipe.errors import ConfigError
+from ragpipe.evaluation.golden import GoldenItem, GoldenSet, file_matches
+from ragpipe.evaluation.metrics import (
+    METRICS,
+    Interval,
+    PairedDelta,
+    bootstrap_ci,
+    paired_delta,
+    query_metrics,
+)
+from ragpipe.query.results import Retrieved
+from ragpipe.query.retrieve import Retriever
+
+logger = logging.getLogger(__name__)
+
+SMALL_N = 50
+
+
+class Granularity(StrEnum):
+    FILE = "file"
+    CHUNK = "chunk"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named set of ``retrieve.*`` overrides."""
+
+    name: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Fail when the delta CI of ``metric`` (candidate - baseline) lies below ``threshold``."""
+
+    metric: str
+    threshold: float
+
+
+@dataclass
+class QueryRow:
+    variant: str
+    item_id: str
+    query: str
+    metrics: dict[str, float]
+    retrieved: list[str]  # ranked ids at the run's granularity (file suffixes or target keys)
+    relevant: dict[str, int]
+    search_seconds: float
+
+
+@dataclass
+class EvalResult:
+    """Everything a report needs."""
+
+    name: str
+    golden: GoldenSet
+    granularity: Granularity
+    depth: int
+    variants: list[Variant]
+    settings: dict[str, dict[str, Any]]  # variant -> effective retrieve settings
+    rows: list[QueryRow]
+    summary: dict[str, dict[str, Interval]]  # variant -> metric -> CI
+    deltas: dict[str, dict[str, PairedDelta]]  # variant -> metric -> delta vs baseline
+    gate: Gate | None
+    gate_failures: list[str]
+    warnings: list[str]
+    resamples: int
+    seed: int
+    search_seconds: float
+    stats_seconds: float
+    traces: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def baseline(self) -> str:
+        return self.variants[0].name
+
+    @property
+    def passed(self) -> bool:
+        return not self.gate_failures
+
+
+def judged(
+    hits: Sequence[Retrieved], item: GoldenItem, granularity: Granularity
+) -> tuple[list[str], dict[str, int]]:
+    """Ranked unique ids and graded qrels for one query at the granularity.
+
+    file: each hit becomes the golden file suffix it matches (or its own
+    path); chunk: the first chunk target it satisfies (or its point id). An
+    id counts once, at its best rank.
+    """
+    ranked: list[str] = []
+    if granularity == Granularity.FILE:
+        qrels = dict(item.relevance)
+        for hit in hits:
+            key = next((s for s in qrels if file_matches(hit.file_path, s)), hit.file_path)
+            if key not in ranked:
+                ranked.append(key)
+        return ranked, qrels
+    if not item.chunks:
+        raise ConfigError(
+            f"golden item {item.id} has no chunk targets: evaluate it with granularity 'file', "
+            "or add 'chunks' (file + heading or contains) to the item"
+        )
+    qrels = {t.key: t.grade for t in item.chunks}
+    for hit in hits:
+        target = next((t for t in item.chunks if t.matches(hit.payload)), None)
+        key = target.key if target is not None else hit.point_id
+        if key not in ranked:
+            ranked.append(key)
+    return ranked, qrels
+
+
+def search_depth(depth: int, granularity: Granularity, settings: dict[str, Any]) -> int:
+    """Chunks to ask for so that ``depth`` results at the granularity can be ranked.
+
+    chunk: ``depth``. file: a file counts at its best chunk, and several
+    chunks of one file would leave fewer than ``depth`` files, so the
+    retriever is asked for its whole candidate list (``prefetch``, at least
+    ``depth``); the pool stays what a search for ``depth`` chunks fuses, so
+    the order is the one a user gets.
+    """
+    if granularity == Granularity.CHUNK:
+        return depth
+    return max(depth, int(settings.get("prefetch", depth)))
+
+
+def corpus_fingerprint(retriever: Retriever) -> dict[str, Any]:
+    """What was searched: files and versions in the store, hashed."""
+    pairs = sorted(
+        {
+            (str(h.payload.get("file_path")), str(h.payload.get("source_sha")))
+            for h in retriever.store.scroll(fields=["file_path", "source_sha"])
+        }
+    )
+    digest = hashlib.sha256("\n".join(f"{p}\t{s}" for p, s in pairs).encode()).hexdigest()
+    return {
+        "files": len(pairs),
+        "points": retriever.store.count(),
+        "sha256": digest[:16],
+        # The published index version read: generation, build fingerprint, when published.
+        "index_version": retriever.index_version,
+    }
+
+
+def run_retrieval_eval(
+    config: RagpipeConfig,
+    golden: GoldenSet,
+    variants: Sequence[Variant] | None = None,
+    *,
+    name: str | None = None,
+    granularity: Granularity = Granularity.CHUNK,
+    depth: int = 10,
+    resamples: int = 1000,
+    seed: int = 0,
+    gate: Gate | None = None,
+    retriever: Retriever | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> EvalResult:
+    """Score every golden query under every variant (the first is the baseline)."""
+    variants = list(variants or [Variant("default")])
+    if len({v.name for v in variants}) != len(variants):
+        raise ConfigError("variant names must be unique")
+    if gate is not None and gate.metric not in METRICS:
+        raise ConfigError(f"gate metric {gate.metric!r} is not one of {', '.join(METRICS)}")
+    settings: dict[str, dict[str, Any]] = {}
+    for variant in variants:  # validate every variant before any search runs
+        merged = {**config.retrieve.model_dump(mode="json"), **variant.overrides, "top_k": depth}
+        try:
+            settings[variant.name] = RetrieveConfig.model_validate(merged).model_dump(mode="json")
+        except ValueError as exc:
+            raise ConfigError(f"variant {variant.name!r}: {exc}") from exc
+    if granularity == Granularity.CHUNK:
+        missing = [i.id for i in golden.items if not i.chunks]
+        if missing:
+            raise ConfigError(
+                f"granularity 'chunk' needs chunk targets; {len(missing)} item(s) have none "
+                f"(first: {missing[0]}). Use granularity 'file' for this golden set."
+            )
+    own = retriever is None
+    retriever = retriever or Retriever(config)
+    top_k = {v.name: search_depth(depth, granularity, settings[v.name]) for v in variants}
+    rows: list[QueryRow] = []
+    traces: dict[str, list[dict[str, Any]]] = {}
+    search_seconds = 0.0
+    try:
+        for variant in variants:
+            for item in golden.items:
+                started = time.perf_counter()
+                overrides = {**variant.overrides, "top_k": top_k[variant.name]}
+                result = retriever.search(item.query, **overrides)
+                elapsed = time.perf_counter() - started
+                search_seconds += elapsed
+                ranked, qrels = judged(result.hits, item, granularity)
+                ranked = ranked[:depth]
+                rows.append(QueryRow(variant.name, item.id, item.query, {}, ranked, qrels, elapsed))
+                traces.setdefault(variant.name, []).append(result.trace)
+                if progress is not None:
+                    progress(1)
+    finally:
+        if own:
+            retriever.close()
+    started = time.perf_counter()
+    for row in rows:
+        row.metrics = query_metrics(row.retrieved, row.relevant)
+    summary: dict[str, dict[str, Interval]] = {}
+    per_variant: dict[str, dict[str, list[float]]] = {}
+    for variant in variants:
+        values = {m: [r.metrics[m] for r in rows if r.variant == variant.name] for m in METRICS}
+        per_variant[variant.name] = values
+        summary[variant.name] = {m: bootstrap_ci(v, resamples, seed) for m, v in values.items()}
+    deltas: dict[str, dict[str, PairedDelta]] = {}
+    base = per_variant[variants[0].name]
+    for variant in variants[1:]:
+        deltas[variant.name] = {
+            m: paired_delta(base[m], per_variant[variant.name][m], resamples, seed) for m in METRICS
+        }
+    stats_seconds = time.perf_counter() - started
+    gate_failures = []
+    if gate is not None:
+        for candidate, by_metric in deltas.items():
+            delta = by_metric[gate.metric].interval
+            if delta.high < gate.threshold:
+                gate_failures.append(
+                    f"{candidate}: {gate.metric} delta CI [{delta.low:+.4f}, {delta.high:+.4f}] "
+                    f"is entirely below {gate.threshold:+.4f} (baseline {variants[0].name})"
+                )
+    warnings = []
+    n = len(golden.items)
+    if n < SMALL_N:
+        warnings.append(
+            f"only {n} queries (< {SMALL_N}): confidence intervals are wide and unstable"
+        )
+    return EvalResult(
+        name=name or golden.name,
+        golden=golden,
+        granularity=granularity,
+        depth=depth,
+        variants=variants,
+        settings=settings,
+        rows=rows,
+        summary=summary,
+        deltas=deltas,
+        gate=gate,
+        gate_failures=gate_failures,
+        warnings=warnings,
+        resamples=resamples,
+        seed=seed,
+        search_seconds=search_seconds,
+        stats_seconds=stats_seconds,
+        traces=traces,
+    )
+
+
+def parse_variant(text: str) -> Variant:
+    """``name:key=value,key=value`` (values parsed as YAML scalars) into a Variant."""
+    import yaml
+
+    name, sep, rest = text.partition(":")
+    if not name.strip():
+        raise ConfigError(f"variant {text!r}: use NAME:key=value,key=value (e.g. dense:mode=dense)")
+    overrides: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))) if sep else []:
+        key, eq, value = part.partition("=")
+        if not eq or key.strip() not in RetrieveConfig.model_fields:
+            raise ConfigError(
+                f"variant {text!r}: {part!r} is not retrieve.KEY=VALUE (keys: "
+                f"{', '.join(RetrieveConfig.model_fields)})"
+            )
+        overrides[key.strip()] = yaml.safe_load(value)
+    return Variant(name.strip(), overrides)

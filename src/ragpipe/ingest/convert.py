@@ -1,0 +1,460 @@
+"""Convert discovered files to Markdown with Docling.
+
+PDF modes (``ConvertConfig.pdf_mode``):
+
+* ``fast``: Docling's model-free ``NativePdfPipeline``; headings, paragraphs,
+  lists and code are recovered from the text cells by :mod:`ragpipe.ingest.pdf_structure`.
+* ``accurate``: Docling's standard pipeline (layout and table models, optional
+  OCR). Needs the model weights on disk; a missing model is a
+  :class:`StageError` that says how to provide them.
+* ``auto``: accurate when its weights load from disk, else fast.
+
+Hub downloads are disabled for the whole process: a run never fetches weights.
+Markdown, HTML and DOCX go through Docling's simple pipeline; plain-text and
+code files are read as UTF-8. Paged output carries a page marker line per
+page (``schemas.PAGE_MARKER``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ragpipe import checkpoint
+from ragpipe.config import ConvertConfig, PdfMode, RagpipeConfig, fingerprint
+from ragpipe.errors import InputError, StageError
+from ragpipe.ingest import runner
+from ragpipe.ingest.pdf_structure import Line, lines_to_markdown
+from ragpipe.schemas import (
+    PAGE_MARKER,
+    Document,
+    Failure,
+    SourceFile,
+)
+
+if TYPE_CHECKING:
+    from docling.document_converter import DocumentConverter
+
+logger = logging.getLogger(__name__)
+
+# Docling escapes HTML (`a < b` -> `a &lt; b`) and underscores (`snake\\_case`) for
+# rendering; ragpipe stores the document's own text, which is what is searched, shown and
+# quoted (every output format escapes for its own syntax).
+UNESCAPED: dict[str, bool] = {"escape_html": False, "escape_underscores": False}
+# Bump when conversion output changes for the same input and config.
+CONVERT_VERSION = "2"  # 2: text stored unescaped (no &lt; or \\_ from Docling)
+DOC_NAMESPACE = uuid.UUID("6f1c3f0e-8a57-4c1e-9f53-2b4f5d7a9c11")
+
+CONVERTER_FAST = "docling-native-pdf+ragpipe-structure"
+CONVERTER_ACCURATE = "docling-standard-pdf"
+CONVERTER_TEXT = "plain-text"
+
+WEIGHTS_HELP = (
+    "Docling's layout/table model weights are not on this machine and ragpipe never downloads "
+    "during a run. On a machine with internet run `docling-tools models download -o DIR` "
+    "(add --all for OCR models), copy DIR here and set convert.artifacts_path: DIR "
+    "(or RAGPIPE_CONVERT__ARTIFACTS_PATH=DIR); or use convert.pdf_mode: fast"
+)
+
+
+def doc_id_for(file_path: str) -> str:
+    """Deterministic document id of a file path."""
+    return str(uuid.uuid5(DOC_NAMESPACE, file_path))
+
+
+def _forbid_downloads() -> None:
+    # Weights must come from disk; a hub lookup would hang or fail mid-run offline.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        import huggingface_hub.constants as hf_constants
+
+        hf_constants.HF_HUB_OFFLINE = True
+    except ImportError:  # pragma: no cover - docling depends on it
+        pass
+
+
+class Converter:
+    """Converts one file at a time; Docling pipelines load on first use.
+
+    Args:
+        config: Conversion settings.
+    """
+
+    def __init__(self, config: ConvertConfig) -> None:
+        self.config = config
+        self._fast: DocumentConverter | None = None
+        self._accurate: DocumentConverter | None = None
+        self._simple: DocumentConverter | None = None
+        self._accurate_error: str | None = None
+        self._resolved: str | None = None
+
+    # -- pipelines -----------------------------------------------------------------
+
+    def _fast_converter(self) -> DocumentConverter:
+        if self._fast is None:
+            _forbid_downloads()
+            from docling.datamodel.base_models import InputFormat
+            from docling.datamodel.pipeline_options import NativePdfPipelineOptions
+            from docling.document_converter import DocumentConverter, NativePdfFormatOption
+
+            opts = NativePdfPipelineOptions(generate_page_images=False)
+            self._fast = DocumentConverter(
+                allowed_formats=[InputFormat.PDF],
+                format_options={InputFormat.PDF: NativePdfFormatOption(pipeline_options=opts)},
+            )
+        return self._fast
+
+    def _accurate_converter(self) -> DocumentConverter:
+        if self._accurate is not None:
+            return self._accurate
+        if self._accurate_error is not None:
+            raise StageError(self._accurate_error)
+        _forbid_downloads()
+        from docling.datamodel.base_models import InputFormat
+        from docling.datamodel.pipeline_options import PdfPipelineOptions
+        from docling.document_converter import DocumentConverter, PdfFormatOption
+
+        artifacts = self.config.artifacts_path
+        if artifacts is not None and not artifacts.is_dir():
+            self._accurate_error = (
+                f"convert.artifacts_path {artifacts} is not a directory. {WEIGHTS_HELP}"
+            )
+            raise StageError(self._accurate_error)
+        opts = PdfPipelineOptions(
+            artifacts_path=artifacts,
+            do_ocr=self.config.do_ocr,
+            do_table_structure=self.config.do_table_structure,
+        )
+        converter = DocumentConverter(
+            allowed_formats=[InputFormat.PDF],
+            format_options={InputFormat.PDF: PdfFormatOption(pipeline_options=opts)},
+        )
+        try:
+            converter.initialize_pipeline(InputFormat.PDF)
+        except (OSError, RuntimeError, ValueError) as exc:
+            where = artifacts or "Docling's cache (~/.cache/docling, Hugging Face cache)"
+            self._accurate_error = (
+                f"accurate PDF mode cannot load its models from {where}: "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}. {WEIGHTS_HELP}"
+            )
+            raise StageError(self._accurate_error) from exc
+        self._accurate = converter
+        return converter
+
+    def _simple_converter(self) -> DocumentConverter:
+        if self._simple is None:
+            _forbid_downloads()
+            from docling.datamodel.base_models import InputFormat
+            from docling.document_converter import DocumentConverter
+
+            self._simple = DocumentConverter(
+                allowed_formats=[InputFormat.MD, InputFormat.HTML, InputFormat.DOCX]
+            )
+        return self._simple
+
+    def pdf_converter_name(self) -> str:
+        """Which PDF converter this configuration uses (resolving ``auto``)."""
+        if self._resolved is not None:
+            return self._resolved
+        mode = self.config.pdf_mode
+        if mode == PdfMode.FAST:
+            self._resolved = CONVERTER_FAST
+        elif mode == PdfMode.ACCURATE:
+            self._accurate_converter()
+            self._resolved = CONVERTER_ACCURATE
+        else:
+            try:
+                self._accurate_converter()
+                self._resolved = CONVERTER_ACCURATE
+            except StageError as exc:
+                logger.warning("pdf_mode auto: accurate models unavailable, using fast (%s)", exc)
+                self._resolved = CONVERTER_FAST
+        return self._resolved
+
+    # -- conversion ----------------------------------------------------------------
+
+    def convert(self, source: SourceFile, fingerprint: str) -> Document:
+        """Convert one file.
+
+        Raises:
+            InputError: This file cannot be converted (category says why).
+            StageError: The converter itself cannot run (e.g. missing weights).
+        """
+        path = Path(source.abs_path)
+        try:
+            with path.open("rb") as fh:
+                head = fh.read(8192)
+        except FileNotFoundError as exc:
+            raise InputError(
+                "vanished",
+                "the file was deleted or moved after discovery; the next run drops it from the "
+                "index",
+            ) from exc
+        except OSError as exc:
+            raise InputError("unreadable", f"cannot read {path}: {exc.strerror}") from exc
+        if not head:
+            raise InputError("empty", "file is empty (0 bytes)")
+        pages: int | None
+        if source.kind == "pdf":
+            converter, markdown, pages = self._convert_pdf(path, head)
+        elif source.kind in ("markdown", "html", "docx"):
+            converter, markdown, pages = self._convert_simple(path, source.kind, head)
+        else:
+            converter, markdown, pages = CONVERTER_TEXT, _read_text(path), None
+        if not markdown.strip():
+            raise InputError("no_text", _no_text_reason(source.kind, converter))
+        return Document(
+            doc_id=doc_id_for(source.file_path),
+            file_path=source.file_path,
+            source_sha256=source.sha256,
+            kind=source.kind,
+            converter=converter,
+            markdown=markdown,
+            num_pages=pages,
+            config_fingerprint=fingerprint,
+        )
+
+    def _convert_pdf(self, path: Path, head: bytes) -> tuple[str, str, int]:
+        if b"%PDF-" not in head[:1024]:
+            raise InputError("corrupt", "not a PDF: the %PDF- header is missing")
+        name = self.pdf_converter_name()
+        if name == CONVERTER_ACCURATE:
+            result = _run_docling(self._accurate_converter().convert, path)
+            doc = result.document
+            n_pages = len(doc.pages)
+            parts = []
+            for page_no in sorted(doc.pages):
+                parts.append(PAGE_MARKER.format(page=page_no))
+                parts.append(doc.export_to_markdown(page_no=page_no, **UNESCAPED))
+            return name, "\n\n".join(parts) + "\n", n_pages
+        result = _run_docling(self._fast_converter().convert, path)
+        lines: list[Line] = []
+        for page in result.pages:
+            parsed = page.parsed_page
+            if parsed is None or page.size is None:
+                continue
+            for cell in parsed.textline_cells:
+                if not cell.text.strip():
+                    continue
+                r = cell.rect
+                top = min(r.r_y0, r.r_y1, r.r_y2, r.r_y3)
+                bottom = max(r.r_y0, r.r_y1, r.r_y2, r.r_y3)
+                if r.coord_origin.value != "TOPLEFT":
+                    top, bottom = page.size.height - bottom, page.size.height - top
+                lines.append(
+                    Line(
+                        page=page.page_no,
+                        x0=min(r.r_x0, r.r_x1, r.r_x2, r.r_x3),
+                        x1=max(r.r_x0, r.r_x1, r.r_x2, r.r_x3),
+                        top=top,
+                        bottom=bottom,
+                        font=cell.font_name or "",
+                        text=cell.text,
+                        page_width=page.size.width,
+                        page_height=page.size.height,
+                    )
+                )
+        markdown, _ = lines_to_markdown(
+            lines,
+            size_ratio=self.config.heading_size_ratio,
+            max_heading_chars=self.config.max_heading_chars,
+        )
+        return CONVERTER_FAST, markdown, len(result.pages)
+
+    def _convert_simple(self, path: Path, kind: str, head: bytes) -> tuple[str, str, None]:
+        if kind in ("markdown", "html"):
+            _read_text(path)  # binary junk / non-UTF-8 fail here with a clear category
+        elif not head.startswith(b"PK"):
+            raise InputError("corrupt", "not a DOCX file: the zip header is missing")
+        result = _run_docling(self._simple_converter().convert, path)
+        return f"docling-simple-{kind}", result.document.export_to_markdown(**UNESCAPED), None
+
+
+def _no_text_reason(kind: str, converter: str) -> str:
+    if kind != "pdf":
+        return f"{converter} extracted no text"
+    return (
+        f"{converter} found no text layer: a scanned PDF? OCR needs convert.pdf_mode: accurate "
+        "with convert.do_ocr: true and Docling's OCR weights"
+    )
+
+
+def _run_docling(convert: Callable[..., Any], path: Path) -> Any:
+    from docling.datamodel.base_models import ConversionStatus
+    from docling.exceptions import ConversionError
+
+    try:
+        result = convert(path, raises_on_error=False)
+    except ConversionError as exc:
+        raise _classify(path, str(exc)) from exc
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise _classify(path, f"{type(exc).__name__}: {exc}") from exc
+    if result.status not in (ConversionStatus.SUCCESS, ConversionStatus.PARTIAL_SUCCESS):
+        messages = "; ".join(e.error_message for e in result.errors) or str(result.status)
+        raise _classify(path, messages)
+    if result.status == ConversionStatus.PARTIAL_SUCCESS:
+        logger.warning("%s converted partially: %s", path, [e.error_message for e in result.errors])
+    return result
+
+
+def _classify(path: Path, message: str) -> InputError:
+    """Turn a Docling failure into a failure category a user can act on."""
+    if path.suffix.lower() == ".pdf" and _is_encrypted_pdf(path):
+        return InputError(
+            "encrypted", "PDF is password-protected; decrypt it (e.g. qpdf --decrypt)"
+        )
+    first = message.strip().splitlines()[0] if message.strip() else "conversion failed"
+    return InputError("corrupt", f"Docling could not convert the file: {first[:300]}")
+
+
+def _is_encrypted_pdf(path: Path) -> bool:
+    try:
+        import pypdfium2
+    except ImportError:  # pragma: no cover - a docling dependency
+        return False
+    try:
+        pypdfium2.PdfDocument(str(path)).close()
+    except pypdfium2.PdfiumError as exc:
+        return "password" in str(exc).lower()
+    return False
+
+
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    if b"\x00" in data[:8192]:
+        raise InputError("binary", "file holds binary data (NUL bytes), not text")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            "encoding",
+            f"not valid UTF-8 at byte {exc.start}; re-encode the file as UTF-8 "
+            "(e.g. iconv -f latin1 -t utf-8)",
+        ) from exc
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+# -- convert -------------------------------------------------------------------------
+
+
+def _cache_key(source: SourceFile, config_fp: str) -> str:
+    raw = f"{source.file_path}\x1f{source.sha256}\x1f{config_fp}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+def _convert_fingerprint(converter: Converter) -> str:
+    # auto mode resolves to the converter actually available; it is part of the key.
+    resolved = converter.pdf_converter_name()
+    return checkpoint.combine_fingerprints(
+        [fingerprint(converter.config, CONVERT_VERSION), resolved]
+    )
+
+
+def convert_batches(
+    config: RagpipeConfig, planned: runner.StageSummary, size: int
+) -> list[list[SourceFile]]:
+    """The planned files not converted yet, in batches of ``size`` (for fan-out)."""
+    sources = checkpoint.read_records(
+        runner.stage_dir(config, planned.stage) / "files.parquet", SourceFile
+    )
+    cache_dir = runner.stage_dir(config, "convert") / "cache"
+    config_fp = _convert_fingerprint(Converter(config.convert))
+    todo = [s for s in sources if not (cache_dir / f"{_cache_key(s, config_fp)}.parquet").is_file()]
+    return [todo[i : i + size] for i in range(0, len(todo), size)]
+
+
+def convert_batch(config: RagpipeConfig, sources: Sequence[SourceFile]) -> int:
+    """Convert ``sources`` into the per-document cache; returns how many were converted.
+
+    Run in parallel (one batch per worker) before ``run_convert``, which then
+    finds them cached. A file that fails here is left to ``run_convert``,
+    which records its failure row.
+    """
+    converter = Converter(config.convert)
+    config_fp = _convert_fingerprint(converter)
+    cache_dir = runner.stage_dir(config, "convert") / "cache"
+    converted = 0
+    for source in sources:
+        cached = cache_dir / f"{_cache_key(source, config_fp)}.parquet"
+        if cached.is_file():
+            continue
+        try:
+            doc = converter.convert(source, config_fp)
+        except (InputError, StageError):
+            continue
+        checkpoint.write_records(cached, [doc], Document)
+        converted += 1
+    return converted
+
+
+def run_convert(config: RagpipeConfig, discovered: runner.StageSummary) -> runner.StageSummary:
+    """Convert every discovered file, reusing per-document cache entries."""
+    started = time.perf_counter()
+    here = runner.stage_dir(config, "convert")
+    converter = Converter(config.convert)
+    config_fp = _convert_fingerprint(converter)
+    plan_id = discovered.plan_id
+    reused = runner.reuse_stage(here, "convert", config_fp, discovered.output_fingerprint, plan_id)
+    if reused:
+        reused.counts = {
+            **reused.counts,
+            "converted": 0,
+            "skipped_unchanged": reused.counts["documents"],
+        }
+        return reused
+    # The files to convert: the plan's (only new and changed files) or discover's (all).
+    sources = runner.read_input(config, discovered, "files.parquet", SourceFile)
+    cache_dir = here / "cache"
+    stats: Counter[str] = Counter()
+
+    def convert_one(source: SourceFile) -> Document:
+        cached = cache_dir / f"{_cache_key(source, config_fp)}.parquet"
+        if cached.is_file():
+            try:
+                (doc,) = checkpoint.read_records(cached, Document)
+                stats["skipped_unchanged"] += 1
+                return doc
+            except (StageError, ValueError):
+                logger.warning("convert cache entry %s unreadable; converting again", cached)
+        doc = converter.convert(source, config_fp)
+        checkpoint.write_records(cached, [doc], Document)  # durable before counted done
+        stats["converted"] += 1
+        return doc
+
+    docs, failures = runner.per_document(
+        "convert", sources, convert_one, lambda s: (s.file_path, s.sha256)
+    )
+    _prune_cache(cache_dir, {_cache_key(s, config_fp) for s in sources})
+    counts = {
+        "documents": len(docs),
+        "converted": stats["converted"],
+        "skipped_unchanged": stats["skipped_unchanged"],
+        "failed": len(failures),
+        **{f"converter:{k}": v for k, v in Counter(d.converter for d in docs).items()},
+    }
+    return runner.finish_stage(
+        here,
+        "convert",
+        config_fp,
+        discovered.output_fingerprint,
+        {"documents": (docs, Document), "failures": (failures, Failure)},
+        counts,
+        started,
+        plan_id,
+    )
+
+
+def _prune_cache(cache_dir: Path, keep: set[str]) -> None:
+    """Drop cache entries of files that no longer exist or changed."""
+    if not cache_dir.is_dir():
+        return
+    for entry in cache_dir.glob("*.parquet"):
+        if entry.stem not in keep:
+            entry.unlink(missing_ok=True)

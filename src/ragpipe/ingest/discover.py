@@ -1,0 +1,437 @@
+"""Find the files to ingest under one or more roots, and hash them."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
+
+from ragpipe import checkpoint
+from ragpipe.config import DiscoverConfig, RagpipeConfig, fingerprint
+from ragpipe.ingest import runner
+from ragpipe.ingest.fetch import run_fetch
+from ragpipe.schemas import Failure, Skip, SourceFile
+
+logger = logging.getLogger(__name__)
+
+STAGE = "discover"
+KINDS = {
+    "pdf": "pdf",
+    "md": "markdown",
+    "markdown": "markdown",
+    "html": "html",
+    "htm": "html",
+    "docx": "docx",
+    "txt": "text",
+}
+
+
+@dataclass
+class DiscoverResult:
+    """Everything discover saw: files to ingest, failures, deliberate skips."""
+
+    files: list[SourceFile] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    skipped: list[Skip] = field(default_factory=list)
+
+
+@lru_cache(maxsize=256)
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """Translate a glob where ``**`` spans directories and ``*`` does not."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[":
+            end = pattern.find("]", i + 1)
+            if end == -1:
+                out.append(re.escape(pattern[i]))
+                i += 1
+            else:
+                out.append(fnmatch.translate(pattern[i : end + 1])[4:-3])
+                i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def is_ignored(rel_path: str, patterns: list[str]) -> bool:
+    """Whether a root-relative POSIX path matches any ignore glob.
+
+    ``dir/**`` matches everything below ``dir`` (and ``dir`` itself);
+    ``**/name`` matches ``name`` at any depth; a pattern without a slash
+    matches the file name at any depth (like ``.gitignore``).
+    """
+    return IgnoreRules(patterns).ignores(rel_path)
+
+
+def _any_of(regexes: list[re.Pattern[str]]) -> re.Pattern[str] | None:
+    return re.compile("|".join(f"(?:{r.pattern})" for r in regexes)) if regexes else None
+
+
+class IgnoreRules:
+    """Ignore globs compiled once per discovery: one regex per kind of match."""
+
+    def __init__(self, patterns: list[str]) -> None:
+        paths, names, dirs = [], [], []
+        for pattern in patterns:
+            pat = pattern.strip().lstrip("/")
+            if not pat:
+                continue
+            paths.append(_glob_regex(pat))
+            if "/" not in pat:
+                names.append(_glob_regex(pat))
+            if pat.endswith("/**"):
+                dirs.append(_glob_regex(pat[:-3]))
+        self._path = _any_of(paths)
+        self._name = _any_of(names)
+        self._dir = _any_of(dirs)
+
+    def ignores(self, rel_path: str) -> bool:
+        """Whether the file (or link) at ``rel_path`` is ignored."""
+        if self._path is not None and self._path.match(rel_path):
+            return True
+        if self._name is not None and self._name.match(rel_path.rpartition("/")[2]):
+            return True
+        return self.prunes(rel_path)
+
+    def prunes(self, rel_dir: str) -> bool:
+        """Whether everything below the directory ``rel_dir`` is ignored (skip walking it)."""
+        return self._dir is not None and self._dir.match(rel_dir) is not None
+
+
+def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
+    """SHA-256 hex digest of a file's bytes, streamed."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(chunk_size):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# Kinds whose lines are checked against discover.max_line_bytes (HTML is often minified).
+LINE_CHECKED = frozenset({"markdown", "text"})
+
+
+def _digest_and_longest_line(fh: BinaryIO, chunk_size: int = 1 << 20) -> tuple[str, int]:
+    """SHA-256 of the rest of ``fh`` and the length of its longest line, in one pass."""
+    digest = hashlib.sha256()
+    longest = run = 0
+    while block := fh.read(chunk_size):
+        digest.update(block)
+        first, _, rest = block.partition(b"\n")
+        if not _:  # no newline in this block: the current line goes on
+            run += len(block)
+            continue
+        longest = max(longest, run + len(first))
+        last_nl = rest.rfind(b"\n")
+        if last_nl >= 0:
+            longest = max(longest, max(map(len, rest[:last_nl].split(b"\n"))))
+            run = len(rest) - last_nl - 1
+        else:
+            run = len(rest)
+    return digest.hexdigest(), max(longest, run)
+
+
+def kind_of(path: str | os.PathLike[str], text_extensions: list[str]) -> str | None:
+    """Document kind by extension, or None when the type is not ingested."""
+    name = os.fspath(path).rpartition("/")[2].lstrip(".")  # ".bashrc" has no extension
+    ext = name.rpartition(".")[2].lower() if "." in name else ""
+    if ext in KINDS:
+        return KINDS[ext]
+    if ext in text_extensions:
+        return "text"
+    return None
+
+
+def _walk(
+    root: str, rules: IgnoreRules, follow: bool, on_error: Callable[[OSError], None]
+) -> Iterator[tuple[os.DirEntry[str], str]]:
+    """Depth-first, name-sorted: (entry, root-relative path) of everything but directories.
+
+    Symbolic links to directories are yielded (not entered) unless ``follow``;
+    followed directories already visited (a link loop) are not entered again.
+    Directories an ignore glob covers entirely are not entered at all.
+    """
+    seen_dirs: set[tuple[int, int]] = set()
+    stack = [(root, "")]
+    while stack:
+        dirpath, rel_dir = stack.pop()
+        if follow:
+            try:
+                st = os.stat(dirpath)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in seen_dirs:
+                continue
+            seen_dirs.add((st.st_dev, st.st_ino))
+        try:
+            with os.scandir(dirpath) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            on_error(exc)
+            continue
+        subdirs = []
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            try:
+                is_dir = entry.is_dir(follow_symlinks=follow)
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                yield entry, rel
+            elif not rules.prunes(rel):
+                subdirs.append((entry.path, rel))
+        stack.extend(reversed(subdirs))
+
+
+def discover(
+    config: DiscoverConfig,
+    roots: list[Path] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> DiscoverResult:
+    """Walk the roots, keep ingestible files, hash them.
+
+    Args:
+        config: Discovery settings.
+        roots: Overrides ``config.roots`` (e.g. paths given on the CLI).
+        progress: Called with 1 for each file hashed.
+
+    Returns:
+        Files sorted by ``file_path``, de-duplicated by real path (first root
+        wins), plus failure rows (unreadable, too large, broken link) and
+        skips (symlinks when not followed, unsupported types).
+    """
+    result = DiscoverResult()
+    seen_real: set[str] = set()
+    rules = IgnoreRules(config.ignore)
+    for root in roots or config.roots:
+        root_label = PurePosixPath(os.path.normpath(root).replace(os.sep, "/")).as_posix()
+        if not root.exists():
+            result.failures.append(
+                Failure(root_label, STAGE, "missing_root", f"root {root} does not exist")
+            )
+            continue
+        if root.is_file():
+            if not rules.ignores(root.name):
+                real = os.path.realpath(root)
+                _consider(
+                    str(root), root_label, root_label, real, config, result, seen_real, progress
+                )
+            continue
+
+        def on_error(exc: OSError, label: str = root_label) -> None:
+            result.failures.append(
+                Failure(exc.filename or label, STAGE, "unreadable", exc.strerror or str(exc))
+            )
+
+        # Without following links every directory below the root is a real one.
+        real_root = os.path.realpath(root)
+        follow = config.follow_symlinks
+        prefix = f"{root_label}/" if root_label != "." else ""
+        for entry, rel in _walk(str(root), rules, follow, on_error):
+            if rules.ignores(rel):
+                continue
+            file_path = prefix + rel
+            if not _is_utf8(file_path):
+                result.failures.append(_bad_name(file_path))
+                continue
+            if entry.is_symlink():
+                if not follow:
+                    result.skipped.append(
+                        Skip(file_path, "symlink", "discover.follow_symlinks is off")
+                    )
+                    continue
+                if not os.path.exists(entry.path):
+                    target = os.readlink(entry.path)
+                    result.failures.append(
+                        Failure(file_path, STAGE, "broken_link", f"symlink target {target} missing")
+                    )
+                    continue
+                if os.path.isdir(entry.path):
+                    continue  # a link to a directory already walked (a loop)
+            # Only regular files are opened: a FIFO or device would block or never end.
+            # (For a plain entry the type comes from the directory listing: no stat call.)
+            if not entry.is_file():
+                result.skipped.append(Skip(file_path, "not_a_file", "not a regular file"))
+                continue
+            real = os.path.realpath(entry.path) if follow else f"{real_root}/{rel}"
+            _consider(entry.path, file_path, root_label, real, config, result, seen_real, progress)
+    result.files.sort(key=lambda f: f.file_path)
+    if config.dedupe_content:
+        skip_duplicate_content(result)
+    logger.info(
+        "discover: %d files, %d failed, %d skipped",
+        len(result.files),
+        len(result.failures),
+        len(result.skipped),
+    )
+    return result
+
+
+def _is_utf8(path: str) -> bool:
+    """False for a name whose bytes are not UTF-8 (Python keeps them as lone surrogates)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _bad_name(path: str) -> Failure:
+    """A failure row for a file whose name is not UTF-8, named so that it can be stored."""
+    raw = os.fsencode(path)
+    shown = raw.decode("utf-8", "backslashreplace")
+    return Failure(
+        shown,
+        STAGE,
+        "bad_name",
+        f"the file name is not valid UTF-8 (bytes {raw!r}); paths are stored as UTF-8, so "
+        "rename it, e.g. `convmv -f latin1 -t utf-8 --notest FILE`",
+    )
+
+
+def skip_duplicate_content(result: DiscoverResult) -> None:
+    """Keep the first file (in path order) of each content; skip the other copies.
+
+    ``result.files`` must be sorted by ``file_path``.
+    """
+    first: dict[str, str] = {}
+    kept: list[SourceFile] = []
+    for f in result.files:
+        original = first.setdefault(f.sha256, f.file_path) if f.size_bytes else f.file_path
+        if original == f.file_path:
+            kept.append(f)
+        else:
+            result.skipped.append(
+                Skip(f.file_path, "duplicate_content", f"same bytes as {original}")
+            )
+    result.files = kept
+
+
+def _consider(
+    path: str,
+    file_path: str,
+    root_label: str,
+    real: str,
+    config: DiscoverConfig,
+    result: DiscoverResult,
+    seen_real: set[str],
+    progress: Callable[[int], None] | None,
+) -> None:
+    """Hash one file (``real``: its resolved path, for de-duplication across roots)."""
+    kind = kind_of(path, config.text_extensions)
+    if kind is None:
+        ext = os.path.splitext(path)[1]
+        result.skipped.append(Skip(file_path, "unsupported_type", ext or "no extension"))
+        return
+    if real in seen_real:
+        return
+    seen_real.add(real)
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > config.max_file_bytes:
+                result.failures.append(
+                    Failure(
+                        file_path,
+                        STAGE,
+                        "too_large",
+                        f"{size} bytes exceeds discover.max_file_bytes={config.max_file_bytes}",
+                    )
+                )
+                return
+            if kind in LINE_CHECKED and config.max_line_bytes:
+                digest, longest = _digest_and_longest_line(fh)
+                if longest > config.max_line_bytes:
+                    result.failures.append(
+                        Failure(
+                            file_path,
+                            STAGE,
+                            "long_line",
+                            f"a line of {longest} bytes (discover.max_line_bytes="
+                            f"{config.max_line_bytes}): minified or generated data, not text to "
+                            "search? Raise discover.max_line_bytes (0: no limit) to index it "
+                            "anyway, or add it to discover.ignore.",
+                            digest,
+                        )
+                    )
+                    return
+            else:
+                digest = hashlib.file_digest(fh, "sha256").hexdigest()
+    except OSError as exc:
+        result.failures.append(Failure(file_path, STAGE, "unreadable", exc.strerror or str(exc)))
+        return
+    result.files.append(SourceFile(file_path, real, root_label, kind, size, digest))
+    if progress is not None:
+        progress(1)
+
+
+# -- discover ------------------------------------------------------------------------
+
+
+def run_discover(config: RagpipeConfig, roots: list[Path] | None = None) -> runner.StageSummary:
+    """Find and hash files, fetch web pages; always runs (it is how changes are seen)."""
+    started = time.perf_counter()
+    here = runner.stage_dir(config, "discover")
+    stale = checkpoint.remove_stale_temps(config.paths.work_dir)
+    if stale:
+        logger.warning("removed %d temp files left by an interrupted run", stale)
+    result = discover(config.discover, roots)
+    web = run_fetch(config)
+    result.failures.extend(web.failures)
+    result.skipped.extend(web.skipped)
+    if web.files:
+        result.files = sorted([*result.files, *web.files], key=lambda f: f.file_path)
+        if config.discover.dedupe_content:  # a page redirected to another listed page
+            skip_duplicate_content(result)
+    roots_used = [str(r) for r in (roots or config.discover.roots)]
+    config_fp = checkpoint.combine_fingerprints(
+        [fingerprint(config.discover, "1"), json.dumps(roots_used)]
+    )
+    counts = {
+        "seen": len(result.files),
+        "failed": len(result.failures),
+        "skipped": len(result.skipped),
+    }
+    if web.requests or web.pages:
+        counts |= {
+            "pages": len(web.files),
+            "pages_not_modified": web.not_modified,
+            "pages_downloaded": web.downloaded,
+            "requests": web.requests,
+        }
+    return runner.finish_stage(
+        here,
+        "discover",
+        config_fp,
+        "",
+        {
+            "files": (result.files, SourceFile),
+            "failures": (result.failures, Failure),
+            "skipped": (result.skipped, Skip),
+        },
+        counts,
+        started,
+    )

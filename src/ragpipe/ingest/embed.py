@@ -1,0 +1,289 @@
+"""The embed stage: dense vectors (and BM25 terms) of the chunks to write.
+
+Chunks are embedded in parts of ``PART_SIZE``, each written durably before
+the next, so a crash resumes with the parts already done. A chunk whose text
+is already indexed for another file can be skipped (``index.dedupe_chunks``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ragpipe import checkpoint
+from ragpipe.config import RagpipeConfig
+from ragpipe.ingest import runner
+from ragpipe.ingest.chunk import TokenCounter
+from ragpipe.ingest.plan import index_fingerprint, point_id
+from ragpipe.models.embedders import (
+    Embedder,
+    contextual_text,
+    embedder_name,
+    fit_context,
+    make_embedder,
+)
+from ragpipe.progress import reporter
+from ragpipe.schemas import Chunk
+from ragpipe.store import SparseEncoder, open_store
+
+logger = logging.getLogger(__name__)
+
+
+PART_SIZE = 1024  # chunks embedded between two durable parts
+
+
+# -- embed ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EmbeddingRow:
+    """One chunk's vectors as checkpointed by *embed*.
+
+    ``prefix`` is the contextual prefix the dense vector was computed with;
+    the BM25 term weights are over the same prefixed text.
+    """
+
+    chunk_id: str
+    point_id: str
+    prefix: str
+    vector: npt.NDArray[np.float32]
+    sparse_indices: list[int]
+    sparse_values: list[float]
+
+
+def embeddings_table(rows: Sequence[EmbeddingRow], dim: int, index_fp: str) -> pa.Table:
+    """Arrow table of embedding rows: vectors as fixed-size float32 lists."""
+    flat = (
+        np.concatenate([r.vector for r in rows]).astype(np.float32)
+        if rows
+        else np.zeros(0, np.float32)
+    )
+    table = pa.table(
+        {
+            "chunk_id": pa.array([r.chunk_id for r in rows], pa.string()),
+            "point_id": pa.array([r.point_id for r in rows], pa.string()),
+            "prefix": pa.array([r.prefix for r in rows], pa.string()),
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), dim),
+            "sparse_indices": pa.array([r.sparse_indices for r in rows], pa.list_(pa.uint32())),
+            "sparse_values": pa.array([r.sparse_values for r in rows], pa.list_(pa.float32())),
+        }
+    )
+    return table.replace_schema_metadata({"index_fingerprint": index_fp, "dim": str(dim)})
+
+
+def read_embeddings(path: Path, index_fp: str | None = None) -> dict[str, EmbeddingRow]:
+    """chunk_id -> row; {} when absent, unreadable or written under another fingerprint."""
+    if not path.is_file():
+        return {}
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        logger.warning("ignoring unreadable embeddings %s: %s", path, exc)
+        return {}
+    meta = table.schema.metadata or {}
+    if index_fp is not None and meta.get(b"index_fingerprint", b"").decode() != index_fp:
+        return {}
+    if "sparse_indices" not in table.column_names or not table.num_rows:
+        return {}
+    dim = int(meta[b"dim"])
+    flat = table.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    matrix = flat.reshape(-1, dim).astype(np.float32)
+    columns = [
+        table.column(name).to_pylist()
+        for name in ("chunk_id", "point_id", "prefix", "sparse_indices", "sparse_values")
+    ]
+    return {
+        cid: EmbeddingRow(cid, pid, prefix, matrix[i], indices, values)
+        for i, (cid, pid, prefix, indices, values) in enumerate(zip(*columns, strict=True))
+    }
+
+
+def _texts_to_embed(
+    chunks: Sequence[Chunk], config: RagpipeConfig, embedder: Embedder
+) -> tuple[list[str], list[str], Counter[str]]:
+    """Texts for the model and the prefix each carries (the raw text is stored)."""
+    stats: Counter[str] = Counter()
+    if not config.embed.contextual_prefix:
+        return [c.text for c in chunks], ["" for _ in chunks], stats
+    counter = TokenCounter(config.chunk.tokenizer)
+    texts = [contextual_text(c.heading_path, c.text) for c in chunks]
+    counts = counter.count_many(texts)
+    for i, (chunk, tokens) in enumerate(zip(chunks, counts, strict=True)):
+        if tokens > embedder.max_tokens:
+            texts[i], trimmed = fit_context(
+                chunk.heading_path, chunk.text, embedder.max_tokens, counter
+            )
+            stats["prefix_trimmed"] += int(trimmed)
+    prefixes = [
+        t[: len(t) - len(c.text)].removesuffix("\n") for t, c in zip(texts, chunks, strict=True)
+    ]
+    return texts, prefixes, stats
+
+
+def _embedding_rows(
+    chunks: Sequence[Chunk],
+    texts: Sequence[str],
+    prefixes: Sequence[str],
+    embedder: Embedder,
+    sparse: SparseEncoder,
+    index_fp: str,
+) -> list[EmbeddingRow]:
+    vectors = embedder.embed_documents(list(texts))
+    rows = []
+    for row, (chunk, text, prefix) in enumerate(zip(chunks, texts, prefixes, strict=True)):
+        indices, values = sparse.document(text)
+        pid = point_id(chunk.file_path, chunk.source_sha256, index_fp, chunk.chunk_index)
+        rows.append(EmbeddingRow(chunk.chunk_id, pid, prefix, vectors[row], indices, values))
+    return rows
+
+
+def _done_ids(config: RagpipeConfig, index_fp: str) -> set[str]:
+    here = runner.stage_dir(config, "embed")
+    done = set(read_embeddings(here / "embeddings.parquet", index_fp))
+    for part in sorted((here / "parts").glob(f"{index_fp}-*.parquet")):
+        done.update(read_embeddings(part, index_fp))
+    return done
+
+
+def embed_batches(config: RagpipeConfig, size: int) -> list[list[Chunk]]:
+    """The chunked chunks without vectors yet, in batches of ``size`` (for fan-out)."""
+    chunks = checkpoint.read_records(runner.stage_dir(config, "chunk") / "chunks.parquet", Chunk)
+    done = _done_ids(config, index_fingerprint(config))
+    todo = [c for c in chunks if c.chunk_id not in done]
+    return [todo[i : i + size] for i in range(0, len(todo), size)]
+
+
+def embed_batch(config: RagpipeConfig, chunks: Sequence[Chunk]) -> int:
+    """Embed ``chunks`` into a durable part; ``run_embed`` then reuses the vectors.
+
+    Run in parallel (one batch per worker) before ``run_embed``. The part's
+    name is derived from its chunks, so a batch re-run overwrites itself.
+    """
+    if not chunks:
+        return 0
+    index_fp = index_fingerprint(config)
+    embedder = make_embedder(config.embed)
+    texts, prefixes, _ = _texts_to_embed(list(chunks), config, embedder)
+    rows = _embedding_rows(chunks, texts, prefixes, embedder, SparseEncoder(), index_fp)
+    key = hashlib.sha256("\n".join(c.chunk_id for c in chunks).encode()).hexdigest()[:12]
+    part = runner.stage_dir(config, "embed") / "parts" / f"{index_fp}-batch-{key}.parquet"
+    checkpoint.write_table(part, embeddings_table(rows, embedder.dim, index_fp))
+    return len(rows)
+
+
+def run_embed(config: RagpipeConfig, chunked: runner.StageSummary) -> runner.StageSummary:
+    """Embed every chunk; vectors are saved in parts so a crash does not re-embed."""
+    started = time.perf_counter()
+    here = runner.stage_dir(config, "embed")
+    index_fp = index_fingerprint(config)
+    plan_id = chunked.plan_id
+    reused = runner.reuse_stage(here, "embed", index_fp, chunked.output_fingerprint, plan_id)
+    if reused:  # this run embedded nothing: every vector comes from the checkpoint
+        n_kept = reused.counts["chunks"] - reused.counts["duplicates_skipped"]
+        reused.counts = {**reused.counts, "embedded": 0, "reused": n_kept, "prefix_trimmed": 0}
+        return reused
+    chunks = runner.read_input(config, chunked, "chunks.parquet", Chunk)
+    kept, duplicates = chunks, 0
+    if config.embed.dedupe_chunks:
+        kept, duplicates = _dedupe(chunks, _indexed_text_shas(config, chunks))
+
+    # Vectors already computed under this fingerprint: the last finished run, then parts.
+    parts_dir = here / "parts"
+    done = read_embeddings(here / "embeddings.parquet", index_fp)
+    for part in sorted(parts_dir.glob(f"{index_fp}-*.parquet")):
+        done.update(read_embeddings(part, index_fp))
+    todo = [c for c in kept if c.chunk_id not in done]
+    reused_n = len(kept) - len(todo)
+    stats: Counter[str] = Counter()
+    dim = 0
+    if todo:
+        embedder = make_embedder(config.embed)
+        dim = embedder.dim
+        sparse = SparseEncoder()
+        texts, prefixes, stats = _texts_to_embed(todo, config, embedder)
+        progress = reporter()
+        progress.start("embed", len(todo))
+        if hasattr(embedder, "progress"):
+            embedder.progress = progress.advance
+        try:
+            order = sorted(range(len(todo)), key=lambda i: -len(texts[i]))
+            seq = len(list(parts_dir.glob(f"{index_fp}-*.parquet")))
+            for start in range(0, len(order), PART_SIZE):
+                group = order[start : start + PART_SIZE]
+                rows = _embedding_rows(
+                    [todo[i] for i in group], [texts[i] for i in group],
+                    [prefixes[i] for i in group], embedder, sparse, index_fp,
+                )  # fmt: skip
+                done.update((r.chunk_id, r) for r in rows)
+                part = parts_dir / f"{index_fp}-{seq:05d}.parquet"
+                checkpoint.write_table(part, embeddings_table(rows, dim, index_fp))
+                seq += 1
+        finally:
+            progress.finish()
+    elif done:
+        dim = len(next(iter(done.values())).vector)
+    final = [done[c.chunk_id] for c in kept]
+    digest = checkpoint.write_table(
+        here / "embeddings.parquet", embeddings_table(final, dim or 1, index_fp)
+    )
+    manifest = checkpoint.Manifest(
+        "embed",
+        index_fp,
+        chunked.output_fingerprint,
+        {"embeddings.parquet": digest},
+        {
+            "chunks": len(chunks),
+            "embedded": len(todo),
+            "reused": reused_n,
+            "duplicates_skipped": duplicates,
+            "prefix_trimmed": stats["prefix_trimmed"],
+            "dim": dim,
+        },
+        plan_id=plan_id,
+    )
+    checkpoint.write_manifest(here, manifest)
+    for part in parts_dir.glob("*.parquet"):  # folded into embeddings.parquet
+        part.unlink(missing_ok=True)
+    seconds = time.perf_counter() - started
+    logger.info("embed: %d embedded, %d reused in %.1fs", len(todo), reused_n, seconds)
+    return runner.StageSummary(
+        "embed", manifest.output_fingerprint, manifest.counts, seconds=seconds, plan_id=plan_id
+    )
+
+
+def _indexed_text_shas(config: RagpipeConfig, chunks: Sequence[Chunk]) -> set[str]:
+    """Text SHA-256s already indexed for files other than the ones being re-indexed."""
+    store = open_store(config.store, embedder_name(config.embed), None)
+    if store is None:
+        return set()
+    redone = {c.file_path for c in chunks}
+    try:
+        return {
+            str(hit.payload.get("text_sha"))
+            for hit in store.scroll(fields=["file_path", "text_sha"])
+            if hit.payload.get("file_path") not in redone
+        }
+    finally:
+        store.close()
+
+
+def _dedupe(chunks: Sequence[Chunk], indexed: set[str]) -> tuple[list[Chunk], int]:
+    """First chunk per text SHA-256 (in file, then chunk order), skipping indexed texts."""
+    seen: set[str] = set(indexed)
+    kept: list[Chunk] = []
+    for chunk in sorted(chunks, key=lambda c: (c.file_path, c.chunk_index)):
+        if chunk.text_sha256 in seen:
+            continue
+        seen.add(chunk.text_sha256)
+        kept.append(chunk)
+    return kept, len(chunks) - len(kept)

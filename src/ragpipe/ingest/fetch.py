@@ -1,0 +1,71 @@
+"""The fetch stage: web pages of discover.urls and discover.sitemaps, fetched into the
+work dir (the fetching itself is ``ragpipe.web``)."""
+
+from __future__ import annotations
+
+import logging
+
+from ragpipe import checkpoint
+from ragpipe.config import RagpipeConfig
+from ragpipe.errors import StageError
+from ragpipe.ingest.runner import stage_dir
+from ragpipe.progress import reporter
+from ragpipe.schemas import WebPage
+from ragpipe.web.fetch import GONE_CATEGORIES, FetchResult, fetch_pages, prune_bodies
+
+logger = logging.getLogger(__name__)
+
+
+def web_pages(config: RagpipeConfig) -> list[WebPage]:
+    """The fetch state: what the last run fetched of each web page ([] when none)."""
+    path = stage_dir(config, "fetch") / "pages.parquet"
+    if not path.is_file():
+        return []
+    try:
+        return checkpoint.read_records(path, WebPage)
+    except (StageError, ValueError) as exc:
+        logger.warning("fetch state %s unreadable (%s); fetching every page in full", path, exc)
+        return []
+
+
+def run_fetch(config: RagpipeConfig) -> FetchResult:
+    """Fetch ``discover.urls`` and ``discover.sitemaps``, then save the fetch state.
+
+    The state is written after every body it names (bodies are written as
+    they arrive), so it never points at a body that is not on disk.
+    """
+    here = stage_dir(config, "fetch")
+    previous = web_pages(config)
+    if not (config.discover.urls or config.discover.sitemaps):
+        if previous:  # URL sources were removed from the config: forget them
+            checkpoint.write_records(here / "pages.parquet", [], WebPage)
+            prune_bodies(here / "bodies", [])
+        return FetchResult()
+    progress = reporter()
+    started: list[int] = []  # the page count is known once the sitemaps are read
+
+    def start(total: int) -> None:
+        started.append(total)
+        progress.start("fetch", total)
+
+    try:
+        result = fetch_pages(
+            config.fetch,
+            config.discover.urls,
+            config.discover.sitemaps,
+            here / "bodies",
+            previous,
+            progress=progress.advance,
+            on_total=start,
+        )
+    finally:
+        if started:
+            progress.finish()
+    # Pages that failed this time keep their last state: the next run asks conditionally.
+    failed = {f.file_path for f in result.failures if f.category not in GONE_CATEGORIES}
+    failed -= {p.url for p in result.pages}
+    kept = [p for p in previous if p.url in failed]
+    pages = sorted([*result.pages, *kept], key=lambda p: p.url)
+    checkpoint.write_records(here / "pages.parquet", pages, WebPage)
+    prune_bodies(here / "bodies", pages)
+    return result

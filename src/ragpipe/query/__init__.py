@@ -1,0 +1,1 @@
+"""The query side: retrieval (dense, BM25, fusion, rerank) and grounded generation."""

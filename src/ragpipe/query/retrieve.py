@@ -1,0 +1,464 @@
+"""The query side: candidates from the store, fusion, rerank, diversity, filters.
+
+One ``Retriever`` per run holds the open store, the embedder and, when asked
+for, the cross-encoder, the client-side BM25 index and the LLM. Every knob is
+a field of ``RetrieveConfig`` so the eval flows can replay a golden set
+through exactly this stack with other settings.
+
+Order of work for one query::
+
+    query cut to the embedder's window
+    query + its sentences ─┬─ dense (HyDE-adjusted vector, cosine floor, blended with the
+                           │        cosine of the chunk's document lead: doc_weight)
+                           ├─ sparse (BM25 in Qdrant, or rank-bm25 here)
+                           └─ hybrid = convex / DBSF / RRF of both legs (in Qdrant or here)
+    best score per chunk over the searches → quoted-phrase boost → rerank
+    (cross-encoder over top_k × candidate_mul) → MMR → top_k → LLM filter
+
+Scores are comparable only within one stage; each hit keeps every stage's
+score in ``scores`` so reports can show where a chunk rose or fell.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ragpipe.config import (
+    HydeMode,
+    RagpipeConfig,
+    RetrievalMode,
+    RetrieveConfig,
+    SparseEngine,
+)
+from ragpipe.errors import ConfigError, StageError
+from ragpipe.models.embedders import Embedder, embedder_name, make_embedder, normalise
+from ragpipe.query.fusion import (
+    boost_exact,
+    exact_phrases,
+    fuse,
+    mmr_select,
+)
+from ragpipe.query.lexical import _WORD, ClientBM25
+from ragpipe.query.rerank import Reranker
+from ragpipe.query.results import RetrievalResult, Retrieved, ranked
+from ragpipe.store import Hit, VectorStore, Where, open_reader
+from ragpipe.store.published import describe
+
+logger = logging.getLogger(__name__)
+
+
+if TYPE_CHECKING:
+    from ragpipe.models.llm import LLM
+
+
+MIN_FRAGMENT_WORDS = 3
+
+
+# Characters of query text kept per token of the embedder's window: word-pieces
+# average about 4 characters in English; 6 leaves room, so only a query far past
+# the window is cut (the model would truncate it anyway).
+QUERY_CHARS_PER_TOKEN = 6
+
+
+QUERY_CACHE_SIZE = 4096
+
+
+# -- pure pieces (tested on their own) -----------------------------------------------
+
+
+def split_fragments(query: str, max_fragments: int = 8) -> list[str]:
+    """The query's sentences worth searching on their own, or ``[]`` for a single sentence.
+
+    Splits only at sentence ends (nupunkt, the chunker's sentence splitter), so
+    ``__init__.py``, ``e.g.``, ``Dr.`` and ``5.0`` never cut a query. Fragments
+    under three words are dropped, duplicates (case-insensitive) kept once, and
+    at most ``max_fragments`` are returned: the longest, in query order.
+    """
+    import nupunkt
+
+    seen: set[str] = set()
+    parts: list[str] = []
+    for start, end in nupunkt.sent_spans(query):
+        part = " ".join(query[start:end].split())
+        if len(_WORD.findall(part)) < MIN_FRAGMENT_WORDS or part.lower() in seen:
+            continue
+        seen.add(part.lower())
+        parts.append(part)
+    if len(parts) < 2:
+        return []
+    keep = set(sorted(range(len(parts)), key=lambda i: (-len(parts[i]), i))[:max_fragments])
+    return [p for i, p in enumerate(parts) if i in keep]
+
+
+def cut_query(query: str, max_chars: int) -> str:
+    """The query cut at a word boundary to at most ``max_chars`` characters."""
+    if len(query) <= max_chars:
+        return query
+    cut = query[:max_chars]
+    space = cut.rfind(" ")
+    return cut[:space] if space > max_chars // 2 else cut
+
+
+HYDE_TEMPLATES = [
+    "Write a short passage from technical documentation that answers the question.\n"
+    "Question: {query}\nPassage:",
+    "Write the answer to this FAQ entry in two or three sentences.\nQ: {query}\nA:",
+    "Write the paragraph of a user manual that explains this.\nTopic: {query}\nParagraph:",
+]
+
+
+FILTER_PROMPT = """Rate how useful each numbered passage is for answering the question.
+Reply with JSON only: {{"scores": [s1, s2, ...]}}, one number from 0 (useless) to 1 (answers it)
+per passage, in passage order.
+
+Question: {query}
+
+{passages}"""
+
+
+# -- the retriever -------------------------------------------------------------------
+
+
+class Retriever:
+    """Runs queries against the index with one configuration (overridable per call)."""
+
+    def __init__(
+        self,
+        config: RagpipeConfig,
+        embedder: Embedder | None = None,
+        store: VectorStore | None = None,
+        llm: LLM | None = None,
+    ) -> None:
+        self.config = config
+        self.embedder = embedder or make_embedder(config.embed)
+        if store is None:
+            store = open_reader(config.store, embedder_name(config.embed))
+            if store is None:
+                where = config.store.url or config.store.path
+                raise StageError(
+                    f"no index at {where}: run `ragpipe ingest` first (or point store.path / "
+                    "store.url at an existing index)"
+                )
+        self.store = store
+        self._llm = llm
+        self._bm25: ClientBM25 | None = None
+        self._rerankers: dict[str, Reranker] = {}
+        self._files: tuple[str, list[str]] | None = None
+        # Evals and tuning replay the same queries under many settings: embed each once.
+        self._query_vectors: dict[str, npt.NDArray[np.float32]] = {}
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Retriever:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # state of the store: the client BM25 index and the file list follow it
+    def _state(self) -> str:
+        generation = getattr(self.store, "generation", None)
+        return generation if generation is not None else f"count:{self.store.count()}"
+
+    @property
+    def index_version(self) -> dict[str, Any]:
+        """The published version this retriever reads ({} when not a published copy)."""
+        return describe(getattr(self.store, "version", None))
+
+    @property
+    def llm(self) -> LLM:
+        if self._llm is None:
+            from ragpipe.models.llm import make_llm
+
+            self._llm = make_llm(self.config.llm)
+        return self._llm
+
+    def _embed_query(self, text: str) -> npt.NDArray[np.float32]:
+        vector = self._query_vectors.get(text)
+        if vector is None:
+            if len(self._query_vectors) >= QUERY_CACHE_SIZE:
+                self._query_vectors.clear()
+            vector = self._query_vectors[text] = self.embedder.embed_query(text)
+        return vector
+
+    def reranker(self, name: str) -> Reranker:
+        if name not in self._rerankers:
+            self._rerankers[name] = Reranker(name)
+        return self._rerankers[name]
+
+    def stored_files(self) -> list[str]:
+        state = self._state()
+        if self._files is None or self._files[0] != state:
+            files = sorted(
+                {str(h.payload.get("file_path")) for h in self.store.scroll(fields=["file_path"])}
+            )
+            self._files = (state, files)
+        return self._files[1]
+
+    def where(self, cfg: RetrieveConfig) -> Where | None:
+        """The payload filter of the config (file suffix resolved to stored paths)."""
+        must: dict[str, Any] = {}
+        if cfg.filter_file:
+            suffix = cfg.filter_file.lstrip("/")
+            files = [f for f in self.stored_files() if f == suffix or f.endswith("/" + suffix)]
+            must["file_path"] = files or ["\x00no file matches " + suffix]
+        if cfg.filter_heading:
+            must["heading_path"] = cfg.filter_heading
+        if cfg.filter_source_sha:
+            must["source_sha"] = cfg.filter_source_sha
+        return Where(must=must) if must else None
+
+    def search(self, query: str, **overrides: Any) -> RetrievalResult:
+        """Ranked chunks for ``query``; keyword arguments override ``retrieve.*`` fields."""
+        cfg = (
+            RetrieveConfig.model_validate({**self.config.retrieve.model_dump(), **overrides})
+            if overrides
+            else self.config.retrieve
+        )
+        started = time.perf_counter()
+        query = query.strip()
+        if not query:
+            raise ConfigError("the query is empty")
+        rerank = cfg.rerank and cfg.reranker.lower() != "none"
+        final_k = cfg.top_k
+        pool = cfg.top_k * cfg.candidate_mul if (rerank or cfg.mmr) else cfg.top_k
+        trace: dict[str, Any] = {
+            "mode": cfg.mode.value,
+            "sparse_engine": cfg.sparse_engine.value,
+            "fusion_method": cfg.fusion_method.value,
+            "fusion": (
+                ("qdrant" if cfg.fuse_in_engine else "client")
+                if cfg.mode == RetrievalMode.HYBRID
+                else "none"
+            ),
+            "top_k": cfg.top_k,
+            "reranker": cfg.reranker if rerank else "none",
+            "mmr": cfg.mmr,
+            "hyde": cfg.hyde.value,
+            "index_version": self.index_version.get("generation"),
+        }
+        max_chars = self.embedder.max_tokens * QUERY_CHARS_PER_TOKEN
+        searched = cut_query(query, max_chars)
+        if searched != query:
+            trace["query_cut"] = {"chars": len(query), "kept": len(searched)}
+            logger.info(
+                "query of %d characters cut to %d (the embedder reads %d tokens)",
+                len(query),
+                len(searched),
+                self.embedder.max_tokens,
+            )
+        where = self.where(cfg)
+        fragments = split_fragments(searched, cfg.max_fragments) if cfg.split_fragments else []
+        trace["fragments"] = fragments
+        best: dict[str, Retrieved] = {}
+        query_vector = self._embed_query(searched)
+        vectors = [query_vector, *(self._embed_query(f) for f in fragments)]
+        for text, vector in zip([searched, *fragments], vectors, strict=True):
+            if cfg.mode != RetrievalMode.SPARSE and cfg.hyde != HydeMode.OFF:
+                vector = self._hyde(text, vector, cfg, where, trace)
+            for hit in self._candidates(text, vector, pool, cfg, where):
+                kept = best.get(hit.point_id)
+                if kept is None or hit.score > kept.score:
+                    best[hit.point_id] = hit
+        hits = ranked(best.values())
+        phrases = exact_phrases(query, cfg.boost_proper_nouns)
+        trace["exact_phrases"] = phrases
+        hits = boost_exact(hits, phrases, cfg.boost_exact)[:pool]
+        for hit in hits:
+            hit.scores["retrieval"] = hit.score
+        if rerank:
+            hits = self._rerank(query, hits, cfg.reranker)
+        if cfg.mmr:
+            stored = self.store.dense_vectors([h.point_id for h in hits])
+            hits = mmr_select(query_vector, hits, stored, final_k, cfg.mmr_lambda)
+        hits = hits[:final_k]
+        if cfg.llm_filter and hits:
+            hits = self._llm_filter(query, hits, cfg.llm_filter_threshold, trace)
+        trace["seconds"] = time.perf_counter() - started
+        return RetrievalResult(query, hits, trace)
+
+    def _candidates(
+        self,
+        text: str,
+        vector: npt.NDArray[np.float32],
+        n: int,
+        cfg: RetrieveConfig,
+        where: Where | None,
+    ) -> list[Retrieved]:
+        legs = max(cfg.prefetch, n)
+        if cfg.mode == RetrievalMode.DENSE:
+            return ranked(self._dense(vector, legs, cfg, where))[:n]
+        if cfg.mode == RetrievalMode.SPARSE:
+            return [self._as(h, "sparse") for h in self._sparse(text, n, cfg, where)]
+        if cfg.fuse_in_engine:
+            method = cfg.fusion_method.value
+            fused = self.store.query_hybrid(
+                vector,
+                text,
+                n,
+                legs,
+                where,
+                cfg.rrf_k,
+                dense_floor=cfg.min_dense_score,
+                method=method,
+            )
+            return ranked(self._as(h, method) for h in fused)
+        dense = self._dense(vector, legs, cfg, where)
+        sparse = [self._as(h, "sparse") for h in self._sparse(text, legs, cfg, where)]
+        fused_hits = fuse([dense, sparse], cfg)
+        for hit in fused_hits:
+            hit.scores[cfg.fusion_method.value] = hit.score
+        return fused_hits[:n]
+
+    @staticmethod
+    def _as(hit: Hit, stage: str) -> Retrieved:
+        return Retrieved(hit.point_id, hit.score, hit.payload, {stage: hit.score})
+
+    def _dense(
+        self, vector: npt.NDArray[np.float32], n: int, cfg: RetrieveConfig, where: Where | None
+    ) -> list[Retrieved]:
+        hits = self.store.query_dense(vector, n, where)
+        if cfg.min_dense_score is not None:  # cosine, before any fusion
+            hits = [h for h in hits if h.score >= cfg.min_dense_score]
+        out = [self._as(h, "dense") for h in hits]
+        if cfg.doc_weight > 0 and out:
+            out = self._with_document(vector, out, cfg.doc_weight)
+        return out
+
+    def _with_document(
+        self, vector: npt.NDArray[np.float32], hits: list[Retrieved], weight: float
+    ) -> list[Retrieved]:
+        """Each hit's cosine blended with its document lead's: (1 - w) x own + w x lead.
+
+        The lead is the document's first chunk (its title and opening), which
+        says what the whole document is about. Leads among the hits are scored
+        already; one filtered query scores the others. A hit whose lead is not
+        in the index keeps its own cosine.
+        """
+        # A lead among the candidates needs no query: its cosine is its own score.
+        lead_score = {
+            str(h.payload.get("doc_id")): h.score for h in hits if h.payload.get("chunk_index") == 0
+        }
+        docs = sorted({str(h.payload.get("doc_id")) for h in hits} - set(lead_score))
+        if docs:
+            leads = self.store.query_dense(
+                vector, len(docs), Where(must={"doc_id": docs, "chunk_index": 0})
+            )
+            lead_score.update((str(h.payload.get("doc_id")), h.score) for h in leads)
+        for hit in hits:
+            lead = lead_score.get(str(hit.payload.get("doc_id")), hit.score)
+            hit.scores.update(chunk_cosine=hit.score, doc=lead)
+            hit.score = (1 - weight) * hit.score + weight * lead
+            hit.scores["dense"] = hit.score
+        return ranked(hits)
+
+    def _sparse(self, text: str, n: int, cfg: RetrieveConfig, where: Where | None) -> list[Hit]:
+        if cfg.sparse_engine == SparseEngine.RANK_BM25:
+            if self._bm25 is None:
+                self._bm25 = ClientBM25(self.store, self._state)
+            return self._bm25.query(text, n, where)
+        return self.store.query_sparse(text, n, where)
+
+    def _rerank(self, query: str, hits: list[Retrieved], model: str) -> list[Retrieved]:
+        reranker = self.reranker(model)
+        # The chunk's context window (sentence-window chunks) when it has one.
+        texts = [str(h.payload.get("context") or h.text) for h in hits]
+        for hit, score in zip(hits, reranker.score(query, texts), strict=True):
+            hit.scores["rerank"] = score
+            hit.score = score
+        return ranked(hits)
+
+    def _hyde(
+        self,
+        query: str,
+        vector: npt.NDArray[np.float32],
+        cfg: RetrieveConfig,
+        where: Where | None,
+        trace: dict[str, Any],
+    ) -> npt.NDArray[np.float32]:
+        """The query vector moved towards hypothetical answers written by the LLM."""
+        if cfg.hyde == HydeMode.ADAPTIVE:
+            top = self.store.query_dense(vector, 1, where)
+            top_score = top[0].score if top else -1.0
+            trace.setdefault("hyde_top1", []).append(top_score)
+            if top_score >= cfg.hyde_threshold:
+                return vector
+        templates = HYDE_TEMPLATES if cfg.hyde == HydeMode.MULTI else HYDE_TEMPLATES[:1]
+        n = 1 if cfg.hyde == HydeMode.MULTI else cfg.hyde_n
+        documents = []
+        for template in templates:
+            for i in range(n):
+                reply = self.llm.chat(
+                    [{"role": "user", "content": template.format(query=query)}],
+                    temperature=0.7 if n > 1 else None,
+                    seed=self.config.llm.seed + i,
+                )
+                if reply.text.strip():
+                    documents.append(reply.text.strip())
+        trace.setdefault("hyde_documents", []).extend(documents)
+        if not documents:
+            return vector
+        doc_vectors = self.embedder.embed_documents(documents)
+        stacked = normalise(np.vstack([vector[None, :], doc_vectors]))
+        moved: npt.NDArray[np.float32] = normalise(stacked.mean(axis=0, keepdims=True))[0]
+        return moved
+
+    def _llm_filter(
+        self, query: str, hits: list[Retrieved], threshold: float, trace: dict[str, Any]
+    ) -> list[Retrieved]:
+        passages = "\n\n".join(f"[{i}] {h.text}" for i, h in enumerate(hits, start=1))
+        schema = {
+            "type": "object",
+            "properties": {
+                "scores": {
+                    "type": "array",
+                    "items": {"type": "number", "minimum": 0, "maximum": 1},
+                    "minItems": len(hits),
+                    "maxItems": len(hits),
+                }
+            },
+            "required": ["scores"],
+        }
+        prompt = FILTER_PROMPT.format(query=query, passages=passages)
+        reply = self.llm.chat([{"role": "user", "content": prompt}], schema=schema)
+        scores = parse_filter_scores(reply.text, len(hits))
+        if scores is None:
+            trace["llm_filter"] = {"status": "malformed", "output": reply.text[:500]}
+            logger.warning("LLM chunk filter: malformed output, keeping all %d chunks", len(hits))
+            return hits
+        for hit, score in zip(hits, scores, strict=True):
+            hit.scores["llm_filter"] = score
+        kept = [h for h, s in zip(hits, scores, strict=True) if s >= threshold]
+        if not kept:  # never zero chunks: keep the one the LLM liked best
+            kept = [hits[int(np.argmax(scores))]]
+        trace["llm_filter"] = {"status": "ok", "kept": len(kept), "of": len(hits)}
+        return kept
+
+
+def parse_filter_scores(text: str, n: int) -> list[float] | None:
+    """The chunk filter's scores, or None when the output is not n numbers in [0, 1]."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        match = re.search(r"\{.*\}", text, re.S)
+        if match is None:
+            return None
+        try:
+            data = json.loads(match.group(0))
+        except json.JSONDecodeError:
+            return None
+    scores = data.get("scores") if isinstance(data, dict) else data
+    if not isinstance(scores, list) or len(scores) != n:
+        return None
+    if not all(isinstance(s, int | float) and not isinstance(s, bool) for s in scores):
+        return None
+    values = [float(s) for s in scores]
+    return values if all(0.0 <= s <= 1.0 for s in values) else None

@@ -1,0 +1,114 @@
+"""Vector stores behind one protocol: Qdrant Edge (embedded) and qdrant-client.
+
+Both hold the same points: a named dense vector ``dense`` (cosine), a named
+sparse vector ``bm25`` with Qdrant's IDF modifier (term frequencies computed
+here with Qdrant's own BM25 tokenizer, so hybrid search runs inside Qdrant),
+and the chunk payload. Point IDs are deterministic (see ``ragpipe.ingest.plan``).
+
+``base`` holds the protocol and the point and filter types, ``edge`` and
+``qdrant`` the two backends, ``sparse`` the BM25 encoder, ``published`` the
+versions readers open; ``open_store`` and ``open_reader`` pick the backend.
+
+The store records which embedder wrote it (``StoreMeta``); opening it with
+another embedder or dimension is a ``ConfigError`` before any work starts.
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+from ragpipe.config import StoreBackend, StoreConfig
+from ragpipe.store import published
+from ragpipe.store.base import DENSE as DENSE
+from ragpipe.store.base import EMBEDDER_FIELD as EMBEDDER_FIELD
+from ragpipe.store.base import GENERATION_FILE as GENERATION_FILE
+from ragpipe.store.base import INTEGER_FIELDS as INTEGER_FIELDS
+from ragpipe.store.base import KEYWORD_FIELDS as KEYWORD_FIELDS
+from ragpipe.store.base import META_FILE as META_FILE
+from ragpipe.store.base import SPARSE as SPARSE
+from ragpipe.store.base import STORE_SCHEMA as STORE_SCHEMA
+from ragpipe.store.base import VERSION_FIELDS as VERSION_FIELDS
+from ragpipe.store.base import FileVersions as FileVersions
+from ragpipe.store.base import Hit as Hit
+from ragpipe.store.base import IndexPoint as IndexPoint
+from ragpipe.store.base import Match as Match
+from ragpipe.store.base import StoreMeta as StoreMeta
+from ragpipe.store.base import Value as Value
+from ragpipe.store.base import VectorStore as VectorStore
+from ragpipe.store.base import VersionStats as VersionStats
+from ragpipe.store.base import Where as Where
+from ragpipe.store.base import check_store_space as check_store_space
+from ragpipe.store.base import ensure_space as ensure_space
+from ragpipe.store.base import read_meta as read_meta
+from ragpipe.store.edge import EdgeStore as EdgeStore
+from ragpipe.store.qdrant import RETRY_STATUS as RETRY_STATUS
+from ragpipe.store.qdrant import QdrantStore as QdrantStore
+from ragpipe.store.sparse import SparseEncoder as SparseEncoder
+
+
+def open_store(config: StoreConfig, embedder: str, dim: int | None) -> VectorStore | None:
+    """Open the configured store, checking it was built by ``embedder``.
+
+    With ``dim`` the store is created on first use; with ``dim=None`` an
+    existing store is opened (for diffing and deleting) and None is returned
+    when there is none yet.
+    """
+    meta = StoreMeta(embedder=embedder, dim=dim)
+    if config.backend == StoreBackend.EDGE:
+        if dim is None and not (config.path / "segments").is_dir():
+            return None
+        return EdgeStore(
+            config.path, meta, config.batch_size, config.scroll_page, config.min_free_mb
+        )
+    store = QdrantStore(config, meta)
+    if not store.exists:
+        store.close()
+        return None
+    return store
+
+
+def open_reader(config: StoreConfig, embedder: str) -> VectorStore | None:
+    """Open the index for reading (search, ask, evals): for Qdrant Edge, a private copy of
+    its current published version, so readers never meet the writer nor each other (see
+    ``published``). Before the first publish, the working shard itself. None: no index."""
+    if config.backend == StoreBackend.EDGE:
+        got = published.reader_copy(config.path)
+        if got is not None:
+            path, version = got
+            try:
+                store = EdgeStore(
+                    path, StoreMeta(embedder, None), config.batch_size, config.scroll_page,
+                    config.min_free_mb,
+                )  # fmt: skip
+            except BaseException:
+                shutil.rmtree(path, ignore_errors=True)
+                raise
+            store.owned_copy = True
+            store.version = version
+            label = version.generation[:12] if version else path.name
+            store.location = f"edge:{config.path} (published version {label})"
+            return store
+    return open_store(config, embedder, None)
+
+
+def store_generation(config: StoreConfig) -> str | None:
+    """The token of an Edge store's last writing session (see ``GENERATION_FILE``).
+
+    None when there is no store yet, and for the qdrant backend: a server can be
+    written by anyone, so nothing read from it earlier can be trusted later.
+    """
+    if config.backend != StoreBackend.EDGE or not (config.path / "segments").is_dir():
+        return None
+    try:
+        return (config.path / GENERATION_FILE).read_text(encoding="utf-8").strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def peek_meta(config: StoreConfig) -> dict[str, Any] | None:
+    """The stored metadata of an Edge store without opening it (None if absent)."""
+    meta_path = config.path / META_FILE
+    if config.backend == StoreBackend.EDGE and meta_path.is_file():
+        return read_meta(meta_path)
+    return None

@@ -1,0 +1,337 @@
+"""A Qdrant server or cluster (or qdrant-client's local mode), with retries."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from ragpipe.config import StoreConfig
+from ragpipe.errors import ConfigError, StageError
+from ragpipe.store.base import (
+    DENSE,
+    EMBEDDER_FIELD,
+    INTEGER_FIELDS,
+    KEYWORD_FIELDS,
+    SPARSE,
+    Hit,
+    IndexPoint,
+    Match,
+    StoreMeta,
+    Where,
+    _hit,
+    _Scrolling,
+)
+from ragpipe.store.sparse import SparseEncoder
+
+if TYPE_CHECKING:
+    from qdrant_client import QdrantClient
+    from qdrant_client.http import models as qm
+
+logger = logging.getLogger(__name__)
+
+
+# -- qdrant-client -------------------------------------------------------------------
+
+
+RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+class _Retrying:
+    """A qdrant-client whose requests are retried on timeouts, dropped connections and
+    429/5xx answers (bounded, with backoff), then fail with what to check.
+
+    Every call ragpipe makes is idempotent (deterministic point ids, delete by
+    filter), so a retry cannot duplicate anything.
+    """
+
+    def __init__(self, client: Any, config: StoreConfig) -> None:
+        self._client = client
+        self._config = config
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr) or name == "close":
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._with_retries(name, lambda: attr(*args, **kwargs))
+
+        return call
+
+    def _with_retries(self, name: str, request: Callable[[], Any]) -> Any:
+        import httpx
+        from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+
+        retries = self._config.retries
+        delay = 0.5
+        for attempt in range(retries + 1):
+            try:
+                return request()
+            except UnexpectedResponse as exc:
+                if exc.status_code not in RETRY_STATUS:
+                    raise
+                last: Exception = exc
+            except (ResponseHandlingException, httpx.TransportError, ConnectionError) as exc:
+                last = exc
+            if attempt < retries:
+                logger.warning(
+                    "Qdrant %s failed (%s); retry %d/%d in %.1fs",
+                    name,
+                    _short(last),
+                    attempt + 1,
+                    retries,
+                    delay,
+                )
+                time.sleep(delay)
+                delay *= 2
+        raise StageError(
+            f"Qdrant at {self._config.url} failed {name} after {retries + 1} attempt(s): "
+            f"{type(last).__name__}: {_short(last)}. Is the server up and reachable? Check "
+            f"store.url (RAGPIPE_STORE__URL), store.timeout_s ({self._config.timeout_s}s) and "
+            "store.retries. Nothing was marked done: the next run picks up from here."
+        ) from last
+
+
+def _short(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:200]
+
+
+class QdrantStore(_Scrolling):
+    """qdrant-client against a server or cluster, or its local mode."""
+
+    def __init__(self, config: StoreConfig, meta: StoreMeta) -> None:
+        from qdrant_client import QdrantClient
+        from qdrant_client.http import models as qm
+
+        self._qm = qm
+        self._embedder = meta.embedder
+        self.collection = config.collection
+        self.batch_size = config.batch_size
+        self.page = config.scroll_page
+        self._sparse = SparseEncoder()
+        api_key = config.api_key.get_secret_value() if config.api_key else None
+        try:
+            if config.url:
+                self.location = f"qdrant:{config.url}/{config.collection}"
+                client = QdrantClient(
+                    url=config.url, api_key=api_key, https=config.https, timeout=config.timeout_s
+                )
+                self.client = cast("QdrantClient", _Retrying(client, config))
+                self.local = False
+            else:
+                path = str(config.path)
+                self.location = f"qdrant-local:{path}/{config.collection}"
+                if path == ":memory:":
+                    self.client = QdrantClient(location=":memory:")
+                else:
+                    self.client = QdrantClient(path=path)
+                self.local = True
+            exists = self.client.collection_exists(self.collection)
+        except (ConfigError, StageError):
+            raise
+        except Exception as exc:
+            where = config.url or str(config.path)
+            raise StageError(
+                f"cannot reach Qdrant at {where}: {type(exc).__name__}: {exc}. Check store.url "
+                "(RAGPIPE_STORE__URL), store.api_key and that the server is up."
+            ) from exc
+        self.exists = exists
+        if exists:
+            self._check(meta)
+        elif meta.dim is not None:
+            self._create(meta)
+            self.exists = True
+
+    def _check(self, meta: StoreMeta) -> None:
+        info = self.client.get_collection(self.collection)
+        stored = dict(info.config.metadata or {})
+        vectors = info.config.params.vectors
+        size = vectors[DENSE].size if isinstance(vectors, dict) and DENSE in vectors else None
+        if size is None:
+            raise ConfigError(
+                f"collection {self.collection!r} at {self.location} was not created by ragpipe "
+                f"(no '{DENSE}' vector); choose another store.collection"
+            )
+        stored.setdefault("dim", size)
+        stored.setdefault("embedder", meta.embedder)
+        meta.check(stored, self.location)
+
+    def _create(self, meta: StoreMeta) -> None:
+        models = self._qm
+        assert meta.dim is not None
+        self.client.create_collection(
+            self.collection,
+            vectors_config={
+                DENSE: models.VectorParams(size=meta.dim, distance=models.Distance.COSINE)
+            },
+            sparse_vectors_config={SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)},
+            metadata=asdict(meta),
+        )
+        if self.local:
+            return  # local mode ignores payload indexes (and warns about each)
+        for name in KEYWORD_FIELDS:
+            self.client.create_payload_index(
+                self.collection, name, models.PayloadSchemaType.KEYWORD, wait=True
+            )
+        for name in INTEGER_FIELDS:
+            self.client.create_payload_index(
+                self.collection, name, models.PayloadSchemaType.INTEGER, wait=True
+            )
+        self.client.create_payload_index(
+            self.collection,
+            "text",
+            models.TextIndexParams(
+                type=models.TextIndexType.TEXT, tokenizer=models.TokenizerType.WORD, lowercase=True
+            ),
+            wait=True,
+        )
+
+    def _filter(self, where: Where | None) -> qm.Filter | None:
+        if where is None:
+            return None
+        models = self._qm
+
+        def condition(key: str, value: Match) -> Any:
+            if isinstance(value, str | int):
+                return models.FieldCondition(key=key, match=models.MatchValue(value=value))
+            return models.FieldCondition(
+                key=key, match=models.MatchAny(any=[str(v) for v in value])
+            )
+
+        must: list[Any] = [condition(k, v) for k, v in where.must.items()]
+        must_not: list[Any] = []
+        if where.must_not_all:
+            inner: list[Any] = [condition(k, v) for k, v in where.must_not_all.items()]
+            must_not.append(models.Filter(must=inner))
+        return cast("qm.Filter", models.Filter(must=must or None, must_not=must_not or None))
+
+    def upsert(
+        self, points: Sequence[IndexPoint], progress: Callable[[int], None] | None = None
+    ) -> None:
+        models = self._qm
+        for start in range(0, len(points), self.batch_size):
+            batch = [
+                models.PointStruct(
+                    id=p.point_id,
+                    vector={
+                        DENSE: p.dense.tolist(),
+                        SPARSE: models.SparseVector(
+                            indices=p.sparse_indices, values=p.sparse_values
+                        ),
+                    },
+                    payload={**p.payload, EMBEDDER_FIELD: self._embedder},
+                )
+                for p in points[start : start + self.batch_size]
+            ]
+            self.client.upsert(self.collection, batch, wait=True)
+            if progress is not None:
+                progress(len(batch))
+
+    def delete(self, where: Where) -> int:
+        n = self.count(where)
+        if n:
+            flt = self._filter(where)
+            assert flt is not None
+            self.client.delete(
+                self.collection, points_selector=self._qm.FilterSelector(filter=flt), wait=True
+            )
+        return n
+
+    def count(self, where: Where | None = None) -> int:
+        result = self.client.count(self.collection, count_filter=self._filter(where), exact=True)
+        return int(result.count)
+
+    def scroll(self, where: Where | None = None, fields: list[str] | None = None) -> Iterator[Hit]:
+        offset: Any = None
+        while True:
+            records, offset = self.client.scroll(
+                self.collection,
+                scroll_filter=self._filter(where),
+                limit=self.page,
+                offset=offset,
+                with_payload=fields if fields is not None else True,
+                with_vectors=False,
+            )
+            for record in records:
+                yield _hit(record.id, 0.0, record.payload)
+            if offset is None:
+                return
+
+    def _points(self, **kwargs: Any) -> list[Hit]:
+        response = self.client.query_points(self.collection, with_payload=True, **kwargs)
+        return [_hit(p.id, p.score, p.payload) for p in response.points]
+
+    def query_dense(
+        self, vector: npt.NDArray[np.float32], limit: int, where: Where | None = None
+    ) -> list[Hit]:
+        return self._points(
+            query=vector.tolist(), using=DENSE, limit=limit, query_filter=self._filter(where)
+        )
+
+    def dense_vectors(self, point_ids: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
+        records = self.client.retrieve(
+            self.collection, list(point_ids), with_payload=False, with_vectors=[DENSE]
+        )
+        out = {}
+        for r in records:
+            vector = r.vector[DENSE] if isinstance(r.vector, dict) else r.vector
+            out[str(r.id)] = np.asarray(vector, np.float32)
+        return out
+
+    def _sparse_vector(self, text: str) -> qm.SparseVector:
+        indices, values = self._sparse.query(text)
+        return self._qm.SparseVector(indices=indices, values=values)
+
+    def query_sparse(self, text: str, limit: int, where: Where | None = None) -> list[Hit]:
+        return self._points(
+            query=self._sparse_vector(text),
+            using=SPARSE,
+            limit=limit,
+            query_filter=self._filter(where),
+        )
+
+    def query_hybrid(
+        self,
+        vector: npt.NDArray[np.float32],
+        text: str,
+        limit: int,
+        prefetch: int,
+        where: Where | None = None,
+        rrf_k: int = 60,
+        dense_floor: float | None = None,
+        method: str = "rrf",
+    ) -> list[Hit]:
+        models = self._qm
+        flt = self._filter(where)
+        legs = [
+            models.Prefetch(
+                query=vector.tolist(),
+                using=DENSE,
+                limit=prefetch,
+                filter=flt,
+                score_threshold=dense_floor,
+            ),
+            models.Prefetch(
+                query=self._sparse_vector(text), using=SPARSE, limit=prefetch, filter=flt
+            ),
+        ]
+        return self._points(
+            prefetch=legs,
+            # Qdrant counts ranks from 0: k + 1 gives the classic 1/(k + rank from 1).
+            query=(
+                models.FusionQuery(fusion=models.Fusion.DBSF)
+                if method == "dbsf"
+                else models.RrfQuery(rrf=models.Rrf(k=rrf_k + 1))
+            ),
+            limit=limit,
+            query_filter=flt,
+        )
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,1 @@
+"""The web: fetching URL sources politely (robots.txt, sitemaps, conditional requests)."""
