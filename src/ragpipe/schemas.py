@@ -1,14 +1,23 @@
 """Record types and their Parquet schemas: the contract between stages.
 
-Writers always pass the schema; readers check it (``checkpoint.read_records``).
-Parquet never infers a schema from the first row.
+Each schema is derived from its record type (``arrow_schema``), the one
+source; ``Annotated[int, INT32]`` and ``Annotated[str, LARGE_STRING]`` pin
+the Arrow types checkpoints are written with. Writers always pass the schema;
+readers check it (``checkpoint.read_records``). Parquet never infers a schema
+from the first row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import types
+from dataclasses import dataclass, field, fields
+from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
 import pyarrow as pa
+
+# Arrow types where Python's type is not precise enough (see ``arrow_schema``).
+INT32 = pa.int32()
+LARGE_STRING = pa.large_string()
 
 
 @dataclass(frozen=True)
@@ -36,8 +45,8 @@ class Document:
     source_sha256: str
     kind: str
     converter: str
-    markdown: str
-    num_pages: int | None
+    markdown: Annotated[str, LARGE_STRING]
+    num_pages: Annotated[int, INT32] | None
     config_fingerprint: str
 
 
@@ -50,7 +59,7 @@ class CleanedDocument:
     source_sha256: str
     kind: str
     converter: str
-    markdown: str
+    markdown: Annotated[str, LARGE_STRING]
     dropped: dict[str, int]
     config_fingerprint: str
 
@@ -64,15 +73,15 @@ class Chunk:
     file_path: str
     source_sha256: str
     heading_path: list[str]
-    page: int | None
-    line_start: int
-    chunk_index: int
+    page: Annotated[int, INT32] | None
+    line_start: Annotated[int, INT32]
+    chunk_index: Annotated[int, INT32]
     char_start: int
     char_end: int
     text: str
     context: str | None  # sentence-window: the window; recursive: None (text is the context)
     text_sha256: str
-    token_count: int
+    token_count: Annotated[int, INT32]
     config_fingerprint: str
 
 
@@ -107,7 +116,7 @@ class PlanEntry:
     file_path: str
     action: str
     source_sha256: str | None
-    stored_versions: int
+    stored_versions: Annotated[int, INT32]
 
 
 @dataclass(frozen=True)
@@ -138,107 +147,42 @@ class WebPage:
 PAGE_MARKER = "<!-- ragpipe:page {page} -->"
 PAGE_MARKER_RE = r"^<!-- ragpipe:page (\d+) -->$"
 
-SOURCE_FILE_SCHEMA = pa.schema(
-    [
-        pa.field("file_path", pa.string(), nullable=False),
-        pa.field("abs_path", pa.string(), nullable=False),
-        pa.field("root", pa.string(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("size_bytes", pa.int64(), nullable=False),
-        pa.field("sha256", pa.string(), nullable=False),
-    ]
-)
 
-DOCUMENT_SCHEMA = pa.schema(
-    [
-        pa.field("doc_id", pa.string(), nullable=False),
-        pa.field("file_path", pa.string(), nullable=False),
-        pa.field("source_sha256", pa.string(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("converter", pa.string(), nullable=False),
-        pa.field("markdown", pa.large_string(), nullable=False),
-        pa.field("num_pages", pa.int32(), nullable=True),
-        pa.field("config_fingerprint", pa.string(), nullable=False),
-    ]
-)
+_ARROW: dict[Any, pa.DataType] = {str: pa.string(), int: pa.int64(), float: pa.float64(),
+                                  bool: pa.bool_()}  # fmt: skip
 
-CLEANED_DOCUMENT_SCHEMA = pa.schema(
-    [
-        pa.field("doc_id", pa.string(), nullable=False),
-        pa.field("file_path", pa.string(), nullable=False),
-        pa.field("source_sha256", pa.string(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("converter", pa.string(), nullable=False),
-        pa.field("markdown", pa.large_string(), nullable=False),
-        pa.field("dropped", pa.map_(pa.string(), pa.int64()), nullable=False),
-        pa.field("config_fingerprint", pa.string(), nullable=False),
-    ]
-)
 
-CHUNK_SCHEMA = pa.schema(
-    [
-        pa.field("chunk_id", pa.string(), nullable=False),
-        pa.field("doc_id", pa.string(), nullable=False),
-        pa.field("file_path", pa.string(), nullable=False),
-        pa.field("source_sha256", pa.string(), nullable=False),
-        pa.field("heading_path", pa.list_(pa.string()), nullable=False),
-        pa.field("page", pa.int32(), nullable=True),
-        pa.field("line_start", pa.int32(), nullable=False),
-        pa.field("chunk_index", pa.int32(), nullable=False),
-        pa.field("char_start", pa.int64(), nullable=False),
-        pa.field("char_end", pa.int64(), nullable=False),
-        pa.field("text", pa.string(), nullable=False),
-        pa.field("context", pa.string(), nullable=True),
-        pa.field("text_sha256", pa.string(), nullable=False),
-        pa.field("token_count", pa.int32(), nullable=False),
-        pa.field("config_fingerprint", pa.string(), nullable=False),
-    ]
-)
+def _arrow_type(hint: Any) -> tuple[pa.DataType, bool]:
+    """Arrow type of a field's annotation, and whether it is nullable."""
+    nullable = False
+    if get_origin(hint) in (Union, types.UnionType):
+        args = [a for a in get_args(hint) if a is not type(None)]
+        nullable, hint = len(args) < len(get_args(hint)), args[0]
+    origin = get_origin(hint)
+    if origin is Annotated:
+        return get_args(hint)[1], nullable
+    if origin is list:
+        return pa.list_(_arrow_type(get_args(hint)[0])[0]), nullable
+    if origin is dict:
+        key, value = get_args(hint)
+        return pa.map_(_arrow_type(key)[0], _arrow_type(value)[0]), nullable
+    return _ARROW[hint], nullable
 
-FAILURE_SCHEMA = pa.schema(
-    [
-        pa.field("file_path", pa.string(), nullable=False),
-        pa.field("stage", pa.string(), nullable=False),
-        pa.field("category", pa.string(), nullable=False),
-        pa.field("message", pa.string(), nullable=False),
-        pa.field("source_sha256", pa.string(), nullable=True),
-    ]
-)
 
-SKIP_SCHEMA = pa.schema(
-    [
-        pa.field("file_path", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-        pa.field("detail", pa.string(), nullable=False),
-    ]
-)
+def arrow_schema(record: type) -> pa.Schema:
+    """The Parquet schema of a record type, derived from its annotations: one source."""
+    hints = get_type_hints(record, include_extras=True)
+    return pa.schema([pa.field(f.name, *_arrow_type(hints[f.name])) for f in fields(record)])
 
-PLAN_ENTRY_SCHEMA = pa.schema(
-    [
-        pa.field("file_path", pa.string(), nullable=False),
-        pa.field("action", pa.string(), nullable=False),
-        pa.field("source_sha256", pa.string(), nullable=True),
-        pa.field("stored_versions", pa.int32(), nullable=False),
-    ]
-)
 
-WEB_PAGE_SCHEMA = pa.schema(
-    [
-        pa.field("url", pa.string(), nullable=False),
-        pa.field("final_url", pa.string(), nullable=False),
-        pa.field("source", pa.string(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("content_type", pa.string(), nullable=False),
-        pa.field("etag", pa.string(), nullable=True),
-        pa.field("last_modified", pa.string(), nullable=True),
-        pa.field("sha256", pa.string(), nullable=False),
-        pa.field("size_bytes", pa.int64(), nullable=False),
-        pa.field("fetched_at", pa.string(), nullable=False),
-        pa.field("checked_at", pa.string(), nullable=False),
-        pa.field("title", pa.string(), nullable=True),
-        pa.field("body_path", pa.string(), nullable=False),
-    ]
-)
+SOURCE_FILE_SCHEMA = arrow_schema(SourceFile)
+DOCUMENT_SCHEMA = arrow_schema(Document)
+CLEANED_DOCUMENT_SCHEMA = arrow_schema(CleanedDocument)
+CHUNK_SCHEMA = arrow_schema(Chunk)
+FAILURE_SCHEMA = arrow_schema(Failure)
+SKIP_SCHEMA = arrow_schema(Skip)
+PLAN_ENTRY_SCHEMA = arrow_schema(PlanEntry)
+WEB_PAGE_SCHEMA = arrow_schema(WebPage)
 
 SCHEMAS: dict[type, pa.Schema] = {
     SourceFile: SOURCE_FILE_SCHEMA,
