@@ -17,7 +17,6 @@ the twin (``evaluate_retrieval``, ``evaluate_rag``, ``compare_retrieval``,
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated, Any
 
 from prefect import flow
@@ -29,7 +28,6 @@ from ragpipe.config import (
     FusionMethod,
     RagpipeConfig,
     RetrievalMode,
-    environment_overrides,
 )
 from ragpipe.errors import ConfigError, GateFailed
 from ragpipe.evaluation.forms import CURRENT, Granularity, MetricName, VariantForm, form_config
@@ -42,22 +40,12 @@ from tasks.eval import (
     tune_task,
 )
 
-log = logging.getLogger("ragpipe.flows")
-
 Share = Annotated[float, Field(gt=0, lt=1)]
 
 
 def _from_form(config_path: str | None, **values: Any) -> RagpipeConfig:
-    library_logs()
-    config = form_config(config_path, values)
-    filled = sorted(k for k, v in values.items() if v is not None)
-    log.info(
-        "configuration: %s; environment: %s; form: %s",
-        config_path or "ragpipe.yaml (if present) and defaults",
-        ", ".join(environment_overrides()) or "none",
-        ", ".join(filled) or "none",
-    )
-    return config
+    library_logs()  # first, so that the configuration's sources reach the run's log
+    return form_config(config_path, values)
 
 
 @flow(name="eval-retrieval", log_prints=False)

@@ -11,7 +11,6 @@ deleted (behind the mass-deletion guard).
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any, cast
 from uuid import UUID
@@ -23,7 +22,7 @@ from pydantic import PositiveInt
 
 from flows.concurrency import writer_slot
 from flows.logs import library_logs
-from ragpipe.config import RagpipeConfig, environment_overrides, load_config, with_sources
+from ragpipe.config import RagpipeConfig, load_config, with_sources
 from ragpipe.errors import MassDeletionHeld
 from ragpipe.ingest.convert import convert_batches
 from ragpipe.ingest.embed import embed_batches
@@ -39,8 +38,6 @@ from tasks.ingest import (
     publish_ingest_task,
     summary_task,
 )
-
-log = logging.getLogger("ragpipe.flows")
 
 
 @flow(name="ingest", log_prints=False)
@@ -119,11 +116,6 @@ def reindex_flow(
     """
     library_logs()
     config = load_config(Path(config_path) if config_path else None)
-    log.info(
-        "configuration: %s; environment: %s",
-        config_path or "ragpipe.yaml (if present) and defaults",
-        ", ".join(environment_overrides()) or "none",
-    )
     return ingest_flow.fn(config, None, roots, allow_mass_delete, batch_size)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 from contextvars import ContextVar
@@ -33,6 +34,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from ragpipe.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = Path("ragpipe.yaml")
+
+logger = logging.getLogger(__name__)
 
 TEXT_EXTENSIONS_DEFAULT = [
     "txt", "text", "rst", "py", "js", "ts", "tsx", "jsx", "json", "yaml", "yml", "toml",
@@ -915,11 +918,28 @@ def load_config(
                 ) from exc
     token = _OVERRIDES.set(overrides)
     try:
-        return RagpipeConfig(**data)
+        config = RagpipeConfig(**data)
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(exc, source)) from exc
     finally:
         _OVERRIDES.reset(token)
+    logger.info(
+        "configuration: %s; environment: %s; %s: %s",
+        source, ", ".join(environment_overrides()) or "none", overrides_from,
+        ", ".join(_dotted(overrides or {})) or "none",
+    )  # fmt: skip
+    return config
+
+
+def _dotted(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    """``{"eval": {"depth": 5}}`` -> ``["eval.depth"]``."""
+    names: list[str] = []
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            names += _dotted(value, f"{prefix}{key}.")
+        else:
+            names.append(f"{prefix}{key}")
+    return names
 
 
 def _within(loc: tuple[int | str, ...], overrides: dict[str, Any]) -> bool:
