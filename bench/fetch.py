@@ -38,8 +38,9 @@ import httpx  # noqa: E402
 
 from ragpipe import checkpoint  # noqa: E402
 from ragpipe.config import FetchConfig, RagpipeConfig  # noqa: E402
+from ragpipe.ingest.discover import DiscoverCounts  # noqa: E402
 from ragpipe.ingest.pipeline import run_ingest  # noqa: E402
-from ragpipe.ingest.runner import stage_dir  # noqa: E402
+from ragpipe.ingest.runner import WorkDir  # noqa: E402
 from ragpipe.web.fetch import fetch_pages  # noqa: E402
 from tests.support.web_server import Route, html_page, web_site  # noqa: E402
 
@@ -122,8 +123,9 @@ def main() -> None:
             summary = run_ingest(cfg)
             nightly_ours.append(time.perf_counter() - started)
             assert summary.skipped_unchanged == args.pages and summary.chunks_written == 0
-        discover_counts = checkpoint.read_manifest(stage_dir(cfg, "discover"))
-        assert discover_counts is not None
+        manifest = checkpoint.read_manifest(WorkDir.of(cfg).stage("discover"))
+        assert manifest is not None
+        requests = DiscoverCounts.from_dict(manifest.counts).requests
 
     def med(xs: list[float]) -> float:
         return statistics.median(xs)
@@ -138,9 +140,9 @@ def main() -> None:
         print(f"  {name:45s} {ours / raw:5.2f}x  ({ours:.3f} s vs {raw:.3f} s)")
         results[name] = {"ours_s": ours, "raw_s": raw, "ratio": ours / raw}
     print(f"  first ingest of the pages (convert, embed, upsert): {build_s:.1f} s")
-    print(f"  requests in a nightly run: {discover_counts.counts.get('requests')}")
+    print(f"  requests in a nightly run: {requests}")
     results["first_ingest_s"] = build_s
-    results["nightly_requests"] = discover_counts.counts.get("requests")
+    results["nightly_requests"] = requests
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n")
 

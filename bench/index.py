@@ -45,10 +45,17 @@ import numpy as np  # noqa: E402
 
 from ragpipe import checkpoint  # noqa: E402
 from ragpipe.config import RagpipeConfig  # noqa: E402
-from ragpipe.ingest.embed import EmbeddingRow, embeddings_table, read_embeddings, run_embed  # noqa: E402
+from ragpipe.ingest.chunk import ChunkCounts  # noqa: E402
+from ragpipe.ingest.embed import (  # noqa: E402
+    EmbedCounts,
+    EmbeddingRow,
+    embeddings_table,
+    read_embeddings,
+    run_embed,
+)
 from ragpipe.ingest.pipeline import run_ingest, run_stages  # noqa: E402
 from ragpipe.ingest.plan import index_fingerprint, point_id  # noqa: E402
-from ragpipe.ingest.runner import StageSummary  # noqa: E402
+from ragpipe.ingest.runner import StageSummary, WorkDir  # noqa: E402
 from ragpipe.ingest.upsert import build_points, run_upsert  # noqa: E402
 from ragpipe.models.embedders import LocalEmbedder, contextual_text  # noqa: E402
 from ragpipe.schemas import Chunk, PlanEntry  # noqa: E402
@@ -73,8 +80,8 @@ def prepare_chunks(work: Path, corpus: Path) -> RagpipeConfig:
 
 
 def bench_embed(cfg: RagpipeConfig, repeat: int) -> dict[str, Any]:
-    chunks = checkpoint.read_records(cfg.paths.work_dir / "chunk" / "chunks.parquet", Chunk)
-    chunked = StageSummary("chunk", "bench", {})
+    chunks = checkpoint.read_records(WorkDir.of(cfg).chunks, Chunk)
+    chunked = StageSummary("chunk", "bench", ChunkCounts())
     embedder = LocalEmbedder(batch_size=cfg.embed.batch_size)
     # The raw side gets the texts ready-made (contextual prefix already applied).
     texts = [contextual_text(c.heading_path, c.text) for c in chunks]
@@ -104,7 +111,7 @@ def bench_embed(cfg: RagpipeConfig, repeat: int) -> dict[str, Any]:
 
 def synthetic_upsert_input(cfg: RagpipeConfig, copies: int) -> int:
     """Multiply the embedded chunks into ``copies`` fake files each (same vectors)."""
-    chunks = checkpoint.read_records(cfg.paths.work_dir / "chunk" / "chunks.parquet", Chunk)
+    chunks = checkpoint.read_records(WorkDir.of(cfg).chunks, Chunk)
     embedded = read_embeddings(cfg.paths.work_dir / "embed" / "embeddings.parquet")
     index_fp = index_fingerprint(cfg)
     many: list[Chunk] = []
@@ -119,7 +126,7 @@ def synthetic_upsert_input(cfg: RagpipeConfig, copies: int) -> int:
             rows.append(
                 EmbeddingRow(cid, pid, e.prefix, e.vector, e.sparse_indices, e.sparse_values)
             )
-    checkpoint.write_records(cfg.paths.work_dir / "chunk" / "chunks.parquet", many, Chunk)
+    checkpoint.write_records(WorkDir.of(cfg).chunks, many, Chunk)
     checkpoint.write_table(
         cfg.paths.work_dir / "embed" / "embeddings.parquet",
         embeddings_table(rows, len(rows[0].vector), index_fp),
@@ -132,7 +139,7 @@ def synthetic_upsert_input(cfg: RagpipeConfig, copies: int) -> int:
 
 def stored_points(cfg: RagpipeConfig, limit: int | None = None) -> list[IndexPoint]:
     """The exact points run_upsert writes (vectors, BM25 weights, payloads)."""
-    chunks = checkpoint.read_records(cfg.paths.work_dir / "chunk" / "chunks.parquet", Chunk)
+    chunks = checkpoint.read_records(WorkDir.of(cfg).chunks, Chunk)
     embedded = read_embeddings(cfg.paths.work_dir / "embed" / "embeddings.parquet")
     return build_points(chunks[:limit], embedded, index_fingerprint(cfg))
 
@@ -150,7 +157,7 @@ def bench_upsert(cfg: RagpipeConfig, repeat: int) -> dict[str, Any]:
 
     data = stored_points(cfg)
     dim = len(data[0].dense)
-    embedded = StageSummary("embed", "bench", {})
+    embedded = StageSummary("embed", "bench", EmbedCounts())
     store_dir = cfg.store.path
 
     def ours() -> None:

@@ -27,7 +27,7 @@ from ragpipe.errors import MassDeletionHeld
 from ragpipe.ingest.convert import convert_batches
 from ragpipe.ingest.embed import embed_batches
 from ragpipe.ingest.pipeline import STAGES, with_mass_delete
-from ragpipe.ingest.runner import StageSummary
+from ragpipe.ingest.runner import RunStore, StageSummary
 from ragpipe.ingest.summary import IngestSummary
 from ragpipe.ingest.upsert import mass_deletion_message
 from ragpipe.locking import ingest_lock
@@ -73,8 +73,10 @@ def ingest_flow(
     )
     # One writer per index: across deployments a second run queues for the slot; a
     # writer outside this Prefect server meets the file lock (waits, then refuses).
-    with writer_slot(cfg), ingest_lock(cfg):
-        done: list[StageSummary] = []
+    # The stage tasks run in this process (only the batches go to the task runner), so
+    # they share one store, opened once.
+    with writer_slot(cfg), ingest_lock(cfg), RunStore(cfg) as store:
+        done: list[StageSummary[Any]] = []
         for stage in STAGES:
             update_progress_artifact(progress, 100 * len(done) / len(STAGES))
             if batch_size and stage.name == "convert":  # fan out, then the stage assembles
@@ -82,7 +84,7 @@ def ingest_flow(
                 wait(convert_batch_task.map(unmapped(cfg), batches))
             if batch_size and stage.name == "embed":
                 wait(embed_batch_task.map(unmapped(cfg), embed_batches(cfg, batch_size * 20)))
-            done.append(STAGE_TASKS[stage.name](cfg, *done[-1:]))
+            done.append(STAGE_TASKS[stage.name](*stage.arguments(cfg, done, store)))
         update_progress_artifact(progress, 100.0)
         summary = summary_task(cfg, done)
     publish_ingest_task(cfg, summary)

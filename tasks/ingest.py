@@ -6,6 +6,8 @@ fingerprints, which Prefect's source-hash cache policies cannot see.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -24,7 +26,7 @@ STAGE_TASKS = {
 
 
 @task(name="summarise", cache_policy=NO_CACHE)
-def summary_task(config: RagpipeConfig, stage_summaries: list[StageSummary]) -> IngestSummary:
+def summary_task(config: RagpipeConfig, stage_summaries: list[StageSummary[Any]]) -> IngestSummary:
     return write_summary(config, stage_summaries)
 
 

@@ -206,7 +206,7 @@ def test_a_five_megabyte_single_line_is_chunked_whole_when_allowed(tmp_path: Pat
     )
     assert len(line) > 5_000_000
     chunked = run_stages(cfg, until="chunk")[-1]
-    assert chunked.counts["failed"] == 0
+    assert chunked.counts.failed == 0
     chunks = checkpoint.read_records(tmp_path / "work" / "chunk" / "chunks.parquet", Chunk)
     assert all(len(c.text) <= 4000 and c.token_count <= 2048 for c in chunks)
     assert all(c.text == line[c.char_start : c.char_end] for c in chunks)

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from ragpipe.errors import ConfigError, MassDeletionHeld
-from ragpipe.ingest.pipeline import run_ingest
+from ragpipe.ingest.pipeline import run_ingest, run_stages
+from ragpipe.ingest.runner import RunStore, WorkDir
+from ragpipe.ingest.summary import write_summary
 from ragpipe.store import EdgeStore, QdrantStore, Where, open_store
 from tests.support.corpora import (
     assert_versions_current,
@@ -115,6 +117,26 @@ def test_saved_versions_equal_a_fresh_scroll_after_every_kind_of_run(
     check()
     run_ingest(make_config(corpus, tmp_path, chunk={"size": 300}))  # every file changed
     check()
+
+
+@pytest.mark.parametrize("backend", ["edge", "qdrant"])
+def test_one_run_opens_the_store_once_for_plan_embed_and_upsert(
+    corpus: Path, tmp_path: Path, backend: str
+) -> None:
+    cfg = make_config(corpus, tmp_path, backend, embed={"dedupe_chunks": True})
+    run_ingest(cfg)
+    (corpus / "wings.md").write_text(topic_doc("wings", version=2, sections=2), encoding="utf-8")
+    WorkDir.of(cfg).store_versions.unlink(missing_ok=True)  # the plan scrolls the store
+    with RunStore(cfg) as store:
+        stages = run_stages(cfg, store=store)
+        # Plan scrolled it, embed read its text hashes, upsert wrote: one open. (An Edge
+        # store is open once at a time, so a stage opening its own would have failed.)
+        assert store.opened == 1
+    summary = write_summary(cfg, stages)
+    assert (summary.changed, summary.skipped_unchanged) == (1, 4)
+    assert summary.chunks_written > 0 and summary.points_total == len(stored(cfg))
+    if backend == "edge":
+        assert_versions_current(cfg)
 
 
 def test_point_ids_are_deterministic_across_stores(corpus: Path, tmp_path: Path) -> None:

@@ -46,10 +46,10 @@ def test_checkpoints_rerun_and_config_change(small_corpus: Path, tmp_path: Path)
         0,
         0,
     )
-    assert conv.counts["converter:docling-native-pdf+ragpipe-structure"] == 1
+    assert conv.counts.by_converter["docling-native-pdf+ragpipe-structure"] == 1
     table = pq.read_table(work / "chunk" / "chunks.parquet")
     assert table.schema.equals(CHUNK_SCHEMA)
-    assert table.num_rows == summary.chunks == chunked.counts["chunks"] > 10
+    assert table.num_rows == summary.chunks == chunked.counts.chunks > 10
     pages = {p for p in table.column("page").to_pylist() if p is not None}
     assert {1, 2, 3, 4} <= pages <= {1, 2, 3, 4, 5}
     assert max(table.column("token_count").to_pylist()) <= 256
@@ -99,7 +99,7 @@ def test_crash_mid_convert_resumes_from_cached_documents(
 
     monkeypatch.setattr(convert_module.Converter, "convert", real)
     resumed = run_convert(cfg, discovered)
-    assert (resumed.counts["converted"], resumed.counts["skipped_unchanged"]) == (1, 2)
+    assert (resumed.counts.converted, resumed.counts.skipped_unchanged) == (1, 2)
 
 
 def test_bad_files_get_failure_rows_and_batch_completes(small_corpus: Path, tmp_path: Path) -> None:

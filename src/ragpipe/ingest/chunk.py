@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ragpipe import checkpoint
 from ragpipe.config import ChunkConfig, ChunkerKind, RagpipeConfig, fingerprint
@@ -452,13 +452,25 @@ def chunk_fingerprint(config: RagpipeConfig) -> str:
     )
 
 
-def run_chunk(config: RagpipeConfig, cleaned: runner.StageSummary) -> runner.StageSummary:
+@dataclass
+class ChunkCounts(runner.Counts):
+    """Documents chunked, chunks made, failures, and the longest chunk in tokens."""
+
+    documents: int = 0
+    chunks: int = 0
+    failed: int = 0
+    max_tokens_seen: int = 0
+
+
+def run_chunk(
+    config: RagpipeConfig, cleaned: runner.StageSummary[Any]
+) -> runner.StageSummary[ChunkCounts]:
     """Chunk every cleaned document."""
     started = time.perf_counter()
-    here = runner.stage_dir(config, "chunk")
+    here = runner.WorkDir.of(config).stage("chunk")
     config_fp = chunk_fingerprint(config)
     reused = runner.reuse_stage(
-        here, "chunk", config_fp, cleaned.output_fingerprint, cleaned.plan_id
+        here, "chunk", config_fp, cleaned.output_fingerprint, ChunkCounts, cleaned.plan_id
     )
     if reused:
         return reused
@@ -472,12 +484,9 @@ def run_chunk(config: RagpipeConfig, cleaned: runner.StageSummary) -> runner.Sta
         "chunk", docs, chunk_one, lambda d: (d.file_path, d.source_sha256)
     )
     chunks = [c for doc_chunks in per_doc for c in doc_chunks]
-    counts = {
-        "documents": len(per_doc),
-        "chunks": len(chunks),
-        "failed": len(failures),
-        "max_tokens_seen": max((c.token_count for c in chunks), default=0),
-    }
+    counts = ChunkCounts(
+        len(per_doc), len(chunks), len(failures), max((c.token_count for c in chunks), default=0)
+    )
     return runner.finish_stage(
         here,
         "chunk",

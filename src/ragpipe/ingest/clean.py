@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from ragpipe.config import CleanConfig, RagpipeConfig, fingerprint
 from ragpipe.errors import InputError
@@ -190,13 +191,24 @@ def _line_drop_reason(line: str, config: CleanConfig, custom: list[re.Pattern[st
 # -- clean ---------------------------------------------------------------------------
 
 
-def run_clean(config: RagpipeConfig, converted: runner.StageSummary) -> runner.StageSummary:
+@dataclass
+class CleanCounts(runner.Counts):
+    """Documents cleaned, failures, and what each rule removed or fixed."""
+
+    documents: int = 0
+    failed: int = 0
+    dropped: dict[str, int] = field(default_factory=dict, metadata={"prefix": "dropped"})
+
+
+def run_clean(
+    config: RagpipeConfig, converted: runner.StageSummary[Any]
+) -> runner.StageSummary[CleanCounts]:
     """Clean every converted document."""
     started = time.perf_counter()
-    here = runner.stage_dir(config, "clean")
+    here = runner.WorkDir.of(config).stage("clean")
     config_fp = fingerprint(config.clean, CLEAN_VERSION)
     reused = runner.reuse_stage(
-        here, "clean", config_fp, converted.output_fingerprint, converted.plan_id
+        here, "clean", config_fp, converted.output_fingerprint, CleanCounts, converted.plan_id
     )
     if reused:
         return reused
@@ -223,11 +235,7 @@ def run_clean(config: RagpipeConfig, converted: runner.StageSummary) -> runner.S
     dropped: Counter[str] = Counter()
     for doc in cleaned:
         dropped.update(doc.dropped)
-    counts = {
-        "documents": len(cleaned),
-        "failed": len(failures),
-        **{f"dropped:{k}": v for k, v in sorted(dropped.items())},
-    }
+    counts = CleanCounts(len(cleaned), len(failures), dict(dropped))
     return runner.finish_stage(
         here,
         "clean",

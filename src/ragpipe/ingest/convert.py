@@ -24,6 +24,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -358,13 +359,12 @@ def _convert_fingerprint(converter: Converter) -> str:
 
 
 def convert_batches(
-    config: RagpipeConfig, planned: runner.StageSummary, size: int
+    config: RagpipeConfig, planned: runner.StageSummary[Any], size: int
 ) -> list[list[SourceFile]]:
     """The planned files not converted yet, in batches of ``size`` (for fan-out)."""
-    sources = checkpoint.read_records(
-        runner.stage_dir(config, planned.stage) / "files.parquet", SourceFile
-    )
-    cache_dir = runner.stage_dir(config, "convert") / "cache"
+    work = runner.WorkDir.of(config)
+    sources = checkpoint.read_records(work.files(planned.stage), SourceFile)
+    cache_dir = work.convert_cache
     config_fp = _convert_fingerprint(Converter(config.convert))
     todo = [s for s in sources if not (cache_dir / f"{_cache_key(s, config_fp)}.parquet").is_file()]
     return [todo[i : i + size] for i in range(0, len(todo), size)]
@@ -379,7 +379,7 @@ def convert_batch(config: RagpipeConfig, sources: Sequence[SourceFile]) -> int:
     """
     converter = Converter(config.convert)
     config_fp = _convert_fingerprint(converter)
-    cache_dir = runner.stage_dir(config, "convert") / "cache"
+    cache_dir = runner.WorkDir.of(config).convert_cache
     converted = 0
     for source in sources:
         cached = cache_dir / f"{_cache_key(source, config_fp)}.parquet"
@@ -394,24 +394,37 @@ def convert_batch(config: RagpipeConfig, sources: Sequence[SourceFile]) -> int:
     return converted
 
 
-def run_convert(config: RagpipeConfig, discovered: runner.StageSummary) -> runner.StageSummary:
+@dataclass
+class ConvertCounts(runner.Counts):
+    """Documents converted now or found in the cache, failures, and per converter."""
+
+    documents: int = 0
+    converted: int = 0
+    skipped_unchanged: int = 0
+    failed: int = 0
+    by_converter: dict[str, int] = field(default_factory=dict, metadata={"prefix": "converter"})
+
+
+def run_convert(
+    config: RagpipeConfig, discovered: runner.StageSummary[Any]
+) -> runner.StageSummary[ConvertCounts]:
     """Convert every discovered file, reusing per-document cache entries."""
     started = time.perf_counter()
-    here = runner.stage_dir(config, "convert")
+    work = runner.WorkDir.of(config)
+    here = work.stage("convert")
     converter = Converter(config.convert)
     config_fp = _convert_fingerprint(converter)
     plan_id = discovered.plan_id
-    reused = runner.reuse_stage(here, "convert", config_fp, discovered.output_fingerprint, plan_id)
-    if reused:
-        reused.counts = {
-            **reused.counts,
-            "converted": 0,
-            "skipped_unchanged": reused.counts["documents"],
-        }
+    reused = runner.reuse_stage(
+        here, "convert", config_fp, discovered.output_fingerprint, ConvertCounts, plan_id
+    )
+    if reused:  # this run converted nothing
+        reused.counts.converted = 0
+        reused.counts.skipped_unchanged = reused.counts.documents
         return reused
     # The files to convert: the plan's (only new and changed files) or discover's (all).
     sources = runner.read_input(config, discovered, "files.parquet", SourceFile)
-    cache_dir = here / "cache"
+    cache_dir = work.convert_cache
     stats: Counter[str] = Counter()
 
     def convert_one(source: SourceFile) -> Document:
@@ -432,13 +445,13 @@ def run_convert(config: RagpipeConfig, discovered: runner.StageSummary) -> runne
         "convert", sources, convert_one, lambda s: (s.file_path, s.sha256)
     )
     _prune_cache(cache_dir, {_cache_key(s, config_fp) for s in sources})
-    counts = {
-        "documents": len(docs),
-        "converted": stats["converted"],
-        "skipped_unchanged": stats["skipped_unchanged"],
-        "failed": len(failures),
-        **{f"converter:{k}": v for k, v in Counter(d.converter for d in docs).items()},
-    }
+    counts = ConvertCounts(
+        len(docs),
+        stats["converted"],
+        stats["skipped_unchanged"],
+        len(failures),
+        dict(Counter(d.converter for d in docs)),
+    )
     return runner.finish_stage(
         here,
         "convert",

@@ -391,10 +391,25 @@ def _consider(
 # -- discover ------------------------------------------------------------------------
 
 
-def run_discover(config: RagpipeConfig, roots: list[Path] | None = None) -> runner.StageSummary:
+@dataclass
+class DiscoverCounts(runner.Counts):
+    """Files found (``seen``), left out on purpose, failed; the web fetch's counts."""
+
+    seen: int = 0
+    failed: int = 0
+    skipped: int = 0
+    pages: int = field(default=0, metadata={"optional": True})
+    pages_not_modified: int = field(default=0, metadata={"optional": True})
+    pages_downloaded: int = field(default=0, metadata={"optional": True})
+    requests: int = field(default=0, metadata={"optional": True})
+
+
+def run_discover(
+    config: RagpipeConfig, roots: list[Path] | None = None
+) -> runner.StageSummary[DiscoverCounts]:
     """Find and hash files, fetch web pages; always runs (it is how changes are seen)."""
     started = time.perf_counter()
-    here = runner.stage_dir(config, "discover")
+    here = runner.WorkDir.of(config).stage("discover")
     stale = checkpoint.remove_stale_temps(config.paths.work_dir)
     if stale:
         logger.warning("removed %d temp files left by an interrupted run", stale)
@@ -410,18 +425,12 @@ def run_discover(config: RagpipeConfig, roots: list[Path] | None = None) -> runn
     config_fp = checkpoint.combine_fingerprints(
         [fingerprint(config.discover, "1"), json.dumps(roots_used)]
     )
-    counts = {
-        "seen": len(result.files),
-        "failed": len(result.failures),
-        "skipped": len(result.skipped),
-    }
+    counts = DiscoverCounts(len(result.files), len(result.failures), len(result.skipped))
     if web.requests or web.pages:
-        counts |= {
-            "pages": len(web.files),
-            "pages_not_modified": web.not_modified,
-            "pages_downloaded": web.downloaded,
-            "requests": web.requests,
-        }
+        counts.pages = len(web.files)
+        counts.pages_not_modified = web.not_modified
+        counts.pages_downloaded = web.downloaded
+        counts.requests = web.requests
     return runner.finish_stage(
         here,
         "discover",

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -28,13 +29,12 @@ from ragpipe.ingest.plan import index_fingerprint, point_id
 from ragpipe.models.embedders import (
     Embedder,
     contextual_text,
-    embedder_name,
     fit_context,
     make_embedder,
 )
 from ragpipe.progress import reporter
 from ragpipe.schemas import Chunk
-from ragpipe.store import SparseEncoder, open_store
+from ragpipe.store import SparseEncoder, VectorStore
 
 logger = logging.getLogger(__name__)
 
@@ -148,16 +148,16 @@ def _embedding_rows(
 
 
 def _done_ids(config: RagpipeConfig, index_fp: str) -> set[str]:
-    here = runner.stage_dir(config, "embed")
-    done = set(read_embeddings(here / "embeddings.parquet", index_fp))
-    for part in sorted((here / "parts").glob(f"{index_fp}-*.parquet")):
+    work = runner.WorkDir.of(config)
+    done = set(read_embeddings(work.embeddings, index_fp))
+    for part in sorted(work.embed_parts.glob(f"{index_fp}-*.parquet")):
         done.update(read_embeddings(part, index_fp))
     return done
 
 
 def embed_batches(config: RagpipeConfig, size: int) -> list[list[Chunk]]:
     """The chunked chunks without vectors yet, in batches of ``size`` (for fan-out)."""
-    chunks = checkpoint.read_records(runner.stage_dir(config, "chunk") / "chunks.parquet", Chunk)
+    chunks = checkpoint.read_records(runner.WorkDir.of(config).chunks, Chunk)
     done = _done_ids(config, index_fingerprint(config))
     todo = [c for c in chunks if c.chunk_id not in done]
     return [todo[i : i + size] for i in range(0, len(todo), size)]
@@ -176,30 +176,55 @@ def embed_batch(config: RagpipeConfig, chunks: Sequence[Chunk]) -> int:
     texts, prefixes, _ = _texts_to_embed(list(chunks), config, embedder)
     rows = _embedding_rows(chunks, texts, prefixes, embedder, SparseEncoder(), index_fp)
     key = hashlib.sha256("\n".join(c.chunk_id for c in chunks).encode()).hexdigest()[:12]
-    part = runner.stage_dir(config, "embed") / "parts" / f"{index_fp}-batch-{key}.parquet"
+    part = runner.WorkDir.of(config).embed_parts / f"{index_fp}-batch-{key}.parquet"
     checkpoint.write_table(part, embeddings_table(rows, embedder.dim, index_fp))
     return len(rows)
 
 
-def run_embed(config: RagpipeConfig, chunked: runner.StageSummary) -> runner.StageSummary:
-    """Embed every chunk; vectors are saved in parts so a crash does not re-embed."""
+@dataclass
+class EmbedCounts(runner.Counts):
+    """Chunks in, vectors computed now or reused, duplicates skipped, the dimension."""
+
+    chunks: int = 0
+    embedded: int = 0
+    reused: int = 0
+    duplicates_skipped: int = 0
+    prefix_trimmed: int = 0
+    dim: int = 0
+
+
+def run_embed(
+    config: RagpipeConfig,
+    chunked: runner.StageSummary[Any],
+    store: runner.RunStore | None = None,
+) -> runner.StageSummary[EmbedCounts]:
+    """Embed every chunk; vectors are saved in parts so a crash does not re-embed.
+
+    ``store``: the run's (see ``RunStore``), read for chunks indexed already when
+    ``embed.dedupe_chunks``; without it the stage opens its own.
+    """
     started = time.perf_counter()
-    here = runner.stage_dir(config, "embed")
+    work = runner.WorkDir.of(config)
+    here = work.stage("embed")
     index_fp = index_fingerprint(config)
     plan_id = chunked.plan_id
-    reused = runner.reuse_stage(here, "embed", index_fp, chunked.output_fingerprint, plan_id)
+    reused = runner.reuse_stage(
+        here, "embed", index_fp, chunked.output_fingerprint, EmbedCounts, plan_id
+    )
     if reused:  # this run embedded nothing: every vector comes from the checkpoint
-        n_kept = reused.counts["chunks"] - reused.counts["duplicates_skipped"]
-        reused.counts = {**reused.counts, "embedded": 0, "reused": n_kept, "prefix_trimmed": 0}
+        counts = reused.counts
+        counts.reused, counts.embedded = counts.chunks - counts.duplicates_skipped, 0
+        counts.prefix_trimmed = 0
         return reused
     chunks = runner.read_input(config, chunked, "chunks.parquet", Chunk)
     kept, duplicates = chunks, 0
     if config.embed.dedupe_chunks:
-        kept, duplicates = _dedupe(chunks, _indexed_text_shas(config, chunks))
+        with runner.stage_store(config, store) as stores:
+            kept, duplicates = _dedupe(chunks, _indexed_text_shas(stores.existing(), chunks))
 
     # Vectors already computed under this fingerprint: the last finished run, then parts.
-    parts_dir = here / "parts"
-    done = read_embeddings(here / "embeddings.parquet", index_fp)
+    parts_dir = work.embed_parts
+    done = read_embeddings(work.embeddings, index_fp)
     for part in sorted(parts_dir.glob(f"{index_fp}-*.parquet")):
         done.update(read_embeddings(part, index_fp))
     todo = [c for c in kept if c.chunk_id not in done]
@@ -233,48 +258,27 @@ def run_embed(config: RagpipeConfig, chunked: runner.StageSummary) -> runner.Sta
     elif done:
         dim = len(next(iter(done.values())).vector)
     final = [done[c.chunk_id] for c in kept]
-    digest = checkpoint.write_table(
-        here / "embeddings.parquet", embeddings_table(final, dim or 1, index_fp)
-    )
-    manifest = checkpoint.Manifest(
-        "embed",
-        index_fp,
-        chunked.output_fingerprint,
-        {"embeddings.parquet": digest},
-        {
-            "chunks": len(chunks),
-            "embedded": len(todo),
-            "reused": reused_n,
-            "duplicates_skipped": duplicates,
-            "prefix_trimmed": stats["prefix_trimmed"],
-            "dim": dim,
-        },
-        plan_id=plan_id,
-    )
-    checkpoint.write_manifest(here, manifest)
+    digest = checkpoint.write_table(work.embeddings, embeddings_table(final, dim or 1, index_fp))
+    counts = EmbedCounts(len(chunks), len(todo), reused_n, duplicates, stats["prefix_trimmed"], dim)
+    summary = runner.record_stage(
+        here, "embed", index_fp, chunked.output_fingerprint,
+        {work.embeddings.name: digest}, counts, started, plan_id,
+    )  # fmt: skip
     for part in parts_dir.glob("*.parquet"):  # folded into embeddings.parquet
         part.unlink(missing_ok=True)
-    seconds = time.perf_counter() - started
-    logger.info("embed: %d embedded, %d reused in %.1fs", len(todo), reused_n, seconds)
-    return runner.StageSummary(
-        "embed", manifest.output_fingerprint, manifest.counts, seconds=seconds, plan_id=plan_id
-    )
+    return summary
 
 
-def _indexed_text_shas(config: RagpipeConfig, chunks: Sequence[Chunk]) -> set[str]:
+def _indexed_text_shas(store: VectorStore | None, chunks: Sequence[Chunk]) -> set[str]:
     """Text SHA-256s already indexed for files other than the ones being re-indexed."""
-    store = open_store(config.store, embedder_name(config.embed), None)
     if store is None:
         return set()
     redone = {c.file_path for c in chunks}
-    try:
-        return {
-            str(hit.payload.get("text_sha"))
-            for hit in store.scroll(fields=["file_path", "text_sha"])
-            if hit.payload.get("file_path") not in redone
-        }
-    finally:
-        store.close()
+    return {
+        str(hit.payload.get("text_sha"))
+        for hit in store.scroll(fields=["file_path", "text_sha"])
+        if hit.payload.get("file_path") not in redone
+    }
 
 
 def _dedupe(chunks: Sequence[Chunk], indexed: set[str]) -> tuple[list[Chunk], int]:

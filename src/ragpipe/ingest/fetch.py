@@ -8,7 +8,7 @@ import logging
 from ragpipe import checkpoint
 from ragpipe.config import RagpipeConfig
 from ragpipe.errors import StageError
-from ragpipe.ingest.runner import stage_dir
+from ragpipe.ingest.runner import WorkDir
 from ragpipe.progress import reporter
 from ragpipe.schemas import WebPage
 from ragpipe.web.fetch import GONE_CATEGORIES, FetchResult, fetch_pages, prune_bodies
@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 def web_pages(config: RagpipeConfig) -> list[WebPage]:
     """The fetch state: what the last run fetched of each web page ([] when none)."""
-    path = stage_dir(config, "fetch") / "pages.parquet"
+    path = WorkDir.of(config).fetch_state
     if not path.is_file():
         return []
     try:
@@ -34,12 +34,12 @@ def run_fetch(config: RagpipeConfig) -> FetchResult:
     The state is written after every body it names (bodies are written as
     they arrive), so it never points at a body that is not on disk.
     """
-    here = stage_dir(config, "fetch")
+    work = WorkDir.of(config)
     previous = web_pages(config)
     if not (config.discover.urls or config.discover.sitemaps):
         if previous:  # URL sources were removed from the config: forget them
-            checkpoint.write_records(here / "pages.parquet", [], WebPage)
-            prune_bodies(here / "bodies", [])
+            checkpoint.write_records(work.fetch_state, [], WebPage)
+            prune_bodies(work.fetch_bodies, [])
         return FetchResult()
     progress = reporter()
     started: list[int] = []  # the page count is known once the sitemaps are read
@@ -53,7 +53,7 @@ def run_fetch(config: RagpipeConfig) -> FetchResult:
             config.fetch,
             config.discover.urls,
             config.discover.sitemaps,
-            here / "bodies",
+            work.fetch_bodies,
             previous,
             progress=progress.advance,
             on_total=start,
@@ -66,6 +66,6 @@ def run_fetch(config: RagpipeConfig) -> FetchResult:
     failed -= {p.url for p in result.pages}
     kept = [p for p in previous if p.url in failed]
     pages = sorted([*result.pages, *kept], key=lambda p: p.url)
-    checkpoint.write_records(here / "pages.parquet", pages, WebPage)
-    prune_bodies(here / "bodies", pages)
+    checkpoint.write_records(work.fetch_state, pages, WebPage)
+    prune_bodies(work.fetch_bodies, pages)
     return result

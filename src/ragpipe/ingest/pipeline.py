@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ragpipe.config import RagpipeConfig
 from ragpipe.errors import MassDeletionHeld
@@ -17,7 +18,7 @@ from ragpipe.ingest.convert import run_convert
 from ragpipe.ingest.discover import run_discover
 from ragpipe.ingest.embed import run_embed
 from ragpipe.ingest.plan import run_plan
-from ragpipe.ingest.runner import StageSummary
+from ragpipe.ingest.runner import RunStore, StageSummary, stage_store
 from ragpipe.ingest.summary import IngestSummary, write_summary
 from ragpipe.ingest.upsert import mass_deletion_message, run_upsert
 from ragpipe.locking import ingest_lock
@@ -34,13 +35,21 @@ def with_mass_delete(config: RagpipeConfig, allow: bool) -> RagpipeConfig:
 @dataclass(frozen=True)
 class Stage:
     """One stage: its name (and work-dir folder) and what runs it. ``run`` takes the
-    configuration and the previous stage's summary (discover takes none)."""
+    configuration, the previous stage's summary (discover takes none) and, when
+    ``uses_store``, the run's store (``RunStore``; None: the stage opens its own)."""
 
     name: str
-    run: Callable[..., StageSummary]
+    run: Callable[..., StageSummary[Any]]
+    uses_store: bool = False
+
+    def arguments(
+        self, config: RagpipeConfig, done: Sequence[StageSummary[Any]], store: RunStore | None
+    ) -> tuple[Any, ...]:
+        """What ``run`` takes after the stages ``done`` so far."""
+        return (config, *done[-1:], *((store,) if self.uses_store else ()))
 
 
-def _discover(config: RagpipeConfig) -> StageSummary:
+def _discover(config: RagpipeConfig) -> StageSummary[Any]:
     return run_discover(config)
 
 
@@ -48,26 +57,31 @@ def _discover(config: RagpipeConfig) -> StageSummary:
 # before convert so that only added and changed files are converted.
 STAGES: tuple[Stage, ...] = (
     Stage("discover", _discover),
-    Stage("plan", run_plan),
+    Stage("plan", run_plan, uses_store=True),
     Stage("convert", run_convert),
     Stage("clean", run_clean),
     Stage("chunk", run_chunk),
-    Stage("embed", run_embed),
-    Stage("upsert", run_upsert),
+    Stage("embed", run_embed, uses_store=True),
+    Stage("upsert", run_upsert, uses_store=True),
 )
 STAGE_NAMES = tuple(stage.name for stage in STAGES)
 
 
 def run_stages(
-    config: RagpipeConfig, until: str = "upsert", done: Sequence[StageSummary] = ()
-) -> list[StageSummary]:
+    config: RagpipeConfig,
+    until: str = "upsert",
+    done: Sequence[StageSummary[Any]] = (),
+    store: RunStore | None = None,
+) -> list[StageSummary[Any]]:
     """Run the stages in order up to and including ``until``, after the ``done`` ones
-    (their summaries, in order); returns every summary. No locks: see run_ingest."""
+    (their summaries, in order); returns every summary. The store is opened once, on
+    first use, for all of them (or ``store`` is used). No locks: see run_ingest."""
     if until not in STAGE_NAMES:
         raise ValueError(f"no stage {until!r}; stages: {', '.join(STAGE_NAMES)}")
     done = list(done)
-    for stage in STAGES[len(done) : STAGE_NAMES.index(until) + 1]:
-        done.append(stage.run(config, *done[-1:]))
+    with stage_store(config, store) as run_store:
+        for stage in STAGES[len(done) : STAGE_NAMES.index(until) + 1]:
+            done.append(stage.run(*stage.arguments(config, done, run_store)))
     return done
 
 

@@ -17,7 +17,9 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -37,7 +39,6 @@ from ragpipe.store import (
     StoreMeta,
     VersionStats,
     check_store_space,
-    open_store,
     peek_meta,
     store_generation,
 )
@@ -67,9 +68,6 @@ def _read_optional(path: Path, record_type: type) -> list[object]:
 
 
 # -- plan ----------------------------------------------------------------------------
-
-VERSIONS_FILE = "store-versions.parquet"
-
 
 _VERSIONS_SCHEMA = pa.schema(
     [
@@ -103,13 +101,13 @@ def save_versions(config: RagpipeConfig, versions: FileVersions) -> None:
         [pa.array(c, f.type) for c, f in zip(columns, _VERSIONS_SCHEMA, strict=True)],
         schema=_VERSIONS_SCHEMA,
     ).replace_schema_metadata(_versions_key(config, generation))
-    checkpoint.write_table(runner.stage_dir(config, "plan") / VERSIONS_FILE, table)
+    checkpoint.write_table(runner.WorkDir.of(config).store_versions, table)
 
 
 def saved_versions(config: RagpipeConfig) -> FileVersions | None:
     """The saved versions when the store was not written since they were saved, else None."""
     generation = store_generation(config.store)
-    path = runner.stage_dir(config, "plan") / VERSIONS_FILE
+    path = runner.WorkDir.of(config).store_versions
     if generation is None or not path.is_file():
         return None
     try:
@@ -127,7 +125,9 @@ def saved_versions(config: RagpipeConfig) -> FileVersions | None:
     return versions
 
 
-def stored_versions(config: RagpipeConfig) -> FileVersions:
+def stored_versions(
+    config: RagpipeConfig, run_store: runner.RunStore | None = None
+) -> FileVersions:
     """Per file, the versions in the store: from one scroll, or its saved result.
 
     The saved result is used only while the Edge store's generation token is
@@ -140,21 +140,37 @@ def stored_versions(config: RagpipeConfig) -> FileVersions:
     if cached is not None and meta is not None:  # no metadata: opening the store rebuilds it
         StoreMeta(name, None).check(meta, str(config.store.path))
         return cached
-    store = open_store(config.store, name, None)
-    if store is None:
-        return {}
-    try:
+    with runner.stage_store(config, run_store) as stores:
+        store = stores.existing()
+        if store is None:
+            return {}
         versions = store.file_versions()
-    finally:
-        store.close()
     save_versions(config, versions)
     return versions
 
 
-def run_plan(config: RagpipeConfig, discovered: runner.StageSummary) -> runner.StageSummary:
+@dataclass
+class PlanCounts(runner.Counts):
+    """The store as the plan found it, and how many files take each action."""
+
+    indexed_files: int = 0
+    points_total: int = 0
+    added: int = 0
+    changed: int = 0
+    unchanged: int = 0
+    cleanup: int = 0
+    removed: int = 0
+
+
+def run_plan(
+    config: RagpipeConfig,
+    discovered: runner.StageSummary[Any],
+    store: runner.RunStore | None = None,
+) -> runner.StageSummary[PlanCounts]:
     """Diff discovered files against the store in one paginated scroll.
 
     Always runs: the store, not a checkpoint, is the truth about what is indexed.
+    ``store``: the run's (see ``RunStore``); without it the plan opens its own.
     """
     started = time.perf_counter()
     check_store_space(config.store)  # a full disk stops the run here, not after converting
@@ -167,7 +183,7 @@ def run_plan(config: RagpipeConfig, discovered: runner.StageSummary) -> runner.S
         if f.category not in GONE_CATEGORIES
     }
     index_fp = index_fingerprint(config)
-    versions = stored_versions(config)
+    versions = stored_versions(config, store)
     todo: list[SourceFile] = []
     entries: list[PlanEntry] = []
     for source in sources:
@@ -187,14 +203,17 @@ def run_plan(config: RagpipeConfig, discovered: runner.StageSummary) -> runner.S
     present = {s.file_path for s in sources} | unreadable
     for path in sorted(set(versions) - present):
         entries.append(PlanEntry(path, "removed", None, len(versions[path])))
-    counts = {
-        "indexed_files": len(versions),
-        "points_total": sum(v.points for file in versions.values() for v in file.values()),
-        **{a: 0 for a in ("added", "changed", "unchanged", "cleanup", "removed")},
-        **Counter(e.action for e in entries),
-    }
+    actions = Counter(e.action for e in entries)
+    counts = PlanCounts(
+        indexed_files=len(versions),
+        points_total=sum(v.points for file in versions.values() for v in file.values()),
+        **{
+            action: actions[action]
+            for action in ("added", "changed", "unchanged", "cleanup", "removed")
+        },
+    )
     return runner.finish_stage(
-        runner.stage_dir(config, "plan"),
+        runner.WorkDir.of(config).stage("plan"),
         "plan",
         index_fp,
         discovered.output_fingerprint,

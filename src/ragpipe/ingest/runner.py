@@ -26,16 +26,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 from ragpipe import checkpoint
 from ragpipe.config import RagpipeConfig
 from ragpipe.errors import InputError, StageError
+from ragpipe.models.embedders import embedder_name
 from ragpipe.progress import reporter
 from ragpipe.schemas import Failure
+from ragpipe.store import StoreMeta, VectorStore, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +50,52 @@ R = TypeVar("R")
 
 
 @dataclass
-class StageSummary:
-    """Counts of one stage run (small enough to pass between tasks)."""
+class Counts:
+    """A stage's typed counts (each stage module declares its own subclass).
+
+    The manifest stores them flat (``as_dict``), as ``name: int`` entries. A
+    ``dict[str, int]`` field with ``metadata={"prefix": p}`` is stored as ``p:key``
+    entries; an ``int`` field with ``metadata={"optional": True}`` is left out when 0.
+    ``from_dict`` reads them back; entries a stage no longer writes are ignored,
+    missing ones are 0.
+    """
+
+    def as_dict(self) -> dict[str, int]:
+        flat: dict[str, int] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if "prefix" in f.metadata:
+                flat |= {f"{f.metadata['prefix']}:{k}": v for k, v in sorted(value.items())}
+            elif value or not f.metadata.get("optional"):
+                flat[f.name] = value
+        return flat
+
+    @classmethod
+    def from_dict(cls, flat: dict[str, int]) -> Self:
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if "prefix" in f.metadata:
+                head = f"{f.metadata['prefix']}:"
+                values[f.name] = {k[len(head) :]: v for k, v in flat.items() if k.startswith(head)}
+            elif f.name in flat:
+                values[f.name] = int(flat[f.name])
+        return cls(**values)
+
+    def line(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.as_dict().items())
+
+
+C = TypeVar("C", bound=Counts)
+
+
+@dataclass
+class StageSummary(Generic[C]):
+    """What one stage run hands the next: its output's fingerprint and typed counts
+    (small enough to pass between tasks)."""
 
     stage: str
     output_fingerprint: str
-    counts: dict[str, int]
+    counts: C
     reused: bool = False
     seconds: float = 0.0
     plan_id: str = ""  # the run's plan (see ``read_input``); "" before plan runs
@@ -72,8 +115,53 @@ class WorkDir:
         """Directory of one stage's checkpoints."""
         return self.root / name
 
+    def output(self, stage: str, name: str) -> Path:
+        """One Parquet output of a stage: ``name`` is its key in the stage's manifest."""
+        return self.stage(stage) / f"{name}.parquet"
+
     def stage_failures(self, name: str) -> Path:
-        return self.stage(name) / "failures.parquet"
+        return self.output(name, "failures")
+
+    def files(self, stage: str) -> Path:
+        """The files a stage hands on to convert: discover's (all) or plan's (to redo)."""
+        return self.output(stage, "files")
+
+    @property
+    def fetch_state(self) -> Path:
+        """What the last run fetched of each web page."""
+        return self.output("fetch", "pages")
+
+    @property
+    def fetch_bodies(self) -> Path:
+        return self.stage("fetch") / "bodies"
+
+    @property
+    def plan(self) -> Path:
+        """One row per file: added, changed, unchanged, cleanup or removed."""
+        return self.output("plan", "plan")
+
+    @property
+    def store_versions(self) -> Path:
+        """The store's file versions as the last scroll (or write) left them."""
+        return self.output("plan", "store-versions")
+
+    @property
+    def convert_cache(self) -> Path:
+        """One Parquet file per converted document, keyed by source and converter."""
+        return self.stage("convert") / "cache"
+
+    @property
+    def chunks(self) -> Path:
+        return self.output("chunk", "chunks")
+
+    @property
+    def embeddings(self) -> Path:
+        return self.output("embed", "embeddings")
+
+    @property
+    def embed_parts(self) -> Path:
+        """Vectors embedded so far by an unfinished embed (crash resume, batches)."""
+        return self.stage("embed") / "parts"
 
     @property
     def failures(self) -> Path:
@@ -87,12 +175,62 @@ class WorkDir:
     @property
     def skipped(self) -> Path:
         """Paths discover left out on purpose, with the reason."""
-        return self.stage("discover") / "skipped.parquet"
+        return self.output("discover", "skipped")
 
 
-def stage_dir(config: RagpipeConfig, stage: str) -> Path:
-    """Directory of one stage's checkpoints."""
-    return WorkDir.of(config).stage(stage)
+class RunStore:
+    """The index as one ingest run uses it: opened at most once, on first use (plan's
+    scroll, embed's duplicate check or upsert's writes), then handed on; upsert closes it
+    (publishing needs it closed), as does the end of the run.
+
+    A stage given none opens and closes its own (``stage_store``): stages run in other
+    processes (a Dask runner) must, since an Edge store is open in one process at a time.
+    """
+
+    def __init__(self, config: RagpipeConfig) -> None:
+        self._config = config.store
+        self._embedder = embedder_name(config.embed)
+        self._store: VectorStore | None = None
+        self.opened = 0  # times the store was opened
+
+    def existing(self) -> VectorStore | None:
+        """The store for reading and deleting; None while there is none yet."""
+        if self._store is None:
+            self._store = open_store(self._config, self._embedder, None)
+            self.opened += self._store is not None
+        return self._store
+
+    def for_writing(self, dim: int) -> VectorStore:
+        """The store for ``dim``-dimensional vectors, created on first use; one opened
+        before is checked to hold vectors of this size (ConfigError if not)."""
+        if self._store is None:
+            store = open_store(self._config, self._embedder, dim)
+            assert store is not None  # with a dimension the store is created
+            self._store, self.opened = store, self.opened + 1
+        else:
+            self._store.check(StoreMeta(self._embedder, dim))
+        return self._store
+
+    def close(self) -> None:
+        if self._store is not None:
+            store, self._store = self._store, None
+            store.close()
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextmanager
+def stage_store(config: RagpipeConfig, given: RunStore | None) -> Iterator[RunStore]:
+    """The run's store when the stage was given it, else the stage's own (closed after)."""
+    if given is not None:
+        yield given
+        return
+    with RunStore(config) as own:
+        yield own
 
 
 def finish_stage(
@@ -101,27 +239,49 @@ def finish_stage(
     config_fp: str,
     input_fp: str,
     outputs: dict[str, tuple[Sequence[Any], type]],
-    counts: dict[str, int],
+    counts: C,
     started: float,
     plan_id: str = "",
-) -> StageSummary:
+) -> StageSummary[C]:
     """Write a stage's outputs, then its manifest (which marks it done)."""
     digests = {
         f"{name}.parquet": checkpoint.write_records(directory / f"{name}.parquet", rows, rtype)
         for name, (rows, rtype) in outputs.items()
     }
-    manifest = checkpoint.Manifest(stage, config_fp, input_fp, digests, counts, plan_id=plan_id)
+    return record_stage(directory, stage, config_fp, input_fp, digests, counts, started, plan_id)
+
+
+def record_stage(
+    directory: Path,
+    stage: str,
+    config_fp: str,
+    input_fp: str,
+    digests: dict[str, str],
+    counts: C,
+    started: float,
+    plan_id: str = "",
+) -> StageSummary[C]:
+    """Write the manifest of a stage whose outputs (``digests``: name → SHA-256) are
+    durably written; it marks the stage done. Logs the counts."""
+    manifest = checkpoint.Manifest(
+        stage, config_fp, input_fp, digests, counts.as_dict(), plan_id=plan_id
+    )
     checkpoint.write_manifest(directory, manifest)  # last: marks the stage done
     seconds = time.perf_counter() - started
-    logger.info("%s: %s (%.1fs)", stage, ", ".join(f"{k}={v}" for k, v in counts.items()), seconds)
+    logger.info("%s: %s (%.1fs)", stage, counts.line(), seconds)
     return StageSummary(
         stage, manifest.output_fingerprint, counts, seconds=seconds, plan_id=plan_id
     )
 
 
 def reuse_stage(
-    directory: Path, stage: str, config_fp: str, input_fp: str, plan_id: str = ""
-) -> StageSummary | None:
+    directory: Path,
+    stage: str,
+    config_fp: str,
+    input_fp: str,
+    counts: type[C],
+    plan_id: str = "",
+) -> StageSummary[C] | None:
     """The finished stage's summary when it already ran on these inputs and config.
 
     The reused output now belongs to this run's plan: its manifest is stamped with it.
@@ -134,7 +294,11 @@ def reuse_stage(
         checkpoint.write_manifest(directory, manifest)
     logger.info("%s: inputs and config unchanged, reusing checkpoint", stage)
     return StageSummary(
-        stage, manifest.output_fingerprint, manifest.counts, reused=True, plan_id=plan_id
+        stage,
+        manifest.output_fingerprint,
+        counts.from_dict(manifest.counts),
+        reused=True,
+        plan_id=plan_id,
     )
 
 
@@ -145,7 +309,7 @@ def checked_manifest(config: RagpipeConfig, stage: str, plan_id: str) -> checkpo
     other's checkpoints (the ingest lock also covers the work dir; this is the
     check that holds whoever writes there).
     """
-    directory = stage_dir(config, stage)
+    directory = WorkDir.of(config).stage(stage)
     manifest = checkpoint.read_manifest(directory)
     if manifest is None or (plan_id and manifest.plan_id != plan_id):
         found = "no finished stage" if manifest is None else f"plan {manifest.plan_id[:12] or '?'}"
@@ -170,7 +334,7 @@ def verify_output(
     The manifest must be of this run's plan (once the run has one) and, when given,
     have ``output_fingerprint``; the file must still have the SHA-256 it records.
     """
-    directory = stage_dir(config, stage)
+    directory = WorkDir.of(config).stage(stage)
     manifest = checked_manifest(config, stage, plan_id)
     path = directory / name
     recorded = {name: manifest.outputs.get(name, "")}
@@ -192,7 +356,7 @@ def read_output(
 
 
 def read_input(
-    config: RagpipeConfig, previous: StageSummary, name: str, record_type: type[T]
+    config: RagpipeConfig, previous: StageSummary[Any], name: str, record_type: type[T]
 ) -> list[T]:
     """Read an output of the stage ``previous`` summarises (see ``read_output``)."""
     path = verify_output(

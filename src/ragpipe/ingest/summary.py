@@ -7,10 +7,16 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
 
 from ragpipe import checkpoint
 from ragpipe.config import RagpipeConfig
-from ragpipe.ingest.runner import StageSummary, WorkDir
+from ragpipe.ingest.chunk import ChunkCounts
+from ragpipe.ingest.convert import ConvertCounts
+from ragpipe.ingest.discover import DiscoverCounts
+from ragpipe.ingest.plan import PlanCounts
+from ragpipe.ingest.runner import Counts, StageSummary, WorkDir
+from ragpipe.ingest.upsert import UpsertCounts
 from ragpipe.schemas import Failure
 
 logger = logging.getLogger(__name__)
@@ -58,13 +64,21 @@ class IngestSummary:
 
 STAGES_WITH_FAILURES = ("discover", "convert", "clean", "chunk")
 
+C = TypeVar("C", bound=Counts)
+
+
+def _counts(stages: Sequence[StageSummary[Any]], kind: type[C]) -> C:
+    """The counts of the stage that reports ``kind``; all 0 if it did not run (a run
+    stopped early, or tests running part of the stages)."""
+    return next((s.counts for s in stages if isinstance(s.counts, kind)), kind())
+
 
 def read_failures(work: WorkDir) -> list[Failure]:
     """The last run's failure rows (none before the first run)."""
     return checkpoint.read_records(work.failures, Failure) if work.failures.is_file() else []
 
 
-def write_summary(config: RagpipeConfig, stages: Sequence[StageSummary]) -> IngestSummary:
+def write_summary(config: RagpipeConfig, stages: Sequence[StageSummary[Any]]) -> IngestSummary:
     """Gather every stage's failures into one table and write the run summary."""
     work = WorkDir.of(config)
     failures: list[Failure] = []
@@ -73,32 +87,32 @@ def write_summary(config: RagpipeConfig, stages: Sequence[StageSummary]) -> Inge
         if path.is_file():
             failures.extend(checkpoint.read_records(path, Failure))
     checkpoint.write_records(work.failures, failures, Failure)
-    by_stage = {s.stage: s.counts for s in stages}
-    plan = by_stage.get("plan")
-    upsert = by_stage.get("upsert", {})
-    convert_counts = by_stage.get("convert", {})
+    discover = _counts(stages, DiscoverCounts)
+    plan = _counts(stages, PlanCounts)
+    convert = _counts(stages, ConvertCounts)
+    upsert = _counts(stages, UpsertCounts)
     summary = IngestSummary(
-        seen=by_stage.get("discover", {}).get("seen", 0),
-        converted=convert_counts.get("converted", 0),
+        seen=discover.seen,
+        converted=convert.converted,
         skipped_unchanged=(
-            plan.get("unchanged", 0) + plan.get("cleanup", 0)
-            if plan is not None
-            else convert_counts.get("skipped_unchanged", 0)
+            plan.unchanged + plan.cleanup
+            if any(s.stage == "plan" for s in stages)
+            else convert.skipped_unchanged
         ),
         failed=len(failures),
-        chunks=by_stage.get("chunk", {}).get("chunks", 0),
-        skipped=by_stage.get("discover", {}).get("skipped", 0),
-        added=(plan or {}).get("added", 0),
-        changed=(plan or {}).get("changed", 0),
-        removed=upsert.get("files_removed", 0),
-        chunks_written=upsert.get("points_written", 0),
-        chunks_deleted=upsert.get("points_deleted", 0),
-        deletions_held=upsert.get("deletions_held", 0),
-        indexed_files=(plan or {}).get("indexed_files", 0),
-        points_total=upsert.get("points_total", 0),
+        chunks=_counts(stages, ChunkCounts).chunks,
+        skipped=discover.skipped,
+        added=plan.added,
+        changed=plan.changed,
+        removed=upsert.files_removed,
+        chunks_written=upsert.points_written,
+        chunks_deleted=upsert.points_deleted,
+        deletions_held=upsert.deletions_held,
+        indexed_files=plan.indexed_files,
+        points_total=upsert.points_total,
         failures_by_category=dict(Counter(f"{f.stage}:{f.category}" for f in failures)),
         seconds={s.stage: round(s.seconds, 3) for s in stages},
-        stages=by_stage,
+        stages={s.stage: s.counts.as_dict() for s in stages},
     )
     payload = {**asdict(summary), "failures": [asdict(f) for f in failures]}
     checkpoint.atomic_write_bytes(work.summary, json.dumps(payload, indent=2).encode())

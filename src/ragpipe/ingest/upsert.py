@@ -18,6 +18,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,9 +27,12 @@ from ragpipe.config import RagpipeConfig, StoreBackend
 from ragpipe.ingest import runner
 from ragpipe.ingest.embed import EmbeddingRow, read_embeddings
 from ragpipe.ingest.fetch import web_pages
-from ragpipe.ingest.plan import index_fingerprint, save_versions, saved_versions, stored_versions
-from ragpipe.models.embedders import (
-    embedder_name,
+from ragpipe.ingest.plan import (
+    PlanCounts,
+    index_fingerprint,
+    save_versions,
+    saved_versions,
+    stored_versions,
 )
 from ragpipe.progress import reporter
 from ragpipe.schemas import Chunk, PlanEntry
@@ -38,7 +42,6 @@ from ragpipe.store import (
     VectorStore,
     VersionStats,
     Where,
-    open_store,
     published,
     store_generation,
 )
@@ -157,10 +160,29 @@ def _versions_after(
     return after
 
 
-def run_upsert(config: RagpipeConfig, embedded: runner.StageSummary) -> runner.StageSummary:
+@dataclass
+class UpsertCounts(runner.Counts):
+    """What the store run did, and the points in the store after it."""
+
+    points_written: int = 0
+    files_written: int = 0
+    points_deleted: int = 0
+    files_removed: int = 0
+    deletions_held: int = 0
+    points_total: int = 0
+    published: int = 0
+
+
+def run_upsert(
+    config: RagpipeConfig,
+    embedded: runner.StageSummary[Any],
+    run_store: runner.RunStore | None = None,
+) -> runner.StageSummary[UpsertCounts]:
     """Write new versions, then delete stale and vanished files' points.
 
     Always runs (it is idempotent); with nothing planned it writes nothing.
+    ``run_store``: the run's (see ``RunStore``), closed here before the index is
+    published; without it the stage opens its own.
     """
     started = time.perf_counter()
     index_fp = index_fingerprint(config)
@@ -181,84 +203,75 @@ def run_upsert(config: RagpipeConfig, embedded: runner.StageSummary) -> runner.S
     share = len(removed) / indexed if indexed else 0.0
     hold = bool(removed) and share > config.index.max_delete_share
     hold = hold and not config.index.allow_mass_delete
-    counts: Counter[str] = Counter()
+    counts = UpsertCounts()
 
     before: FileVersions | None = None  # the store as the plan saw it, if unwritten since
     after: FileVersions | None = None
     points: list[IndexPoint] = []
     store: VectorStore | None = None
-    name = embedder_name(config.embed)
-    planned = checkpoint.read_manifest(runner.stage_dir(config, "plan"))
-    if vectors or cleanup or (removed and not hold):
-        before = {} if _edge_absent(config) else saved_versions(config)
-        store = open_store(config.store, name, dim if vectors else None)
-    else:  # nothing to write or delete: the plan's scroll counted the points
-        counts["points_total"] = planned.counts.get("points_total", 0) if planned else 0
-    try:
-        if store is not None and vectors:
-            chunks = checkpoint.read_records(chunks_path, Chunk)
-            web = dict(iter_metadata(web_pages(config)))
-            points = build_points(chunks, vectors, index_fp, web)
-            progress = reporter()
-            progress.start("upsert", len(points))
-            try:
-                store.upsert(points, progress=progress.advance)
-            finally:
-                progress.finish()
-            counts["points_written"] = len(points)
-            # Only now that every new version is stored: drop the files' other versions.
-            versions = {(p.payload["file_path"], p.payload["source_sha"]) for p in points}
-            counts["files_written"] = len(versions)
-            # Files the plan saw with no stored version have nothing stale to delete.
-            new = {e.file_path for e in entries if e.action == "added" and not e.stored_versions}
-            for file_path, sha in sorted(versions):
-                if file_path not in new:
-                    counts["points_deleted"] += store.delete(_stale(file_path, sha, index_fp))
-        if store is not None:
-            for entry in cleanup:
-                assert entry.source_sha256 is not None
-                counts["points_deleted"] += store.delete(
-                    _stale(entry.file_path, entry.source_sha256, index_fp)
-                )
-            if removed and not hold:
-                for entry in removed:
-                    counts["points_deleted"] += store.delete(
-                        Where(must={"file_path": entry.file_path})
+    planned = _plan_counts(config)
+    with runner.stage_store(config, run_store) as stores:
+        if vectors:
+            before = {} if _edge_absent(config) else saved_versions(config)
+            store = stores.for_writing(dim)
+        elif cleanup or (removed and not hold):
+            before = {} if _edge_absent(config) else saved_versions(config)
+            store = stores.existing()
+        else:  # nothing to write or delete: the plan's scroll counted the points
+            counts.points_total = planned.points_total if planned else 0
+        try:
+            if store is not None and vectors:
+                chunks = checkpoint.read_records(chunks_path, Chunk)
+                web = dict(iter_metadata(web_pages(config)))
+                points = build_points(chunks, vectors, index_fp, web)
+                progress = reporter()
+                progress.start("upsert", len(points))
+                try:
+                    store.upsert(points, progress=progress.advance)
+                finally:
+                    progress.finish()
+                counts.points_written = len(points)
+                # Only now that every new version is stored: drop the files' other versions.
+                versions = {(p.payload["file_path"], p.payload["source_sha"]) for p in points}
+                counts.files_written = len(versions)
+                # Files the plan saw with no stored version have nothing stale to delete.
+                new = {
+                    e.file_path for e in entries if e.action == "added" and not e.stored_versions
+                }
+                for file_path, sha in sorted(versions):
+                    if file_path not in new:
+                        counts.points_deleted += store.delete(_stale(file_path, sha, index_fp))
+            if store is not None:
+                for entry in cleanup:
+                    assert entry.source_sha256 is not None
+                    counts.points_deleted += store.delete(
+                        _stale(entry.file_path, entry.source_sha256, index_fp)
                     )
-                counts["files_removed"] = len(removed)
-            if before is not None:
-                after = _versions_after(before, points, index_fp, cleanup, [] if hold else removed)
-                counts["points_total"] = _total_points(after)
-            else:
-                counts["points_total"] = store.count()
-    finally:
-        if store is not None:
-            store.close()
+                if removed and not hold:
+                    for entry in removed:
+                        counts.points_deleted += store.delete(
+                            Where(must={"file_path": entry.file_path})
+                        )
+                    counts.files_removed = len(removed)
+                if before is not None:
+                    after = _versions_after(
+                        before, points, index_fp, cleanup, [] if hold else removed
+                    )
+                    counts.points_total = _total_points(after)
+                else:
+                    counts.points_total = store.count()
+        finally:
+            stores.close()  # durable, and the generation final, before saving and publishing
     if after is not None:
         save_versions(config, after)  # the generation is final once the store is closed
     if hold:
-        counts["deletions_held"] = len(removed)
-    version = _publish(config, counts["points_total"], after, planned, index_fp)
-    counts["published"] = int(version is not None)
-    seconds = time.perf_counter() - started
-    here = runner.stage_dir(config, "upsert")
-    result = {
-        k: counts.get(k, 0)
-        for k in (
-            "points_written",
-            "files_written",
-            "points_deleted",
-            "files_removed",
-            "deletions_held",
-            "points_total",
-            "published",
-        )
-    }
-    logger.info("upsert: %s (%.1fs)", ", ".join(f"{k}={v}" for k, v in result.items()), seconds)
-    manifest = checkpoint.Manifest(
-        "upsert", index_fp, embedded.output_fingerprint, {}, result, plan_id=plan_id
+        counts.deletions_held = len(removed)
+    version = _publish(config, counts.points_total, after, planned, index_fp)
+    counts.published = int(version is not None)
+    here = runner.WorkDir.of(config).stage("upsert")
+    summary = runner.record_stage(
+        here, "upsert", index_fp, embedded.output_fingerprint, {}, counts, started, plan_id
     )
-    checkpoint.write_manifest(here, manifest)
     if hold:
         logger.error(
             "holding the deletion of %d of %d indexed files (%.0f%% > index.max_delete_share "
@@ -268,16 +281,20 @@ def run_upsert(config: RagpipeConfig, embedded: runner.StageSummary) -> runner.S
             100 * share,
             100 * config.index.max_delete_share,
         )
-    return runner.StageSummary(
-        "upsert", manifest.output_fingerprint, result, seconds=seconds, plan_id=plan_id
-    )
+    return summary
+
+
+def _plan_counts(config: RagpipeConfig) -> PlanCounts | None:
+    """The counts of this run's plan (checked by ``read_output`` above)."""
+    manifest = checkpoint.read_manifest(runner.WorkDir.of(config).stage("plan"))
+    return PlanCounts.from_dict(manifest.counts) if manifest is not None else None
 
 
 def _publish(
     config: RagpipeConfig,
     points: int,
     after: FileVersions | None,
-    planned: checkpoint.Manifest | None,
+    planned: PlanCounts | None,
     index_fp: str,
 ) -> published.IndexVersion | None:
     """Publish the Edge store for readers when this run changed it (or it never was)."""
@@ -286,12 +303,8 @@ def _publish(
         return None
     if after is not None:
         files = len(after)
-    elif (
-        planned is not None
-        and not planned.counts.get("added")
-        and not planned.counts.get("removed")
-    ):
-        files = planned.counts.get("indexed_files", 0)
+    elif planned is not None and not planned.added and not planned.removed:
+        files = planned.indexed_files
     else:
         files = len(stored_versions(config))
     return published.publish(config.store.path, generation, points, files, index_fp)
@@ -307,5 +320,5 @@ def mass_deletion_message(config: RagpipeConfig, held: int, indexed: int) -> str
         "--allow-mass-delete (CLI), the parameter allow_mass_delete: true (a Prefect "
         "deployment run, e.g. from the UI), or index.allow_mass_delete: true in the config; "
         "if a share is unmounted or a root is wrong, fix that first. The list is in "
-        f"{runner.stage_dir(config, 'plan') / 'plan.parquet'}."
+        f"{runner.WorkDir.of(config).plan}."
     )

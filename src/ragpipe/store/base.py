@@ -149,6 +149,10 @@ class VectorStore(Protocol):
 
     location: str
 
+    def check(self, meta: StoreMeta) -> None:
+        """Raise ConfigError unless ``meta``'s embedder and dimension fit this store."""
+        ...
+
     def upsert(
         self, points: Sequence[IndexPoint], progress: Callable[[int], None] | None = None
     ) -> None:

@@ -168,6 +168,10 @@ class EdgeStore(_Scrolling):
             self._writing = True
             self._repair_indexes(self._shard)
 
+    def check(self, meta: StoreMeta) -> None:
+        """Raise ConfigError unless ``meta``'s embedder and dimension fit this store."""
+        meta.check({"embedder": self._embedder, "dim": self._stored_dim()}, str(self.path))
+
     def _stored_dim(self) -> int | None:
         config_file = self.path / "edge_config.json"
         if not config_file.is_file():

@@ -143,12 +143,13 @@ class QdrantStore(_Scrolling):
             ) from exc
         self.exists = exists
         if exists:
-            self._check(meta)
+            self.check(meta)
         elif meta.dim is not None:
             self._create(meta)
             self.exists = True
 
-    def _check(self, meta: StoreMeta) -> None:
+    def check(self, meta: StoreMeta) -> None:
+        """Raise ConfigError unless ``meta``'s embedder and dimension fit the collection."""
         info = self.client.get_collection(self.collection)
         stored = dict(info.config.metadata or {})
         vectors = info.config.params.vectors
