@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -31,6 +31,10 @@ from ragpipe.config import (
 )
 from ragpipe.errors import ConfigError, GateFailed, RagpipeError
 from ragpipe.progress import set_reporter
+
+if TYPE_CHECKING:
+    from ragpipe.evaluation.run import RunSummary
+    from ragpipe.evaluation.tune import TuneSummary
 
 eval_app = typer.Typer(
     help="Evaluate retrieval on a golden set: metrics with bootstrap 95% CIs, reports.",
@@ -72,31 +76,30 @@ def _eval_config(
     return load_config(config, overrides)
 
 
-def _print_eval(summary: dict[str, Any]) -> None:
-    names = summary.get("metric_names") or []
-
-    table = Table(title=f"{summary['name']}: {summary['golden']['queries']} queries, "
-                  f"{summary['granularity']} level, mean [95% CI]")  # fmt: skip
+def _print_eval(summary: RunSummary) -> None:
+    names = summary.metric_names
+    table = Table(title=f"{summary.name}: {summary.golden.queries} queries, "
+                  f"{summary.granularity} level, mean [95% CI]")  # fmt: skip
     table.add_column("metric")
-    variants = list(summary["metrics"])
+    variants = list(summary.metrics)
     for v in variants:
         table.add_column(v, justify="right")
     for m in names:
         row = [m]
         for v in variants:
-            ci = summary["metrics"][v][m]
+            ci = summary.metrics[v][m]
             cell = (
                 f"{ci['mean']:.3f} [{ci['ci_low']:.3f}, {ci['ci_high']:.3f}]" if ci["n"] else "n/a"
             )
-            if v in summary["deltas"]:
-                d = summary["deltas"][v][m]
+            if v in summary.deltas:
+                d = summary.deltas[v][m]
                 cell += f"  Δ {d['mean']:+.3f} p={d['p_value']:.2f}"
             row.append(cell)
         table.add_row(*row)
     Console().print(table)
-    for warning in summary["warnings"]:
+    for warning in summary.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
-    out = Path(summary["report_dir"])
+    out = Path(summary.report_dir)
     print(f"report: {out / 'report.html'} (also report.md, summary.json, per_query.parquet)")
 
 
@@ -191,7 +194,7 @@ def eval_rag(
     except RagpipeError as exc:
         fail(exc, 2)
     _print_eval(summary)
-    counts = summary["judge"]["counts"]
+    counts = summary.judge["counts"] if summary.judge else {}
     outcomes = [f"{m} {c['ok']}/{c['failed']}/{c['not_applicable']}" for m, c in counts.items()]
     print("judge outcomes (scored / failed / not applicable): " + ", ".join(outcomes))
 
@@ -363,20 +366,20 @@ def eval_tune(
     _print_tune(summary)
 
 
-def _print_tune(summary: dict[str, Any]) -> None:
-    split = summary["split"]
-    tuning = summary["tuning"]
+def _print_tune(summary: TuneSummary) -> None:
+    split = summary.split
+    tuning = summary.tuning
     print(
-        f"split (seed {summary['seed']}): {len(split['tuning'])} tuning queries, "
-        f"{len(split['confirmation'])} held-out; {len(tuning['trials'])} configurations "
-        f"scored on the tuning queries ({summary['metric']}: current {tuning['current']:.4f}, "
+        f"split (seed {summary.seed}): {len(split.tuning)} tuning queries, "
+        f"{len(split.confirmation)} held-out; {len(tuning['trials'])} configurations "
+        f"scored on the tuning queries ({summary.metric}: current {tuning['current']:.4f}, "
         f"best {tuning['best']:.4f})"
     )
-    print("changed settings: " + (json.dumps(summary["overrides"]) or "{}"))
+    print("changed settings: " + (json.dumps(summary.overrides) or "{}"))
     table = Table(title="held-out queries: tuned - current, mean [95% CI]")
     for column in ("metric", "current", "tuned", "delta", "p"):
         table.add_column(column, justify="left" if column == "metric" else "right")
-    for m, d in summary["confirmation"].items():
+    for m, d in summary.confirmation.items():
         table.add_row(
             m,
             f"{d['current']:.4f}",
@@ -385,11 +388,11 @@ def _print_tune(summary: dict[str, Any]) -> None:
             f"{d['p_value']:.3g}",
         )
     Console().print(table)
-    colour = {"recommend": "green", "refused": "red"}.get(summary["decision"], "yellow")
-    console.print(f"[{colour}]{summary['message']}[/{colour}]", highlight=False, soft_wrap=True)
-    if summary.get("tuned_config"):
-        print(f"tuned config: {summary['tuned_config']} (use it with --config)")
-    print(f"report: {Path(summary['report_dir']) / 'report.md'} (also tune.json)")
+    colour = {"recommend": "green", "refused": "red"}.get(summary.decision, "yellow")
+    console.print(f"[{colour}]{summary.message}[/{colour}]", highlight=False, soft_wrap=True)
+    if summary.tuned_config:
+        print(f"tuned config: {summary.tuned_config} (use it with --config)")
+    print(f"report: {Path(summary.report_dir) / 'report.md'} (also tune.json)")
 
 
 def report(
@@ -400,7 +403,7 @@ def report(
 ) -> None:
     """Show the latest evaluation runs side by side and the trend of one metric."""
     from ragpipe.evaluation.metrics import METRICS
-    from ragpipe.evaluation.report import read_history
+    from ragpipe.evaluation.run import read_history
 
     try:
         cfg = load_config(

@@ -32,6 +32,8 @@ from ragpipe.config import (
 from ragpipe.errors import ConfigError, GateFailed
 from ragpipe.evaluation.forms import CURRENT, Granularity, MetricName, VariantForm, form_config
 from ragpipe.evaluation.retrieval import Gate, Variant
+from ragpipe.evaluation.run import RunSummary
+from ragpipe.evaluation.tune import TuneSummary
 from tasks.eval import (
     publish_eval_task,
     publish_tune_task,
@@ -49,10 +51,10 @@ def _from_form(config_path: str | None, **values: Any) -> RagpipeConfig:
 
 
 @flow(name="eval-retrieval", log_prints=False)
-def evaluate_retrieval(config: RagpipeConfig, name: str | None = None) -> dict[str, Any]:
+def evaluate_retrieval(config: RagpipeConfig, name: str | None = None) -> RunSummary:
     """Score the retrieval stack in ``config.retrieve`` on ``config.eval.golden``.
 
-    Returns summary.json's content plus ``report_dir``.
+    Returns the run's summary (summary.json's content, and ``report_dir``).
     """
     library_logs()
     summary = retrieval_eval_task(config, None, name)
@@ -73,7 +75,7 @@ def eval_retrieval_flow(
     granularity: Granularity | None = None,
     name: str | None = None,
     config_path: str | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Score the retrieval stack on a golden set and write the report.
 
     Empty fields keep the configured value. The base is the config file; RAGPIPE_*
@@ -102,7 +104,7 @@ def eval_retrieval_flow(
 
 
 @flow(name="eval-rag", log_prints=False)
-def evaluate_rag(config: RagpipeConfig, name: str | None = None) -> dict[str, Any]:
+def evaluate_rag(config: RagpipeConfig, name: str | None = None) -> RunSummary:
     """Retrieve → generate → judge (RAGAS) on ``config.eval.golden``; write the report.
 
     The judge is ``config.eval.judge`` (default: the generator, ``config.llm``);
@@ -126,7 +128,7 @@ def eval_rag_flow(
     rerank: bool | None = None,
     name: str | None = None,
     config_path: str | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Answer the golden questions with cited sources and judge them with RAGAS.
 
     Empty fields keep the configured value. The base is the config file; RAGPIPE_*
@@ -159,7 +161,7 @@ def compare_retrieval(
     variants: list[Variant],
     name: str | None = None,
     gate: Gate | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Score several retrieval settings over the same queries; the first is the baseline.
 
     Raises:
@@ -175,8 +177,8 @@ def compare_retrieval(
         raise ConfigError(f"eval-compare: variant names must differ, got {names}")
     summary = retrieval_eval_task(config, variants, name, gate)
     publish_eval_task(config, summary, "eval-compare")
-    if summary["gate"] and not summary["gate"]["passed"]:
-        raise GateFailed("; ".join(summary["gate"]["failures"]))
+    if summary.gate is not None and not summary.gate.passed:
+        raise GateFailed("; ".join(summary.gate.failures))
     return summary
 
 
@@ -191,7 +193,7 @@ def eval_compare_flow(
     gate_threshold: float = 0.0,
     name: str = "compare",
     config_path: str | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Compare retrieval settings with the baseline on the same queries.
 
     Paired deltas (variant minus baseline) with bootstrap 95% CIs and permutation
@@ -227,7 +229,7 @@ def tune_retrieval(
     metric: str = "ndcg@10",
     share: float = 0.5,
     write_config: str | None = None,
-) -> dict[str, Any]:
+) -> TuneSummary:
     """Tune ``retrieve.*`` on ``config.eval.golden`` with a seeded hold-out.
 
     Args:
@@ -240,8 +242,9 @@ def tune_retrieval(
         write_config: Also write the tuned config YAML here when the verdict is
             ``recommend`` (it is always in the run directory as tuned.yaml).
 
-    Returns tune.json's content plus ``report_dir``: the decision (recommend,
-    refused, no change), the changed settings, and the held-out deltas.
+    Returns the tune run's summary (tune.json's content, and ``report_dir``): the
+    decision (recommend, refused, no change), the changed settings, and the held-out
+    deltas.
     """
     library_logs()
     summary = tune_task(config, metric, share, name, config_path, write_config)
@@ -258,7 +261,7 @@ def eval_tune_flow(
     write_config: str | None = None,
     name: str | None = None,
     config_path: str | None = None,
-) -> dict[str, Any]:
+) -> TuneSummary:
     """Tune the retrieve settings on a golden set, with an honest hold-out.
 
     A seeded split: the search picks settings on the tuning share only, then the pick

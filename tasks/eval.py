@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import socket
 from pathlib import Path
-from typing import Any
 
 from prefect import task
 from prefect.artifacts import (
@@ -18,9 +16,10 @@ from prefect.cache_policies import NO_CACHE
 from ragpipe.config import RagpipeConfig
 from ragpipe.evaluation.metrics import METRICS
 from ragpipe.evaluation.rag import RAG_METRICS
-from ragpipe.evaluation.report import evaluate_and_report, rag_evaluate_and_report, report_link
+from ragpipe.evaluation.report import report_link
 from ragpipe.evaluation.retrieval import Gate, Variant
-from ragpipe.evaluation.tune import tune_and_report
+from ragpipe.evaluation.run import RunSummary, run_rag, run_retrieval
+from ragpipe.evaluation.tune import TuneSummary, tune_and_report
 
 
 @task(name="retrieval-eval", cache_policy=NO_CACHE)
@@ -29,23 +28,15 @@ def retrieval_eval_task(
     variants: list[Variant] | None = None,
     name: str | None = None,
     gate: Gate | None = None,
-) -> dict[str, Any]:
-    """Run the evaluation and write the report; returns summary.json's content."""
-    _, out = evaluate_and_report(config, variants, name=name, gate=gate)
-    return _summary(out)
-
-
-def _summary(out: Path) -> dict[str, Any]:
-    summary: dict[str, Any] = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    summary["report_dir"] = str(out)
-    return summary
+) -> RunSummary:
+    """Run the evaluation and write the report; returns the run's summary."""
+    return run_retrieval(config, variants, name=name, gate=gate)[1]
 
 
 @task(name="rag-eval", cache_policy=NO_CACHE)
-def rag_eval_task(config: RagpipeConfig, name: str | None = None) -> dict[str, Any]:
-    """Retrieve, generate and judge with RAGAS; returns summary.json's content."""
-    _, out = rag_evaluate_and_report(config, name=name)
-    return _summary(out)
+def rag_eval_task(config: RagpipeConfig, name: str | None = None) -> RunSummary:
+    """Retrieve, generate and judge with RAGAS; returns the run's summary."""
+    return run_rag(config, name=name)[1]
 
 
 @task(name="tune-retrieval", cache_policy=NO_CACHE)
@@ -56,19 +47,16 @@ def tune_task(
     name: str | None,
     base_config: str | None,
     write_config: str | None,
-) -> dict[str, Any]:
-    """Tune retrieve.* with a held-out confirmation; returns tune.json's content."""
-    _, out = tune_and_report(
+) -> TuneSummary:
+    """Tune retrieve.* with a held-out confirmation; returns the tune run's summary."""
+    return tune_and_report(
         config,
         metric=metric,
         share=share,
         name=name,
         base_config=Path(base_config) if base_config else None,
         write_config=Path(write_config) if write_config else None,
-    )
-    summary: dict[str, Any] = json.loads((out / "tune.json").read_text(encoding="utf-8"))
-    summary["report_dir"] = str(out)
-    return summary
+    )[1]
 
 
 def _link(config: RagpipeConfig, out: Path, file: str, key: str) -> str:
@@ -85,35 +73,35 @@ def _link(config: RagpipeConfig, out: Path, file: str, key: str) -> str:
 
 
 @task(name="publish-tune", cache_policy=NO_CACHE)
-def publish_tune_task(config: RagpipeConfig, summary: dict[str, Any]) -> None:
+def publish_tune_task(config: RagpipeConfig, summary: TuneSummary) -> None:
     """The tune report as artifacts: ``eval-tune-summary`` (Markdown), ``eval-tune-report``
     (link)."""
-    out = Path(summary["report_dir"])
+    out = Path(summary.report_dir)
     link = _link(config, out, "report.md", "eval-tune-report")
     create_markdown_artifact(
         key="eval-tune-summary",
         markdown=(out / "report.md").read_text(encoding="utf-8") + f"\n\n[Report]({link})\n",
-        description=f"{summary['golden']['name']}: {summary['decision']}",
+        description=f"{summary.golden['name']}: {summary.decision}",
     )
 
 
 @task(name="publish-eval", cache_policy=NO_CACHE)
-def publish_eval_task(config: RagpipeConfig, summary: dict[str, Any], key: str) -> None:
+def publish_eval_task(config: RagpipeConfig, summary: RunSummary, key: str) -> None:
     """Artifacts with stable keys: ``<key>-summary`` (Markdown), ``<key>-metrics`` (table),
     ``<key>-report`` (a link to the HTML report with its drill-down into the worst queries)."""
-    out = Path(summary["report_dir"])
+    out = Path(summary.report_dir)
     link = _link(config, out, "report.html", f"{key}-report")
     create_markdown_artifact(
         key=f"{key}-summary",
         markdown=(out / "report.md").read_text(encoding="utf-8")
         + f"\n\n[HTML report with the worst questions]({link})\n",
-        description=f"{summary['name']}: {summary['kind']} metrics with 95% CIs",
+        description=f"{summary.name}: {summary.kind} metrics with 95% CIs",
     )
     rows = [
         {"variant": variant, "metric": m, "mean": round(ci["mean"], 4),
          "ci_low": round(ci["ci_low"], 4), "ci_high": round(ci["ci_high"], 4), "n": ci["n"]}
-        for variant, by_metric in summary["metrics"].items()
+        for variant, by_metric in summary.metrics.items()
         for m, ci in by_metric.items()
         if m in METRICS or m in RAG_METRICS
     ]  # fmt: skip
-    create_table_artifact(key=f"{key}-metrics", table=rows, description=summary["run_id"])
+    create_table_artifact(key=f"{key}-metrics", table=rows, description=summary.run_id)

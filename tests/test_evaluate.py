@@ -18,13 +18,18 @@ from ragpipe.config import RagpipeConfig
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.golden import load_golden
 from ragpipe.evaluation.metrics import METRICS, query_metrics
-from ragpipe.evaluation.report import evaluate_and_report, read_history
 from ragpipe.evaluation.retrieval import (
     Gate,
     Granularity,
     Variant,
     parse_variant,
     run_retrieval_eval,
+)
+from ragpipe.evaluation.run import (
+    RETRIEVAL_QUERY_SCHEMA,
+    RunSummary,
+    read_history,
+    run_retrieval,
 )
 from ragpipe.query.retrieve import Retriever
 
@@ -123,15 +128,16 @@ def test_file_granularity_deduplicates_by_file(eval_config: RagpipeConfig) -> No
 def test_compare_gate_and_report_files(eval_config: RagpipeConfig) -> None:
     broken = {"mode": "dense", "filter_file": "kitchen/bread.md"}
     variants = [Variant("dense", {"mode": "dense"}), Variant("broken", broken)]
-    result, out = evaluate_and_report(
-        eval_config, variants, name="gate test", gate=Gate("mrr", -0.1)
-    )
+    result, run = run_retrieval(eval_config, variants, name="gate test", gate=Gate("mrr", -0.1))
+    out = Path(run.report_dir)
     assert not result.passed and "broken: mrr delta CI" in result.gate_failures[0]
     delta = result.deltas["broken"]["mrr"]
     assert delta.interval.high < -0.1 and 0 < delta.p_value <= 1
     table = pq.read_table(out / "per_query.parquet")
-    assert table.num_rows == 8 and set(METRICS) <= set(table.column_names)
+    assert table.num_rows == 8 and table.schema.equals(RETRIEVAL_QUERY_SCHEMA)
     summary = json.loads((out / "summary.json").read_text())
+    # The typed summary the run returns is what summary.json holds.
+    assert RunSummary.from_json(summary, str(out)) == run and run.gate_failed
     assert summary["gate"]["passed"] is False and summary["baseline"] == "dense"
     assert summary["statistics"]["resamples"] == 200 and summary["corpus"]["files"] == 5
     assert summary["versions"]["qdrant-edge-py"] and summary["models"]["embedder"]
@@ -190,22 +196,22 @@ def test_flows_publish_artifacts_and_cli_reports(
     summary = eval_retrieval_flow(
         config_path=str(base), mode=RetrievalMode.DENSE, depth=7, name="flow run"
     )
-    assert Path(summary["report_dir"], "report.html").is_file()
-    assert summary["depth"] == 7 and summary["variants"]["default"]["mode"] == "dense"
+    assert Path(summary.report_dir, "report.html").is_file()
+    assert summary.depth == 7 and summary.variants["default"]["mode"] == "dense"
     from prefect.artifacts import Artifact
 
     link = Artifact.get("eval-retrieval-report")
-    out = Path(summary["report_dir"])  # link artifacts are stored as a Markdown link
+    out = Path(summary.report_dir)  # link artifacts are stored as a Markdown link
     assert link is not None and link.data == (
         f"[{out.name}/report.html]({(out / 'report.html').resolve().as_uri()})"
     )
     settings["eval"]["reports_url"] = "https://reports.example.org/rag/"
     base.write_text(yaml.safe_dump(settings), encoding="utf-8")
     kept = eval_retrieval_flow(config_path=str(base), name="from file")
-    assert kept["depth"] == 10 and kept["variants"]["default"]["mode"] == "sparse"
+    assert kept.depth == 10 and kept.variants["default"]["mode"] == "sparse"
     link = Artifact.get("eval-retrieval-report")
-    url = f"https://reports.example.org/rag/{kept['run_id']}/report.html"
-    assert link is not None and link.data == f"[{kept['run_id']}/report.html]({url})"
+    url = f"https://reports.example.org/rag/{kept.run_id}/report.html"
+    assert link is not None and link.data == f"[{kept.run_id}/report.html]({url})"
     summary_artifact = Artifact.get("eval-retrieval-summary")
     assert summary_artifact is not None and f"({url})" in str(summary_artifact.data)
     # The gate: "same" equals the baseline, so its delta (0) lies below a threshold of 0.5.
@@ -293,7 +299,8 @@ def test_secrets_never_reach_reports(eval_config: RagpipeConfig) -> None:
     )
     cfg = RagpipeConfig.model_validate(cfg.model_dump() | {"store": {
         **cfg.store.model_dump(), "api_key": secret}})  # fmt: skip
-    _, out = evaluate_and_report(cfg, [Variant("dense", {"mode": "dense"})], name="secrets")
+    _, run = run_retrieval(cfg, [Variant("dense", {"mode": "dense"})], name="secrets")
+    out = Path(run.report_dir)
     for path in [*out.iterdir(), cfg.eval.reports_dir / "history.parquet"]:
         assert secret.encode() not in path.read_bytes(), path
     summary = json.loads((out / "summary.json").read_text())

@@ -14,7 +14,7 @@ import pytest
 from ragpipe.config import RagpipeConfig
 from ragpipe.evaluation.golden import load_golden
 from ragpipe.evaluation.rag import FAILED, NOT_APPLICABLE, OK, RAG_METRICS, run_rag_eval
-from ragpipe.evaluation.report import write_rag_report
+from ragpipe.evaluation.run import RAG_QUERY_SCHEMA, rag_summary, rag_table, write_run
 from ragpipe.models.llm import Completion
 
 pytestmark = pytest.mark.integration
@@ -77,9 +77,11 @@ def test_judge_failures_are_null_with_reasons_not_zero(
     assert result.counts["answer_relevancy"] == {OK: 0, FAILED: 2, NOT_APPLICABLE: 0}
     assert result.summary["answer_relevancy"].n == 0  # nothing scored: no mean, not 0
     assert any("judge call(s) failed" in w for w in result.warnings)
-    out = write_rag_report(result, rag_config, {"files": 5, "points": 0, "sha256": "x"},
-                           tmp_path / "reports")  # fmt: skip
-    table = pq.read_table(out / "per_query.parquet").to_pylist()
+    summary = rag_summary(result, rag_config, {"files": 5, "points": 0, "sha256": "x"})
+    out = Path(write_run(summary, rag_table(result), tmp_path / "reports").report_dir)
+    stored = pq.read_table(out / "per_query.parquet")
+    assert stored.schema.equals(RAG_QUERY_SCHEMA)
+    table = stored.to_pylist()
     assert all(r["answer_relevancy"] is None for r in table)
     assert table[0]["answer_relevancy_status"] == FAILED
     assert "| answer_relevancy | 0 | 2 | 0 |" in (out / "report.md").read_text()
@@ -97,10 +99,11 @@ def test_judge_failures_are_null_with_reasons_not_zero(
 def test_rag_eval_with_the_real_model_as_generator_and_judge(
     rag_config: RagpipeConfig, smollm: Any
 ) -> None:
-    from ragpipe.evaluation.report import rag_evaluate_and_report, read_history
+    from ragpipe.evaluation.run import read_history, run_rag
 
-    result, out = rag_evaluate_and_report(rag_config.model_copy(
+    result, run = run_rag(rag_config.model_copy(
         update={"llm": rag_config.llm.model_copy(update={"max_tokens": 64})}))  # fmt: skip
+    out = Path(run.report_dir)
     assert len(result.rows) == 2 and result.judge["model"] == "SmolLM2-135M-Instruct.Q4_1"
     assert result.judge["ragas"] == "0.4.3" and "Faithfulness" in result.judge["metric_classes"]
     for row in result.rows:
@@ -114,7 +117,9 @@ def test_rag_eval_with_the_real_model_as_generator_and_judge(
     scored = sum(c[OK] for c in result.counts.values())
     failed = sum(c[FAILED] for c in result.counts.values())
     assert scored + failed + sum(c[NOT_APPLICABLE] for c in result.counts.values()) == 8
-    summary = json.loads((out / "summary.json").read_text())
+    text = (out / "summary.json").read_text()
+    assert text == json.dumps(run.as_json(), indent=2)  # the typed summary is the file's
+    summary = json.loads(text)
     assert summary["kind"] == "rag" and summary["judge"]["counts"] == result.counts
     assert summary["models"]["generator"] == summary["models"]["judge"]
     assert "<svg" in (out / "report.html").read_text()

@@ -199,12 +199,14 @@ def test_a_pick_the_held_out_queries_reject_is_refused(
     tuning = set(split.tuning)
     items = _items(pairs, lambda id_, default, sparse: sparse if id_ in tuning else default)
     cfg = _write(indexed_edge, tmp_path, items)
-    outcome, out = tune_and_report(cfg, metric="mrr", space=SPACE)
+    outcome, report = tune_and_report(cfg, metric="mrr", space=SPACE)
+    out = Path(report.report_dir)
     assert outcome.overrides == {"mode": "sparse"}  # it wins on the tuning queries ...
     assert outcome.tuning_best > outcome.tuning_current
     assert outcome.delta.interval.high < 0  # ... and loses on the held-out ones
     assert outcome.decision == "refused"
     summary = json.loads((out / "tune.json").read_text())
+    assert summary == report.as_json() and report.tuned_config is None
     assert summary["decision"] == "refused" and "tuned_config" not in summary
     assert not (out / "tuned.yaml").exists()
     assert "refused" in (out / "report.md").read_text()
@@ -228,9 +230,11 @@ def test_a_recommended_pick_is_written_as_a_config_that_loads(
         )
     )
     written = tmp_path / "tuned" / "ragpipe.tuned.yaml"
-    outcome, out = tune_and_report(
+    outcome, report = tune_and_report(
         cfg, metric="mrr", space=SPACE, base_config=base, write_config=written
     )
+    out = Path(report.report_dir)
+    assert report.tuned_config == str(written)
     assert outcome.decision == "recommend" and outcome.overrides == {"mode": "sparse"}
     assert outcome.delta.interval.mean > 0
     assert written.read_text() == (out / "tuned.yaml").read_text()

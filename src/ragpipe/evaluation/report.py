@@ -1,157 +1,24 @@
-"""Evaluation reports: per-query Parquet, summary JSON, Markdown, self-contained HTML,
-and a history table across runs."""
+"""Rendering an evaluation run: Markdown, and a self-contained HTML page with plots and
+a drill-down into the worst questions. Only renders: ``ragpipe.evaluation.run`` scores
+the run and writes its files."""
 
 from __future__ import annotations
 
 import html
 import io
 import json
-import subprocess
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from ragpipe.checkpoint import atomic_write_bytes, write_table
 from ragpipe.config import RagpipeConfig
-from ragpipe.evaluation.golden import load_golden
 from ragpipe.evaluation.metrics import METRICS
-from ragpipe.evaluation.rag import RAG_METRICS, RagEvalResult, run_rag_eval
-from ragpipe.evaluation.retrieval import (
-    EvalResult,
-    Gate,
-    Granularity,
-    Variant,
-    corpus_fingerprint,
-    run_retrieval_eval,
-)
-from ragpipe.models.embedders import embedder_name
-from ragpipe.query.retrieve import Retriever
+from ragpipe.evaluation.rag import RAG_METRICS
 
-HISTORY = "history.parquet"
-PACKAGES = (
-    "ragpipe",
-    "qdrant-edge-py",
-    "qdrant-client",
-    "sentence-transformers",
-    "numpy",
-    "xllamacpp",
-    "rank-bm25",
-)
-HISTORY_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("finished_at", pa.string()),
-        ("name", pa.string()),
-        ("golden", pa.string()),
-        ("granularity", pa.string()),
-        ("variant", pa.string()),
-        ("metric", pa.string()),
-        ("mean", pa.float64()),
-        ("ci_low", pa.float64()),
-        ("ci_high", pa.float64()),
-        ("n", pa.int64()),
-        ("git_revision", pa.string()),
-    ]
-)
-
-
-def git_revision(repo: Path | None = None) -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=repo or Path.cwd(),
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-def versions() -> dict[str, str]:
-    out = {}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
-
-
-def summary_dict(
-    result: EvalResult, config: RagpipeConfig, corpus: dict[str, Any], run_id: str
-) -> dict[str, Any]:
-    """Everything needed to trust (or reproduce) the numbers; secrets stay masked."""
-    return {
-        "run_id": run_id,
-        "name": result.name,
-        "kind": "retrieval" if len(result.variants) == 1 else "compare",
-        "metric_names": list(METRICS),
-        "finished_at": datetime.now(UTC).isoformat(),
-        "golden": {
-            "name": result.golden.name,
-            "source": result.golden.source,
-            "queries": len(result.golden.items),
-        },
-        "granularity": result.granularity.value,
-        "depth": result.depth,
-        "corpus": corpus,
-        "models": {
-            "embedder": embedder_name(config.embed),
-            **{
-                v: {"reranker": s["reranker"] if s["rerank"] else "none"}
-                for v, s in result.settings.items()
-            },
-        },
-        "variants": result.settings,
-        "baseline": result.baseline,
-        "statistics": {
-            "method": "percentile bootstrap",
-            "level": 0.95,
-            "resamples": result.resamples,
-            "seed": result.seed,
-            "paired": "bootstrap of per-query deltas; sign-flip permutation p-value",
-        },
-        "metrics": {
-            v: {m: ci.as_dict() for m, ci in by.items()} for v, by in result.summary.items()
-        },
-        "deltas": {v: {m: d.as_dict() for m, d in by.items()} for v, by in result.deltas.items()},
-        "gate": None
-        if result.gate is None
-        else {
-            "metric": result.gate.metric,
-            "threshold": result.gate.threshold,
-            "passed": result.passed,
-            "failures": result.gate_failures,
-        },
-        "warnings": result.warnings,
-        "timing": {"search_s": result.search_seconds, "metrics_and_ci_s": result.stats_seconds},
-        "config": config.model_dump(mode="json"),
-        "versions": versions(),
-        "git_revision": git_revision(),
-    }
-
-
-def per_query_table(result: EvalResult) -> pa.Table:
-    columns: dict[str, list[Any]] = {
-        "variant": [r.variant for r in result.rows],
-        "item_id": [r.item_id for r in result.rows],
-        "query": [r.query for r in result.rows],
-        "retrieved": [r.retrieved for r in result.rows],
-        "relevant": [json.dumps(r.relevant) for r in result.rows],
-        "search_seconds": [r.search_seconds for r in result.rows],
-    }
-    for m in METRICS:
-        columns[m] = [r.metrics[m] for r in result.rows]
-    return pa.table(columns)
+if TYPE_CHECKING:
+    from ragpipe.evaluation.run import RunSummary
 
 
 def _fmt(ci: dict[str, Any]) -> str:
@@ -160,8 +27,8 @@ def _fmt(ci: dict[str, Any]) -> str:
     return f"{ci['mean']:.3f} [{ci['ci_low']:.3f}, {ci['ci_high']:.3f}]"
 
 
-def _names(summary: dict[str, Any]) -> list[str]:
-    return list(summary.get("metric_names") or METRICS)
+def _names(summary: RunSummary) -> list[str]:
+    return summary.metric_names or list(METRICS)
 
 
 def _index_version_line(version: dict[str, Any]) -> list[str]:
@@ -174,52 +41,51 @@ def _index_version_line(version: dict[str, Any]) -> list[str]:
     ]
 
 
-def markdown(summary: dict[str, Any]) -> str:
+def render_markdown(summary: RunSummary) -> str:
+    """The run's report.md: provenance, metrics with CIs, deltas, gate, judge, settings."""
     names = _names(summary)
-    title = "RAG evaluation" if summary.get("kind") == "rag" else "Retrieval evaluation"
-    lines = [f"# {title}: {summary['name']}", ""]
-    g = summary["golden"]
+    title = "RAG evaluation" if summary.kind == "rag" else "Retrieval evaluation"
+    lines = [f"# {title}: {summary.name}", ""]
+    g = summary.golden
     lines += [
-        f"- golden set: **{g['name']}** ({g['queries']} queries, `{g['source']}`)",
-        f"- granularity: {summary['granularity']}, depth {summary['depth']}",
-        f"- corpus: {summary['corpus']['files']} files, {summary['corpus']['points']} chunks "
-        f"(fingerprint {summary['corpus']['sha256']})",
-        *_index_version_line(summary["corpus"].get("index_version") or {}),
-        f"- embedder: {summary['models']['embedder']}; git {summary['git_revision'] or 'n/a'}",
-        f"- 95% CIs: percentile bootstrap, {summary['statistics']['resamples']} resamples, "
-        f"seed {summary['statistics']['seed']}",
+        f"- golden set: **{g.name}** ({g.queries} queries, `{g.source}`)",
+        f"- granularity: {summary.granularity}, depth {summary.depth}",
+        f"- corpus: {summary.corpus['files']} files, {summary.corpus['points']} chunks "
+        f"(fingerprint {summary.corpus['sha256']})",
+        *_index_version_line(summary.corpus.get("index_version") or {}),
+        f"- embedder: {summary.models['embedder']}; git {summary.git_revision or 'n/a'}",
+        f"- 95% CIs: percentile bootstrap, {summary.statistics['resamples']} resamples, "
+        f"seed {summary.statistics['seed']}",
         "",
     ]
-    for warning in summary["warnings"]:
+    for warning in summary.warnings:
         lines.append(f"> **warning:** {warning}")
-    variants = list(summary["metrics"])
+    variants = list(summary.metrics)
     lines += ["", "| metric | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
     for m in names:
-        lines.append(
-            f"| {m} | " + " | ".join(_fmt(summary["metrics"][v][m]) for v in variants) + " |"
-        )
-    if summary["deltas"]:
-        lines += ["", f"## Paired deltas vs `{summary['baseline']}`", ""]
-        others = list(summary["deltas"])
+        lines.append(f"| {m} | " + " | ".join(_fmt(summary.metrics[v][m]) for v in variants) + " |")
+    if summary.deltas:
+        lines += ["", f"## Paired deltas vs `{summary.baseline}`", ""]
+        others = list(summary.deltas)
         lines += ["| metric | " + " | ".join(others) + " |", "|---" * (len(others) + 1) + "|"]
         for m in names:
             cells = []
             for v in others:
-                d = summary["deltas"][v][m]
+                d = summary.deltas[v][m]
                 ci = f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
                 cells.append(f"{d['mean']:+.3f} {ci} p={d['p_value']:.3f}")
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    if summary["gate"]:
-        gate = summary["gate"]
-        state = "PASSED" if gate["passed"] else "FAILED"
+    if summary.gate:
+        gate = summary.gate
+        state = "PASSED" if gate.passed else "FAILED"
         lines += [
             "",
-            f"**Gate {state}:** {gate['metric']} delta CI must not lie entirely below "
-            f"{gate['threshold']:+.3f}.",
+            f"**Gate {state}:** {gate.metric} delta CI must not lie entirely below "
+            f"{gate.threshold:+.3f}.",
         ]
-        lines += [f"- {f}" for f in gate["failures"]]
-    if summary.get("judge"):
-        judge = summary["judge"]
+        lines += [f"- {f}" for f in gate.failures]
+    if summary.judge:
+        judge = summary.judge
         lines += [
             "",
             "## Judge",
@@ -237,7 +103,7 @@ def markdown(summary: dict[str, Any]) -> str:
             c = judge["counts"][m]
             lines.append(f"| {m} | {c['ok']} | {c['failed']} | {c['not_applicable']} |")
     lines += ["", "## Settings", ""]
-    for v, s in summary["variants"].items():
+    for v, s in summary.variants.items():
         keys = (
             "mode",
             "fusion_method",
@@ -259,7 +125,7 @@ def _svg(fig: Any) -> str:
     return buffer.getvalue()[buffer.getvalue().index("<svg") :]
 
 
-def plots(summary: dict[str, Any], table: pa.Table) -> list[tuple[str, str]]:
+def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
     """(title, inline SVG) figures: metric bars with CI whiskers, distributions, deltas."""
     import matplotlib
 
@@ -268,13 +134,13 @@ def plots(summary: dict[str, Any], table: pa.Table) -> list[tuple[str, str]]:
 
     out = []
     names = _names(summary)
-    variants = list(summary["metrics"])
+    variants = list(summary.metrics)
     width = 0.8 / len(variants)
     fig, ax = plt.subplots(figsize=(10, 4))
     for i, v in enumerate(variants):
-        means = [summary["metrics"][v][m]["mean"] for m in names]
-        low = [means[j] - summary["metrics"][v][m]["ci_low"] for j, m in enumerate(names)]
-        high = [summary["metrics"][v][m]["ci_high"] - means[j] for j, m in enumerate(names)]
+        means = [summary.metrics[v][m]["mean"] for m in names]
+        low = [means[j] - summary.metrics[v][m]["ci_low"] for j, m in enumerate(names)]
+        high = [summary.metrics[v][m]["ci_high"] - means[j] for j, m in enumerate(names)]
         xs = [j + i * width for j in range(len(names))]
         ax.bar(xs, means, width, yerr=[low, high], capsize=3, label=v)
     ax.set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(names))], names)
@@ -300,12 +166,12 @@ def plots(summary: dict[str, Any], table: pa.Table) -> list[tuple[str, str]]:
     out.append(("Per-query distributions", _svg(fig)))
     plt.close(fig)
 
-    if summary["deltas"]:
-        others = list(summary["deltas"])
+    if summary.deltas:
+        others = list(summary.deltas)
         fig, ax = plt.subplots(figsize=(10, 4))
         width = 0.8 / len(others)
         for i, v in enumerate(others):
-            d = [summary["deltas"][v][m] for m in names]
+            d = [summary.deltas[v][m] for m in names]
             means = [x["mean"] for x in d]
             err = [[x["mean"] - x["ci_low"] for x in d], [x["ci_high"] - x["mean"] for x in d]]
             ax.bar(
@@ -314,14 +180,14 @@ def plots(summary: dict[str, Any], table: pa.Table) -> list[tuple[str, str]]:
                 width,
                 yerr=err,
                 capsize=3,
-                label=f"{v} - {summary['baseline']}",
+                label=f"{v} - {summary.baseline}",
             )
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_xticks([j + width * (len(others) - 1) / 2 for j in range(len(names))], names)
         ax.tick_params(axis="x", rotation=30)
         ax.set_ylabel("paired delta (95% CI)")
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        out.append((f"Deltas vs baseline ({summary['baseline']})", _svg(fig)))
+        out.append((f"Deltas vs baseline ({summary.baseline})", _svg(fig)))
         plt.close(fig)
     return out
 
@@ -405,18 +271,21 @@ def _worst_rag(table: pa.Table, shown: int) -> str:
     )
 
 
-def drill_down(summary: dict[str, Any], table: pa.Table, shown: int = WORST_SHOWN) -> str:
+def drill_down(summary: RunSummary, table: pa.Table, shown: int = WORST_SHOWN) -> str:
     """HTML: the worst questions with what was expected, retrieved (ranked) or answered."""
     if table.num_rows == 0:
         return ""
-    if summary["kind"] == "rag":
+    if summary.kind == "rag":
         return _worst_rag(table, shown)
     return _worst_retrieval(table, "ndcg@10", shown)
 
 
-def html_page(
-    summary: dict[str, Any], md: str, figures: list[tuple[str, str]], drill: str = ""
-) -> str:
+def render_html(summary: RunSummary, md: str, table: pa.Table) -> str:
+    """The run's report.html: ``md`` (its report.md), the plots, the worst questions."""
+    return html_page(summary, md, plots(summary, table), drill_down(summary, table))
+
+
+def html_page(summary: RunSummary, md: str, figures: list[tuple[str, str]], drill: str = "") -> str:
     """One self-contained page: the Markdown tables rendered plainly, inline SVG, and the
     drill-down into the worst questions."""
     body = []
@@ -460,7 +329,7 @@ def html_page(
         ".hit{color:#070}.miss{color:#555}.grade,.score{color:#666;font-size:90%}"
         "pre{white-space:pre-wrap;background:#f7f7f7;padding:4px}"
     )
-    title = html.escape(f"ragpipe eval: {summary['name']}")
+    title = html.escape(f"ragpipe eval: {summary.name}")
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
         f"<style>{style}</style></head><body>{''.join(body)}</body></html>"
@@ -473,170 +342,3 @@ def report_link(config: RagpipeConfig, out: Path, file: str = "report.html") -> 
     if config.eval.reports_url:
         return f"{config.eval.reports_url.rstrip('/')}/{quote(out.name)}/{file}"
     return (out / file).resolve().as_uri()
-
-
-def run_dir(root: Path, name: str) -> tuple[str, Path]:
-    """A new ``<root>/<UTC time>-<name>/`` directory and its run id."""
-    slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
-    run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{slug}"
-    out = root / run_id
-    out.mkdir(parents=True, exist_ok=False)
-    return run_id, out
-
-
-def _write_run(root: Path, out: Path, table: pa.Table, summary: dict[str, Any]) -> Path:
-    """The four report files of one run, then its history rows."""
-    write_table(out / "per_query.parquet", table)
-    atomic_write_bytes(out / "summary.json", json.dumps(summary, indent=2).encode())
-    md = markdown(summary)
-    atomic_write_bytes(out / "report.md", md.encode())
-    page = html_page(summary, md, plots(summary, table), drill_down(summary, table))
-    atomic_write_bytes(out / "report.html", page.encode())
-    append_history(root, summary)
-    return out
-
-
-def write_report(
-    result: EvalResult, config: RagpipeConfig, corpus: dict[str, Any], root: Path
-) -> Path:
-    """Write the run's directory under ``root`` and append the history table."""
-    run_id, out = run_dir(root, result.name)
-    summary = summary_dict(result, config, corpus, run_id)
-    return _write_run(root, out, per_query_table(result), summary)
-
-
-def evaluate_and_report(
-    config: RagpipeConfig,
-    variants: Sequence[Variant] | None = None,
-    *,
-    name: str | None = None,
-    gate: Gate | None = None,
-    progress: Callable[[int], None] | None = None,
-) -> tuple[EvalResult, Path]:
-    """Replay ``config.eval.golden`` through the retriever and write the report."""
-    golden = load_golden(config.eval.golden)
-    with Retriever(config) as retriever:
-        corpus = corpus_fingerprint(retriever)
-        result = run_retrieval_eval(
-            config,
-            golden,
-            variants,
-            name=name,
-            granularity=Granularity(config.eval.granularity),
-            depth=config.eval.depth,
-            resamples=config.eval.resamples,
-            seed=config.eval.seed,
-            gate=gate,
-            retriever=retriever,
-            progress=progress,
-        )
-    return result, write_report(result, config, corpus, config.eval.reports_dir)
-
-
-def rag_summary(
-    result: RagEvalResult, config: RagpipeConfig, corpus: dict[str, Any], run_id: str
-) -> dict[str, Any]:
-    return {
-        "run_id": run_id,
-        "name": result.name,
-        "kind": "rag",
-        "metric_names": list(RAG_METRICS),
-        "finished_at": datetime.now(UTC).isoformat(),
-        "golden": {"name": result.golden.name, "source": result.golden.source,
-                   "queries": len(result.rows)},
-        "granularity": "answer",
-        "depth": config.retrieve.top_k,
-        "corpus": corpus,
-        "models": {"embedder": embedder_name(config.embed), "generator": result.generator,
-                   "judge": result.judge["model"]},
-        "variants": {"rag": config.retrieve.model_dump(mode="json")},
-        "baseline": "rag",
-        "statistics": {"method": "percentile bootstrap over scored queries", "level": 0.95,
-                       "resamples": result.resamples, "seed": result.seed},
-        "metrics": {"rag": {m: ci.as_dict() for m, ci in result.summary.items()}},
-        "deltas": {},
-        "gate": None,
-        "judge": result.judge,
-        "warnings": result.warnings,
-        "config": config.model_dump(mode="json"),
-        "versions": versions(),
-        "git_revision": git_revision(),
-    }  # fmt: skip
-
-
-def rag_table(result: RagEvalResult) -> pa.Table:
-    expected = {i.id: i.expected_answer for i in result.golden.items}
-    columns: dict[str, Any] = {
-        "variant": ["rag"] * len(result.rows),
-        "item_id": [r.item_id for r in result.rows],
-        "query": [r.query for r in result.rows],
-        "answer": [r.answer for r in result.rows],
-        "not_found": [r.not_found for r in result.rows],
-        "cited": [r.cited for r in result.rows],
-        "invalid_citations": [r.invalid_citations for r in result.rows],
-        "tokens_in": [r.tokens_in for r in result.rows],
-        "tokens_out": [r.tokens_out for r in result.rows],
-        "generation_seconds": [r.generation_seconds for r in result.rows],
-        "context_precision_kind": [r.context_precision_kind for r in result.rows],
-        "contexts": pa.array([r.contexts for r in result.rows], pa.list_(pa.string())),
-        "expected_answer": pa.array([expected.get(r.item_id) for r in result.rows], pa.string()),
-    }
-    for m in RAG_METRICS:
-        columns[m] = pa.array([r.judged[m].value for r in result.rows], pa.float64())
-        columns[f"{m}_status"] = [r.judged[m].status for r in result.rows]
-        columns[f"{m}_reason"] = [r.judged[m].reason for r in result.rows]
-    return pa.table(columns)
-
-
-def write_rag_report(
-    result: RagEvalResult, config: RagpipeConfig, corpus: dict[str, Any], root: Path
-) -> Path:
-    """The RAG run's directory (same files as retrieval runs) and history rows."""
-    run_id, out = run_dir(root, result.name)
-    return _write_run(root, out, rag_table(result), rag_summary(result, config, corpus, run_id))
-
-
-def rag_evaluate_and_report(
-    config: RagpipeConfig, *, name: str | None = None, progress: Callable[[int], None] | None = None
-) -> tuple[RagEvalResult, Path]:
-    """Retrieve, generate and judge ``config.eval.golden`` and write the report."""
-    golden = load_golden(config.eval.golden)
-    with Retriever(config) as retriever:
-        corpus = corpus_fingerprint(retriever)
-        result = run_rag_eval(
-            config, golden, name=name, limit=config.eval.rag_limit, retriever=retriever,
-            progress=progress,
-        )  # fmt: skip
-    return result, write_rag_report(result, config, corpus, config.eval.reports_dir)
-
-
-def append_history(root: Path, summary: dict[str, Any]) -> None:
-    rows = [
-        {
-            "run_id": summary["run_id"],
-            "finished_at": summary["finished_at"],
-            "name": summary["name"],
-            "golden": summary["golden"]["name"],
-            "granularity": summary["granularity"],
-            "variant": variant,
-            "metric": metric,
-            "mean": ci["mean"],
-            "ci_low": ci["ci_low"],
-            "ci_high": ci["ci_high"],
-            "n": ci["n"],
-            "git_revision": summary["git_revision"] or "",
-        }
-        for variant, by_metric in summary["metrics"].items()
-        for metric, ci in by_metric.items()
-        if ci["n"]
-    ]
-    new = pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA)
-    path = root / HISTORY
-    if path.is_file():
-        new = pa.concat_tables([pq.read_table(path).cast(HISTORY_SCHEMA), new])
-    write_table(path, new)
-
-
-def read_history(root: Path) -> list[dict[str, Any]]:
-    path = root / HISTORY
-    return pq.read_table(path).to_pylist() if path.is_file() else []

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +35,8 @@ from ragpipe.config import FusionMethod, RagpipeConfig, RetrievalMode, RetrieveC
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.golden import GoldenSet, load_golden
 from ragpipe.evaluation.metrics import METRICS, PairedDelta
-from ragpipe.evaluation.report import run_dir
 from ragpipe.evaluation.retrieval import EvalResult, Granularity, Variant, run_retrieval_eval
+from ragpipe.evaluation.run import run_dir
 from ragpipe.progress import reporter
 from ragpipe.query.retrieve import Retriever
 
@@ -352,33 +352,57 @@ def tuned_yaml(outcome: TuneOutcome, base: Path | None) -> str:
     return "\n".join(header) + "\n" + body
 
 
-def outcome_dict(outcome: TuneOutcome) -> dict[str, Any]:
-    """JSON-ready summary of a tune run."""
-    return {
-        "metric": outcome.metric,
-        "seed": outcome.seed,
-        "split": {
-            "tuning": outcome.split.tuning,
-            "confirmation": outcome.split.confirmation,
-        },
-        "current": outcome.current,
-        "overrides": outcome.overrides,
-        "decision": outcome.decision,
-        "message": outcome.message,
-        "tuning": {
+@dataclass
+class TuneSummary:
+    """What a tune run decided and on what evidence; tune.json is ``as_json()``."""
+
+    metric: str
+    seed: int
+    split: Split
+    current: dict[str, Any]
+    overrides: dict[str, Any]
+    decision: str  # recommend | refused | no change
+    message: str
+    tuning: dict[str, Any]  # current and best score on the tuning queries, every trial
+    confirmation: dict[str, dict[str, Any]]  # metric -> current, tuned, paired delta
+    golden: dict[str, str]  # name, path
+    granularity: str
+    depth: int
+    tuned_config: str | None = None  # the tuned YAML, when the decision is recommend
+    report_dir: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        """tune.json's content (everything but ``report_dir``; no tuned_config unless
+        one was written)."""
+        data = asdict(self)
+        del data["report_dir"]
+        if data["tuned_config"] is None:
+            del data["tuned_config"]
+        return data
+
+
+def tune_summary(outcome: TuneOutcome, config: RagpipeConfig, golden: str) -> TuneSummary:
+    return TuneSummary(
+        metric=outcome.metric,
+        seed=outcome.seed,
+        split=outcome.split,
+        current=outcome.current,
+        overrides=outcome.overrides,
+        decision=outcome.decision,
+        message=outcome.message,
+        tuning={
             "current": outcome.tuning_current,
             "best": outcome.tuning_best,
             "trials": [{"overrides": t.overrides, "score": t.score} for t in outcome.trials],
         },
-        "confirmation": {
-            m: {
-                "current": outcome.means(m)[0],
-                "tuned": outcome.means(m)[1],
-                **d.as_dict(),
-            }
+        confirmation={
+            m: {"current": outcome.means(m)[0], "tuned": outcome.means(m)[1], **d.as_dict()}
             for m, d in outcome.deltas.items()
         },
-    }
+        golden={"name": golden, "path": str(config.eval.golden)},
+        granularity=config.eval.granularity,
+        depth=config.eval.depth,
+    )
 
 
 def markdown(outcome: TuneOutcome) -> str:
@@ -423,7 +447,7 @@ def tune_and_report(
     base_config: Path | None = None,
     write_config: Path | None = None,
     space: dict[str, list[Any]] | None = None,
-) -> tuple[TuneOutcome, Path]:
+) -> tuple[TuneOutcome, TuneSummary]:
     """Tune on ``config.eval.golden`` and write ``<reports_dir>/<time>-<name>/``.
 
     The run directory holds ``tune.json`` (split, every trial, the held-out
@@ -451,18 +475,16 @@ def tune_and_report(
     finally:
         progress.finish()
     _, out = run_dir(config.eval.reports_dir, f"{name or golden.name}-tune")
-    summary = outcome_dict(outcome)
-    summary["golden"] = {"name": golden.name, "path": str(config.eval.golden)}
-    summary["granularity"] = config.eval.granularity
-    summary["depth"] = config.eval.depth
+    summary = tune_summary(outcome, config, golden.name)
+    summary.report_dir = str(out)
     if outcome.decision == "recommend":
         text = tuned_yaml(outcome, base_config)
         atomic_write_bytes(out / "tuned.yaml", text.encode())
-        summary["tuned_config"] = str(out / "tuned.yaml")
+        summary.tuned_config = str(out / "tuned.yaml")
         if write_config is not None:
             write_config.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(write_config, text.encode())
-            summary["tuned_config"] = str(write_config)
-    atomic_write_bytes(out / "tune.json", json.dumps(summary, indent=2).encode())
+            summary.tuned_config = str(write_config)
+    atomic_write_bytes(out / "tune.json", json.dumps(summary.as_json(), indent=2).encode())
     atomic_write_bytes(out / "report.md", markdown(outcome).encode())
-    return outcome, out
+    return outcome, summary

@@ -1,0 +1,438 @@
+"""An evaluation run, end to end: score, summarise (typed), write the report files.
+
+``run_retrieval`` (one configuration, or a comparison of variants) and ``run_rag``
+score ``config.eval.golden`` and hand their result to the one writer, ``write_run``,
+which lays out ``<reports_dir>/<UTC time>-<name>/``::
+
+    per_query.parquet   one row per (variant, question): RETRIEVAL_QUERY_SCHEMA or
+                        RAG_QUERY_SCHEMA
+    summary.json        RunSummary.as_json(): everything needed to trust or reproduce
+                        the numbers (secrets masked)
+    report.md, report.html   rendered by ``ragpipe.evaluation.report``
+
+and appends the run's means to ``<reports_dir>/history.parquet``. Both return the
+``RunSummary`` (with ``report_dir``) that the Prefect tasks hand on.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ragpipe.checkpoint import atomic_write_bytes, write_table
+from ragpipe.config import RagpipeConfig
+from ragpipe.evaluation.golden import load_golden
+from ragpipe.evaluation.metrics import METRICS
+from ragpipe.evaluation.rag import RAG_METRICS, RagEvalResult, run_rag_eval
+from ragpipe.evaluation.report import render_html, render_markdown
+from ragpipe.evaluation.retrieval import (
+    EvalResult,
+    Gate,
+    Granularity,
+    Variant,
+    corpus_fingerprint,
+    run_retrieval_eval,
+)
+from ragpipe.models.embedders import embedder_name
+from ragpipe.query.retrieve import Retriever
+
+HISTORY = "history.parquet"
+PACKAGES = (
+    "ragpipe",
+    "qdrant-edge-py",
+    "qdrant-client",
+    "sentence-transformers",
+    "numpy",
+    "xllamacpp",
+    "rank-bm25",
+)
+HISTORY_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("finished_at", pa.string()),
+        ("name", pa.string()),
+        ("golden", pa.string()),
+        ("granularity", pa.string()),
+        ("variant", pa.string()),
+        ("metric", pa.string()),
+        ("mean", pa.float64()),
+        ("ci_low", pa.float64()),
+        ("ci_high", pa.float64()),
+        ("n", pa.int64()),
+        ("git_revision", pa.string()),
+    ]
+)
+# per_query.parquet of a retrieval or compare run: one row per (variant, question).
+RETRIEVAL_QUERY_SCHEMA = pa.schema(
+    [
+        pa.field("variant", pa.string(), False),
+        pa.field("item_id", pa.string(), False),
+        pa.field("query", pa.string(), False),
+        pa.field("retrieved", pa.list_(pa.string()), False),  # ranked, at the run's granularity
+        pa.field("relevant", pa.string(), False),  # JSON: {target: grade}
+        pa.field("search_seconds", pa.float64(), False),
+        *(pa.field(m, pa.float64(), False) for m in METRICS),
+    ]
+)
+# per_query.parquet of a RAG run: one row per question. A metric the judge could not
+# score is null, with its status (ok, failed, not_applicable) and reason beside it.
+RAG_QUERY_SCHEMA = pa.schema(
+    [
+        pa.field("variant", pa.string(), False),
+        pa.field("item_id", pa.string(), False),
+        pa.field("query", pa.string(), False),
+        pa.field("answer", pa.string(), False),
+        pa.field("not_found", pa.bool_(), False),
+        pa.field("cited", pa.int64(), False),
+        pa.field("invalid_citations", pa.list_(pa.int64()), False),
+        pa.field("tokens_in", pa.int64(), False),
+        pa.field("tokens_out", pa.int64(), False),
+        pa.field("generation_seconds", pa.float64(), False),
+        pa.field("context_precision_kind", pa.string(), False),
+        pa.field("contexts", pa.list_(pa.string()), False),  # numbered as cited
+        pa.field("expected_answer", pa.string()),
+        *(
+            f
+            for m in RAG_METRICS
+            for f in (
+                pa.field(m, pa.float64()),
+                pa.field(f"{m}_status", pa.string(), False),
+                pa.field(f"{m}_reason", pa.string()),
+            )
+        ),
+    ]
+)
+
+
+def git_revision(repo: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=repo or Path.cwd(),
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+@dataclass
+class GoldenInfo:
+    name: str
+    source: str
+    queries: int
+
+
+@dataclass
+class GateOutcome:
+    """The gate of a compare run: ``passed`` unless a variant's ``metric`` delta CI lies
+    entirely below ``threshold`` (``failures`` say which)."""
+
+    metric: str
+    threshold: float
+    passed: bool
+    failures: list[str]
+
+
+# A metric's mean with its 95% CI ({mean, ci_low, ci_high, n}), or a paired delta
+# ({mean, ci_low, ci_high, n, p_value}): as written to summary.json.
+Stats = dict[str, Any]
+
+
+@dataclass
+class RunSummary:
+    """What one evaluation run measured, and everything needed to trust or reproduce it.
+
+    ``summary.json`` is ``as_json()``; ``report_dir`` is where the run's files are.
+    """
+
+    run_id: str
+    name: str
+    kind: Literal["retrieval", "compare", "rag"]
+    metric_names: list[str]
+    finished_at: str
+    golden: GoldenInfo
+    granularity: str  # file, chunk; "answer" for RAG
+    depth: int
+    corpus: dict[str, Any]  # files, points, sha256, index_version (retrieval.corpus_fingerprint)
+    models: dict[str, Any]
+    variants: dict[str, dict[str, Any]]  # variant -> effective retrieve settings
+    baseline: str
+    statistics: dict[str, Any]
+    metrics: dict[str, dict[str, Stats]]  # variant -> metric -> mean and CI
+    deltas: dict[str, dict[str, Stats]]  # variant -> metric -> paired delta vs baseline
+    warnings: list[str]
+    config: dict[str, Any]  # the effective configuration, secrets masked
+    versions: dict[str, str]
+    git_revision: str | None
+    gate: GateOutcome | None = None
+    judge: dict[str, Any] | None = None  # RAG: model, ragas version, outcome counts
+    timing: dict[str, float] = field(default_factory=dict)
+    report_dir: str = ""
+
+    @property
+    def gate_failed(self) -> bool:
+        return self.gate is not None and not self.gate.passed
+
+    def as_json(self) -> dict[str, Any]:
+        """summary.json's content (everything but ``report_dir``)."""
+        data = asdict(self)
+        del data["report_dir"]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], report_dir: str = "") -> RunSummary:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["golden"] = GoldenInfo(**data["golden"])
+        values["gate"] = GateOutcome(**data["gate"]) if data.get("gate") else None
+        values["report_dir"] = report_dir
+        return cls(**values)
+
+
+def retrieval_summary(
+    result: EvalResult, config: RagpipeConfig, corpus: dict[str, Any]
+) -> RunSummary:
+    """The typed summary of a retrieval or compare run (no run id or directory yet)."""
+    return RunSummary(
+        run_id="",
+        name=result.name,
+        kind="retrieval" if len(result.variants) == 1 else "compare",
+        metric_names=list(METRICS),
+        finished_at=datetime.now(UTC).isoformat(),
+        golden=GoldenInfo(result.golden.name, result.golden.source, len(result.golden.items)),
+        granularity=result.granularity.value,
+        depth=result.depth,
+        corpus=corpus,
+        models={
+            "embedder": embedder_name(config.embed),
+            **{
+                v: {"reranker": s["reranker"] if s["rerank"] else "none"}
+                for v, s in result.settings.items()
+            },
+        },
+        variants=result.settings,
+        baseline=result.baseline,
+        statistics={
+            "method": "percentile bootstrap",
+            "level": 0.95,
+            "resamples": result.resamples,
+            "seed": result.seed,
+            "paired": "bootstrap of per-query deltas; sign-flip permutation p-value",
+        },
+        metrics={v: {m: ci.as_dict() for m, ci in by.items()} for v, by in result.summary.items()},
+        deltas={v: {m: d.as_dict() for m, d in by.items()} for v, by in result.deltas.items()},
+        gate=None
+        if result.gate is None
+        else GateOutcome(
+            result.gate.metric, result.gate.threshold, result.passed, result.gate_failures
+        ),
+        warnings=result.warnings,
+        timing={"search_s": result.search_seconds, "metrics_and_ci_s": result.stats_seconds},
+        config=config.model_dump(mode="json"),
+        versions=versions(),
+        git_revision=git_revision(),
+    )
+
+
+def retrieval_table(result: EvalResult) -> pa.Table:
+    """per_query.parquet of a retrieval or compare run (RETRIEVAL_QUERY_SCHEMA)."""
+    rows = result.rows
+    columns: list[list[Any]] = [
+        [r.variant for r in rows],
+        [r.item_id for r in rows],
+        [r.query for r in rows],
+        [r.retrieved for r in rows],
+        [json.dumps(r.relevant) for r in rows],
+        [r.search_seconds for r in rows],
+        *([r.metrics[m] for r in rows] for m in METRICS),
+    ]
+    return pa.Table.from_arrays(
+        [pa.array(c, f.type) for c, f in zip(columns, RETRIEVAL_QUERY_SCHEMA, strict=True)],
+        schema=RETRIEVAL_QUERY_SCHEMA,
+    )
+
+
+def rag_summary(result: RagEvalResult, config: RagpipeConfig, corpus: dict[str, Any]) -> RunSummary:
+    """The typed summary of a RAG run (no run id or directory yet)."""
+    return RunSummary(
+        run_id="",
+        name=result.name,
+        kind="rag",
+        metric_names=list(RAG_METRICS),
+        finished_at=datetime.now(UTC).isoformat(),
+        golden=GoldenInfo(result.golden.name, result.golden.source, len(result.rows)),
+        granularity="answer",
+        depth=config.retrieve.top_k,
+        corpus=corpus,
+        models={"embedder": embedder_name(config.embed), "generator": result.generator,
+                "judge": result.judge["model"]},
+        variants={"rag": config.retrieve.model_dump(mode="json")},
+        baseline="rag",
+        statistics={"method": "percentile bootstrap over scored queries", "level": 0.95,
+                    "resamples": result.resamples, "seed": result.seed},
+        metrics={"rag": {m: ci.as_dict() for m, ci in result.summary.items()}},
+        deltas={},
+        judge=result.judge,
+        warnings=result.warnings,
+        config=config.model_dump(mode="json"),
+        versions=versions(),
+        git_revision=git_revision(),
+    )  # fmt: skip
+
+
+def rag_table(result: RagEvalResult) -> pa.Table:
+    """per_query.parquet of a RAG run (RAG_QUERY_SCHEMA)."""
+    expected = {i.id: i.expected_answer for i in result.golden.items}
+    rows = [
+        {
+            "variant": "rag",
+            "item_id": r.item_id,
+            "query": r.query,
+            "answer": r.answer,
+            "not_found": r.not_found,
+            "cited": r.cited,
+            "invalid_citations": r.invalid_citations,
+            "tokens_in": r.tokens_in,
+            "tokens_out": r.tokens_out,
+            "generation_seconds": r.generation_seconds,
+            "context_precision_kind": r.context_precision_kind,
+            "contexts": r.contexts,
+            "expected_answer": expected.get(r.item_id),
+            **{
+                key: value
+                for m in RAG_METRICS
+                for key, value in (
+                    (m, r.judged[m].value),
+                    (f"{m}_status", r.judged[m].status),
+                    (f"{m}_reason", r.judged[m].reason),
+                )
+            },
+        }
+        for r in result.rows
+    ]
+    return pa.Table.from_pylist(rows, schema=RAG_QUERY_SCHEMA)
+
+
+def run_dir(root: Path, name: str) -> tuple[str, Path]:
+    """A new ``<root>/<UTC time>-<name>/`` directory and its run id."""
+    slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
+    run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{slug}"
+    out = root / run_id
+    out.mkdir(parents=True, exist_ok=False)
+    return run_id, out
+
+
+def write_run(summary: RunSummary, table: pa.Table, root: Path) -> RunSummary:
+    """The one report writer (retrieval, compare and RAG runs): a new run directory under
+    ``root`` with its four files, then the history rows. Returns ``summary`` with its
+    ``run_id`` and ``report_dir``."""
+    summary.run_id, out = run_dir(root, summary.name)
+    summary.report_dir = str(out)
+    write_table(out / "per_query.parquet", table)
+    atomic_write_bytes(out / "summary.json", json.dumps(summary.as_json(), indent=2).encode())
+    md = render_markdown(summary)
+    atomic_write_bytes(out / "report.md", md.encode())
+    atomic_write_bytes(out / "report.html", render_html(summary, md, table).encode())
+    append_history(root, summary)
+    return summary
+
+
+def run_retrieval(
+    config: RagpipeConfig,
+    variants: Sequence[Variant] | None = None,
+    *,
+    name: str | None = None,
+    gate: Gate | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[EvalResult, RunSummary]:
+    """Replay ``config.eval.golden`` through the retriever (each variant) and write the
+    report under ``config.eval.reports_dir``."""
+    golden = load_golden(config.eval.golden)
+    with Retriever(config) as retriever:
+        corpus = corpus_fingerprint(retriever)
+        result = run_retrieval_eval(
+            config,
+            golden,
+            variants,
+            name=name,
+            granularity=Granularity(config.eval.granularity),
+            depth=config.eval.depth,
+            resamples=config.eval.resamples,
+            seed=config.eval.seed,
+            gate=gate,
+            retriever=retriever,
+            progress=progress,
+        )
+    summary = retrieval_summary(result, config, corpus)
+    return result, write_run(summary, retrieval_table(result), config.eval.reports_dir)
+
+
+def run_rag(
+    config: RagpipeConfig, *, name: str | None = None, progress: Callable[[int], None] | None = None
+) -> tuple[RagEvalResult, RunSummary]:
+    """Retrieve, generate and judge ``config.eval.golden`` and write the report."""
+    golden = load_golden(config.eval.golden)
+    with Retriever(config) as retriever:
+        corpus = corpus_fingerprint(retriever)
+        result = run_rag_eval(
+            config, golden, name=name, limit=config.eval.rag_limit, retriever=retriever,
+            progress=progress,
+        )  # fmt: skip
+    summary = rag_summary(result, config, corpus)
+    return result, write_run(summary, rag_table(result), config.eval.reports_dir)
+
+
+def append_history(root: Path, summary: RunSummary) -> None:
+    """One row per (variant, metric) with a mean: the trend ``ragpipe report`` shows."""
+    rows = [
+        {
+            "run_id": summary.run_id,
+            "finished_at": summary.finished_at,
+            "name": summary.name,
+            "golden": summary.golden.name,
+            "granularity": summary.granularity,
+            "variant": variant,
+            "metric": metric,
+            "mean": ci["mean"],
+            "ci_low": ci["ci_low"],
+            "ci_high": ci["ci_high"],
+            "n": ci["n"],
+            "git_revision": summary.git_revision or "",
+        }
+        for variant, by_metric in summary.metrics.items()
+        for metric, ci in by_metric.items()
+        if ci["n"]
+    ]
+    new = pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA)
+    path = root / HISTORY
+    if path.is_file():
+        new = pa.concat_tables([pq.read_table(path).cast(HISTORY_SCHEMA), new])
+    write_table(path, new)
+
+
+def read_history(root: Path) -> list[dict[str, Any]]:
+    path = root / HISTORY
+    return pq.read_table(path).to_pylist() if path.is_file() else []
