@@ -41,7 +41,7 @@ from ragpipe.config import FetchConfig, RagpipeConfig  # noqa: E402
 from ragpipe.ingest.discover import DiscoverCounts  # noqa: E402
 from ragpipe.ingest.pipeline import run_ingest  # noqa: E402
 from ragpipe.ingest.runner import WorkDir  # noqa: E402
-from ragpipe.web.fetch import fetch_pages  # noqa: E402
+from ragpipe.web.pages import fetch_pages  # noqa: E402
 from tests.support.web_server import Route, html_page, web_site  # noqa: E402
 
 UA = FetchConfig().user_agent

@@ -17,8 +17,9 @@ from ragpipe.errors import ConfigError, MassDeletionHeld
 from ragpipe.ingest.convert import DOC_NAMESPACE, doc_id_for
 from ragpipe.ingest.pipeline import run_ingest
 from ragpipe.schemas import Failure, Skip, WebPage
-from ragpipe.web.fetch import Disallowed, Fetcher, FetchError, normalise_url, parse_sitemap
+from ragpipe.web.http import Disallowed, Fetcher, FetchError, normalise_url
 from ragpipe.web.robots import RobotsRules
+from ragpipe.web.sitemaps import parse_sitemap
 from tests.support.corpora import stored
 from tests.support.crash import crash, temp_files
 from tests.support.crash_ingest import WEB_POINTS

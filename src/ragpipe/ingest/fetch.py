@@ -11,7 +11,7 @@ from ragpipe.errors import StageError
 from ragpipe.ingest.runner import WorkDir
 from ragpipe.progress import reporter
 from ragpipe.schemas import WebPage
-from ragpipe.web.fetch import GONE_CATEGORIES, FetchResult, fetch_pages, prune_bodies
+from ragpipe.web.pages import GONE_CATEGORIES, FetchResult, fetch_pages, prune_bodies
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from ragpipe.store import (
     peek_meta,
     store_generation,
 )
-from ragpipe.web.fetch import GONE_CATEGORIES
+from ragpipe.web.pages import GONE_CATEGORIES
 
 logger = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from ragpipe.store import (
     published,
     store_generation,
 )
-from ragpipe.web.fetch import detect_language, iter_metadata
+from ragpipe.web.pages import detect_language, iter_metadata
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,246 @@
+"""HTTP for web sources: GETs under the fetch policy (robots.txt, per-host spacing,
+timeouts, size and redirect caps), and the URL normal form pages are known by.
+
+* Every request carries ``fetch.user_agent``; robots.txt (RFC 9309, see
+  :mod:`ragpipe.web.robots`) is read once per origin and obeyed, for the page and
+  every redirect hop.
+* ``fetch.timeout_s`` bounds a whole request (connect, headers, body);
+  ``fetch.max_bytes`` the body (checked on Content-Length and while reading);
+  ``fetch.max_redirects`` the hops. Requests to one host are spaced by
+  ``fetch.delay_s`` or the robots.txt Crawl-delay.
+* Only http and https; a redirect elsewhere is a failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urljoin, urlsplit, urlunsplit
+
+import httpx
+
+from ragpipe.config import FetchConfig, url_problem
+from ragpipe.web.robots import RobotsRules, product_token
+
+logger = logging.getLogger(__name__)
+
+ROBOTS_MAX_BYTES = 512 * 1024  # RFC 9309: parse at least 500 KiB
+_REDIRECTS = {301, 302, 303, 307, 308}
+
+
+class FetchError(Exception):
+    """One URL could not be fetched; ``category`` says why (a failure row)."""
+
+    def __init__(self, category: str, message: str) -> None:
+        super().__init__(message)
+        self.category = category
+
+
+class Disallowed(Exception):
+    """robots.txt forbids the URL (the page or a redirect hop)."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        super().__init__(detail)
+        self.url = url
+
+
+@dataclass
+class Response:
+    """The final response of one fetch, after redirects."""
+
+    url: str
+    status: int
+    headers: httpx.Headers
+    body: bytes
+
+
+def normalise_url(url: str) -> str:
+    """Drop the fragment and default ports; lower-case scheme and host."""
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").lower()
+    if ":" in host:
+        host = f"[{host}]"
+    port = parts.port
+    netloc = (
+        host
+        if port is None or (scheme, port) in (("http", 80), ("https", 443))
+        else (f"{host}:{port}")
+    )
+    return urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+class Fetcher:
+    """HTTP GETs under the fetch policy: robots.txt, per-host spacing, caps.
+
+    Args:
+        config: Fetch settings.
+        clock, sleep: Injected for tests of the per-host spacing.
+    """
+
+    def __init__(
+        self,
+        config: FetchConfig,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        self._sleep = sleep
+        self._client = httpx.Client(
+            headers={"User-Agent": config.user_agent, "Accept-Encoding": "gzip, deflate"},
+            timeout=httpx.Timeout(config.timeout_s),
+            follow_redirects=False,
+        )
+        self._robots: dict[str, RobotsRules | FetchError] = {}
+        self._last_request: dict[str, float] = {}
+        self.requests = 0
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> Fetcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- robots.txt ------------------------------------------------------------------
+
+    def robots(self, url: str) -> RobotsRules:
+        """The robots.txt rules of ``url``'s origin (fetched once per run).
+
+        Raises:
+            FetchError: ``robots_unreachable`` when robots.txt answers 5xx or
+                not at all: RFC 9309 then forbids crawling the origin, so its
+                pages are not fetched (and not removed) this run.
+        """
+        origin = _origin(url)
+        if origin not in self._robots:
+            self._robots[origin] = self._load_robots(origin)
+        rules = self._robots[origin]
+        if isinstance(rules, FetchError):
+            raise FetchError(rules.category, str(rules))
+        return rules
+
+    def _load_robots(self, origin: str) -> RobotsRules | FetchError:
+        robots_url = f"{origin}/robots.txt"
+        try:
+            response = self._follow(robots_url, {}, check_robots=False, cap=ROBOTS_MAX_BYTES)
+        except (FetchError, Disallowed) as exc:
+            return FetchError(
+                "robots_unreachable",
+                f"{robots_url} could not be read ({exc}); RFC 9309 forbids crawling the site "
+                "until it can, so its pages are kept as indexed and retried next run",
+            )
+        if response.status >= 500:
+            return FetchError(
+                "robots_unreachable",
+                f"{robots_url} answered HTTP {response.status}; RFC 9309 forbids crawling the "
+                "site until it can be read, so its pages are kept as indexed and retried next run",
+            )
+        if response.status != 200:  # 4xx (no robots.txt): nothing is disallowed
+            return RobotsRules.allow_all()
+        text = response.body.decode("utf-8", errors="replace")
+        return RobotsRules.parse(text, self.config.user_agent)
+
+    def _check_robots(self, url: str) -> None:
+        rules = self.robots(url)
+        if not rules.allowed(url):
+            rule = rules.rule_for(url)
+            pattern = f" (rule 'Disallow: {rule.pattern}')" if rule is not None else ""
+            raise Disallowed(
+                url,
+                f"{_origin(url)}/robots.txt disallows {url} for "
+                f"'{product_token(self.config.user_agent)}'{pattern}",
+            )
+
+    def _wait_turn(self, url: str) -> None:
+        host = urlsplit(url).netloc
+        delay = self.config.delay_s
+        cached = self._robots.get(_origin(url))
+        if isinstance(cached, RobotsRules) and cached.crawl_delay is not None:
+            delay = max(delay, min(cached.crawl_delay, self.config.max_delay_s))
+        last = self._last_request.get(host)
+        if last is not None and delay > 0:
+            wait = last + delay - self._clock()
+            if wait > 0:
+                self._sleep(wait)
+        self._last_request[host] = self._clock()
+
+    # -- requests --------------------------------------------------------------------
+
+    def get(self, url: str, headers: dict[str, str] | None = None) -> Response:
+        """GET ``url`` following redirects; every hop is checked against robots.txt.
+
+        Raises:
+            Disallowed: robots.txt forbids the URL or a redirect target.
+            FetchError: timeout, unreachable, too large, too many or bad redirects,
+                or robots.txt unreachable.
+        """
+        return self._follow(url, headers or {}, check_robots=True, cap=self.config.max_bytes)
+
+    def _follow(self, url: str, headers: dict[str, str], check_robots: bool, cap: int) -> Response:
+        current = url
+        for _ in range(self.config.max_redirects + 1):
+            problem = url_problem(current)
+            if problem:
+                raise FetchError("bad_redirect", f"redirected to {current!r}, which {problem}")
+            if check_robots:
+                self._check_robots(current)
+            status, response_headers, body = self._request(current, headers, cap)
+            if status in _REDIRECTS and "location" in response_headers:
+                current = normalise_url(urljoin(current, response_headers["location"]))
+                continue
+            return Response(current, status, response_headers, body)
+        raise FetchError(
+            "too_many_redirects",
+            f"more than fetch.max_redirects={self.config.max_redirects} redirects (last: "
+            f"{current})",
+        )
+
+    def _request(
+        self, url: str, headers: dict[str, str], cap: int
+    ) -> tuple[int, httpx.Headers, bytes]:
+        self._wait_turn(url)
+        self.requests += 1
+        timeout = self.config.timeout_s
+        deadline = self._clock() + timeout
+        try:
+            with self._client.stream("GET", url, headers=headers) as response:
+                length = response.headers.get("content-length", "")
+                if length.isdigit() and int(length) > cap and response.status_code == 200:
+                    raise FetchError(
+                        "too_large",
+                        f"Content-Length {length} bytes exceeds fetch.max_bytes={cap}",
+                    )
+                body = bytearray()
+                if response.status_code not in _REDIRECTS:
+                    for block in response.iter_bytes():
+                        body += block
+                        if len(body) > cap:
+                            raise FetchError(
+                                "too_large",
+                                f"body exceeds fetch.max_bytes={cap} bytes; stopped reading",
+                            )
+                        if self._clock() > deadline:
+                            raise FetchError(
+                                "timeout",
+                                f"body not complete within fetch.timeout_s={timeout:g}s",
+                            )
+                return response.status_code, response.headers, bytes(body)
+        except httpx.TimeoutException as exc:
+            raise FetchError(
+                "timeout", f"no response within fetch.timeout_s={timeout:g}s ({type(exc).__name__})"
+            ) from exc
+        except httpx.DecodingError as exc:
+            raise FetchError("corrupt", f"undecodable response body: {exc}") from exc
+        except (httpx.TransportError, httpx.InvalidURL) as exc:
+            raise FetchError("unreachable", f"{type(exc).__name__}: {exc}") from exc
