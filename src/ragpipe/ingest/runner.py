@@ -1,4 +1,5 @@
-"""What every stage shares: its directory, manifest, reuse check and typed summary.
+"""What every stage shares: its directory (WorkDir), manifest, reuse check, typed counts
+and summary, and the run's store (RunStore).
 
 Each ``run_*`` function (one per stage module, in the order of
 ``pipeline.STAGES``) loads the previous checkpoint, does its work and writes
