@@ -1,5 +1,5 @@
 # ragpipe: the two commands a user needs are `make demo` and `make test`.
-.PHONY: setup demo test test-fast lint bench clean prefect-server prefect-deploy prefect-worker
+.PHONY: setup demo test test-fast lint bench bench-scale clean prefect-server prefect-deploy prefect-worker
 
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
@@ -35,6 +35,10 @@ bench: setup
 	.venv/bin/python bench/eval.py
 	.venv/bin/python bench/fetch.py
 	.venv/bin/python bench/retrieval_quality.py
+
+# Not in CI, nor in `make bench`: 1M chunks take about an hour on 2 cores.
+bench-scale: setup
+	.venv/bin/python bench/scale.py
 
 # Deployments (see README "Deployments"): a local Prefect server, the work pool and
 # deployments from prefect.yaml, and a process worker. Run server and worker in

@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
+from ragpipe.config import RagpipeConfig
 from ragpipe.errors import ConfigError, MassDeletionHeld
 from ragpipe.ingest.pipeline import run_ingest, run_stages
 from ragpipe.ingest.runner import RunStore, WorkDir
 from ragpipe.ingest.summary import write_summary
-from ragpipe.store import EdgeStore, QdrantStore, Where, open_store
+from ragpipe.store import EdgeStore, QdrantStore, Where, open_reader, open_store
 from tests.support.corpora import (
     assert_versions_current,
     make_config,
@@ -320,3 +321,81 @@ def test_qdrant_backend_is_a_drop_in(corpus: Path, tmp_path: Path) -> None:
     assert summary.changed == 1 and summary.chunks_deleted > summary.chunks_written > 0
     assert summary.points_total == len(stored(cfg))
     assert isinstance(open_store(cfg.store, "paraphrase-MiniLM-L3-v2", None), QdrantStore)
+
+
+def _unindexed(cfg: RagpipeConfig, reader: bool = False) -> int:
+    store = (open_reader if reader else partial(open_store, dim=None))(
+        cfg.store, "paraphrase-MiniLM-L3-v2"
+    )
+    assert isinstance(store, EdgeStore)
+    try:
+        return store.unindexed()
+    finally:
+        store.close()
+
+
+def test_ingest_builds_the_hnsw_index_once_enough_points_are_outside_it(
+    corpus: Path, tmp_path: Path
+) -> None:
+    cfg = make_config(corpus, tmp_path, store={"hnsw_min_unindexed": 20})
+    first = run_ingest(cfg)
+    assert first.points_total > 20
+    assert first.stages["upsert"]["hnsw_indexed"] == first.points_total
+    assert _unindexed(cfg) == 0 and _unindexed(cfg, reader=True) == 0  # published with it
+    # A changed file adds fewer points than the threshold: they wait, searched by scan.
+    (corpus / "wings.md").write_text(topic_doc("wings", version=2, sections=2), encoding="utf-8")
+    second = run_ingest(cfg)
+    assert 0 < second.chunks_written < 20 and "hnsw_indexed" not in second.stages["upsert"]
+    assert _unindexed(cfg) == second.chunks_written
+    assert len(stored(cfg)) == second.points_total  # deleted points are not counted
+    # Past the threshold again: the next run indexes them.
+    for topic in ("tides", "glass", "honey"):
+        (corpus / f"{topic}.md").write_text(topic_doc(topic), encoding="utf-8")
+    third = run_ingest(cfg)
+    waiting = second.chunks_written + third.chunks_written  # outside it before the build
+    assert third.stages["upsert"]["hnsw_indexed"] == waiting and _unindexed(cfg) == 0
+
+
+def test_int8_quantisation_is_fixed_at_creation_and_searches_like_full_vectors(
+    corpus: Path, tmp_path: Path
+) -> None:
+    plain = make_config(corpus, tmp_path / "plain", store={"hnsw_min_unindexed": 20})
+    int8 = make_config(
+        corpus, tmp_path / "int8", store={"hnsw_min_unindexed": 20, "quantization": "int8"}
+    )
+    run_ingest(plain)
+    run_ingest(int8)
+    edge_config = json.loads((int8.store.path / "edge_config.json").read_text())
+    assert edge_config["vectors"]["dense"]["quantization_config"]
+    some_ids = list(stored(plain))[:3]
+    stores = [open_store(c.store, "paraphrase-MiniLM-L3-v2", None) for c in (plain, int8)]
+    try:
+        assert [s.quantization for s in stores] == ["none", "int8"]  # type: ignore[union-attr]
+        # The same points; every query's top 5 agree (int8 candidates, rescored in full).
+        probe = stores[0].dense_vectors(some_ids)  # type: ignore[union-attr]
+        for vector in probe.values():
+            ranked = [
+                [h.point_id for h in s.query_dense(vector, 5)]  # type: ignore[union-attr]
+                for s in stores
+            ]
+            assert ranked[0] == ranked[1]
+    finally:
+        for s in stores:
+            s.close()  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match=r"store.quantization int8 \(configured: none\)"):
+        run_ingest(make_config(corpus, tmp_path / "int8", store={"hnsw_min_unindexed": 20}))
+
+
+def test_int8_on_a_qdrant_collection_is_fixed_at_creation(corpus: Path, tmp_path: Path) -> None:
+    int8 = make_config(corpus, tmp_path, "qdrant", store={"quantization": "int8"})
+    first = run_ingest(int8)
+    assert first.points_total > 20 and "hnsw_indexed" not in first.stages["upsert"]
+    store = open_store(int8.store, "paraphrase-MiniLM-L3-v2", None)
+    assert isinstance(store, QdrantStore)
+    try:
+        vectors = store.client.get_collection("ragpipe").config.params.vectors
+        assert isinstance(vectors, dict) and vectors["dense"].quantization_config is not None
+    finally:
+        store.close()
+    with pytest.raises(ConfigError, match=r"store.quantization int8 \(configured: none\)"):
+        run_ingest(make_config(corpus, tmp_path, "qdrant"))

@@ -410,6 +410,13 @@ class StoreBackend(StrEnum):
     QDRANT = "qdrant"
 
 
+class Quantization(StrEnum):
+    """How the dense vectors are held for search."""
+
+    NONE = "none"
+    INT8 = "int8"
+
+
 class StoreConfig(_Section):
     """Where the index lives."""
 
@@ -454,6 +461,20 @@ class StoreConfig(_Section):
         "its files into memory (32 MB write-ahead-log segments and storage pages; a new store "
         "touches about 110 MB) and dies with SIGBUS, not an error, when a mapped page meets a "
         "full disk; below this ragpipe stops with a clear error instead. 0 turns the check off.",
+    )
+    hnsw_min_unindexed: int = Field(
+        default=10_000,
+        gt=0,
+        description="edge: after writing, the upsert stage builds the HNSW index when at least "
+        "this many points are not in it yet (below, a query scans them: about 1 ms per 10k "
+        "384-d points here; see docs/scaling.md). qdrant: the server's optimizer indexes "
+        "on its own and this is not used.",
+    )
+    quantization: Quantization = Field(
+        default=Quantization.NONE,
+        description="none, or int8: dense vectors held as int8 in memory (4x smaller), the "
+        "full vectors on disk, used to rescore the best candidates. Fixed when the store is "
+        "created: to change it, point store.path (or store.collection) at a new index.",
     )
 
 

@@ -38,6 +38,7 @@ from ragpipe.store import (
     FileVersions,
     StoreMeta,
     VersionStats,
+    check_store_settings,
     check_store_space,
     peek_meta,
     store_generation,
@@ -174,6 +175,7 @@ def run_plan(
     """
     started = time.perf_counter()
     check_store_space(config.store)  # a full disk stops the run here, not after converting
+    check_store_settings(config.store)  # so does a setting the store cannot take
     sources = runner.read_input(config, discovered, "files.parquet", SourceFile)
     # A source that failed discovery (unreadable file, page timing out) still exists,
     # unless the failure says it is gone (a page answering 404).

@@ -18,7 +18,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -171,6 +171,7 @@ class UpsertCounts(runner.Counts):
     deletions_held: int = 0
     points_total: int = 0
     published: int = 0
+    hnsw_indexed: int = field(default=0, metadata={"optional": True})  # see _index_upkeep
 
 
 def run_upsert(
@@ -260,6 +261,7 @@ def run_upsert(
                     counts.points_total = _total_points(after)
                 else:
                     counts.points_total = store.count()
+                counts.hnsw_indexed = _index_upkeep(store, config)
         finally:
             stores.close()  # durable, and the generation final, before saving and publishing
     if after is not None:
@@ -282,6 +284,31 @@ def run_upsert(
             100 * config.index.max_delete_share,
         )
     return summary
+
+
+def _index_upkeep(store: VectorStore, config: RagpipeConfig) -> int:
+    """Build the HNSW index once ``store.hnsw_min_unindexed`` points are outside it (Edge;
+    a Qdrant server's optimizer does it itself). Before publishing, so that readers get
+    the index. Returns the points the build added."""
+    progress = reporter()
+    threshold = config.store.hnsw_min_unindexed
+
+    def starting(unindexed: int) -> None:
+        logger.info(
+            "upsert: building the HNSW index: %d points are not in it (store.hnsw_min_unindexed"
+            "=%d); about a second per 3,000 here",
+            unindexed, threshold,
+        )  # fmt: skip
+        progress.start("index", 0)  # one engine call: no steps to count
+
+    try:
+        build = store.build_index(threshold, starting)
+    finally:
+        progress.finish()
+    if build is None:
+        return 0
+    logger.info("upsert: HNSW index built; %d points added in %.1fs", build.indexed, build.seconds)
+    return build.indexed
 
 
 def _plan_counts(config: RagpipeConfig) -> PlanCounts | None:

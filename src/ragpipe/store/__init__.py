@@ -31,6 +31,7 @@ from ragpipe.store.base import STORE_SCHEMA as STORE_SCHEMA
 from ragpipe.store.base import VERSION_FIELDS as VERSION_FIELDS
 from ragpipe.store.base import FileVersions as FileVersions
 from ragpipe.store.base import Hit as Hit
+from ragpipe.store.base import IndexBuild as IndexBuild
 from ragpipe.store.base import IndexPoint as IndexPoint
 from ragpipe.store.base import Match as Match
 from ragpipe.store.base import StoreMeta as StoreMeta
@@ -42,6 +43,7 @@ from ragpipe.store.base import check_store_space as check_store_space
 from ragpipe.store.base import ensure_space as ensure_space
 from ragpipe.store.base import read_meta as read_meta
 from ragpipe.store.edge import EdgeStore as EdgeStore
+from ragpipe.store.edge import check_quantization
 from ragpipe.store.qdrant import RETRY_STATUS as RETRY_STATUS
 from ragpipe.store.qdrant import QdrantStore as QdrantStore
 from ragpipe.store.sparse import SparseEncoder as SparseEncoder
@@ -59,8 +61,9 @@ def open_store(config: StoreConfig, embedder: str, dim: int | None) -> VectorSto
         if dim is None and not (config.path / "segments").is_dir():
             return None
         return EdgeStore(
-            config.path, meta, config.batch_size, config.scroll_page, config.min_free_mb
-        )
+            config.path, meta, config.batch_size, config.scroll_page, config.min_free_mb,
+            config.quantization, config.hnsw_min_unindexed,
+        )  # fmt: skip
     store = QdrantStore(config, meta)
     if not store.exists:
         store.close()
@@ -90,6 +93,13 @@ def open_reader(config: StoreConfig, embedder: str) -> VectorStore | None:
             store.location = f"edge:{config.path} (published version {label})"
             return store
     return open_store(config, embedder, None)
+
+
+def check_store_settings(config: StoreConfig) -> None:
+    """ConfigError when an existing Edge store was created with settings fixed at creation
+    (``store.quantization``) other than the configured ones; checked before any work."""
+    if config.backend == StoreBackend.EDGE:
+        check_quantization(config.path, config.quantization)
 
 
 def store_generation(config: StoreConfig) -> str | None:

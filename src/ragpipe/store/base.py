@@ -31,6 +31,11 @@ META_FILE = "ragpipe-store.json"
 GENERATION_FILE = "ragpipe-generation"
 
 
+# Edge: points written since the HNSW index was last built (they sit in the appendable
+# segment, searched by scan). Raised before a write, so a crash can only overcount.
+UNINDEXED_FILE = "ragpipe-unindexed.json"
+
+
 STORE_SCHEMA = 1
 
 
@@ -144,10 +149,26 @@ class VersionStats:
 FileVersions = dict[str, dict[tuple[str, str], VersionStats]]
 
 
+@dataclass(frozen=True)
+class IndexBuild:
+    """One HNSW build by ``VectorStore.build_index``."""
+
+    indexed: int  # points that were not in the index, and now are
+    seconds: float
+
+
 class VectorStore(Protocol):
     """What the pipeline needs from an index."""
 
     location: str
+
+    def build_index(
+        self, min_unindexed: int, starting: Callable[[int], None] | None = None
+    ) -> IndexBuild | None:
+        """Build the HNSW index over the points not in it when there are at least
+        ``min_unindexed`` (``starting`` is told how many, first); None when nothing was
+        built (or the server builds it itself)."""
+        ...
 
     def check(self, meta: StoreMeta) -> None:
         """Raise ConfigError unless ``meta``'s embedder and dimension fit this store."""

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
@@ -16,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ragpipe.checkpoint import atomic_write_bytes, fsync_dir
+from ragpipe.config import Quantization
 from ragpipe.errors import ConfigError, StageError
 from ragpipe.store.base import (
     DENSE,
@@ -25,7 +27,9 @@ from ragpipe.store.base import (
     KEYWORD_FIELDS,
     META_FILE,
     SPARSE,
+    UNINDEXED_FILE,
     Hit,
+    IndexBuild,
     IndexPoint,
     Match,
     StoreMeta,
@@ -46,6 +50,28 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def stored_quantization(path: Path) -> Quantization | None:
+    """The quantization the Edge store at ``path`` was created with (None: no store)."""
+    config_file = path / "edge_config.json"
+    if not config_file.is_file():
+        return None
+    stored = json.loads(config_file.read_text(encoding="utf-8"))
+    dense = stored.get("vectors", {}).get(DENSE, {})
+    return Quantization.INT8 if dense.get("quantization_config") else Quantization.NONE
+
+
+def check_quantization(path: Path, configured: Quantization) -> None:
+    """ConfigError when the store at ``path`` was created with another quantization."""
+    stored = stored_quantization(path)
+    if stored is not None and stored != configured:
+        raise ConfigError(
+            f"the index at {path} was created with store.quantization {stored.value} "
+            f"(configured: {configured.value}); it is fixed when a store is created. Set "
+            "store.quantization back, or point store.path at a new index (the next ingest "
+            "re-embeds everything into it)."
+        )
+
+
 class EdgeStore(_Scrolling):
     """Qdrant Edge: the real engine in-process, one shard directory."""
 
@@ -56,7 +82,11 @@ class EdgeStore(_Scrolling):
         batch_size: int = 256,
         page: int = 1000,
         min_free_mb: int = 0,
+        quantization: Quantization | None = None,
+        hnsw_min_unindexed: int = 10_000,
     ):
+        """``quantization``: what a new store gets, and what an existing one must have
+        (None: whatever it has, for readers)."""
         import qdrant_edge as qe
 
         self._qe = qe
@@ -71,6 +101,8 @@ class EdgeStore(_Scrolling):
         self._sparse = SparseEncoder()
         self._writing = False
         self._embedder = meta.embedder
+        self._quantization = quantization or Quantization.NONE
+        self._hnsw_min_unindexed = hnsw_min_unindexed
         meta_path = path / META_FILE
         stored = read_meta(meta_path) if meta_path.is_file() else None
         if stored is not None:
@@ -84,6 +116,13 @@ class EdgeStore(_Scrolling):
             else:
                 self._shard = self._create(meta)
                 self._before_write()
+            self.quantization = self._stored_quantization()
+            if quantization is not None:
+                try:
+                    check_quantization(path, quantization)
+                except ConfigError:
+                    self._shard.close()
+                    raise
         except (ConfigError, StageError):
             raise
         except Exception as exc:
@@ -109,9 +148,25 @@ class EdgeStore(_Scrolling):
         for leftover in parent.glob(f".{self.path.name}.creating-*"):
             shutil.rmtree(leftover, ignore_errors=True)
         tmp = parent / f".{self.path.name}.creating-{uuid.uuid4().hex[:12]}"
+        int8 = self._quantization == Quantization.INT8
+        dense = qe.EdgeVectorParams(
+            size=meta.dim,
+            distance=qe.Distance.Cosine,
+            # int8: the quantized vectors in RAM, the full ones read from disk to rescore.
+            on_disk=True if int8 else None,
+            quantization_config=qe.ScalarQuantizationConfig(
+                type=qe.ScalarType.Int8, quantile=0.99, always_ram=True
+            )
+            if int8
+            else None,
+        )
+        # Qdrant indexes a segment once its vectors pass indexing_threshold (KB): set it to
+        # the size of hnsw_min_unindexed points, so build_index and the engine agree.
+        threshold_kb = max(1, self._hnsw_min_unindexed * meta.dim * 4 // 1024)
         config = qe.EdgeConfig(
-            vectors={DENSE: qe.EdgeVectorParams(size=meta.dim, distance=qe.Distance.Cosine)},
+            vectors={DENSE: dense},
             sparse_vectors={SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
+            optimizers=qe.EdgeOptimizersConfig(indexing_threshold=threshold_kb),
         )
         try:
             shard: qdrant_edge.EdgeShard = qe.EdgeShard.create(str(tmp), config)
@@ -133,7 +188,7 @@ class EdgeStore(_Scrolling):
     def _clear_non_store(path: Path) -> None:
         """Make room for a new store at ``path``: only ragpipe's own files may be there."""
         found = sorted(p.name for p in path.iterdir()) if path.is_dir() else [path.name]
-        if not path.is_dir() or not set(found) <= {META_FILE, GENERATION_FILE}:
+        if not path.is_dir() or not set(found) <= {META_FILE, GENERATION_FILE, UNINDEXED_FILE}:
             raise StageError(
                 f"store.path {path} exists and is not a Qdrant Edge store (it holds "
                 f"{', '.join(found[:5])}{', …' if len(found) > 5 else ''}). Point store.path at "
@@ -172,12 +227,59 @@ class EdgeStore(_Scrolling):
         """Raise ConfigError unless ``meta``'s embedder and dimension fit this store."""
         meta.check({"embedder": self._embedder, "dim": self._stored_dim()}, str(self.path))
 
-    def _stored_dim(self) -> int | None:
+    def _edge_config(self) -> dict[str, Any]:
         config_file = self.path / "edge_config.json"
         if not config_file.is_file():
+            return {}
+        stored: dict[str, Any] = json.loads(config_file.read_text(encoding="utf-8"))
+        return stored
+
+    def _stored_quantization(self) -> Quantization:
+        return stored_quantization(self.path) or Quantization.NONE
+
+    def unindexed(self) -> int:
+        """Points written since the HNSW index was last built (``UNINDEXED_FILE``); a store
+        from before that record counts every point.
+
+        Not the engine's ``indexed_vectors_count``: it counts the sparse vectors too, and
+        deleted points until their segment is rebuilt, so after deletions it undercounts.
+        """
+        try:
+            data = json.loads((self.path / UNINDEXED_FILE).read_text(encoding="utf-8"))
+            return int(data["points"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return int(self._shard.info().points_count)
+
+    def _engine_threshold(self) -> int:
+        """The store's indexing_threshold, in points of its dimension."""
+        stored = self._edge_config()
+        kb = (stored.get("optimizers") or {}).get("indexing_threshold") or 10_000
+        dim = self._stored_dim() or 1
+        return int(kb) * 1024 // (dim * 4)
+
+    def _set_unindexed(self, points: int) -> None:
+        atomic_write_bytes(self.path / UNINDEXED_FILE, json.dumps({"points": points}).encode())
+
+    def build_index(
+        self, min_unindexed: int, starting: Callable[[int], None] | None = None
+    ) -> IndexBuild | None:
+        before = self.unindexed()
+        # The engine indexes a segment only past the store's indexing_threshold, fixed when
+        # the store was created (from store.hnsw_min_unindexed then; Qdrant's 10 MB before).
+        if before < max(min_unindexed, self._engine_threshold()):
             return None
-        stored = json.loads(config_file.read_text(encoding="utf-8"))
-        size = stored.get("vectors", {}).get(DENSE, {}).get("size")
+        if starting is not None:
+            starting(before)
+        self._before_write()
+        started = time.perf_counter()
+        self._shard.optimize()
+        self._shard.flush()
+        seconds = time.perf_counter() - started
+        self._set_unindexed(0)
+        return IndexBuild(before, seconds)
+
+    def _stored_dim(self) -> int | None:
+        size = self._edge_config().get("vectors", {}).get(DENSE, {}).get("size")
         return int(size) if size is not None else None
 
     def _recover_meta(self, meta: StoreMeta) -> None:
@@ -243,6 +345,7 @@ class EdgeStore(_Scrolling):
         if points:
             ensure_space(self.path, self.min_free, 3 * sum(_point_bytes(p) for p in points))
             self._before_write()
+            self._set_unindexed(self.unindexed() + len(points))
         for start in range(0, len(points), self.batch_size):
             batch = [
                 qe.Point(
@@ -289,6 +392,16 @@ class EdgeStore(_Scrolling):
             if offset is None:
                 return
 
+    def _dense_params(self) -> qdrant_edge.SearchParams | None:
+        """int8 stores: rescore the best 2x candidates with the full vectors."""
+        if self.quantization != Quantization.INT8:
+            return None
+        qe = self._qe
+        params: qdrant_edge.SearchParams = qe.SearchParams(
+            quantization=qe.QuantizationSearchParams(rescore=True, oversampling=2.0)
+        )
+        return params
+
     def _query(self, request: qdrant_edge.QueryRequest) -> list[Hit]:
         return [_hit(p.id, p.score, p.payload) for p in self._shard.query(request)]
 
@@ -302,6 +415,7 @@ class EdgeStore(_Scrolling):
                 query=qe.Query.Nearest(vector.tolist(), using=DENSE),
                 filter=self._filter(where),
                 with_payload=True,
+                params=self._dense_params(),
             )
         )
 
@@ -344,7 +458,13 @@ class EdgeStore(_Scrolling):
         flt = self._filter(where)
         dense = qe.Query.Nearest(vector.tolist(), using=DENSE)
         legs = [
-            qe.Prefetch(limit=prefetch, query=dense, filter=flt, score_threshold=dense_floor),
+            qe.Prefetch(
+                limit=prefetch,
+                query=dense,
+                filter=flt,
+                score_threshold=dense_floor,
+                params=self._dense_params(),
+            ),
             qe.Prefetch(limit=prefetch, query=self._sparse_query(text), filter=flt),
         ]
         return self._query(

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from ragpipe.config import StoreConfig
+from ragpipe.config import Quantization, StoreConfig
 from ragpipe.errors import ConfigError, StageError
 from ragpipe.store.base import (
     DENSE,
@@ -20,6 +20,7 @@ from ragpipe.store.base import (
     KEYWORD_FIELDS,
     SPARSE,
     Hit,
+    IndexBuild,
     IndexPoint,
     Match,
     StoreMeta,
@@ -111,6 +112,7 @@ class QdrantStore(_Scrolling):
 
         self._qm = qm
         self._embedder = meta.embedder
+        self._quantization = config.quantization
         self.collection = config.collection
         self.batch_size = config.batch_size
         self.page = config.scroll_page
@@ -162,14 +164,42 @@ class QdrantStore(_Scrolling):
         stored.setdefault("dim", size)
         stored.setdefault("embedder", meta.embedder)
         meta.check(stored, self.location)
+        assert isinstance(vectors, dict)
+        quantized = Quantization.INT8 if vectors[DENSE].quantization_config else Quantization.NONE
+        if quantized != self._quantization:
+            raise ConfigError(
+                f"collection {self.collection!r} at {self.location} was created with "
+                f"store.quantization {quantized.value} (configured: "
+                f"{self._quantization.value}); it is fixed when a collection is created. Set "
+                "store.quantization back, or choose a new store.collection."
+            )
+
+    def build_index(
+        self, min_unindexed: int, starting: Callable[[int], None] | None = None
+    ) -> IndexBuild | None:
+        """None: a Qdrant server's optimizer builds HNSW on its own, in the background
+        (qdrant-client's local mode never does: it searches exhaustively)."""
+        return None
 
     def _create(self, meta: StoreMeta) -> None:
         models = self._qm
         assert meta.dim is not None
+        int8 = self._quantization == Quantization.INT8
         self.client.create_collection(
             self.collection,
             vectors_config={
-                DENSE: models.VectorParams(size=meta.dim, distance=models.Distance.COSINE)
+                DENSE: models.VectorParams(
+                    size=meta.dim,
+                    distance=models.Distance.COSINE,
+                    on_disk=True if int8 else None,
+                    quantization_config=models.ScalarQuantization(
+                        scalar=models.ScalarQuantizationConfig(
+                            type=models.ScalarType.INT8, quantile=0.99, always_ram=True
+                        )
+                    )
+                    if int8
+                    else None,
+                )
             },
             sparse_vectors_config={SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)},
             metadata=asdict(meta),
