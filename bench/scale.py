@@ -286,6 +286,7 @@ def bench_size(n: int, tmp: Path, sentences: list[str], args: argparse.Namespace
     rc = result["recall_at_10"]
     print(f"  recall@10 vs exact: HNSW {rc['hnsw']:.3f}, int8 + rescoring {rc['int8']:.3f}",
           flush=True)  # fmt: skip
+    result["upkeep"] = bench_upkeep(ours_path, n, sentences, queries)
     result["memory"] = {"plain": rss(ours_path), "int8": rss(int8_path)}
     result["disk_mb"] = {"plain": du(ours_path) / 1e6, "int8": du(int8_path) / 1e6,
                          "raw": du(raw_path) / 1e6}  # fmt: skip
@@ -297,6 +298,41 @@ def bench_size(n: int, tmp: Path, sentences: list[str], args: argparse.Namespace
     for path in (ours_path, raw_path, int8_path):
         shutil.rmtree(path, ignore_errors=True)
     return result
+
+
+def bench_upkeep(
+    path: Path, n: int, sentences: list[str], queries: list[tuple[str, Any]]
+) -> dict[str, Any]:
+    """The trade store.hnsw_min_unindexed makes: a nightly writes that many new points;
+    until they are indexed each query scans them, and indexing them costs once."""
+    threshold = RagpipeConfig().store.hnsw_min_unindexed
+    store = EdgeStore(path, StoreMeta("bench-random", None), batch_size=BATCH)
+    added = 0
+    for batch in points(threshold, sentences, seed=99):  # new ids after the first n
+        moved = [IndexPoint(str(uuid.UUID(int=n + added + i + 1)), p.dense, p.sparse_indices,
+                            p.sparse_values, p.payload) for i, p in enumerate(batch)]  # fmt: skip
+        store.upsert(moved)
+        added += len(moved)
+
+    def dense_p50() -> float:
+        times = []
+        for _, vector in queries:
+            started = time.perf_counter()
+            store.query_dense(vector, 10)
+            times.append(time.perf_counter() - started)
+        return 1000 * statistics.median(times)
+
+    dense_p50()  # warm-up
+    before = dense_p50()
+    built = store.build_index(threshold)
+    assert built is not None and built.indexed == added, built
+    after = dense_p50()
+    store.close()
+    print(f"  upkeep: {added} new points cost {before - after:.2f} ms per dense query until "
+          f"indexed ({before:.2f} -> {after:.2f} ms); indexing them took {built.seconds:.1f}s",
+          flush=True)  # fmt: skip
+    return {"points": added, "dense_p50_unindexed_ms": before, "dense_p50_indexed_ms": after,
+            "build_s": built.seconds}  # fmt: skip
 
 
 def bench_noop(files: int, tmp: Path, repeat: int) -> dict[str, Any]:

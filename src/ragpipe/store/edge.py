@@ -160,9 +160,10 @@ class EdgeStore(_Scrolling):
             if int8
             else None,
         )
-        # Qdrant indexes a segment once its vectors pass indexing_threshold (KB): set it to
-        # the size of hnsw_min_unindexed points, so build_index and the engine agree.
-        threshold_kb = max(1, self._hnsw_min_unindexed * meta.dim * 4 // 1024)
+        # Qdrant indexes a segment once its vectors pass indexing_threshold (KB): set it a
+        # little below the size of hnsw_min_unindexed points, so that when build_index
+        # decides to build, the engine does (and not before: Edge only builds on request).
+        threshold_kb = max(1, self._hnsw_min_unindexed * meta.dim * 4 * 9 // 10 // 1024)
         config = qe.EdgeConfig(
             vectors={DENSE: dense},
             sparse_vectors={SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
