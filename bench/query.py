@@ -71,6 +71,20 @@ def sentence_pool() -> list[str]:
     return sentences
 
 
+def chunk_payload(i: int, text: str) -> dict[str, Any]:
+    """The payload of the i-th bench chunk, as ingest writes it: 20 chunks per file."""
+    return {
+        "text": text,
+        "file_path": f"doc{i // 20:06d}.md",
+        "heading_path": [f"Section {i % 7}"],
+        "source_sha": f"{i // 20:064x}",
+        "doc_id": f"doc{i // 20:06d}",
+        "config_fingerprint": "bench",
+        "chunk_index": i % 20,
+        "chunk_total": 20,
+    }
+
+
 def build(path: Path, n: int, dim: int, rng: random.Random) -> list[str]:
     sentences = sentence_pool()
     sparse = SparseEncoder()
@@ -83,18 +97,9 @@ def build(path: Path, n: int, dim: int, rng: random.Random) -> list[str]:
         vector = np_rng.standard_normal(dim).astype(np.float32)
         vector /= np.linalg.norm(vector)
         indices, values = sparse.document(text)
-        file_path = f"doc{i // 20:05d}.md"
-        payload = {
-            "text": text,
-            "file_path": file_path,
-            "heading_path": [f"Section {i % 7}"],
-            "source_sha": f"{i // 20:064x}",
-            "doc_id": f"doc{i // 20:05d}",
-            "config_fingerprint": "bench",
-            "chunk_index": i % 20,
-            "chunk_total": 20,
-        }
-        batch.append(IndexPoint(str(uuid.UUID(int=i + 1)), vector, indices, values, payload))
+        batch.append(
+            IndexPoint(str(uuid.UUID(int=i + 1)), vector, indices, values, chunk_payload(i, text))
+        )
         if len(batch) == 2000:
             store.upsert(batch)
             batch = []

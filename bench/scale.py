@@ -108,16 +108,7 @@ def points(n: int, sentences: list[str], seed: int = 0) -> Iterator[list[IndexPo
         text = " ".join(rng.choices(sentences, k=rng.randint(2, 6)))
         vector = _near(centres[np_rng.integers(CLUSTERS)], np_rng)
         indices, values = sparse.document(text)
-        payload = {
-            "text": text,
-            "file_path": f"doc{i // 20:06d}.md",
-            "heading_path": [f"Section {i % 7}"],
-            "source_sha": f"{i // 20:064x}",
-            "doc_id": f"doc{i // 20:06d}",
-            "config_fingerprint": "bench",
-            "chunk_index": i % 20,
-            "chunk_total": 20,
-        }
+        payload = query_bench.chunk_payload(i, text)
         batch.append(IndexPoint(str(uuid.UUID(int=i + 1)), vector, indices, values, payload))
         if len(batch) == 2000:
             yield batch
@@ -418,6 +409,10 @@ def main() -> int:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     files = [int(f) for f in args.files.split(",") if f and int(f) > 0]
+    threshold = RagpipeConfig().store.hnsw_min_unindexed
+    if any(n < threshold for n in sizes):
+        parser.error(f"--sizes: each at least {threshold} (store.hnsw_min_unindexed), or "
+                     "ingest's upkeep would leave the store unindexed")  # fmt: skip
     sentences = query_bench.sentence_pool()
     results: dict[str, Any] = {"sizes": [], "noop": [], "machine": {"cpus": os.cpu_count()}}
     args.json.parent.mkdir(parents=True, exist_ok=True)

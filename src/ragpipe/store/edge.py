@@ -50,12 +50,21 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def stored_quantization(path: Path) -> Quantization | None:
-    """The quantization the Edge store at ``path`` was created with (None: no store)."""
+def edge_config(path: Path) -> dict[str, Any] | None:
+    """The engine's own record of how the Edge store at ``path`` was created (None: no
+    store there)."""
     config_file = path / "edge_config.json"
     if not config_file.is_file():
         return None
-    stored = json.loads(config_file.read_text(encoding="utf-8"))
+    stored: dict[str, Any] = json.loads(config_file.read_text(encoding="utf-8"))
+    return stored
+
+
+def stored_quantization(path: Path) -> Quantization | None:
+    """The quantization the Edge store at ``path`` was created with (None: no store)."""
+    stored = edge_config(path)
+    if stored is None:
+        return None
     dense = stored.get("vectors", {}).get(DENSE, {})
     return Quantization.INT8 if dense.get("quantization_config") else Quantization.NONE
 
@@ -228,13 +237,6 @@ class EdgeStore(_Scrolling):
         """Raise ConfigError unless ``meta``'s embedder and dimension fit this store."""
         meta.check({"embedder": self._embedder, "dim": self._stored_dim()}, str(self.path))
 
-    def _edge_config(self) -> dict[str, Any]:
-        config_file = self.path / "edge_config.json"
-        if not config_file.is_file():
-            return {}
-        stored: dict[str, Any] = json.loads(config_file.read_text(encoding="utf-8"))
-        return stored
-
     def _stored_quantization(self) -> Quantization:
         return stored_quantization(self.path) or Quantization.NONE
 
@@ -253,7 +255,7 @@ class EdgeStore(_Scrolling):
 
     def _engine_threshold(self) -> int:
         """The store's indexing_threshold, in points of its dimension."""
-        stored = self._edge_config()
+        stored = edge_config(self.path) or {}
         kb = (stored.get("optimizers") or {}).get("indexing_threshold") or 10_000
         dim = self._stored_dim() or 1
         return int(kb) * 1024 // (dim * 4)
@@ -280,7 +282,7 @@ class EdgeStore(_Scrolling):
         return IndexBuild(before, seconds)
 
     def _stored_dim(self) -> int | None:
-        size = self._edge_config().get("vectors", {}).get(DENSE, {}).get("size")
+        size = (edge_config(self.path) or {}).get("vectors", {}).get(DENSE, {}).get("size")
         return int(size) if size is not None else None
 
     def _recover_meta(self, meta: StoreMeta) -> None:
