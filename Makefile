@@ -35,6 +35,8 @@ bench: setup
 	.venv/bin/python bench/eval.py
 	.venv/bin/python bench/fetch.py
 	.venv/bin/python bench/retrieval_quality.py
+	.venv/bin/python bench/cache_threshold.py
+	.venv/bin/python bench/serve.py
 
 # Not in CI, nor in `make bench`: 1M chunks take about an hour on 2 cores.
 bench-scale: setup

@@ -2,7 +2,7 @@
 
 Commands parse arguments, build the one configuration (options over
 ``RAGPIPE_*`` over the file), and run the same flows a deployment runs:
-``cli_ingest`` (ingest), ``cli_query`` (search, ask), ``cli_eval`` (eval ...,
+``cli_ingest`` (ingest), ``cli_query`` (search, ask), ``cli_serve`` (serve), ``cli_eval`` (eval ...,
 report); ``cli_common`` holds what they share. Exit codes: 0 all good, 1 some
 documents failed, 2 bad configuration or a stage that cannot run, 3
 deletions held by the mass-deletion guard (additions were applied), 4 an
@@ -18,6 +18,7 @@ import typer
 from flows.cli_eval import eval_app, report
 from flows.cli_ingest import ingest
 from flows.cli_query import ask, search
+from flows.cli_serve import serve
 
 app = typer.Typer(
     help="ragpipe: keep a retrieval index fresh and measure RAG quality honestly.",
@@ -51,6 +52,7 @@ def _root(
 app.command()(ingest)
 app.command()(search)
 app.command()(ask)
+app.command()(serve)
 app.add_typer(eval_app, name="eval")
 app.command()(report)
 

@@ -83,7 +83,7 @@ def search(
 ) -> None:
     """Print the chunks the index returns for QUERY, ranked, with file, page, heading, scores."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    from flows.render import to_json, to_text, to_xml
+    from ragpipe.query.render import to_json, to_text, to_xml
     from ragpipe.query.retrieve import Retriever
 
     try:
@@ -125,8 +125,8 @@ def ask(
     source are reported.
     """
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    from flows.render import terminal_safe
     from ragpipe.query.generate import answer
+    from ragpipe.query.render import terminal_safe
     from ragpipe.query.retrieve import Retriever
 
     try:

@@ -28,7 +28,6 @@ from xml.etree import ElementTree
 
 import pytest
 
-from flows.render import terminal_safe, to_text, to_xml
 from ragpipe import checkpoint
 from ragpipe.config import DiscoverConfig, RagpipeConfig, StoreConfig
 from ragpipe.errors import ConfigError, DiskFull, StageError
@@ -40,6 +39,7 @@ from ragpipe.ingest.embed import run_embed
 from ragpipe.ingest.pipeline import run_ingest
 from ragpipe.ingest.plan import run_plan
 from ragpipe.locking import ingest_lock, lock_path
+from ragpipe.query.render import terminal_safe, to_text, to_xml
 from ragpipe.query.results import Retrieved
 from ragpipe.store import (
     EMBEDDER_FIELD,

@@ -12,7 +12,6 @@ from xml.etree import ElementTree
 import numpy as np
 import pytest
 
-from flows.render import to_json, to_xml
 from ragpipe.config import RagpipeConfig
 from ragpipe.errors import ConfigError, StageError
 from ragpipe.models.llm import Completion
@@ -26,6 +25,7 @@ from ragpipe.query.fusion import (
     mmr_select,
     rrf_fuse,
 )
+from ragpipe.query.render import to_json, to_xml
 from ragpipe.query.results import Retrieved
 from ragpipe.query.retrieve import Retriever, cut_query, parse_filter_scores, split_fragments
 from ragpipe.store import Hit, IndexPoint, SparseEncoder, Where

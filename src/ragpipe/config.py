@@ -825,6 +825,68 @@ class EvalConfig(_Section):
         return value
 
 
+class ServeConfig(_Section):
+    """``ragpipe serve``: the read-only search and answer API over the published index."""
+
+    host: str = Field(
+        default="127.0.0.1",
+        description="Address to bind. The default answers this machine only; 0.0.0.0 exposes "
+        "the API to the network (set serve.api_key then).",
+    )
+    port: int = Field(default=8080, ge=0, le=65535, description="TCP port (0: any free port).")
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="Bearer token every request but /healthz and /docs must carry "
+        "(Authorization: Bearer TOKEN). Set it from the environment, RAGPIPE_SERVE__API_KEY, "
+        "not in a committed file; it is never logged. None: no token asked.",
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Origins browsers may call the API from (e.g. https://chat.example.org); "
+        "empty: no CORS headers, so browsers refuse cross-origin calls.",
+    )
+    max_body_bytes: int = Field(
+        default=65_536, gt=0, description="Largest request body accepted (413 above)."
+    )
+    max_query_chars: int = Field(
+        default=2_000, gt=0, description="Longest query or question accepted (422 above)."
+    )
+    max_k: int = Field(default=50, gt=0, description="Largest k a request may ask for (422 above).")
+    reload_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often the server looks for a newly published index version. It "
+        "opens the new version beside the old one and switches; requests in flight finish "
+        "on the version they started with.",
+    )
+    cache: bool = Field(
+        default=True, description="Semantic cache of /ask answers (see cache_threshold)."
+    )
+    cache_search: bool = Field(
+        default=False,
+        description="Cache /search results too. Off by default: a search costs milliseconds, "
+        "and a near-duplicate query would get the other query's ranking.",
+    )
+    cache_threshold: float = Field(
+        default=0.97,
+        gt=0,
+        le=1,
+        description="Cosine between the normalised query embeddings at or above which a "
+        "cached answer is served for a new question. The default is 0.03 above the closest "
+        "pair of different questions in both dev golden sets (0.933, 'How can add-on packages "
+        "be installed?' vs '... used?'), measured with the default embedder by "
+        "bench/cache_threshold.py; rerun it for another embedder.",
+    )
+    cache_size: int = Field(default=1024, gt=0, description="Cached answers kept at most (LRU).")
+    cache_ttl_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="Drop cached answers older than this. Edge: entries are dropped when a new "
+        "version is published, so None is safe. qdrant: the server can change without "
+        "ragpipe seeing a new version (only the point count is watched), so set a TTL there.",
+    )
+
+
 class PathsConfig(_Section):
     """Where state lives."""
 
@@ -856,6 +918,7 @@ class RagpipeConfig(BaseSettings):
     llm: LLMConfig = Field(default_factory=LLMConfig)
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
     paths: PathsConfig = Field(default_factory=PathsConfig)
 
     @classmethod

@@ -46,7 +46,10 @@ class Completion:
 class LLM(Protocol):
     """What the pipeline needs from a language model."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The model's name, as reports record it."""
+        ...
 
     def chat(
         self,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -47,6 +47,3 @@ def ranked(hits: Iterable[Retrieved]) -> list[Retrieved]:
     """Best first; ties broken by point id so every run gives the same order."""
     return sorted(hits, key=lambda h: (-h.score, h.point_id))
 
-
-def result_dict(result: RetrievalResult) -> dict[str, Any]:
-    return {"query": result.query, "hits": [asdict(h) for h in result.hits], "trace": result.trace}

@@ -135,6 +135,7 @@ class Retriever:
         embedder: Embedder | None = None,
         store: VectorStore | None = None,
         llm: LLM | None = None,
+        rerankers: dict[str, Reranker] | None = None,
     ) -> None:
         self.config = config
         self.embedder = embedder or make_embedder(config.embed)
@@ -149,7 +150,8 @@ class Retriever:
         self.store = store
         self._llm = llm
         self._bm25: ClientBM25 | None = None
-        self._rerankers: dict[str, Reranker] = {}
+        # Shared with the retriever a server opens on the next index version.
+        self.rerankers: dict[str, Reranker] = rerankers if rerankers is not None else {}
         self._files: tuple[str, list[str]] | None = None
         # Evals and tuning replay the same queries under many settings: embed each once.
         self._query_vectors: dict[str, npt.NDArray[np.float32]] = {}
@@ -181,6 +183,11 @@ class Retriever:
             self._llm = make_llm(self.config.llm)
         return self._llm
 
+    def query_vector(self, query: str) -> npt.NDArray[np.float32]:
+        """The embedding ``search`` uses for ``query`` (cut to the embedder's window), cached."""
+        query = query.strip()
+        return self._embed_query(cut_query(query, self.embedder.max_tokens * QUERY_CHARS_PER_TOKEN))
+
     def _embed_query(self, text: str) -> npt.NDArray[np.float32]:
         vector = self._query_vectors.get(text)
         if vector is None:
@@ -190,9 +197,9 @@ class Retriever:
         return vector
 
     def reranker(self, name: str) -> Reranker:
-        if name not in self._rerankers:
-            self._rerankers[name] = Reranker(name)
-        return self._rerankers[name]
+        if name not in self.rerankers:
+            self.rerankers[name] = Reranker(name)
+        return self.rerankers[name]
 
     def stored_files(self) -> list[str]:
         state = self._state()

@@ -1,9 +1,10 @@
-"""Search results as text, JSON or XML for the command line."""
+"""Search results as text, JSON or XML: for the command line and the HTTP API alike."""
 
 from __future__ import annotations
 
 import json
 import re
+from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from ragpipe.query.results import RetrievalResult
@@ -21,7 +22,12 @@ _TERMINAL_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 # -- output formats ------------------------------------------------------------------
 
 
-def to_json(result: RetrievalResult) -> str:
+def search_json(result: RetrievalResult) -> dict[str, Any]:
+    """The JSON form of a search: ranked hits with every stage's score, and the trace.
+
+    ``ragpipe search --format json`` prints it; ``POST /search`` of ``ragpipe serve``
+    returns it.
+    """
     hits = [
         {
             "rank": i,
@@ -35,7 +41,11 @@ def to_json(result: RetrievalResult) -> str:
         }
         for i, h in enumerate(result.hits, start=1)
     ]
-    return json.dumps({"query": result.query, "hits": hits, "trace": result.trace}, indent=2)
+    return {"query": result.query, "hits": hits, "trace": result.trace}
+
+
+def to_json(result: RetrievalResult) -> str:
+    return json.dumps(search_json(result), indent=2)
 
 
 def xml_safe(text: str) -> str:

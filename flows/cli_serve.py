@@ -1,0 +1,61 @@
+"""`ragpipe serve`: the search and answer API over the published index."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+import typer
+
+from flows.cli_common import ConfigOption, EmbedderOption, StorePathOption, console, fail
+from ragpipe.config import load_config
+from ragpipe.errors import RagpipeError
+
+
+def serve(
+    host: Annotated[
+        str | None,
+        typer.Option(help="serve.host: address to bind (default 127.0.0.1, this machine only)."),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="serve.port: TCP port (default 8080; 0 picks a free one).")
+    ] = None,
+    config: ConfigOption = None,
+    store_path: StorePathOption = None,
+    embedder: EmbedderOption = None,
+) -> None:
+    """Serve search and cited answers over HTTP from the published index, read-only.
+
+    POST /search and POST /ask (streamed as server-sent events or NDJSON, or one JSON
+    object), GET /healthz, GET /metrics (Prometheus), API docs at /docs. The embedder and
+    the index are loaded once; a version published by a later `ragpipe ingest` is picked
+    up without a restart (serve.reload_seconds). Answers are cached by question meaning
+    (serve.cache_threshold). Set RAGPIPE_SERVE__API_KEY to require a bearer token. Stop
+    with Ctrl-C: requests in flight finish first.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
+    from ragpipe.serve.app import create_app
+    from ragpipe.serve.server import is_loopback, serve_forever
+
+    overrides: dict[str, Any] = {"serve": {}}
+    if host is not None:
+        overrides["serve"]["host"] = host
+    if port is not None:
+        overrides["serve"]["port"] = port
+    if store_path is not None:
+        overrides["store"] = {"path": str(store_path)}
+    if embedder is not None:
+        overrides["embed"] = {"provider": embedder.value}
+    try:
+        cfg = load_config(config, overrides)
+        console.print("loading the embedder and opening the published index…", highlight=False)
+        app = create_app(cfg)
+    except RagpipeError as exc:
+        fail(exc, 2)
+    if not is_loopback(cfg.serve.host) and cfg.serve.api_key is None:
+        console.print(
+            f"[yellow]warning:[/yellow] serving on {cfg.serve.host} without a token: anyone "
+            "who can reach this port can search the index; set RAGPIPE_SERVE__API_KEY",
+            highlight=False,
+        )
+    serve_forever(app, cfg.serve.host, cfg.serve.port)

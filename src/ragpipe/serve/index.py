@@ -1,0 +1,221 @@
+"""The index a long-running server reads, switched to each new published version.
+
+Qdrant Edge: the server opens a private copy of the current published version
+(``ragpipe.store.published``), so the nightly ingest never waits for it. A
+poller looks at the ``CURRENT`` pointer every ``serve.reload_seconds``; when an
+ingest has published a new version it opens that one beside the old, then
+switches. A request holds the version it started on until it ends, and the old
+copy is closed (and removed) when its last request is done: no restart, and
+no request fails because of a switch.
+
+A qdrant server serves readers and writers at once, so there is nothing to
+switch; the version the cache follows is the collection's point count, which
+misses an edit that keeps the count (hence ``serve.cache_ttl_seconds``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ragpipe.config import LLMConfig, RagpipeConfig, StoreBackend
+from ragpipe.errors import StageError
+from ragpipe.models.embedders import Embedder, embedder_name, make_embedder
+from ragpipe.query.retrieve import Retriever
+from ragpipe.store import open_reader, published
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ragpipe.models.llm import LLM, Completion, Message
+
+logger = logging.getLogger(__name__)
+
+
+class SerialLLM:
+    """One model for every request and version: loaded on first use, one call at a time
+    (llama.cpp runs one generation per model; HyDE and answers share it)."""
+
+    def __init__(self, config: LLMConfig, llm: LLM | None = None) -> None:
+        self._config = config
+        self._llm = llm
+        self._lock = threading.Lock()
+
+    def _model(self) -> LLM:
+        with self._lock:
+            if self._llm is None:
+                from ragpipe.models.llm import make_llm
+
+                self._llm = make_llm(self._config)
+            return self._llm
+
+    @property
+    def name(self) -> str:
+        return self._model().name
+
+    def chat(self, messages: Sequence[Message], **options: Any) -> Completion:
+        model = self._model()
+        with self._lock:
+            return model.chat(messages, **options)
+
+    def count_tokens(self, text: str) -> int:
+        return self._model().count_tokens(text)
+
+
+@dataclass
+class _Held:
+    """One open version: its retriever, the requests using it, and whether it is retired."""
+
+    retriever: Retriever
+    version: str
+    users: int = 0
+    retired: bool = False
+    search: threading.Lock = field(default_factory=threading.Lock)  # one search at a time
+
+
+class LiveIndex:
+    """The current index version, its retriever, and the switch to the next version."""
+
+    def __init__(
+        self,
+        config: RagpipeConfig,
+        embedder: Embedder | None = None,
+        llm: LLM | None = None,
+        on_switch: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.embedder = embedder or make_embedder(config.embed)
+        self.llm = SerialLLM(config.llm, llm)
+        self._on_switch = on_switch
+        self._edge = config.store.backend == StoreBackend.EDGE
+        self._lock = threading.Lock()
+        self._current = self._open({})
+        self.switches = 0
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+
+    # -- opening a version -------------------------------------------------------------
+
+    def _open(self, rerankers: dict[str, Any]) -> _Held:
+        if self._edge and published.current(self.config.store.path) is None:
+            raise StageError(
+                f"no published index at {self.config.store.path}: run `ragpipe ingest` first "
+                "(each ingest publishes the version readers open), or point store.path at an "
+                "ingested index"
+            )
+        store = open_reader(self.config.store, embedder_name(self.config.embed))
+        if store is None:
+            where = self.config.store.url or self.config.store.path
+            raise StageError(f"no index at {where}: run `ragpipe ingest` first")
+        retriever = Retriever(self.config, self.embedder, store, self.llm, rerankers)
+        return _Held(retriever, self._probe(retriever))
+
+    def _probe(self, retriever: Retriever | None = None) -> str:
+        """The version token of what is published (Edge) or stored (qdrant) now."""
+        if self._edge:
+            if retriever is not None:
+                return str(retriever.index_version.get("generation"))
+            return published.current(self.config.store.path) or self._current.version
+        if retriever is not None:
+            return f"points:{retriever.store.count()}"
+        with self._current.search:  # the client is not shared between threads mid-request
+            return f"points:{self._current.retriever.store.count()}"
+
+    # -- reading -------------------------------------------------------------------------
+
+    @property
+    def version(self) -> str:
+        return self._current.version
+
+    def describe(self) -> dict[str, Any]:
+        """What /healthz reports about the version being served."""
+        held = self._current
+        info = dict(held.retriever.index_version)
+        with held.search:
+            points = held.retriever.store.count()
+        return {
+            "version": held.version,
+            "points": points,
+            "published_at": info.get("published_at"),
+            "files": info.get("files"),
+            "store": getattr(held.retriever.store, "location", None)
+            or (self.config.store.url or str(self.config.store.path)),
+            "switches": self.switches,
+            "last_reload_error": self.last_error,
+        }
+
+    @contextmanager
+    def reader(self) -> Iterator[tuple[Retriever, str]]:
+        """The current retriever and its version, held (and searched alone) until exit."""
+        with self._lock:
+            held = self._current
+            held.users += 1
+        try:
+            with held.search:
+                yield held.retriever, held.version
+        finally:
+            with self._lock:
+                held.users -= 1
+                close = held.retired and held.users == 0
+            if close:
+                held.retriever.close()
+
+    # -- switching -----------------------------------------------------------------------
+
+    def refresh(self) -> bool:
+        """Switch to the version published since the last look; True when it switched."""
+        token = self._probe()
+        if token == self._current.version:
+            return False
+        started = time.perf_counter()
+        if self._edge:
+            held = self._open(self._current.retriever.rerankers)
+        else:  # the same client reads the new state: only the token moves
+            held = _Held(self._current.retriever, token, search=self._current.search)
+        with self._lock:
+            old, self._current = self._current, held
+            old.retired = self._edge
+            close = old.retired and old.users == 0
+        if close:
+            old.retriever.close()
+        self.switches += 1
+        logger.info(
+            "serving index version %s (was %s; opened in %.2fs)",
+            held.version[:12], old.version[:12], time.perf_counter() - started,
+        )  # fmt: skip
+        if self._on_switch is not None:
+            self._on_switch(held.version)
+        return True
+
+    def start(self) -> None:
+        """Look for new versions every ``serve.reload_seconds`` in a background thread."""
+        if self._poller is None:
+            self._poller = threading.Thread(target=self._poll, name="ragpipe-reload", daemon=True)
+            self._poller.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.config.serve.reload_seconds):
+            try:
+                self.refresh()
+                self.last_error = None
+            except Exception as exc:  # keep serving the version that works
+                if str(exc) != self.last_error:
+                    logger.warning("could not open the new index version: %s", exc)
+                self.last_error = str(exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._poller is not None:
+            self._poller.join(timeout=30)
+        with self._lock:
+            held = self._current
+            held.retired = True
+            close = held.users == 0
+        if close:
+            held.retriever.close()

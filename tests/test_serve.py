@@ -1,0 +1,458 @@
+"""`ragpipe serve`: the real API on a loopback port over a real Edge index and real models.
+
+Search (the CLI's JSON, XML and text), ask (JSON, server-sent events, NDJSON),
+the semantic cache (hit, miss, emptied by a new version), limits (4xx with a
+reason), the bearer token, CORS, metrics, and the switch to a newly published
+version while requests are in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app as cli
+from ragpipe.config import RagpipeConfig
+from ragpipe.errors import StageError
+from ragpipe.ingest.pipeline import run_ingest
+from ragpipe.query.render import search_json
+from ragpipe.query.retrieve import Retriever
+from ragpipe.serve.app import create_app
+from ragpipe.serve.cache import SemanticCache
+from ragpipe.serve.index import LiveIndex
+from ragpipe.serve.server import is_loopback, running
+from ragpipe.store import published
+from tests.support.paths import QUERY_CORPUS
+
+BREAD = "How long should bread bake?"
+
+
+def _config(base: Path, **serve: Any) -> RagpipeConfig:
+    return RagpipeConfig.model_validate(
+        {
+            "discover": {"roots": [str(base / "corpus")]},
+            "chunk": {"size": 200, "overlap": 20},
+            "embed": {"provider": "onnx"},
+            "store": {"path": str(base / "store")},
+            "paths": {"work_dir": str(base / "work")},
+            "llm": {"max_tokens": 48},
+            "serve": {"reload_seconds": 0.2, **serve},
+        }
+    )
+
+
+def _index(base: Path, **serve: Any) -> RagpipeConfig:
+    for name, text in QUERY_CORPUS.items():
+        (base / "corpus" / name).parent.mkdir(parents=True, exist_ok=True)
+        (base / "corpus" / name).write_text(text, encoding="utf-8")
+    cfg = _config(base, **serve)
+    assert run_ingest(cfg).failed == 0
+    return cfg
+
+
+def _add_document(cfg: RagpipeConfig) -> str:
+    """A new file, ingested and published; returns the new version."""
+    root = Path(cfg.discover.roots[0])
+    (root / "garden" / "roses.md").parent.mkdir(parents=True, exist_ok=True)
+    (root / "garden" / "roses.md").write_text(
+        "# Roses\n\nPrune roses in late winter, just above an outward-facing bud.\n",
+        encoding="utf-8",
+    )
+    assert run_ingest(cfg).failed == 0
+    version = published.current(cfg.store.path)
+    assert version is not None
+    return version
+
+
+def _wait_for_version(client: httpx.Client, version: str) -> None:
+    deadline = time.monotonic() + 60
+    while client.get("/healthz").json()["index"]["version"] != version:
+        assert time.monotonic() < deadline, "the server did not switch to the new version"
+        time.sleep(0.1)
+
+
+def _events(response: httpx.Response, form: str) -> list[tuple[str, dict[str, Any]]]:
+    if form == "ndjson":
+        rows = [json.loads(line) for line in response.iter_lines() if line]
+        return [(row.pop("event"), row) for row in rows]
+    events, name = [], None
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            name = line[len("event: ") :]
+        elif line.startswith("data: "):
+            assert name is not None
+            events.append((name, json.loads(line[len("data: ") :])))
+    return events
+
+
+# -- the semantic cache on its own ---------------------------------------------------
+
+
+def _v(*values: float) -> np.ndarray:
+    return np.array(values, dtype=np.float32)
+
+
+def test_cache_serves_only_close_questions_of_the_same_scope_and_version() -> None:
+    cache = SemanticCache(threshold=0.95, max_entries=2)
+    assert cache.get(_v(1, 0, 0), "ask", "v1") is None
+    cache.put(_v(2, 0, 0), "ask", "v1", "first", "answer 1")  # normalised on the way in
+    hit = cache.get(_v(1, 0.2, 0), "ask", "v1")  # cosine 0.981
+    assert hit is not None and hit.value == "answer 1" and hit.query == "first"
+    assert hit.similarity == pytest.approx(1 / np.sqrt(1.04), abs=1e-6)
+    assert cache.get(_v(1, 0.4, 0), "ask", "v1") is None  # cosine 0.928: another question
+    assert cache.get(_v(1, 0, 0), "search", "v1") is None  # another scope
+    assert (cache.hits, cache.misses) == (1, 3)
+    cache.put(_v(0, 1, 0), "ask", "v1", "second", "answer 2")
+    cache.get(_v(1, 0, 0), "ask", "v1")  # "first" used last: "second" is the oldest now
+    cache.put(_v(0, 0, 1), "ask", "v1", "third", "answer 3")
+    assert len(cache) == 2 and cache.get(_v(0, 1, 0), "ask", "v1") is None
+    assert cache.get(_v(1, 0, 0), "ask", "v2") is None and len(cache) == 0  # a new version
+    cache.put(_v(1, 0, 0), "ask", "v1", "late", "computed on v1")  # finished after the switch
+    assert len(cache) == 0
+
+
+def test_cache_entries_expire_after_the_ttl() -> None:
+    cache = SemanticCache(threshold=0.9, max_entries=8, ttl_seconds=0.05)
+    cache.get(_v(1, 0), "ask", "v")
+    cache.put(_v(1, 0), "ask", "v", "q", "a")
+    assert cache.get(_v(1, 0), "ask", "v") is not None
+    time.sleep(0.1)
+    assert cache.get(_v(1, 0), "ask", "v") is None and len(cache) == 0
+
+
+def test_loopback_hosts() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("example.org")
+
+
+# -- one server over an index nobody changes -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(
+    tmp_path_factory: pytest.TempPathFactory, onnx_embedder: Any, smollm: Any
+) -> Iterator[tuple[RagpipeConfig, httpx.Client]]:
+    cfg = _index(tmp_path_factory.mktemp("served"))
+    with (
+        running(create_app(cfg, onnx_embedder, smollm)) as url,
+        httpx.Client(base_url=url, timeout=120) as client,
+    ):
+        yield cfg, client
+
+
+def test_healthz_reports_the_published_version(served: tuple[RagpipeConfig, Any]) -> None:
+    cfg, client = served
+    health = client.get("/healthz").json()
+    assert health["status"] == "ok" and health["embedder"] == "paraphrase-MiniLM-L3-v2"
+    assert health["index"]["version"] == published.current(cfg.store.path)
+    with Retriever(cfg) as retriever:
+        assert health["index"]["points"] == retriever.store.count() > 8
+    assert health["index"]["files"] == len(QUERY_CORPUS)
+    assert health["uptime_s"] > 0 and health["cache"]["threshold"] == 0.97
+
+
+def test_search_returns_what_the_cli_prints(served: tuple[RagpipeConfig, Any]) -> None:
+    cfg, client = served
+    got = client.post("/search", json={"query": "How do I restore the database?", "k": 3})
+    assert got.status_code == 200
+    data = got.json()
+    with Retriever(cfg) as retriever:
+        expected = search_json(retriever.search("How do I restore the database?", top_k=3))
+    assert [h["point_id"] for h in data["hits"]] == [h["point_id"] for h in expected["hits"]]
+    assert [h["score"] for h in data["hits"]] == pytest.approx(
+        [h["score"] for h in expected["hits"]]
+    )
+    assert data["hits"][0]["file_path"].endswith("backups.md")
+    assert set(data["trace"]) == set(expected["trace"]) and data["trace"]["top_k"] == 3
+    assert data["index_version"] == published.current(cfg.store.path)
+    assert data["cache"] == {"hit": False}  # /search is not cached by default
+    dense = client.post("/search", json={"query": "bread", "mode": "dense", "k": 2}).json()
+    assert dense["trace"]["mode"] == "dense" and len(dense["hits"]) == 2
+    only = {"query": "backup", "filters": {"file": "backups-copy.md"}, "format": "xml"}
+    xml = client.post("/search", json=only)
+    assert xml.headers["content-type"] == "application/xml"
+    assert xml.text.startswith("<retrieved_context>") and "ops/backups.md" not in xml.text
+    text = client.post("/search", json={"query": "bread", "format": "text", "k": 1})
+    assert text.headers["content-type"].startswith("text/plain") and text.text.startswith("1. ")
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "reason"),
+    [
+        ({"query": "bread", "k": 51}, 422, "serve.max_k (50)"),
+        ({"query": "x" * 2001}, 422, "serve.max_query_chars is 2000"),
+        ({"query": "   "}, 422, "the query is empty"),
+        ({"query": "bread", "mode": "fuzzy"}, 422, "'dense', 'sparse' or 'hybrid'"),
+        ({"query": "bread", "k": 0}, 422, "greater than or equal to 1"),
+        ({"query": "bread", "top_k": 3}, 422, "Extra inputs are not permitted"),
+        ({"query": "bread", "filters": {"page": 3}}, 422, "Extra inputs are not permitted"),
+        ({"question": "bread"}, 422, "Field required"),
+    ],
+)
+def test_requests_over_the_limits_get_4xx_with_a_reason(
+    served: tuple[RagpipeConfig, Any], body: dict[str, Any], status: int, reason: str
+) -> None:
+    _, client = served
+    got = client.post("/search", json=body)
+    assert got.status_code == status and reason in got.text
+
+
+def test_oversized_bodies_get_413_declared_or_chunked(served: tuple[RagpipeConfig, Any]) -> None:
+    _, client = served
+    big = json.dumps({"query": "bread " * 20_000}).encode()
+    declared = client.post("/search", content=big, headers={"content-type": "application/json"})
+    assert declared.status_code == 413 and "serve.max_body_bytes" in declared.text
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the server must count
+        for i in range(0, len(big), 8192):
+            yield big[i : i + 8192]
+
+    chunked = client.post("/search", content=chunks(), headers={"content-type": "application/json"})
+    assert chunked.status_code == 413
+    assert client.post("/search", json={"query": "bread", "k": 1}).status_code == 200
+
+
+def test_ask_answers_as_json_sse_and_ndjson(served: tuple[RagpipeConfig, Any]) -> None:
+    cfg, client = served
+    whole = client.post("/ask", json={"question": "Who wrote the first published program?"})
+    assert whole.status_code == 200
+    data = whole.json()
+    assert data["sources"][0]["file_path"].endswith("computing.md")
+    assert data["model"].startswith("SmolLM2") and data["tokens_out"] > 0
+    assert data["index_version"] == published.current(cfg.store.path)
+    for form in ("sse", "ndjson"):
+        question = f"What happens in the Calvin cycle ({form})?"
+        with client.stream("POST", "/ask", json={"question": question, "stream": form}) as got:
+            assert got.status_code == 200
+            expected = "text/event-stream" if form == "sse" else "application/x-ndjson"
+            assert got.headers["content-type"].startswith(expected)
+            events = _events(got, form)
+        names = [name for name, _ in events]
+        assert names[0] == "retrieval" and names[-1] == "answer" and "token" in names
+        assert events[0][1]["hits"][0]["file_path"].endswith("photosynthesis.md")
+        streamed = "".join(e["text"] for name, e in events if name == "token")
+        assert streamed.strip() == events[-1][1]["answer"] != ""
+
+
+def test_a_rephrased_question_is_served_from_the_cache(served: tuple[RagpipeConfig, Any]) -> None:
+    _, client = served
+    first = client.post("/ask", json={"question": BREAD}).json()
+    assert first["cache"] == {"hit": False}
+    again = client.post("/ask", json={"question": "how long should bread bake"}).json()
+    assert again["cache"]["hit"] is True and again["cache"]["cached_query"] == BREAD
+    assert again["cache"]["similarity"] >= 0.97
+    assert again["answer"] == first["answer"] and again["question"] == "how long should bread bake"
+    other = client.post("/ask", json={"question": "How long should the dough rise?"}).json()
+    assert other["cache"] == {"hit": False}
+    narrower = client.post("/ask", json={"question": BREAD, "k": 1}).json()  # another scope
+    assert narrower["cache"] == {"hit": False}
+    with client.stream("POST", "/ask", json={"question": BREAD, "stream": "sse"}) as got:
+        events = _events(got, "sse")
+    assert [n for n, _ in events] == ["retrieval", "token", "answer"]
+    assert events[0][1]["cache"]["hit"] and events[-1][1]["answer"] == first["answer"]
+    metrics = client.get("/metrics").text
+    assert 'ragpipe_cache_lookups_total{endpoint="ask",result="hit"} 2.0' in metrics
+
+
+def test_metrics_count_requests_and_time_them(served: tuple[RagpipeConfig, Any]) -> None:
+    _, client = served
+    before = client.get("/metrics").text
+    client.post("/search", json={"query": "bread", "k": 1})
+    client.post("/search", json={"query": "bread", "k": 99})
+    after = client.get("/metrics")
+    assert after.headers["content-type"].startswith("text/plain")
+
+    def count(text: str, status: str) -> float:
+        key = f'ragpipe_requests_total{{endpoint="/search",status="{status}"}} '
+        line = next((li for li in text.splitlines() if li.startswith(key)), key + "0")
+        return float(line.split()[-1])
+
+    assert count(after.text, "200") == count(before, "200") + 1
+    assert count(after.text, "422") == count(before, "422") + 1
+    assert 'ragpipe_request_seconds_bucket{endpoint="/search",le="+Inf"}' in after.text
+    assert 'status="500"' not in after.text
+
+
+# -- token, CORS and a missing index -------------------------------------------------
+
+
+def test_the_bearer_token_is_required_and_never_logged(
+    served: tuple[RagpipeConfig, Any], onnx_embedder: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg, _ = served
+    secret = "s3cret-token-4711"
+    locked = _config(Path(cfg.discover.roots[0]).parent, api_key=secret)
+    caplog.set_level("DEBUG")
+    with running(create_app(locked, onnx_embedder)) as url, httpx.Client(base_url=url) as client:
+        body = {"query": "bread", "k": 1}
+        missing = client.post("/search", json=body)
+        assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+        assert "serve.api_key" in missing.text
+        wrong = client.post("/search", json=body, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        right = client.post("/search", json=body, headers={"Authorization": f"Bearer {secret}"})
+        assert right.status_code == 200 and len(right.json()["hits"]) == 1
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/healthz").status_code == 200  # liveness probes carry no token
+    assert secret not in caplog.text
+
+
+def test_cors_is_off_unless_origins_are_configured(
+    served: tuple[RagpipeConfig, Any], onnx_embedder: Any
+) -> None:
+    cfg, client = served
+    preflight = {"Origin": "https://chat.example.org", "Access-Control-Request-Method": "POST"}
+    assert "access-control-allow-origin" not in client.options("/search", headers=preflight).headers
+    opened = _config(Path(cfg.discover.roots[0]).parent, cors_origins=["https://chat.example.org"])
+    with running(create_app(opened, onnx_embedder)) as url, httpx.Client(base_url=url) as other:
+        got = other.options("/search", headers=preflight)
+        assert got.headers["access-control-allow-origin"] == "https://chat.example.org"
+        evil = other.options("/search", headers={**preflight, "Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in evil.headers
+
+
+def test_no_index_fails_at_start_with_what_to_run(tmp_path: Path, onnx_embedder: Any) -> None:
+    with pytest.raises(StageError, match="ragpipe ingest"):
+        create_app(_config(tmp_path), onnx_embedder)
+    result = CliRunner().invoke(cli, ["serve", "--store-path", str(tmp_path / "none")])
+    assert result.exit_code == 2 and "ragpipe ingest" in result.output
+
+
+# -- new versions --------------------------------------------------------------------
+
+
+def test_a_request_in_flight_keeps_its_version_across_a_switch(
+    tmp_path: Path, onnx_embedder: Any
+) -> None:
+    cfg = _index(tmp_path)
+    index = LiveIndex(cfg, onnx_embedder)
+    readers = published.root(cfg.store.path) / published.READERS
+    try:
+        with index.reader() as (retriever, version):  # a request that started before
+            new = _add_document(cfg)
+            assert new != version and index.refresh() and index.version == new
+            hits = retriever.search("prune roses", top_k=3).hits  # still answers, on the old one
+            assert hits and not any("roses" in h.file_path for h in hits)
+            assert len(list(readers.iterdir())) == 2  # the old copy is held, the new one open
+        assert len(list(readers.iterdir())) == 1  # the old copy went with its last request
+        with index.reader() as (retriever, version):
+            assert version == new
+            assert retriever.search("prune roses", top_k=1).hits[0].file_path.endswith("roses.md")
+        assert not index.refresh()  # nothing new
+    finally:
+        index.close()
+    assert not readers.exists() or not list(readers.iterdir())
+
+
+def test_the_server_switches_versions_under_load_and_empties_the_cache(
+    tmp_path: Path, onnx_embedder: Any, smollm: Any
+) -> None:
+    cfg = _index(tmp_path)
+    old = published.current(cfg.store.path)
+    seen: list[tuple[int, str | None]] = []
+    stop = threading.Event()
+    with (
+        running(create_app(cfg, onnx_embedder, smollm)) as url,
+        httpx.Client(base_url=url, timeout=120) as client,
+    ):
+        assert client.post("/ask", json={"question": BREAD}).json()["cache"]["hit"] is False
+        assert client.post("/ask", json={"question": BREAD}).json()["cache"]["hit"] is True
+
+        def load() -> None:
+            with httpx.Client(base_url=url, timeout=120) as own:
+                while not stop.is_set():
+                    got = own.post("/search", json={"query": "prune roses", "k": 1})
+                    seen.append((got.status_code, got.json().get("index_version")))
+
+        worker = threading.Thread(target=load)
+        worker.start()
+        try:
+            new = _add_document(cfg)
+            _wait_for_version(client, new)
+            time.sleep(0.3)  # a few searches on the new version
+        finally:
+            stop.set()
+            worker.join()
+        after = client.post("/ask", json={"question": BREAD}).json()
+        assert after["cache"] == {"hit": False} and after["index_version"] == new
+        health = client.get("/healthz").json()
+        assert health["index"]["switches"] == 1 and health["index"]["files"] == 6
+        assert "ragpipe_index_switches_total 1.0" in client.get("/metrics").text
+    assert seen and all(status == 200 for status, _ in seen)
+    versions = [v for _, v in seen]
+    assert versions[0] == old and versions[-1] == new
+    assert versions == sorted(versions, key=lambda v: v == new)  # never back to the old one
+
+
+def test_serve_reads_a_qdrant_client_index(
+    indexed_qdrant: RagpipeConfig, onnx_embedder: Any
+) -> None:
+    with (
+        running(create_app(indexed_qdrant, onnx_embedder)) as url,
+        httpx.Client(base_url=url) as client,
+    ):
+        health = client.get("/healthz").json()
+        assert health["index"]["version"] == f"points:{health['index']['points']}"
+        got = client.post("/search", json={"query": "How do I restore the database?", "k": 1})
+        assert got.json()["hits"][0]["file_path"].endswith("backups.md")
+
+
+def test_a_published_copy_is_removed_when_the_server_stops(
+    tmp_path: Path, onnx_embedder: Any
+) -> None:
+    cfg = _index(tmp_path)
+    readers = published.root(cfg.store.path) / published.READERS
+    with running(create_app(cfg, onnx_embedder)) as url:
+        assert httpx.get(url + "/healthz").status_code == 200
+        assert len(list(readers.iterdir())) == 1
+    assert not list(readers.iterdir())
+
+
+def test_the_cli_serves_until_interrupted_and_cleans_up(served: tuple[RagpipeConfig, Any]) -> None:
+    cfg, _ = served
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    readers = published.root(cfg.store.path) / published.READERS
+    before = set(readers.iterdir())
+    args = ["serve", "--store-path", str(cfg.store.path), "--embedder", "onnx", "--port", str(port)]
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ragpipe"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "RAGPIPE_SERVE__API_KEY": "cli-token"},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stdout.read().decode()  # type: ignore[union-attr]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "ragpipe serve did not start"
+                time.sleep(0.2)
+        auth = {"Authorization": "Bearer cli-token"}
+        got = httpx.post(f"http://127.0.0.1:{port}/search", json={"query": "bread"}, headers=auth)
+        assert got.status_code == 200 and got.json()["hits"][0]["file_path"].endswith("bread.md")
+        assert len(set(readers.iterdir()) - before) == 1  # its own copy of the version
+    finally:
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=60)[0].decode()
+    assert process.returncode == 0, output
+    assert "Uvicorn running on http://127.0.0.1:" in output and "cli-token" not in output
+    assert set(readers.iterdir()) == before  # removed on the way out
