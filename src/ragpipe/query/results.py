@@ -46,4 +46,3 @@ class RetrievalResult:
 def ranked(hits: Iterable[Retrieved]) -> list[Retrieved]:
     """Best first; ties broken by point id so every run gives the same order."""
     return sorted(hits, key=lambda h: (-h.score, h.point_id))
-
