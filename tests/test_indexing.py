@@ -386,6 +386,46 @@ def test_int8_quantisation_is_fixed_at_creation_and_searches_like_full_vectors(
         run_ingest(make_config(corpus, tmp_path / "int8", store={"hnsw_min_unindexed": 20}))
 
 
+def test_on_disk_indexes_are_fixed_at_creation_and_rank_like_ram(
+    corpus: Path, tmp_path: Path
+) -> None:
+    from ragpipe.query.retrieve import Retriever
+
+    ram = make_config(corpus, tmp_path / "ram", store={"hnsw_min_unindexed": 20})
+    disk = make_config(corpus, tmp_path / "disk", store={"hnsw_min_unindexed": 20, "on_disk": True})
+    run_ingest(ram)
+    summary = run_ingest(disk)
+    assert summary.stages["upsert"]["hnsw_indexed"] == summary.points_total > 20
+    edge_config = json.loads((disk.store.path / "edge_config.json").read_text())
+    assert (
+        edge_config["hnsw_config"]["on_disk"] and edge_config["sparse_vectors"]["bm25"]["on_disk"]
+    )
+    assert "hnsw_config" not in json.loads((ram.store.path / "edge_config.json").read_text())
+    results = []
+    for cfg in (ram, disk):  # the default hybrid: both legs, the document signal's filter
+        with Retriever(cfg) as retriever:
+            results.append(
+                [[h.point_id for h in retriever.search(f"topic {i} notes").hits] for i in range(5)]
+            )
+    assert results[0] == results[1] and all(results[0])
+    with pytest.raises(ConfigError, match=r"store.on_disk true \(configured: false\)"):
+        run_ingest(make_config(corpus, tmp_path / "disk", store={"hnsw_min_unindexed": 20}))
+
+
+def test_on_disk_on_a_qdrant_collection_is_fixed_at_creation(corpus: Path, tmp_path: Path) -> None:
+    disk = make_config(corpus, tmp_path, "qdrant", store={"on_disk": True})
+    assert run_ingest(disk).failed == 0
+    store = open_store(disk.store, "paraphrase-MiniLM-L3-v2", None)
+    assert isinstance(store, QdrantStore)
+    try:
+        config = store.client.get_collection("ragpipe").config
+        assert (config.metadata or {})["on_disk"] is True  # local mode keeps no hnsw_config
+    finally:
+        store.close()
+    with pytest.raises(ConfigError, match=r"store.on_disk true \(configured: false\)"):
+        run_ingest(make_config(corpus, tmp_path, "qdrant"))
+
+
 def test_int8_on_a_qdrant_collection_is_fixed_at_creation(corpus: Path, tmp_path: Path) -> None:
     int8 = make_config(corpus, tmp_path, "qdrant", store={"quantization": "int8"})
     first = run_ingest(int8)

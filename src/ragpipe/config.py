@@ -476,6 +476,14 @@ class StoreConfig(_Section):
         "full vectors on disk, used to rescore the best candidates. Fixed when the store is "
         "created: to change it, point store.path (or store.collection) at a new index.",
     )
+    on_disk: bool = Field(
+        default=False,
+        description="Keep the HNSW graph, the BM25 inverted index and the payload indexes "
+        "on disk, memory-mapped, instead of loaded into process memory (the payload is on "
+        "disk already): the page cache holds what queries touch, and the kernel can drop it "
+        "under pressure. With quantization int8 the least memory a big index can be served "
+        "with; see docs/scaling.md. Fixed when the store is created, like quantization.",
+    )
 
 
 class IndexConfig(_Section):

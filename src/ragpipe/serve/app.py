@@ -205,10 +205,12 @@ class Service:
         self.index = LiveIndex(config, embedder, llm, on_switch=self._switched)
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragpipe-search")
         self.cache.clear(self.index.version)
+        self.metrics.index_points.set(self.index.describe()["points"])
 
     def _switched(self, version: str) -> None:
         self.cache.clear(version)
         self.metrics.switches.inc()
+        self.metrics.index_points.set(self.index.describe()["points"])
 
     def check(self, text: str, k: int | None) -> str:
         """The stripped query, or 422 with the limit it breaks."""

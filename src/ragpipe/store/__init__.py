@@ -43,7 +43,7 @@ from ragpipe.store.base import check_store_space as check_store_space
 from ragpipe.store.base import ensure_space as ensure_space
 from ragpipe.store.base import read_meta as read_meta
 from ragpipe.store.edge import EdgeStore as EdgeStore
-from ragpipe.store.edge import check_quantization
+from ragpipe.store.edge import check_on_disk, check_quantization
 from ragpipe.store.qdrant import RETRY_STATUS as RETRY_STATUS
 from ragpipe.store.qdrant import QdrantStore as QdrantStore
 from ragpipe.store.sparse import SparseEncoder as SparseEncoder
@@ -62,7 +62,7 @@ def open_store(config: StoreConfig, embedder: str, dim: int | None) -> VectorSto
             return None
         return EdgeStore(
             config.path, meta, config.batch_size, config.scroll_page, config.min_free_mb,
-            config.quantization, config.hnsw_min_unindexed,
+            config.quantization, config.hnsw_min_unindexed, config.on_disk,
         )  # fmt: skip
     store = QdrantStore(config, meta)
     if not store.exists:
@@ -97,9 +97,11 @@ def open_reader(config: StoreConfig, embedder: str) -> VectorStore | None:
 
 def check_store_settings(config: StoreConfig) -> None:
     """ConfigError when an existing Edge store was created with settings fixed at creation
-    (``store.quantization``) other than the configured ones; checked before any work."""
+    (``store.quantization``, ``store.on_disk``) other than the configured ones; checked
+    before any work."""
     if config.backend == StoreBackend.EDGE:
         check_quantization(config.path, config.quantization)
+        check_on_disk(config.path, config.on_disk)
 
 
 def store_generation(config: StoreConfig) -> str | None:

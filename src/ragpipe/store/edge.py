@@ -81,6 +81,26 @@ def check_quantization(path: Path, configured: Quantization) -> None:
         )
 
 
+def stored_on_disk(path: Path) -> bool | None:
+    """Whether the Edge store at ``path`` keeps its indexes on disk (None: no store)."""
+    stored = edge_config(path)
+    if stored is None:
+        return None
+    return bool(stored.get("sparse_vectors", {}).get(SPARSE, {}).get("on_disk"))
+
+
+def check_on_disk(path: Path, configured: bool) -> None:
+    """ConfigError when the store at ``path`` was created with another ``store.on_disk``."""
+    stored = stored_on_disk(path)
+    if stored is not None and stored != configured:
+        raise ConfigError(
+            f"the index at {path} was created with store.on_disk {str(stored).lower()} "
+            f"(configured: {str(configured).lower()}); it is fixed when a store is created. "
+            "Set store.on_disk back, or point store.path at a new index (the next ingest "
+            "re-embeds everything into it)."
+        )
+
+
 class EdgeStore(_Scrolling):
     """Qdrant Edge: the real engine in-process, one shard directory."""
 
@@ -93,9 +113,10 @@ class EdgeStore(_Scrolling):
         min_free_mb: int = 0,
         quantization: Quantization | None = None,
         hnsw_min_unindexed: int = 10_000,
+        on_disk: bool | None = None,
     ):
-        """``quantization``: what a new store gets, and what an existing one must have
-        (None: whatever it has, for readers)."""
+        """``quantization`` and ``on_disk``: what a new store gets, and what an existing one
+        must have (None: whatever it has, for readers)."""
         import qdrant_edge as qe
 
         self._qe = qe
@@ -111,6 +132,7 @@ class EdgeStore(_Scrolling):
         self._writing = False
         self._embedder = meta.embedder
         self._quantization = quantization or Quantization.NONE
+        self._on_disk = bool(on_disk)
         self._hnsw_min_unindexed = hnsw_min_unindexed
         meta_path = path / META_FILE
         stored = read_meta(meta_path) if meta_path.is_file() else None
@@ -126,12 +148,14 @@ class EdgeStore(_Scrolling):
                 self._shard = self._create(meta)
                 self._before_write()
             self.quantization = self._stored_quantization()
-            if quantization is not None:
-                try:
+            try:
+                if quantization is not None:
                     check_quantization(path, quantization)
-                except ConfigError:
-                    self._shard.close()
-                    raise
+                if on_disk is not None:
+                    check_on_disk(path, on_disk)
+            except ConfigError:
+                self._shard.close()
+                raise
         except (ConfigError, StageError):
             raise
         except Exception as exc:
@@ -173,14 +197,23 @@ class EdgeStore(_Scrolling):
         # little below the size of hnsw_min_unindexed points, so that when build_index
         # decides to build, the engine does (and not before: Edge only builds on request).
         threshold_kb = max(1, self._hnsw_min_unindexed * meta.dim * 4 * 9 // 10 // 1024)
+        on_disk = True if self._on_disk else None
         config = qe.EdgeConfig(
             vectors={DENSE: dense},
-            sparse_vectors={SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
+            sparse_vectors={
+                SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf, on_disk=on_disk)
+            },
+            # The engine's defaults (m 16, ef_construct 100), with the graph memory-mapped.
+            hnsw_config=qe.HnswIndexConfig(
+                m=16, ef_construct=100, full_scan_threshold=10_000, on_disk=True
+            )
+            if on_disk
+            else None,
             optimizers=qe.EdgeOptimizersConfig(indexing_threshold=threshold_kb),
         )
         try:
             shard: qdrant_edge.EdgeShard = qe.EdgeShard.create(str(tmp), config)
-            self._repair_indexes(shard)
+            self._repair_indexes(shard, self._on_disk)
             shard.flush()
             shard.close()
             atomic_write_bytes(tmp / META_FILE, json.dumps(asdict(meta), indent=2).encode())
@@ -208,15 +241,22 @@ class EdgeStore(_Scrolling):
             (path / name).unlink()
         path.rmdir()
 
-    def _repair_indexes(self, shard: qdrant_edge.EdgeShard) -> None:
+    def _repair_indexes(self, shard: qdrant_edge.EdgeShard, on_disk: bool) -> None:
         """Create every payload index the shard lacks (a store created before one existed,
-        or by an older ragpipe killed mid-creation)."""
+        or by an older ragpipe killed mid-creation); on disk with ``store.on_disk``."""
         qe = self._qe
         have = set(shard.info().payload_schema)
+        disk = True if on_disk else None
         wanted: list[tuple[str, Any]] = [
-            *((name, qe.PayloadSchemaType.Keyword) for name in KEYWORD_FIELDS),
-            *((name, qe.PayloadSchemaType.Integer) for name in INTEGER_FIELDS),
-            ("text", qe.TextIndexParams(tokenizer=qe.TokenizerType.Word, lowercase=True)),
+            *((name, qe.KeywordIndexParams(on_disk=disk)) for name in KEYWORD_FIELDS),
+            *(
+                (name, qe.IntegerIndexParams(lookup=True, range=True, on_disk=disk))
+                for name in INTEGER_FIELDS
+            ),
+            (
+                "text",
+                qe.TextIndexParams(tokenizer=qe.TokenizerType.Word, lowercase=True, on_disk=disk),
+            ),
         ]
         missing = [(name, kind) for name, kind in wanted if name not in have]
         if missing and have:  # a fresh shard has none: that is creation, not repair
@@ -231,7 +271,7 @@ class EdgeStore(_Scrolling):
         if not self._writing:
             atomic_write_bytes(self.path / GENERATION_FILE, uuid.uuid4().hex.encode())
             self._writing = True
-            self._repair_indexes(self._shard)
+            self._repair_indexes(self._shard, bool(stored_on_disk(self.path)))
 
     def check(self, meta: StoreMeta) -> None:
         """Raise ConfigError unless ``meta``'s embedder and dimension fit this store."""

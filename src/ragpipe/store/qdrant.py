@@ -113,6 +113,7 @@ class QdrantStore(_Scrolling):
         self._qm = qm
         self._embedder = meta.embedder
         self._quantization = config.quantization
+        self._on_disk = config.on_disk
         self.collection = config.collection
         self.batch_size = config.batch_size
         self.page = config.scroll_page
@@ -173,6 +174,15 @@ class QdrantStore(_Scrolling):
                 f"{self._quantization.value}); it is fixed when a collection is created. Set "
                 "store.quantization back, or choose a new store.collection."
             )
+        # Recorded in the metadata too: qdrant-client's local mode keeps no hnsw_config.
+        on_disk = bool(stored.get("on_disk", info.config.hnsw_config.on_disk))
+        if on_disk != self._on_disk:
+            raise ConfigError(
+                f"collection {self.collection!r} at {self.location} was created with "
+                f"store.on_disk {str(on_disk).lower()} (configured: "
+                f"{str(self._on_disk).lower()}); it is fixed when a collection is created. Set "
+                "store.on_disk back, or choose a new store.collection."
+            )
 
     def build_index(
         self, min_unindexed: int, starting: Callable[[int], None] | None = None
@@ -201,24 +211,42 @@ class QdrantStore(_Scrolling):
                     else None,
                 )
             },
-            sparse_vectors_config={SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)},
-            metadata=asdict(meta),
+            sparse_vectors_config={
+                SPARSE: models.SparseVectorParams(
+                    modifier=models.Modifier.IDF,
+                    index=models.SparseIndexParams(on_disk=True) if self._on_disk else None,
+                )
+            },
+            hnsw_config=models.HnswConfigDiff(on_disk=True) if self._on_disk else None,
+            metadata={**asdict(meta), "on_disk": self._on_disk},
         )
         if self.local:
             return  # local mode ignores payload indexes (and warns about each)
+        disk = True if self._on_disk else None
         for name in KEYWORD_FIELDS:
             self.client.create_payload_index(
-                self.collection, name, models.PayloadSchemaType.KEYWORD, wait=True
+                self.collection,
+                name,
+                models.KeywordIndexParams(type=models.KeywordIndexType.KEYWORD, on_disk=disk),
+                wait=True,
             )
         for name in INTEGER_FIELDS:
             self.client.create_payload_index(
-                self.collection, name, models.PayloadSchemaType.INTEGER, wait=True
+                self.collection,
+                name,
+                models.IntegerIndexParams(
+                    type=models.IntegerIndexType.INTEGER, lookup=True, range=True, on_disk=disk
+                ),
+                wait=True,
             )
         self.client.create_payload_index(
             self.collection,
             "text",
             models.TextIndexParams(
-                type=models.TextIndexType.TEXT, tokenizer=models.TokenizerType.WORD, lowercase=True
+                type=models.TextIndexType.TEXT,
+                tokenizer=models.TokenizerType.WORD,
+                lowercase=True,
+                on_disk=disk,
             ),
             wait=True,
         )
