@@ -72,12 +72,16 @@ def stored_quantization(path: Path) -> Quantization | None:
 def check_quantization(path: Path, configured: Quantization) -> None:
     """ConfigError when the store at ``path`` was created with another quantization."""
     stored = stored_quantization(path)
+    _check_fixed(path, "quantization", stored and stored.value, configured.value)
+
+
+def _check_fixed(path: Path, field: str, stored: str | None, configured: str) -> None:
+    """ConfigError when ``store.<field>``, fixed at creation, differs from the stored one."""
     if stored is not None and stored != configured:
         raise ConfigError(
-            f"the index at {path} was created with store.quantization {stored.value} "
-            f"(configured: {configured.value}); it is fixed when a store is created. Set "
-            "store.quantization back, or point store.path at a new index (the next ingest "
-            "re-embeds everything into it)."
+            f"the index at {path} was created with store.{field} {stored} (configured: "
+            f"{configured}); it is fixed when a store is created. Set store.{field} back, or "
+            "point store.path at a new index (the next ingest re-embeds everything into it)."
         )
 
 
@@ -92,13 +96,8 @@ def stored_on_disk(path: Path) -> bool | None:
 def check_on_disk(path: Path, configured: bool) -> None:
     """ConfigError when the store at ``path`` was created with another ``store.on_disk``."""
     stored = stored_on_disk(path)
-    if stored is not None and stored != configured:
-        raise ConfigError(
-            f"the index at {path} was created with store.on_disk {str(stored).lower()} "
-            f"(configured: {str(configured).lower()}); it is fixed when a store is created. "
-            "Set store.on_disk back, or point store.path at a new index (the next ingest "
-            "re-embeds everything into it)."
-        )
+    _check_fixed(path, "on_disk", None if stored is None else str(stored).lower(),
+                 str(configured).lower())  # fmt: skip
 
 
 class EdgeStore(_Scrolling):
