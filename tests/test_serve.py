@@ -163,6 +163,10 @@ def test_healthz_reports_the_published_version(served: tuple[RagpipeConfig, Any]
         assert health["index"]["points"] == retriever.store.count() > 8
     assert health["index"]["files"] == len(QUERY_CORPUS)
     assert health["uptime_s"] > 0 and health["cache"]["threshold"] == 0.97
+    assert client.get("/docs").status_code == 200
+    assert {"/healthz", "/search", "/ask", "/metrics"} <= set(
+        client.get("/openapi.json").json()["paths"]
+    )
 
 
 def test_search_returns_what_the_cli_prints(served: tuple[RagpipeConfig, Any]) -> None:
