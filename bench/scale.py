@@ -12,9 +12,14 @@ payload indexes and batches. It prints:
 * dense / sparse / hybrid p50 and p95 after the build, ours (the Retriever's
   path) ÷ raw Edge, interleaved (target at 1M: hybrid p50 ≤ 10 ms);
 * recall@10 of the HNSW dense search against exact search (target ≥ 0.95),
-  and of an int8-quantised store (``store.quantization: int8``, rescored);
+  and of an int8-quantised store (``store.quantization: int8``, rescored), and
+  of one with int8 and its indexes on disk (``store.on_disk``);
 * resident memory of a fresh query process that opens the store and runs
-  queries (plain and int8), and the store's size on disk;
+  queries (plain, int8, int8 + on_disk; its own memory and mapped files), and
+  the store's size on disk;
+* the upkeep trade (``--upkeep``, default 10k, 30k, 100k): that many new
+  points written in turn; dense and hybrid p50 while they wait outside the
+  index and after it is built, and the build's seconds;
 
 and, for a corpus of F unchanged files (default 20k and 100k), the no-op
 nightly re-index (``run_ingest``, library) ÷ walking and hashing the files
@@ -22,10 +27,10 @@ nightly re-index (``run_ingest``, library) ÷ walking and hashing the files
 first ingest of those files uses the fast ONNX test embedder.
 
 Results: bench/results/scale.json and a log-log plot bench/results/scale.svg.
-Not in CI: `make bench-scale` (1M chunks takes about an hour on 2 cores).
+Not in CI: `make bench-scale` (1M chunks takes hours on 2 cores).
 
 Usage: python bench/scale.py [--sizes 100000,300000,1000000] [--files 20000,100000]
-       [--queries 200] [--recall-queries 100]
+       [--upkeep 10000,30000,100000] [--queries 200] [--recall-queries 100]
 """
 
 from __future__ import annotations
@@ -297,7 +302,8 @@ def bench_size(n: int, tmp: Path, sentences: list[str], args: argparse.Namespace
           f"{lean_hybrid['p95_ms']:.2f} ms", flush=True)  # fmt: skip
     print(f"  recall@10 vs exact: HNSW {rc['hnsw']:.3f}, int8 + rescoring {rc['int8']:.3f}, "
           f"int8 + on_disk {rc['int8_on_disk']:.3f}", flush=True)  # fmt: skip
-    result["upkeep"] = bench_upkeep(ours_path, n, sentences, queries)
+    counts = [int(c) for c in args.upkeep.split(",") if c]
+    result["upkeep"] = bench_upkeep(ours_path, n, sentences, queries, counts)
     result["memory"] = {"plain": rss(ours_path), "int8": rss(int8_path),
                         "int8_on_disk": rss(lean_path)}  # fmt: skip
     paths = {"plain": ours_path, "int8": int8_path, "int8_on_disk": lean_path, "raw": raw_path}
@@ -313,38 +319,51 @@ def bench_size(n: int, tmp: Path, sentences: list[str], args: argparse.Namespace
 
 
 def bench_upkeep(
-    path: Path, n: int, sentences: list[str], queries: list[tuple[str, Any]]
-) -> dict[str, Any]:
-    """The trade store.hnsw_min_unindexed makes: a nightly writes that many new points;
-    until they are indexed each query scans them, and indexing them costs once."""
-    threshold = RagpipeConfig().store.hnsw_min_unindexed
+    path: Path, n: int, sentences: list[str], queries: list[tuple[str, Any]], counts: list[int]
+) -> list[dict[str, Any]]:
+    """The trade store.hnsw_min_unindexed makes. For each count c: a nightly writes c new
+    points; until they are indexed each query scans them (dense and the default hybrid,
+    p50 with them waiting), then indexing them costs once (and the p50 after it)."""
     store = EdgeStore(path, StoreMeta("bench-random", None), batch_size=BATCH)
-    added = 0
-    for batch in points(threshold, sentences, seed=99):  # new ids after the first n
-        moved = [IndexPoint(str(uuid.UUID(int=n + added + i + 1)), p.dense, p.sparse_indices,
-                            p.sparse_values, p.payload) for i, p in enumerate(batch)]  # fmt: skip
-        store.upsert(moved)
-        added += len(moved)
+    cfg = RagpipeConfig(store={"path": path})  # type: ignore[arg-type]
+    retriever = Retriever(cfg, embedder=query_bench._NoEmbedder(DIM), store=store)
 
-    def dense_p50() -> float:
-        times = []
-        for _, vector in queries:
+    def p50s() -> tuple[float, float]:
+        dense, hybrid = [], []
+        for text, vector in queries:
             started = time.perf_counter()
             store.query_dense(vector, 10)
-            times.append(time.perf_counter() - started)
-        return 1000 * statistics.median(times)
+            dense.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            retriever._candidates(text, vector, 10, cfg.retrieve, None)
+            hybrid.append(time.perf_counter() - started)
+        return 1000 * statistics.median(dense), 1000 * statistics.median(hybrid)
 
-    dense_p50()  # warm-up
-    before = dense_p50()
-    built = store.build_index(threshold)
-    assert built is not None and built.indexed == added, built
-    after = dense_p50()
-    store.close()
-    print(f"  upkeep: {added} new points cost {before - after:.2f} ms per dense query until "
-          f"indexed ({before:.2f} -> {after:.2f} ms); indexing them took {built.seconds:.1f}s",
-          flush=True)  # fmt: skip
-    return {"points": added, "dense_p50_unindexed_ms": before, "dense_p50_indexed_ms": after,
-            "build_s": built.seconds}  # fmt: skip
+    rows, total = [], n
+    for count in counts:
+        added = 0
+        for batch in points(count, sentences, seed=99 + total):  # new ids after the others
+            moved = [IndexPoint(str(uuid.UUID(int=total + added + i + 1)), p.dense,
+                                p.sparse_indices, p.sparse_values, p.payload)
+                     for i, p in enumerate(batch)]  # fmt: skip
+            store.upsert(moved)
+            added += len(moved)
+        total += added
+        p50s()  # warm-up
+        dense_before, hybrid_before = p50s()
+        built = store.build_index(count)
+        assert built is not None and built.indexed == added, built
+        dense_after, hybrid_after = p50s()
+        print(f"  upkeep: {added} new points in a store of {total}: dense p50 "
+              f"{dense_before:.2f} -> {dense_after:.2f} ms, hybrid p50 {hybrid_before:.2f} -> "
+              f"{hybrid_after:.2f} ms (waiting -> indexed); indexing them took "
+              f"{built.seconds:.1f}s", flush=True)  # fmt: skip
+        rows.append({"points": added, "store_points": total,
+                     "dense_p50_unindexed_ms": dense_before, "dense_p50_indexed_ms": dense_after,
+                     "hybrid_p50_unindexed_ms": hybrid_before,
+                     "hybrid_p50_indexed_ms": hybrid_after, "build_s": built.seconds})  # fmt: skip
+    retriever.close()
+    return rows
 
 
 def bench_noop(files: int, tmp: Path, repeat: int) -> dict[str, Any]:
@@ -423,6 +442,12 @@ def main() -> int:
     )
     parser.add_argument("--sizes", default="100000,300000,1000000")
     parser.add_argument("--files", default="20000,100000")
+    parser.add_argument(
+        "--upkeep",
+        default="10000,30000,100000",
+        help="new points written (then indexed) in turn after the store is built, to weigh "
+        "store.hnsw_min_unindexed",
+    )
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--recall-queries", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=3)

@@ -159,7 +159,7 @@ import qdrant_edge as qe
 from ragpipe import store
 from ragpipe.config import StoreConfig
 
-def first_index_then_die(self, shard):
+def first_index_then_die(self, shard, on_disk):
     kind = qe.PayloadSchemaType.Keyword
     shard.update(qe.UpdateOperation.create_field_index("file_path", kind))
     shard.flush()
