@@ -111,7 +111,7 @@ class EdgeStore(_Scrolling):
         page: int = 1000,
         min_free_mb: int = 0,
         quantization: Quantization | None = None,
-        hnsw_min_unindexed: int = 10_000,
+        hnsw_min_unindexed: int = 30_000,
         on_disk: bool | None = None,
     ):
         """``quantization`` and ``on_disk``: what a new store gets, and what an existing one
