@@ -227,10 +227,13 @@ class Service:
             raise HTTPException(422, f"k={k} is over serve.max_k ({serve.max_k})")
         return text
 
+    def caches(self, endpoint: str) -> bool:
+        """Whether answers of ``endpoint`` go through the semantic cache."""
+        serve = self.config.serve
+        return serve.cache and (endpoint == "ask" or serve.cache_search)
+
     def lookup(self, endpoint: str, vector: Any, scope: str, version: str) -> Any:
-        if not self.config.serve.cache or (
-            endpoint == "search" and not self.config.serve.cache_search
-        ):
+        if not self.caches(endpoint):
             return None
         hit = self.cache.get(vector, scope, version)
         self.metrics.cache.labels(endpoint, "hit" if hit else "miss").inc()
@@ -240,7 +243,7 @@ class Service:
     def store(
         self, endpoint: str, vector: Any, scope: str, version: str, text: str, value: Any
     ) -> None:
-        if self.config.serve.cache and (endpoint == "ask" or self.config.serve.cache_search):
+        if self.caches(endpoint):
             self.cache.put(vector, scope, version, text, value)
             self.metrics.cache_entries.set(len(self.cache))
 
@@ -250,8 +253,9 @@ class Service:
         """Look the query up in the cache, else retrieve: (version, vector, scope, hit, result).
 
         On the one search thread: searches of one open store run one at a time anyway,
-        and the embedder's thread pool stays with one caller thread (a new caller thread
-        would warm up pools of its own; measured 2 ms slower per query here).
+        and the embedder's thread pool stays with one caller thread. Measured with
+        bench/serve.py: 40-46 requests/s at 4 and 16 clients on the web server's rotating
+        pool threads, 57-65 on one thread.
         """
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
