@@ -1,35 +1,44 @@
 """How cost grows with the index: 100k, 300k and 1M chunks on one machine, ours ÷ raw Edge.
 
-For each size N it builds Qdrant Edge stores the way ingest does (ragpipe's
-EdgeStore: named dense + BM25 sparse vectors, payload indexes; random unit
-vectors clustered by topic, BM25 over real sentences, see bench/query.py)
-and, from the same points, a raw ``EdgeShard`` with the same vectors,
-payload indexes and batches. It prints:
+For each size N it builds, from the same points, the Qdrant Edge stores named
+in ``--stores`` the way ingest does (ragpipe's EdgeStore: named dense + BM25
+sparse vectors, payload indexes; random unit vectors clustered by topic, BM25
+over real sentences, see bench/query.py): ``plain``, ``int8``
+(``store.quantization: int8``, rescored) and ``int8_on_disk`` (also
+``store.on_disk``). The first is timed against a raw ``EdgeShard`` created
+with the same config, payload indexes and batches. It prints:
 
 * upsert points/s, ours ÷ raw (target ≥ 0.8 at every size);
-* HNSW build seconds: ingest's own upkeep (``EdgeStore.build_index``, what
-  the upsert stage runs past ``store.hnsw_min_unindexed``) ÷ raw ``optimize()``;
+* HNSW build seconds of each store: ingest's own upkeep
+  (``EdgeStore.build_index``, what the upsert stage runs past
+  ``store.hnsw_min_unindexed``), and ÷ raw ``optimize()`` (``--no-raw-build``
+  skips that build: at 1M it is an hour on 2 cores);
 * dense / sparse / hybrid p50 and p95 after the build, ours (the Retriever's
-  path) ÷ raw Edge, interleaved (target at 1M: hybrid p50 ≤ 10 ms);
-* recall@10 of the HNSW dense search against exact search (target ≥ 0.95),
-  and of an int8-quantised store (``store.quantization: int8``, rescored), and
-  of one with int8 and its indexes on disk (``store.on_disk``);
-* resident memory of a fresh query process that opens the store and runs
-  queries (plain, int8, int8 + on_disk; its own memory and mapped files), and
-  the store's size on disk;
+  path) ÷ the raw engine's query on the same store, interleaved (target at
+  1M: hybrid p50 ≤ 10 ms);
+* recall@10 of each store's dense search against exact search (≥ 0.95);
+* resident memory and hybrid p50 of a fresh query process that opens each
+  store and runs 400 queries (the last 300 timed; its own memory and mapped
+  files), and again inside a memory cgroup of ``--memory-cap`` MB (default
+  1024; needs root) with the store's files evicted from the page cache first,
+  so the kernel holds the process to that much; and the store's size on disk;
 * the upkeep trade (``--upkeep``, default 10k, 30k, 100k): that many new
-  points written in turn; dense and hybrid p50 while they wait outside the
-  index and after it is built, and the build's seconds;
+  points written in turn into the first store; dense and hybrid p50 while they
+  wait outside the index and after it is built, and the build's seconds;
 
 and, for a corpus of F unchanged files (default 20k and 100k), the no-op
 nightly re-index (``run_ingest``, library) ÷ walking and hashing the files
 (target ≤ 3×; Prefect's fixed start comes on top, see bench/index.py). The
 first ingest of those files uses the fast ONNX test embedder.
 
-Results: bench/results/scale.json and a log-log plot bench/results/scale.svg.
-Not in CI: `make bench-scale` (1M chunks takes hours on 2 cores).
+Results: bench/results/scale.json and a log-log plot bench/results/scale.svg
+(written after each size, and before its upkeep). Not in CI: `make
+bench-scale` (1M chunks takes hours on 2 cores). The 1M run in
+docs/scaling.md: --sizes 1000000 --files "" --stores int8_on_disk
+--no-raw-build --upkeep 30000.
 
 Usage: python bench/scale.py [--sizes 100000,300000,1000000] [--files 20000,100000]
+       [--stores plain,int8,int8_on_disk] [--no-raw-build] [--memory-cap MB]
        [--upkeep 10000,30000,100000] [--queries 200] [--recall-queries 100]
 """
 
@@ -47,7 +56,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,14 +74,13 @@ from ragpipe.query.retrieve import Retriever  # noqa: E402
 from ragpipe.store import (  # noqa: E402
     DENSE,
     EMBEDDER_FIELD,
-    INTEGER_FIELDS,
-    KEYWORD_FIELDS,
     SPARSE,
     EdgeStore,
     IndexPoint,
     SparseEncoder,
     StoreMeta,
 )
+from ragpipe.store.edge import payload_indexes, shard_config  # noqa: E402
 
 DIM = 384
 BATCH = 512
@@ -122,22 +130,18 @@ def points(n: int, sentences: list[str], seed: int = 0) -> Iterator[list[IndexPo
         yield batch
 
 
-def raw_shard(path: Path) -> Any:
-    """A raw Edge shard with ragpipe's layout: the same vectors and payload indexes (the
-    engine's work is the same; no ragpipe code on the write path)."""
+def raw_shard(path: Path, quantization: Quantization, on_disk: bool, threshold: int) -> Any:
+    """A raw Edge shard with ragpipe's layout: the same config (vectors, quantisation, on-disk
+    choices, indexing threshold) and payload indexes, so the engine's work is the same; no
+    ragpipe code on the write path."""
     import qdrant_edge as qe
 
-    config = qe.EdgeConfig(
-        vectors={DENSE: qe.EdgeVectorParams(size=DIM, distance=qe.Distance.Cosine)},
-        sparse_vectors={SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
+    threshold_kb = threshold * DIM * 4 * 9 // 10 // 1024  # as EdgeStore sets it
+    shard = qe.EdgeShard.create(
+        str(path), shard_config(qe, DIM, quantization, on_disk, threshold_kb)
     )
-    shard = qe.EdgeShard.create(str(path), config)
-    for name, kind in [
-        *((name, qe.PayloadSchemaType.Keyword) for name in KEYWORD_FIELDS),
-        *((name, qe.PayloadSchemaType.Integer) for name in INTEGER_FIELDS),
-        ("text", qe.TextIndexParams(tokenizer=qe.TokenizerType.Word, lowercase=True)),
-    ]:
-        shard.update(qe.UpdateOperation.create_field_index(name, kind))
+    for name, params in payload_indexes(qe, on_disk):
+        shard.update(qe.UpdateOperation.create_field_index(name, params))
     return shard
 
 
@@ -182,57 +186,152 @@ def recall_at_10(store: EdgeStore, queries: list[Any]) -> float:
     return statistics.mean(found)
 
 
-# A fresh process: open the store as a reader does, run queries, report resident memory.
+# Which stores a size builds: the quantisation and store.on_disk each is created with.
+VARIANTS: dict[str, tuple[Quantization, bool]] = {
+    "plain": (Quantization.NONE, False),
+    "int8": (Quantization.INT8, False),
+    "int8_on_disk": (Quantization.INT8, True),
+}
+
+# A fresh process: open the store as a reader does, run the default hybrid search over the
+# queries in argv[4] (the first 100 warm it up), report latency and resident memory.
 RSS_PROBE = """
-import json, sys, numpy as np
+import json, statistics, sys, time
+from pathlib import Path
+import numpy as np
 sys.path.insert(0, sys.argv[2])
 from ragpipe.config import RagpipeConfig
 from ragpipe.query.retrieve import Retriever
 from ragpipe.store import EdgeStore, StoreMeta
 sys.path.insert(0, sys.argv[3])
 import query as q
-store = EdgeStore(__import__("pathlib").Path(sys.argv[1]), StoreMeta("bench-random", None))
+store = EdgeStore(Path(sys.argv[1]), StoreMeta("bench-random", None))
 cfg = RagpipeConfig(store={"path": sys.argv[1]})
 retriever = Retriever(cfg, embedder=q._NoEmbedder(384), store=store)
-rng = np.random.default_rng(7)
-for i in range(100):
-    v = rng.standard_normal(384).astype(np.float32)
-    retriever._candidates("sentence of the corpus", v / np.linalg.norm(v), 10, cfg.retrieve, None)
+data = np.load(sys.argv[4])
+texts = json.loads(Path(sys.argv[5]).read_text())
+times = []
+for i, (text, vector) in enumerate(zip(texts, data)):
+    started = time.perf_counter()
+    retriever._candidates(text, vector, 10, cfg.retrieve, None)
+    if i >= 100:
+        times.append(time.perf_counter() - started)
 status = open("/proc/self/status").read().splitlines()
 kb = lambda key: [int(x.split()[1]) for x in status if x.startswith(key + ":")][0]
 # RssAnon: the process's own memory; RssFile: mapped files (libraries, memory-mapped store
 # files) resident in the page cache, which the kernel can drop and read again.
+p = q.percentiles(times)
 print(json.dumps({"rss_mb": kb("VmRSS") / 1024, "peak_rss_mb": kb("VmHWM") / 1024,
-                  "anon_mb": kb("RssAnon") / 1024, "file_mb": kb("RssFile") / 1024}))
+                  "anon_mb": kb("RssAnon") / 1024, "file_mb": kb("RssFile") / 1024,
+                  "hybrid_p50_ms": p["p50_ms"], "hybrid_p95_ms": p["p95_ms"]}))
 """
 
 
-def rss(path: Path) -> dict[str, float]:
-    out = subprocess.run(
-        [sys.executable, "-c", RSS_PROBE, str(path), str(REPO / "src"), str(REPO / "bench")],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+def memory_cgroup(limit_mb: int) -> Path | str:
+    """A new memory cgroup limited to ``limit_mb`` (the kernel reclaims the page cache of
+    mapped files inside it, and kills the process if its own memory passes the limit), or
+    why there cannot be one here."""
+    name = f"ragpipe-bench-{os.getpid()}-{limit_mb}"
+    v1, root = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
+    try:
+        if v1.is_dir():
+            group = v1 / name
+            group.mkdir()
+            (group / "memory.limit_in_bytes").write_text(str(limit_mb << 20))
+        elif "memory" in (root / "cgroup.subtree_control").read_text().split():
+            group = root / name
+            group.mkdir()
+            (group / "memory.max").write_text(str(limit_mb << 20))
+        else:
+            return "the memory cgroup controller is not enabled"
+    except OSError as exc:
+        return f"cannot create a memory cgroup ({exc}); run as root to measure under a cap"
+    return group
+
+
+def evict(path: Path) -> None:
+    """Drop the store's files from the page cache (clean pages no process maps), so that a
+    probe reads them itself and they count against its own memory cgroup."""
+    for f in path.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def rss(path: Path, queries: tuple[Path, Path], cap_mb: int | None = None) -> dict[str, Any]:
+    """Resident memory and hybrid latency of a fresh query process; with ``cap_mb``, run it
+    inside a memory cgroup of that size, its store's files evicted from the page cache."""
+    group: Path | None = None
+    if cap_mb is not None:
+        made = memory_cgroup(cap_mb)
+        if isinstance(made, str):
+            return {"cap_mb": cap_mb, "skipped": made}
+        group = made
+        evict(path)
+    procs = group / "cgroup.procs" if group else None
+
+    def join() -> None:  # in the child, before it runs Python: join the cgroup
+        if procs is not None:
+            procs.write_text(str(os.getpid()))
+
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", RSS_PROBE, str(path), str(REPO / "src"), str(REPO / "bench"),
+             str(queries[0]), str(queries[1])],
+            capture_output=True, text=True, preexec_fn=join,
+        )  # fmt: skip
+    finally:
+        if group is not None:
+            time.sleep(0.5)
+            group.rmdir()
+    if out.returncode != 0:
+        if cap_mb is not None and out.returncode == -9:
+            return {"cap_mb": cap_mb, "killed": True}
+        raise RuntimeError(f"query probe failed ({out.returncode}): {out.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    if cap_mb is not None:
+        result["cap_mb"] = cap_mb
     return result
 
 
-def bench_size(n: int, tmp: Path, sentences: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    ours_path, raw_path, int8_path = tmp / "ours", tmp / "raw", tmp / "int8"
-    lean_path = tmp / "int8-on-disk"
+def bench_size(
+    n: int,
+    tmp: Path,
+    sentences: list[str],
+    args: argparse.Namespace,
+    save: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    """One size: every store in --stores written from the same points; the first one is
+    timed against a raw Edge shard created the same way (upsert, and its queries against
+    the raw engine on the same shard)."""
+    names: list[str] = args.stores
+    primary = names[0]
     meta = StoreMeta("bench-random", DIM)
-    ours = EdgeStore(ours_path, meta, batch_size=BATCH)
-    shard = raw_shard(raw_path)
-    int8 = EdgeStore(int8_path, meta, batch_size=BATCH, quantization=Quantization.INT8)
-    # The least memory: int8 vectors in RAM, HNSW graph, BM25 and payload indexes on disk.
-    lean = EdgeStore(
-        lean_path, meta, batch_size=BATCH, quantization=Quantization.INT8, on_disk=True
-    )
+    paths = {name: tmp / name for name in names}
+    stores = {
+        name: EdgeStore(
+            paths[name],
+            meta,
+            batch_size=BATCH,
+            quantization=q,
+            on_disk=d,
+            hnsw_min_unindexed=args.engine_threshold,
+        )
+        for name, (q, d) in ((name, VARIANTS[name]) for name in names)
+    }
+    ours = stores[primary]
+    raw_path = tmp / "raw"
+    shard = raw_shard(raw_path, *VARIANTS[primary], args.engine_threshold)
     ours_s = raw_s = 0.0
+    written = 0
     for i, batch in enumerate(points(n, sentences)):
         # Alternate who writes first: the second finds the page cache warm.
         order = [("raw", lambda b: raw_upsert(shard, b)), ("ours", ours.upsert)]
         # (ours flushes at the end of each upsert call, durable when it returns; raw
-        # flushes too, below, so both pay for durability)
+        # flushes too, so both pay for durability)
         for who, write in order if i % 2 == 0 else order[::-1]:
             started = time.perf_counter()
             write(batch)
@@ -240,80 +339,87 @@ def bench_size(n: int, tmp: Path, sentences: list[str], args: argparse.Namespace
                 ours_s += time.perf_counter() - started
             else:
                 raw_s += time.perf_counter() - started
-        int8.upsert(batch)
-        lean.upsert(batch)
-    ours._shard.flush()
-    shard.flush()
+        for name in names[1:]:
+            stores[name].upsert(batch)
+        written += len(batch)
+        if written % 100_000 == 0:
+            print(f"  written {written}/{n}", flush=True)
     result: dict[str, Any] = {
         "chunks": n,
+        "stores": names,
+        "primary": primary,
         "upsert": {"ours_pps": n / ours_s, "raw_pps": n / raw_s, "ratio": raw_s / ours_s},
     }
-    print(f"{n} chunks: upsert ours {n / ours_s:.0f} pts/s, raw {n / raw_s:.0f} pts/s, "
-          f"ours/raw {raw_s / ours_s:.2f}", flush=True)  # fmt: skip
-    started = time.perf_counter()
-    shard.optimize()
-    raw_build = time.perf_counter() - started
-    threshold = RagpipeConfig().store.hnsw_min_unindexed
-    built = ours.build_index(threshold)  # what the upsert stage runs (default threshold)
-    assert built is not None and built.indexed == n, built
-    int8_built = int8.build_index(threshold)
-    lean_built = lean.build_index(threshold)
-    assert int8_built is not None and lean_built is not None
-    result["hnsw_build"] = {
-        "ours_s": built.seconds, "raw_s": raw_build, "ratio": built.seconds / raw_build,
-        "int8_s": int8_built.seconds, "int8_on_disk_s": lean_built.seconds,
-    }  # fmt: skip
-    print(f"  HNSW build: ours {built.seconds:.1f}s, raw optimize {raw_build:.1f}s, int8 store "
-          f"{int8_built.seconds:.1f}s, int8 + on_disk {lean_built.seconds:.1f}s",
-          flush=True)  # fmt: skip
+    print(f"{n} chunks: upsert ({primary}) ours {n / ours_s:.0f} pts/s, raw {n / raw_s:.0f} "
+          f"pts/s, ours/raw {raw_s / ours_s:.2f}", flush=True)  # fmt: skip
+    builds: dict[str, Any] = {"raw_s": None}
+    if args.raw_build:
+        started = time.perf_counter()
+        shard.optimize()
+        builds["raw_s"] = time.perf_counter() - started
     shard.close()
+    shutil.rmtree(raw_path, ignore_errors=True)  # its disk for the stores' builds
+    threshold = RagpipeConfig().store.hnsw_min_unindexed
+    for name in names:
+        print(f"  building the HNSW index of the {name} store …", flush=True)
+        built = stores[name].build_index(threshold)  # what the upsert stage runs
+        assert built is not None and built.indexed == n, built
+        builds[f"{name}_s"] = built.seconds
+    builds["ours_s"] = builds[f"{primary}_s"]
+    builds["ratio"] = builds["ours_s"] / builds["raw_s"] if builds["raw_s"] else None
+    result["hnsw_build"] = builds
+    raw_note = f", raw optimize {builds['raw_s']:.1f}s" if builds["raw_s"] else ""
+    print("  HNSW build: " + ", ".join(f"{name} {builds[f'{name}_s']:.1f}s" for name in names)
+          + raw_note, flush=True)  # fmt: skip
     rng = random.Random(1)
     queries = [(rng.choice(sentences), v) for v in query_vectors(args.queries)]
     vectors = [v for _, v in queries[: args.recall_queries]]
-    result["recall_at_10"] = {"hnsw": recall_at_10(ours, vectors),
-                              "int8": recall_at_10(int8, vectors),
-                              "int8_on_disk": recall_at_10(lean, vectors)}  # fmt: skip
-    int8_latency = []
-    for vector in vectors:
-        started = time.perf_counter()
-        int8.query_dense(vector, 10)
-        int8_latency.append(time.perf_counter() - started)
-    result["int8_dense_raw_call"] = query_bench.percentiles(int8_latency)
-    int8.close()
-    lean_cfg = RagpipeConfig(store={"path": lean_path})  # type: ignore[arg-type]
-    lean_retriever = Retriever(lean_cfg, embedder=query_bench._NoEmbedder(DIM), store=lean)
-    query_bench.measure(lean_retriever, queries[:20], ["hybrid"], 10)  # warm-up
-    result["int8_on_disk_query"] = query_bench.measure(lean_retriever, queries, ["hybrid"], 10)
-    lean_retriever.close()
-    cfg = RagpipeConfig(store={"path": ours_path})  # type: ignore[arg-type]
-    retriever = Retriever(cfg, embedder=query_bench._NoEmbedder(DIM), store=ours)
+    result["recall_at_10"] = {name: recall_at_10(stores[name], vectors) for name in names}
+    print("  recall@10 vs exact: " + ", ".join(f"{name} {r:.3f}" for name, r in
+          result["recall_at_10"].items()), flush=True)  # fmt: skip
     modes = ["dense", "sparse", "hybrid", "hybrid-rrf-in-engine"]
-    query_bench.measure(retriever, queries[:20], modes, 10)  # warm-up
-    result["query"] = query_bench.measure(retriever, queries, modes, 10)
-    retriever.close()
-    for mode in modes:
-        r = result["query"][mode]
-        print(f"  {mode:22s} ours p50 {r['ours']['p50_ms']:.2f} ms p95 {r['ours']['p95_ms']:.2f}"
-              f" ms | raw p50 {r['raw']['p50_ms']:.2f} ms | ours/raw {r['ratio_p50']:.2f}",
-              flush=True)  # fmt: skip
-    rc = result["recall_at_10"]
-    lean_hybrid = result["int8_on_disk_query"]["hybrid"]["ours"]
-    print(f"  int8 + on_disk: hybrid p50 {lean_hybrid['p50_ms']:.2f} ms p95 "
-          f"{lean_hybrid['p95_ms']:.2f} ms", flush=True)  # fmt: skip
-    print(f"  recall@10 vs exact: HNSW {rc['hnsw']:.3f}, int8 + rescoring {rc['int8']:.3f}, "
-          f"int8 + on_disk {rc['int8_on_disk']:.3f}", flush=True)  # fmt: skip
+    result["query"] = {}
+    for name in names:
+        cfg = RagpipeConfig(store={"path": paths[name]})  # type: ignore[arg-type]
+        retriever = Retriever(cfg, embedder=query_bench._NoEmbedder(DIM), store=stores[name])
+        measured = modes if name == primary else ["dense", "hybrid"]
+        query_bench.measure(retriever, queries[:20], measured, 10)  # warm-up
+        result["query"][name] = query_bench.measure(retriever, queries, measured, 10)
+        retriever.close()
+        for mode in measured:
+            r = result["query"][name][mode]
+            print(f"  {name:12s} {mode:22s} ours p50 {r['ours']['p50_ms']:.2f} ms p95 "
+                  f"{r['ours']['p95_ms']:.2f} ms | raw engine, same store, p50 "
+                  f"{r['raw']['p50_ms']:.2f} ms | ours/raw {r['ratio_p50']:.2f}",
+                  flush=True)  # fmt: skip
+    result["disk_mb"] = {name: du(paths[name]) / 1e6 for name in names}
+    save_queries = (tmp / "probe-vectors.npy", tmp / "probe-texts.json")
+    probe_rng = random.Random(7)
+    np.save(save_queries[0], np.stack(query_vectors(400, seed=7)))
+    save_queries[1].write_text(json.dumps([probe_rng.choice(sentences) for _ in range(400)]))
+    result["memory"] = {}
+    for name in names:
+        result["memory"][name] = rss(paths[name], save_queries)
+        if args.memory_cap:
+            result["memory"][f"{name}_capped"] = rss(paths[name], save_queries, args.memory_cap)
+        for key in (name, f"{name}_capped"):
+            m = result["memory"].get(key)
+            if m is None:
+                continue
+            if "skipped" in m or "killed" in m:
+                why = m.get("skipped") or "killed: its own memory passed the cap"
+                print(f"  query process, {key} ({m['cap_mb']} MB cap): {why}", flush=True)
+                continue
+            cap = f" under a {m['cap_mb']} MB cap" if "cap_mb" in m else ""
+            print(f"  query process{cap}, {name}: RSS {m['rss_mb']:.0f} MB (own memory "
+                  f"{m['anon_mb']:.0f}, mapped files {m['file_mb']:.0f}; peak "
+                  f"{m['peak_rss_mb']:.0f}); hybrid p50 {m['hybrid_p50_ms']:.2f} ms p95 "
+                  f"{m['hybrid_p95_ms']:.2f} ms; disk {result['disk_mb'][name]:.0f} MB",
+                  flush=True)  # fmt: skip
+    save(result)  # the upkeep below may take long at 1M: keep what is measured
     counts = [int(c) for c in args.upkeep.split(",") if c]
-    result["upkeep"] = bench_upkeep(ours_path, n, sentences, queries, counts)
-    result["memory"] = {"plain": rss(ours_path), "int8": rss(int8_path),
-                        "int8_on_disk": rss(lean_path)}  # fmt: skip
-    paths = {"plain": ours_path, "int8": int8_path, "int8_on_disk": lean_path, "raw": raw_path}
-    result["disk_mb"] = {name: du(path) / 1e6 for name, path in paths.items()}
-    for name, m in result["memory"].items():
-        print(f"  query process RSS, {name}: {m['rss_mb']:.0f} MB (process memory "
-              f"{m['anon_mb']:.0f}, mapped files {m['file_mb']:.0f}; peak "
-              f"{m['peak_rss_mb']:.0f}); disk {result['disk_mb'][name]:.0f} MB",
-              flush=True)  # fmt: skip
-    for path in (ours_path, raw_path, int8_path, lean_path):
+    result["upkeep"] = bench_upkeep(paths[primary], n, sentences, queries, counts)
+    for path in paths.values():
         shutil.rmtree(path, ignore_errors=True)
     return result
 
@@ -413,16 +519,17 @@ def plot(results: dict[str, Any], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = [r["chunks"] for r in results["sizes"]]
+    rows = results["sizes"]
+    sizes = [r["chunks"] for r in rows]
     if not sizes:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     series = {
-        "upsert, s (ours)": [r["chunks"] / r["upsert"]["ours_pps"] for r in results["sizes"]],
-        "HNSW build, s": [r["hnsw_build"]["ours_s"] for r in results["sizes"]],
-        "hybrid p50, ms": [r["query"]["hybrid"]["ours"]["p50_ms"] for r in results["sizes"]],
-        "dense p50, ms": [r["query"]["dense"]["ours"]["p50_ms"] for r in results["sizes"]],
-        "query RSS, 100 MB": [r["memory"]["plain"]["rss_mb"] / 100 for r in results["sizes"]],
+        "upsert, s (ours)": [r["chunks"] / r["upsert"]["ours_pps"] for r in rows],
+        "HNSW build, s": [r["hnsw_build"]["ours_s"] for r in rows],
+        "hybrid p50, ms": [r["query"][r["primary"]]["hybrid"]["ours"]["p50_ms"] for r in rows],
+        "dense p50, ms": [r["query"][r["primary"]]["dense"]["ours"]["p50_ms"] for r in rows],
+        "query RSS, 100 MB": [r["memory"][r["primary"]]["rss_mb"] / 100 for r in rows],
     }
     for label, ys in series.items():
         ax.plot(sizes, ys, marker="o", label=label)
@@ -448,28 +555,59 @@ def main() -> int:
         help="new points written (then indexed) in turn after the store is built, to weigh "
         "store.hnsw_min_unindexed",
     )
+    parser.add_argument(
+        "--stores",
+        default="plain,int8,int8_on_disk",
+        help="the stores each size builds, from: " + ", ".join(VARIANTS) + ". The first is "
+        "timed against a raw Edge shard created the same way, and its upkeep measured; at 1M "
+        "each costs an HNSW build of about an hour on 2 cores",
+    )
+    parser.add_argument(
+        "--raw-build",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also build the raw shard's HNSW index, for the build ratio (one more build)",
+    )
+    parser.add_argument(
+        "--memory-cap",
+        type=int,
+        default=1024,
+        metavar="MB",
+        help="also run each query process inside a memory cgroup of this many MB (needs "
+        "root; 0: do not)",
+    )
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--recall-queries", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "scale.json")
     args = parser.parse_args()
+    args.stores = [name for name in args.stores.split(",") if name]
+    unknown = [name for name in args.stores if name not in VARIANTS]
+    if unknown or not args.stores:
+        parser.error(f"--stores: {', '.join(unknown) or 'none given'}; choose from "
+                     f"{', '.join(VARIANTS)}")  # fmt: skip
     sizes = [int(s) for s in args.sizes.split(",") if s]
     files = [int(f) for f in args.files.split(",") if f and int(f) > 0]
     threshold = RagpipeConfig().store.hnsw_min_unindexed
     if any(n < threshold for n in sizes):
         parser.error(f"--sizes: each at least {threshold} (store.hnsw_min_unindexed), or "
                      "ingest's upkeep would leave the store unindexed")  # fmt: skip
+    # The stores index a segment past a threshold fixed at creation: low enough for the
+    # smallest upkeep count, or the engine would not index those points when asked.
+    args.engine_threshold = min([threshold, *(int(c) for c in args.upkeep.split(",") if c)])
     sentences = query_bench.sentence_pool()
     results: dict[str, Any] = {"sizes": [], "noop": [], "machine": {"cpus": os.cpu_count()}}
     args.json.parent.mkdir(parents=True, exist_ok=True)
 
-    def save() -> None:  # after every size: a long run that stops keeps what it measured
-        args.json.write_text(json.dumps(results, indent=2))
-        plot(results, args.json.with_suffix(".svg"))
+    def save(partial: dict[str, Any] | None = None) -> None:
+        # after every size, and within one: a long run that stops keeps what it measured
+        done = {**results, "sizes": results["sizes"] + ([partial] if partial else [])}
+        args.json.write_text(json.dumps(done, indent=2))
+        plot(done, args.json.with_suffix(".svg"))
 
     with tempfile.TemporaryDirectory(prefix="ragpipe-bench-scale-") as tmp:
         for n in sizes:
-            results["sizes"].append(bench_size(n, Path(tmp), sentences, args))
+            results["sizes"].append(bench_size(n, Path(tmp), sentences, args, save))
             save()
         for f in files:
             results["noop"].append(bench_noop(f, Path(tmp), args.repeat))

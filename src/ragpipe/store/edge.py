@@ -60,6 +60,52 @@ def edge_config(path: Path) -> dict[str, Any] | None:
     return stored
 
 
+def shard_config(
+    qe: Any, dim: int, quantization: Quantization, on_disk: bool, threshold_kb: int | None = None
+) -> Any:
+    """The ``EdgeConfig`` of a ragpipe store: named dense + BM25 vectors, and what
+    ``store.quantization`` and ``store.on_disk`` choose."""
+    int8 = quantization == Quantization.INT8
+    dense = qe.EdgeVectorParams(
+        size=dim,
+        distance=qe.Distance.Cosine,
+        # int8: the quantized vectors in RAM, the full ones read from disk to rescore.
+        on_disk=True if int8 else None,
+        quantization_config=qe.ScalarQuantizationConfig(
+            type=qe.ScalarType.Int8, quantile=0.99, always_ram=True
+        )
+        if int8
+        else None,
+    )
+    disk = True if on_disk else None
+    return qe.EdgeConfig(
+        vectors={DENSE: dense},
+        sparse_vectors={SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf, on_disk=disk)},
+        # The engine's defaults (m 16, ef_construct 100), with the graph memory-mapped.
+        hnsw_config=qe.HnswIndexConfig(
+            m=16, ef_construct=100, full_scan_threshold=10_000, on_disk=True
+        )
+        if on_disk
+        else None,
+        optimizers=qe.EdgeOptimizersConfig(indexing_threshold=threshold_kb)
+        if threshold_kb is not None
+        else None,
+    )
+
+
+def payload_indexes(qe: Any, on_disk: bool) -> list[tuple[str, Any]]:
+    """The payload indexes of a ragpipe store (field, params); on disk with ``on_disk``."""
+    disk = True if on_disk else None
+    return [
+        *((name, qe.KeywordIndexParams(on_disk=disk)) for name in KEYWORD_FIELDS),
+        *(
+            (name, qe.IntegerIndexParams(lookup=True, range=True, on_disk=disk))
+            for name in INTEGER_FIELDS
+        ),
+        ("text", qe.TextIndexParams(tokenizer=qe.TokenizerType.Word, lowercase=True, on_disk=disk)),
+    ]
+
+
 def stored_quantization(path: Path) -> Quantization | None:
     """The quantization the Edge store at ``path`` was created with (None: no store)."""
     stored = edge_config(path)
@@ -180,36 +226,11 @@ class EdgeStore(_Scrolling):
         for leftover in parent.glob(f".{self.path.name}.creating-*"):
             shutil.rmtree(leftover, ignore_errors=True)
         tmp = parent / f".{self.path.name}.creating-{uuid.uuid4().hex[:12]}"
-        int8 = self._quantization == Quantization.INT8
-        dense = qe.EdgeVectorParams(
-            size=meta.dim,
-            distance=qe.Distance.Cosine,
-            # int8: the quantized vectors in RAM, the full ones read from disk to rescore.
-            on_disk=True if int8 else None,
-            quantization_config=qe.ScalarQuantizationConfig(
-                type=qe.ScalarType.Int8, quantile=0.99, always_ram=True
-            )
-            if int8
-            else None,
-        )
         # Qdrant indexes a segment once its vectors pass indexing_threshold (KB): set it a
         # little below the size of hnsw_min_unindexed points, so that when build_index
         # decides to build, the engine does (and not before: Edge only builds on request).
         threshold_kb = max(1, self._hnsw_min_unindexed * meta.dim * 4 * 9 // 10 // 1024)
-        on_disk = True if self._on_disk else None
-        config = qe.EdgeConfig(
-            vectors={DENSE: dense},
-            sparse_vectors={
-                SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf, on_disk=on_disk)
-            },
-            # The engine's defaults (m 16, ef_construct 100), with the graph memory-mapped.
-            hnsw_config=qe.HnswIndexConfig(
-                m=16, ef_construct=100, full_scan_threshold=10_000, on_disk=True
-            )
-            if on_disk
-            else None,
-            optimizers=qe.EdgeOptimizersConfig(indexing_threshold=threshold_kb),
-        )
+        config = shard_config(qe, meta.dim, self._quantization, self._on_disk, threshold_kb)
         try:
             shard: qdrant_edge.EdgeShard = qe.EdgeShard.create(str(tmp), config)
             self._repair_indexes(shard, self._on_disk)
@@ -245,18 +266,7 @@ class EdgeStore(_Scrolling):
         or by an older ragpipe killed mid-creation); on disk with ``store.on_disk``."""
         qe = self._qe
         have = set(shard.info().payload_schema)
-        disk = True if on_disk else None
-        wanted: list[tuple[str, Any]] = [
-            *((name, qe.KeywordIndexParams(on_disk=disk)) for name in KEYWORD_FIELDS),
-            *(
-                (name, qe.IntegerIndexParams(lookup=True, range=True, on_disk=disk))
-                for name in INTEGER_FIELDS
-            ),
-            (
-                "text",
-                qe.TextIndexParams(tokenizer=qe.TokenizerType.Word, lowercase=True, on_disk=disk),
-            ),
-        ]
+        wanted = payload_indexes(qe, on_disk)
         missing = [(name, kind) for name, kind in wanted if name not in have]
         if missing and have:  # a fresh shard has none: that is creation, not repair
             logger.warning(
