@@ -296,13 +296,17 @@ def _index_upkeep(store: VectorStore, config: RagpipeConfig) -> int:
     def starting(unindexed: int) -> None:
         logger.info(
             "upsert: building the HNSW index: %d points are not in it (store.hnsw_min_unindexed"
-            "=%d); about a second per 3,000 here",
+            "=%d). Measured on 2 cores: 15 s for 10,000 new points, 3 min for a first build of "
+            "100,000, 15 min for 300,000; more per point as the index grows",
             unindexed, threshold,
         )  # fmt: skip
         progress.start("index", 0)  # one engine call: no steps to count
 
+    def waiting(seconds: float) -> None:
+        logger.info("upsert: still building the HNSW index (%.0f s so far)", seconds)
+
     try:
-        build = store.build_index(threshold, starting)
+        build = store.build_index(threshold, starting, waiting)
     finally:
         progress.finish()
     if build is None:

@@ -163,11 +163,15 @@ class VectorStore(Protocol):
     location: str
 
     def build_index(
-        self, min_unindexed: int, starting: Callable[[int], None] | None = None
+        self,
+        min_unindexed: int,
+        starting: Callable[[int], None] | None = None,
+        waiting: Callable[[float], None] | None = None,
     ) -> IndexBuild | None:
         """Build the HNSW index over the points not in it when there are at least
-        ``min_unindexed`` (``starting`` is told how many, first); None when nothing was
-        built (or the server builds it itself)."""
+        ``min_unindexed`` (``starting`` is told how many, first; ``waiting``, the seconds
+        so far, now and then while it builds); None when nothing was built (or the server
+        builds it itself)."""
         ...
 
     def check(self, meta: StoreMeta) -> None:

@@ -6,6 +6,9 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -48,6 +51,8 @@ if TYPE_CHECKING:
     from ragpipe.store.published import IndexVersion
 
 logger = logging.getLogger(__name__)
+
+BUILD_HEARTBEAT_S = 30.0  # how often build_index's ``waiting`` hears from a build
 
 
 def edge_config(path: Path) -> dict[str, Any] | None:
@@ -313,7 +318,10 @@ class EdgeStore(_Scrolling):
         atomic_write_bytes(self.path / UNINDEXED_FILE, json.dumps({"points": points}).encode())
 
     def build_index(
-        self, min_unindexed: int, starting: Callable[[int], None] | None = None
+        self,
+        min_unindexed: int,
+        starting: Callable[[int], None] | None = None,
+        waiting: Callable[[float], None] | None = None,
     ) -> IndexBuild | None:
         before = self.unindexed()
         # The engine indexes a segment only past the store's indexing_threshold, fixed when
@@ -324,11 +332,45 @@ class EdgeStore(_Scrolling):
             starting(before)
         self._before_write()
         started = time.perf_counter()
-        self._shard.optimize()
-        self._shard.flush()
+        self._optimize_in_child(waiting)
         seconds = time.perf_counter() - started
         self._set_unindexed(0)
         return IndexBuild(before, seconds)
+
+    def _optimize_in_child(self, waiting: Callable[[float], None] | None) -> None:
+        """``optimize()`` in a child process (``ragpipe.store.optimize``: the engine holds
+        the GIL while it builds). ``waiting`` hears the seconds so far every
+        ``BUILD_HEARTBEAT_S``. An exception here, Ctrl-C included, stops the child; the
+        store stays as it was before the build, and open."""
+        self._shard.flush()
+        self._shard.close()
+        command = [sys.executable, "-m", "ragpipe.store.optimize", str(os.getpid()), str(self.path)]
+        started = time.perf_counter()
+        try:
+            with tempfile.TemporaryFile() as errors:
+                child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=errors)
+                try:
+                    while True:
+                        try:
+                            child.wait(timeout=BUILD_HEARTBEAT_S)
+                            break
+                        except subprocess.TimeoutExpired:
+                            if waiting is not None:
+                                waiting(time.perf_counter() - started)
+                finally:
+                    if child.poll() is None:
+                        child.kill()
+                        child.wait()
+                if child.returncode != 0:
+                    errors.seek(0)
+                    tail = errors.read()[-2000:].decode("utf-8", "replace").strip()
+                    raise StageError(
+                        f"building the HNSW index of the Qdrant Edge store at {self.path} "
+                        f"failed (exit {child.returncode}): {tail or 'no message'}. The store "
+                        "is unchanged; the next ingest tries again."
+                    )
+        finally:
+            self._shard = self._qe.EdgeShard.load(str(self.path))
 
     def _stored_dim(self) -> int | None:
         size = (edge_config(self.path) or {}).get("vectors", {}).get(DENSE, {}).get("size")

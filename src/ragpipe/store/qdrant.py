@@ -185,7 +185,10 @@ class QdrantStore(_Scrolling):
             )
 
     def build_index(
-        self, min_unindexed: int, starting: Callable[[int], None] | None = None
+        self,
+        min_unindexed: int,
+        starting: Callable[[int], None] | None = None,
+        waiting: Callable[[float], None] | None = None,
     ) -> IndexBuild | None:
         """None: a Qdrant server's optimizer builds HNSW on its own, in the background
         (qdrant-client's local mode never does: it searches exhaustively)."""
