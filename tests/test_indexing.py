@@ -382,6 +382,16 @@ def test_int8_quantisation_is_fixed_at_creation_and_searches_like_full_vectors(
     finally:
         for s in stores:
             s.close()  # type: ignore[union-attr]
+    from ragpipe.query.retrieve import Retriever
+
+    with Retriever(int8) as retriever:  # the document signal scores leads exactly, in full
+        result = retriever.search("topic 3 notes", mode="dense", top_k=10)
+        query = retriever.embedder.embed_query("topic 3 notes")
+        for hit in result.hits:
+            where = Where(must={"doc_id": hit.payload["doc_id"], "chunk_index": 0})
+            lead = retriever.store.query_dense(query, 1, where, exact=True)[0]
+            full = retriever.store.dense_vectors([lead.point_id])[lead.point_id]
+            assert hit.scores["doc"] == pytest.approx(float(full @ query), abs=1e-5)
     with pytest.raises(ConfigError, match=r"store.quantization int8 \(configured: none\)"):
         run_ingest(make_config(corpus, tmp_path / "int8", store={"hnsw_min_unindexed": 20}))
 

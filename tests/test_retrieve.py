@@ -233,10 +233,12 @@ def test_document_signal_blends_the_chunk_with_its_documents_lead(
             lead = r.store.query_dense(
                 q, 1, Where(must={"doc_id": hit.payload["doc_id"], "chunk_index": 0})
             )[0]
-            own = float(r.store.dense_vectors([hit.point_id])[hit.point_id] @ q)
+            vectors = r.store.dense_vectors([hit.point_id, lead.point_id])
+            own = float(vectors[hit.point_id] @ q)
+            lead_cosine = float(vectors[lead.point_id] @ q)  # the stored vector's true cosine
             assert hit.scores["chunk_cosine"] == pytest.approx(own, abs=1e-5)
-            assert hit.scores["doc"] == pytest.approx(float(lead.score), abs=1e-6)
-            assert hit.score == pytest.approx(0.6 * own + 0.4 * lead.score, abs=1e-5)
+            assert hit.scores["doc"] == pytest.approx(lead_cosine, abs=1e-5)
+            assert hit.score == pytest.approx(0.6 * own + 0.4 * lead_cosine, abs=1e-5)
             if hit.payload["chunk_index"] == 0:
                 assert hit.score == pytest.approx(own, abs=1e-5)
         assert {h.point_id for h in plain.hits} != set() and "doc" not in plain.hits[0].scores

@@ -356,8 +356,10 @@ class Retriever:
         }
         docs = sorted({str(h.payload.get("doc_id")) for h in hits} - set(lead_score))
         if docs:
+            # At most one lead per document: score exactly those, with the full vectors
+            # (no index to miss one, no int8 pass; 0.54 vs 0.65 ms at 100k int8 chunks).
             leads = self.store.query_dense(
-                vector, len(docs), Where(must={"doc_id": docs, "chunk_index": 0})
+                vector, len(docs), Where(must={"doc_id": docs, "chunk_index": 0}), exact=True
             )
             lead_score.update((str(h.payload.get("doc_id")), h.score) for h in leads)
         for hit in hits:

@@ -201,9 +201,15 @@ class VectorStore(Protocol):
         ...
 
     def query_dense(
-        self, vector: npt.NDArray[np.float32], limit: int, where: Where | None = None
+        self,
+        vector: npt.NDArray[np.float32],
+        limit: int,
+        where: Where | None = None,
+        exact: bool = False,
     ) -> list[Hit]:
-        """Nearest points by cosine similarity."""
+        """Nearest points by cosine similarity. ``exact``: score every point the filter
+        lets through with the full vectors, no index and no quantisation (for a filter
+        that leaves a handful of points)."""
         ...
 
     def query_sparse(self, text: str, limit: int, where: Where | None = None) -> list[Hit]:

@@ -500,7 +500,11 @@ class EdgeStore(_Scrolling):
         return [_hit(p.id, p.score, p.payload) for p in self._shard.query(request)]
 
     def query_dense(
-        self, vector: npt.NDArray[np.float32], limit: int, where: Where | None = None
+        self,
+        vector: npt.NDArray[np.float32],
+        limit: int,
+        where: Where | None = None,
+        exact: bool = False,
     ) -> list[Hit]:
         qe = self._qe
         return self._query(
@@ -509,7 +513,7 @@ class EdgeStore(_Scrolling):
                 query=qe.Query.Nearest(vector.tolist(), using=DENSE),
                 filter=self._filter(where),
                 with_payload=True,
-                params=self._dense_params(),
+                params=qe.SearchParams(exact=True) if exact else self._dense_params(),
             )
         )
 

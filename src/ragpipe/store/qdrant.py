@@ -330,10 +330,18 @@ class QdrantStore(_Scrolling):
         return [_hit(p.id, p.score, p.payload) for p in response.points]
 
     def query_dense(
-        self, vector: npt.NDArray[np.float32], limit: int, where: Where | None = None
+        self,
+        vector: npt.NDArray[np.float32],
+        limit: int,
+        where: Where | None = None,
+        exact: bool = False,
     ) -> list[Hit]:
         return self._points(
-            query=vector.tolist(), using=DENSE, limit=limit, query_filter=self._filter(where)
+            query=vector.tolist(),
+            using=DENSE,
+            limit=limit,
+            query_filter=self._filter(where),
+            search_params=self._qm.SearchParams(exact=True) if exact else None,
         )
 
     def dense_vectors(self, point_ids: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
