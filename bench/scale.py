@@ -80,7 +80,11 @@ from ragpipe.store import (  # noqa: E402
     SparseEncoder,
     StoreMeta,
 )
-from ragpipe.store.edge import payload_indexes, shard_config  # noqa: E402
+from ragpipe.store.edge import (  # noqa: E402
+    indexing_threshold_kb,
+    payload_indexes,
+    shard_config,
+)
 
 DIM = 384
 BATCH = 512
@@ -136,10 +140,8 @@ def raw_shard(path: Path, quantization: Quantization, on_disk: bool, threshold: 
     ragpipe code on the write path."""
     import qdrant_edge as qe
 
-    threshold_kb = threshold * DIM * 4 * 9 // 10 // 1024  # as EdgeStore sets it
-    shard = qe.EdgeShard.create(
-        str(path), shard_config(qe, DIM, quantization, on_disk, threshold_kb)
-    )
+    config = shard_config(qe, DIM, quantization, on_disk, indexing_threshold_kb(threshold, DIM))
+    shard = qe.EdgeShard.create(str(path), config)
     for name, params in payload_indexes(qe, on_disk):
         shard.update(qe.UpdateOperation.create_field_index(name, params))
     return shard

@@ -65,6 +65,14 @@ def edge_config(path: Path) -> dict[str, Any] | None:
     return stored
 
 
+def indexing_threshold_kb(points: int, dim: int) -> int:
+    """Qdrant indexes a segment once its vectors pass ``indexing_threshold`` (KB): a little
+    below the size of ``points`` vectors, so that when ``build_index`` decides to build
+    (``store.hnsw_min_unindexed``), the engine does (and not before: Edge only builds on
+    request)."""
+    return max(1, points * dim * 4 * 9 // 10 // 1024)
+
+
 def shard_config(
     qe: Any, dim: int, quantization: Quantization, on_disk: bool, threshold_kb: int | None = None
 ) -> Any:
@@ -231,10 +239,7 @@ class EdgeStore(_Scrolling):
         for leftover in parent.glob(f".{self.path.name}.creating-*"):
             shutil.rmtree(leftover, ignore_errors=True)
         tmp = parent / f".{self.path.name}.creating-{uuid.uuid4().hex[:12]}"
-        # Qdrant indexes a segment once its vectors pass indexing_threshold (KB): set it a
-        # little below the size of hnsw_min_unindexed points, so that when build_index
-        # decides to build, the engine does (and not before: Edge only builds on request).
-        threshold_kb = max(1, self._hnsw_min_unindexed * meta.dim * 4 * 9 // 10 // 1024)
+        threshold_kb = indexing_threshold_kb(self._hnsw_min_unindexed, meta.dim)
         config = shard_config(qe, meta.dim, self._quantization, self._on_disk, threshold_kb)
         try:
             shard: qdrant_edge.EdgeShard = qe.EdgeShard.create(str(tmp), config)
