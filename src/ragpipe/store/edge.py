@@ -65,6 +65,18 @@ def edge_config(path: Path) -> dict[str, Any] | None:
     return stored
 
 
+def _wait_beating(child: subprocess.Popen[bytes], waiting: Callable[[float], None] | None) -> None:
+    """Wait for ``child``; tell ``waiting`` the seconds so far every ``BUILD_HEARTBEAT_S``."""
+    started = time.perf_counter()
+    while True:
+        try:
+            child.wait(timeout=BUILD_HEARTBEAT_S)
+            return
+        except subprocess.TimeoutExpired:
+            if waiting is not None:
+                waiting(time.perf_counter() - started)
+
+
 def indexing_threshold_kb(points: int, dim: int) -> int:
     """Qdrant indexes a segment once its vectors pass ``indexing_threshold`` (KB): a little
     below the size of ``points`` vectors, so that when ``build_index`` decides to build
@@ -350,18 +362,11 @@ class EdgeStore(_Scrolling):
         self._shard.flush()
         self._shard.close()
         command = [sys.executable, "-m", "ragpipe.store.optimize", str(os.getpid()), str(self.path)]
-        started = time.perf_counter()
         try:
             with tempfile.TemporaryFile() as errors:
                 child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=errors)
                 try:
-                    while True:
-                        try:
-                            child.wait(timeout=BUILD_HEARTBEAT_S)
-                            break
-                        except subprocess.TimeoutExpired:
-                            if waiting is not None:
-                                waiting(time.perf_counter() - started)
+                    _wait_beating(child, waiting)
                 finally:
                     if child.poll() is None:
                         child.kill()
