@@ -14,8 +14,10 @@ with the same config, payload indexes and batches. It prints:
   ``store.hnsw_min_unindexed``), and ÷ raw ``optimize()`` (``--no-raw-build``
   skips that build: at 1M it is an hour on 2 cores);
 * dense / sparse / hybrid p50 and p95 after the build, ours (the Retriever's
-  path) ÷ the raw engine's query on the same store, interleaved (target at
-  1M: hybrid p50 ≤ 10 ms);
+  path) ÷ the raw engine's query on the same store, interleaved query by query;
+  after a warm-up pass, ``--rounds`` rounds (default 3) with the order of the
+  modes rotating, the median of the rounds' p50 (target at 1M: hybrid p50
+  ≤ 10 ms);
 * recall@10 of each store's dense search against exact search (≥ 0.95);
 * resident memory and hybrid p50 of a fresh query process that opens each
   store and runs 400 queries (the last 300 timed; its own memory and mapped
@@ -40,11 +42,13 @@ int8_on_disk) --no-raw-build --upkeep 30000.
 Usage: python bench/scale.py [--sizes 100000,300000,1000000] [--files 20000,100000]
        [--stores plain,int8,int8_on_disk] [--no-raw-build] [--memory-cap MB]
        [--upkeep 10000,30000,100000] [--queries 200] [--recall-queries 100]
+       [--rounds 3] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -312,6 +316,7 @@ def bench_size(
     names: list[str] = args.stores
     primary = names[0]
     meta = StoreMeta("bench-random", DIM)
+    tmp.mkdir(parents=True, exist_ok=True)
     paths = {name: tmp / name for name in names}
     stores = {
         name: EdgeStore(
@@ -385,8 +390,7 @@ def bench_size(
         cfg = RagpipeConfig(store={"path": paths[name]})  # type: ignore[arg-type]
         retriever = Retriever(cfg, embedder=query_bench._NoEmbedder(DIM), store=stores[name])
         measured = modes if name == primary else ["dense", "hybrid"]
-        query_bench.measure(retriever, queries[:20], measured, 10)  # warm-up
-        result["query"][name] = query_bench.measure(retriever, queries, measured, 10)
+        result["query"][name] = measure_rounds(retriever, queries, measured, args.rounds)
         retriever.close()
         for mode in measured:
             r = result["query"][name][mode]
@@ -421,9 +425,40 @@ def bench_size(
     save(result)  # the upkeep below may take long at 1M: keep what is measured
     counts = [int(c) for c in args.upkeep.split(",") if c]
     result["upkeep"] = bench_upkeep(paths[primary], n, sentences, queries, counts)
-    for path in paths.values():
-        shutil.rmtree(path, ignore_errors=True)
+    if args.keep is None:
+        for path in paths.values():
+            shutil.rmtree(path, ignore_errors=True)
     return result
+
+
+def measure_rounds(
+    retriever: Retriever, queries: list[tuple[str, Any]], modes: list[str], rounds: int
+) -> dict[str, Any]:
+    """Each mode's p50/p95, ours and raw, as the median over ``rounds`` rounds of every
+    query, the order of the modes rotating from round to round, after a warm-up pass of
+    every query in every mode: no mode is always first after a cold start or always after
+    the same other mode."""
+    query_bench.measure(retriever, queries, modes, 10)  # warm-up
+    runs = []
+    for r in range(rounds):
+        order = modes[r % len(modes) :] + modes[: r % len(modes)]
+        runs.append(query_bench.measure(retriever, queries, order, 10))
+    out: dict[str, Any] = {}
+    for mode in modes:
+        sides = {
+            side: {
+                key: statistics.median(run[mode][side][key] for run in runs)
+                for key in ("p50_ms", "p95_ms")
+            }
+            for side in ("ours", "raw")
+        }
+        out[mode] = {
+            **sides,
+            "ratio_p50": sides["ours"]["p50_ms"] / sides["raw"]["p50_ms"],
+            "settings": runs[0][mode]["settings"],
+            "rounds_ours_p50_ms": [run[mode]["ours"]["p50_ms"] for run in runs],
+        }
+    return out
 
 
 def bench_upkeep(
@@ -580,6 +615,19 @@ def main() -> int:
     )
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--recall-queries", type=int, default=100)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of the query measurement, modes rotating (p50: the rounds' median)",
+    )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="build the stores in DIR (new or empty) and leave them there, to profile or "
+        "query afterwards (default: a temporary directory, removed)",
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "scale.json")
     args = parser.parse_args()
@@ -607,13 +655,24 @@ def main() -> int:
         args.json.write_text(json.dumps(done, indent=2))
         plot(done, args.json.with_suffix(".svg"))
 
-    with tempfile.TemporaryDirectory(prefix="ragpipe-bench-scale-") as tmp:
+    if args.rounds < 1:
+        parser.error("--rounds: at least 1")
+    if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
+        parser.error(f"--keep: {args.keep} is not empty; name a new or empty directory")
+    with contextlib.ExitStack() as scope:
+        if args.keep is None:
+            tmp = Path(scope.enter_context(tempfile.TemporaryDirectory(prefix="ragpipe-scale-")))
+        else:
+            tmp = args.keep
+            tmp.mkdir(parents=True, exist_ok=True)
         for n in sizes:
-            results["sizes"].append(bench_size(n, Path(tmp), sentences, args, save))
+            results["sizes"].append(bench_size(n, tmp / str(n), sentences, args, save))
             save()
         for f in files:
-            results["noop"].append(bench_noop(f, Path(tmp), args.repeat))
+            results["noop"].append(bench_noop(f, tmp, args.repeat))
             save()
+    if args.keep is not None:
+        print(f"the stores are in {args.keep}/<size>/<store>", flush=True)
     print(f"wrote {args.json} and {args.json.with_suffix('.svg')}")
     return 0
 
