@@ -28,7 +28,8 @@ from ragpipe.query.fusion import (
 from ragpipe.query.render import to_json, to_xml
 from ragpipe.query.results import Retrieved
 from ragpipe.query.retrieve import Retriever, cut_query, parse_filter_scores, split_fragments
-from ragpipe.store import Hit, IndexPoint, SparseEncoder, Where
+from ragpipe.store import EMBEDDER_FIELD, Hit, IndexPoint, SparseEncoder, Where, open_store
+from tests.support.points import DIM, make_points
 
 pytestmark = pytest.mark.integration
 
@@ -215,8 +216,49 @@ def test_convex_default_fuses_here_with_the_document_signal(indexed_edge: Ragpip
         )
         assert _ids(result) == [h.point_id for h in expected[:10]]
         assert [h.score for h in result.hits] == pytest.approx([h.score for h in expected[:10]])
+        stored = {h.point_id: h.payload for leg in (dense, sparse) for h in leg.hits}
+        assert [h.payload for h in result.hits] == [stored[h.point_id] for h in result.hits]
         # The pool does not depend on top_k: a search for 5 is the first 5 of one for 10.
         assert _ids(r.search(QUERIES[0], top_k=5)) == _ids(result)[:5]
+
+
+class _FixedEmbedder:
+    """Every query embeds to one given vector (the store's points are hand-made)."""
+
+    name = "test-embedder"
+    max_tokens = 256
+
+    def __init__(self, vector: np.ndarray) -> None:
+        self.vector = vector
+        self.dim = len(vector)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.vector
+
+
+@pytest.mark.parametrize("backend", ["edge", "qdrant"])
+def test_a_hit_only_bm25_found_gets_its_payload(backend: str, tmp_path: Any) -> None:
+    # The default hybrid's BM25 leg runs without payloads; a kept hit that it alone found
+    # gets its payload after fusion, as the store holds it.
+    cfg = RagpipeConfig(store={"backend": backend, "path": tmp_path / "store"})
+    store = open_store(cfg.store, "test-embedder", DIM)
+    assert store is not None
+    points = make_points()
+    store.upsert(points)
+    wings = next(p for p in points if p.payload["text"] == "beta wings carry the aircraft")
+    vector = points[0].dense  # "alpha apples grow on trees"
+    with Retriever(cfg, embedder=_FixedEmbedder(vector), store=store) as r:  # type: ignore[arg-type]
+        dense = r.search("aircraft wings", mode="dense", top_k=2, prefetch=2)
+        assert wings.point_id not in _ids(dense)
+        result = r.search("aircraft wings", top_k=2, prefetch=2)
+        assert result.trace["fusion_method"] == "convex"
+        assert _ids(result) == [points[0].point_id, wings.point_id]
+        stamp = {EMBEDDER_FIELD: "test-embedder"}  # the store adds who embedded each point
+        assert [h.payload for h in result.hits] == [
+            {**points[0].payload, **stamp},
+            {**wings.payload, **stamp},
+        ]
+        assert result.hits[1].scores["sparse"] > 0 and "dense" not in result.hits[1].scores
 
 
 def test_document_signal_blends_the_chunk_with_its_documents_lead(

@@ -88,6 +88,23 @@ def test_sparse_query_finds_the_words(store: VectorStore) -> None:
     assert store.query_sparse("zebra", limit=5) == []
 
 
+def test_sparse_query_without_payloads_then_payloads_by_id(store: VectorStore) -> None:
+    points = make_points()
+    store.upsert(points)
+    full = store.query_sparse("aircraft wings", limit=5)
+    bare = store.query_sparse("aircraft wings", limit=5, payload=False)
+    assert [(h.point_id, h.score) for h in bare] == [(h.point_id, h.score) for h in full]
+    assert all(h.payload == {} for h in bare)
+    by_id = {p.point_id: p.payload for p in points}
+    gone = "00000000-0000-0000-0000-00000000dead"
+    fetched = store.payloads([bare[0].point_id, gone, bare[-1].point_id])
+    assert set(fetched) == {bare[0].point_id, bare[-1].point_id}  # the unknown id left out
+    for point_id, payload in fetched.items():
+        assert payload["text"] == by_id[point_id]["text"]
+        assert payload == full[[h.point_id for h in full].index(point_id)].payload
+    assert store.payloads([]) == {}
+
+
 def test_filters_restrict_every_query_kind(store: VectorStore) -> None:
     points = make_points()
     store.upsert(points)

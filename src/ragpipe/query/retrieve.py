@@ -319,11 +319,27 @@ class Retriever:
             )
             return ranked(self._as(h, method) for h in fused)
         dense = self._dense(vector, legs, cfg, where)
-        sparse = [self._as(h, "sparse") for h in self._sparse(text, legs, cfg, where)]
-        fused_hits = fuse([dense, sparse], cfg)
+        # The BM25 leg without payloads: fusion needs ids and scores only, and the
+        # payloads of the few kept hits the dense leg did not bring are fetched below.
+        sparse = [
+            self._as(h, "sparse") for h in self._sparse(text, legs, cfg, where, payload=False)
+        ]
+        fused_hits = fuse([dense, sparse], cfg)[:n]
         for hit in fused_hits:
             hit.scores[cfg.fusion_method.value] = hit.score
-        return fused_hits[:n]
+        return self._with_payloads(fused_hits)
+
+    def _with_payloads(self, hits: list[Retrieved]) -> list[Retrieved]:
+        """Fill in the payloads the hits came without; a point deleted meanwhile (a
+        server collection written to while it is read) is dropped."""
+        missing = [h.point_id for h in hits if not h.payload]
+        if not missing:
+            return hits
+        found = self.store.payloads(missing)
+        for hit in hits:
+            if not hit.payload:
+                hit.payload = found.get(hit.point_id, {})
+        return [h for h in hits if h.payload]
 
     @staticmethod
     def _as(hit: Hit, stage: str) -> Retrieved:
@@ -369,12 +385,14 @@ class Retriever:
             hit.scores["dense"] = hit.score
         return ranked(hits)
 
-    def _sparse(self, text: str, n: int, cfg: RetrieveConfig, where: Where | None) -> list[Hit]:
+    def _sparse(
+        self, text: str, n: int, cfg: RetrieveConfig, where: Where | None, payload: bool = True
+    ) -> list[Hit]:
         if cfg.sparse_engine == SparseEngine.RANK_BM25:
             if self._bm25 is None:
                 self._bm25 = ClientBM25(self.store, self._state)
             return self._bm25.query(text, n, where)
-        return self.store.query_sparse(text, n, where)
+        return self.store.query_sparse(text, n, where, payload=payload)
 
     def _rerank(self, query: str, hits: list[Retrieved], model: str) -> list[Retrieved]:
         reranker = self.reranker(model)

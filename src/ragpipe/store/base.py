@@ -212,8 +212,16 @@ class VectorStore(Protocol):
         that leaves a handful of points)."""
         ...
 
-    def query_sparse(self, text: str, limit: int, where: Where | None = None) -> list[Hit]:
-        """BM25 (IDF computed by Qdrant over the stored points)."""
+    def query_sparse(
+        self, text: str, limit: int, where: Where | None = None, payload: bool = True
+    ) -> list[Hit]:
+        """BM25 (IDF computed by Qdrant over the stored points). ``payload=False``: hits
+        with empty payloads (reading each hit's payload is most of a query's cost beyond the
+        search; fetch the few kept ones with ``payloads``)."""
+        ...
+
+    def payloads(self, point_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The payloads of these points, by id (a point not in the store is left out)."""
         ...
 
     def query_hybrid(

@@ -541,15 +541,25 @@ class EdgeStore(_Scrolling):
         indices, values = self._sparse.query(text)
         return self._qe.Query.Nearest(self._qe.SparseVector(indices, values), using=SPARSE)
 
-    def query_sparse(self, text: str, limit: int, where: Where | None = None) -> list[Hit]:
+    def query_sparse(
+        self, text: str, limit: int, where: Where | None = None, payload: bool = True
+    ) -> list[Hit]:
         return self._query(
             self._qe.QueryRequest(
                 limit=limit,
                 query=self._sparse_query(text),
                 filter=self._filter(where),
-                with_payload=True,
+                with_payload=payload,
             )
         )
+
+    def payloads(self, point_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        if not point_ids:
+            return {}
+        records = self._shard.retrieve(
+            [uuid.UUID(p) for p in point_ids], with_payload=True, with_vector=False
+        )
+        return {str(r.id): dict(r.payload or {}) for r in records}
 
     def query_hybrid(
         self,

@@ -325,8 +325,8 @@ class QdrantStore(_Scrolling):
             if offset is None:
                 return
 
-    def _points(self, **kwargs: Any) -> list[Hit]:
-        response = self.client.query_points(self.collection, with_payload=True, **kwargs)
+    def _points(self, payload: bool = True, **kwargs: Any) -> list[Hit]:
+        response = self.client.query_points(self.collection, with_payload=payload, **kwargs)
         return [_hit(p.id, p.score, p.payload) for p in response.points]
 
     def query_dense(
@@ -358,13 +358,24 @@ class QdrantStore(_Scrolling):
         indices, values = self._sparse.query(text)
         return self._qm.SparseVector(indices=indices, values=values)
 
-    def query_sparse(self, text: str, limit: int, where: Where | None = None) -> list[Hit]:
+    def query_sparse(
+        self, text: str, limit: int, where: Where | None = None, payload: bool = True
+    ) -> list[Hit]:
         return self._points(
+            payload,
             query=self._sparse_vector(text),
             using=SPARSE,
             limit=limit,
             query_filter=self._filter(where),
         )
+
+    def payloads(self, point_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        if not point_ids:
+            return {}
+        records = self.client.retrieve(
+            self.collection, list(point_ids), with_payload=True, with_vectors=False
+        )
+        return {str(r.id): dict(r.payload or {}) for r in records}
 
     def query_hybrid(
         self,
