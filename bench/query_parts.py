@@ -11,11 +11,13 @@ beside the raw engine's queries on the same store:
   payloads, as the leg makes it;
 * ``lead query``: the document signal's exact query over the leads of the
   documents among the hits;
-* ``sparse leg (ours)``: the BM25 query of ``retrieve.prefetch`` with payloads;
+* ``sparse leg (ours)``: the BM25 query of ``retrieve.prefetch``, without
+  payloads, as the leg makes it (and, to compare, ``sparse leg, payloads``);
 * raw engine: a dense and a BM25 query of 10 with payloads, and the
   one-request in-engine RRF;
 
-and derives what ragpipe adds in Python (the hybrid less its engine calls).
+and derives the rest (the hybrid less its three engine queries): fusion in
+Python and fetching, by id, the payloads of kept hits only BM25 found.
 The parts run in a shuffled order for each query, so no part always finds the
 caches the previous one warmed. The timed queries are new to the store
 process: the warm-up runs other queries. ``--cache warm`` (the default)
@@ -23,8 +25,13 @@ first reads the store's files once, as a server's page cache holds them after
 a while when memory allows; ``--cache cold`` evicts them first, as after a
 reboot or a new published copy.
 
+With ``--curve N`` it first runs the default hybrid alone over N queries the
+process has never seen, and prints its p50 per 500: a new process is slower
+at first (each new query touches memory no query touched before), and the
+bench's repeated queries see only the end of that curve.
+
 Usage: python bench/query_parts.py DIR/<size>/<store> [--queries 300] [--warm-up 100]
-       [--cache warm|cold] [--json PATH]
+       [--cache warm|cold] [--curve N] [--json PATH]
 """
 
 from __future__ import annotations
@@ -72,6 +79,14 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=300, help="timed queries")
     parser.add_argument("--warm-up", type=int, default=100, help="other queries run first")
     parser.add_argument("--cache", choices=["warm", "cold"], default="warm")
+    parser.add_argument(
+        "--curve",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first, the default hybrid alone over N never-seen queries, its p50 per 500: "
+        "how a new process warms up (0: skip)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     if not args.store.is_dir() or not any(args.store.iterdir()):
@@ -123,6 +138,20 @@ def main() -> int:
             with_payload=True,
         )
 
+    result: dict[str, Any] = {"store": str(args.store), "cache": args.cache, "parts": {}}
+    if args.curve:
+        # seed 12: queries that neither the parts below nor bench/scale.py run
+        fresh = [(rng.choice(sentences), v) for v in scale.query_vectors(args.curve, seed=12)]
+        result["curve_p50_ms"] = curve = []
+        times_all = []
+        for text, vector in fresh:
+            started = time.perf_counter()
+            retriever._candidates(text, vector, 10, retrieve, None)
+            times_all.append(time.perf_counter() - started)
+        for start in range(0, len(times_all), 500):
+            curve.append(1000 * statistics.median(times_all[start : start + 500]))
+        print("  hybrid alone, never-seen queries, p50 per 500: "
+              + ", ".join(f"{ms:.1f}" for ms in curve) + " ms", flush=True)  # fmt: skip
     lead_docs: dict[int, list[str]] = {}
 
     def lead_query(text: str, vector: Any) -> Any:
@@ -138,7 +167,8 @@ def main() -> int:
         "dense leg (ours)": lambda t, v: retriever._dense(v, legs, retrieve, None),
         "dense prefetch": lambda t, v: store.query_dense(v, legs),
         "lead query": lead_query,
-        "sparse leg (ours)": lambda t, v: store.query_sparse(t, legs),
+        "sparse leg (ours)": lambda t, v: store.query_sparse(t, legs, payload=False),
+        "sparse leg, payloads": lambda t, v: store.query_sparse(t, legs),
         "raw dense, 10": raw(dense_request(10)),
         "raw sparse, 10": raw(raw_sparse),
         "raw in-engine RRF": raw(rrf),
@@ -154,7 +184,6 @@ def main() -> int:
             if i >= args.warm_up:
                 times[name].append(time.perf_counter() - started)
     retriever.close()
-    result: dict[str, Any] = {"store": str(args.store), "cache": args.cache, "parts": {}}
     for name, xs in times.items():
         result["parts"][name] = query_bench.percentiles(xs)
     p50 = {name: r["p50_ms"] for name, r in result["parts"].items()}
@@ -162,7 +191,8 @@ def main() -> int:
     result["python_ms"] = p50["hybrid (ours)"] - engine
     for name, r in result["parts"].items():
         print(f"  {name:20s} p50 {r['p50_ms']:6.2f} ms  p95 {r['p95_ms']:6.2f} ms", flush=True)
-    print(f"  hybrid less its three engine calls (ragpipe's Python): {result['python_ms']:.2f} ms "
+    print(f"  hybrid less its three engine queries (fusion, payloads by id): "
+          f"{result['python_ms']:.2f} ms "
           f"(leads to score per query: median "
           f"{statistics.median(len(d) for d in lead_docs.values())})", flush=True)  # fmt: skip
     if args.json:
