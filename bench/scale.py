@@ -36,8 +36,9 @@ first ingest of those files uses the fast ONNX test embedder.
 Results: bench/results/scale.json and a log-log plot bench/results/scale.svg
 (written after each size, and before its upkeep). Not in CI: `make
 bench-scale` (1M chunks takes hours on 2 cores). The 1M runs in
-docs/scaling.md: --sizes 1000000 --files "" --stores int8 (then
-int8_on_disk) --no-raw-build --upkeep 30000.
+docs/scaling.md: --sizes 1000000 --files "" --no-raw-build with --stores
+plain --upkeep "" --keep DIR (then bench/query_parts.py on DIR/1000000/plain),
+--stores int8 --upkeep 30000, and --stores int8_on_disk.
 
 Usage: python bench/scale.py [--sizes 100000,300000,1000000] [--files 20000,100000]
        [--stores plain,int8,int8_on_disk] [--no-raw-build] [--memory-cap MB]
