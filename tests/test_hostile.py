@@ -203,7 +203,9 @@ def test_a_store_missing_payload_indexes_is_repaired_at_its_next_write(tmp_path:
     assert isinstance(store, EdgeStore)
     assert set(store._shard.info().payload_schema) == {"file_path"}  # reading repairs nothing
     store.upsert(make_points()[:2])
-    assert set(store._shard.info().payload_schema) == ALL_INDEXES
+    schema = store._shard.info().payload_schema
+    assert set(schema) == ALL_INDEXES
+    assert schema["chunk_index"].params.enable_hnsw is False  # created as a new store's are
     store.close()
 
 

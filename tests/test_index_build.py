@@ -171,3 +171,32 @@ def test_a_build_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
         _unchanged_then_built(reopened)
     finally:
         reopened.close()
+
+
+def _no_hnsw(params: object) -> bool:
+    return getattr(params, "enable_hnsw", None) is False
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_fields_no_search_filters_on_get_no_graph_of_their_own(
+    tmp_path: Path, on_disk: bool
+) -> None:
+    """Qdrant builds extra HNSW links per indexed value unless told not to; for
+    chunk_index that was the graph again per position (bench/scale.py: 10x the links, 9x
+    the build at 200k chunks). The engine records what each index was created with; the
+    qdrant-client backend asks the same of a server (local mode keeps no indexes)."""
+    from qdrant_client import models
+
+    from ragpipe.store.base import INTEGER_FIELDS, KEYWORD_FIELDS, NO_HNSW_FIELDS
+    from ragpipe.store.qdrant import payload_index_params
+
+    store = EdgeStore(tmp_path / "store", StoreMeta("test", DIM), on_disk=on_disk)
+    schema = store._shard.info().payload_schema
+    store.close()
+    assert {"chunk_index", "config_fingerprint"} <= NO_HNSW_FIELDS
+    assert set(schema) == {*KEYWORD_FIELDS, *INTEGER_FIELDS, "text"}
+    assert {name for name, info in schema.items() if _no_hnsw(info.params)} == NO_HNSW_FIELDS
+    server = dict(payload_index_params(models, on_disk))
+    assert set(server) == set(schema)
+    assert {name for name, params in server.items() if _no_hnsw(params)} == NO_HNSW_FIELDS
+    assert all(params.on_disk is (True if on_disk else None) for params in server.values())

@@ -29,6 +29,7 @@ from ragpipe.store.base import (
     INTEGER_FIELDS,
     KEYWORD_FIELDS,
     META_FILE,
+    NO_HNSW_FIELDS,
     SPARSE,
     UNINDEXED_FILE,
     Hit,
@@ -119,15 +120,36 @@ def shard_config(
 
 
 def payload_indexes(qe: Any, on_disk: bool) -> list[tuple[str, Any]]:
-    """The payload indexes of a ragpipe store (field, params); on disk with ``on_disk``."""
+    """The payload indexes of a ragpipe store (field, params); on disk with ``on_disk``;
+    no extra HNSW links for ``NO_HNSW_FIELDS``."""
     disk = True if on_disk else None
+
+    def hnsw(name: str) -> bool | None:
+        return False if name in NO_HNSW_FIELDS else None
+
     return [
-        *((name, qe.KeywordIndexParams(on_disk=disk)) for name in KEYWORD_FIELDS),
         *(
-            (name, qe.IntegerIndexParams(lookup=True, range=True, on_disk=disk))
+            (name, qe.KeywordIndexParams(on_disk=disk, enable_hnsw=hnsw(name)))
+            for name in KEYWORD_FIELDS
+        ),
+        *(
+            (
+                name,
+                qe.IntegerIndexParams(
+                    lookup=True, range=True, on_disk=disk, enable_hnsw=hnsw(name)
+                ),
+            )
             for name in INTEGER_FIELDS
         ),
-        ("text", qe.TextIndexParams(tokenizer=qe.TokenizerType.Word, lowercase=True, on_disk=disk)),
+        (
+            "text",
+            qe.TextIndexParams(
+                tokenizer=qe.TokenizerType.Word,
+                lowercase=True,
+                on_disk=disk,
+                enable_hnsw=hnsw("text"),
+            ),
+        ),
     ]
 
 

@@ -18,6 +18,7 @@ from ragpipe.store.base import (
     EMBEDDER_FIELD,
     INTEGER_FIELDS,
     KEYWORD_FIELDS,
+    NO_HNSW_FIELDS,
     SPARSE,
     Hit,
     IndexBuild,
@@ -101,6 +102,51 @@ class _Retrying:
 
 def _short(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [""])[0][:200]
+
+
+def payload_index_params(models: Any, on_disk: bool) -> list[tuple[str, Any]]:
+    """The payload indexes of a ragpipe collection (field, params), as the Edge store's
+    (``edge.payload_indexes``): on disk with ``on_disk``; no extra HNSW links for
+    ``NO_HNSW_FIELDS``."""
+    disk = True if on_disk else None
+
+    def hnsw(name: str) -> bool | None:
+        return False if name in NO_HNSW_FIELDS else None
+
+    return [
+        *(
+            (
+                name,
+                models.KeywordIndexParams(
+                    type=models.KeywordIndexType.KEYWORD, on_disk=disk, enable_hnsw=hnsw(name)
+                ),
+            )
+            for name in KEYWORD_FIELDS
+        ),
+        *(
+            (
+                name,
+                models.IntegerIndexParams(
+                    type=models.IntegerIndexType.INTEGER,
+                    lookup=True,
+                    range=True,
+                    on_disk=disk,
+                    enable_hnsw=hnsw(name),
+                ),
+            )
+            for name in INTEGER_FIELDS
+        ),
+        (
+            "text",
+            models.TextIndexParams(
+                type=models.TextIndexType.TEXT,
+                tokenizer=models.TokenizerType.WORD,
+                lowercase=True,
+                on_disk=disk,
+                enable_hnsw=hnsw("text"),
+            ),
+        ),
+    ]
 
 
 class QdrantStore(_Scrolling):
@@ -225,34 +271,8 @@ class QdrantStore(_Scrolling):
         )
         if self.local:
             return  # local mode ignores payload indexes (and warns about each)
-        disk = True if self._on_disk else None
-        for name in KEYWORD_FIELDS:
-            self.client.create_payload_index(
-                self.collection,
-                name,
-                models.KeywordIndexParams(type=models.KeywordIndexType.KEYWORD, on_disk=disk),
-                wait=True,
-            )
-        for name in INTEGER_FIELDS:
-            self.client.create_payload_index(
-                self.collection,
-                name,
-                models.IntegerIndexParams(
-                    type=models.IntegerIndexType.INTEGER, lookup=True, range=True, on_disk=disk
-                ),
-                wait=True,
-            )
-        self.client.create_payload_index(
-            self.collection,
-            "text",
-            models.TextIndexParams(
-                type=models.TextIndexType.TEXT,
-                tokenizer=models.TokenizerType.WORD,
-                lowercase=True,
-                on_disk=disk,
-            ),
-            wait=True,
-        )
+        for name, params in payload_index_params(models, self._on_disk):
+            self.client.create_payload_index(self.collection, name, params, wait=True)
 
     def _filter(self, where: Where | None) -> qm.Filter | None:
         if where is None:
