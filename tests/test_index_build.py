@@ -178,21 +178,24 @@ def _no_hnsw(params: object) -> bool:
 
 
 @pytest.mark.parametrize("on_disk", [False, True])
-def test_fields_no_search_filters_on_get_no_graph_of_their_own(
+def test_a_new_store_has_the_graph_and_payload_indexes_ragpipe_chose(
     tmp_path: Path, on_disk: bool
 ) -> None:
-    """Qdrant builds extra HNSW links per indexed value unless told not to; for
-    chunk_index that was the graph again per position (bench/scale.py: 10x the links, 9x
-    the build at 200k chunks). The engine records what each index was created with; the
-    qdrant-client backend asks the same of a server (local mode keeps no indexes)."""
+    """m = HNSW_M, and no extra HNSW links for fields no search filters vectors on:
+    Qdrant builds them per indexed value unless told not to, and for chunk_index that was
+    a subgraph per position (bench/scale.py: 10x the links, 9x the build at 200k chunks).
+    The engine records what each index was created with; the qdrant-client backend asks
+    the same of a server (local mode keeps no indexes)."""
     from qdrant_client import models
 
-    from ragpipe.store.base import INTEGER_FIELDS, KEYWORD_FIELDS, NO_HNSW_FIELDS
+    from ragpipe.store.base import HNSW_M, INTEGER_FIELDS, KEYWORD_FIELDS, NO_HNSW_FIELDS
     from ragpipe.store.qdrant import payload_index_params
 
     store = EdgeStore(tmp_path / "store", StoreMeta("test", DIM), on_disk=on_disk)
     schema = store._shard.info().payload_schema
     store.close()
+    graph = (edge.edge_config(tmp_path / "store") or {})["hnsw_config"]
+    assert (graph["m"], graph.get("on_disk")) == (HNSW_M, True if on_disk else None)
     assert {"chunk_index", "config_fingerprint"} <= NO_HNSW_FIELDS
     assert set(schema) == {*KEYWORD_FIELDS, *INTEGER_FIELDS, "text"}
     assert {name for name, info in schema.items() if _no_hnsw(info.params)} == NO_HNSW_FIELDS

@@ -10,6 +10,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from ragpipe.config import RagpipeConfig
@@ -18,6 +19,7 @@ from ragpipe.ingest.pipeline import run_ingest, run_stages
 from ragpipe.ingest.runner import RunStore, WorkDir
 from ragpipe.ingest.summary import write_summary
 from ragpipe.store import EdgeStore, QdrantStore, Where, open_reader, open_store
+from ragpipe.store.base import INT8_OVERSAMPLING
 from tests.support.corpora import (
     assert_versions_current,
     make_config,
@@ -447,6 +449,14 @@ def test_int8_on_a_qdrant_collection_is_fixed_at_creation(corpus: Path, tmp_path
     try:
         vectors = store.client.get_collection("ragpipe").config.params.vectors
         assert isinstance(vectors, dict) and vectors["dense"].quantization_config is not None
+        # Searches ask for INT8_OVERSAMPLING x the candidates, rescored, as on Edge.
+        params = store._dense_params()
+        assert params is not None and params.quantization is not None
+        assert params.quantization.oversampling == INT8_OVERSAMPLING
+        some = store.client.scroll("ragpipe", limit=1, with_vectors=["dense"])[0][0]
+        vector = np.asarray(some.vector["dense"], np.float32)  # type: ignore[index]
+        assert store.query_dense(vector, 3)[0].point_id == str(some.id)
+        assert str(some.id) in {h.point_id for h in store.query_hybrid(vector, "x", 3, 10)}
     finally:
         store.close()
     with pytest.raises(ConfigError, match=r"store.quantization int8 \(configured: none\)"):

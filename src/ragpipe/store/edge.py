@@ -26,6 +26,8 @@ from ragpipe.store.base import (
     DENSE,
     EMBEDDER_FIELD,
     GENERATION_FILE,
+    HNSW_M,
+    INT8_OVERSAMPLING,
     INTEGER_FIELDS,
     KEYWORD_FIELDS,
     META_FILE,
@@ -107,12 +109,10 @@ def shard_config(
     return qe.EdgeConfig(
         vectors={DENSE: dense},
         sparse_vectors={SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf, on_disk=disk)},
-        # The engine's defaults (m 16, ef_construct 100), with the graph memory-mapped.
+        # m HNSW_M; the engine's ef_construct and full_scan_threshold; on disk with on_disk.
         hnsw_config=qe.HnswIndexConfig(
-            m=16, ef_construct=100, full_scan_threshold=10_000, on_disk=True
-        )
-        if on_disk
-        else None,
+            m=HNSW_M, ef_construct=100, full_scan_threshold=10_000, on_disk=disk
+        ),
         optimizers=qe.EdgeOptimizersConfig(indexing_threshold=threshold_kb)
         if threshold_kb is not None
         else None,
@@ -519,12 +519,12 @@ class EdgeStore(_Scrolling):
                 return
 
     def _dense_params(self) -> qdrant_edge.SearchParams | None:
-        """int8 stores: rescore the best 2x candidates with the full vectors."""
+        """int8 stores: rescore INT8_OVERSAMPLING x the candidates with the full vectors."""
         if self.quantization != Quantization.INT8:
             return None
         qe = self._qe
         params: qdrant_edge.SearchParams = qe.SearchParams(
-            quantization=qe.QuantizationSearchParams(rescore=True, oversampling=2.0)
+            quantization=qe.QuantizationSearchParams(rescore=True, oversampling=INT8_OVERSAMPLING)
         )
         return params
 

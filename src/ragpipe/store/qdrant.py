@@ -16,6 +16,8 @@ from ragpipe.errors import ConfigError, StageError
 from ragpipe.store.base import (
     DENSE,
     EMBEDDER_FIELD,
+    HNSW_M,
+    INT8_OVERSAMPLING,
     INTEGER_FIELDS,
     KEYWORD_FIELDS,
     NO_HNSW_FIELDS,
@@ -266,7 +268,7 @@ class QdrantStore(_Scrolling):
                     index=models.SparseIndexParams(on_disk=True) if self._on_disk else None,
                 )
             },
-            hnsw_config=models.HnswConfigDiff(on_disk=True) if self._on_disk else None,
+            hnsw_config=models.HnswConfigDiff(m=HNSW_M, on_disk=True if self._on_disk else None),
             metadata={**asdict(meta), "on_disk": self._on_disk},
         )
         if self.local:
@@ -361,8 +363,21 @@ class QdrantStore(_Scrolling):
             using=DENSE,
             limit=limit,
             query_filter=self._filter(where),
-            search_params=self._qm.SearchParams(exact=True) if exact else None,
+            search_params=self._qm.SearchParams(exact=True) if exact else self._dense_params(),
         )
+
+    def _dense_params(self) -> qm.SearchParams | None:
+        """int8 collections: rescore INT8_OVERSAMPLING x the candidates with the full
+        vectors, as the Edge store does (the server's default takes no more)."""
+        if self._quantization != Quantization.INT8:
+            return None
+        models = self._qm
+        params: qm.SearchParams = models.SearchParams(
+            quantization=models.QuantizationSearchParams(
+                rescore=True, oversampling=INT8_OVERSAMPLING
+            )
+        )
+        return params
 
     def dense_vectors(self, point_ids: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
         records = self.client.retrieve(
@@ -417,6 +432,7 @@ class QdrantStore(_Scrolling):
                 limit=prefetch,
                 filter=flt,
                 score_threshold=dense_floor,
+                params=self._dense_params(),
             ),
             models.Prefetch(
                 query=self._sparse_vector(text), using=SPARSE, limit=prefetch, filter=flt
