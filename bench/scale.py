@@ -178,18 +178,26 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def recall_at_10(store: EdgeStore, queries: list[Any]) -> float:
-    """Share of the exact top 10 (brute force) that the indexed search returns."""
-    qe = store._qe
+def exact_top10(n: int, queries: list[Any], seed: int = 0) -> list[set[str]]:
+    """The true top 10 of each query among the N points ``points`` writes, by brute force
+    in numpy over the same vectors (regenerated: they come from their own generator), so
+    the truth does not depend on the engine or the store's quantisation."""
+    np_rng = np.random.default_rng(seed)
+    centres = _centres()
+    matrix = np.empty((n, DIM), np.float32)
+    for i in range(n):
+        matrix[i] = _near(centres[np_rng.integers(CLUSTERS)], np_rng)
+    scores = np.stack(queries).astype(np.float32) @ matrix.T  # unit vectors: cosine
+    best = np.argpartition(-scores, 10, axis=1)[:, :10]
+    return [{str(uuid.UUID(int=int(i) + 1)) for i in row} for row in best]
+
+
+def recall_at_10(store: EdgeStore, queries: list[Any], truth: list[set[str]]) -> float:
+    """Share of the exact top 10 that the store's dense search (ragpipe's) returns."""
     found = []
-    for vector in queries:
-        dense = qe.Query.Nearest(vector.tolist(), using=DENSE)
-        exact = store._shard.query(
-            qe.QueryRequest(limit=10, query=dense, params=qe.SearchParams(exact=True))
-        )
+    for vector, best in zip(queries, truth, strict=True):
         approx = store.query_dense(vector, 10)
-        truth = {str(p.id) for p in exact}
-        found.append(len(truth & {h.point_id for h in approx}) / len(truth))
+        found.append(len(best & {h.point_id for h in approx}) / len(best))
     return statistics.mean(found)
 
 
@@ -203,7 +211,7 @@ VARIANTS: dict[str, tuple[Quantization, bool]] = {
 # A fresh process: open the store as a reader does, run the default hybrid search over the
 # queries in argv[4] (the first 100 warm it up), report latency and resident memory.
 RSS_PROBE = """
-import json, statistics, sys, time
+import json, os, statistics, sys, time
 from pathlib import Path
 import numpy as np
 sys.path.insert(0, sys.argv[2])
@@ -227,9 +235,21 @@ status = open("/proc/self/status").read().splitlines()
 kb = lambda key: [int(x.split()[1]) for x in status if x.startswith(key + ":")][0]
 # RssAnon: the process's own memory; RssFile: mapped files (libraries, memory-mapped store
 # files) resident in the page cache, which the kernel can drop and read again.
+# Which of the store's files the mapped share is: resident MB per part of a segment.
+root = os.path.realpath(sys.argv[1]) + os.sep
+store_mb, mapping = {}, None
+for line in open("/proc/self/smaps"):
+    head = line.split(maxsplit=5)
+    if not head[0].endswith(":"):  # a mapping's header: range perms offset dev inode [path]
+        mapping = head[5].strip() if len(head) == 6 else None
+    elif head[0] == "Rss:" and mapping and mapping.startswith(root):
+        rel = Path(mapping[len(root):]).parts
+        part = rel[2] if rel[0] == "segments" and len(rel) >= 3 else rel[0]
+        store_mb[part] = store_mb.get(part, 0.0) + int(head[1]) / 1024
 p = q.percentiles(times)
 print(json.dumps({"rss_mb": kb("VmRSS") / 1024, "peak_rss_mb": kb("VmHWM") / 1024,
                   "anon_mb": kb("RssAnon") / 1024, "file_mb": kb("RssFile") / 1024,
+                  "store_mapped_mb": store_mb,
                   "hybrid_p50_ms": p["p50_ms"], "hybrid_p95_ms": p["p95_ms"]}))
 """
 
@@ -382,7 +402,8 @@ def bench_size(
     rng = random.Random(1)
     queries = [(rng.choice(sentences), v) for v in query_vectors(args.queries)]
     vectors = [v for _, v in queries[: args.recall_queries]]
-    result["recall_at_10"] = {name: recall_at_10(stores[name], vectors) for name in names}
+    truth = exact_top10(n, vectors)
+    result["recall_at_10"] = {name: recall_at_10(stores[name], vectors, truth) for name in names}
     print("  recall@10 vs exact: " + ", ".join(f"{name} {r:.3f}" for name, r in
           result["recall_at_10"].items()), flush=True)  # fmt: skip
     modes = ["dense", "sparse", "hybrid", "hybrid-rrf-in-engine"]
@@ -423,6 +444,12 @@ def bench_size(
                   f"{m['peak_rss_mb']:.0f}); hybrid p50 {m['hybrid_p50_ms']:.2f} ms p95 "
                   f"{m['hybrid_p95_ms']:.2f} ms; disk {result['disk_mb'][name]:.0f} MB",
                   flush=True)  # fmt: skip
+            parts = sorted(m.get("store_mapped_mb", {}).items(), key=lambda kv: -kv[1])
+            print(
+                "    its store's mapped files, MB: "
+                + ", ".join(f"{part} {mb:.0f}" for part, mb in parts if mb >= 1),
+                flush=True,
+            )
     save(result)  # the upkeep below may take long at 1M: keep what is measured
     counts = [int(c) for c in args.upkeep.split(",") if c]
     result["upkeep"] = bench_upkeep(paths[primary], n, sentences, queries, counts)
