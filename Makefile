@@ -38,7 +38,7 @@ bench: setup
 	.venv/bin/python bench/cache_threshold.py
 	.venv/bin/python bench/serve.py
 
-# Not in CI, nor in `make bench`: 1M chunks take hours on 2 cores (HNSW builds).
+# Not in CI, nor in `make bench`: about 1.5 h on 2 cores (1M chunks, four stores).
 bench-scale: setup
 	.venv/bin/python bench/scale.py
 

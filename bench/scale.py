@@ -12,7 +12,7 @@ with the same config, payload indexes and batches. It prints:
 * HNSW build seconds of each store: ingest's own upkeep
   (``EdgeStore.build_index``, what the upsert stage runs past
   ``store.hnsw_min_unindexed``), and ÷ raw ``optimize()`` (``--no-raw-build``
-  skips that build: at 1M it is an hour on 2 cores);
+  skips that build: at 1M it is about 6 minutes on 2 cores);
 * dense / sparse / hybrid p50 and p95 after the build, ours (the Retriever's
   path) ÷ the raw engine's query on the same store, interleaved query by query;
   after a warm-up pass, ``--rounds`` rounds (default 3) with the order of the
@@ -35,10 +35,11 @@ first ingest of those files uses the fast ONNX test embedder.
 
 Results: bench/results/scale.json and a log-log plot bench/results/scale.svg
 (written after each size, and before its upkeep). Not in CI: `make
-bench-scale` (1M chunks takes hours on 2 cores). The 1M runs in
-docs/scaling.md: --sizes 1000000 --files "" --no-raw-build with --stores
-plain --upkeep "" --keep DIR (then bench/query_parts.py on DIR/1000000/plain),
---stores int8 --upkeep 30000, and --stores int8_on_disk.
+bench-scale` (about 1.5 h on 2 cores). The runs in docs/scaling.md:
+--sizes 100000,300000,1000000 --files "" --stores plain,int8,int8_on_disk
+--upkeep 30000 --keep DIR, and --sizes 1000000 --stores plain,int8_on_disk
+--no-raw-build; then bench/query_parts.py and bench/int8_recall.py on the
+kept stores.
 
 Usage: python bench/scale.py [--sizes 100000,300000,1000000] [--files 20000,100000]
        [--stores plain,int8,int8_on_disk] [--no-raw-build] [--memory-cap MB]
@@ -625,7 +626,7 @@ def main() -> int:
         default="plain,int8,int8_on_disk",
         help="the stores each size builds, from: " + ", ".join(VARIANTS) + ". The first is "
         "timed against a raw Edge shard created the same way, and its upkeep measured; at 1M "
-        "each costs an HNSW build of about an hour on 2 cores",
+        "each costs an HNSW build of 4-6 minutes on 2 cores",
     )
     parser.add_argument(
         "--raw-build",

@@ -467,7 +467,7 @@ class StoreConfig(_Section):
         gt=0,
         description="edge: after writing, the upsert stage builds the HNSW index when at least "
         "this many points are not in it yet (below, a query scans them: 30k waiting points "
-        "cost dense search 0.65 ms here, 100k cost 12.6 ms; see docs/scaling.md). qdrant: "
+        "cost dense search 1.5 ms here, 100k cost 11.7 ms; see docs/scaling.md). qdrant: "
         "the server's optimizer indexes on its own and this is not used.",
     )
     quantization: Quantization = Field(

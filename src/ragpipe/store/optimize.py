@@ -3,7 +3,7 @@
 ``python -m ragpipe.store.optimize PARENT_PID PATH`` loads the shard at PATH,
 optimizes it (builds the HNSW index over the points outside it), flushes and
 closes it. ``EdgeStore.build_index`` runs it so: the engine holds Python's GIL
-for the whole build (an hour at a million points on 2 cores), so in the
+for the whole build (6 minutes at a million points on 2 cores), so in the
 ingest process no other thread would run meanwhile (no progress, no log
 shipping) and Ctrl-C would wait for the end. The parent closes its shard
 first and loads it again after.
