@@ -42,12 +42,16 @@ def main() -> None:
     store = EdgeStore(args.store, StoreMeta("bench-random", None))
     points = int(store._shard.info().points_count)
     if store.quantization.value != "int8":
+        store.close()
         parser.error(f"{args.store}: not an int8 store")
     import qdrant_edge as qe
 
     queries = scale.query_vectors(args.queries)  # the bench's, seed 1
-    # bench/scale.py's upkeep adds points after the first n; the truth is over the first n.
-    n = max(s for s in (100_000, 300_000, 1_000_000, 30_000) if s <= points)
+    # bench/scale.py keeps DIR/<n>/<store>, and its upkeep may add points after the first n:
+    # the truth is over the first n.
+    if not args.store.parent.name.isdigit() or int(args.store.parent.name) > points:
+        parser.error(f"{args.store}: not a store kept by bench/scale.py (DIR/<size>/<store>)")
+    n = int(args.store.parent.name)
     print(f"{args.store}: {points} points; true top 10 over the first {n} (numpy)", flush=True)
     truth = scale.exact_top10(n, queries)
     shard = store._shard
