@@ -74,7 +74,7 @@ HNSW_M = 32
 # int8 stores: the HNSW search takes this many times the asked-for candidates by their
 # int8 scores, then rescores them with the full vectors. At 1M chunks (int8 + on_disk,
 # bench/int8_recall.py, 300 queries) recall@10 was 0.955 with 2, 0.971 with 3 and 0.973
-# with 4; 3 cost no time once the store was in the page cache (0.50 vs 0.53 ms p50).
+# with 4; 3 cost no time once the store was in the page cache (0.58 ms p50 either way).
 INT8_OVERSAMPLING = 3.0
 
 
