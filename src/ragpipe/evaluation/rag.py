@@ -31,6 +31,10 @@ from ragpipe.query.retrieve import Retriever
 os.environ.setdefault("RAGAS_DO_NOT_TRACK", "true")  # else ~15 s of telemetry DNS per run
 
 RAG_METRICS = ("faithfulness", "answer_relevancy", "context_precision", "context_recall")
+# What each metric can score. Outside it, the judge's output broke the metric's arithmetic
+# (a small model's context-precision verdicts of 2 or -1 instead of 0/1 gave 5e14).
+# Answer relevancy is a mean cosine similarity.
+SCORE_RANGE = {"answer_relevancy": (-1.0, 1.0)}
 OK, FAILED, NOT_APPLICABLE = "ok", "failed", "not_applicable"
 
 M = TypeVar("M")
@@ -129,7 +133,7 @@ class Judge:
         )
         self.classes = [type(m).__name__ for m in metrics]
 
-    async def _one(self, metric: Any, **kwargs: Any) -> Judged:
+    async def _one(self, metric: Any, name: str, **kwargs: Any) -> Judged:
         try:
             result = await asyncio.wait_for(metric.ascore(**kwargs), self.timeout_s)
         except TimeoutError:
@@ -143,6 +147,11 @@ class Judge:
             return Judged(None, FAILED, f"non-numeric score {value!r}")
         if math.isnan(score):
             return Judged(None, FAILED, "the judge produced no score (NaN)")
+        low, high = SCORE_RANGE.get(name, (0.0, 1.0))
+        if not low - 1e-9 <= score <= high + 1e-9:
+            return Judged(
+                None, FAILED, f"score {score:g} outside [{low:g}, {high:g}]: malformed verdicts"
+            )
         return Judged(score, OK)
 
     async def judge(self, row: RagRow, item: GoldenItem) -> None:
@@ -155,23 +164,35 @@ class Judge:
             row.judged["faithfulness"] = Judged(None, NOT_APPLICABLE, "'not found' makes no claim")
         else:
             row.judged["faithfulness"] = await self._one(
-                self.faithfulness, user_input=q, response=a, retrieved_contexts=ctx
+                self.faithfulness, "faithfulness", user_input=q, response=a, retrieved_contexts=ctx
             )
         row.judged["answer_relevancy"] = await self._one(
-            self.answer_relevancy, user_input=q, response=a
+            self.answer_relevancy, "answer_relevancy", user_input=q, response=a
         )
         if ref:
             row.context_precision_kind = "with_reference"
             row.judged["context_precision"] = await self._one(
-                self.context_precision, user_input=q, reference=ref, retrieved_contexts=ctx
+                self.context_precision,
+                "context_precision",
+                user_input=q,
+                reference=ref,
+                retrieved_contexts=ctx,
             )
             row.judged["context_recall"] = await self._one(
-                self.context_recall, user_input=q, retrieved_contexts=ctx, reference=ref
+                self.context_recall,
+                "context_recall",
+                user_input=q,
+                retrieved_contexts=ctx,
+                reference=ref,
             )
         else:
             row.context_precision_kind = "without_reference"
             row.judged["context_precision"] = await self._one(
-                self.context_precision_free, user_input=q, response=a, retrieved_contexts=ctx
+                self.context_precision_free,
+                "context_precision",
+                user_input=q,
+                response=a,
+                retrieved_contexts=ctx,
             )
             row.judged["context_recall"] = Judged(None, NOT_APPLICABLE, "no expected_answer")
 
