@@ -48,23 +48,30 @@ def rag_config(indexed_edge: RagpipeConfig, tmp_path: Path) -> RagpipeConfig:
     return indexed_edge.model_copy(update={"eval": evaluation, "retrieve": retrieve})
 
 
-class Rambler:
-    """A judge whose every reply is cut off mid-JSON, as a small model's often is."""
+class Canned:
+    """A judge that gives the same reply to every prompt."""
 
-    name = "rambler"
+    def __init__(self, name: str, reply: str) -> None:
+        self.name, self.reply = name, reply
 
     def chat(self, messages: Any, **kwargs: Any) -> Completion:
-        return Completion('{"statements": ["an unfinished', 5, 5, self.name, 0.0)
+        return Completion(self.reply, 5, 5, self.name, 0.0)
 
     def count_tokens(self, text: str) -> int:
         return len(text) // 4
+
+
+# Every reply cut off mid-JSON, as a small model's often is.
+RAMBLER = Canned("rambler", '{"statements": ["an unfinished')
+# Verdicts of 2, not 0 or 1, as a small model's sometimes are.
+TWOS = Canned("twos", '{"reason": "useful", "verdict": 2}')
 
 
 def test_judge_failures_are_null_with_reasons_not_zero(
     rag_config: RagpipeConfig, smollm: Any, tmp_path: Path
 ) -> None:
     golden = load_golden(rag_config.eval.golden)
-    result = run_rag_eval(rag_config, golden, generator=smollm, judge_llm=Rambler())
+    result = run_rag_eval(rag_config, golden, generator=smollm, judge_llm=RAMBLER)
     for row in result.rows:
         for m in RAG_METRICS:
             judged = row.judged[m]
@@ -95,23 +102,11 @@ def test_judge_failures_are_null_with_reasons_not_zero(
     assert "context_recall: not_applicable" in drill
 
 
-class Twos:
-    """A judge whose verdicts are 2, not 0 or 1, as a small model's sometimes are."""
-
-    name = "twos"
-
-    def chat(self, messages: Any, **kwargs: Any) -> Completion:
-        return Completion('{"reason": "useful", "verdict": 2}', 5, 5, self.name, 0.0)
-
-    def count_tokens(self, text: str) -> int:
-        return len(text) // 4
-
-
 def test_a_score_outside_the_metrics_range_is_a_failure_not_a_value(
     rag_config: RagpipeConfig, smollm: Any
 ) -> None:
     golden = load_golden(rag_config.eval.golden)
-    result = run_rag_eval(rag_config, golden, generator=smollm, judge_llm=Twos())
+    result = run_rag_eval(rag_config, golden, generator=smollm, judge_llm=TWOS)
     for row in result.rows:  # average precision over verdicts of 2 comes to 2.0
         judged = row.judged["context_precision"]
         assert (judged.value, judged.status) == (None, FAILED)
