@@ -64,6 +64,11 @@ INTEGER_FIELDS = ["chunk_index"]
 NO_HNSW_FIELDS = frozenset({"config_fingerprint", "chunk_index", "text"})
 
 
+def enable_hnsw(field: str) -> bool | None:
+    """A payload index's ``enable_hnsw``: false for NO_HNSW_FIELDS, else the engine's."""
+    return False if field in NO_HNSW_FIELDS else None
+
+
 # The HNSW graph's links per point (Qdrant's m; 2m on the bottom layer). The engine's 16
 # gave recall@10 0.948 at 1M chunks (bench/scale.py: 384-d vectors in tight topic
 # clusters) once chunk_index no longer added a subgraph's links of its own; 32 is the

@@ -31,7 +31,6 @@ from ragpipe.store.base import (
     INTEGER_FIELDS,
     KEYWORD_FIELDS,
     META_FILE,
-    NO_HNSW_FIELDS,
     SPARSE,
     UNINDEXED_FILE,
     Hit,
@@ -43,6 +42,7 @@ from ragpipe.store.base import (
     _hit,
     _point_bytes,
     _Scrolling,
+    enable_hnsw,
     ensure_space,
     read_meta,
 )
@@ -124,19 +124,16 @@ def payload_indexes(qe: Any, on_disk: bool) -> list[tuple[str, Any]]:
     no extra HNSW links for ``NO_HNSW_FIELDS``."""
     disk = True if on_disk else None
 
-    def hnsw(name: str) -> bool | None:
-        return False if name in NO_HNSW_FIELDS else None
-
     return [
         *(
-            (name, qe.KeywordIndexParams(on_disk=disk, enable_hnsw=hnsw(name)))
+            (name, qe.KeywordIndexParams(on_disk=disk, enable_hnsw=enable_hnsw(name)))
             for name in KEYWORD_FIELDS
         ),
         *(
             (
                 name,
                 qe.IntegerIndexParams(
-                    lookup=True, range=True, on_disk=disk, enable_hnsw=hnsw(name)
+                    lookup=True, range=True, on_disk=disk, enable_hnsw=enable_hnsw(name)
                 ),
             )
             for name in INTEGER_FIELDS
@@ -147,7 +144,7 @@ def payload_indexes(qe: Any, on_disk: bool) -> list[tuple[str, Any]]:
                 tokenizer=qe.TokenizerType.Word,
                 lowercase=True,
                 on_disk=disk,
-                enable_hnsw=hnsw("text"),
+                enable_hnsw=enable_hnsw("text"),
             ),
         ),
     ]

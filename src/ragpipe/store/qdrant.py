@@ -20,7 +20,6 @@ from ragpipe.store.base import (
     INT8_OVERSAMPLING,
     INTEGER_FIELDS,
     KEYWORD_FIELDS,
-    NO_HNSW_FIELDS,
     SPARSE,
     Hit,
     IndexBuild,
@@ -30,6 +29,7 @@ from ragpipe.store.base import (
     Where,
     _hit,
     _Scrolling,
+    enable_hnsw,
 )
 from ragpipe.store.sparse import SparseEncoder
 
@@ -112,15 +112,14 @@ def payload_index_params(models: Any, on_disk: bool) -> list[tuple[str, Any]]:
     ``NO_HNSW_FIELDS``."""
     disk = True if on_disk else None
 
-    def hnsw(name: str) -> bool | None:
-        return False if name in NO_HNSW_FIELDS else None
-
     return [
         *(
             (
                 name,
                 models.KeywordIndexParams(
-                    type=models.KeywordIndexType.KEYWORD, on_disk=disk, enable_hnsw=hnsw(name)
+                    type=models.KeywordIndexType.KEYWORD,
+                    on_disk=disk,
+                    enable_hnsw=enable_hnsw(name),
                 ),
             )
             for name in KEYWORD_FIELDS
@@ -133,7 +132,7 @@ def payload_index_params(models: Any, on_disk: bool) -> list[tuple[str, Any]]:
                     lookup=True,
                     range=True,
                     on_disk=disk,
-                    enable_hnsw=hnsw(name),
+                    enable_hnsw=enable_hnsw(name),
                 ),
             )
             for name in INTEGER_FIELDS
@@ -145,7 +144,7 @@ def payload_index_params(models: Any, on_disk: bool) -> list[tuple[str, Any]]:
                 tokenizer=models.TokenizerType.WORD,
                 lowercase=True,
                 on_disk=disk,
-                enable_hnsw=hnsw("text"),
+                enable_hnsw=enable_hnsw("text"),
             ),
         ),
     ]
