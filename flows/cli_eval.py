@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -55,6 +56,15 @@ NameOption = Annotated[
 ReportsOption = Annotated[
     Path | None, typer.Option(help="eval.reports_dir (default eval/reports).")
 ]
+SkipUnmatchedOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--skip-unmatched/--no-skip-unmatched",
+        help="Golden items whose targets match nothing in the index: leave them out (the "
+        "report counts and names them) instead of stopping with exit 2 (eval.skip_unmatched).",
+        show_default=False,
+    ),
+]
 
 
 def _eval_config(
@@ -76,10 +86,10 @@ def _eval_config(
     return load_config(config, overrides)
 
 
-def _print_eval(summary: RunSummary) -> None:
-    names = summary.metric_names
-    table = Table(title=f"{summary.name}: {summary.golden.queries} queries, "
-                  f"{summary.granularity} level, mean [95% CI]")  # fmt: skip
+def _metrics_table(summary: RunSummary, names: list[str], title: str) -> Table:
+    from ragpipe.evaluation.report import headline_cell
+
+    table = Table(title=title)
     table.add_column("metric")
     variants = list(summary.metrics)
     for v in variants:
@@ -87,20 +97,92 @@ def _print_eval(summary: RunSummary) -> None:
     for m in names:
         row = [m]
         for v in variants:
-            ci = summary.metrics[v][m]
-            cell = (
-                f"{ci['mean']:.3f} [{ci['ci_low']:.3f}, {ci['ci_high']:.3f}]" if ci["n"] else "n/a"
-            )
+            cell = headline_cell(summary.metrics[v][m])
             if v in summary.deltas:
                 d = summary.deltas[v][m]
-                cell += f"  Δ {d['mean']:+.3f} p={d['p_value']:.2f}"
+                p = f" p={d['p_value']:.2f}" if d.get("p_value") is not None else ""
+                cell += f"  Δ {d['mean']:+.3f}{p}"
             row.append(cell)
         table.add_row(*row)
-    Console().print(table)
+    return table
+
+
+def _print_eval(summary: RunSummary) -> None:
+    """The headline as report.md has it: the same cells, the same flags."""
+    from ragpipe.evaluation.rag import ANSWER_METRICS, RAG_METRICS
+
+    names = summary.metric_names
+    head = f"{summary.name}: {summary.golden.queries} queries"
+    if summary.kind == "rag":
+        judge = summary.judge or {}
+        label = (judge.get("calibration") or {}).get("label", "judge not calibrated")
+        answer = [m for m in names if m in ANSWER_METRICS]
+        judged = [m for m in names if m in RAG_METRICS]
+        Console().print(_metrics_table(summary, answer, f"{head}: answers (no judge)"))
+        Console().print(_metrics_table(summary, judged, f"judged (RAGAS): {label}"))
+    else:
+        title = f"{head}, {summary.granularity} level, mean [95% CI]"
+        Console().print(_metrics_table(summary, names, title))
     for warning in summary.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
     out = Path(summary.report_dir)
     print(f"report: {out / 'report.html'} (also report.md, summary.json, per_query.parquet)")
+
+
+@eval_app.command("check")
+def eval_check(
+    golden: Annotated[
+        Path | None,
+        typer.Argument(help="Golden set YAML (default: eval.golden, eval/golden/r-faq-dev.yaml)."),
+    ] = None,
+    config: ConfigOption = None,
+    store_path: StorePathOption = None,
+    embedder: EmbedderOption = None,
+) -> None:
+    """Check a golden set against the published index, and nothing else (no query runs).
+
+    The format first (every item's fields), then every target: each file must match a file
+    in the index by path suffix, each chunk target (heading or contained text) at least one
+    chunk. Unmatched targets are listed with their closest matches. Exit 0 when everything
+    matches, 2 otherwise (or for a bad file or a missing index).
+    """
+    from ragpipe.evaluation.check import IndexView, check_golden, golden_for_index
+    from ragpipe.evaluation.golden import load_golden
+    from ragpipe.models.embedders import embedder_name
+    from ragpipe.store import open_reader
+
+    try:
+        cfg = _eval_config(config, store_path, embedder, {}, {"golden": golden})
+        loaded = load_golden(cfg.eval.golden)
+        store = open_reader(cfg.store, embedder_name(cfg.embed))
+        if store is None:
+            where = cfg.store.url or cfg.store.path
+            raise ConfigError(f"no index at {where}: run `ragpipe ingest` first")
+        try:
+            view = IndexView(store)
+            check = check_golden(loaded, view)
+            # The same verdict a run would reach, including a set meant for another corpus.
+            golden_for_index(loaded, view, skip_unmatched=True, origin=cfg.origin("eval.golden"))
+        finally:
+            store.close()
+    except RagpipeError as exc:
+        fail(exc, 2)
+    unanswerable = sum(1 for i in loaded.items if not i.answerable)
+    print(
+        f"{loaded.name} ({loaded.source}): {check.items} items ({unanswerable} answerable: "
+        f"false), {check.targets} targets checked against {check.index_files} files in the index"
+    )
+    if check.ok:
+        print("ok: every target matches")
+        return
+    for line in check.lines():
+        console.print(f"[red]unmatched:[/red] {escape(line)}", highlight=False, soft_wrap=True)
+    console.print(
+        f"[red]error:[/red] {len(check.unmatched)} target(s) of {len(check.unmatched_items)} "
+        "item(s) match nothing; fix them, or score the rest with --skip-unmatched",
+        highlight=False,
+    )
+    raise typer.Exit(2)
 
 
 @eval_app.command("retrieval")
@@ -110,6 +192,7 @@ def eval_retrieval(
     rerank: RerankOption = None,
     granularity: GranularityOption = None,
     depth: Annotated[int | None, typer.Option(help="Results per query (default 10).")] = None,
+    skip_unmatched: SkipUnmatchedOption = None,
     name: NameOption = None,
     reports_dir: ReportsOption = None,
     config: ConfigOption = None,
@@ -119,8 +202,10 @@ def eval_retrieval(
 ) -> None:
     """Replay the golden set through the retrieval stack and write a report.
 
-    Metrics per query (Recall@5/10, Precision@5, MRR, Success@5, Hit@3, MAP, NDCG@10 linear
-    and exponential gain), means with bootstrap 95% CIs, a history row per run.
+    The golden set is first checked against the index: a target that matches nothing
+    stops the run (exit 2) with its closest matches, unless --skip-unmatched. Metrics per
+    query (Recall@5/10, Precision@5, MRR, Success@5, Hit@3, MAP, NDCG@10 linear and
+    exponential gain), means with bootstrap 95% CIs (n >= 2), a history row per run.
     """
     prefect_env(verbose)
     try:
@@ -130,7 +215,7 @@ def eval_retrieval(
             embedder,
             {"mode": mode, "rerank": rerank},
             {"golden": golden, "granularity": granularity, "depth": depth,
-             "reports_dir": reports_dir},
+             "reports_dir": reports_dir, "skip_unmatched": skip_unmatched},
         )  # fmt: skip
         from flows.eval import evaluate_retrieval
 
@@ -156,8 +241,20 @@ def eval_rag(
         str | None,
         typer.Option(help="Judge model (same provider as the generator); default: the generator."),
     ] = None,
+    labels: Annotated[
+        Path | None,
+        typer.Option(
+            help="Human labels (CSV item_id,metric,value) of judged metrics: each gets a "
+            "prediction-powered estimate and CI beside the judge's mean (eval.labels)."
+        ),
+    ] = None,
+    probe_size: Annotated[
+        int | None,
+        typer.Option(help="Judge calibration probe pairs (eval.judge_probe_size, default 16)."),
+    ] = None,
     mode: ModeOption = None,
     k: KOption = None,
+    skip_unmatched: SkipUnmatchedOption = None,
     name: NameOption = None,
     reports_dir: ReportsOption = None,
     config: ConfigOption = None,
@@ -165,12 +262,16 @@ def eval_rag(
     embedder: EmbedderOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Answer the golden questions and judge the answers with RAGAS.
+    """Answer the golden questions, score the answers, and judge them with RAGAS.
 
-    Faithfulness, answer relevancy, context precision, context recall (only where the item
-    has expected_answer), with bootstrap 95% CIs over the scored questions. A judge failure
-    is recorded as null with its reason and counted, never scored 0. Slow on CPU: about 30 s
-    per question with the packaged SmolLM2 (use --limit).
+    Without a judge, on every run: correctness against expected_answer (token F1, ROUGE-L,
+    embedding cosine), citation precision and recall, correct refusals (answerable: false
+    items) and false refusals, degenerate (looping) answers. The judge is measured first on a
+    calibration probe built from the golden set and the index; below eval.judge_min_kappa
+    its metrics (faithfulness, answer relevancy, context precision and recall) are headlined
+    "judge unreliable" without a value. Every metric shows n scored, failed and not
+    applicable; a CI needs n >= 2. Slow on CPU: about 30 s per question with the packaged
+    SmolLM2 (use --limit).
     """
     prefect_env(verbose)
     try:
@@ -179,8 +280,10 @@ def eval_rag(
             store_path,
             embedder,
             {"mode": mode, "top_k": k},
-            {"golden": golden, "rag_limit": limit, "reports_dir": reports_dir},
-        )
+            {"golden": golden, "rag_limit": limit, "reports_dir": reports_dir,
+             "skip_unmatched": skip_unmatched, "labels": labels,
+             "judge_probe_size": probe_size},
+        )  # fmt: skip
         generator = {k: v for k, v in {"provider": llm.value if llm else None,
                                        "model": model}.items() if v is not None}  # fmt: skip
         llm_cfg = cfg.llm.model_copy(update=generator)
@@ -194,9 +297,6 @@ def eval_rag(
     except RagpipeError as exc:
         fail(exc, 2)
     _print_eval(summary)
-    counts = summary.judge["counts"] if summary.judge else {}
-    outcomes = [f"{m} {c['ok']}/{c['failed']}/{c['not_applicable']}" for m, c in counts.items()]
-    print("judge outcomes (scored / failed / not applicable): " + ", ".join(outcomes))
 
 
 @eval_app.command("import-beir")
@@ -246,6 +346,7 @@ def eval_compare(
     gate_threshold: Annotated[
         float, typer.Option(help="... lies entirely below this value (e.g. -0.02).")
     ] = 0.0,
+    skip_unmatched: SkipUnmatchedOption = None,
     name: NameOption = None,
     reports_dir: ReportsOption = None,
     config: ConfigOption = None,
@@ -269,8 +370,9 @@ def eval_compare(
             store_path,
             embedder,
             {},
-            {"golden": golden, "granularity": granularity, "reports_dir": reports_dir},
-        )
+            {"golden": golden, "granularity": granularity, "reports_dir": reports_dir,
+             "skip_unmatched": skip_unmatched},
+        )  # fmt: skip
         from flows.eval import compare_retrieval
         from ragpipe.evaluation.retrieval import Gate
 
@@ -303,6 +405,7 @@ def eval_tune(
             "(pass it back with --config)."
         ),
     ] = None,
+    skip_unmatched: SkipUnmatchedOption = None,
     name: NameOption = None,
     reports_dir: ReportsOption = None,
     config: ConfigOption = None,
@@ -333,6 +436,7 @@ def eval_tune(
                 "granularity": granularity,
                 "reports_dir": reports_dir,
                 "seed": seed,
+                "skip_unmatched": skip_unmatched,
             },
         )
         from flows.eval import tune_retrieval
@@ -392,17 +496,34 @@ def _print_tune(summary: TuneSummary) -> None:
     console.print(f"[{colour}]{summary.message}[/{colour}]", highlight=False, soft_wrap=True)
     if summary.tuned_config:
         print(f"tuned config: {summary.tuned_config} (use it with --config)")
-    print(f"report: {Path(summary.report_dir) / 'report.md'} (also tune.json)")
+    print(f"report: {Path(summary.report_dir) / 'report.html'} (also report.md, tune.json)")
 
 
 def report(
     last: Annotated[int, typer.Option(help="How many recent runs to show side by side.")] = 5,
     metric: Annotated[str, typer.Option(help="Metric whose trend to show.")] = "mrr",
+    golden: Annotated[
+        str | None, typer.Option(help="Only runs of this golden set (its name, e.g. r-faq-dev).")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Only runs with this run name.")] = None,
+    html_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--html-dir", help="Where to write trend-<golden>.html (default: eval.reports_dir)."
+        ),
+    ] = None,
     reports_dir: ReportsOption = None,
     config: ConfigOption = None,
 ) -> None:
-    """Show the latest evaluation runs side by side and the trend of one metric."""
+    """Show the latest evaluation runs and the trend of one metric, per golden set.
+
+    Runs of different golden sets, and retrieval and RAG runs, are never mixed in one
+    table or trend line. Also writes an HTML trend per golden set (every metric over time,
+    95% CI whiskers): REPORTS_DIR/trend-<golden>.html.
+    """
     from ragpipe.evaluation.metrics import METRICS
+    from ragpipe.evaluation.rag import ALL_RAG_METRICS
+    from ragpipe.evaluation.report import render_trend
     from ragpipe.evaluation.run import read_history
 
     try:
@@ -411,51 +532,81 @@ def report(
         )
     except RagpipeError as exc:
         fail(exc, 2)
-    if metric not in METRICS:
-        console.print(f"[red]error:[/red] --metric must be one of {', '.join(METRICS)}")
+    if metric not in (*METRICS, *ALL_RAG_METRICS):
+        console.print(
+            f"[red]error:[/red] --metric must be one of {', '.join((*METRICS, *ALL_RAG_METRICS))}"
+        )
+        raise typer.Exit(2)
+    if last < 1:
+        console.print("[red]error:[/red] --last must be at least 1")
         raise typer.Exit(2)
     rows = read_history(cfg.eval.reports_dir)
     if not rows:
         print(f"no evaluation runs in {cfg.eval.reports_dir} yet: run `ragpipe eval retrieval`")
         return
-    if last < 1:
-        console.print("[red]error:[/red] --last must be at least 1")
+    sets = sorted({r["golden"] for r in rows})
+    rows = [r for r in rows if (golden is None or r["golden"] == golden)
+            and (name is None or r["name"] == name)]  # fmt: skip
+    if not rows:
+        console.print(
+            f"[red]error:[/red] no run matches --golden {golden} --name {name} (golden sets in "
+            f"the history: {', '.join(sets)})",
+            highlight=False,
+        )
         raise typer.Exit(2)
-    _print_history(rows, last, metric)
+    out_dir = html_dir or cfg.eval.reports_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for g in sorted({r["golden"] for r in rows}):
+        mine = [r for r in rows if r["golden"] == g]
+        for kind in ("retrieval", "rag"):
+            of_kind = [r for r in mine if (r["kind"] == "rag") == (kind == "rag")]
+            if of_kind:
+                _print_history(of_kind, last, metric, f"{g}, {kind} runs")
+        slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in g)
+        path = out_dir / f"trend-{slug}.html"
+        path.write_text(render_trend(g, mine), encoding="utf-8")
+        print(f"trend: {path}")
 
 
-def _print_history(rows: list[dict[str, Any]], last: int, metric: str) -> None:
+def _print_history(rows: list[dict[str, Any]], last: int, metric: str, what: str) -> None:
     """The latest ``last`` runs (every variant of each) side by side, and one metric's trend."""
     from ragpipe.evaluation.metrics import METRICS
-    from ragpipe.evaluation.rag import RAG_METRICS
+    from ragpipe.evaluation.rag import ALL_RAG_METRICS
 
     runs = list(dict.fromkeys(r["run_id"] for r in rows))
     columns = list(dict.fromkeys((r["run_id"], r["variant"]) for r in rows))
     shown = [c for c in columns if c[0] in runs[-last:]]
-    table = Table(title=f"latest {min(last, len(runs))} of {len(runs)} runs (mean [95% CI])")
+    table = Table(
+        title=f"{what}: latest {min(last, len(runs))} of {len(runs)} runs (mean [95% CI])"
+    )
     table.add_column("metric", no_wrap=True)
     for run_id, variant in shown:
         stamp, _, name = run_id.partition("-")
         # Headers wrap rather than being cut: run name, time, variant on their own lines.
         table.add_column(f"{name}\n{stamp}\n{variant}", justify="right", overflow="fold")
     by_key = {(r["run_id"], r["variant"], r["metric"]): r for r in rows}
-    names = [m for m in (*METRICS, *RAG_METRICS) if any((*c, m) in by_key for c in shown)]
+    names = [m for m in (*METRICS, *ALL_RAG_METRICS) if any((*c, m) in by_key for c in shown)]
     for m in names:
         cells = []
         for run_id, variant in shown:
             got = by_key.get((run_id, variant, m))
-            cells.append(
-                f"{got['mean']:.3f} [{got['ci_low']:.3f}, {got['ci_high']:.3f}]" if got else ""
-            )
+            if got is None:
+                cells.append("")
+            elif got["ci_low"] is None:
+                cells.append(f"{got['mean']:.3f} (n={got['n']}, no CI)")
+            else:
+                cells.append(f"{got['mean']:.3f} [{got['ci_low']:.3f}, {got['ci_high']:.3f}]")
         table.add_row(m, *cells)
     Console().print(table)
     trend = [by_key[(run_id, variant, metric)] for run_id, variant in columns
              if (run_id, variant, metric) in by_key]  # fmt: skip
     if not trend:
-        print(f"no run has {metric}")
+        print(f"{what}: no run has {metric}")
         return
     low, high = min(r["mean"] for r in trend), max(r["mean"] for r in trend)
-    print(f"trend of {metric} (oldest first; bars span {low:.3f} to {high:.3f}, not 0 to 1):")
+    print(
+        f"{what}: trend of {metric} (oldest first; bars span {low:.3f} to {high:.3f}, not 0 to 1):"
+    )
     wide = max(len(r["run_id"]) for r in trend), max(len(r["variant"]) for r in trend)
     for r in trend:
         share = (r["mean"] - low) / (high - low) if high > low else 1.0

@@ -73,6 +73,7 @@ def eval_retrieval_flow(
     depth: PositiveInt | None = None,
     rerank: bool | None = None,
     granularity: Granularity | None = None,
+    skip_unmatched: bool | None = None,
     name: str | None = None,
     config_path: str | None = None,
 ) -> RunSummary:
@@ -91,6 +92,8 @@ def eval_retrieval_flow(
         depth: Results retrieved and scored per query (eval.depth, default 10).
         rerank: Rerank with the cross-encoder (retrieve.rerank).
         granularity: chunk scores the golden set's chunk targets; file de-duplicates by file.
+        skip_unmatched: Leave out golden items whose targets match nothing in the index
+            (the report counts them) instead of failing the run (eval.skip_unmatched).
         name: Run name, the report folder's suffix (default: the golden set's name).
         config_path: YAML config used as the base (default: ragpipe.yaml in the worker's
             directory, RAGPIPE_HOME).
@@ -98,7 +101,7 @@ def eval_retrieval_flow(
     config = _from_form(
         config_path, golden=golden, mode=mode, fusion_method=fusion_method, alpha=alpha,
         dense_weight=dense_weight, sparse_weight=sparse_weight, depth=depth, rerank=rerank,
-        granularity=granularity,
+        granularity=granularity, skip_unmatched=skip_unmatched,
     )  # fmt: skip
     return evaluate_retrieval.fn(config, name)
 
@@ -126,10 +129,12 @@ def eval_rag_flow(
     sparse_weight: NonNegativeFloat | None = None,
     top_k: PositiveInt | None = None,
     rerank: bool | None = None,
+    skip_unmatched: bool | None = None,
+    labels: str | None = None,
     name: str | None = None,
     config_path: str | None = None,
 ) -> RunSummary:
-    """Answer the golden questions with cited sources and judge them with RAGAS.
+    """Answer the golden questions with cited sources, score them, and judge them.
 
     Empty fields keep the configured value. The base is the config file; RAGPIPE_*
     variables on the worker override it; the fields here override both. The
@@ -144,6 +149,10 @@ def eval_rag_flow(
         sparse_weight: Weight of the BM25 list in rrf/dbsf fusion (retrieve.sparse_weight).
         top_k: Chunks handed to the generator as numbered sources (retrieve.top_k).
         rerank: Rerank with the cross-encoder (retrieve.rerank).
+        skip_unmatched: Leave out golden items whose targets match nothing in the index
+            (the report counts them) instead of failing the run (eval.skip_unmatched).
+        labels: Human labels file (CSV item_id,metric,value) for prediction-powered
+            estimates of the judged metrics (eval.labels).
         name: Run name, the report folder's suffix (default: the golden set's name).
         config_path: YAML config used as the base (default: ragpipe.yaml in the worker's
             directory, RAGPIPE_HOME).
@@ -151,6 +160,7 @@ def eval_rag_flow(
     config = _from_form(
         config_path, golden=golden, limit=limit, mode=mode, fusion_method=fusion_method,
         dense_weight=dense_weight, sparse_weight=sparse_weight, top_k=top_k, rerank=rerank,
+        skip_unmatched=skip_unmatched, labels=labels,
     )  # fmt: skip
     return evaluate_rag.fn(config, name)
 
@@ -191,6 +201,7 @@ def eval_compare_flow(
     depth: PositiveInt | None = None,
     gate_metric: MetricName | None = None,
     gate_threshold: float = 0.0,
+    skip_unmatched: bool | None = None,
     name: str = "compare",
     config_path: str | None = None,
 ) -> RunSummary:
@@ -211,11 +222,16 @@ def eval_compare_flow(
         gate_metric: Fail the run when this metric's delta CI lies entirely below
             gate_threshold for any variant. Empty: no gate.
         gate_threshold: The gate's bound on the delta, e.g. -0.02 tolerates a small loss.
+        skip_unmatched: Leave out golden items whose targets match nothing in the index
+            (the report counts them) instead of failing the run (eval.skip_unmatched).
         name: Run name, the report folder's suffix.
         config_path: YAML config used as the base (default: ragpipe.yaml in the worker's
             directory, RAGPIPE_HOME).
     """
-    config = _from_form(config_path, golden=golden, granularity=granularity, depth=depth)
+    config = _from_form(
+        config_path, golden=golden, granularity=granularity, depth=depth,
+        skip_unmatched=skip_unmatched,
+    )  # fmt: skip
     chosen = [Variant(v.name, v.overrides()) for v in (baseline, *variants)]
     gate = Gate(gate_metric, gate_threshold) if gate_metric else None
     return compare_retrieval.fn(config, chosen, name, gate)
@@ -259,6 +275,7 @@ def eval_tune_flow(
     metric: MetricName = "ndcg@10",
     share: Share = 0.5,
     write_config: str | None = None,
+    skip_unmatched: bool | None = None,
     name: str | None = None,
     config_path: str | None = None,
 ) -> TuneSummary:
@@ -275,10 +292,14 @@ def eval_tune_flow(
         share: Share of the golden queries that tune (0 to 1); the rest only confirm.
         write_config: Also write the tuned config YAML to this path when the verdict is
             recommend (it is always in the run folder as tuned.yaml).
+        skip_unmatched: Leave out golden items whose targets match nothing in the index
+            (the report counts them) instead of failing the run (eval.skip_unmatched).
         name: Run name, the report folder's suffix (default: the golden set's name + -tune).
         config_path: YAML config used as the base (default: ragpipe.yaml in the worker's
             directory, RAGPIPE_HOME).
     """
-    config = _from_form(config_path, golden=golden, granularity=granularity)
+    config = _from_form(
+        config_path, golden=golden, granularity=granularity, skip_unmatched=skip_unmatched
+    )
     base = config_path or (str(DEFAULT_CONFIG_FILE) if DEFAULT_CONFIG_FILE.is_file() else None)
     return tune_retrieval.fn(config, base, name, metric, share, write_config)

@@ -15,8 +15,8 @@ from prefect.cache_policies import NO_CACHE
 
 from ragpipe.config import RagpipeConfig
 from ragpipe.evaluation.metrics import METRICS
-from ragpipe.evaluation.rag import RAG_METRICS
-from ragpipe.evaluation.report import report_link
+from ragpipe.evaluation.rag import ALL_RAG_METRICS
+from ragpipe.evaluation.report import headline_cell, report_link
 from ragpipe.evaluation.retrieval import Gate, Variant
 from ragpipe.evaluation.run import RunSummary, run_rag, run_retrieval
 from ragpipe.evaluation.tune import TuneSummary, tune_and_report
@@ -75,9 +75,9 @@ def _link(config: RagpipeConfig, out: Path, file: str, key: str) -> str:
 @task(name="publish-tune", cache_policy=NO_CACHE)
 def publish_tune_task(config: RagpipeConfig, summary: TuneSummary) -> None:
     """The tune report as artifacts: ``eval-tune-summary`` (Markdown), ``eval-tune-report``
-    (link)."""
+    (link to report.html)."""
     out = Path(summary.report_dir)
-    link = _link(config, out, "report.md", "eval-tune-report")
+    link = _link(config, out, "report.html", "eval-tune-report")
     create_markdown_artifact(
         key="eval-tune-summary",
         markdown=(out / "report.md").read_text(encoding="utf-8") + f"\n\n[Report]({link})\n",
@@ -97,11 +97,20 @@ def publish_eval_task(config: RagpipeConfig, summary: RunSummary, key: str) -> N
         + f"\n\n[HTML report with the worst questions]({link})\n",
         description=f"{summary.name}: {summary.kind} metrics with 95% CIs",
     )
+
+    def num(value: float | None, withheld: bool) -> float | None:
+        return None if value is None or withheld else round(value, 4)
+
+    # The headline cell is report.md's; a withheld metric has no number in any column.
     rows = [
-        {"variant": variant, "metric": m, "mean": round(ci["mean"], 4),
-         "ci_low": round(ci["ci_low"], 4), "ci_high": round(ci["ci_high"], 4), "n": ci["n"]}
+        {"variant": variant, "metric": m, "headline": headline_cell(ci),
+         "mean": num(ci["mean"], ci.get("withheld", False)),
+         "ci_low": num(ci["ci_low"], ci.get("withheld", False)),
+         "ci_high": num(ci["ci_high"], ci.get("withheld", False)), "n": ci["n"],
+         "n_failed": ci.get("n_failed", 0), "n_not_applicable": ci.get("n_not_applicable", 0),
+         "flag": ci.get("flag") or ""}
         for variant, by_metric in summary.metrics.items()
         for m, ci in by_metric.items()
-        if m in METRICS or m in RAG_METRICS
+        if m in METRICS or m in ALL_RAG_METRICS
     ]  # fmt: skip
     create_table_artifact(key=f"{key}-metrics", table=rows, description=summary.run_id)

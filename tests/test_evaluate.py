@@ -154,8 +154,24 @@ def test_compare_gate_and_report_files(eval_config: RagpipeConfig) -> None:
     first = drill[: drill.index("</details>")]
     assert "expected:" in first and "<b>dense</b> retrieved" in first
     assert "<b>broken</b> retrieved" in first
-    for key in worst["retrieved"]:
-        assert html.escape(key) in first
+    # Every rank reads as file, heading path and snippet, never as a point id; the
+    # per-query table keeps them per rank.
+    assert len(worst["retrieved_files"]) == len(worst["retrieved"]) > 0
+    for key, file, heading, snippet in zip(
+        worst["retrieved"], worst["retrieved_files"], worst["retrieved_headings"],
+        worst["retrieved_snippets"], strict=True,
+    ):  # fmt: skip
+        if key not in json.loads(worst["relevant"]):
+            assert key not in first  # a miss's id is a point UUID: not shown
+        assert f"<b>{html.escape(file)}</b>" in first and html.escape(snippet) in first
+        assert not heading or f" › {html.escape(heading)}" in first
+    hit_row = next(r for r in rows if r["ndcg@10"] > 0)
+    relevant = json.loads(hit_row["relevant"])
+    hit_rank = next(i for i, k in enumerate(hit_row["retrieved"]) if k in relevant)
+    assert hit_row["retrieved_files"][hit_rank].endswith(
+        next(iter(relevant)).split("#")[0].split("/")[-1]
+    )
+    assert "✓ relevant, grade" in page
     assert "| mrr |" in (out / "report.md").read_text()
     history = read_history(eval_config.eval.reports_dir)
     assert {(r["variant"], r["metric"]) for r in history} == {

@@ -23,6 +23,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -813,6 +814,39 @@ class EvalConfig(_Section):
         gt=0,
         description="RAG eval: judge only the first N golden items (the judge is slow on CPU).",
     )
+    skip_unmatched: bool = Field(
+        default=False,
+        description="Golden items whose targets (files, chunk headings, contained text) match "
+        "nothing in the index: False stops the run (exit 2) listing each with its closest "
+        "matches; True leaves them out of the scores, and the report counts and names them.",
+    )
+    max_judge_failure_share: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="A judged (RAGAS) metric whose judge failed on more than this share of the "
+        "items it applies to is marked 'judge failed on n of m' in the headline.",
+    )
+    judge_min_kappa: float = Field(
+        default=0.4,
+        ge=-1,
+        le=1,
+        description="The judge answers a calibration probe built from the golden set and the "
+        "index before it scores; below this Cohen's kappa its metrics are headlined 'judge "
+        "unreliable' and never feed a gate (0.4: 'moderate' agreement, Landis and Koch).",
+    )
+    judge_probe_size: int = Field(
+        default=16,
+        ge=0,
+        description="Calibration probe pairs (half supported, half not); 0 skips the probe, and "
+        "the judge's metrics are then headlined 'judge not calibrated'.",
+    )
+    labels: Path | None = Field(
+        default=None,
+        description="Human labels for judged metrics (CSV item_id,metric,value, or YAML/JSON): "
+        "each judged metric with labels gets a prediction-powered (PPI) estimate and CI beside "
+        "the judge's raw mean. Label a random sample of 30-100 items.",
+    )
     reports_dir: Path = Field(
         default=Path("eval/reports"),
         description="Each run writes <reports_dir>/<timestamp>-<name>/; history.parquet "
@@ -928,6 +962,18 @@ class RagpipeConfig(BaseSettings):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
     paths: PathsConfig = Field(default_factory=PathsConfig)
+    # Where each value set by load_config came from (dotted field -> origin).
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def origin(self, dotted: str) -> str:
+        """Where the value of ``dotted`` (e.g. ``eval.golden``) came from: the file, an
+        environment variable, the command line, or the built-in default."""
+        if dotted in self._origins:
+            return self._origins[dotted]
+        section, _, name = dotted.partition(".")
+        if name not in getattr(self, section).model_fields_set:
+            return f"the built-in default of {dotted}"
+        return "the configuration given"
 
     @classmethod
     def settings_customise_sources(
@@ -1015,6 +1061,11 @@ def load_config(
         raise ConfigError(_format_validation_error(exc, source)) from exc
     finally:
         _OVERRIDES.reset(token)
+    origins = {k: f"{source} ({k})" for k in _dotted(data)}
+    for name in environment_overrides():
+        origins[name.removeprefix("RAGPIPE_").lower().replace("__", ".")] = name
+    origins.update({k: f"{overrides_from} ({k})" for k in _dotted(overrides or {})})
+    config._origins.update(origins)
     logger.info(
         "configuration: %s; environment: %s; %s: %s",
         source, ", ".join(environment_overrides()) or "none", overrides_from,

@@ -32,6 +32,8 @@ FORM_FIELDS: dict[str, tuple[str, str]] = {
     "granularity": ("eval", "granularity"),
     "depth": ("eval", "depth"),
     "limit": ("eval", "rag_limit"),
+    "skip_unmatched": ("eval", "skip_unmatched"),
+    "labels": ("eval", "labels"),
     "mode": ("retrieve", "mode"),
     "fusion_method": ("retrieve", "fusion_method"),
     "alpha": ("retrieve", "alpha"),

@@ -13,6 +13,10 @@ Format::
           - {file: R-FAQ.pdf, heading: "2.7 What documentation exists for R?", grade: 3}
           - {file: R-FAQ.pdf, contains: "help.start()"}
         expected_answer: Online documentation ...   # optional (RAG metrics)
+      - id: capital
+        query: What is the capital of France?
+        answerable: false                  # the corpus does not answer it: no targets;
+                                           # a RAG run scores whether the model refuses
 
 File matching is by path suffix on component boundaries: ``math/trig.md``
 matches ``docs/math/trig.md`` but not ``docs/xmath/trig.md``.
@@ -31,6 +35,15 @@ import yaml
 from ragpipe.errors import ConfigError
 
 MAX_GRADE = 3
+ITEM_KEYS = {
+    "id",
+    "query",
+    "relevance",
+    "expected_files",
+    "chunks",
+    "expected_answer",
+    "answerable",
+}
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,7 @@ class GoldenItem:
     relevance: dict[str, int]  # file suffix -> grade
     chunks: tuple[ChunkTarget, ...] = ()
     expected_answer: str | None = None
+    answerable: bool = True
 
 
 @dataclass
@@ -74,6 +88,11 @@ class GoldenSet:
     description: str = ""
     source: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def answerable(self) -> list[GoldenItem]:
+        """The items whose answer is in the corpus (the ones retrieval metrics score)."""
+        return [i for i in self.items if i.answerable]
 
 
 def file_matches(path: str, suffix: str) -> bool:
@@ -93,11 +112,10 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
     where = f"{source}: item {index + 1}"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be a mapping with id, query and relevance")
-    unknown = set(raw) - {"id", "query", "relevance", "expected_files", "chunks", "expected_answer"}
+    unknown = set(raw) - ITEM_KEYS
     if unknown:
         raise ConfigError(
-            f"{where}: unknown keys {sorted(unknown)} (allowed: id, query, relevance, "
-            "expected_files, chunks, expected_answer)"
+            f"{where}: unknown keys {sorted(unknown)} (allowed: {', '.join(sorted(ITEM_KEYS))})"
         )
     item_id = str(raw.get("id") or "").strip()
     if not item_id:
@@ -109,6 +127,21 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
     query = raw.get("query")
     if not isinstance(query, str) or not query.strip():
         raise ConfigError(f"{where}: 'query' must be a non-empty string")
+    answerable = raw.get("answerable", True)
+    if not isinstance(answerable, bool):
+        raise ConfigError(f"{where}: 'answerable' must be true or false, got {answerable!r}")
+    answer = raw.get("expected_answer")
+    if answer is not None and not isinstance(answer, str):
+        raise ConfigError(f"{where}: 'expected_answer' must be a string")
+    if not answerable:
+        keys = ("relevance", "expected_files", "chunks", "expected_answer")
+        targets = [k for k in keys if raw.get(k)]
+        if targets:
+            raise ConfigError(
+                f"{where}: 'answerable: false' means the corpus holds no answer; remove "
+                f"{', '.join(targets)} or drop 'answerable: false'"
+            )
+        return GoldenItem(item_id, query.strip(), {}, answerable=False)
     relevance: dict[str, int] = {}
     graded = raw.get("relevance") or {}
     if not isinstance(graded, dict):
@@ -132,11 +165,8 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
     if not any(g > 0 for g in relevance.values()):
         raise ConfigError(
             f"{where}: no relevant file (grade > 0): add 'relevance', 'expected_files' or "
-            "'chunks'; a query with nothing relevant cannot be scored"
+            "'chunks' (or 'answerable: false' for a question the corpus does not answer)"
         )
-    answer = raw.get("expected_answer")
-    if answer is not None and not isinstance(answer, str):
-        raise ConfigError(f"{where}: 'expected_answer' must be a string")
     return GoldenItem(item_id, query.strip(), relevance, tuple(chunks), answer)
 
 
@@ -162,7 +192,12 @@ def save_golden(golden: GoldenSet, path: Path) -> None:
     """Write a golden set in the YAML format above."""
     items = []
     for item in golden.items:
-        raw: dict[str, Any] = {"id": item.id, "query": item.query, "relevance": item.relevance}
+        raw: dict[str, Any] = {"id": item.id, "query": item.query}
+        if not item.answerable:
+            raw["answerable"] = False
+            items.append(raw)
+            continue
+        raw["relevance"] = item.relevance
         if item.chunks:
             raw["chunks"] = [
                 {

@@ -64,6 +64,10 @@ def query_metrics(ranked: Sequence[str], qrels: Mapping[str, int]) -> dict[str, 
     }
 
 
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
 @dataclass(frozen=True)
 class Interval:
     """A mean with its bootstrap confidence interval, and how it was computed."""
@@ -77,11 +81,17 @@ class Interval:
     level: float = 0.95
     method: str = "percentile bootstrap"
 
-    def as_dict(self) -> dict[str, float | int | str]:
+    @property
+    def has_ci(self) -> bool:
+        """A CI needs at least two values: one value's bootstrap is the value itself."""
+        return self.n >= 2 and not math.isnan(self.low)
+
+    def as_dict(self) -> dict[str, float | int | str | None]:
+        """As summary.json holds it: a missing mean or CI (n = 0, or n = 1) is null."""
         return {
-            "mean": self.mean,
-            "ci_low": self.low,
-            "ci_high": self.high,
+            "mean": _finite(self.mean),
+            "ci_low": _finite(self.low),
+            "ci_high": _finite(self.high),
             "n": self.n,
             "resamples": self.resamples,
             "seed": self.seed,
@@ -93,10 +103,16 @@ class Interval:
 def bootstrap_ci(
     values: npt.ArrayLike, resamples: int = 1000, seed: int = 0, level: float = 0.95
 ) -> Interval:
-    """Percentile bootstrap CI of the mean (seeded ``numpy.random.Generator``)."""
+    """Percentile bootstrap CI of the mean (seeded ``numpy.random.Generator``).
+
+    No values: mean and CI are NaN. One value: the mean, and no CI (NaN bounds), since
+    resampling one value gives that value every time, a zero-width interval that would
+    claim certainty.
+    """
     x = np.asarray(values, dtype=np.float64)
-    if x.size == 0:
-        return Interval(float("nan"), float("nan"), float("nan"), 0, resamples, seed, level)
+    if x.size < 2:
+        mean = float(x[0]) if x.size else float("nan")
+        return Interval(mean, float("nan"), float("nan"), int(x.size), resamples, seed, level)
     rng = np.random.default_rng(seed)
     means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
     alpha = (1 - level) / 2
@@ -112,10 +128,10 @@ class PairedDelta:
     p_value: float
     permutations: int
 
-    def as_dict(self) -> dict[str, float | int | str]:
+    def as_dict(self) -> dict[str, float | int | str | None]:
         return {
             **self.interval.as_dict(),
-            "p_value": self.p_value,
+            "p_value": _finite(self.p_value),
             "permutations": self.permutations,
         }
 
@@ -134,7 +150,7 @@ def paired_delta(
         raise ValueError("paired comparison needs the same queries in the same order")
     d = b - a
     interval = bootstrap_ci(d, resamples, seed)
-    if d.size == 0:
+    if d.size < 2:
         return PairedDelta(interval, float("nan"), permutations)
     rng = np.random.default_rng(seed + 1)
     signs = rng.choice(np.array([-1.0, 1.0]), size=(permutations, d.size))

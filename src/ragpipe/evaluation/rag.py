@@ -1,4 +1,15 @@
-"""RAG evaluation: retrieve → generate → judge with RAGAS, over a golden set.
+"""RAG evaluation: retrieve → generate → score the answers, and judge them with RAGAS.
+
+Every run scores the answers without a judge (``ANSWER_METRICS``, from
+``ragpipe.evaluation.answers``): correctness against ``expected_answer`` (SQuAD
+token F1, ROUGE-L, the embedder's cosine), citation precision and recall against
+the sources holding a golden target, refusal (correct on ``answerable: false``
+items, false on the others) and degenerate (looping) output.
+
+The judge is measured before it is believed (``ragpipe.evaluation.calibration``):
+its Cohen's kappa on a probe built from the golden set and the index decides
+whether its metrics are headlined at all. Optional human labels turn each judged
+metric into a prediction-powered estimate (``ragpipe.evaluation.agreement``).
 
 The judge is the ``ragas`` library's own metrics (faithfulness, answer
 relevancy, context precision, context recall) driven by ragpipe's ``LLM`` and
@@ -21,16 +32,33 @@ from importlib import metadata
 from typing import Any, TypeVar
 
 from ragpipe.config import RagpipeConfig
-from ragpipe.evaluation.golden import GoldenItem, GoldenSet
+from ragpipe.evaluation import answers
+from ragpipe.evaluation.agreement import PPIEstimate, labels_by_metric, load_labels, ppi_mean
+from ragpipe.evaluation.calibration import Calibration, build_probe, calibrate
+from ragpipe.evaluation.check import IndexView
+from ragpipe.evaluation.golden import GoldenItem, GoldenSet, file_matches
 from ragpipe.evaluation.metrics import Interval, bootstrap_ci
 from ragpipe.models.embedders import Embedder, make_embedder
 from ragpipe.models.llm import LLM, make_llm
-from ragpipe.query.generate import answer
+from ragpipe.query.generate import Answer, answer
+from ragpipe.query.results import Retrieved
 from ragpipe.query.retrieve import Retriever
 
 os.environ.setdefault("RAGAS_DO_NOT_TRACK", "true")  # else ~15 s of telemetry DNS per run
 
 RAG_METRICS = ("faithfulness", "answer_relevancy", "context_precision", "context_recall")
+# Judge-free, on every run: correctness vs expected_answer, citations, refusal, loops.
+ANSWER_METRICS = (
+    "answer_f1",
+    "answer_rouge_l",
+    "answer_cosine",
+    "citation_precision",
+    "citation_recall",
+    "correct_refusal",
+    "false_refusal",
+    "degenerate",
+)
+ALL_RAG_METRICS = ANSWER_METRICS + RAG_METRICS
 # What each metric can score. Outside it, the judge's output broke the metric's arithmetic
 # (a small model's context-precision verdicts of 2 or -1 instead of 0/1 gave 5e14).
 # Answer relevancy is a mean cosine similarity.
@@ -61,8 +89,12 @@ class RagRow:
     tokens_in: int
     tokens_out: int
     generation_seconds: float
-    judged: dict[str, Judged] = field(default_factory=dict)
+    judged: dict[str, Judged] = field(default_factory=dict)  # RAG_METRICS and ANSWER_METRICS
     context_precision_kind: str = ""
+    answerable: bool = True
+    sources: list[dict[str, Any]] = field(default_factory=list)  # number, file, heading, ...
+    cited_numbers: list[int] = field(default_factory=list)  # valid and invalid, in order
+    repetition: float = 0.0
 
 
 @dataclass
@@ -77,6 +109,10 @@ class RagEvalResult:
     warnings: list[str]
     resamples: int
     seed: int
+    flags: dict[str, str] = field(default_factory=dict)  # metric -> why it is not a value
+    withheld: set[str] = field(default_factory=set)  # flagged metrics shown without a value
+    calibration: Calibration | None = None
+    ppi: dict[str, PPIEstimate] = field(default_factory=dict)
 
 
 def _adapters(llm: LLM, embedder: Embedder, max_tokens: int) -> tuple[Any, Any]:
@@ -156,9 +192,13 @@ class Judge:
 
     async def judge(self, row: RagRow, item: GoldenItem) -> None:
         q, a, ctx, ref = item.query, row.answer, row.contexts, item.expected_answer
+        if not item.answerable:
+            reason = "answerable: false (scored by refusal)"
+            row.judged.update({m: Judged(None, NOT_APPLICABLE, reason) for m in RAG_METRICS})
+            return
         if not ctx:
             reason = "nothing was retrieved"
-            row.judged = {m: Judged(None, NOT_APPLICABLE, reason) for m in RAG_METRICS}
+            row.judged.update({m: Judged(None, NOT_APPLICABLE, reason) for m in RAG_METRICS})
             return
         if row.not_found:
             row.judged["faithfulness"] = Judged(None, NOT_APPLICABLE, "'not found' makes no claim")
@@ -197,6 +237,82 @@ class Judge:
             row.judged["context_recall"] = Judged(None, NOT_APPLICABLE, "no expected_answer")
 
 
+def supporting(source_payloads: dict[int, dict[str, Any]], item: GoldenItem) -> set[int]:
+    """Numbers of the given sources that hold a golden target: a chunk target when the
+    item has any, else a relevant file (grade > 0)."""
+    if item.chunks:
+        return {n for n, p in source_payloads.items() if any(t.matches(p) for t in item.chunks)}
+    files = [s for s, g in item.relevance.items() if g > 0]
+    return {
+        n
+        for n, p in source_payloads.items()
+        if any(file_matches(str(p.get("file_path", "")), f) for f in files)
+    }
+
+
+def score_answer(
+    item: GoldenItem, reply: Answer, hits: Sequence[Retrieved], embedder: Embedder | None
+) -> tuple[dict[str, Judged], list[dict[str, Any]], list[int], float]:
+    """The judge-free metrics of one answer, the sources as the report shows them, the
+    cited numbers and the answer's repetition share.
+
+    Not applicable (null, with the reason): correctness without ``expected_answer``;
+    citations on refusals and on ``answerable: false`` items; precision with nothing
+    cited, recall with no given source holding a target; ``false_refusal`` on
+    unanswerable items and ``correct_refusal`` on answerable ones.
+    """
+    na = NOT_APPLICABLE
+    payloads = {h.point_id: h.payload for h in hits}
+    by_number = {s.number: payloads.get(s.point_id, {"file_path": s.file_path,
+                 "heading_path": [s.heading] if s.heading else [], "text": s.text})
+                 for s in reply.sources}  # fmt: skip
+    support = supporting(by_number, item) if item.answerable else set()
+    cited = [s.number for s in reply.cited] + list(reply.invalid_citations)
+    sources = [
+        {"number": s.number, "file": s.file_path, "heading": s.heading, "page": s.page,
+         "holds_target": s.number in support, "cited": s.number in cited}
+        for s in reply.sources
+    ]  # fmt: skip
+    scores: dict[str, Judged] = {}
+    expected = item.expected_answer
+    if expected and item.answerable:
+        scores["answer_f1"] = Judged(answers.token_f1(reply.text, expected), OK)
+        scores["answer_rouge_l"] = Judged(answers.rouge_l(reply.text, expected), OK)
+        if embedder is not None:
+            cos = answers.cosine(embedder.embed_query(reply.text), embedder.embed_query(expected))
+            scores["answer_cosine"] = Judged(cos, OK)
+        else:
+            scores["answer_cosine"] = Judged(None, na, "no embedder")
+    else:
+        why = "answerable: false" if not item.answerable else "no expected_answer"
+        for m in ("answer_f1", "answer_rouge_l", "answer_cosine"):
+            scores[m] = Judged(None, na, why)
+    if not item.answerable or reply.not_found:
+        why = "answerable: false" if not item.answerable else "the answer is a refusal"
+        scores["citation_precision"] = Judged(None, na, why)
+        scores["citation_recall"] = Judged(None, na, why)
+    else:
+        given = [s.number for s in reply.sources]
+        precision, recall = answers.citation_scores(cited, support, given)
+        scores["citation_precision"] = (
+            Judged(precision, OK) if precision is not None else Judged(None, na, "nothing cited")
+        )
+        scores["citation_recall"] = (
+            Judged(recall, OK)
+            if recall is not None
+            else Judged(None, na, "no given source holds a golden target")
+        )
+    refused = 1.0 if reply.not_found else 0.0
+    if item.answerable:
+        scores["correct_refusal"] = Judged(None, na, "answerable item")
+        scores["false_refusal"] = Judged(refused, OK)
+    else:
+        scores["correct_refusal"] = Judged(refused, OK)
+        scores["false_refusal"] = Judged(None, na, "answerable: false")
+    scores["degenerate"] = Judged(1.0 if answers.is_degenerate(reply.text) else 0.0, OK)
+    return scores, sources, cited, answers.repetition_share(reply.text)
+
+
 def run_rag_eval(
     config: RagpipeConfig,
     golden: GoldenSet,
@@ -207,19 +323,42 @@ def run_rag_eval(
     generator: LLM | None = None,
     judge_llm: LLM | None = None,
     embedder: Embedder | None = None,
+    view: IndexView | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> RagEvalResult:
-    """Retrieve, answer and judge the first ``limit`` golden items (all when None)."""
+    """Calibrate the judge, then retrieve, answer, score and judge the first ``limit``
+    golden items (all when None).
+
+    Args:
+        view: The index as the golden check saw it; the judge's calibration probe is
+            built from it (from the retriever's store when None).
+    """
     items: Sequence[GoldenItem] = golden.items[:limit] if limit else golden.items
     embedder = embedder or make_embedder(config.embed)
     own = retriever is None
     retriever = retriever or Retriever(config, embedder=embedder, llm=generator)
     generator = generator or retriever.llm
-    judge_config = config.eval.judge
+    ev = config.eval
+    judge_config = ev.judge
     judge_model = judge_llm or (make_llm(judge_config) if judge_config else generator)
-    judge = Judge(judge_model, embedder, config.eval.judge_timeout_s, config.eval.judge_max_tokens)
+    judge = Judge(judge_model, embedder, ev.judge_timeout_s, ev.judge_max_tokens)
+    labels = labels_by_metric(load_labels(ev.labels)) if ev.labels else {}
     rows: list[RagRow] = []
+    calibration: Calibration | None = None
+    notes: list[str] = []
     try:
+        if ev.judge_probe_size > 0:
+            probe = build_probe(golden, view or IndexView(retriever.store), ev.judge_probe_size,
+                                ev.seed)  # fmt: skip
+            if len(probe) >= 4:
+                calibration = calibrate(judge_model, probe, min_kappa=ev.judge_min_kappa,
+                                        timeout_s=ev.judge_timeout_s,
+                                        resamples=ev.resamples, seed=ev.seed)  # fmt: skip
+            else:
+                notes.append(
+                    f"the calibration probe needs at least 4 pairs; the golden set and index "
+                    f"gave {len(probe)} (items need target chunks with sentences of 6+ words)"
+                )
         for item in items:
             hits = retriever.search(item.query).hits
             started = time.perf_counter()
@@ -235,37 +374,106 @@ def run_rag_eval(
                 reply.tokens_in,
                 reply.tokens_out,
                 time.perf_counter() - started,
+                answerable=item.answerable,
+            )
+            scores, row.sources, row.cited_numbers, row.repetition = score_answer(
+                item, reply, hits, embedder
             )
             asyncio.run(judge.judge(row, item))
+            row.judged.update(scores)
             rows.append(row)
             if progress is not None:
                 progress(1)
     finally:
         if own:
             retriever.close()
+    return _result(config, golden, name, rows, judge, judge_model, generator, calibration,
+                   notes, labels)  # fmt: skip
+
+
+def _result(
+    config: RagpipeConfig,
+    golden: GoldenSet,
+    name: str | None,
+    rows: list[RagRow],
+    judge: Judge,
+    judge_model: LLM,
+    generator: LLM,
+    calibration: Calibration | None,
+    notes: list[str],
+    labels: dict[str, dict[str, float]],
+) -> RagEvalResult:
+    """Means with CIs over the scored items, counts, the headline flags, PPI estimates."""
+    ev = config.eval
     summary: dict[str, Interval] = {}
     counts: dict[str, dict[str, int]] = {}
-    for m in RAG_METRICS:
+    for m in ALL_RAG_METRICS:
         scored = [r.judged[m].value for r in rows if r.judged[m].status == OK]
-        summary[m] = bootstrap_ci(
-            [v for v in scored if v is not None], config.eval.resamples, config.eval.seed
-        )
+        summary[m] = bootstrap_ci([v for v in scored if v is not None], ev.resamples, ev.seed)
         counts[m] = {s: sum(1 for r in rows if r.judged[m].status == s)
                      for s in (OK, FAILED, NOT_APPLICABLE)}  # fmt: skip
+    flags: dict[str, str] = {}
+    withheld: set[str] = set()
+    for m in RAG_METRICS:
+        reasons = []
+        tried = counts[m][OK] + counts[m][FAILED]
+        if tried and counts[m][FAILED] / tried > ev.max_judge_failure_share:
+            reasons.append(
+                f"judge failed on {counts[m][FAILED]} of {tried} "
+                f"(> {ev.max_judge_failure_share:.0%})"
+            )
+            withheld.add(m)
+        if calibration is None:
+            reasons.append("judge not calibrated")
+        elif not calibration.reliable:
+            reasons.append(calibration.label())
+            withheld.add(m)
+        if reasons:
+            flags[m] = "; ".join(reasons)
+    ppi: dict[str, PPIEstimate] = {}
+    for m, by_item in labels.items():
+        if m not in RAG_METRICS:
+            judged = ", ".join(RAG_METRICS)
+            notes.append(f"labels for {m!r} ignored: only judged metrics ({judged}) take them")
+            continue
+        low, high = SCORE_RANGE.get(m, (0.0, 1.0))
+        # The judge's prediction per applicable item; a failed verdict predicts the range's
+        # midpoint, a fixed rule, so the labelled rectifier still corrects it without bias.
+        midpoint = (low + high) / 2
+        predictions: dict[str, float] = {}
+        for r in rows:
+            if r.judged[m].status != NOT_APPLICABLE:
+                value = r.judged[m].value
+                predictions[r.item_id] = value if value is not None else midpoint
+        known = {i: v for i, v in by_item.items() if i in predictions}
+        if len(known) < len(by_item):
+            notes.append(f"{len(by_item) - len(known)} label(s) of {m} are for items this run "
+                         "did not judge (not in the run, or not applicable); left out")  # fmt: skip
+        if known:
+            ppi[m] = ppi_mean(m, predictions, known)
     warnings = []
     if len(rows) < 50:
         warnings.append(f"only {len(rows)} queries (< 50): confidence intervals are wide")
-    failed = sum(c[FAILED] for c in counts.values())
+    failed = sum(counts[m][FAILED] for m in RAG_METRICS)
     if failed:
         warnings.append(f"{failed} judge call(s) failed; they are null, not 0 (see per_query)")
+    if calibration is not None and not calibration.reliable:
+        warnings.append(
+            f"{calibration.label()}: its metrics are not shown as values and feed no gate"
+        )
+    warnings += notes
     judge_info = {
         "model": judge_model.name,
-        "temperature": (judge_config or config.llm).temperature,
+        "temperature": (ev.judge or config.llm).temperature,
         "ragas": metadata.version("ragas"),
         "metric_classes": judge.classes,
-        "timeout_s": config.eval.judge_timeout_s,
-        "max_tokens": config.eval.judge_max_tokens,
-        "counts": counts,
+        "timeout_s": ev.judge_timeout_s,
+        "max_tokens": ev.judge_max_tokens,
+        "counts": {m: counts[m] for m in RAG_METRICS},
+        "calibration": calibration.as_dict() if calibration else None,
+        "usable_for_gates": calibration is not None and calibration.reliable and not withheld,
+        "ppi": {m: e.as_dict() for m, e in ppi.items()},
+        "labels": str(ev.labels) if ev.labels else None,
     }
     return RagEvalResult(
         name=name or f"{golden.name}-rag",
@@ -276,6 +484,10 @@ def run_rag_eval(
         judge=judge_info,
         generator=generator.name,
         warnings=warnings,
-        resamples=config.eval.resamples,
-        seed=config.eval.seed,
+        resamples=ev.resamples,
+        seed=ev.seed,
+        flags=flags,
+        withheld=withheld,
+        calibration=calibration,
+        ppi=ppi,
     )

@@ -15,16 +15,34 @@ import pyarrow as pa
 
 from ragpipe.config import RagpipeConfig
 from ragpipe.evaluation.metrics import METRICS
-from ragpipe.evaluation.rag import RAG_METRICS
+from ragpipe.evaluation.rag import ANSWER_METRICS, RAG_METRICS
 
 if TYPE_CHECKING:
     from ragpipe.evaluation.run import RunSummary
 
 
-def _fmt(ci: dict[str, Any]) -> str:
-    if not ci["n"]:
-        return "n/a"
-    return f"{ci['mean']:.3f} [{ci['ci_low']:.3f}, {ci['ci_high']:.3f}]"
+def headline_cell(st: dict[str, Any]) -> str:
+    """One metric as every headline shows it (terminal, report.md, report.html, Prefect).
+
+    The value with its 95% CI when at least two items were scored, the value alone
+    (``no CI``) for one, none for zero; then how many items it scored, failed on and did
+    not apply to; a withheld metric (an unreliable judge, too many judge failures)
+    shows why instead of a value.
+    """
+    n = int(st.get("n") or 0)
+    failed = int(st.get("n_failed") or 0)
+    na = int(st.get("n_not_applicable") or 0)
+    extra = (f", {failed} failed" if failed else "") + (f", {na} n/a" if na else "")
+    flag = st.get("flag")
+    if st.get("withheld"):
+        return f"{flag} (n={n}{extra})"
+    if n == 0 or st.get("mean") is None:
+        cell = f"no value (n=0{extra})"
+    elif n == 1 or st.get("ci_low") is None:
+        cell = f"{st['mean']:.3f} (n=1, no CI{extra})"
+    else:
+        cell = f"{st['mean']:.3f} [{st['ci_low']:.3f}, {st['ci_high']:.3f}] (n={n}{extra})"
+    return f"{cell}; {flag}" if flag else cell
 
 
 def _names(summary: RunSummary) -> list[str]:
@@ -41,29 +59,115 @@ def _index_version_line(version: dict[str, Any]) -> list[str]:
     ]
 
 
+def _metric_table(summary: RunSummary, names: list[str]) -> list[str]:
+    variants = list(summary.metrics)
+    lines = ["| metric | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
+    for m in names:
+        cells = [headline_cell(summary.metrics[v][m]) for v in variants if m in summary.metrics[v]]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _judge_lines(judge: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        "## Judge",
+        "",
+        f"- model: {judge['model']}, temperature {judge['temperature']}, ragas "
+        f"{judge['ragas']}; metrics: {', '.join(judge['metric_classes'])}",
+        "- a judge failure is recorded as null with its reason (never as 0); "
+        "not applicable: context_recall without expected_answer, faithfulness of a "
+        "'not found' answer, every judged metric of an answerable: false item",
+    ]
+    cal = judge.get("calibration")
+    if cal:
+        acc = f"{cal['accuracy']:.2f}"
+        if cal.get("accuracy_low") is not None and cal["accuracy_low"] == cal["accuracy_low"]:
+            acc += f" [{cal['accuracy_low']:.2f}, {cal['accuracy_high']:.2f}]"
+        lines += [
+            f"- calibration: **{cal['label']}**; accuracy {acc}, {cal['failed']} probe "
+            f"verdict(s) failed (counted wrong), 'yes' share {cal['yes_share']:.2f}. Below "
+            "the minimum kappa the judged metrics are withheld from the headline and feed "
+            "no gate.",
+            "",
+            "| probe pairs | truth | pairs | judged right |",
+            "|---|---|---|---|",
+        ]
+        truth = {"supported": "yes", "unrelated": "no", "altered": "no",
+                 "matching_answer": "yes", "mismatched_answer": "no"}  # fmt: skip
+        for kind, c in cal["by_kind"].items():
+            lines.append(f"| {kind} | {truth.get(kind, '?')} | {c['pairs']} | {c['correct']} |")
+    else:
+        lines.append("- calibration: **none** (eval.judge_probe_size 0, or no probe could be "
+                     "built): the judged metrics are not known to be trustworthy")  # fmt: skip
+    lines += ["", "| metric | scored | failed | not applicable |", "|---|---|---|---|"]
+    for m, c in judge["counts"].items():
+        lines.append(f"| {m} | {c['ok']} | {c['failed']} | {c['not_applicable']} |")
+    ppi = judge.get("ppi") or {}
+    if ppi:
+        lines += [
+            "",
+            "## Human labels: prediction-powered estimates",
+            "",
+            f"- labels: `{judge.get('labels')}`. PPI (Angelopoulos et al., 2023): the judge's "
+            "mean over every judged item, corrected by the judge's average error on the "
+            "labelled items; unbiased whatever the judge's quality, with a valid 95% CI.",
+            "",
+            "| metric | PPI estimate [95% CI] | human labels alone [95% CI] | judge mean | "
+            "labelled / judged |",
+            "|---|---|---|---|---|",
+        ]
+        for m, e in ppi.items():
+            lines.append(
+                f"| {m} | {_ci(e['mean'], e['ci_low'], e['ci_high'])} | "
+                f"{_ci(e['human_mean'], e['human_ci_low'], e['human_ci_high'])} | "
+                f"{e['judge_mean']:.3f} (raw) | {e['n_labeled']} / {e['n_judged']} |"
+            )
+    return lines
+
+
+def _ci(mean: float, low: float | None, high: float | None) -> str:
+    if low is None or high is None or low != low:
+        return f"{mean:.3f} (no CI)"
+    return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+
+
 def render_markdown(summary: RunSummary) -> str:
-    """The run's report.md: provenance, metrics with CIs, deltas, gate, judge, settings."""
+    """The run's report.md: provenance, the headline metrics (n, failures, flags), deltas,
+    gate, judge calibration, settings."""
     names = _names(summary)
     title = "RAG evaluation" if summary.kind == "rag" else "Retrieval evaluation"
     lines = [f"# {title}: {summary.name}", ""]
     g = summary.golden
+    check = summary.golden_check or {}
+    checked = (
+        f"; checked against the index: {check['targets']} targets, "
+        f"{len(check['skipped_items'])} items skipped"
+        if check
+        else ""
+    )
     lines += [
-        f"- golden set: **{g.name}** ({g.queries} queries, `{g.source}`)",
+        f"- golden set: **{g.name}** ({g.queries} queries, `{g.source}`){checked}",
         f"- granularity: {summary.granularity}, depth {summary.depth}",
         f"- corpus: {summary.corpus['files']} files, {summary.corpus['points']} chunks "
         f"(fingerprint {summary.corpus['sha256']})",
         *_index_version_line(summary.corpus.get("index_version") or {}),
         f"- embedder: {summary.models['embedder']}; git {summary.git_revision or 'n/a'}",
         f"- 95% CIs: percentile bootstrap, {summary.statistics['resamples']} resamples, "
-        f"seed {summary.statistics['seed']}",
+        f"seed {summary.statistics['seed']}; a CI needs n >= 2 scored items",
         "",
     ]
     for warning in summary.warnings:
         lines.append(f"> **warning:** {warning}")
-    variants = list(summary.metrics)
-    lines += ["", "| metric | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
-    for m in names:
-        lines.append(f"| {m} | " + " | ".join(_fmt(summary.metrics[v][m]) for v in variants) + " |")
+    if summary.kind == "rag":
+        answer = [m for m in names if m in ANSWER_METRICS]
+        judged = [m for m in names if m in RAG_METRICS]
+        judge = summary.judge or {}
+        label = (judge.get("calibration") or {}).get("label", "judge not calibrated")
+        lines += ["", "## Answers (no judge)", "", *_metric_table(summary, answer)]
+        lines += ["", f"## Judged (RAGAS): {label}", "", *_metric_table(summary, judged)]
+    else:
+        lines += ["", *_metric_table(summary, names)]
     if summary.deltas:
         lines += ["", f"## Paired deltas vs `{summary.baseline}`", ""]
         others = list(summary.deltas)
@@ -72,6 +176,9 @@ def render_markdown(summary: RunSummary) -> str:
             cells = []
             for v in others:
                 d = summary.deltas[v][m]
+                if d.get("ci_low") is None:
+                    cells.append(f"{d['mean']:+.3f} (n={d['n']}, no CI)")
+                    continue
                 ci = f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
                 cells.append(f"{d['mean']:+.3f} {ci} p={d['p_value']:.3f}")
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
@@ -85,23 +192,10 @@ def render_markdown(summary: RunSummary) -> str:
         ]
         lines += [f"- {f}" for f in gate.failures]
     if summary.judge:
-        judge = summary.judge
-        lines += [
-            "",
-            "## Judge",
-            "",
-            f"- model: {judge['model']}, temperature {judge['temperature']}, ragas "
-            f"{judge['ragas']}; metrics: {', '.join(judge['metric_classes'])}",
-            "- a judge failure is recorded as null with its reason (never as 0); "
-            "not applicable: context_recall without expected_answer, faithfulness of a "
-            "'not found' answer",
-            "",
-            "| metric | scored | failed | not applicable |",
-            "|---|---|---|---|",
-        ]
-        for m in names:
-            c = judge["counts"][m]
-            lines.append(f"| {m} | {c['ok']} | {c['failed']} | {c['not_applicable']} |")
+        lines += _judge_lines(summary.judge)
+    if check.get("unmatched"):
+        lines += ["", "## Golden targets that match nothing (skipped)", ""]
+        lines += [f"- {u}" for u in check["unmatched"]]
     lines += ["", "## Settings", ""]
     for v, s in summary.variants.items():
         keys = (
@@ -119,7 +213,7 @@ def render_markdown(summary: RunSummary) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _svg(fig: Any) -> str:
+def svg(fig: Any) -> str:
     buffer = io.StringIO()
     fig.savefig(buffer, format="svg", bbox_inches="tight")
     return buffer.getvalue()[buffer.getvalue().index("<svg") :]
@@ -133,14 +227,22 @@ def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
     import matplotlib.pyplot as plt
 
     out = []
-    names = _names(summary)
     variants = list(summary.metrics)
+
+    def drawn(st: dict[str, Any]) -> bool:
+        return st.get("mean") is not None and not st.get("withheld")
+
+    # Withheld metrics and metrics with no value are not drawn; n = 1 has no whisker.
+    names = [m for m in _names(summary) if any(drawn(summary.metrics[v][m]) for v in variants)]
     width = 0.8 / len(variants)
     fig, ax = plt.subplots(figsize=(10, 4))
     for i, v in enumerate(variants):
-        means = [summary.metrics[v][m]["mean"] for m in names]
-        low = [means[j] - summary.metrics[v][m]["ci_low"] for j, m in enumerate(names)]
-        high = [summary.metrics[v][m]["ci_high"] - means[j] for j, m in enumerate(names)]
+        cis = [summary.metrics[v][m] for m in names]
+        means = [c["mean"] if drawn(c) else float("nan") for c in cis]
+        low = [c["mean"] - c["ci_low"] if drawn(c) and c["ci_low"] is not None else 0.0
+               for c in cis]  # fmt: skip
+        high = [c["ci_high"] - c["mean"] if drawn(c) and c["ci_high"] is not None else 0.0
+                for c in cis]  # fmt: skip
         xs = [j + i * width for j in range(len(names))]
         ax.bar(xs, means, width, yerr=[low, high], capsize=3, label=v)
     ax.set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(names))], names)
@@ -148,11 +250,14 @@ def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
     ax.set_ylabel("mean (95% CI)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.tick_params(axis="x", rotation=30)
-    out.append(("Metrics with 95% confidence intervals", _svg(fig)))
+    out.append(("Metrics with 95% confidence intervals (withheld ones not drawn)", svg(fig)))
     plt.close(fig)
 
     data = table.to_pydict()
-    shown = [m for m in ("mrr", "ndcg@10", "recall@10") if m in names] or names[:3]
+    with_values = [m for m in names if any(x is not None for x in data.get(m, []))]
+    shown = [m for m in ("mrr", "ndcg@10", "recall@10") if m in names] or with_values[:3]
+    if not shown:
+        return out
     fig, axes = plt.subplots(1, len(shown), figsize=(4 * len(shown), 3.5), squeeze=False)
     for ax, m in zip(axes[0], shown, strict=True):
         series = [
@@ -163,7 +268,7 @@ def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
         ax.set_title(f"{m} per query")
         ax.set_ylim(-0.05, 1.05)
         ax.tick_params(axis="x", rotation=20)
-    out.append(("Per-query distributions", _svg(fig)))
+    out.append(("Per-query distributions", svg(fig)))
     plt.close(fig)
 
     if summary.deltas:
@@ -173,7 +278,10 @@ def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
         for i, v in enumerate(others):
             d = [summary.deltas[v][m] for m in names]
             means = [x["mean"] for x in d]
-            err = [[x["mean"] - x["ci_low"] for x in d], [x["ci_high"] - x["mean"] for x in d]]
+            err = [
+                [x["mean"] - x["ci_low"] if x["ci_low"] is not None else 0.0 for x in d],
+                [x["ci_high"] - x["mean"] if x["ci_high"] is not None else 0.0 for x in d],
+            ]
             ax.bar(
                 [j + i * width for j in range(len(names))],
                 means,
@@ -187,13 +295,26 @@ def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
         ax.tick_params(axis="x", rotation=30)
         ax.set_ylabel("paired delta (95% CI)")
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        out.append((f"Deltas vs baseline ({summary.baseline})", _svg(fig)))
+        out.append((f"Deltas vs baseline ({summary.baseline})", svg(fig)))
         plt.close(fig)
     return out
 
 
 # Questions shown in the HTML report's drill-down.
 WORST_SHOWN = 10
+
+
+def _rank_item(key: str, relevant: dict[str, int], rank: dict[str, str] | None) -> str:
+    """One retrieved result: file, heading path and snippet; relevant ones marked."""
+    hit = key in relevant
+    mark = f"<span class='grade'>✓ relevant, grade {relevant[key]}</span> " if hit else ""
+    if rank is None:  # a report from before per-rank files were kept
+        return f"<li class='{'hit' if hit else 'miss'}'>{mark}{html.escape(key)}</li>"
+    heading = f" › {html.escape(rank['heading'])}" if rank["heading"] else ""
+    return (
+        f"<li class='{'hit' if hit else 'miss'}'>{mark}<b>{html.escape(rank['file'])}</b>"
+        f"{heading}<div class='snip'>{html.escape(rank['snippet'])}</div></li>"
+    )
 
 
 def _worst_retrieval(table: pa.Table, metric: str, shown: int) -> str:
@@ -218,15 +339,22 @@ def _worst_retrieval(table: pa.Table, metric: str, shown: int) -> str:
         for v in variants:
             if v not in group:
                 continue
+            row = group[v]
+            files = row.get("retrieved_files") or []
+            ranks = [
+                {"file": f, "heading": h, "snippet": t}
+                for f, h, t in zip(
+                    files, row.get("retrieved_headings") or [], row.get("retrieved_snippets") or [],
+                    strict=False,
+                )
+            ]  # fmt: skip
             ranked = "".join(
-                f"<li class='{'hit' if key in relevant else 'miss'}'>{html.escape(key)}"
-                + (f" <span class='grade'>grade {relevant[key]}</span>" if key in relevant else "")
-                + "</li>"
-                for key in group[v]["retrieved"]
+                _rank_item(key, relevant, ranks[i] if i < len(ranks) else None)
+                for i, key in enumerate(row["retrieved"])
             )
             lists.append(
-                f"<div><b>{html.escape(v)}</b> retrieved ({metric} {group[v][metric]:.3f}, "
-                f"mrr {group[v]['mrr']:.3f}):<ol>{ranked or '<li>nothing</li>'}</ol></div>"
+                f"<div><b>{html.escape(v)}</b> retrieved ({metric} {row[metric]:.3f}, "
+                f"mrr {row['mrr']:.3f}):<ol>{ranked or '<li>nothing</li>'}</ol></div>"
             )
         parts.append(
             f"<details><summary>{html.escape(item_id)}: {html.escape(head['query'])} "
@@ -239,35 +367,68 @@ def _worst_retrieval(table: pa.Table, metric: str, shown: int) -> str:
     )
 
 
+def _value(r: dict[str, Any], m: str) -> str:
+    if r.get(m) is not None:
+        return f"{r[m]:.3f}"
+    reason = r.get(f"{m}_reason")
+    return html.escape(str(r.get(f"{m}_status"))) + (
+        f" <i>({html.escape(reason)})</i>" if reason else ""
+    )
+
+
 def _worst_rag(table: pa.Table, shown: int) -> str:
     rows = table.to_pylist()
 
-    def badness(r: dict[str, Any]) -> tuple[int, float, str]:
-        scores = [r[m] for m in RAG_METRICS if r[m] is not None]
+    def badness(r: dict[str, Any]) -> tuple[float, int, float, str]:
+        # Degenerate answers and false refusals first, then judge failures, then low
+        # correctness.
+        wrong = (r.get("degenerate") or 0.0) + (r.get("false_refusal") or 0.0)
+        correct = r.get("correct_refusal")
+        wrong += 1.0 - (correct if correct is not None else 1.0)
         failed = sum(r[f"{m}_status"] == "failed" for m in RAG_METRICS)
-        return (-failed, sum(scores) / len(scores) if scores else 0.0, r["item_id"])
+        f1 = r.get("answer_f1")
+        return (-wrong, -failed, f1 if f1 is not None else 1.0, r["item_id"])
 
     parts = []
     for r in sorted(rows, key=badness)[:shown]:
-        judged = "".join(
-            f"<li>{m}: "
-            + (f"{r[m]:.3f}" if r[m] is not None else html.escape(r[f"{m}_status"]))
-            + (f" <i>({html.escape(r[f'{m}_reason'])})</i>" if r[f"{m}_reason"] else "")
-            + "</li>"
-            for m in RAG_METRICS
-        )
-        contexts = "".join(f"<li><pre>{html.escape(c)}</pre></li>" for c in r.get("contexts") or [])
+        scored = "".join(f"<li>{m}: {_value(r, m)}</li>" for m in ANSWER_METRICS if m in r)
+        judged = "".join(f"<li>{m}: {_value(r, m)}</li>" for m in RAG_METRICS)
+        cited = set(r.get("cited_numbers") or [])
+        files = r.get("source_files") or []
+        headings = r.get("source_headings") or []
+        holds = r.get("source_holds_target") or []
+        contexts = []
+        for i, text in enumerate(r.get("contexts") or []):
+            where = ""
+            if i < len(files):
+                where = f"<b>{html.escape(files[i])}</b>" + (
+                    f" › {html.escape(headings[i])}" if i < len(headings) and headings[i] else ""
+                )
+            marks = ("cited " if i + 1 in cited else "") + (
+                "✓ holds a golden target" if i < len(holds) and holds[i] else ""
+            )
+            contexts.append(
+                f"<li>{where} <span class='grade'>{marks}</span><pre>{html.escape(text)}</pre></li>"
+            )
+        invalid = [n for n in cited if n > len(files)]
         expected = r.get("expected_answer")
+        kind = (
+            "" if r.get("answerable", True) else " <span class='grade'>(answerable: false)</span>"
+        )
         parts.append(
-            f"<details><summary>{html.escape(r['item_id'])}: {html.escape(r['query'])}</summary>"
+            f"<details><summary>{html.escape(r['item_id'])}: {html.escape(r['query'])}{kind}"
+            "</summary>"
             + (f"<p>expected: {html.escape(expected)}</p>" if expected else "")
             + f"<p>answer{' (not found)' if r['not_found'] else ''}: "
-            f"{html.escape(r['answer'])}</p><div>judge:<ul>{judged}</ul></div>"
-            f"<div>contexts (numbered as cited):<ol>{contexts}</ol></div></details>"
+            f"{html.escape(r['answer'])}</p>"
+            + (f"<p class='warn'>cites sources never given: {invalid}</p>" if invalid else "")
+            + f"<div>scored without a judge:<ul>{scored}</ul></div>"
+            f"<div>judge:<ul>{judged}</ul></div>"
+            f"<div>sources given (numbered as cited):<ol>{''.join(contexts)}</ol></div></details>"
         )
     return (
-        f"<h2>Worst {min(shown, len(rows))} of {len(rows)} questions (judge failures first, "
-        "then by mean score)</h2>" + "".join(parts)
+        f"<h2>Worst {min(shown, len(rows))} of {len(rows)} questions (degenerate answers and "
+        "wrong refusals first, then judge failures, then by answer F1)</h2>" + "".join(parts)
     )
 
 
@@ -282,10 +443,11 @@ def drill_down(summary: RunSummary, table: pa.Table, shown: int = WORST_SHOWN) -
 
 def render_html(summary: RunSummary, md: str, table: pa.Table) -> str:
     """The run's report.html: ``md`` (its report.md), the plots, the worst questions."""
-    return html_page(summary, md, plots(summary, table), drill_down(summary, table))
+    title = f"ragpipe eval: {summary.name}"
+    return html_page(title, md, plots(summary, table), drill_down(summary, table))
 
 
-def html_page(summary: RunSummary, md: str, figures: list[tuple[str, str]], drill: str = "") -> str:
+def html_page(title: str, md: str, figures: list[tuple[str, str]], drill: str = "") -> str:
     """One self-contained page: the Markdown tables rendered plainly, inline SVG, and the
     drill-down into the worst questions."""
     body = []
@@ -328,10 +490,10 @@ def html_page(summary: RunSummary, md: str, figures: list[tuple[str, str]], dril
         ".fig svg{max-width:100%;height:auto}details{margin:.4em 0}summary{cursor:pointer}"
         ".hit{color:#070}.miss{color:#555}.grade,.score{color:#666;font-size:90%}"
         "pre{white-space:pre-wrap;background:#f7f7f7;padding:4px}"
+        ".snip{color:#444;font-size:90%;margin:.1em 0 .4em}"
     )
-    title = html.escape(f"ragpipe eval: {summary.name}")
     return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{style}</style></head><body>{''.join(body)}</body></html>"
     )
 
@@ -342,3 +504,42 @@ def report_link(config: RagpipeConfig, out: Path, file: str = "report.html") -> 
     if config.eval.reports_url:
         return f"{config.eval.reports_url.rstrip('/')}/{quote(out.name)}/{file}"
     return (out / file).resolve().as_uri()
+
+
+def render_trend(golden: str, rows: list[dict[str, Any]]) -> str:
+    """One golden set's history as an HTML page: per metric, the mean of every run over
+    time with its 95% CI as whiskers, one line per kind of run (retrieval at its
+    granularity, RAG), run name and variant, so that different measurements never share
+    a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = sorted({(r["finished_at"], r["run_id"]) for r in rows})
+    position = {run_id: i for i, (_, run_id) in enumerate(runs)}
+    metrics = [m for m in (*METRICS, *ANSWER_METRICS, *RAG_METRICS)
+               if any(r["metric"] == m for r in rows)]  # fmt: skip
+    figures = []
+    lines = [f"# Trend: {golden}", "", f"- {len(runs)} runs, oldest first; whiskers: 95% CI", ""]
+    for m in metrics:
+        series: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            if r["metric"] == m:
+                kind = "rag" if r["kind"] == "rag" else f"{r['kind']} ({r['granularity']})"
+                series.setdefault(f"{kind}: {r['name']} / {r['variant']}", []).append(r)
+        fig, ax = plt.subplots(figsize=(10, 3.5))
+        for label, points in sorted(series.items()):
+            points.sort(key=lambda p: position[p["run_id"]])
+            xs = [position[p["run_id"]] for p in points]
+            ys = [p["mean"] for p in points]
+            low = [p["mean"] - p["ci_low"] if p["ci_low"] is not None else 0.0 for p in points]
+            high = [p["ci_high"] - p["mean"] if p["ci_high"] is not None else 0.0 for p in points]
+            ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=3, label=label)
+        ax.set_xticks(range(len(runs)), [run_id for _, run_id in runs])
+        ax.tick_params(axis="x", rotation=30, labelsize=7)
+        ax.set_ylabel(f"{m} (95% CI)")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        figures.append((m, svg(fig)))
+        plt.close(fig)
+    return html_page(f"ragpipe trend: {golden}", "\n".join(lines), figures)

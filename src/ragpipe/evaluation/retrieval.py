@@ -66,6 +66,8 @@ class QueryRow:
     retrieved: list[str]  # ranked ids at the run's granularity (file suffixes or target keys)
     relevant: dict[str, int]
     search_seconds: float
+    # Per rank, what a reader needs to see what came back: file, heading path, snippet.
+    ranks: list[dict[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -89,6 +91,7 @@ class EvalResult:
     search_seconds: float
     stats_seconds: float
     traces: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    not_applicable: int = 0  # answerable: false items, which retrieval metrics do not score
 
     @property
     def baseline(self) -> str:
@@ -97,6 +100,16 @@ class EvalResult:
     @property
     def passed(self) -> bool:
         return not self.gate_failures
+
+
+SNIPPET_CHARS = 240
+
+
+def describe_hit(hit: Retrieved) -> dict[str, str]:
+    """A retrieved chunk as the drill-down shows it: file, heading path, opening text."""
+    text = " ".join(hit.text.split())
+    snippet = text if len(text) <= SNIPPET_CHARS else text[:SNIPPET_CHARS].rsplit(" ", 1)[0] + " …"
+    return {"file": hit.file_path, "heading": hit.heading, "snippet": snippet}
 
 
 def judged(
@@ -108,14 +121,24 @@ def judged(
     path); chunk: the first chunk target it satisfies (or its point id). An
     id counts once, at its best rank.
     """
+    ranked, qrels, _ = judged_hits(hits, item, granularity)
+    return ranked, qrels
+
+
+def judged_hits(
+    hits: Sequence[Retrieved], item: GoldenItem, granularity: Granularity
+) -> tuple[list[str], dict[str, int], list[Retrieved]]:
+    """``judged``, plus the hit that stands for each ranked id (its best-ranked chunk)."""
     ranked: list[str] = []
+    best: list[Retrieved] = []
     if granularity == Granularity.FILE:
         qrels = dict(item.relevance)
         for hit in hits:
             key = next((s for s in qrels if file_matches(hit.file_path, s)), hit.file_path)
             if key not in ranked:
                 ranked.append(key)
-        return ranked, qrels
+                best.append(hit)
+        return ranked, qrels, best
     if not item.chunks:
         raise ConfigError(
             f"golden item {item.id} has no chunk targets: evaluate it with granularity 'file', "
@@ -127,7 +150,8 @@ def judged(
         key = target.key if target is not None else hit.point_id
         if key not in ranked:
             ranked.append(key)
-    return ranked, qrels
+            best.append(hit)
+    return ranked, qrels, best
 
 
 def search_depth(depth: int, granularity: Granularity, settings: dict[str, Any]) -> int:
@@ -189,8 +213,14 @@ def run_retrieval_eval(
             settings[variant.name] = RetrieveConfig.model_validate(merged).model_dump(mode="json")
         except ValueError as exc:
             raise ConfigError(f"variant {variant.name!r}: {exc}") from exc
+    items = golden.answerable
+    if not items:
+        raise ConfigError(
+            f"golden set {golden.name!r} has no answerable item: retrieval metrics need items "
+            "with targets (answerable: false items are scored by `ragpipe eval rag` only)"
+        )
     if granularity == Granularity.CHUNK:
-        missing = [i.id for i in golden.items if not i.chunks]
+        missing = [i.id for i in items if not i.chunks]
         if missing:
             raise ConfigError(
                 f"granularity 'chunk' needs chunk targets; {len(missing)} item(s) have none "
@@ -204,15 +234,20 @@ def run_retrieval_eval(
     search_seconds = 0.0
     try:
         for variant in variants:
-            for item in golden.items:
+            for item in items:
                 started = time.perf_counter()
                 overrides = {**variant.overrides, "top_k": top_k[variant.name]}
                 result = retriever.search(item.query, **overrides)
                 elapsed = time.perf_counter() - started
                 search_seconds += elapsed
-                ranked, qrels = judged(result.hits, item, granularity)
-                ranked = ranked[:depth]
-                rows.append(QueryRow(variant.name, item.id, item.query, {}, ranked, qrels, elapsed))
+                ranked, qrels, best = judged_hits(result.hits, item, granularity)
+                shown = [describe_hit(h) for h in best[:depth]]
+                rows.append(
+                    QueryRow(
+                        variant.name, item.id, item.query, {}, ranked[:depth], qrels, elapsed,
+                        shown,
+                    )
+                )  # fmt: skip
                 traces.setdefault(variant.name, []).append(result.trace)
                 if progress is not None:
                     progress(1)
@@ -239,13 +274,23 @@ def run_retrieval_eval(
     if gate is not None:
         for candidate, by_metric in deltas.items():
             delta = by_metric[gate.metric].interval
-            if delta.high < gate.threshold:
+            if not delta.has_ci:
+                gate_failures.append(
+                    f"{candidate}: {gate.metric} delta has no CI ({delta.n} paired queries): "
+                    "the gate cannot hold on fewer than 2"
+                )
+            elif delta.high < gate.threshold:
                 gate_failures.append(
                     f"{candidate}: {gate.metric} delta CI [{delta.low:+.4f}, {delta.high:+.4f}] "
                     f"is entirely below {gate.threshold:+.4f} (baseline {variants[0].name})"
                 )
     warnings = []
-    n = len(golden.items)
+    n = len(items)
+    if len(items) < len(golden.items):
+        warnings.append(
+            f"{len(golden.items) - len(items)} answerable: false item(s) not applicable to "
+            "retrieval metrics"
+        )
     if n < SMALL_N:
         warnings.append(
             f"only {n} queries (< {SMALL_N}): confidence intervals are wide and unstable"
@@ -268,6 +313,7 @@ def run_retrieval_eval(
         search_seconds=search_seconds,
         stats_seconds=stats_seconds,
         traces=traces,
+        not_applicable=len(golden.items) - len(items),
     )
 
 

@@ -30,9 +30,10 @@ import pyarrow.parquet as pq
 
 from ragpipe.checkpoint import atomic_write_bytes, write_table
 from ragpipe.config import RagpipeConfig
-from ragpipe.evaluation.golden import load_golden
-from ragpipe.evaluation.metrics import METRICS
-from ragpipe.evaluation.rag import RAG_METRICS, RagEvalResult, run_rag_eval
+from ragpipe.evaluation.check import GoldenCheck, IndexView, golden_for_index
+from ragpipe.evaluation.golden import GoldenSet, load_golden
+from ragpipe.evaluation.metrics import METRICS, Interval
+from ragpipe.evaluation.rag import ALL_RAG_METRICS, RagEvalResult, run_rag_eval
 from ragpipe.evaluation.report import render_html, render_markdown
 from ragpipe.evaluation.retrieval import (
     EvalResult,
@@ -63,6 +64,7 @@ HISTORY_SCHEMA = pa.schema(
         ("golden", pa.string()),
         ("granularity", pa.string()),
         ("variant", pa.string()),
+        ("kind", pa.string()),  # retrieval, compare, rag
         ("metric", pa.string()),
         ("mean", pa.float64()),
         ("ci_low", pa.float64()),
@@ -80,16 +82,21 @@ RETRIEVAL_QUERY_SCHEMA = pa.schema(
         pa.field("retrieved", pa.list_(pa.string()), False),  # ranked, at the run's granularity
         pa.field("relevant", pa.string(), False),  # JSON: {target: grade}
         pa.field("search_seconds", pa.float64(), False),
+        # Per rank, beside ``retrieved``: the chunk's file, heading path and opening text.
+        pa.field("retrieved_files", pa.list_(pa.string()), False),
+        pa.field("retrieved_headings", pa.list_(pa.string()), False),
+        pa.field("retrieved_snippets", pa.list_(pa.string()), False),
         *(pa.field(m, pa.float64(), False) for m in METRICS),
     ]
 )
-# per_query.parquet of a RAG run: one row per question. A metric the judge could not
-# score is null, with its status (ok, failed, not_applicable) and reason beside it.
+# per_query.parquet of a RAG run: one row per question. A metric that could not be
+# scored is null, with its status (ok, failed, not_applicable) and reason beside it.
 RAG_QUERY_SCHEMA = pa.schema(
     [
         pa.field("variant", pa.string(), False),
         pa.field("item_id", pa.string(), False),
         pa.field("query", pa.string(), False),
+        pa.field("answerable", pa.bool_(), False),
         pa.field("answer", pa.string(), False),
         pa.field("not_found", pa.bool_(), False),
         pa.field("cited", pa.int64(), False),
@@ -99,10 +106,15 @@ RAG_QUERY_SCHEMA = pa.schema(
         pa.field("generation_seconds", pa.float64(), False),
         pa.field("context_precision_kind", pa.string(), False),
         pa.field("contexts", pa.list_(pa.string()), False),  # numbered as cited
+        pa.field("source_files", pa.list_(pa.string()), False),  # per source number
+        pa.field("source_headings", pa.list_(pa.string()), False),
+        pa.field("source_holds_target", pa.list_(pa.bool_()), False),
+        pa.field("cited_numbers", pa.list_(pa.int64()), False),  # valid and invalid
+        pa.field("repetition_share", pa.float64(), False),
         pa.field("expected_answer", pa.string()),
         *(
             f
-            for m in RAG_METRICS
+            for m in ALL_RAG_METRICS
             for f in (
                 pa.field(m, pa.float64()),
                 pa.field(f"{m}_status", pa.string(), False),
@@ -156,9 +168,25 @@ class GateOutcome:
     failures: list[str]
 
 
-# A metric's mean with its 95% CI ({mean, ci_low, ci_high, n}), or a paired delta
-# ({mean, ci_low, ci_high, n, p_value}): as written to summary.json.
+# A metric's mean with its 95% CI and counts ({mean, ci_low, ci_high, n, n_failed,
+# n_not_applicable, flag, withheld}; mean null when n = 0, CI null when n < 2), or a
+# paired delta ({mean, ci_low, ci_high, n, p_value}): as written to summary.json.
 Stats = dict[str, Any]
+
+
+def stats(
+    ci: Interval, failed: int = 0, not_applicable: int = 0, flag: str | None = None,
+    withheld: bool = False,
+) -> Stats:  # fmt: skip
+    """A metric as summary.json holds it: the CI, how many items it scored, failed and did
+    not apply to, and why it is not to be read as a value (``flag``, ``withheld``)."""
+    return {
+        **ci.as_dict(),
+        "n_failed": failed,
+        "n_not_applicable": not_applicable,
+        "flag": flag,
+        "withheld": withheld,
+    }
 
 
 @dataclass
@@ -188,7 +216,8 @@ class RunSummary:
     versions: dict[str, str]
     git_revision: str | None
     gate: GateOutcome | None = None
-    judge: dict[str, Any] | None = None  # RAG: model, ragas version, outcome counts
+    judge: dict[str, Any] | None = None  # RAG: model, outcome counts, calibration, PPI
+    golden_check: dict[str, Any] | None = None  # targets checked, unmatched, skipped items
     timing: dict[str, float] = field(default_factory=dict)
     report_dir: str = ""
 
@@ -242,7 +271,10 @@ def retrieval_summary(
             "seed": result.seed,
             "paired": "bootstrap of per-query deltas; sign-flip permutation p-value",
         },
-        metrics={v: {m: ci.as_dict() for m, ci in by.items()} for v, by in result.summary.items()},
+        metrics={
+            v: {m: stats(ci, 0, result.not_applicable) for m, ci in by.items()}
+            for v, by in result.summary.items()
+        },
         deltas={v: {m: d.as_dict() for m, d in by.items()} for v, by in result.deltas.items()},
         gate=None
         if result.gate is None
@@ -267,6 +299,9 @@ def retrieval_table(result: EvalResult) -> pa.Table:
         [r.retrieved for r in rows],
         [json.dumps(r.relevant) for r in rows],
         [r.search_seconds for r in rows],
+        [[x["file"] for x in r.ranks] for r in rows],
+        [[x["heading"] for x in r.ranks] for r in rows],
+        [[x["snippet"] for x in r.ranks] for r in rows],
         *([r.metrics[m] for r in rows] for m in METRICS),
     ]
     return pa.Table.from_arrays(
@@ -281,7 +316,7 @@ def rag_summary(result: RagEvalResult, config: RagpipeConfig, corpus: dict[str, 
         run_id="",
         name=result.name,
         kind="rag",
-        metric_names=list(RAG_METRICS),
+        metric_names=list(ALL_RAG_METRICS),
         finished_at=datetime.now(UTC).isoformat(),
         golden=GoldenInfo(result.golden.name, result.golden.source, len(result.rows)),
         granularity="answer",
@@ -293,7 +328,11 @@ def rag_summary(result: RagEvalResult, config: RagpipeConfig, corpus: dict[str, 
         baseline="rag",
         statistics={"method": "percentile bootstrap over scored queries", "level": 0.95,
                     "resamples": result.resamples, "seed": result.seed},
-        metrics={"rag": {m: ci.as_dict() for m, ci in result.summary.items()}},
+        metrics={"rag": {
+            m: stats(ci, result.counts[m]["failed"], result.counts[m]["not_applicable"],
+                     result.flags.get(m), m in result.withheld)
+            for m, ci in result.summary.items()
+        }},
         deltas={},
         judge=result.judge,
         warnings=result.warnings,
@@ -311,6 +350,7 @@ def rag_table(result: RagEvalResult) -> pa.Table:
             "variant": "rag",
             "item_id": r.item_id,
             "query": r.query,
+            "answerable": r.answerable,
             "answer": r.answer,
             "not_found": r.not_found,
             "cited": r.cited,
@@ -320,10 +360,15 @@ def rag_table(result: RagEvalResult) -> pa.Table:
             "generation_seconds": r.generation_seconds,
             "context_precision_kind": r.context_precision_kind,
             "contexts": r.contexts,
+            "source_files": [x["file"] for x in r.sources],
+            "source_headings": [x["heading"] for x in r.sources],
+            "source_holds_target": [x["holds_target"] for x in r.sources],
+            "cited_numbers": r.cited_numbers,
+            "repetition_share": r.repetition,
             "expected_answer": expected.get(r.item_id),
             **{
                 key: value
-                for m in RAG_METRICS
+                for m in ALL_RAG_METRICS
                 for key, value in (
                     (m, r.judged[m].value),
                     (f"{m}_status", r.judged[m].status),
@@ -370,8 +415,8 @@ def run_retrieval(
 ) -> tuple[EvalResult, RunSummary]:
     """Replay ``config.eval.golden`` through the retriever (each variant) and write the
     report under ``config.eval.reports_dir``."""
-    golden = load_golden(config.eval.golden)
     with Retriever(config) as retriever:
+        golden, check = checked_golden(config, IndexView(retriever.store))
         corpus = corpus_fingerprint(retriever)
         result = run_retrieval_eval(
             config,
@@ -386,7 +431,7 @@ def run_retrieval(
             retriever=retriever,
             progress=progress,
         )
-    summary = retrieval_summary(result, config, corpus)
+    summary = with_check(retrieval_summary(result, config, corpus), check)
     return result, write_run(summary, retrieval_table(result), config.eval.reports_dir)
 
 
@@ -394,15 +439,43 @@ def run_rag(
     config: RagpipeConfig, *, name: str | None = None, progress: Callable[[int], None] | None = None
 ) -> tuple[RagEvalResult, RunSummary]:
     """Retrieve, generate and judge ``config.eval.golden`` and write the report."""
-    golden = load_golden(config.eval.golden)
     with Retriever(config) as retriever:
+        view = IndexView(retriever.store)
+        golden, check = checked_golden(config, view)
         corpus = corpus_fingerprint(retriever)
         result = run_rag_eval(
             config, golden, name=name, limit=config.eval.rag_limit, retriever=retriever,
-            progress=progress,
+            view=view, progress=progress,
         )  # fmt: skip
-    summary = rag_summary(result, config, corpus)
+    summary = with_check(rag_summary(result, config, corpus), check)
     return result, write_run(summary, rag_table(result), config.eval.reports_dir)
+
+
+def checked_golden(config: RagpipeConfig, view: IndexView) -> tuple[GoldenSet, GoldenCheck]:
+    """``config.eval.golden``, loaded and checked against the index before any query runs
+    (``ragpipe.evaluation.check``); items with unmatched targets are dropped only with
+    ``eval.skip_unmatched``."""
+    golden = load_golden(config.eval.golden)
+    return golden_for_index(
+        golden,
+        view,
+        skip_unmatched=config.eval.skip_unmatched,
+        origin=config.origin("eval.golden"),
+    )
+
+
+def with_check(summary: RunSummary, check: GoldenCheck) -> RunSummary:
+    """The summary with the golden check's outcome, and a warning naming skipped items."""
+    summary.golden_check = check.as_dict()
+    if check.skipped:
+        shown = ", ".join(check.skipped[:10]) + (", ..." if len(check.skipped) > 10 else "")
+        summary.warnings.insert(
+            0,
+            f"{len(check.skipped)} of {check.items} golden items skipped (--skip-unmatched): "
+            f"their targets match nothing in the index ({shown}); see golden_check in "
+            "summary.json",
+        )
+    return summary
 
 
 def append_history(root: Path, summary: RunSummary) -> None:
@@ -415,6 +488,7 @@ def append_history(root: Path, summary: RunSummary) -> None:
             "golden": summary.golden.name,
             "granularity": summary.granularity,
             "variant": variant,
+            "kind": summary.kind,
             "metric": metric,
             "mean": ci["mean"],
             "ci_low": ci["ci_low"],
@@ -424,15 +498,25 @@ def append_history(root: Path, summary: RunSummary) -> None:
         }
         for variant, by_metric in summary.metrics.items()
         for metric, ci in by_metric.items()
-        if ci["n"]
+        if ci["n"] and not ci.get("withheld")  # a withheld number is no trend point
     ]
     new = pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA)
     path = root / HISTORY
     if path.is_file():
-        new = pa.concat_tables([pq.read_table(path).cast(HISTORY_SCHEMA), new])
+        new = pa.concat_tables([_history_table(path), new])
     write_table(path, new)
+
+
+def _history_table(path: Path) -> pa.Table:
+    """history.parquet in today's schema (files from before the ``kind`` column get it from
+    their granularity: ``answer`` is a RAG run)."""
+    table = pq.read_table(path)
+    if "kind" not in table.column_names:
+        kinds = ["rag" if g == "answer" else "retrieval" for g in table["granularity"].to_pylist()]
+        table = table.append_column("kind", pa.array(kinds, pa.string()))
+    return table.select(HISTORY_SCHEMA.names).cast(HISTORY_SCHEMA)
 
 
 def read_history(root: Path) -> list[dict[str, Any]]:
     path = root / HISTORY
-    return pq.read_table(path).to_pylist() if path.is_file() else []
+    return _history_table(path).to_pylist() if path.is_file() else []

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +33,12 @@ import yaml
 from ragpipe.checkpoint import atomic_write_bytes
 from ragpipe.config import FusionMethod, RagpipeConfig, RetrievalMode, RetrieveConfig
 from ragpipe.errors import ConfigError
-from ragpipe.evaluation.golden import GoldenSet, load_golden
+from ragpipe.evaluation.check import IndexView
+from ragpipe.evaluation.golden import GoldenSet
 from ragpipe.evaluation.metrics import METRICS, PairedDelta
+from ragpipe.evaluation.report import html_page
 from ragpipe.evaluation.retrieval import EvalResult, Granularity, Variant, run_retrieval_eval
-from ragpipe.evaluation.run import run_dir
+from ragpipe.evaluation.run import checked_golden, run_dir
 from ragpipe.progress import reporter
 from ragpipe.query.retrieve import Retriever
 
@@ -365,7 +367,7 @@ class TuneSummary:
     message: str
     tuning: dict[str, Any]  # current and best score on the tuning queries, every trial
     confirmation: dict[str, dict[str, Any]]  # metric -> current, tuned, paired delta
-    golden: dict[str, str]  # name, path
+    golden: dict[str, Any]  # name, path, check (the golden check's outcome)
     granularity: str
     depth: int
     tuned_config: str | None = None  # the tuned YAML, when the decision is recommend
@@ -438,6 +440,37 @@ def markdown(outcome: TuneOutcome) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tune_plot(outcome: TuneOutcome) -> str:
+    """Inline SVG: held-out deltas (tuned - current) with their 95% CIs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ragpipe.evaluation.report import svg
+
+    names = list(outcome.deltas)
+    means = [outcome.deltas[m].interval.mean for m in names]
+    low = [means[i] - outcome.deltas[m].interval.low for i, m in enumerate(names)]
+    high = [outcome.deltas[m].interval.high - means[i] for i, m in enumerate(names)]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.bar(range(len(names)), means, yerr=[low, high], capsize=3)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(names)), names)
+    ax.tick_params(axis="x", rotation=30)
+    ax.set_ylabel("tuned - current (95% CI)")
+    out = svg(fig)
+    plt.close(fig)
+    return out
+
+
+def render_tune_html(outcome: TuneOutcome, md: str) -> str:
+    """report.html of a tune run: its report.md and the held-out deltas plotted."""
+    name = outcome.confirmation.golden.name.removesuffix("-confirmation")
+    figures = [("Held-out confirmation: tuned - current", tune_plot(outcome))]
+    return html_page(f"ragpipe tune: {name}", md, figures)
+
+
 def tune_and_report(
     config: RagpipeConfig,
     *,
@@ -456,27 +489,31 @@ def tune_and_report(
     merged in, also written to ``write_config`` when given. Granularity,
     depth, resamples and seed come from ``config.eval``.
     """
-    golden = load_golden(config.eval.golden)
     progress = reporter()
-    progress.start("tune", 0)  # the number of configurations is not known up front
-    try:
-        outcome = run_tune(
-            config,
-            golden,
-            granularity=Granularity(config.eval.granularity),
-            depth=config.eval.depth,
-            metric=metric,
-            seed=config.eval.seed,
-            share=share,
-            resamples=config.eval.resamples,
-            space=space,
-            progress=progress.advance,
-        )
-    finally:
-        progress.finish()
+    with Retriever(config) as retriever:
+        golden, check = checked_golden(config, IndexView(retriever.store))
+        scored = replace(golden, items=golden.answerable)  # unanswerable items have no ranks
+        progress.start("tune", 0)  # the number of configurations is not known up front
+        try:
+            outcome = run_tune(
+                config,
+                scored,
+                granularity=Granularity(config.eval.granularity),
+                depth=config.eval.depth,
+                metric=metric,
+                seed=config.eval.seed,
+                share=share,
+                resamples=config.eval.resamples,
+                space=space,
+                retriever=retriever,
+                progress=progress.advance,
+            )
+        finally:
+            progress.finish()
     _, out = run_dir(config.eval.reports_dir, f"{name or golden.name}-tune")
     summary = tune_summary(outcome, config, golden.name)
     summary.report_dir = str(out)
+    summary.golden["check"] = check.as_dict()
     if outcome.decision == "recommend":
         text = tuned_yaml(outcome, base_config)
         atomic_write_bytes(out / "tuned.yaml", text.encode())
@@ -486,5 +523,12 @@ def tune_and_report(
             atomic_write_bytes(write_config, text.encode())
             summary.tuned_config = str(write_config)
     atomic_write_bytes(out / "tune.json", json.dumps(summary.as_json(), indent=2).encode())
-    atomic_write_bytes(out / "report.md", markdown(outcome).encode())
+    md = markdown(outcome)
+    if check.skipped:
+        md += (
+            f"\n> **warning:** {len(check.skipped)} golden items skipped (--skip-unmatched): "
+            f"their targets match nothing in the index ({', '.join(check.skipped)})\n"
+        )
+    atomic_write_bytes(out / "report.md", md.encode())
+    atomic_write_bytes(out / "report.html", render_tune_html(outcome, md).encode())
     return outcome, summary

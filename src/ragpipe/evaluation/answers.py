@@ -1,0 +1,249 @@
+"""Judge-free answer metrics: correctness, citations and degenerate outputs.
+
+These score generated answers without an LLM judge, so they are cheap,
+deterministic and reproducible; a judge can be added later, not relied on.
+
+- ``normalize_answer`` / ``token_f1``: SQuAD's normalisation and bag-of-tokens
+  F1 against the golden ``expected_answer``; the standard extractive-QA
+  correctness score, tolerant of articles, punctuation and case.
+- ``rouge_l``: ROUGE-L F1 (longest common subsequence of tokens, as Google's
+  ``rouge-score`` without stemming); unlike token F1 it rewards word order.
+- ``cosine``: cosine similarity of two embeddings (e.g. answer vs expected
+  answer), to credit paraphrases that share few tokens.
+- ``repetition_share`` / ``is_degenerate``: the share of word n-grams that
+  repeat an earlier one; flags looping generations ("the answer is: the
+  answer is: ...") that token overlap can still score well.
+- ``citation_scores``: precision and recall of the ``[n]`` citations an answer
+  makes against the given sources that hold a golden target; a citation of a
+  source that was never given counts as wrong.
+
+All functions are pure: stdlib and numpy only, inputs never mutated.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+DEGENERATE_SHARE = 0.3
+"""Repetition share at or above which an answer counts as degenerate."""
+
+DEGENERATE_MIN_NGRAMS = 8
+"""Answers with fewer n-grams than this are never flagged as degenerate."""
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = frozenset(string.punctuation)
+_NON_ALNUM = re.compile(r"[^a-z0-9]+")
+
+
+def normalize_answer(text: str) -> str:
+    """Normalise an answer as the official SQuAD v1.1 evaluation script does.
+
+    Lower case, drop every character in ``string.punctuation``, drop the
+    articles "a", "an", "the" as whole words, and collapse whitespace.
+
+    Args:
+        text: Raw answer text.
+
+    Returns:
+        The normalised text, tokens separated by single spaces.
+    """
+    lowered = text.lower()
+    no_punct = "".join(ch for ch in lowered if ch not in _PUNCTUATION)
+    no_articles = _ARTICLES.sub(" ", no_punct)
+    return " ".join(no_articles.split())
+
+
+def token_f1(prediction: str, reference: str) -> float:
+    """SQuAD token F1 between a prediction and a reference answer.
+
+    Tokens are ``normalize_answer(...).split()``; overlap is the multiset
+    (``Counter``) intersection, so a repeated token matches at most as often
+    as it occurs in both.
+
+    Args:
+        prediction: The generated answer.
+        reference: The expected answer.
+
+    Returns:
+        F1 in [0, 1]. When either side has no tokens: 1.0 if both are empty,
+        else 0.0 (the SQuAD v2 rule).
+    """
+    pred_tokens = normalize_answer(prediction).split()
+    ref_tokens = normalize_answer(reference).split()
+    if not pred_tokens or not ref_tokens:
+        return 1.0 if pred_tokens == ref_tokens else 0.0
+    common = sum((Counter(pred_tokens) & Counter(ref_tokens)).values())
+    if common == 0:
+        return 0.0
+    precision = common / len(pred_tokens)
+    recall = common / len(ref_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def _rouge_tokens(text: str) -> list[str]:
+    # rouge-score's default tokenizer without stemming.
+    return _NON_ALNUM.sub(" ", text.lower()).split()
+
+
+def _lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
+    # Two-row dynamic programme: O(len(a) * len(b)) time, O(len(b)) memory.
+    previous = [0] * (len(b) + 1)
+    for token_a in a:
+        current = [0] * (len(b) + 1)
+        for j, token_b in enumerate(b, start=1):
+            if token_a == token_b:
+                current[j] = previous[j - 1] + 1
+            else:
+                current[j] = max(previous[j], current[j - 1])
+        previous = current
+    return previous[-1]
+
+
+def rouge_l(prediction: str, reference: str) -> float:
+    """ROUGE-L F1 (beta = 1) between a prediction and a reference answer.
+
+    Tokenised like Google's ``rouge-score`` default tokenizer without
+    stemming: lower case, every character outside ``[a-z0-9]`` becomes a
+    space, split on whitespace. Precision and recall are the longest common
+    subsequence length over the prediction and reference lengths.
+
+    Args:
+        prediction: The generated answer.
+        reference: The expected answer.
+
+    Returns:
+        F1 in [0, 1]; 0.0 when either side has no tokens.
+    """
+    pred_tokens = _rouge_tokens(prediction)
+    ref_tokens = _rouge_tokens(reference)
+    if not pred_tokens or not ref_tokens:
+        return 0.0
+    lcs = _lcs_length(pred_tokens, ref_tokens)
+    if lcs == 0:
+        return 0.0
+    precision = lcs / len(pred_tokens)
+    recall = lcs / len(ref_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def cosine(
+    a: Sequence[float] | npt.NDArray[Any],
+    b: Sequence[float] | npt.NDArray[Any],
+) -> float:
+    """Cosine similarity of two vectors.
+
+    Args:
+        a: First vector.
+        b: Second vector, of the same length.
+
+    Returns:
+        The cosine in [-1, 1]; 0.0 when either vector has zero norm.
+
+    Raises:
+        ValueError: If the vectors are not one-dimensional of equal length.
+    """
+    va = np.asarray(a, dtype=np.float64)
+    vb = np.asarray(b, dtype=np.float64)
+    if va.ndim != 1 or va.shape != vb.shape:
+        raise ValueError(
+            f"cosine needs two 1-D vectors of equal length, got shapes {va.shape} and "
+            f"{vb.shape}; pass one embedding per argument"
+        )
+    norm = float(np.linalg.norm(va)) * float(np.linalg.norm(vb))
+    if norm == 0.0:
+        return 0.0
+    return float(np.dot(va, vb)) / norm
+
+
+def _check_n(n: int) -> None:
+    if n < 1:
+        raise ValueError(f"n-gram size must be at least 1, got n={n}")
+
+
+def repetition_share(text: str, n: int = 3) -> float:
+    """Share of the word n-grams of a text that repeat an earlier n-gram.
+
+    Tokens are ``text.lower().split()``; a text of ``k`` tokens has
+    ``k - n + 1`` n-grams. The first occurrence of each n-gram is new, every
+    later occurrence is a repeat.
+
+    Args:
+        text: The answer text.
+        n: The n-gram size.
+
+    Returns:
+        Repeats over n-grams in [0, 1); 0.0 when the text has no n-grams.
+
+    Raises:
+        ValueError: If ``n`` is less than 1.
+    """
+    _check_n(n)
+    tokens = text.lower().split()
+    total = len(tokens) - n + 1
+    if total <= 0:
+        return 0.0
+    seen: set[tuple[str, ...]] = set()
+    repeats = 0
+    for i in range(total):
+        gram = tuple(tokens[i : i + n])
+        if gram in seen:
+            repeats += 1
+        else:
+            seen.add(gram)
+    return repeats / total
+
+
+def is_degenerate(text: str, n: int = 3, share: float = DEGENERATE_SHARE) -> bool:
+    """Whether an answer loops: long enough and mostly repeated n-grams.
+
+    Args:
+        text: The answer text.
+        n: The n-gram size.
+        share: The repetition share at or above which the answer is flagged.
+
+    Returns:
+        True when the answer has at least ``DEGENERATE_MIN_NGRAMS`` n-grams and
+        ``repetition_share(text, n) >= share``.
+
+    Raises:
+        ValueError: If ``n`` is less than 1.
+    """
+    _check_n(n)
+    n_grams = len(text.lower().split()) - n + 1
+    if n_grams < DEGENERATE_MIN_NGRAMS:
+        return False
+    return repetition_share(text, n) >= share
+
+
+def citation_scores(
+    cited: Sequence[int],
+    supporting: Collection[int],
+    given: Collection[int],
+) -> tuple[float | None, float | None]:
+    """Citation precision and recall of one answer.
+
+    Args:
+        cited: Every citation number the answer used, in order, including
+            numbers that point at no given source; duplicates count once.
+        supporting: Numbers of the given sources that contain a golden target.
+        given: Numbers of every source given to the model.
+
+    Returns:
+        ``(precision, recall)``. Precision is the share of distinct cited
+        numbers that are given, supporting sources (an invalid citation counts
+        as wrong); None when nothing is cited. Recall is the share of given,
+        supporting sources that are cited; None when no given source supports.
+    """
+    cited_set = set(cited)
+    supported = set(supporting) & set(given)
+    correct = len(cited_set & supported)
+    precision = correct / len(cited_set) if cited_set else None
+    recall = correct / len(supported) if supported else None
+    return precision, recall

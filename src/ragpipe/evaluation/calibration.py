@@ -1,0 +1,295 @@
+"""Measure the judge before believing it: a calibration probe from the golden set and index.
+
+The RAGAS metrics rest on two judgements the judge model makes over and over:
+*is this statement supported by this passage?* (faithfulness, context recall,
+context precision) and *does this answer address this question?* (answer
+relevancy). Before a RAG run scores anything, the judge answers both kinds of
+question on pairs whose truth is known by construction, built from the run's own
+golden set and index:
+
+- **supported**: a sentence taken from a target chunk, with that chunk as passage;
+- **unrelated**: a sentence from a chunk of another file, with the same passage;
+- **altered**: the supported sentence with a number changed or a negation added;
+- **matching answer**: a question with its own expected answer (or the opening of
+  its target chunk);
+- **mismatched answer**: the question with another item's answer.
+
+Half the pairs are true, half false. The judge's accuracy and Cohen's kappa, with
+bootstrap CIs (``ragpipe.evaluation.agreement``), say whether its verdicts carry
+information: a judge that says "yes" to everything scores kappa 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ragpipe.evaluation.agreement import Agreement, agreement
+from ragpipe.evaluation.check import IndexView
+from ragpipe.evaluation.golden import GoldenItem, GoldenSet
+from ragpipe.models.llm import LLM
+
+SUPPORTED, UNRELATED, ALTERED = "supported", "unrelated", "altered"
+MATCHING, MISMATCHED = "matching_answer", "mismatched_answer"
+VERDICT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"verdict": {"type": "integer", "enum": [0, 1]}},
+    "required": ["verdict"],
+}
+STATEMENT_PROMPT = """Is the statement supported by the passage?
+Answer 1 if the passage states it or directly implies it; answer 0 if the passage does not \
+say it or contradicts it.
+
+Passage:
+{passage}
+
+Statement: {statement}
+
+Reply with JSON only: {{"verdict": 1}} or {{"verdict": 0}}."""
+ANSWER_PROMPT = """Does the answer address the question?
+Answer 1 if it answers this question; answer 0 if it is about something else.
+
+Question: {question}
+
+Answer: {answer}
+
+Reply with JSON only: {{"verdict": 1}} or {{"verdict": 0}}."""
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+_NUMBER = re.compile(r"\b\d+(?:\.\d+)?\b")
+_AUXILIARY = re.compile(r"\b(is|are|was|were|can|does|do|should|will|must|has|have)\b")
+PASSAGE_CHARS = 1200
+
+
+@dataclass(frozen=True)
+class ProbePair:
+    """One question to the judge whose answer is known."""
+
+    kind: str
+    truth: int  # 1: supported / addresses the question
+    prompt: str
+    item_id: str
+    shown: str  # the statement or answer, for the report
+
+
+@dataclass
+class Calibration:
+    """The judge's verdicts on the probe and what they say about it."""
+
+    pairs: list[ProbePair]
+    verdicts: list[int | None]
+    reasons: list[str | None]
+    agreement: Agreement
+    min_kappa: float
+    model: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def reliable(self) -> bool:
+        """Kappa at or above the bar (an undefined kappa is not)."""
+        kappa = self.agreement.kappa
+        return not np.isnan(kappa) and kappa >= self.min_kappa
+
+    def label(self) -> str:
+        a = self.agreement
+        ci = "no CI" if np.isnan(a.kappa_low) else f"[{a.kappa_low:.2f}, {a.kappa_high:.2f}]"
+        kappa = "undefined" if np.isnan(a.kappa) else f"{a.kappa:.2f}"
+        state = "reliable" if self.reliable else "unreliable"
+        return f"judge {state} (kappa {kappa} {ci} on {a.n} probe pairs, min {self.min_kappa:g})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "reliable": self.reliable,
+            "min_kappa": self.min_kappa,
+            "label": self.label(),
+            **self.agreement.as_dict(),
+            "by_kind": {
+                kind: {
+                    "pairs": sum(p.kind == kind for p in self.pairs),
+                    "correct": sum(
+                        p.kind == kind and v == p.truth
+                        for p, v in zip(self.pairs, self.verdicts, strict=True)
+                    ),
+                }
+                for kind in dict.fromkeys(p.kind for p in self.pairs)
+            },
+            "pairs": [
+                {
+                    "kind": p.kind,
+                    "item_id": p.item_id,
+                    "truth": p.truth,
+                    "verdict": v,
+                    "shown": p.shown[:200],
+                    "failure": r,
+                }
+                for p, v, r in zip(self.pairs, self.verdicts, self.reasons, strict=True)
+            ],
+            "notes": self.notes,
+        }
+
+
+def sentences(text: str, min_words: int = 6) -> list[str]:
+    """Sentences of a chunk worth stating: at least ``min_words`` words, no table rows."""
+    out = []
+    for part in _SENTENCE.split(" ".join(text.split())):
+        part = part.strip()
+        if len(part.split()) >= min_words and "|" not in part and not part.startswith("#"):
+            out.append(part)
+    return out
+
+
+def alter(sentence: str) -> str | None:
+    """The sentence made false: its first number changed, else a negation added."""
+    number = _NUMBER.search(sentence)
+    if number:
+        value = number.group(0)
+        changed = str(int(float(value)) + 7) if "." not in value else f"{float(value) * 3:g}"
+        return sentence[: number.start()] + changed + sentence[number.end() :]
+    aux = _AUXILIARY.search(sentence)
+    if aux and not re.search(r"\bnot\b|n't\b", sentence):
+        return sentence[: aux.end()] + " not" + sentence[aux.end() :]
+    return None
+
+
+def _target_chunks(item: GoldenItem, view: IndexView) -> list[dict[str, Any]]:
+    """Chunks that answer the item: its chunk targets' matches, else its files' chunks."""
+    found = []
+    for target in item.chunks:
+        for path in view.matching(target.file):
+            found += [p for p in view.payloads(path) if target.matches(p)]
+    if found:
+        return found
+    files = [s for s, g in sorted(item.relevance.items(), key=lambda kv: -kv[1]) if g > 0]
+    for suffix in files[:1]:
+        for path in view.matching(suffix)[:1]:
+            found += view.payloads(path)[:2]
+    return found
+
+
+def build_probe(golden: GoldenSet, view: IndexView, size: int, seed: int) -> list[ProbePair]:
+    """``size`` pairs (rounded down to a multiple of 4), half true, seeded.
+
+    Statement pairs and answer pairs alternate over the items in a seeded order; an
+    item that gives no usable sentence is passed over. Fewer pairs come back when
+    the golden set and index cannot supply enough.
+    """
+    rng = np.random.default_rng(seed)
+    items = [i for i in golden.items if i.answerable]
+    order = [items[j] for j in rng.permutation(len(items))]
+    quota = {SUPPORTED: size // 4, UNRELATED: size // 8, MATCHING: size // 4}
+    quota[ALTERED] = size // 4 - quota[UNRELATED]
+    quota[MISMATCHED] = size // 4
+    pairs: list[ProbePair] = []
+    files = view.files
+    for n, item in enumerate(order):
+        chunks = _target_chunks(item, view)
+        passages = [" ".join(str(c.get("text", "")).split())[:PASSAGE_CHARS] for c in chunks]
+        usable = [(p, sentences(p)) for p in passages if sentences(p)]
+        if not usable:
+            continue
+        passage, said = usable[int(rng.integers(len(usable)))]
+        statement = said[int(rng.integers(len(said)))]
+        statement_turn = n % 2 == 0 or quota[MATCHING] == 0
+        if statement_turn and quota[SUPPORTED] > 0:
+            false_kind = UNRELATED if quota[UNRELATED] > 0 else ALTERED
+            false = _unrelated(item, view, files, rng) if false_kind == UNRELATED else None
+            if false is None:
+                false_kind, false = ALTERED, alter(statement)
+            if false is None or quota[false_kind] == 0:
+                continue  # the pair's false half cannot be made: keep the probe balanced
+            quota[SUPPORTED] -= 1
+            quota[false_kind] -= 1
+            pairs.append(_statement(SUPPORTED, 1, item, passage, statement))
+            pairs.append(_statement(false_kind, 0, item, passage, false))
+        elif quota[MATCHING] > 0:
+            answer = item.expected_answer or " ".join(said[:2])
+            others = [o for o in items if o.id != item.id]
+            if not others:
+                continue
+            other = others[int(rng.integers(len(others)))]
+            other_chunks = _target_chunks(other, view)
+            other_said = [s for c in other_chunks for s in sentences(str(c.get("text", "")))]
+            wrong = other.expected_answer or " ".join(other_said[:2])
+            if not wrong or wrong == answer:
+                continue
+            quota[MATCHING] -= 1
+            pairs.append(_answer(MATCHING, 1, item, answer))
+            quota[MISMATCHED] -= 1
+            pairs.append(_answer(MISMATCHED, 0, item, wrong))
+        if not any(quota.values()):
+            break
+    return pairs
+
+
+def _unrelated(
+    item: GoldenItem, view: IndexView, files: Sequence[str], rng: np.random.Generator
+) -> str | None:
+    own = {f for s in item.relevance for f in view.matching(s)}
+    others = [f for f in files if f not in own]
+    for j in rng.permutation(len(others))[:5]:
+        said = [s for p in view.payloads(others[j]) for s in sentences(str(p.get("text", "")))]
+        if said:
+            return said[int(rng.integers(len(said)))]
+    return None
+
+
+def _statement(kind: str, truth: int, item: GoldenItem, passage: str, text: str) -> ProbePair:
+    prompt = STATEMENT_PROMPT.format(passage=passage, statement=text)
+    return ProbePair(kind, truth, prompt, item.id, text)
+
+
+def _answer(kind: str, truth: int, item: GoldenItem, text: str) -> ProbePair:
+    prompt = ANSWER_PROMPT.format(question=item.query, answer=text)
+    return ProbePair(kind, truth, prompt, item.id, text)
+
+
+def parse_verdict(text: str) -> int | None:
+    """``{"verdict": 0|1}`` (the schema the judge is held to) or None."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    verdict = data.get("verdict") if isinstance(data, dict) else None
+    return verdict if verdict in (0, 1) and not isinstance(verdict, bool) else None
+
+
+async def _ask(judge: LLM, pair: ProbePair, timeout_s: float) -> tuple[int | None, str | None]:
+    messages = [{"role": "user", "content": pair.prompt}]
+    try:
+        reply = await asyncio.wait_for(
+            asyncio.to_thread(judge.chat, messages, schema=VERDICT_SCHEMA, max_tokens=16),
+            timeout_s,
+        )
+    except TimeoutError:
+        return None, f"timeout after {timeout_s:.0f}s"
+    except Exception as exc:  # a model error is a failed verdict, not a crash
+        return None, f"{type(exc).__name__}: {str(exc)[:200]}"
+    verdict = parse_verdict(reply.text)
+    return verdict, None if verdict is not None else f"no verdict in {reply.text[:80]!r}"
+
+
+def calibrate(
+    judge: LLM,
+    pairs: Sequence[ProbePair],
+    *,
+    min_kappa: float,
+    timeout_s: float,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> Calibration:
+    """Ask the judge every probe pair; score its verdicts against the truth."""
+    verdicts: list[int | None] = []
+    reasons: list[str | None] = []
+    for pair in pairs:
+        verdict, reason = asyncio.run(_ask(judge, pair, timeout_s))
+        verdicts.append(verdict)
+        reasons.append(reason)
+    truth = [p.truth for p in pairs]
+    measured = agreement(truth, verdicts, resamples, seed)
+    return Calibration(list(pairs), verdicts, reasons, measured, min_kappa, judge.name)

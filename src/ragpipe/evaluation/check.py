@@ -1,0 +1,245 @@
+"""Golden sets checked against the index version being scored, before any query runs.
+
+A target that matches nothing in the index (a typo'd heading, a misspelled or
+renamed file, text the converter renders differently) would score 0 on its item
+in silence, and a golden set meant for another corpus would score 0 everywhere.
+``check_golden`` matches every target against what the index holds:
+
+- a file target (``relevance`` / ``expected_files`` with grade > 0, or a chunk
+  target's ``file``) must match a file in the index by path suffix;
+- a chunk target must match at least one point (``heading`` on its heading path,
+  ``contains`` in its text, whitespace-normalised), exactly as scoring matches.
+
+Each unmatched target is reported with its closest matches (file paths by
+suffix similarity, headings by similarity, the passage sharing the longest run
+of text). ``answerable: false`` items have no targets and always pass.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ragpipe.errors import ConfigError
+from ragpipe.evaluation.golden import ChunkTarget, GoldenItem, GoldenSet, file_matches
+from ragpipe.store.base import VectorStore, Where
+
+CLOSEST = 3
+
+
+class GoldenMismatch(ConfigError):
+    """Golden targets match nothing in the index (exit 2, like any bad input)."""
+
+
+@dataclass(frozen=True)
+class Unmatched:
+    """One target of one item that matches nothing, with what comes closest."""
+
+    item_id: str
+    target: str  # e.g. 'heading "2. Enabling ..." in sqlite/foreignkeys.html'
+    problem: str  # e.g. "matches nothing in sqlite/foreignkeys.html"
+    closest: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        near = "; closest: " + ", ".join(self.closest) if self.closest else ""
+        return f"{self.item_id}: {self.target} {self.problem}{near}"
+
+
+@dataclass
+class GoldenCheck:
+    """The outcome of checking one golden set against one index."""
+
+    golden: str
+    source: str
+    items: int
+    targets: int
+    index_files: int
+    unmatched: list[Unmatched] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # item ids left out (--skip-unmatched)
+
+    @property
+    def ok(self) -> bool:
+        return not self.unmatched
+
+    @property
+    def unmatched_items(self) -> list[str]:
+        return list(dict.fromkeys(u.item_id for u in self.unmatched))
+
+    def lines(self) -> list[str]:
+        return [u.line() for u in self.unmatched]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "items": self.items,
+            "targets": self.targets,
+            "index_files": self.index_files,
+            "unmatched": [u.line() for u in self.unmatched],
+            "skipped_items": self.skipped,
+        }
+
+
+class IndexView:
+    """What the check needs of an index: its files, their headings, their text on demand."""
+
+    def __init__(self, store: VectorStore) -> None:
+        self.store = store
+        self.headings: dict[str, set[str]] = defaultdict(set)
+        for hit in store.scroll(fields=["file_path", "heading_path"]):
+            path = str(hit.payload.get("file_path", ""))
+            self.headings[path].update(str(h) for h in hit.payload.get("heading_path") or [])
+        self.files = sorted(self.headings)
+        self._texts: dict[str, list[dict[str, Any]]] = {}
+
+    def matching(self, suffix: str) -> list[str]:
+        return [f for f in self.files if file_matches(f, suffix)]
+
+    def payloads(self, path: str) -> list[dict[str, Any]]:
+        """Every chunk of one file (file_path, heading_path, text), loaded once."""
+        if path not in self._texts:
+            where = Where(must={"file_path": path})
+            fields = ["file_path", "heading_path", "text"]
+            self._texts[path] = [h.payload for h in self.store.scroll(where, fields=fields)]
+        return self._texts[path]
+
+
+def _closest_files(suffix: str, files: Iterable[str]) -> tuple[str, ...]:
+    """Index paths whose last components look most like ``suffix``."""
+    depth = suffix.strip("/").count("/") + 1
+    tails: dict[str, str] = {}
+    for path in files:
+        tails.setdefault("/".join(path.replace("\\", "/").split("/")[-depth:]), path)
+    near = difflib.get_close_matches(suffix, list(tails), n=CLOSEST, cutoff=0.5)
+    return tuple(tails[t] for t in near)
+
+
+def _closest_headings(heading: str, headings: Iterable[str]) -> tuple[str, ...]:
+    near = difflib.get_close_matches(heading, sorted(set(headings)), n=CLOSEST, cutoff=0.4)
+    return tuple(f'"{h}"' for h in near)
+
+
+def _closest_passage(text: str, payloads: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The passage sharing the longest run of characters with ``text``, quoted around it."""
+    wanted = " ".join(text.split())
+    best: tuple[int, str, str] = (0, "", "")
+    for payload in payloads:
+        body = " ".join(str(payload.get("text", "")).split())
+        matcher = difflib.SequenceMatcher(None, wanted, body, autojunk=False)
+        m = matcher.find_longest_match(0, len(wanted), 0, len(body))
+        if m.size > best[0]:
+            start = max(0, m.b - 20)
+            snippet = body[start : m.b + max(m.size, len(wanted)) + 20]
+            heading = " > ".join(payload.get("heading_path") or [])
+            best = (m.size, snippet, heading)
+    if best[0] < 4:
+        return ()
+    where = f" (under {best[2]})" if best[2] else ""
+    return (f'"…{best[1]}…"{where}',)
+
+
+def _check_chunk(item: GoldenItem, target: ChunkTarget, view: IndexView) -> Unmatched | None:
+    files = view.matching(target.file)
+    if not files:
+        return Unmatched(
+            item.id,
+            f'chunk target file "{target.file}"',
+            "matches no file in the index",
+            _closest_files(target.file, view.files),
+        )
+    if target.heading is not None:
+        if any(target.heading in view.headings[f] for f in files):
+            return None
+        return Unmatched(
+            item.id,
+            f'heading "{target.heading}"',
+            f"matches nothing in {', '.join(files)}",
+            _closest_headings(target.heading, (h for f in files for h in view.headings[f])),
+        )
+    payloads = [p for f in files for p in view.payloads(f)]
+    if any(target.matches(p) for p in payloads):
+        return None
+    return Unmatched(
+        item.id,
+        f'text "{target.contains}"',
+        f"is in no chunk of {', '.join(files)}",
+        _closest_passage(str(target.contains), payloads),
+    )
+
+
+def check_golden(golden: GoldenSet, view: IndexView) -> GoldenCheck:
+    """Match every target of every item against the index; nothing is scored."""
+    unmatched: list[Unmatched] = []
+    targets = 0
+    for item in golden.items:
+        chunk_files = {t.file for t in item.chunks}
+        for suffix, grade in item.relevance.items():
+            if grade <= 0 or suffix in chunk_files:
+                continue  # a chunk target's file is checked with the chunk target
+            targets += 1
+            if not view.matching(suffix):
+                unmatched.append(
+                    Unmatched(
+                        item.id,
+                        f'file "{suffix}"',
+                        "matches no file in the index",
+                        _closest_files(suffix, view.files),
+                    )
+                )
+        for target in item.chunks:
+            targets += 1
+            problem = _check_chunk(item, target, view)
+            if problem is not None:
+                unmatched.append(problem)
+    return GoldenCheck(
+        golden.name, golden.source, len(golden.items), targets, len(view.files), unmatched
+    )
+
+
+def golden_for_index(
+    golden: GoldenSet, view: IndexView, *, skip_unmatched: bool, origin: str
+) -> tuple[GoldenSet, GoldenCheck]:
+    """The golden set to score on this index, and its check.
+
+    Args:
+        golden: The set as loaded.
+        view: The index version about to be scored.
+        skip_unmatched: Leave out items with an unmatched target instead of stopping.
+        origin: Where the golden set's path came from (``RagpipeConfig.origin``), so
+            that a set picked by a default says so.
+
+    Raises:
+        GoldenMismatch: A target matches nothing (and ``skip_unmatched`` is off), or
+            no file the set names is in the index at all (always: that set belongs to
+            another corpus), or nothing would be left to score.
+    """
+    check = check_golden(golden, view)
+    answerable = [i for i in golden.items if i.answerable]
+    named = {s for i in answerable for s, g in i.relevance.items() if g > 0}
+    if answerable and not any(view.matching(s) for s in named):
+        shown = ", ".join(sorted(named)[:5]) + (", ..." if len(named) > 5 else "")
+        raise GoldenMismatch(
+            f"golden set {golden.name!r} ({golden.source}, from {origin}) names no file in "
+            f"this index: none of its {len(answerable)} answerable items' files ({shown}) is "
+            f"among the index's {len(view.files)} files. It was written for another corpus: "
+            "pass --golden (eval.golden) with a set for this index, or ingest its corpus"
+        )
+    if check.ok:
+        return golden, check
+    if not skip_unmatched:
+        raise GoldenMismatch(
+            f"golden set {golden.name!r} ({golden.source}): {len(check.unmatched)} target(s) of "
+            f"{len(check.unmatched_items)} item(s) match nothing in the index; fix them, or pass "
+            "--skip-unmatched (eval.skip_unmatched) to score the rest:\n  "
+            + "\n  ".join(check.lines())
+        )
+    dropped = set(check.unmatched_items)
+    kept = [i for i in golden.items if i.id not in dropped]
+    if not kept:
+        raise GoldenMismatch(
+            f"golden set {golden.name!r}: every item has an unmatched target, nothing is left "
+            "to score:\n  " + "\n  ".join(check.lines())
+        )
+    check.skipped = [i.id for i in golden.items if i.id in dropped]
+    return replace(golden, items=kept), check

@@ -1,0 +1,315 @@
+"""Judge agreement (accuracy, Cohen's kappa, bootstrap CIs), prediction-powered means and
+human label files, against values computed by hand in the tests."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from statistics import NormalDist
+
+import numpy as np
+import pytest
+
+from ragpipe.errors import ConfigError
+from ragpipe.evaluation.agreement import (
+    Label,
+    agreement,
+    cohen_kappa,
+    labels_by_metric,
+    load_labels,
+    ppi_mean,
+)
+
+Z95 = NormalDist().inv_cdf(0.975)  # 1.959963984540054
+
+
+# --------------------------------------------------------------------------- kappa
+
+
+def test_cohen_kappa_worked_example() -> None:
+    truth = [1, 1, 1, 1, 1, 1, 0, 0, 0, 0]
+    verdicts = [1, 1, 1, 1, 0, 0, 1, 0, 0, 0]
+    # Agree on pairs 0-3 (yes/yes) and 7-9 (no/no): 7 of 10.
+    p_o = 7 / 10
+    # truth says yes 6/10, the judge 5/10 (pairs 0-3 and 6).
+    p_e = (6 / 10) * (5 / 10) + (4 / 10) * (5 / 10)  # 0.30 + 0.20 = 0.50
+    expected = (p_o - p_e) / (1 - p_e)  # 0.20 / 0.50 = 0.4
+    assert expected == pytest.approx(0.4)
+    assert cohen_kappa(truth, verdicts) == pytest.approx(expected, abs=1e-12)
+
+
+def test_always_yes_judge_on_balanced_probe_has_kappa_zero() -> None:
+    truth = [1, 0] * 10
+    verdicts = [1] * 20
+    # p_o = 10/20 = 0.5; p_e = 0.5 * 1 + 0.5 * 0 = 0.5; kappa = 0 / 0.5 = 0.
+    assert cohen_kappa(truth, verdicts) == 0.0
+    result = agreement(truth, verdicts, resamples=200, seed=1)
+    assert result.accuracy == 0.5
+    assert result.kappa == 0.0
+    assert result.yes_share == 1.0
+    # Every resample has constant verdicts: kappa 0 (or undefined when truth is constant too).
+    assert (result.kappa_low, result.kappa_high) == (0.0, 0.0)
+
+
+def test_perfect_judge_has_kappa_one() -> None:
+    truth = [1, 0, 0, 1, 1, 0, 1, 0]
+    assert cohen_kappa(truth, truth) == 1.0
+    result = agreement(truth, truth, resamples=200)
+    assert (result.accuracy, result.kappa, result.failed) == (1.0, 1.0, 0)
+    assert (result.accuracy_low, result.accuracy_high) == (1.0, 1.0)
+    assert (result.kappa_low, result.kappa_high) == (1.0, 1.0)  # undefined resamples dropped
+
+
+def test_constant_equal_labels_give_nan_kappa() -> None:
+    # p_o = 1, p_e = 1 * 1 + 0 * 0 = 1: kappa = 0/0, undefined.
+    assert math.isnan(cohen_kappa([1, 1, 1], [1, 1, 1]))
+    assert math.isnan(cohen_kappa([0, 0], [0, 0]))
+    result = agreement([1, 1, 1, 1], [1, 1, 1, 1], resamples=50)
+    assert result.accuracy == 1.0
+    assert math.isnan(result.kappa)
+    # Every resample is undefined too, so nothing is left for the percentile.
+    assert math.isnan(result.kappa_low) and math.isnan(result.kappa_high)
+
+
+def test_cohen_kappa_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="one verdict per truth label"):
+        cohen_kappa([1, 0], [1])
+    with pytest.raises(ValueError, match="at least one pair"):
+        cohen_kappa([], [])
+    with pytest.raises(ValueError, match="0/1"):
+        cohen_kappa([1, 2], [1, 0])
+
+
+def test_failed_verdicts_count_as_wrong() -> None:
+    truth = [1, 0, 1, 0, 1, 0]
+    verdicts: list[int | None] = [1, None, None, 0, 1, 1]
+    result = agreement(truth, verdicts, resamples=100)
+    assert result.n == 6
+    assert result.failed == 2
+    # As scored: [1, 1, 0, 0, 1, 1] (None -> 1 - truth). Right on pairs 0, 3, 4: 3/6.
+    assert result.accuracy == pytest.approx(3 / 6)
+    # p_o = 0.5; truth yes 3/6, scored yes 4/6: p_e = 0.5*4/6 + 0.5*2/6 = 0.5; kappa = 0.
+    assert result.kappa == pytest.approx(0.0, abs=1e-12)
+    # The judge itself said "yes" on pairs 0, 4, 5 (a failure is not a yes).
+    assert result.yes_share == pytest.approx(3 / 6)
+    # Dropping failures instead would have given 3 of 4 right: that is not what we report.
+    assert result.accuracy != pytest.approx(3 / 4)
+
+
+def test_agreement_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="one verdict per probe pair"):
+        agreement([1, 0], [1])
+    with pytest.raises(ValueError, match="at least one probe pair"):
+        agreement([], [])
+    with pytest.raises(ValueError, match="resamples"):
+        agreement([1, 0], [1, 0], resamples=0)
+
+
+def test_bootstrap_ci_is_seeded_and_contains_the_estimate() -> None:
+    truth = [1, 0] * 20
+    # Right on 32 of 40 pairs: wrong on 4 yes-pairs and 4 no-pairs.
+    verdicts = [1 - t if i < 8 else t for i, t in enumerate(truth)]
+    result = agreement(truth, verdicts, resamples=500, seed=7)
+    assert result.accuracy == pytest.approx(32 / 40)
+    # p_o = 0.8; both say yes half the time: p_e = 0.5; kappa = 0.3 / 0.5 = 0.6.
+    assert result.kappa == pytest.approx(0.6)
+    assert result.accuracy_low <= result.accuracy <= result.accuracy_high
+    assert result.kappa_low <= result.kappa <= result.kappa_high
+    assert result.accuracy_low < result.accuracy_high
+    assert agreement(truth, verdicts, resamples=500, seed=7) == result
+    other = agreement(truth, verdicts, resamples=500, seed=8)
+    assert (other.kappa_low, other.kappa_high) != (result.kappa_low, result.kappa_high)
+    assert set(result.as_dict()) == {
+        "n", "failed", "accuracy", "accuracy_low", "accuracy_high",
+        "kappa", "kappa_low", "kappa_high", "yes_share",
+    }  # fmt: skip
+
+
+def test_single_pair_has_no_ci() -> None:
+    result = agreement([1], [None])
+    assert (result.n, result.failed, result.accuracy) == (1, 1, 0.0)
+    assert math.isnan(result.accuracy_low) and math.isnan(result.kappa_high)
+
+
+# --------------------------------------------------------------------------- PPI
+
+
+PREDICTIONS = {"a": 0.9, "b": 0.8, "c": 0.7, "d": 0.6, "e": 0.5, "f": 0.1}
+LABELS = {"a": 0.7, "b": 0.8, "c": 0.6}
+
+
+def test_ppi_mean_by_hand() -> None:
+    est = ppi_mean("faithfulness", PREDICTIONS, LABELS)
+    # Judge mean over N = 6: (0.9 + 0.8 + 0.7 + 0.6 + 0.5 + 0.1) / 6 = 3.6 / 6 = 0.6.
+    assert est.judge_mean == pytest.approx(0.6)
+    # Rectifier f - y on the n = 3 labelled items: 0.2, 0.0, 0.1; mean 0.1.
+    # theta = 0.6 - 0.1 = 0.5.
+    assert est.mean == pytest.approx(0.5)
+    # var_f: deviations 0.3, 0.2, 0.1, 0, -0.1, -0.5 -> squares sum 0.40; / (6 - 1) = 0.08.
+    # var_rect: deviations 0.1, -0.1, 0 -> squares sum 0.02; / (3 - 1) = 0.01.
+    # half-width = z * sqrt(0.08 / 6 + 0.01 / 3) = z * sqrt(1/75 + 1/300) = z * sqrt(1/60).
+    half = Z95 * math.sqrt(1 / 60)  # ≈ 0.2530
+    assert est.ci_low == pytest.approx(0.5 - half)
+    assert est.ci_high == pytest.approx(0.5 + half)
+    # Humans alone: mean (0.7 + 0.8 + 0.6) / 3 = 0.7; sd = sqrt(0.02 / 2) = 0.1.
+    assert est.human_mean == pytest.approx(0.7)
+    human_half = Z95 * 0.1 / math.sqrt(3)  # ≈ 0.1132
+    assert est.human_ci_low == pytest.approx(0.7 - human_half)
+    assert est.human_ci_high == pytest.approx(0.7 + human_half)
+    assert (est.n_judged, est.n_labeled, est.metric) == (6, 3, "faithfulness")
+    assert est.as_dict()["mean"] == pytest.approx(0.5)
+
+
+def test_ppi_mean_level_changes_the_width() -> None:
+    est = ppi_mean("faithfulness", PREDICTIONS, LABELS, level=0.9)
+    z90 = NormalDist().inv_cdf(0.95)  # 1.6449
+    assert est.ci_high - est.mean == pytest.approx(z90 * math.sqrt(1 / 60))
+
+
+def test_ppi_mean_with_one_label_has_no_ci() -> None:
+    est = ppi_mean("faithfulness", PREDICTIONS, {"f": 0.3})
+    # theta = 0.6 - (0.1 - 0.3) = 0.8.
+    assert est.mean == pytest.approx(0.8)
+    assert math.isnan(est.ci_low) and math.isnan(est.human_ci_high)
+    assert est.human_mean == pytest.approx(0.3)
+
+
+def test_ppi_mean_rejects_unknown_and_empty_labels() -> None:
+    with pytest.raises(ConfigError, match=r"'zz'.*labels must be for items of this run"):
+        ppi_mean("faithfulness", PREDICTIONS, {"a": 0.5, "zz": 1.0})
+    with pytest.raises(ConfigError, match="no human labels for metric 'faithfulness'"):
+        ppi_mean("faithfulness", PREDICTIONS, {})
+    with pytest.raises(ConfigError, match="level"):
+        ppi_mean("faithfulness", PREDICTIONS, LABELS, level=1.0)
+
+
+def test_ppi_corrects_a_biased_judge() -> None:
+    rng = np.random.default_rng(2023)
+    big_n, n = 500, 100
+    truth = rng.beta(2, 5, size=big_n)  # mean 2/7 ≈ 0.29, rarely above 0.75
+    judge = np.clip(truth + 0.2 + rng.normal(0, 0.05, size=big_n), 0, 1)
+    ids = [f"q{i}" for i in range(big_n)]
+    labelled = rng.choice(big_n, size=n, replace=False)
+    est = ppi_mean(
+        "faithfulness",
+        dict(zip(ids, judge.tolist(), strict=True)),
+        {ids[i]: float(truth[i]) for i in labelled},
+    )
+    true_mean = float(truth.mean())
+    assert est.judge_mean - true_mean == pytest.approx(0.2, abs=0.02)
+    assert not est.ci_low <= est.judge_mean <= est.ci_high
+    assert est.ci_low <= true_mean <= est.ci_high
+    # The judge's scores make the CI narrower than the humans' alone.
+    assert est.ci_high - est.ci_low < est.human_ci_high - est.human_ci_low
+
+
+# --------------------------------------------------------------------------- label files
+
+
+def test_load_labels_csv(tmp_path: Path) -> None:
+    path = tmp_path / "labels.csv"
+    path.write_text(
+        "item_id,metric,value,note\n"
+        "q1,faithfulness,1,ok\n"
+        "q2,faithfulness,0.5,\n"
+        "q1,answer_relevancy,-0.25,cosine\n",
+        encoding="utf-8",
+    )
+    labels = load_labels(path)
+    assert labels == [
+        Label("q1", "faithfulness", 1.0),
+        Label("q2", "faithfulness", 0.5),
+        Label("q1", "answer_relevancy", -0.25),
+    ]
+    assert labels_by_metric(labels) == {
+        "faithfulness": {"q1": 1.0, "q2": 0.5},
+        "answer_relevancy": {"q1": -0.25},
+    }
+
+
+def test_load_labels_yaml_and_json(tmp_path: Path) -> None:
+    listed = tmp_path / "labels.yaml"
+    listed.write_text(
+        "- {item_id: q1, metric: faithfulness, value: 0.75}\n"
+        "- {item_id: 7, metric: faithfulness, value: 0}\n",
+        encoding="utf-8",
+    )
+    expected = [Label("q1", "faithfulness", 0.75), Label("7", "faithfulness", 0.0)]
+    assert load_labels(listed) == expected
+    keyed = tmp_path / "labels.yml"
+    keyed.write_text(
+        "labels:\n  - item_id: q1\n    metric: faithfulness\n    value: 0.75\n"
+        "  - item_id: 7\n    metric: faithfulness\n    value: 0\n",
+        encoding="utf-8",
+    )
+    assert load_labels(keyed) == expected
+    as_json = tmp_path / "labels.json"
+    as_json.write_text(
+        json.dumps({"labels": [{"item_id": "q1", "metric": "faithfulness", "value": 0.75}]}),
+        encoding="utf-8",
+    )
+    assert load_labels(as_json) == expected[:1]
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ("item_id,value\nq1,0.5\n", r"row 1 \(header\) lacks column 'metric'.*header line"),
+        ("item_id,metric,value\nq1,faithfulness,0.5\nq2,,1\n", r"row 2 .*'metric' is missing"),
+        ("item_id,metric,value\nq1,faithfulness,\n", r"row 1 .*'value' is missing.*give every"),
+        ("item_id,metric,value\nq1,faithfulness,yes\n", r"row 1 .*'yes' is not a number.*write"),
+        ("item_id,metric,value\nq1,faithfulness,1.5\n", r"row 1 .*outside \[-1, 1\]"),
+        ("item_id,metric,value\nq1,faithfulness,nan\n", r"row 1 .*outside \[-1, 1\]"),
+        (
+            "item_id,metric,value\nq1,faithfulness,1\nq2,faithfulness,1\nq1,faithfulness,0\n",
+            r"row 3 \(line 4\) repeats item_id 'q1'.*from row 1 \(line 2\); keep one label",
+        ),
+        ("item_id,metric,value\n", "holds no labels"),
+    ],
+)
+def test_load_labels_csv_errors(tmp_path: Path, body: str, match: str) -> None:
+    path = tmp_path / "labels.csv"
+    path.write_text(body, encoding="utf-8")
+    with pytest.raises(ConfigError, match=match) as caught:
+        load_labels(path)
+    assert str(path) in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ("- {item_id: q1, value: 0.5}\n", r"entry 1: 'metric' is missing; give every entry"),
+        ("- {item_id: q1, metric: m, value: [1]}\n", r"entry 1: .* is not a number"),
+        ("- {item_id: q1, metric: m, value: true}\n", r"entry 1: .* is not a number"),
+        ("- {item_id: q1, metric: m, value: -2}\n", r"entry 1: .*outside \[-1, 1\]"),
+        ("- just a string\n", r"entry 1: expected a mapping"),
+        ("{items: []}\n", r"expected a list of \{item_id, metric, value\}"),
+        (
+            "- {item_id: q1, metric: m, value: 1}\n- {item_id: q1, metric: m, value: 0}\n",
+            r"entry 2 repeats item_id 'q1' with metric 'm' from entry 1",
+        ),
+        ("- [unclosed\n", "cannot be parsed"),
+    ],
+)
+def test_load_labels_yaml_errors(tmp_path: Path, body: str, match: str) -> None:
+    path = tmp_path / "labels.yaml"
+    path.write_text(body, encoding="utf-8")
+    with pytest.raises(ConfigError, match=match) as caught:
+        load_labels(path)
+    assert str(path) in str(caught.value)
+
+
+def test_load_labels_missing_file_and_unknown_extension(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found; fix the path"):
+        load_labels(tmp_path / "absent.csv")
+    odd = tmp_path / "labels.txt"
+    odd.write_text("q1 faithfulness 1\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"unknown extension '\.txt'; use one of \.csv"):
+        load_labels(odd)
+
+
+def test_labels_by_metric_rejects_duplicates() -> None:
+    twice = [Label("q1", "m", 1.0), Label("q1", "m", 0.0)]
+    with pytest.raises(ConfigError, match="two labels for item 'q1' and metric 'm'"):
+        labels_by_metric(twice)

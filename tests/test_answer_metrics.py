@@ -1,0 +1,264 @@
+"""Judge-free answer metrics against hand-computed values (token counts in comments)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ragpipe.evaluation.answers import (
+    DEGENERATE_MIN_NGRAMS,
+    DEGENERATE_SHARE,
+    citation_scores,
+    cosine,
+    is_degenerate,
+    normalize_answer,
+    repetition_share,
+    rouge_l,
+    token_f1,
+)
+
+# --- normalize_answer ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # lower -> "the cat, sat!  on   a mat." -> no punct -> "the cat sat  on   a mat"
+        # -> no articles -> " cat sat  on    mat" -> collapse
+        ("The Cat, sat!  on   a MAT.", "cat sat on mat"),
+        # punctuation is deleted, not replaced by a space: "don't" -> "dont", "U.S.A." -> "usa"
+        ("Don't visit the U.S.A.", "dont visit usa"),
+        # articles only as whole words: "theater", "another", "anna" stay
+        ("An apple in another theater with Anna", "apple in another theater with anna"),
+        # punctuation goes before articles: "the-end" -> "theend", which is no article
+        ("the-end", "theend"),
+        # tabs and newlines are whitespace too
+        ("\tThe\n answer \r\n is  42 ", "answer is 42"),
+        ("", ""),
+        ("A an THE ... !", ""),
+    ],
+)
+def test_normalize_answer(text: str, expected: str) -> None:
+    assert normalize_answer(text) == expected
+
+
+# --- token_f1 -----------------------------------------------------------------
+
+
+def test_token_f1_partial_overlap_counts_duplicates_once_per_match() -> None:
+    # pred "The cat cat sat." -> [cat, cat, sat] (3)
+    # ref "a cat sat on mat" -> [cat, sat, on, mat] (4)
+    # Counter intersection: cat min(2, 1) = 1, sat 1 -> common 2; P = 2/3, R = 2/4
+    p, r = 2 / 3, 2 / 4
+    assert token_f1("The cat cat sat.", "a cat sat on mat") == pytest.approx(2 * p * r / (p + r))
+    assert token_f1("The cat cat sat.", "a cat sat on mat") == pytest.approx(4 / 7)
+
+
+def test_token_f1_duplicates_on_both_sides() -> None:
+    # pred [x, x, x, y] (4); ref [x, x, z] (3); common: x min(3, 2) = 2 -> P = 2/4, R = 2/3
+    p, r = 2 / 4, 2 / 3
+    assert token_f1("x x x y", "x x z") == pytest.approx(2 * p * r / (p + r))
+
+
+def test_token_f1_exact_match_after_normalisation() -> None:
+    assert token_f1("The Eiffel Tower!", "eiffel   tower") == 1.0
+
+
+def test_token_f1_disjoint() -> None:
+    assert token_f1("Paris", "London") == 0.0
+
+
+def test_token_f1_both_empty_is_one() -> None:
+    # both normalise to no tokens (articles and punctuation only)
+    assert token_f1("", "the .") == 1.0
+
+
+def test_token_f1_one_empty_is_zero() -> None:
+    assert token_f1("a", "cat") == 0.0
+    assert token_f1("cat", "") == 0.0
+
+
+def test_token_f1_ignores_word_order() -> None:
+    # normalised: [cat, sat, on, mat] vs [on, mat, cat, sat]: same bag
+    assert token_f1("the cat sat on the mat", "on the mat the cat sat") == 1.0
+
+
+# --- rouge_l ------------------------------------------------------------------
+
+
+def test_rouge_l_word_order_matters() -> None:
+    # pred [the, cat, sat, on, the, mat] (6); ref [on, the, mat, the, cat, sat] (6)
+    # bag overlap is all 6 tokens, but the LCS is 3 ("the cat sat" or "on the mat")
+    # P = 3/6, R = 3/6 -> F1 = 1/2
+    p, r = 3 / 6, 3 / 6
+    assert rouge_l("the cat sat on the mat", "on the mat the cat sat") == pytest.approx(
+        2 * p * r / (p + r)
+    )
+
+
+def test_rouge_l_subsequence() -> None:
+    # pred [the, cat, on, mat] (4); ref [the, cat, sat, on, the, mat] (6); LCS 4
+    # P = 4/4, R = 4/6 -> F1 = 2 * 1 * (2/3) / (1 + 2/3) = 4/5
+    p, r = 4 / 4, 4 / 6
+    assert rouge_l("The cat on mat", "The cat sat on the mat.") == pytest.approx(
+        2 * p * r / (p + r)
+    )
+
+
+def test_rouge_l_tokenises_non_alphanumerics_as_spaces() -> None:
+    # "Don't STOP!" -> [don, t, stop]; articles are kept (no SQuAD normalisation)
+    assert rouge_l("Don't STOP!", "don t stop") == 1.0
+    # pred [a, cat] (2) vs ref [cat] (1): LCS 1, P = 1/2, R = 1/1
+    p, r = 1 / 2, 1 / 1
+    assert rouge_l("a cat", "cat") == pytest.approx(2 * p * r / (p + r))
+
+
+def test_rouge_l_exact_match() -> None:
+    assert rouge_l("The cat sat on the mat.", "the cat sat on the mat") == 1.0
+
+
+def test_rouge_l_empty_and_disjoint() -> None:
+    assert rouge_l("", "the cat") == 0.0
+    assert rouge_l("the cat", "") == 0.0
+    assert rouge_l("!!!", "???") == 0.0
+    assert rouge_l("paris", "london") == 0.0
+
+
+# --- cosine -------------------------------------------------------------------
+
+
+def test_cosine_simple_vectors() -> None:
+    assert cosine([1.0, 0.0], [0.0, 1.0]) == 0.0
+    assert cosine([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == pytest.approx(1.0)
+    assert cosine([1.0, 2.0], [-1.0, -2.0]) == pytest.approx(-1.0)
+    # [1, 0] . [1, 1] = 1; norms 1 and sqrt(2)
+    assert cosine([1.0, 0.0], [1.0, 1.0]) == pytest.approx(1 / math.sqrt(2))
+    # scale does not matter: [3, 4] . [4, 3] = 24; norms 5 and 5
+    assert cosine(np.array([3.0, 4.0]), np.array([8.0, 6.0])) == pytest.approx(24 / 25)
+
+
+def test_cosine_zero_vector_is_zero() -> None:
+    assert cosine([0.0, 0.0], [1.0, 2.0]) == 0.0
+    assert cosine(np.zeros(3, dtype=np.float32), np.zeros(3, dtype=np.float32)) == 0.0
+
+
+def test_cosine_rejects_mismatched_shapes() -> None:
+    with pytest.raises(ValueError, match="equal length"):
+        cosine([1.0, 2.0], [1.0, 2.0, 3.0])
+
+
+# --- repetition_share / is_degenerate -------------------------------------------
+
+
+def test_repetition_share_periodic_text() -> None:
+    # 9 tokens -> 7 trigrams: abc bca cab | abc bca cab abc -> 4 repeats
+    assert repetition_share("a b c a b c a b c") == pytest.approx(4 / 7)
+
+
+def test_repetition_share_no_repeats() -> None:
+    assert repetition_share("one two three four five") == 0.0
+
+
+def test_repetition_share_lower_cases_and_other_n() -> None:
+    # [a, b, c, a, b, c] -> trigrams abc bca cab abc -> 1 repeat of 4
+    assert repetition_share("A b c a B c") == pytest.approx(1 / 4)
+    # unigrams [yes, yes, no]: the second "yes" repeats -> 1/3
+    assert repetition_share("yes yes no", n=1) == pytest.approx(1 / 3)
+
+
+def test_repetition_share_no_ngrams() -> None:
+    assert repetition_share("") == 0.0
+    assert repetition_share("a b") == 0.0
+
+
+def test_repetition_share_rejects_bad_n() -> None:
+    with pytest.raises(ValueError, match="n=0"):
+        repetition_share("a b c", n=0)
+
+
+def test_is_degenerate_looping_answer() -> None:
+    text = "The answer to this question is: " * 10
+    # [the, answer, to, this, question, is:] x 10 = 60 tokens -> 58 trigrams,
+    # 6 distinct (one per start word) -> 52 repeats
+    assert repetition_share(text) == pytest.approx(52 / 58)
+    assert is_degenerate(text)
+
+
+def test_is_degenerate_normal_sentence() -> None:
+    text = (
+        "Retrieval augmented generation combines a search over indexed documents "
+        "with a language model that writes an answer citing the sources."
+    )
+    assert len(text.split()) == 20
+    assert repetition_share(text) == 0.0
+    assert not is_degenerate(text)
+
+
+def test_is_degenerate_short_answers_never_flagged() -> None:
+    # 4 tokens -> 2 trigrams, 1 repeat: share 1/2 but fewer than DEGENERATE_MIN_NGRAMS
+    assert repetition_share("yes yes yes yes") == pytest.approx(1 / 2)
+    assert not is_degenerate("yes yes yes yes")
+
+
+def test_is_degenerate_min_ngrams_boundary() -> None:
+    assert DEGENERATE_MIN_NGRAMS == 8
+    assert DEGENERATE_SHARE == 0.3
+    # 9 tokens -> 7 trigrams: not flagged; 10 tokens -> 8 trigrams (7 repeats): flagged
+    assert not is_degenerate("yes " * 9)
+    assert is_degenerate("yes " * 10)
+
+
+def test_is_degenerate_share_threshold_inclusive() -> None:
+    # 11 tokens -> 9 trigrams; the tail "a b c a b c" repeats abc -> trigrams
+    # ... abc bca cab abc: 1 repeat of 9 -> 1/9
+    text = "p q r s t a b c a b c"
+    assert repetition_share(text) == pytest.approx(1 / 9)
+    assert not is_degenerate(text)
+    assert is_degenerate(text, share=1 / 9)
+
+
+# --- citation_scores ------------------------------------------------------------
+
+
+def test_citation_scores_invalid_citation_counts_as_wrong() -> None:
+    # cited {1, 7}; 7 was never given; supporting & given = {1, 2}; correct = {1}
+    precision, recall = citation_scores([1, 7], supporting={1, 2}, given={1, 2, 3})
+    assert precision == pytest.approx(1 / 2)
+    assert recall == pytest.approx(1 / 2)
+
+
+def test_citation_scores_all_cited_partly_supporting() -> None:
+    # cited {1, 2, 3}; supporting {1, 3} -> P = 2/3, R = 2/2
+    precision, recall = citation_scores([1, 2, 3], supporting={1, 3}, given={1, 2, 3, 4})
+    assert precision == pytest.approx(2 / 3)
+    assert recall == 1.0
+
+
+def test_citation_scores_no_citations() -> None:
+    precision, recall = citation_scores([], supporting={2}, given={1, 2, 3})
+    assert precision is None
+    assert recall == 0.0
+
+
+def test_citation_scores_no_supporting_sources() -> None:
+    precision, recall = citation_scores([1], supporting=set(), given={1, 2})
+    assert precision == 0.0
+    assert recall is None
+
+
+def test_citation_scores_supporting_source_not_given() -> None:
+    # 4 supports but was not given: recall has nothing to find; citing 4 is invalid
+    precision, recall = citation_scores([4], supporting={4}, given={1, 2, 3})
+    assert precision == 0.0
+    assert recall is None
+
+
+def test_citation_scores_duplicates_count_once() -> None:
+    cited = [2, 2, 3, 2]
+    # distinct {2, 3}; supporting {2} -> P = 1/2, R = 1/1
+    precision, recall = citation_scores(cited, supporting={2}, given={1, 2, 3})
+    assert precision == pytest.approx(1 / 2)
+    assert recall == 1.0
+    assert cited == [2, 2, 3, 2]

@@ -1,0 +1,181 @@
+"""Golden sets checked against the real index before any query: unmatched targets named
+with their closest matches, --skip-unmatched, a set meant for another corpus, `eval check`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from ragpipe.config import RagpipeConfig, load_config
+from ragpipe.evaluation.check import GoldenMismatch, IndexView, check_golden, golden_for_index
+from ragpipe.evaluation.golden import load_golden
+from ragpipe.evaluation.run import run_retrieval
+from ragpipe.models.embedders import embedder_name
+from ragpipe.store import open_reader
+
+pytestmark = pytest.mark.integration
+
+# Two mistakes a team makes: a heading one letter off, and a misspelled file.
+TYPOS = """
+name: typos
+items:
+  - id: calvin
+    query: How does the Calvin cycle fix carbon dioxide?
+    chunks: [{file: science/photosynthesis.md, heading: Calvin cycle, grade: 3}]
+  - id: oven-typo
+    query: How hot should the oven be for bread?
+    chunks: [{file: kitchen/bread.md, heading: Ovens, grade: 3}]
+  - id: backup-typo
+    query: How often are backups taken?
+    relevance: {ops/backup.md: 2}
+  - id: lovelace-text
+    query: Who wrote the first program for the Analytical Engine?
+    chunks: [{file: computing.md, contains: first published programme for Charles Babbage}]
+  - id: capital
+    query: What is the capital of France?
+    answerable: false
+"""
+# A set written for another corpus: none of its files is in this index.
+ELSEWHERE = """
+name: elsewhere
+items:
+  - id: fk
+    query: How do I enable foreign keys?
+    chunks: [{file: sqlite/foreignkeys.html, heading: "2. Enabling Foreign Key Support"}]
+  - id: cache
+    query: Where does pip cache wheels?
+    expected_files: [misc/caching.md]
+"""
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _view(config: RagpipeConfig) -> Any:
+    store = open_reader(config.store, embedder_name(config.embed))
+    assert store is not None
+    return store, IndexView(store)
+
+
+def test_each_unmatched_target_is_named_with_its_closest_match(
+    indexed_edge: RagpipeConfig, tmp_path: Path
+) -> None:
+    golden = load_golden(_write(tmp_path, "typos", TYPOS))
+    store, view = _view(indexed_edge)
+    try:
+        check = check_golden(golden, view)
+        assert (check.items, check.targets, check.index_files) == (5, 4, 5)
+        assert check.unmatched_items == ["oven-typo", "backup-typo", "lovelace-text"]
+        lines = check.lines()
+        # Paths as the index holds them (absolute here).
+        assert lines[0].startswith('oven-typo: heading "Ovens" matches nothing in /')
+        assert lines[0].endswith('/kitchen/bread.md; closest: "Oven"')
+        assert lines[1].startswith('backup-typo: file "ops/backup.md" matches no file in the index')
+        assert "closest: " in lines[1] and "ops/backups.md" in lines[1]
+        assert lines[2].startswith('lovelace-text: text "first published programme for Charles')
+        assert "/history/computing.md; closest:" in lines[2] and "is in no chunk of" in lines[2]
+        assert "first published program for Charles Babbage" in lines[2]  # the real text
+        assert "(under Early computing > Ada Lovelace)" in lines[2]
+        with pytest.raises(GoldenMismatch) as caught:
+            golden_for_index(golden, view, skip_unmatched=False, origin="a test")
+        message = str(caught.value)
+        assert "3 target(s) of 3 item(s) match nothing" in message and "--skip-unmatched" in message
+        assert all(line in message for line in lines)
+        kept, skipped = golden_for_index(golden, view, skip_unmatched=True, origin="a test")
+        assert [i.id for i in kept.items] == ["calvin", "capital"]
+        assert skipped.skipped == ["oven-typo", "backup-typo", "lovelace-text"]
+    finally:
+        store.close()
+
+
+def test_a_set_for_another_corpus_fails_naming_where_it_came_from(
+    indexed_edge: RagpipeConfig, tmp_path: Path
+) -> None:
+    golden = load_golden(_write(tmp_path, "elsewhere", ELSEWHERE))
+    store, view = _view(indexed_edge)
+    try:
+        for skip in (False, True):  # skipping cannot make a set for another corpus score
+            with pytest.raises(GoldenMismatch) as caught:
+                golden_for_index(golden, view, skip_unmatched=skip, origin="the built-in default")
+            message = str(caught.value)
+            assert "golden set 'elsewhere'" in message and "from the built-in default" in message
+            assert "names no file in this index" in message and "2 answerable items" in message
+            assert "misc/caching.md, sqlite/foreignkeys.html" in message and "5 files" in message
+    finally:
+        store.close()
+    # The shipped default, replayed on an index it does not belong to, says it was the default.
+    config = indexed_edge.model_copy(
+        update={"eval": indexed_edge.eval.model_copy(update={"reports_dir": tmp_path / "r"})}
+    )
+    with pytest.raises(GoldenMismatch, match=r"r-faq-dev.*from the built-in default of eval\.gold"):
+        run_retrieval(config)
+    assert not (tmp_path / "r").exists()  # nothing scored, nothing written
+    loaded = load_config(None, {"eval": {"golden": str(tmp_path / "elsewhere.yaml")}})
+    assert loaded.origin("eval.golden") == "the command line (eval.golden)"
+
+
+def test_skip_unmatched_scores_the_rest_and_the_report_counts_them(
+    indexed_edge: RagpipeConfig, tmp_path: Path
+) -> None:
+    path = _write(tmp_path, "typos", TYPOS)
+    config = indexed_edge.model_copy(
+        update={
+            "eval": indexed_edge.eval.model_copy(
+                update={"golden": path, "reports_dir": tmp_path / "reports", "resamples": 200,
+                        "skip_unmatched": True}
+            )
+        }
+    )  # fmt: skip
+    result, run = run_retrieval(config)
+    # calvin is scored; capital is answerable: false (not applicable to retrieval metrics).
+    assert [r.item_id for r in result.rows] == ["calvin"]
+    assert run.metrics["default"]["mrr"]["n"] == 1
+    assert run.metrics["default"]["mrr"]["n_not_applicable"] == 1
+    assert run.metrics["default"]["mrr"]["ci_low"] is None  # one query: no CI
+    summary = json.loads(Path(run.report_dir, "summary.json").read_text())
+    assert summary["golden_check"]["skipped_items"] == ["oven-typo", "backup-typo",
+                                                        "lovelace-text"]  # fmt: skip
+    report = Path(run.report_dir, "report.md").read_text()
+    assert "3 of 5 golden items skipped (--skip-unmatched)" in report
+    assert "checked against the index: 4 targets, 3 items skipped" in report
+    assert "## Golden targets that match nothing (skipped)" in report
+    assert '- oven-typo: heading "Ovens" matches nothing' in report
+    assert "| mrr | 1.000 (n=1, no CI, 1 n/a) |" in report
+
+
+def _cli(config: RagpipeConfig, *args: str) -> Any:
+    return CliRunner().invoke(
+        app, [*args, "--store-path", str(config.store.path), "--embedder", "onnx"]
+    )
+
+
+def test_eval_check_command(indexed_edge: RagpipeConfig, tmp_path: Path) -> None:
+    typos = _write(tmp_path, "typos", TYPOS)
+    bad = _cli(indexed_edge, "eval", "check", str(typos))
+    assert bad.exit_code == 2, bad.output
+    assert "typos" in bad.output and "5 items (1 answerable: false), 4 targets" in bad.output
+    flat = "".join(bad.output.split("\n"))  # the console may wrap long lines
+    assert 'oven-typo: heading "Ovens" matches nothing in' in flat
+    assert 'kitchen/bread.md; closest: "Oven"' in flat
+    assert "3 target(s) of 3 item(s) match nothing" in bad.output
+    good = _write(tmp_path, "good", TYPOS.split("  - id: oven-typo")[0])
+    ok = _cli(indexed_edge, "eval", "check", str(good))
+    assert ok.exit_code == 0, ok.output
+    assert "ok: every target matches" in ok.output
+    other = _cli(indexed_edge, "eval", "check", str(_write(tmp_path, "else", ELSEWHERE)))
+    assert other.exit_code == 2 and "names no file in this index" in other.output
+    broken = _write(tmp_path, "broken", "items:\n  - {id: x, query: q, answerable: maybe}\n")
+    malformed = _cli(indexed_edge, "eval", "check", str(broken))
+    assert malformed.exit_code == 2 and "'answerable' must be true or false" in malformed.output
+    missing = CliRunner().invoke(
+        app, ["eval", "check", str(typos), "--store-path", str(tmp_path / "none")]
+    )
+    assert missing.exit_code == 2 and "run `ragpipe ingest` first" in missing.output
