@@ -6,6 +6,14 @@ the question mark, as "Question: ..."), one variant and a two-variant
 compare (paired bootstrap + 10,000-permutation test per metric). Target:
 metrics + CIs ≤ 0.1 × search time.
 
+Also the checks issue 30 added in front of and beside the scores: checking the
+300-item golden set against the index (every target matched, as `eval
+retrieval` does before any query; target ≤ 0.1 × the search time of the same
+300 queries), and the judge-free answer metrics (token F1, ROUGE-L, the
+embedder's cosine, citations, refusal, degenerate) of 300 answers, against the
+time to search those 300 questions (they run once per generated answer, which
+takes seconds; target ≤ 0.5 × one search each).
+
 Usage: python bench/eval.py [--json OUT]
 """
 
@@ -17,6 +25,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,9 +33,12 @@ sys.path.insert(0, str(REPO / "src"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from ragpipe.config import RagpipeConfig  # noqa: E402
+from ragpipe.evaluation.check import IndexView, golden_for_index  # noqa: E402
 from ragpipe.evaluation.golden import GoldenSet, load_golden  # noqa: E402
+from ragpipe.evaluation.rag import score_answer  # noqa: E402
 from ragpipe.evaluation.retrieval import Variant, run_retrieval_eval  # noqa: E402
 from ragpipe.ingest.pipeline import run_ingest  # noqa: E402
+from ragpipe.query.generate import Answer, select_sources  # noqa: E402
 from ragpipe.query.retrieve import Retriever  # noqa: E402
 
 PHRASINGS = {
@@ -77,6 +89,48 @@ def main() -> int:
                     f"ratio {ratio:.3f} (target <= 0.1)",
                     flush=True,
                 )
+            search_s = results["retrieval"]["search_s"]
+            started = time.perf_counter()
+            view = IndexView(retriever.store)
+            _, check = golden_for_index(golden, view, skip_unmatched=False, origin="bench")
+            check_s = time.perf_counter() - started
+            results["golden_check"] = {
+                "items": check.items,
+                "targets": check.targets,
+                "check_s": check_s,
+                "ratio_to_search": check_s / search_s,
+            }
+            print(
+                f"golden check: {check.targets} targets of {check.items} items against "
+                f"{check.index_files} files in {check_s:.3f}s, ratio to the search time "
+                f"{check_s / search_s:.3f} (target <= 0.1)",
+                flush=True,
+            )
+            # Answers: each item answered with another item's expected answer and cited [1],
+            # over the hits its own question retrieves (the hits are searched first, untimed).
+            hits = {item.id: retriever.search(item.query).hits for item in items}
+            replies = []
+            for n, item in enumerate(items):
+                sources, _ = select_sources(hits[item.id], 2800, lambda t: len(t) // 4)
+                other = items[(n + 1) % len(items)].expected_answer or ""
+                replies.append(Answer(item.query, other + " [1]", sources, sources[:1], [], False))
+            started = time.perf_counter()
+            for item, reply in zip(items, replies, strict=True):
+                score_answer(item, reply, hits[item.id], retriever.embedder)
+            answers_s = time.perf_counter() - started
+            per_search = search_s / len(items)
+            results["answer_metrics"] = {
+                "answers": len(items),
+                "answer_metrics_s": answers_s,
+                "ms_per_answer": 1000 * answers_s / len(items),
+                "ratio_to_one_search": (answers_s / len(items)) / per_search,
+            }
+            print(
+                f"answer metrics: {len(items)} answers in {answers_s:.3f}s "
+                f"({1000 * answers_s / len(items):.1f} ms each), ratio to one search "
+                f"{(answers_s / len(items)) / per_search:.3f} (target <= 0.5)",
+                flush=True,
+            )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.json}")

@@ -147,13 +147,13 @@ def eval_check(
     matches, 2 otherwise (or for a bad file or a missing index).
     """
     from ragpipe.evaluation.check import IndexView, check_golden, golden_for_index
-    from ragpipe.evaluation.golden import load_golden
+    from ragpipe.evaluation.run import load_golden_from
     from ragpipe.models.embedders import embedder_name
     from ragpipe.store import open_reader
 
     try:
         cfg = _eval_config(config, store_path, embedder, {}, {"golden": golden})
-        loaded = load_golden(cfg.eval.golden)
+        loaded = load_golden_from(cfg)
         store = open_reader(cfg.store, embedder_name(cfg.embed))
         if store is None:
             where = cfg.store.url or cfg.store.path
@@ -548,10 +548,12 @@ def report(
     rows = [r for r in rows if (golden is None or r["golden"] == golden)
             and (name is None or r["name"] == name)]  # fmt: skip
     if not rows:
+        asked = " ".join(f"--{k} {v}" for k, v in (("golden", golden), ("name", name)) if v)
         console.print(
-            f"[red]error:[/red] no run matches --golden {golden} --name {name} (golden sets in "
-            f"the history: {', '.join(sets)})",
+            f"[red]error:[/red] no run matches {asked} (golden sets in the history: "
+            f"{', '.join(sets)})",
             highlight=False,
+            soft_wrap=True,
         )
         raise typer.Exit(2)
     out_dir = html_dir or cfg.eval.reports_dir

@@ -101,3 +101,15 @@ def test_paired_delta_detects_a_real_difference_and_not_a_null_one() -> None:
     assert identical.interval.mean == 0 and identical.p_value == 1.0
     with pytest.raises(ValueError, match="same queries"):
         paired_delta(base, base[:10])
+
+
+def test_no_ci_from_fewer_than_two_values() -> None:
+    one = bootstrap_ci([0.883], resamples=100, seed=0)
+    assert one.mean == 0.883 and one.n == 1 and not one.has_ci
+    assert one.as_dict()["ci_low"] is None and one.as_dict()["ci_high"] is None
+    none = bootstrap_ci([], resamples=100, seed=0)
+    assert none.as_dict()["mean"] is None and none.n == 0
+    two = bootstrap_ci([0.0, 1.0], resamples=100, seed=0)
+    assert two.has_ci and two.low <= 0.5 <= two.high
+    delta = paired_delta([1.0], [0.0], resamples=100)
+    assert not delta.interval.has_ci and delta.as_dict()["p_value"] is None

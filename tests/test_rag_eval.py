@@ -166,3 +166,252 @@ def test_rag_eval_with_an_ollama_generator_and_judge(
     chats = [r["body"] for r in state.requests if r["path"] == "/api/chat"]
     assert len(chats) >= 5  # the answer, then the judge's structured calls
     assert sum(1 for body in chats if isinstance(body.get("format"), dict)) == len(chats) - 1
+
+
+# -- judge-free answer metrics, calibration, PPI, headlines --------------------------
+
+SCORED = """
+name: rag-scored
+items:
+  - id: oven
+    query: How long should bread bake in the oven?
+    chunks: [{file: bread.md, heading: Oven, grade: 3}]
+    expected_answer: Bake the loaf at 230 degrees Celsius for thirty-five minutes.
+  - id: lovelace
+    query: Who wrote the first program for the Analytical Engine?
+    chunks: [{file: computing.md, heading: Ada Lovelace}]
+    expected_answer: Ada Lovelace wrote it in 1843.
+  - id: backups
+    query: How often is the database backed up?
+    chunks: [{file: ops/backups.md, heading: Schedule}]
+  - id: capital
+    query: What is the capital of France?
+    answerable: false
+  - id: moon
+    query: How far away is the Moon?
+    answerable: false
+"""
+
+
+class Scripted:
+    """A generator with a fixed reply per question (chosen by a word in it)."""
+
+    name = "scripted"
+
+    def __init__(self, replies: dict[str, str]) -> None:
+        self.replies = replies
+
+    def chat(self, messages: Any, **kwargs: Any) -> Completion:
+        question = messages[-1]["content"].rsplit("Question:", 1)[-1]
+        text = next(reply for word, reply in self.replies.items() if word in question)
+        return Completion(text, 10, 10, self.name, 0.0)
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 4
+
+
+LOOP = "The answer to this question is: " * 10
+SCRIPT = Scripted(
+    {
+        # 8 answer tokens after SQuAD normalisation vs 9 expected ones; [5] was never given.
+        "bread": "Bake the loaf at 230 degrees for thirty-five minutes [1] [5].",
+        "Analytical": LOOP,
+        "database": "Not found in the provided documents.",
+        "France": "Paris is the capital of France [1].",
+        "Moon": "Not found in the provided documents.",
+    }
+)
+YES = Canned("yes-man", '{"verdict": 1}')  # says "yes" to everything, RAGAS prompts included
+
+
+@pytest.fixture
+def scored_config(rag_config: RagpipeConfig, tmp_path: Path) -> RagpipeConfig:
+    golden = tmp_path / "scored.yaml"
+    golden.write_text(SCORED, encoding="utf-8")
+    evaluation = rag_config.eval.model_copy(update={"golden": golden})
+    return rag_config.model_copy(update={"eval": evaluation})
+
+
+def test_answer_metrics_refusals_and_an_unreliable_judge_end_to_end(
+    scored_config: RagpipeConfig, onnx_embedder: Any, tmp_path: Path
+) -> None:
+    from ragpipe.evaluation.answers import repetition_share
+
+    golden = load_golden(scored_config.eval.golden)
+    result = run_rag_eval(scored_config, golden, generator=SCRIPT, judge_llm=YES,
+                          embedder=onnx_embedder)  # fmt: skip
+    rows = {r.item_id: r for r in result.rows}
+
+    def value(item: str, metric: str) -> float | None:
+        return rows[item].judged[metric].value
+
+    oven = rows["oven"]
+    # The oven chunk is the best hit, so it is source [1] ("lost in the middle" keeps the best
+    # first); [5] points at no source.
+    assert oven.sources[0]["file"].endswith("kitchen/bread.md") and oven.sources[0]["holds_target"]
+    assert oven.cited_numbers == [1, 5] and oven.invalid_citations == [5]
+    # SQuAD tokens: answer  bake loaf at 230 degrees for thirtyfive minutes 1 5 (10)
+    #               expected bake loaf at 230 degrees celsius for thirtyfive minutes (9)
+    # common 8: precision 8/10, recall 8/9.
+    assert value("oven", "answer_f1") == pytest.approx(2 * 0.8 * (8 / 9) / (0.8 + 8 / 9))
+    # ROUGE-L tokens (the article stays): answer  bake the loaf at 230 degrees for thirty five
+    # minutes 1 5 (12); expected ... degrees celsius for thirty five minutes (11); LCS 10.
+    assert value("oven", "answer_rouge_l") == pytest.approx(2 * (10 / 12) * (10 / 11) / (
+        10 / 12 + 10 / 11))  # fmt: skip
+    assert 0.5 < (value("oven", "answer_cosine") or 0) <= 1.0
+    # One of two citations holds the target ([5] was never given): precision 1/2; the one
+    # source holding the target is cited: recall 1/1.
+    assert value("oven", "citation_precision") == 0.5
+    assert value("oven", "citation_recall") == 1.0
+    assert value("oven", "false_refusal") == 0.0 and value("oven", "degenerate") == 0.0
+    # The loop: flagged degenerate; nothing cited.
+    assert value("lovelace", "degenerate") == 1.0
+    assert rows["lovelace"].repetition == repetition_share(LOOP) == pytest.approx(52 / 58)
+    assert value("lovelace", "citation_precision") is None
+    assert rows["lovelace"].judged["citation_precision"].reason == "nothing cited"
+    # A refusal of an answerable question is a false refusal, its citations not applicable;
+    # no expected_answer: correctness not applicable.
+    assert value("backups", "false_refusal") == 1.0
+    assert rows["backups"].judged["citation_recall"].reason == "the answer is a refusal"
+    assert rows["backups"].judged["answer_f1"].reason == "no expected_answer"
+    # Unanswerable: "Paris" is a missed refusal, the moon's refusal a correct one.
+    assert value("capital", "correct_refusal") == 0.0 and value("moon", "correct_refusal") == 1.0
+    for item in ("capital", "moon"):
+        assert rows[item].judged["false_refusal"].status == NOT_APPLICABLE
+        assert all(rows[item].judged[m].status == NOT_APPLICABLE for m in RAG_METRICS)
+    s = result.summary
+    assert (s["correct_refusal"].mean, s["correct_refusal"].n) == (0.5, 2)
+    assert (s["false_refusal"].mean, s["false_refusal"].n) == (pytest.approx(1 / 3), 3)
+    assert (s["degenerate"].mean, s["degenerate"].n) == (0.2, 5)
+    assert s["citation_precision"].n == 1 and not s["citation_precision"].has_ci
+    assert result.counts["answer_f1"] == {OK: 2, FAILED: 0, NOT_APPLICABLE: 3}
+
+    # The yes-man: a balanced probe, every verdict "yes": accuracy 1/2, kappa exactly 0.
+    calibration = result.calibration
+    assert calibration is not None and not calibration.reliable
+    truths = [p.truth for p in calibration.pairs]
+    assert len(truths) >= 4 and sum(truths) * 2 == len(truths)
+    assert (calibration.agreement.accuracy, calibration.agreement.kappa) == (0.5, 0.0)
+    assert calibration.agreement.yes_share == 1.0
+    assert set(result.withheld) == set(RAG_METRICS) and not result.judge["usable_for_gates"]
+
+    summary = rag_summary(result, scored_config, {"files": 5, "points": 0, "sha256": "x"})
+    out = Path(write_run(summary, rag_table(result), tmp_path / "reports").report_dir)
+    md = (out / "report.md").read_text()
+    label = calibration.label()
+    assert label.startswith("judge unreliable (kappa 0.00 ") and "probe pairs, min 0.4)" in label
+    assert f"## Judged (RAGAS): {label}" in md
+    for m in RAG_METRICS:  # a withheld metric shows why, never a number
+        cell = md.split(f"| {m} | ")[1].split(" |")[0]
+        assert cell.startswith("judge ") and "unreliable" in cell and "(n=" in cell
+    assert "| correct_refusal | 0.500 [" in md and "(n=2, 3 n/a) |" in md
+    assert "| citation_precision | 0.500 (n=1, no CI, 4 n/a) |" in md
+    assert f"calibration: **{label}**" in md
+    stored = json.loads((out / "summary.json").read_text())
+    assert stored["metrics"]["rag"]["faithfulness"]["withheld"] is True
+    assert stored["judge"]["calibration"]["kappa"] == 0.0
+    # Withheld numbers do not become trend points.
+    from ragpipe.evaluation.run import read_history
+
+    history = {r["metric"] for r in read_history(tmp_path / "reports")}
+    assert "correct_refusal" in history and not history & set(RAG_METRICS)
+    # The drill-down: sources by file and heading, what held a target, what was cited.
+    page = (out / "report.html").read_text()
+    drill = page[page.index("<h2>Worst 5 of 5 questions") :]
+    assert drill.index("Analytical Engine") < drill.index("capital of France")  # loop first
+    assert "cites sources never given: [5]" in drill and "✓ holds a golden target" in drill
+    assert "(answerable: false)" in drill and "degenerate: 1.000" in drill
+    table = pq.read_table(out / "per_query.parquet").to_pylist()
+    assert table[0]["source_files"][0].endswith("kitchen/bread.md")
+    assert table[0]["cited_numbers"] == [1, 5] and table[0]["source_holds_target"][0] is True
+
+
+class Oracle:
+    """A judge that knows every probe pair's truth: kappa 1."""
+
+    name = "oracle"
+
+    def __init__(self, truths: dict[str, int]) -> None:
+        self.truths = truths
+
+    def chat(self, messages: Any, **kwargs: Any) -> Completion:
+        return Completion(f'{{"verdict": {self.truths[messages[0]["content"]]}}}', 5, 1,
+                          self.name, 0.0)  # fmt: skip
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 4
+
+
+def test_probe_and_calibration_of_a_perfect_judge(
+    scored_config: RagpipeConfig, tmp_path: Path
+) -> None:
+    from ragpipe.evaluation.calibration import (
+        ALTERED,
+        MATCHING,
+        MISMATCHED,
+        SUPPORTED,
+        UNRELATED,
+        build_probe,
+        calibrate,
+    )
+    from ragpipe.evaluation.check import IndexView
+    from ragpipe.models.embedders import embedder_name
+    from ragpipe.store import open_reader
+
+    golden = load_golden(scored_config.eval.golden)
+    store = open_reader(scored_config.store, embedder_name(scored_config.embed))
+    assert store is not None
+    try:
+        probe = build_probe(golden, IndexView(store), 16, seed=0)
+        again = build_probe(golden, IndexView(store), 16, seed=0)
+    finally:
+        store.close()
+    assert probe == again  # seeded
+    kinds = [p.kind for p in probe]
+    # Three answerable items: enough for pairs of each kind, half of them true.
+    assert set(kinds) <= {SUPPORTED, UNRELATED, ALTERED, MATCHING, MISMATCHED}
+    assert kinds.count(SUPPORTED) == kinds.count(UNRELATED) + kinds.count(ALTERED) >= 1
+    assert kinds.count(MATCHING) == kinds.count(MISMATCHED) >= 1
+    for pair in probe:
+        if pair.kind == SUPPORTED:  # the statement is in the passage shown
+            assert pair.shown in pair.prompt.split("Statement:")[0]
+        if pair.kind in (UNRELATED, ALTERED):
+            assert pair.shown not in pair.prompt.split("Statement:")[0]
+    oracle = Oracle({p.prompt: p.truth for p in probe})
+    measured = calibrate(oracle, probe, min_kappa=0.4, timeout_s=10)
+    assert measured.reliable and measured.agreement.kappa == 1.0
+    assert measured.agreement.accuracy == 1.0 and measured.label().startswith("judge reliable")
+
+
+def test_human_labels_give_a_ppi_estimate_beside_the_judge(
+    scored_config: RagpipeConfig, onnx_embedder: Any, tmp_path: Path
+) -> None:
+    labels = tmp_path / "labels.csv"
+    labels.write_text("item_id,metric,value\noven,answer_relevancy,1.0\n"
+                      "backups,answer_relevancy,0.0\ncapital,faithfulness,1\n",
+                      encoding="utf-8")  # fmt: skip
+    evaluation = scored_config.eval.model_copy(update={"labels": labels, "judge_probe_size": 0})
+    config = scored_config.model_copy(update={"eval": evaluation})
+    golden = load_golden(config.eval.golden)
+    result = run_rag_eval(config, golden, generator=SCRIPT, judge_llm=RAMBLER,
+                          embedder=onnx_embedder)  # fmt: skip
+    # RAMBLER's replies never parse: every answer_relevancy verdict failed, so the judge
+    # predicts the range's midpoint, 0 (a cosine lies in [-1, 1]), for the three answerable
+    # items. PPI: mean prediction 0 - mean(prediction - label) over the labelled two
+    # = 0 - ((0 - 1) + (0 - 0)) / 2 = 0.5.
+    ppi = result.ppi["answer_relevancy"]
+    assert (ppi.n_judged, ppi.n_labeled) == (3, 2)
+    assert ppi.mean == pytest.approx(0.5) and ppi.judge_mean == 0.0 and ppi.human_mean == 0.5
+    # capital is answerable: false (faithfulness not applicable): its label is left out.
+    assert "faithfulness" not in result.ppi
+    assert any("label(s) of faithfulness" in w for w in result.warnings)
+    # No probe: the judge's metrics are marked "not calibrated"; over 20 % failed: withheld.
+    assert result.calibration is None
+    assert result.flags["answer_relevancy"].startswith("judge failed on 3 of 3 (> 20%)")
+    assert "judge not calibrated" in result.flags["answer_relevancy"]
+    summary = rag_summary(result, config, {"files": 5, "points": 0, "sha256": "x"})
+    out = Path(write_run(summary, rag_table(result), tmp_path / "reports").report_dir)
+    md = (out / "report.md").read_text()
+    assert "## Human labels: prediction-powered estimates" in md
+    assert "| answer_relevancy | 0.500 [" in md and "| 0.000 (raw) | 2 / 3 |" in md
+    assert "calibration: **none**" in md

@@ -102,6 +102,12 @@ class Calibration:
         state = "reliable" if self.reliable else "unreliable"
         return f"judge {state} (kappa {kappa} {ci} on {a.n} probe pairs, min {self.min_kappa:g})"
 
+    def short(self) -> str:
+        """What a withheld metric's headline cell says (the section heading has the rest)."""
+        kappa = self.agreement.kappa
+        shown = "undefined" if np.isnan(kappa) else f"{kappa:.2f}"
+        return f"judge {'reliable' if self.reliable else 'unreliable'} (kappa {shown})"
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "model": self.model,

@@ -426,7 +426,7 @@ def _result(
         if calibration is None:
             reasons.append("judge not calibrated")
         elif not calibration.reliable:
-            reasons.append(calibration.label())
+            reasons.append(calibration.short())
             withheld.add(m)
         if reasons:
             flags[m] = "; ".join(reasons)

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from ragpipe.checkpoint import atomic_write_bytes, write_table
 from ragpipe.config import RagpipeConfig
+from ragpipe.errors import ConfigError
 from ragpipe.evaluation.check import GoldenCheck, IndexView, golden_for_index
 from ragpipe.evaluation.golden import GoldenSet, load_golden
 from ragpipe.evaluation.metrics import METRICS, Interval
@@ -455,13 +456,24 @@ def checked_golden(config: RagpipeConfig, view: IndexView) -> tuple[GoldenSet, G
     """``config.eval.golden``, loaded and checked against the index before any query runs
     (``ragpipe.evaluation.check``); items with unmatched targets are dropped only with
     ``eval.skip_unmatched``."""
-    golden = load_golden(config.eval.golden)
+    golden = load_golden_from(config)
     return golden_for_index(
         golden,
         view,
         skip_unmatched=config.eval.skip_unmatched,
         origin=config.origin("eval.golden"),
     )
+
+
+def load_golden_from(config: RagpipeConfig) -> GoldenSet:
+    """``config.eval.golden``, loaded; a missing file names where its path came from."""
+    path = config.eval.golden
+    if not path.is_file():
+        raise ConfigError(
+            f"golden set {path} not found (from {config.origin('eval.golden')}): pass --golden "
+            "(eval.golden) with your golden set; see eval/README.md for the format"
+        )
+    return load_golden(path)
 
 
 def with_check(summary: RunSummary, check: GoldenCheck) -> RunSummary:

@@ -1,0 +1,30 @@
+"""The one headline cell every surface shows (terminal, report.md, report.html, Prefect):
+a CI only from n >= 2, the counts, and no number for a withheld metric."""
+
+from __future__ import annotations
+
+from ragpipe.evaluation.metrics import bootstrap_ci
+from ragpipe.evaluation.report import headline_cell
+from ragpipe.evaluation.run import stats
+
+
+def test_cells() -> None:
+    many = stats(bootstrap_ci([1.0, 0.0, 1.0, 1.0], 200, 0), failed=1, not_applicable=2)
+    low, high = many["ci_low"], many["ci_high"]
+    assert headline_cell(many) == f"0.750 [{low:.3f}, {high:.3f}] (n=4, 1 failed, 2 n/a)"
+    one = stats(bootstrap_ci([0.883], 200, 0), failed=8, not_applicable=3)
+    assert headline_cell(one) == "0.883 (n=1, no CI, 8 failed, 3 n/a)"
+    assert headline_cell(stats(bootstrap_ci([], 200, 0), failed=4)) == "no value (n=0, 4 failed)"
+    flagged = stats(bootstrap_ci([0.5, 1.0], 200, 0), flag="judge not calibrated")
+    assert headline_cell(flagged).endswith("(n=2); judge not calibrated")
+    withheld = stats(
+        bootstrap_ci([0.883], 200, 0), failed=8, flag="judge unreliable (kappa 0.00)",
+        withheld=True,
+    )  # fmt: skip
+    assert headline_cell(withheld) == "judge unreliable (kappa 0.00) (n=1, 8 failed)"
+    assert "0.883" not in headline_cell(withheld)
+
+
+def test_cells_of_summaries_written_before_the_counts() -> None:
+    old = {"mean": 0.5, "ci_low": 0.25, "ci_high": 0.75, "n": 10}
+    assert headline_cell(old) == "0.500 [0.250, 0.750] (n=10)"

@@ -1,0 +1,59 @@
+"""`ragpipe report`: runs of one golden set at a time, retrieval and RAG runs apart, an HTML
+trend per golden set; history files from before the `kind` column still read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from typer.testing import CliRunner
+
+from flows.cli import app
+from ragpipe.evaluation.run import HISTORY_SCHEMA, read_history
+
+
+def _row(run: str, golden: str, kind: str, metric: str, mean: float) -> dict[str, object]:
+    return {
+        "run_id": run, "finished_at": run, "name": run.split("-", 1)[1], "golden": golden,
+        "granularity": "answer" if kind == "rag" else "chunk", "variant": kind, "kind": kind,
+        "metric": metric, "mean": mean, "ci_low": mean - 0.1, "ci_high": mean + 0.1, "n": 20,
+        "git_revision": "",
+    }  # fmt: skip
+
+
+def test_report_filters_by_golden_set_and_writes_trends(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    rows = [
+        _row("20261101T000000Z-faq", "faq", "retrieval", "mrr", 0.61),
+        _row("20261102T000000Z-faq", "faq", "retrieval", "mrr", 0.72),
+        _row("20261103T000000Z-faq-rag", "faq", "rag", "answer_f1", 0.31),
+        _row("20261104T000000Z-deb", "debfaq", "retrieval", "mrr", 0.11),
+    ]
+    pq.write_table(pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA), reports / "history.parquet")
+    runner = CliRunner()
+    shown = runner.invoke(app, ["report", "--reports-dir", str(reports), "--golden", "faq"],
+                          terminal_width=200)  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    assert "faq, retrieval runs: latest 2 of 2 runs" in shown.output
+    assert "faq, rag runs: latest 1 of 1 runs" in shown.output
+    assert "0.110" not in shown.output and "debfaq" not in shown.output  # the other set
+    page = (reports / "trend-faq.html").read_text()
+    assert page.count("<svg") == 2 and "retrieval (chunk): faq / retrieval" in page
+    assert "rag: faq-rag / rag" in page and not (reports / "trend-debfaq.html").exists()
+    named = runner.invoke(app, ["report", "--reports-dir", str(reports), "--name", "deb",
+                                "--html-dir", str(tmp_path / "html")])  # fmt: skip
+    assert named.exit_code == 0 and (tmp_path / "html" / "trend-debfaq.html").is_file()
+    none = runner.invoke(app, ["report", "--reports-dir", str(reports), "--golden", "nope"])
+    assert none.exit_code == 2 and "golden sets in the history: debfaq, faq" in none.output
+
+
+def test_history_from_before_the_kind_column(tmp_path: Path) -> None:
+    old_schema = pa.schema([f for f in HISTORY_SCHEMA if f.name != "kind"])
+    rows = [_row("20261101T000000Z-a", "faq", "rag", "faithfulness", 0.5),
+            _row("20261102T000000Z-b", "faq", "retrieval", "mrr", 0.5)]  # fmt: skip
+    for r in rows:
+        del r["kind"]
+    pq.write_table(pa.Table.from_pylist(rows, schema=old_schema), tmp_path / "history.parquet")
+    assert [r["kind"] for r in read_history(tmp_path)] == ["rag", "retrieval"]
