@@ -135,6 +135,13 @@ def eval_check(
         Path | None,
         typer.Argument(help="Golden set YAML (default: eval.golden, eval/golden/r-faq-dev.yaml)."),
     ] = None,
+    scope: Annotated[
+        str,
+        typer.Option(
+            help="Which targets: all; file or chunk (what a retrieval run at that granularity "
+            "scores); answer (what `eval rag` cites: chunk targets, else files)."
+        ),
+    ] = "all",
     config: ConfigOption = None,
     store_path: StorePathOption = None,
     embedder: EmbedderOption = None,
@@ -142,9 +149,9 @@ def eval_check(
     """Check a golden set against the published index, and nothing else (no query runs).
 
     The format first (every item's fields), then every target: each file must match a file
-    in the index by path suffix, each chunk target (heading or contained text) at least one
-    chunk. Unmatched targets are listed with their closest matches. Exit 0 when everything
-    matches, 2 otherwise (or for a bad file or a missing index).
+    in the index by path suffix, each chunk target (heading or contained text) a chunk that
+    scoring can credit to it. Unmatched targets are listed with their closest matches. Exit
+    0 when everything matches, 2 otherwise (or for a bad file or a missing index).
     """
     from ragpipe.evaluation.check import IndexView, check_golden, golden_for_index
     from ragpipe.evaluation.run import load_golden_from
@@ -160,9 +167,11 @@ def eval_check(
             raise ConfigError(f"no index at {where}: run `ragpipe ingest` first")
         try:
             view = IndexView(store)
-            check = check_golden(loaded, view)
+            check = check_golden(loaded, view, scope)
             # The same verdict a run would reach, including a set meant for another corpus.
-            golden_for_index(loaded, view, skip_unmatched=True, origin=cfg.origin("eval.golden"))
+            golden_for_index(
+                loaded, view, skip_unmatched=True, origin=cfg.origin("eval.golden"), scope=scope
+            )
         finally:
             store.close()
     except RagpipeError as exc:
@@ -517,9 +526,10 @@ def report(
 ) -> None:
     """Show the latest evaluation runs and the trend of one metric, per golden set.
 
-    Runs of different golden sets, and retrieval and RAG runs, are never mixed in one
-    table or trend line. Also writes an HTML trend per golden set (every metric over time,
-    95% CI whiskers): REPORTS_DIR/trend-<golden>.html.
+    Runs of different golden sets, retrieval and RAG runs, and retrieval runs at different
+    granularities are never mixed in one table or trend. Also writes an HTML trend per
+    golden set (every metric over time, 95% CI whiskers): REPORTS_DIR/trend-<golden>.html
+    (trend-<golden>-<name>.html with --name).
     """
     from ragpipe.evaluation.metrics import METRICS
     from ragpipe.evaluation.rag import ALL_RAG_METRICS
@@ -560,11 +570,15 @@ def report(
     out_dir.mkdir(parents=True, exist_ok=True)
     for g in sorted({r["golden"] for r in rows}):
         mine = [r for r in rows if r["golden"] == g]
-        for kind in ("retrieval", "rag"):
-            of_kind = [r for r in mine if (r["kind"] == "rag") == (kind == "rag")]
-            if of_kind:
-                _print_history(of_kind, last, metric, f"{g}, {kind} runs")
-        slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in g)
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for r in mine:  # never one trend across kinds of run or granularities
+            what = "rag runs" if r["kind"] == "rag" else f"retrieval runs, {r['granularity']} level"
+            groups.setdefault(what, []).append(r)
+        for what, group in groups.items():
+            _print_history(group, last, metric, f"{g}, {what}")
+        slug = "".join(
+            c if c.isalnum() or c in "-_." else "-" for c in g + (f"-{name}" if name else "")
+        )
         path = out_dir / f"trend-{slug}.html"
         path.write_text(render_trend(g, mine), encoding="utf-8")
         print(f"trend: {path}")

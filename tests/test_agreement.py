@@ -141,36 +141,57 @@ LABELS = {"a": 0.7, "b": 0.8, "c": 0.6}
 
 def test_ppi_mean_by_hand() -> None:
     est = ppi_mean("faithfulness", PREDICTIONS, LABELS)
-    # Judge mean over N = 6: (0.9 + 0.8 + 0.7 + 0.6 + 0.5 + 0.1) / 6 = 3.6 / 6 = 0.6.
+    # Judge mean over all N = 6: (0.9 + 0.8 + 0.7 + 0.6 + 0.5 + 0.1) / 6 = 3.6 / 6 = 0.6.
     assert est.judge_mean == pytest.approx(0.6)
+    # The first term runs over the 3 unlabelled items d, e, f: (0.6 + 0.5 + 0.1) / 3 = 0.4.
     # Rectifier f - y on the n = 3 labelled items: 0.2, 0.0, 0.1; mean 0.1.
-    # theta = 0.6 - 0.1 = 0.5.
-    assert est.mean == pytest.approx(0.5)
-    # var_f: deviations 0.3, 0.2, 0.1, 0, -0.1, -0.5 -> squares sum 0.40; / (6 - 1) = 0.08.
+    # theta = 0.4 - 0.1 = 0.3.
+    assert est.mean == pytest.approx(0.3)
+    # var_f over d, e, f: deviations 0.2, 0.1, -0.3 -> squares sum 0.14; / (3 - 1) = 0.07.
     # var_rect: deviations 0.1, -0.1, 0 -> squares sum 0.02; / (3 - 1) = 0.01.
-    # half-width = z * sqrt(0.08 / 6 + 0.01 / 3) = z * sqrt(1/75 + 1/300) = z * sqrt(1/60).
-    half = Z95 * math.sqrt(1 / 60)  # ≈ 0.2530
-    assert est.ci_low == pytest.approx(0.5 - half)
-    assert est.ci_high == pytest.approx(0.5 + half)
+    # half-width = z * sqrt(0.07 / 3 + 0.01 / 3) = z * sqrt(0.08 / 3) = z * sqrt(2/75).
+    half = Z95 * math.sqrt(2 / 75)  # ≈ 0.3201
+    assert est.ci_low == pytest.approx(0.3 - half)
+    assert est.ci_high == pytest.approx(0.3 + half)
     # Humans alone: mean (0.7 + 0.8 + 0.6) / 3 = 0.7; sd = sqrt(0.02 / 2) = 0.1.
     assert est.human_mean == pytest.approx(0.7)
     human_half = Z95 * 0.1 / math.sqrt(3)  # ≈ 0.1132
     assert est.human_ci_low == pytest.approx(0.7 - human_half)
     assert est.human_ci_high == pytest.approx(0.7 + human_half)
     assert (est.n_judged, est.n_labeled, est.metric) == (6, 3, "faithfulness")
-    assert est.as_dict()["mean"] == pytest.approx(0.5)
+    assert est.as_dict()["mean"] == pytest.approx(0.3)
+    # Clipped to the metric's range: [0.3 - 0.32, 0.3 + 0.32] -> [0, 0.62].
+    clipped = ppi_mean("faithfulness", PREDICTIONS, LABELS, bounds=(0.0, 1.0))
+    assert clipped.ci_low == 0.0 and clipped.ci_high == pytest.approx(0.3 + half)
+
+
+def test_ppi_mean_with_every_item_labelled_is_the_labels_mean() -> None:
+    est = ppi_mean("faithfulness", {"a": 0.9, "b": 0.1, "c": 0.5}, {"a": 1.0, "b": 0.0, "c": 1.0})
+    # No unlabelled item: theta = the labels' mean 2/3, with the labels' own CI:
+    # sd = sqrt(((1/3)^2 + (2/3)^2 + (1/3)^2) / 2) = sqrt(1/3).
+    assert est.mean == pytest.approx(2 / 3) == est.human_mean
+    assert est.ci_high - est.mean == pytest.approx(Z95 * math.sqrt(1 / 3) / math.sqrt(3))
+    assert (est.ci_low, est.ci_high) == (est.human_ci_low, est.human_ci_high)
+
+
+def test_ppi_mean_without_variance_has_no_ci() -> None:
+    # Identical labels and a constant judge: a zero-width interval would claim certainty.
+    est = ppi_mean("faithfulness", {"a": 1.0, "b": 1.0, "c": 1.0}, {"a": 1.0, "b": 1.0})
+    assert est.mean == 1.0 and math.isnan(est.ci_low) and math.isnan(est.human_ci_low)
+    assert est.as_dict()["ci_low"] is None
 
 
 def test_ppi_mean_level_changes_the_width() -> None:
     est = ppi_mean("faithfulness", PREDICTIONS, LABELS, level=0.9)
     z90 = NormalDist().inv_cdf(0.95)  # 1.6449
-    assert est.ci_high - est.mean == pytest.approx(z90 * math.sqrt(1 / 60))
+    assert est.ci_high - est.mean == pytest.approx(z90 * math.sqrt(2 / 75))
 
 
 def test_ppi_mean_with_one_label_has_no_ci() -> None:
     est = ppi_mean("faithfulness", PREDICTIONS, {"f": 0.3})
-    # theta = 0.6 - (0.1 - 0.3) = 0.8.
-    assert est.mean == pytest.approx(0.8)
+    # Unlabelled a..e: mean (0.9 + 0.8 + 0.7 + 0.6 + 0.5) / 5 = 0.7; theta = 0.7 - (0.1 - 0.3)
+    # = 0.9.
+    assert est.mean == pytest.approx(0.9)
     assert math.isnan(est.ci_low) and math.isnan(est.human_ci_high)
     assert est.human_mean == pytest.approx(0.3)
 

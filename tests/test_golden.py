@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from ragpipe.errors import ConfigError
-from ragpipe.evaluation.golden import ChunkTarget, file_matches, import_beir, load_golden
+from ragpipe.evaluation.golden import (
+    ChunkTarget,
+    file_matches,
+    import_beir,
+    load_golden,
+    save_golden,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,6 +55,12 @@ items:
         ("- {id: x, query: q, relevance: {a.md: 0}}", r"no relevant file \(grade > 0\)"),
         ("- {id: x, query: q, expected_files: [a], colour: red}", r"unknown keys \['colour'\]"),
         ("- {id: x, query: q, chunks: [{file: a.md}]}", r"one of 'contains' or 'heading'"),
+        ("- {id: x, query: q, chunks: [{file: a.md, heading: 2.7}]}",
+         r"'heading' must be text, got 2\.7; quote it \(heading: \"2\.7\"\)"),
+        ("- {id: x, query: q, chunks: [{file: a.md, contains: 2020}]}", r"'contains' must be text"),
+        ("- {id: x, query: q, answerable: maybe}", r"'answerable' must be true or false"),
+        ("- {id: x, query: q, answerable: false, expected_files: [a.md]}",
+         r"'answerable: false' means the corpus holds no answer; remove expected_files"),
         ("- {id: x, query: q, expected_files: [a]}\n- {id: x, query: r, expected_files: [a]}",
          r"item 2 \(id x\): duplicate id"),
     ],
@@ -56,6 +68,17 @@ items:
 def test_validation_names_the_item_and_the_fix(tmp_path: Path, items: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_golden(_write(tmp_path, f"items:\n{items}\n"))
+
+
+def test_unanswerable_items_load_and_save(tmp_path: Path) -> None:
+    golden = load_golden(_write(tmp_path, "items:\n- {id: u, query: 'Capital of France?', "
+                                          "answerable: false}\n- {id: a, query: q, "
+                                          "expected_files: [a.md]}\n"))  # fmt: skip
+    unanswerable, answerable = golden.items
+    assert not unanswerable.answerable and unanswerable.relevance == {}
+    assert golden.answerable == [answerable]
+    save_golden(golden, tmp_path / "again.yaml")
+    assert load_golden(tmp_path / "again.yaml").items == golden.items
 
 
 def test_unreadable_files(tmp_path: Path) -> None:

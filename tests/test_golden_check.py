@@ -32,7 +32,7 @@ items:
     chunks: [{file: kitchen/bread.md, heading: Ovens, grade: 3}]
   - id: backup-typo
     query: How often are backups taken?
-    relevance: {ops/backup.md: 2}
+    chunks: [{file: ops/backup.md, heading: Schedule, grade: 2}]
   - id: lovelace-text
     query: Who wrote the first program for the Analytical Engine?
     chunks: [{file: computing.md, contains: first published programme for Charles Babbage}]
@@ -78,7 +78,9 @@ def test_each_unmatched_target_is_named_with_its_closest_match(
         # Paths as the index holds them (absolute here).
         assert lines[0].startswith('oven-typo: heading "Ovens" matches nothing in /')
         assert lines[0].endswith('/kitchen/bread.md; closest: "Oven"')
-        assert lines[1].startswith('backup-typo: file "ops/backup.md" matches no file in the index')
+        assert lines[1].startswith(
+            'backup-typo: chunk target file "ops/backup.md" matches no file in the index'
+        )
         assert "closest: " in lines[1] and "ops/backups.md" in lines[1]
         assert lines[2].startswith('lovelace-text: text "first published programme for Charles')
         assert "/history/computing.md; closest:" in lines[2] and "is in no chunk of" in lines[2]

@@ -183,7 +183,10 @@ items:
     expected_answer: Ada Lovelace wrote it in 1843.
   - id: backups
     query: How often is the database backed up?
-    chunks: [{file: ops/backups.md, heading: Schedule}]
+    relevance: {ops/backups.md: 2, ops/backups-copy.md: 2}
+  - id: miss
+    query: How long should the dough be kneaded?
+    chunks: [{file: computing.md, heading: Alan Turing}]
   - id: capital
     query: What is the capital of France?
     answerable: false
@@ -217,6 +220,7 @@ SCRIPT = Scripted(
         "bread": "Bake the loaf at 230 degrees for thirty-five minutes [1] [5].",
         "Analytical": LOOP,
         "database": "Not found in the provided documents.",
+        "kneaded": "Not found in the provided documents. [2]",
         "France": "Paris is the capital of France [1].",
         "Moon": "Not found in the provided documents.",
     }
@@ -274,6 +278,11 @@ def test_answer_metrics_refusals_and_an_unreliable_judge_end_to_end(
     assert value("backups", "false_refusal") == 1.0
     assert rows["backups"].judged["citation_recall"].reason == "the answer is a refusal"
     assert rows["backups"].judged["answer_f1"].reason == "no expected_answer"
+    # Refusing when no given source holds the target is right: a retrieval miss, not a
+    # false refusal (and a cited refusal is still a refusal).
+    assert rows["miss"].judged["false_refusal"].status == NOT_APPLICABLE
+    assert rows["miss"].judged["false_refusal"].reason == "no given source holds a golden target"
+    assert rows["miss"].not_found
     # Unanswerable: "Paris" is a missed refusal, the moon's refusal a correct one.
     assert value("capital", "correct_refusal") == 0.0 and value("moon", "correct_refusal") == 1.0
     for item in ("capital", "moon"):
@@ -282,9 +291,9 @@ def test_answer_metrics_refusals_and_an_unreliable_judge_end_to_end(
     s = result.summary
     assert (s["correct_refusal"].mean, s["correct_refusal"].n) == (0.5, 2)
     assert (s["false_refusal"].mean, s["false_refusal"].n) == (pytest.approx(1 / 3), 3)
-    assert (s["degenerate"].mean, s["degenerate"].n) == (0.2, 5)
+    assert (s["degenerate"].mean, s["degenerate"].n) == (pytest.approx(1 / 6), 6)
     assert s["citation_precision"].n == 1 and not s["citation_precision"].has_ci
-    assert result.counts["answer_f1"] == {OK: 2, FAILED: 0, NOT_APPLICABLE: 3}
+    assert result.counts["answer_f1"] == {OK: 2, FAILED: 0, NOT_APPLICABLE: 4}
 
     # The yes-man: a balanced probe, every verdict "yes": accuracy 1/2, kappa exactly 0.
     calibration = result.calibration
@@ -299,13 +308,13 @@ def test_answer_metrics_refusals_and_an_unreliable_judge_end_to_end(
     out = Path(write_run(summary, rag_table(result), tmp_path / "reports").report_dir)
     md = (out / "report.md").read_text()
     label = calibration.label()
-    assert label.startswith("judge unreliable (kappa 0.00 ") and "probe pairs, min 0.4)" in label
+    assert label.startswith("judge unreliable (kappa 0.00 ") and "min 0.4)" in label
     assert f"## Judged (RAGAS): {label}" in md
     for m in RAG_METRICS:  # a withheld metric shows why, never a number
         cell = md.split(f"| {m} | ")[1].split(" |")[0]
         assert cell.startswith("judge ") and "unreliable" in cell and "(n=" in cell
-    assert "| correct_refusal | 0.500 [" in md and "(n=2, 3 n/a) |" in md
-    assert "| citation_precision | 0.500 (n=1, no CI, 4 n/a) |" in md
+    assert "| correct_refusal | 0.500 [" in md and "(n=2, 4 n/a) |" in md
+    assert "| citation_precision | 0.500 (n=1, no CI, 5 n/a) |" in md
     assert f"calibration: **{label}**" in md
     stored = json.loads((out / "summary.json").read_text())
     assert stored["metrics"]["rag"]["faithfulness"]["withheld"] is True
@@ -317,7 +326,7 @@ def test_answer_metrics_refusals_and_an_unreliable_judge_end_to_end(
     assert "correct_refusal" in history and not history & set(RAG_METRICS)
     # The drill-down: sources by file and heading, what held a target, what was cited.
     page = (out / "report.html").read_text()
-    drill = page[page.index("<h2>Worst 5 of 5 questions") :]
+    drill = page[page.index("<h2>Worst 6 of 6 questions") :]
     assert drill.index("Analytical Engine") < drill.index("capital of France")  # loop first
     assert "cites sources never given: [5]" in drill and "✓ holds a golden target" in drill
     assert "(answerable: false)" in drill and "degenerate: 1.000" in drill
@@ -351,6 +360,7 @@ def test_probe_and_calibration_of_a_perfect_judge(
         MISMATCHED,
         SUPPORTED,
         UNRELATED,
+        ProbePair,
         build_probe,
         calibrate,
     )
@@ -381,6 +391,34 @@ def test_probe_and_calibration_of_a_perfect_judge(
     measured = calibrate(oracle, probe, min_kappa=0.4, timeout_s=10)
     assert measured.reliable and measured.agreement.kappa == 1.0
     assert measured.agreement.accuracy == 1.0 and measured.label().startswith("judge reliable")
+    from ragpipe.evaluation.calibration import METRIC_JUDGEMENT
+
+    for m in RAG_METRICS:  # a judgement asked fewer than 4 pairs calibrates nothing
+        enough = measured.by_judgement[METRIC_JUDGEMENT[m]].n >= 4
+        assert measured.reliable_for(m) is (True if enough else None)
+    # Reads passages perfectly, calls every answer relevant: trusted for the statement
+    # metrics only, though its pooled kappa, 0.5, would pass. Four pairs of each kind:
+    # statements all right; answers 2 right (the true ones), 2 wrong.
+    pairs = [
+        ProbePair(kind, truth, f"{kind} {n}", "x", "")
+        for n, (kind, truth) in enumerate(
+            [(SUPPORTED, 1), (UNRELATED, 0), (SUPPORTED, 1), (ALTERED, 0),
+             (MATCHING, 1), (MISMATCHED, 0), (MATCHING, 1), (MISMATCHED, 0)]
+        )
+    ]  # fmt: skip
+    half = Oracle({p.prompt: p.truth if p.kind in (SUPPORTED, UNRELATED, ALTERED) else 1
+                   for p in pairs})  # fmt: skip
+    split = calibrate(half, pairs, min_kappa=0.4, timeout_s=10)
+    # Pooled: p_o = 6/8, p_yes(truth) = 1/2, p_yes(judge) = 6/8: p_e = 1/2 * 6/8 + 1/2 * 2/8
+    # = 1/2; kappa = (3/4 - 1/2) / (1 - 1/2) = 0.5.
+    assert split.agreement.kappa == pytest.approx(0.5)
+    assert split.by_judgement["statements"].kappa == 1.0
+    assert split.by_judgement["answers"].kappa == 0.0 and not split.reliable
+    assert split.reliable_for("faithfulness") and split.reliable_for("answer_relevancy") is False
+    assert split.short_for("answer_relevancy") == "judge unreliable on answers (kappa 0.00)"
+    # Too few pairs of a judgement: not calibrated, unless the whole probe failed.
+    few = calibrate(half, pairs[:6], min_kappa=0.4, timeout_s=10)
+    assert few.by_judgement["answers"].n == 2 and few.reliable_for("answer_relevancy") is None
 
 
 def test_human_labels_give_a_ppi_estimate_beside_the_judge(
@@ -396,22 +434,27 @@ def test_human_labels_give_a_ppi_estimate_beside_the_judge(
     result = run_rag_eval(config, golden, generator=SCRIPT, judge_llm=RAMBLER,
                           embedder=onnx_embedder)  # fmt: skip
     # RAMBLER's replies never parse: every answer_relevancy verdict failed, so the judge
-    # predicts the range's midpoint, 0 (a cosine lies in [-1, 1]), for the three answerable
-    # items. PPI: mean prediction 0 - mean(prediction - label) over the labelled two
-    # = 0 - ((0 - 1) + (0 - 0)) / 2 = 0.5.
+    # predicts the range's midpoint, 0 (a cosine lies in [-1, 1]), for the four answerable
+    # items. PPI: the unlabelled lovelace's and miss's mean prediction 0, minus
+    # mean(prediction - label) over the labelled two = 0 - ((0 - 1) + (0 - 0)) / 2 = 0.5.
+    # CI: var_f = 0 (both predictions 0), var_rect = var(-1, 0) = 0.5: half-width
+    # z * sqrt(0 / 2 + 0.5 / 2) = 0.98, clipped to the range's top, 1.
     ppi = result.ppi["answer_relevancy"]
-    assert (ppi.n_judged, ppi.n_labeled) == (3, 2)
+    assert (ppi.n_judged, ppi.n_labeled) == (4, 2)
     assert ppi.mean == pytest.approx(0.5) and ppi.judge_mean == 0.0 and ppi.human_mean == 0.5
+    assert ppi.ci_low == pytest.approx(0.5 - 1.959964 * 0.5) and ppi.ci_high == 1.0
     # capital is answerable: false (faithfulness not applicable): its label is left out.
     assert "faithfulness" not in result.ppi
     assert any("label(s) of faithfulness" in w for w in result.warnings)
     # No probe: the judge's metrics are marked "not calibrated"; over 20 % failed: withheld.
     assert result.calibration is None
-    assert result.flags["answer_relevancy"].startswith("judge failed on 3 of 3 (> 20%)")
+    assert result.flags["answer_relevancy"].startswith("judge failed on 4 of 4 (> 20%)")
     assert "judge not calibrated" in result.flags["answer_relevancy"]
     summary = rag_summary(result, config, {"files": 5, "points": 0, "sha256": "x"})
     out = Path(write_run(summary, rag_table(result), tmp_path / "reports").report_dir)
     md = (out / "report.md").read_text()
     assert "## Human labels: prediction-powered estimates" in md
-    assert "| answer_relevancy | 0.500 [" in md and "| 0.000 (raw) | 2 / 3 |" in md
+    # 0.5 - 0.98 = -0.48: the same interval as the labels' own, since the judge adds no
+    # variance here (and no information).
+    assert "| answer_relevancy | 0.500 [-0.480, 1.000] | 0.500 [-0.480, 1.000] | 2 / 4 |" in md
     assert "calibration: **none**" in md

@@ -36,7 +36,7 @@ def test_report_filters_by_golden_set_and_writes_trends(tmp_path: Path) -> None:
     shown = runner.invoke(app, ["report", "--reports-dir", str(reports), "--golden", "faq"],
                           terminal_width=200)  # fmt: skip
     assert shown.exit_code == 0, shown.output
-    assert "faq, retrieval runs: latest 2 of 2 runs" in shown.output
+    assert "faq, retrieval runs, chunk level: latest 2 of 2 runs" in shown.output
     assert "faq, rag runs: latest 1 of 1 runs" in shown.output
     assert "0.110" not in shown.output and "debfaq" not in shown.output  # the other set
     page = (reports / "trend-faq.html").read_text()
@@ -44,7 +44,7 @@ def test_report_filters_by_golden_set_and_writes_trends(tmp_path: Path) -> None:
     assert "rag: faq-rag / rag" in page and not (reports / "trend-debfaq.html").exists()
     named = runner.invoke(app, ["report", "--reports-dir", str(reports), "--name", "deb",
                                 "--html-dir", str(tmp_path / "html")])  # fmt: skip
-    assert named.exit_code == 0 and (tmp_path / "html" / "trend-debfaq.html").is_file()
+    assert named.exit_code == 0 and (tmp_path / "html" / "trend-debfaq-deb.html").is_file()
     none = runner.invoke(app, ["report", "--reports-dir", str(reports), "--golden", "nope"])
     assert none.exit_code == 2 and "golden sets in the history: debfaq, faq" in none.output
 

@@ -859,6 +859,13 @@ class EvalConfig(_Section):
         "artifacts then point there. None: a file:// link on the machine that ran the eval.",
     )
 
+    @field_validator("judge_probe_size")
+    @classmethod
+    def _probe_size(cls, value: int) -> int:
+        if 0 < value < 4:
+            raise ValueError("must be 0 (no probe) or at least 4 (pairs come in fours)")
+        return value
+
     @field_validator("reports_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:

@@ -70,9 +70,9 @@ class Agreement:
     kappa_high: float
     yes_share: float
 
-    def as_dict(self) -> dict[str, float | int]:
-        """Return the fields as a plain dict (for JSON reports)."""
-        return asdict(self)
+    def as_dict(self) -> dict[str, float | int | None]:
+        """Return the fields as a plain dict (for JSON reports; NaN becomes null)."""
+        return _nulls(asdict(self))
 
 
 def _binary(values: Sequence[int], name: str) -> npt.NDArray[np.int8]:
@@ -225,9 +225,13 @@ class PPIEstimate:
     n_judged: int
     n_labeled: int
 
-    def as_dict(self) -> dict[str, float | int | str]:
-        """Return the fields as a plain dict (for JSON reports)."""
-        return asdict(self)
+    def as_dict(self) -> dict[str, float | int | str | None]:
+        """Return the fields as a plain dict (for JSON reports; NaN becomes null)."""
+        return _nulls(asdict(self))
+
+
+def _nulls(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in data.items()}
 
 
 def _finite(value: float, what: str, item_id: str, fix: str) -> float:
@@ -242,19 +246,24 @@ def ppi_mean(
     predictions: Mapping[str, float],
     labels: Mapping[str, float],
     level: float = 0.95,
+    bounds: tuple[float, float] | None = None,
 ) -> PPIEstimate:
     """Prediction-powered mean of a metric from judge scores and a few human labels.
 
-    ``theta = mean_N(f) - mean_n(f - y)``, with ``f`` the judge's score of each of
-    the N judged items and ``y`` the human value of the n labelled ones; the CI is
-    ``theta ± z * sqrt(var_f / N + var_rect / n)`` (sample variances, ddof=1;
-    ``var_f = 0`` when N < 2). Angelopoulos et al., Science 2023.
+    ``theta = mean_U(f) - mean_n(f - y)``, with ``f`` the judge's score, U the judged
+    items without a label and ``y`` the human value of the n labelled ones; the CI is
+    ``theta ± z * sqrt(var_f / |U| + var_rect / n)`` (sample variances, ddof=1;
+    ``var_f = 0`` when |U| < 2). The labelled items are kept out of the first term so
+    that the two terms are independent, as the variance assumes (Angelopoulos et al.,
+    Science 2023). With every item labelled it is the labels' own mean and CI. A
+    zero-width interval (no variance at all) is reported as no CI, never as certainty.
 
     Args:
         metric: Metric name, carried into the result.
         predictions: Item id -> the judge's score, for every judged item of the run.
         labels: Item id -> the human's value; every id must be in ``predictions``.
         level: Confidence level of both CIs, in (0, 1).
+        bounds: The metric's range; the estimate and the CIs are clipped to it.
 
     Returns:
         The :class:`PPIEstimate`.
@@ -282,27 +291,38 @@ def ppi_mean(
     fix_label = "give a number in [-1, 1]"
     y = np.array([_finite(v, "human label", k, fix_label) for k, v in labels.items()])
     f_lab = np.array([float(predictions[k]) for k in labels])
+    f_unlabeled = np.array([float(s) for k, s in predictions.items() if k not in labels])
     big_n, n = int(f_all.size), int(y.size)
     rectifier = f_lab - y
     judge_mean = float(f_all.mean())
-    theta = judge_mean - float(rectifier.mean())
     human_mean = float(y.mean())
-    if n < 2:
-        return PPIEstimate(metric, theta, _NAN, _NAN, judge_mean, human_mean, _NAN, _NAN, big_n, n)
+    low, high = bounds if bounds is not None else (-math.inf, math.inf)
+
+    def clip(value: float) -> float:
+        return value if math.isnan(value) else min(max(value, low), high)
+
     z = NormalDist().inv_cdf((1 + level) / 2)
-    var_f = float(f_all.var(ddof=1)) if big_n >= 2 else 0.0
-    var_rect = float(rectifier.var(ddof=1))
-    half = z * math.sqrt(var_f / big_n + var_rect / n)
-    human_half = z * float(y.std(ddof=1)) / math.sqrt(n)
+    human_half = z * float(y.std(ddof=1)) / math.sqrt(n) if n >= 2 else _NAN
+    if not human_half > 0:
+        human_half = _NAN  # one label, or all alike: no interval, not a zero-width one
+    if f_unlabeled.size == 0:  # every judged item labelled: the labels say it all
+        theta, half = human_mean, human_half
+    else:
+        theta = float(f_unlabeled.mean()) - float(rectifier.mean())
+        var_f = float(f_unlabeled.var(ddof=1)) if f_unlabeled.size >= 2 else 0.0
+        var_rect = float(rectifier.var(ddof=1)) if n >= 2 else _NAN
+        half = z * math.sqrt(var_f / f_unlabeled.size + var_rect / n)
+        if not half > 0:
+            half = _NAN
     return PPIEstimate(
         metric=metric,
-        mean=theta,
-        ci_low=theta - half,
-        ci_high=theta + half,
+        mean=clip(theta),
+        ci_low=clip(theta - half),
+        ci_high=clip(theta + half),
         judge_mean=judge_mean,
         human_mean=human_mean,
-        human_ci_low=human_mean - human_half,
-        human_ci_high=human_mean + human_half,
+        human_ci_low=clip(human_mean - human_half),
+        human_ci_high=clip(human_mean + human_half),
         n_judged=big_n,
         n_labeled=n,
     )

@@ -16,7 +16,10 @@ golden set and index:
 
 Half the pairs are true, half false. The judge's accuracy and Cohen's kappa, with
 bootstrap CIs (``ragpipe.evaluation.agreement``), say whether its verdicts carry
-information: a judge that says "yes" to everything scores kappa 0.
+information: a judge that says "yes" to everything scores kappa 0. Kappa is also
+measured per judgement, and each metric is trusted by the kappa of the judgement it
+rests on (``METRIC_JUDGEMENT``): a judge that reads passages well but calls every
+answer relevant cannot vouch for answer relevancy.
 """
 
 from __future__ import annotations
@@ -37,6 +40,17 @@ from ragpipe.models.llm import LLM
 
 SUPPORTED, UNRELATED, ALTERED = "supported", "unrelated", "altered"
 MATCHING, MISMATCHED = "matching_answer", "mismatched_answer"
+STATEMENTS, ANSWERS = "statements", "answers"
+JUDGEMENT = {SUPPORTED: STATEMENTS, UNRELATED: STATEMENTS, ALTERED: STATEMENTS,
+             MATCHING: ANSWERS, MISMATCHED: ANSWERS}  # fmt: skip
+# The judgement each RAGAS metric's verdicts are made of.
+METRIC_JUDGEMENT = {
+    "faithfulness": STATEMENTS,
+    "context_recall": STATEMENTS,
+    "context_precision": STATEMENTS,
+    "answer_relevancy": ANSWERS,
+}
+MIN_PAIRS = 4  # fewer pairs of a judgement calibrate nothing
 VERDICT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"verdict": {"type": "integer", "enum": [0, 1]}},
@@ -88,25 +102,52 @@ class Calibration:
     min_kappa: float
     model: str
     notes: list[str] = field(default_factory=list)
+    by_judgement: dict[str, Agreement] = field(default_factory=dict)
+
+    def _passes(self, a: Agreement) -> bool:
+        return not np.isnan(a.kappa) and a.kappa >= self.min_kappa
 
     @property
     def reliable(self) -> bool:
-        """Kappa at or above the bar (an undefined kappa is not)."""
-        kappa = self.agreement.kappa
-        return not np.isnan(kappa) and kappa >= self.min_kappa
+        """Kappa at or above the bar overall and for every judgement measured (an undefined
+        kappa is not)."""
+        return self._passes(self.agreement) and all(
+            self._passes(a) for a in self.by_judgement.values() if a.n >= MIN_PAIRS
+        )
+
+    def _deciding(self, metric: str) -> Agreement | None:
+        """The agreement that decides ``metric``: its judgement's when it had MIN_PAIRS
+        pairs; else the whole probe's when that failed (distrust carries over, trust does
+        not); else None."""
+        a = self.by_judgement.get(METRIC_JUDGEMENT.get(metric, ""))
+        if a is not None and a.n >= MIN_PAIRS:
+            return a
+        whole = self.agreement
+        return whole if whole.n >= MIN_PAIRS and not self._passes(whole) else None
+
+    def reliable_for(self, metric: str) -> bool | None:
+        """Whether the judgement ``metric`` rests on passed (None: not calibrated: too few
+        of its pairs, and nothing else says the judge fails)."""
+        a = self._deciding(metric)
+        return None if a is None else self._passes(a)
 
     def label(self) -> str:
         a = self.agreement
-        ci = "no CI" if np.isnan(a.kappa_low) else f"[{a.kappa_low:.2f}, {a.kappa_high:.2f}]"
-        kappa = "undefined" if np.isnan(a.kappa) else f"{a.kappa:.2f}"
         state = "reliable" if self.reliable else "unreliable"
-        return f"judge {state} (kappa {kappa} {ci} on {a.n} probe pairs, min {self.min_kappa:g})"
+        parts = [f"{j} {_kappa(b)}" for j, b in self.by_judgement.items()]
+        per = f"; {', '.join(parts)}" if parts else ""
+        return (
+            f"judge {state} (kappa {_kappa(a, ci=True)} on {a.n} probe pairs{per}; "
+            f"min {self.min_kappa:g})"
+        )
 
-    def short(self) -> str:
+    def short_for(self, metric: str) -> str:
         """What a withheld metric's headline cell says (the section heading has the rest)."""
-        kappa = self.agreement.kappa
-        shown = "undefined" if np.isnan(kappa) else f"{kappa:.2f}"
-        return f"judge {'reliable' if self.reliable else 'unreliable'} (kappa {shown})"
+        judgement = METRIC_JUDGEMENT.get(metric, "")
+        a = self._deciding(metric) or self.agreement
+        on = f" on {judgement}" if a is not self.agreement else ""
+        state = "reliable" if self.reliable_for(metric) else "unreliable"
+        return f"judge {state}{on} (kappa {_kappa(a)})"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -115,6 +156,10 @@ class Calibration:
             "min_kappa": self.min_kappa,
             "label": self.label(),
             **self.agreement.as_dict(),
+            "by_judgement": {
+                j: {**a.as_dict(), "reliable": self._passes(a) if a.n >= MIN_PAIRS else None}
+                for j, a in self.by_judgement.items()
+            },
             "by_kind": {
                 kind: {
                     "pairs": sum(p.kind == kind for p in self.pairs),
@@ -138,6 +183,14 @@ class Calibration:
             ],
             "notes": self.notes,
         }
+
+
+def _kappa(a: Agreement, ci: bool = False) -> str:
+    kappa = "undefined" if np.isnan(a.kappa) else f"{a.kappa:.2f}"
+    if not ci:
+        return kappa
+    bounds = "no CI" if np.isnan(a.kappa_low) else f"[{a.kappa_low:.2f}, {a.kappa_high:.2f}]"
+    return f"{kappa} {bounds}"
 
 
 def sentences(text: str, min_words: int = 6) -> list[str]:
@@ -298,4 +351,12 @@ def calibrate(
         reasons.append(reason)
     truth = [p.truth for p in pairs]
     measured = agreement(truth, verdicts, resamples, seed)
-    return Calibration(list(pairs), verdicts, reasons, measured, min_kappa, judge.name)
+    by_judgement = {}
+    for judgement in (STATEMENTS, ANSWERS):
+        mine = [i for i, p in enumerate(pairs) if JUDGEMENT[p.kind] == judgement]
+        if mine:
+            by_judgement[judgement] = agreement(
+                [truth[i] for i in mine], [verdicts[i] for i in mine], resamples, seed
+            )
+    return Calibration(list(pairs), verdicts, reasons, measured, min_kappa, judge.name,
+                       by_judgement=by_judgement)  # fmt: skip

@@ -3,12 +3,15 @@
 A target that matches nothing in the index (a typo'd heading, a misspelled or
 renamed file, text the converter renders differently) would score 0 on its item
 in silence, and a golden set meant for another corpus would score 0 everywhere.
-``check_golden`` matches every target against what the index holds:
+``check_golden`` matches the targets a run scores against what the index holds
+(``scope``: ``file`` and ``chunk`` granularity, ``answer`` for RAG, ``all``):
 
-- a file target (``relevance`` / ``expected_files`` with grade > 0, or a chunk
-  target's ``file``) must match a file in the index by path suffix;
-- a chunk target must match at least one point (``heading`` on its heading path,
-  ``contains`` in its text, whitespace-normalised), exactly as scoring matches.
+- a file target (``relevance`` / ``expected_files`` with grade > 0) must match a
+  file in the index by path suffix;
+- a chunk target (grade > 0) must match a point (``heading`` on its heading path,
+  ``contains`` in its text, whitespace-normalised) that scoring can credit to it:
+  scoring gives a chunk to the first of the item's targets it satisfies, so a
+  target whose only chunks an earlier target claims could never score.
 
 Each unmatched target is reported with its closest matches (file paths by
 suffix similarity, headings by similarity, the passage sharing the longest run
@@ -28,6 +31,7 @@ from ragpipe.evaluation.golden import ChunkTarget, GoldenItem, GoldenSet, file_m
 from ragpipe.store.base import VectorStore, Where
 
 CLOSEST = 3
+SCOPES = ("all", "file", "chunk", "answer")
 
 
 class GoldenMismatch(ConfigError):
@@ -148,9 +152,7 @@ def _check_chunk(item: GoldenItem, target: ChunkTarget, view: IndexView) -> Unma
             "matches no file in the index",
             _closest_files(target.file, view.files),
         )
-    if target.heading is not None:
-        if any(target.heading in view.headings[f] for f in files):
-            return None
+    if target.heading is not None and not any(target.heading in view.headings[f] for f in files):
         return Unmatched(
             item.id,
             f'heading "{target.heading}"',
@@ -158,8 +160,19 @@ def _check_chunk(item: GoldenItem, target: ChunkTarget, view: IndexView) -> Unma
             _closest_headings(target.heading, (h for f in files for h in view.headings[f])),
         )
     payloads = [p for f in files for p in view.payloads(f)]
-    if any(target.matches(p) for p in payloads):
+
+    def credited(payload: dict[str, Any]) -> bool:
+        return next((t for t in item.chunks if t.matches(payload)), None) is target
+
+    if any(credited(p) for p in payloads):
         return None
+    if any(target.matches(p) for p in payloads):
+        return Unmatched(
+            item.id,
+            f'chunk target "{target.key}"',
+            "matches only chunks that an earlier target of the item already claims (a chunk "
+            "counts for the first target it satisfies), so it can never score",
+        )
     return Unmatched(
         item.id,
         f'text "{target.contains}"',
@@ -168,15 +181,34 @@ def _check_chunk(item: GoldenItem, target: ChunkTarget, view: IndexView) -> Unma
     )
 
 
-def check_golden(golden: GoldenSet, view: IndexView) -> GoldenCheck:
-    """Match every target of every item against the index; nothing is scored."""
+def _scored_targets(item: GoldenItem, scope: str) -> tuple[list[str], list[ChunkTarget]]:
+    """The file suffixes and chunk targets of ``item`` that a run of ``scope`` scores."""
+    chunks = [t for t in item.chunks if t.grade > 0]
+    files = [s for s, g in item.relevance.items() if g > 0]
+    if scope == "file":
+        return files, []
+    if scope == "chunk":
+        return [], chunks
+    if scope == "answer":  # citations count chunk targets when there are any, else files
+        return ([], chunks) if item.chunks else (files, [])
+    chunk_files = {t.file for t in item.chunks}
+    return [s for s in files if s not in chunk_files], chunks
+
+
+def check_golden(golden: GoldenSet, view: IndexView, scope: str = "all") -> GoldenCheck:
+    """Match the targets a run of ``scope`` scores against the index; nothing is scored.
+
+    Args:
+        scope: ``file`` or ``chunk`` (a retrieval run's granularity), ``answer`` (a RAG
+            run: its citation metrics), or ``all`` (every target, as ``eval check``).
+    """
+    if scope not in SCOPES:
+        raise ConfigError(f"check scope {scope!r} is not one of {', '.join(SCOPES)}")
     unmatched: list[Unmatched] = []
     targets = 0
     for item in golden.items:
-        chunk_files = {t.file for t in item.chunks}
-        for suffix, grade in item.relevance.items():
-            if grade <= 0 or suffix in chunk_files:
-                continue  # a chunk target's file is checked with the chunk target
+        files, chunks = _scored_targets(item, scope)
+        for suffix in files:
             targets += 1
             if not view.matching(suffix):
                 unmatched.append(
@@ -187,7 +219,7 @@ def check_golden(golden: GoldenSet, view: IndexView) -> GoldenCheck:
                         _closest_files(suffix, view.files),
                     )
                 )
-        for target in item.chunks:
+        for target in chunks:
             targets += 1
             problem = _check_chunk(item, target, view)
             if problem is not None:
@@ -198,7 +230,12 @@ def check_golden(golden: GoldenSet, view: IndexView) -> GoldenCheck:
 
 
 def golden_for_index(
-    golden: GoldenSet, view: IndexView, *, skip_unmatched: bool, origin: str
+    golden: GoldenSet,
+    view: IndexView,
+    *,
+    skip_unmatched: bool,
+    origin: str,
+    scope: str = "all",
 ) -> tuple[GoldenSet, GoldenCheck]:
     """The golden set to score on this index, and its check.
 
@@ -208,13 +245,14 @@ def golden_for_index(
         skip_unmatched: Leave out items with an unmatched target instead of stopping.
         origin: Where the golden set's path came from (``RagpipeConfig.origin``), so
             that a set picked by a default says so.
+        scope: What the run scores (see ``check_golden``).
 
     Raises:
         GoldenMismatch: A target matches nothing (and ``skip_unmatched`` is off), or
             no file the set names is in the index at all (always: that set belongs to
             another corpus), or nothing would be left to score.
     """
-    check = check_golden(golden, view)
+    check = check_golden(golden, view, scope)
     answerable = [i for i in golden.items if i.answerable]
     named = {s for i in answerable for s, g in i.relevance.items() if g > 0}
     if answerable and not any(view.matching(s) for s in named):
@@ -236,10 +274,10 @@ def golden_for_index(
         )
     dropped = set(check.unmatched_items)
     kept = [i for i in golden.items if i.id not in dropped]
-    if not kept:
+    if not any(i.answerable for i in kept) and (scope != "answer" or not kept):
         raise GoldenMismatch(
-            f"golden set {golden.name!r}: every item has an unmatched target, nothing is left "
-            "to score:\n  " + "\n  ".join(check.lines())
+            f"golden set {golden.name!r}: every answerable item has an unmatched target, "
+            "nothing is left to score:\n  " + "\n  ".join(check.lines())
         )
     check.skipped = [i.id for i in golden.items if i.id in dropped]
     return replace(golden, items=kept), check

@@ -157,6 +157,12 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
             raise ConfigError(f"{cw}: needs 'file' and one of 'contains' or 'heading'")
         if bool(target.get("contains")) == bool(target.get("heading")):
             raise ConfigError(f"{cw}: give exactly one of 'contains' or 'heading'")
+        for key in ("file", "contains", "heading"):
+            if target.get(key) is not None and not isinstance(target[key], str):
+                raise ConfigError(
+                    f"{cw}: '{key}' must be text, got {target[key]!r}; quote it "
+                    f'({key}: "{target[key]}")'
+                )
         grade = _grade(target.get("grade", 1), cw)
         chunks.append(
             ChunkTarget(str(target["file"]), target.get("contains"), target.get("heading"), grade)

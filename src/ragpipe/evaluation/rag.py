@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from importlib import metadata
 from typing import Any, TypeVar
 
 from ragpipe.config import RagpipeConfig
+from ragpipe.errors import ConfigError
 from ragpipe.evaluation import answers
 from ragpipe.evaluation.agreement import PPIEstimate, labels_by_metric, load_labels, ppi_mean
 from ragpipe.evaluation.calibration import Calibration, build_probe, calibrate
@@ -40,7 +42,7 @@ from ragpipe.evaluation.golden import GoldenItem, GoldenSet, file_matches
 from ragpipe.evaluation.metrics import Interval, bootstrap_ci
 from ragpipe.models.embedders import Embedder, make_embedder
 from ragpipe.models.llm import LLM, make_llm
-from ragpipe.query.generate import Answer, answer
+from ragpipe.query.generate import NOT_FOUND, Answer, answer
 from ragpipe.query.results import Retrieved
 from ragpipe.query.retrieve import Retriever
 
@@ -59,6 +61,7 @@ ANSWER_METRICS = (
     "degenerate",
 )
 ALL_RAG_METRICS = ANSWER_METRICS + RAG_METRICS
+_CITATIONS = re.compile(r"\[\d+(?:\s*,\s*\d+)*\]")
 # What each metric can score. Outside it, the judge's output broke the metric's arithmetic
 # (a small model's context-precision verdicts of 2 or -1 instead of 0/1 gave 5e14).
 # Answer relevancy is a mean cosine similarity.
@@ -237,6 +240,14 @@ class Judge:
             row.judged["context_recall"] = Judged(None, NOT_APPLICABLE, "no expected_answer")
 
 
+_REFUSAL = answers.normalize_answer(NOT_FOUND)
+
+
+def is_refusal(text: str) -> bool:
+    """The answer is the not-found sentence alone (``[n]`` citations and case aside)."""
+    return answers.normalize_answer(_CITATIONS.sub(" ", text)) == _REFUSAL
+
+
 def supporting(source_payloads: dict[int, dict[str, Any]], item: GoldenItem) -> set[int]:
     """Numbers of the given sources that hold a golden target: a chunk target when the
     item has any, else a relevant file (grade > 0)."""
@@ -256,10 +267,13 @@ def score_answer(
     """The judge-free metrics of one answer, the sources as the report shows them, the
     cited numbers and the answer's repetition share.
 
-    Not applicable (null, with the reason): correctness without ``expected_answer``;
-    citations on refusals and on ``answerable: false`` items; precision with nothing
-    cited, recall with no given source holding a target; ``false_refusal`` on
-    unanswerable items and ``correct_refusal`` on answerable ones.
+    A refusal is an answer that is the not-found sentence and nothing else (citations
+    aside); an answer that adds the sentence to claims is an answer. Not applicable
+    (null, with the reason): correctness without ``expected_answer``; citations on
+    refusals and on ``answerable: false`` items; precision with nothing cited, recall with
+    no given source holding a target; ``false_refusal`` on unanswerable items and where no
+    given source holds a target (refusing is then right: the miss is retrieval's);
+    ``correct_refusal`` on answerable items.
     """
     na = NOT_APPLICABLE
     payloads = {h.point_id: h.payload for h in hits}
@@ -287,7 +301,8 @@ def score_answer(
         why = "answerable: false" if not item.answerable else "no expected_answer"
         for m in ("answer_f1", "answer_rouge_l", "answer_cosine"):
             scores[m] = Judged(None, na, why)
-    if not item.answerable or reply.not_found:
+    refused = is_refusal(reply.text)
+    if not item.answerable or refused:
         why = "answerable: false" if not item.answerable else "the answer is a refusal"
         scores["citation_precision"] = Judged(None, na, why)
         scores["citation_recall"] = Judged(None, na, why)
@@ -302,12 +317,15 @@ def score_answer(
             if recall is not None
             else Judged(None, na, "no given source holds a golden target")
         )
-    refused = 1.0 if reply.not_found else 0.0
     if item.answerable:
         scores["correct_refusal"] = Judged(None, na, "answerable item")
-        scores["false_refusal"] = Judged(refused, OK)
+        scores["false_refusal"] = (
+            Judged(1.0 if refused else 0.0, OK)
+            if support
+            else Judged(None, na, "no given source holds a golden target")
+        )
     else:
-        scores["correct_refusal"] = Judged(refused, OK)
+        scores["correct_refusal"] = Judged(1.0 if refused else 0.0, OK)
         scores["false_refusal"] = Judged(None, na, "answerable: false")
     scores["degenerate"] = Judged(1.0 if answers.is_degenerate(reply.text) else 0.0, OK)
     return scores, sources, cited, answers.repetition_share(reply.text)
@@ -367,7 +385,7 @@ def run_rag_eval(
                 item.id,
                 item.query,
                 reply.text,
-                reply.not_found,
+                is_refusal(reply.text),  # the not-found sentence alone; a hedge is an answer
                 [s.text for s in reply.sources],
                 len(reply.cited),
                 reply.invalid_citations,
@@ -423,10 +441,11 @@ def _result(
                 f"(> {ev.max_judge_failure_share:.0%})"
             )
             withheld.add(m)
-        if calibration is None:
+        trusted = calibration.reliable_for(m) if calibration is not None else None
+        if trusted is None:
             reasons.append("judge not calibrated")
-        elif not calibration.reliable:
-            reasons.append(calibration.short())
+        elif not trusted:
+            reasons.append(calibration.short_for(m) if calibration else "")
             withheld.add(m)
         if reasons:
             flags[m] = "; ".join(reasons)
@@ -437,29 +456,37 @@ def _result(
             notes.append(f"labels for {m!r} ignored: only judged metrics ({judged}) take them")
             continue
         low, high = SCORE_RANGE.get(m, (0.0, 1.0))
+        outside = [(i, v) for i, v in by_item.items() if not low <= v <= high]
+        if outside:
+            item, label = outside[0]
+            raise ConfigError(
+                f"{ev.labels}: the label of {m} for item {item!r} is {label:g}, outside the "
+                f"metric's range [{low:g}, {high:g}]; fix the value"
+            )
         # The judge's prediction per applicable item; a failed verdict predicts the range's
         # midpoint, a fixed rule, so the labelled rectifier still corrects it without bias.
         midpoint = (low + high) / 2
         predictions: dict[str, float] = {}
         for r in rows:
             if r.judged[m].status != NOT_APPLICABLE:
-                value = r.judged[m].value
-                predictions[r.item_id] = value if value is not None else midpoint
+                score = r.judged[m].value
+                predictions[r.item_id] = score if score is not None else midpoint
         known = {i: v for i, v in by_item.items() if i in predictions}
         if len(known) < len(by_item):
             notes.append(f"{len(by_item) - len(known)} label(s) of {m} are for items this run "
                          "did not judge (not in the run, or not applicable); left out")  # fmt: skip
         if known:
-            ppi[m] = ppi_mean(m, predictions, known)
+            ppi[m] = ppi_mean(m, predictions, known, bounds=(low, high))
     warnings = []
     if len(rows) < 50:
         warnings.append(f"only {len(rows)} queries (< 50): confidence intervals are wide")
     failed = sum(counts[m][FAILED] for m in RAG_METRICS)
     if failed:
         warnings.append(f"{failed} judge call(s) failed; they are null, not 0 (see per_query)")
-    if calibration is not None and not calibration.reliable:
+    if calibration is not None and withheld:
         warnings.append(
-            f"{calibration.label()}: its metrics are not shown as values and feed no gate"
+            f"{calibration.label()}: {', '.join(sorted(withheld))} not shown as values and "
+            "feed no gate"
         )
     warnings += notes
     judge_info = {

@@ -110,18 +110,17 @@ def _judge_lines(judge: dict[str, Any]) -> list[str]:
             "## Human labels: prediction-powered estimates",
             "",
             f"- labels: `{judge.get('labels')}`. PPI (Angelopoulos et al., 2023): the judge's "
-            "mean over every judged item, corrected by the judge's average error on the "
-            "labelled items; unbiased whatever the judge's quality, with a valid 95% CI.",
+            "mean over the unlabelled items, corrected by the judge's average error on the "
+            "labelled ones; unbiased whatever the judge's quality, with a 95% CI.",
             "",
-            "| metric | PPI estimate [95% CI] | human labels alone [95% CI] | judge mean | "
-            "labelled / judged |",
-            "|---|---|---|---|---|",
+            "| metric | PPI estimate [95% CI] | human labels alone [95% CI] | labelled / judged |",
+            "|---|---|---|---|",
         ]
         for m, e in ppi.items():
             lines.append(
                 f"| {m} | {_ci(e['mean'], e['ci_low'], e['ci_high'])} | "
                 f"{_ci(e['human_mean'], e['human_ci_low'], e['human_ci_high'])} | "
-                f"{e['judge_mean']:.3f} (raw) | {e['n_labeled']} / {e['n_judged']} |"
+                f"{e['n_labeled']} / {e['n_judged']} |"
             )
     return lines
 
@@ -306,7 +305,7 @@ WORST_SHOWN = 10
 
 def _rank_item(key: str, relevant: dict[str, int], rank: dict[str, str] | None) -> str:
     """One retrieved result: file, heading path and snippet; relevant ones marked."""
-    hit = key in relevant
+    hit = relevant.get(key, 0) > 0
     mark = f"<span class='grade'>✓ relevant, grade {relevant[key]}</span> " if hit else ""
     if rank is None:  # a report from before per-rank files were kept
         return f"<li class='{'hit' if hit else 'miss'}'>{mark}{html.escape(key)}</li>"
@@ -376,7 +375,7 @@ def _value(r: dict[str, Any], m: str) -> str:
     )
 
 
-def _worst_rag(table: pa.Table, shown: int) -> str:
+def _worst_rag(table: pa.Table, shown: int, withheld: set[str] | None = None) -> str:
     rows = table.to_pylist()
 
     def badness(r: dict[str, Any]) -> tuple[float, int, float, str]:
@@ -392,7 +391,12 @@ def _worst_rag(table: pa.Table, shown: int) -> str:
     parts = []
     for r in sorted(rows, key=badness)[:shown]:
         scored = "".join(f"<li>{m}: {_value(r, m)}</li>" for m in ANSWER_METRICS if m in r)
-        judged = "".join(f"<li>{m}: {_value(r, m)}</li>" for m in RAG_METRICS)
+        judged = "".join(
+            f"<li>{m}: {_value(r, m)}"
+            + (" <i>(judge unreliable: not a measurement)</i>" if m in (withheld or ()) else "")
+            + "</li>"
+            for m in RAG_METRICS
+        )
         cited = set(r.get("cited_numbers") or [])
         files = r.get("source_files") or []
         headings = r.get("source_headings") or []
@@ -437,7 +441,8 @@ def drill_down(summary: RunSummary, table: pa.Table, shown: int = WORST_SHOWN) -
     if table.num_rows == 0:
         return ""
     if summary.kind == "rag":
-        return _worst_rag(table, shown)
+        withheld = {m for m, st in summary.metrics.get("rag", {}).items() if st.get("withheld")}
+        return _worst_rag(table, shown, withheld)
     return _worst_retrieval(table, "ndcg@10", shown)
 
 
@@ -521,13 +526,23 @@ def render_trend(golden: str, rows: list[dict[str, Any]]) -> str:
     metrics = [m for m in (*METRICS, *ANSWER_METRICS, *RAG_METRICS)
                if any(r["metric"] == m for r in rows)]  # fmt: skip
     figures = []
-    lines = [f"# Trend: {golden}", "", f"- {len(runs)} runs, oldest first; whiskers: 95% CI", ""]
+    lines = [
+        f"# Trend: {golden}",
+        "",
+        f"- {len(runs)} runs, oldest first; whiskers: 95% CI; a hollow point has no CI (n < 2)",
+        "- only metrics shown as values in their run: withheld or flagged judge metrics are "
+        "not trend points",
+        "",
+    ]
     for m in metrics:
         series: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
             if r["metric"] == m:
+                # Runs of a different kind, granularity or size never share a line (a
+                # --limit 3 run is not the 75-question run it is named like).
                 kind = "rag" if r["kind"] == "rag" else f"{r['kind']} ({r['granularity']})"
-                series.setdefault(f"{kind}: {r['name']} / {r['variant']}", []).append(r)
+                size = f", {r['queries']} queries" if r.get("queries") else ""
+                series.setdefault(f"{kind}: {r['name']} / {r['variant']}{size}", []).append(r)
         fig, ax = plt.subplots(figsize=(10, 3.5))
         for label, points in sorted(series.items()):
             points.sort(key=lambda p: position[p["run_id"]])
@@ -535,7 +550,11 @@ def render_trend(golden: str, rows: list[dict[str, Any]]) -> str:
             ys = [p["mean"] for p in points]
             low = [p["mean"] - p["ci_low"] if p["ci_low"] is not None else 0.0 for p in points]
             high = [p["ci_high"] - p["mean"] if p["ci_high"] is not None else 0.0 for p in points]
-            ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=3, label=label)
+            line = ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=3, label=label)
+            bare = [(x, y) for x, y, p in zip(xs, ys, points, strict=True) if p["ci_low"] is None]
+            if bare:  # no CI (n < 2): a hollow marker, never a zero-width whisker
+                ax.plot(*zip(*bare, strict=True), marker="o", linestyle="none", markersize=9,
+                        markerfacecolor="white", color=line[0].get_color())  # fmt: skip
         ax.set_xticks(range(len(runs)), [run_id for _, run_id in runs])
         ax.tick_params(axis="x", rotation=30, labelsize=7)
         ax.set_ylabel(f"{m} (95% CI)")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ragpipe.checkpoint import atomic_write_bytes, write_table
@@ -66,6 +67,7 @@ HISTORY_SCHEMA = pa.schema(
         ("granularity", pa.string()),
         ("variant", pa.string()),
         ("kind", pa.string()),  # retrieval, compare, rag
+        ("queries", pa.int64()),  # golden items scored (a --limit or skipped run has fewer)
         ("metric", pa.string()),
         ("mean", pa.float64()),
         ("ci_low", pa.float64()),
@@ -417,7 +419,7 @@ def run_retrieval(
     """Replay ``config.eval.golden`` through the retriever (each variant) and write the
     report under ``config.eval.reports_dir``."""
     with Retriever(config) as retriever:
-        golden, check = checked_golden(config, IndexView(retriever.store))
+        golden, check = checked_golden(config, IndexView(retriever.store), config.eval.granularity)
         corpus = corpus_fingerprint(retriever)
         result = run_retrieval_eval(
             config,
@@ -442,7 +444,7 @@ def run_rag(
     """Retrieve, generate and judge ``config.eval.golden`` and write the report."""
     with Retriever(config) as retriever:
         view = IndexView(retriever.store)
-        golden, check = checked_golden(config, view)
+        golden, check = checked_golden(config, view, "answer")
         corpus = corpus_fingerprint(retriever)
         result = run_rag_eval(
             config, golden, name=name, limit=config.eval.rag_limit, retriever=retriever,
@@ -452,16 +454,19 @@ def run_rag(
     return result, write_run(summary, rag_table(result), config.eval.reports_dir)
 
 
-def checked_golden(config: RagpipeConfig, view: IndexView) -> tuple[GoldenSet, GoldenCheck]:
+def checked_golden(
+    config: RagpipeConfig, view: IndexView, scope: str
+) -> tuple[GoldenSet, GoldenCheck]:
     """``config.eval.golden``, loaded and checked against the index before any query runs
-    (``ragpipe.evaluation.check``); items with unmatched targets are dropped only with
-    ``eval.skip_unmatched``."""
+    (``ragpipe.evaluation.check``; ``scope``: the granularity scored, or ``answer``);
+    items with unmatched targets are dropped only with ``eval.skip_unmatched``."""
     golden = load_golden_from(config)
     return golden_for_index(
         golden,
         view,
         skip_unmatched=config.eval.skip_unmatched,
         origin=config.origin("eval.golden"),
+        scope=scope,
     )
 
 
@@ -501,6 +506,7 @@ def append_history(root: Path, summary: RunSummary) -> None:
             "granularity": summary.granularity,
             "variant": variant,
             "kind": summary.kind,
+            "queries": summary.golden.queries,
             "metric": metric,
             "mean": ci["mean"],
             "ci_low": ci["ci_low"],
@@ -510,7 +516,8 @@ def append_history(root: Path, summary: RunSummary) -> None:
         }
         for variant, by_metric in summary.metrics.items()
         for metric, ci in by_metric.items()
-        if ci["n"] and not ci.get("withheld")  # a withheld number is no trend point
+        # A withheld or flagged number (an unreliable or uncalibrated judge) is no trend point.
+        if ci["n"] and not ci.get("withheld") and not ci.get("flag")
     ]
     new = pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA)
     path = root / HISTORY
@@ -526,7 +533,15 @@ def _history_table(path: Path) -> pa.Table:
     if "kind" not in table.column_names:
         kinds = ["rag" if g == "answer" else "retrieval" for g in table["granularity"].to_pylist()]
         table = table.append_column("kind", pa.array(kinds, pa.string()))
-    return table.select(HISTORY_SCHEMA.names).cast(HISTORY_SCHEMA)
+    if "queries" not in table.column_names:
+        table = table.append_column("queries", pa.nulls(table.num_rows, pa.int64()))
+    table = table.select(HISTORY_SCHEMA.names).cast(HISTORY_SCHEMA)
+    # Rows written before n < 2 meant "no CI" hold a zero-width interval: drop it.
+    one = pc.less(table["n"], 2)
+    for name in ("ci_low", "ci_high"):
+        column = pc.if_else(one, pa.scalar(None, pa.float64()), table[name])
+        table = table.set_column(table.schema.get_field_index(name), name, column)
+    return table
 
 
 def read_history(root: Path) -> list[dict[str, Any]]:

@@ -491,7 +491,8 @@ def tune_and_report(
     """
     progress = reporter()
     with Retriever(config) as retriever:
-        golden, check = checked_golden(config, IndexView(retriever.store))
+        view = IndexView(retriever.store)
+        golden, check = checked_golden(config, view, config.eval.granularity)
         scored = replace(golden, items=golden.answerable)  # unanswerable items have no ranks
         progress.start("tune", 0)  # the number of configurations is not known up front
         try:
