@@ -100,7 +100,7 @@ def test_failed_verdicts_count_as_wrong() -> None:
 def test_agreement_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="one verdict per probe pair"):
         agreement([1, 0], [1])
-    with pytest.raises(ValueError, match="at least one probe pair"):
+    with pytest.raises(ValueError, match="at least one pair is needed"):
         agreement([], [])
     with pytest.raises(ValueError, match="resamples"):
         agreement([1, 0], [1, 0], resamples=0)
@@ -290,7 +290,10 @@ def test_load_labels_yaml_and_json(tmp_path: Path) -> None:
     ],
 )
 def test_load_labels_csv_errors(tmp_path: Path, body: str, match: str) -> None:
-    path = tmp_path / "labels.csv"
+    _fails(tmp_path / "labels.csv", body, match)
+
+
+def _fails(path: Path, body: str, match: str) -> None:
     path.write_text(body, encoding="utf-8")
     with pytest.raises(ConfigError, match=match) as caught:
         load_labels(path)
@@ -314,11 +317,7 @@ def test_load_labels_csv_errors(tmp_path: Path, body: str, match: str) -> None:
     ],
 )
 def test_load_labels_yaml_errors(tmp_path: Path, body: str, match: str) -> None:
-    path = tmp_path / "labels.yaml"
-    path.write_text(body, encoding="utf-8")
-    with pytest.raises(ConfigError, match=match) as caught:
-        load_labels(path)
-    assert str(path) in str(caught.value)
+    _fails(tmp_path / "labels.yaml", body, match)
 
 
 def test_load_labels_missing_file_and_unknown_extension(tmp_path: Path) -> None:

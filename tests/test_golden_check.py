@@ -121,7 +121,10 @@ def test_a_set_for_another_corpus_fails_naming_where_it_came_from(
         run_retrieval(config)
     assert not (tmp_path / "r").exists()  # nothing scored, nothing written
     loaded = load_config(None, {"eval": {"golden": str(tmp_path / "elsewhere.yaml")}})
-    assert loaded.origin("eval.golden") == "the command line (eval.golden)"
+    assert loaded.origin("eval.golden") == "the command line"
+    written = tmp_path / "team.yaml"
+    written.write_text("eval: {golden: elsewhere.yaml}\n", encoding="utf-8")
+    assert load_config(written).origin("eval.golden") == str(written)
 
 
 def test_skip_unmatched_scores_the_rest_and_the_report_counts_them(

@@ -78,7 +78,10 @@ def test_config_error(site: Path) -> None:
 def test_golden_set_missing(site: Path) -> None:
     rc, lines = _run("eval", "retrieval", "--golden", "nope.yaml", cwd=site)
     assert rc == 2
-    assert _one_error(lines) == "error: golden set nope.yaml not found"
+    assert _one_error(lines) == (
+        "error: golden set nope.yaml not found (from the command line): pass "
+        "--golden (eval.golden) with your golden set; see eval/README.md for the format"
+    )
 
 
 def test_missing_index(site: Path) -> None:

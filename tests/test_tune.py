@@ -210,6 +210,10 @@ def test_a_pick_the_held_out_queries_reject_is_refused(
     assert summary["decision"] == "refused" and "tuned_config" not in summary
     assert not (out / "tuned.yaml").exists()
     assert "refused" in (out / "report.md").read_text()
+    # report.html: the same report and the held-out deltas drawn with their CIs.
+    page = (out / "report.html").read_text()
+    assert page.count("<svg") == 1 and "Held-out confirmation: tuned - current" in page
+    assert "refused" in page and summary["golden"]["check"]["unmatched"] == []
 
 
 def test_a_recommended_pick_is_written_as_a_config_that_loads(

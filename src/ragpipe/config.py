@@ -1068,10 +1068,10 @@ def load_config(
         raise ConfigError(_format_validation_error(exc, source)) from exc
     finally:
         _OVERRIDES.reset(token)
-    origins = {k: f"{source} ({k})" for k in _dotted(data)}
+    origins = dict.fromkeys(_dotted(data), source)
     for name in environment_overrides():
         origins[name.removeprefix("RAGPIPE_").lower().replace("__", ".")] = name
-    origins.update({k: f"{overrides_from} ({k})" for k in _dotted(overrides or {})})
+    origins.update(dict.fromkeys(_dotted(overrides or {}), overrides_from))
     config._origins.update(origins)
     logger.info(
         "configuration: %s; environment: %s; %s: %s",

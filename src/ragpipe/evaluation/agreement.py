@@ -112,14 +112,19 @@ def cohen_kappa(truth: Sequence[int], verdicts: Sequence[int]) -> float:
     Raises:
         ValueError: On empty input, a length mismatch, or a label other than 0/1.
     """
+    _paired(truth, verdicts, "truth label")
+    return float(_kappas(_binary(truth, "truth"), _binary(verdicts, "verdicts")))
+
+
+def _paired(truth: Sequence[int], verdicts: Sequence[int | None], per: str) -> None:
+    """One verdict per truth label, and at least one of each."""
     if len(truth) != len(verdicts):
         raise ValueError(
             f"truth has {len(truth)} labels but verdicts has {len(verdicts)}; pass one verdict "
-            "per truth label"
+            f"per {per}"
         )
     if not truth:
-        raise ValueError("cohen_kappa needs at least one pair; pass non-empty truth and verdicts")
-    return float(_kappas(_binary(truth, "truth"), _binary(verdicts, "verdicts")))
+        raise ValueError("at least one pair is needed; pass non-empty truth and verdicts")
 
 
 def _percentile_ci(values: npt.NDArray[np.float64]) -> tuple[float, float]:
@@ -155,13 +160,7 @@ def agreement(
         ValueError: On empty input, a length mismatch, a label other than 0/1 (or
             ``None`` for a verdict), or ``resamples < 1``.
     """
-    if len(truth) != len(verdicts):
-        raise ValueError(
-            f"truth has {len(truth)} labels but verdicts has {len(verdicts)}; pass one verdict "
-            "per probe pair (None where the judge gave none)"
-        )
-    if not truth:
-        raise ValueError("agreement needs at least one probe pair; pass non-empty truth")
+    _paired(truth, verdicts, "probe pair (None where the judge gave none)")
     if resamples < 1:
         raise ValueError(f"resamples must be at least 1, got {resamples}")
     t = _binary(truth, "truth")
