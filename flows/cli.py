@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from flows.cli_eval import eval_app, report
+from flows.cli_index import index_app
 from flows.cli_ingest import ingest
 from flows.cli_query import ask, search
 from flows.cli_serve import serve
@@ -54,6 +55,7 @@ app.command()(search)
 app.command()(ask)
 app.command()(serve)
 app.add_typer(eval_app, name="eval")
+app.add_typer(index_app, name="index")
 app.command()(report)
 
 

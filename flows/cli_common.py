@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -35,10 +36,17 @@ def prefect_env(verbose: bool) -> None:
     from flows.logs import set_library_level
 
     guard_ephemeral_server()  # a killed run must not leave Prefect's server behind
+    # SIGTERM (`timeout`, `systemctl stop`, a worker cancelling) unwinds like Ctrl-C, so the
+    # writer slot and the locks are given back before the process ends.
+    signal.signal(signal.SIGTERM, _terminated)
     set_library_level(logging.INFO if verbose else logging.WARNING)
     if not verbose:
         for name in PREFECT_RUN_LOGGERS:
             logging.getLogger(name).addFilter(HIDE_EXPECTED)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def fail(exc: BaseException, code: int, label: str = "error") -> NoReturn:

@@ -150,6 +150,15 @@ def ingest(
             fail(exc, 3, "deletions held")
         except RagpipeError as exc:
             fail(exc, 2)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (see cli_common.prefect_env)
+            fail(
+                RuntimeError(
+                    "the ingest stopped; the writer slot and locks are released and the next "
+                    "run resumes from the checkpoints written so far"
+                ),
+                130,
+                "interrupted",
+            )
         finally:
             set_reporter(previous)
 

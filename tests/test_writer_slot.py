@@ -4,6 +4,11 @@ ingest flow takes before the file locks (on a real temporary Prefect API)."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -11,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ragpipe.config import RagpipeConfig
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +32,7 @@ def test_a_second_writer_queues_for_the_slot_then_runs(
 ) -> None:
     from prefect.client.orchestration import get_client
 
-    from flows.concurrency import writer_limit_name, writer_slot
+    from flows.concurrency import read_holder, writer_limit_name, writer_slot
 
     cfg = _config(tmp_path, "store")
     name = writer_limit_name(cfg)
@@ -70,3 +76,167 @@ def test_a_second_writer_queues_for_the_slot_then_runs(
     with get_client(sync_client=True) as client:
         limit = client.read_global_concurrency_limit_by_name(name)
     assert (limit.limit, limit.active, limit.active_slots) == (1, True, 0)  # released
+    assert read_holder(name) is None  # the holder record goes with the slot
+
+
+def _leftover(name: str, holder: dict[str, object] | None) -> None:
+    """The slot as a killed ephemeral-mode run leaves it: taken in the database, its lease
+    gone with the server's memory, and its holder record (if it got to write one)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate, VariableCreate
+
+    from flows.concurrency import _ensure_limit, holder_variable
+
+    _ensure_limit(name)
+    with get_client(sync_client=True) as client:
+        client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(active_slots=1))
+        if holder is not None:
+            client.create_variable(VariableCreate(name=holder_variable(name), value=holder))
+
+
+def _dead_pid() -> int:
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    return int(child.stdout)
+
+
+def test_a_slot_whose_holder_is_gone_is_freed(
+    prefect_harness: None,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import flows.concurrency as concurrency
+    from ragpipe.locking import process_identity
+
+    caplog.set_level(logging.INFO, logger="ragpipe")
+    # A holder on this host whose process is gone: freed at the first look.
+    cfg = _config(tmp_path, "dead")
+    name = concurrency.writer_limit_name(cfg)
+    _leftover(name, {**process_identity(), "pid": _dead_pid(), "start_ticks": ""})
+    started = time.monotonic()
+    with concurrency.writer_slot(cfg):
+        assert concurrency.read_holder(name)["pid"] == os.getpid()  # type: ignore[index]
+    assert time.monotonic() - started < 20
+    assert any("is no longer running" in r.getMessage() for r in caplog.records)
+    # A reused pid (this very process, another start time) is not the holder either.
+    _leftover(name, {**process_identity(), "start_ticks": "1"})
+    with concurrency.writer_slot(cfg):
+        pass
+    # No record at all (killed before it wrote one): freed after the grace period.
+    monkeypatch.setattr(concurrency, "HOLDER_GRACE_S", 1.0)
+    monkeypatch.setattr(concurrency, "CHECK_S", 1.0)
+    cfg = _config(tmp_path, "unrecorded")
+    name = concurrency.writer_limit_name(cfg)
+    _leftover(name, None)
+    with concurrency.writer_slot(cfg):
+        pass
+    assert any("no holder has recorded itself" in r.getMessage() for r in caplog.records)
+
+
+def test_a_holder_on_another_host_is_waited_for_and_unlock_frees_it(
+    prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    import flows.concurrency as concurrency
+    from flows.cli import app
+    from ragpipe.locking import process_identity
+
+    monkeypatch.setattr(concurrency, "CHECK_S", 1.0)
+    cfg = _config(tmp_path, "remote")
+    name = concurrency.writer_limit_name(cfg)
+    _leftover(name, {**process_identity(), "host": "elsewhere", "pid": 1})
+    entered = threading.Event()
+
+    def writer() -> None:
+        with concurrency.writer_slot(cfg):
+            entered.set()
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    assert not entered.wait(5)  # a holder that cannot be checked from here is waited for
+    args = ["index", "unlock", "--store-path", str(cfg.store.path)]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 2
+    assert "cannot be checked from this host: pass --force" in " ".join(refused.output.split())
+    freed = CliRunner().invoke(app, [*args, "--force"])
+    assert freed.exit_code == 0, freed.output
+    assert "freed the writer slot" in freed.output and "on elsewhere" in freed.output
+    assert entered.wait(30)  # the waiting writer gets it
+    thread.join(30)
+    nothing = CliRunner().invoke(app, args)
+    assert nothing.exit_code == 0 and "is free: nothing to free" in nothing.output
+
+
+def test_holder_alive() -> None:
+    from ragpipe.locking import holder_alive, process_identity
+
+    me = process_identity()
+    assert holder_alive(me) is True
+    assert holder_alive({**me, "pid": _dead_pid(), "start_ticks": ""}) is False
+    assert holder_alive({**me, "start_ticks": "1"}) is False  # a reused pid
+    assert holder_alive({**me, "boot_id": "another-boot"}) is False
+    assert holder_alive({**me, "host": "elsewhere"}) is None
+
+
+def _ingest(home: Path, cfg: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "PREFECT_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    env = {k: v for k, v in env.items() if not k.startswith("PREFECT_API_URL")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "ingest", "--config", str(cfg)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def _slot_taken(home: Path) -> bool:
+    db = home / "prefect.db"
+    if not db.is_file():
+        return False
+    try:
+        with sqlite3.connect(db, timeout=1) as conn:
+            rows = conn.execute("select active_slots from concurrency_limit_v2").fetchall()
+    except sqlite3.Error:
+        return False
+    return any(r[0] for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_cli_ingest_never_blocks_the_next(tmp_path: Path, sig: signal.Signals) -> None:
+    """The issue as found: `ragpipe ingest`, killed while it holds the slot (Prefect in
+    ephemeral mode: the lease dies with it), then the same ingest must run."""
+    from tests.support.corpora import topic_doc
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(40):  # enough work that the run is still holding the slot when killed
+        (docs / f"t{i}.md").write_text(topic_doc(f"topic{i}", sections=8), encoding="utf-8")
+    cfg = tmp_path / "ragpipe.yaml"
+    cfg.write_text(
+        f"discover: {{roots: [{docs}]}}\nembed: {{provider: onnx}}\n"
+        f"store: {{path: {tmp_path / 'store'}}}\npaths: {{work_dir: {tmp_path / 'work'}}}\n",
+        encoding="utf-8",
+    )
+    home = tmp_path / "prefect"
+    first = _ingest(home, cfg)
+    deadline = time.monotonic() + 120
+    while not _slot_taken(home):
+        assert first.poll() is None and time.monotonic() < deadline, "never took the slot"
+        time.sleep(0.1)
+    first.send_signal(sig)
+    started = time.monotonic()
+    output, _ = first.communicate(timeout=60)
+    if sig == signal.SIGTERM:  # unwinds: slot and locks given back, one line, no traceback
+        assert time.monotonic() - started < 15
+        assert first.returncode == 130 and "interrupted: the ingest stopped" in output, output
+        assert "Traceback" not in output
+        assert not _slot_taken(home)
+    else:
+        assert first.returncode == -signal.SIGKILL and _slot_taken(home)
+    second = _ingest(home, cfg)
+    output, _ = second.communicate(timeout=240)
+    assert second.returncode == 0, output
+    assert "seen=40" in output and "failed=0" in output
+    if sig == signal.SIGKILL:
+        assert "freeing the writer slot" in output and "is no longer running" in output

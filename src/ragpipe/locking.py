@@ -114,3 +114,51 @@ def _read_holder(path: Path) -> str:
     except (OSError, json.JSONDecodeError):
         return "holder unknown"
     return f"pid {data.get('pid')} on {data.get('host')} since {data.get('since')}"
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> str:
+    """The process's start time in clock ticks since boot (Linux), "" when unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[-1].split()[19]  # field 22; the name may hold spaces
+
+
+def process_identity() -> dict[str, str | int]:
+    """This process as a lock holder: host, pid, and what tells a reused pid apart."""
+    pid = os.getpid()
+    return {
+        "host": socket.gethostname(),
+        "pid": pid,
+        "boot_id": _boot_id(),
+        "start_ticks": _start_ticks(pid),
+        "since": datetime.now(UTC).isoformat(),
+    }
+
+
+def holder_alive(holder: dict[str, object]) -> bool | None:
+    """Whether the process ``process_identity`` described is still running: None when it
+    ran on another host (it cannot be checked from here)."""
+    if holder.get("host") != socket.gethostname():
+        return None
+    if holder.get("boot_id") and holder.get("boot_id") != _boot_id():
+        return False  # the machine restarted since
+    pid = holder.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    started = holder.get("start_ticks")
+    return not started or started == _start_ticks(pid)  # a reused pid is another process
