@@ -447,3 +447,125 @@ def test_kills_at_random_points_with_edits_between_runs_always_converge(tmp_path
         shutil.rmtree(reference.paths.work_dir)
         print(where)
     assert kills, "no round reached its crash point: the torture tested nothing"
+
+
+# -- issue 31: hostile web servers and clients ------------------------------------------
+
+
+def _drip_headers(conn: Any) -> None:
+    """Headers one byte every 0.3 s, for at most 30 s (finding 2)."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n" + b"X-Slow: " + b"a" * 200
+    for byte in head[:100]:
+        conn.sendall(bytes([byte]))
+        time.sleep(0.3)
+
+
+def test_a_server_dripping_its_headers_is_cut_off_at_the_deadline() -> None:
+    from ragpipe.config import FetchConfig
+    from ragpipe.web.http import Fetcher, FetchError
+    from ragpipe.web.robots import RobotsRules
+    from tests.support.raw_server import raw_server
+
+    with raw_server(_drip_headers) as url, Fetcher(FetchConfig(timeout_s=2)) as fetcher:
+        fetcher._robots[url] = RobotsRules.allow_all()  # the page alone, no robots.txt
+        started = time.monotonic()
+        with pytest.raises(FetchError) as err:
+            fetcher.get(f"{url}/page")
+        took = time.monotonic() - started
+    # Before: httpx's read timeout restarted on every byte; the fetch sat 82 s.
+    assert err.value.category == "timeout" and took < 4, took
+    assert str(err.value).startswith("no response within fetch.timeout_s=2s")
+
+
+def _bomb(encoding: str, payload: bytes) -> Any:
+    def handle(conn: Any) -> None:
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+            + f"Content-Encoding: {encoding}\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+
+    return handle
+
+
+def test_a_compression_bomb_is_refused_without_unpacking_it() -> None:
+    import gzip
+    import tracemalloc
+
+    from ragpipe.config import FetchConfig
+    from ragpipe.web.http import Fetcher, FetchError
+    from ragpipe.web.robots import RobotsRules
+    from tests.support.raw_server import raw_server
+
+    bomb = gzip.compress(b"\0" * (256 << 20), compresslevel=9)  # 256 MiB in ~256 KB
+    config = FetchConfig(max_bytes=1 << 20)
+    cases = {
+        "gzip": (bomb, "too_large"),
+        "gzip, gzip": (gzip.compress(bomb), "unsupported_encoding"),  # stacked: never asked
+        "br": (b"\x0b\x02\x80hello\x03", "unsupported_encoding"),
+        "zstd": (b"(\xb5/\xfd\x00X)\x00\x00hello", "unsupported_encoding"),
+    }
+    for encoding, (payload, category) in cases.items():
+        with raw_server(_bomb(encoding, payload)) as url, Fetcher(config) as fetcher:
+            fetcher._robots[url] = RobotsRules.allow_all()
+            tracemalloc.start()
+            with pytest.raises(FetchError) as err:
+                fetcher.get(f"{url}/bomb")
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+        assert err.value.category == category, (encoding, err.value)
+        # Before: 1,081 MB peak for a 512 MiB zstd bomb. Now the cap (1 MiB) bounds it.
+        assert peak < 16 << 20, (encoding, peak)
+    small = gzip.compress(b"hello " * 1000)
+    with raw_server(_bomb("gzip", small)) as url, Fetcher(config) as fetcher:
+        fetcher._robots[url] = RobotsRules.allow_all()
+        assert fetcher.get(f"{url}/ok").body == b"hello " * 1000  # gzip still works
+
+
+def test_a_redirect_to_a_bad_port_is_a_failure_row_not_a_crash(tmp_path: Path) -> None:
+    from tests.support.web_server import Route, web_site
+
+    routes = {
+        "/bad": Route(status=302, location="http://127.0.0.1:99999/x"),
+        "/good": Route(b"<html><body><h1>Fine</h1><p>A healthy page.</p></body></html>"),
+    }
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text(topic_doc("engines"), encoding="utf-8")
+    with web_site(routes) as site:
+        cfg = make_config(
+            docs, tmp_path, discover={"urls": [f"{site.url}/bad", f"{site.url}/good"]}
+        )
+        summary = run_ingest(cfg)  # before: ValueError: Port out of range, nothing indexed
+    from ragpipe.ingest.runner import WorkDir
+    from ragpipe.ingest.summary import read_failures
+
+    assert summary.failed == 1
+    (bad,) = read_failures(WorkDir(cfg.paths.work_dir))
+    assert (bad.file_path, bad.stage, bad.category) == (f"{site.url}/bad", "fetch", "bad_redirect")
+    assert "http://127.0.0.1:99999/x" in bad.message and "not a valid URL" in bad.message
+    files = {p["file_path"] for p in stored(cfg).values()}
+    assert f"{site.url}/good" in files and any(f.endswith("a.md") for f in files)
+
+
+def test_robots_wildcards_match_in_linear_time() -> None:
+    from ragpipe.web.robots import RobotsRules
+
+    rules = RobotsRules.parse("User-agent: *\nDisallow: /*a*a*a*a*a*a*a*a*a*b\n", "ragpipe")
+    started = time.monotonic()
+    assert rules.allowed("http://h/" + "a" * 70)  # no b: the rule does not match
+    assert not rules.allowed("http://h/" + "a" * 70 + "b")
+    assert time.monotonic() - started < 0.1  # before: 88 s of CPU
+
+
+def test_an_empty_api_key_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    for empty in ("", "   "):
+        monkeypatch.setenv("RAGPIPE_SERVE__API_KEY", empty)
+        result = CliRunner().invoke(app, ["serve", "--port", "0"])
+        # Before: "" == "" let every request in, and the start-up log named the variable.
+        assert result.exit_code == 2, result.output
+        assert "serve.api_key: is empty or blank" in " ".join(result.output.split())

@@ -887,8 +887,20 @@ class ServeConfig(_Section):
         default=None,
         description="Bearer token every request but /healthz and /docs must carry "
         "(Authorization: Bearer TOKEN). Set it from the environment, RAGPIPE_SERVE__API_KEY, "
-        "not in a committed file; it is never logged. None: no token asked.",
+        "not in a committed file; it is never logged. None: no token asked. An empty or "
+        "blank key is refused: it would compare equal to a missing token.",
     )
+
+    @field_validator("api_key")
+    @classmethod
+    def _real_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError(
+                "is empty or blank, which would let every request in; set a real token, or "
+                "unset RAGPIPE_SERVE__API_KEY to serve without one"
+            )
+        return value
+
     cors_origins: list[str] = Field(
         default_factory=list,
         description="Origins browsers may call the API from (e.g. https://chat.example.org); "

@@ -4,8 +4,12 @@ timeouts, size and redirect caps), and the URL normal form pages are known by.
 * Every request carries ``fetch.user_agent``; robots.txt (RFC 9309, see
   :mod:`ragpipe.web.robots`) is read once per origin and obeyed, for the page and
   every redirect hop.
-* ``fetch.timeout_s`` bounds a whole request (connect, headers, body);
-  ``fetch.max_bytes`` the body (checked on Content-Length and while reading);
+* ``fetch.timeout_s`` bounds a whole request (connect, headers, body) by the wall
+  clock: a watchdog closes the connection at the deadline, so a server that drips
+  its headers a byte a second is cut off too (httpx's own timeouts restart on every
+  byte). ``fetch.max_bytes`` bounds the body after decompression, which ragpipe
+  does itself in bounded steps: gzip and deflate only, one coding; a 16 KB bomb
+  never becomes 512 MiB in memory.
   ``fetch.max_redirects`` the hops. Requests to one host are spaced by
   ``fetch.delay_s`` or the robots.txt Crawl-delay.
 * Only http and https; a redirect elsewhere is a failure.
@@ -13,12 +17,18 @@ timeouts, size and redirect caps), and the URL normal form pages are known by.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
+import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
+import httpcore
 import httpx
 
 from ragpipe.config import FetchConfig, url_problem
@@ -72,6 +82,63 @@ def normalise_url(url: str) -> str:
     return urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
 
 
+class _WatchedBackend(httpcore.SyncBackend):
+    """httpcore's socket backend, remembering the sockets it opens so that a watchdog can
+    shut them at a request's deadline (a blocked read then fails at once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
+        stream = super().connect_tcp(*args, **kwargs)
+        sock = stream.get_extra_info("socket")
+        if isinstance(sock, socket.socket):
+            with self._lock:
+                self._sockets = [s for s in self._sockets if s.fileno() != -1] + [sock]
+        return stream
+
+    def shut_all(self) -> None:
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):  # already closed
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Decoder:
+    """Content-Encoding undone in steps that never produce more than the room left."""
+
+    def __init__(self, encoding: str) -> None:
+        codings = [c.strip().lower() for c in encoding.split(",") if c.strip()]
+        codings = [c for c in codings if c != "identity"]
+        if len(codings) > 1 or (codings and codings[0] not in ("gzip", "x-gzip", "deflate")):
+            raise FetchError(
+                "unsupported_encoding",
+                f"Content-Encoding {encoding!r}: only gzip or deflate, once, were asked for",
+            )
+        wbits = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS}.get(
+            codings[0] if codings else "", 32 + zlib.MAX_WBITS
+        )
+        self._zlib = zlib.decompressobj(wbits) if codings else None
+
+    def feed(self, data: bytes, room: int) -> bytes:
+        """``data`` decoded, stopping once the output is larger than ``room``: memory stays
+        bounded by the cap, whatever the compression ratio."""
+        if self._zlib is None:
+            return data
+        out = bytearray()
+        try:
+            while True:  # the limit is never 0 (which zlib reads as "no limit")
+                out += self._zlib.decompress(data, room + 1 - len(out))
+                data = self._zlib.unconsumed_tail
+                if not data or len(out) > room:
+                    return bytes(out)
+        except zlib.error as exc:
+            raise FetchError("corrupt", f"undecodable response body: {exc}") from exc
+
+
 def _origin(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}"
@@ -94,10 +161,14 @@ class Fetcher:
         self.config = config
         self._clock = clock
         self._sleep = sleep
+        transport = httpx.HTTPTransport()
+        self._backend = _WatchedBackend()
+        transport._pool._network_backend = self._backend  # httpx offers no other hook
         self._client = httpx.Client(
             headers={"User-Agent": config.user_agent, "Accept-Encoding": "gzip, deflate"},
             timeout=httpx.Timeout(config.timeout_s),
             follow_redirects=False,
+            transport=transport,
         )
         self._robots: dict[str, RobotsRules | FetchError] = {}
         self._last_request: dict[str, float] = {}
@@ -197,7 +268,11 @@ class Fetcher:
                 self._check_robots(current)
             status, response_headers, body = self._request(current, headers, cap)
             if status in _REDIRECTS and "location" in response_headers:
-                current = normalise_url(urljoin(current, response_headers["location"]))
+                target = urljoin(current, response_headers["location"])
+                problem = url_problem(target)  # a bad port would break normalise_url
+                if problem:
+                    raise FetchError("bad_redirect", f"redirected to {target!r}, which {problem}")
+                current = normalise_url(target)
                 continue
             return Response(current, status, response_headers, body)
         raise FetchError(
@@ -213,8 +288,19 @@ class Fetcher:
         self.requests += 1
         timeout = self.config.timeout_s
         deadline = self._clock() + timeout
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            self._backend.shut_all()
+
+        headers_in = False
+        watchdog = threading.Timer(timeout, expire)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             with self._client.stream("GET", url, headers=headers) as response:
+                headers_in = True
                 length = response.headers.get("content-length", "")
                 if length.isdigit() and int(length) > cap and response.status_code == 200:
                     raise FetchError(
@@ -223,12 +309,14 @@ class Fetcher:
                     )
                 body = bytearray()
                 if response.status_code not in _REDIRECTS:
-                    for block in response.iter_bytes():
-                        body += block
+                    decoder = _Decoder(response.headers.get("content-encoding", ""))
+                    for raw in response.iter_raw():
+                        body += decoder.feed(raw, cap - len(body))
                         if len(body) > cap:
                             raise FetchError(
                                 "too_large",
-                                f"body exceeds fetch.max_bytes={cap} bytes; stopped reading",
+                                f"body exceeds fetch.max_bytes={cap} bytes (after "
+                                "decompression); stopped reading",
                             )
                         if self._clock() > deadline:
                             raise FetchError(
@@ -236,11 +324,21 @@ class Fetcher:
                                 f"body not complete within fetch.timeout_s={timeout:g}s",
                             )
                 return response.status_code, response.headers, bytes(body)
-        except httpx.TimeoutException as exc:
-            raise FetchError(
-                "timeout", f"no response within fetch.timeout_s={timeout:g}s ({type(exc).__name__})"
-            ) from exc
-        except httpx.DecodingError as exc:
-            raise FetchError("corrupt", f"undecodable response body: {exc}") from exc
-        except (httpx.TransportError, httpx.InvalidURL) as exc:
+        except (httpx.TransportError, httpx.StreamError) as exc:
+            if expired.is_set():
+                what = "body not complete" if headers_in else "no response"
+                raise FetchError(
+                    "timeout",
+                    f"{what} within fetch.timeout_s={timeout:g}s (the connection was closed at "
+                    "the deadline)",
+                ) from exc
+            if isinstance(exc, httpx.TimeoutException):
+                raise FetchError(
+                    "timeout",
+                    f"no response within fetch.timeout_s={timeout:g}s ({type(exc).__name__})",
+                ) from exc
             raise FetchError("unreachable", f"{type(exc).__name__}: {exc}") from exc
+        except httpx.InvalidURL as exc:
+            raise FetchError("unreachable", f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            watchdog.cancel()
