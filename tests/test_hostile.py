@@ -569,3 +569,47 @@ def test_an_empty_api_key_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -
         # Before: "" == "" let every request in, and the start-up log named the variable.
         assert result.exit_code == 2, result.output
         assert "serve.api_key: is empty or blank" in " ".join(result.output.split())
+
+
+def test_a_yaml_alias_bomb_in_the_config_is_refused_at_once(tmp_path: Path) -> None:
+    from ragpipe.config import load_config
+
+    lines, previous = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]'], "a"
+    for name in "bcdefghi":  # 9^9 references to "lol"
+        lines.append(f"{name}: &{name} [" + ", ".join([f"*{previous}"] * 9) + "]")
+        previous = name
+    lines.append("chunk: {size: *i}")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"expands to more than 100,000 values through YAML"):
+        load_config(bomb)
+    assert time.monotonic() - started < 2  # before: 41 s and 1.4 GB, then "unknown field"
+    friendly = tmp_path / "anchors.yaml"  # anchors a team uses to stay DRY still load
+    friendly.write_text("chunk: &c {size: 800}\nembed: {batch_size: 16}\n", encoding="utf-8")
+    assert load_config(friendly).chunk.size == 800
+
+
+def test_numbers_past_any_sense_are_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    huge = "99999999999999999999"
+    result = CliRunner().invoke(app, ["search", "x", "-k", huge])
+    assert result.exit_code == 2 and "retrieve.top_k" in result.output  # before: OverflowError
+    monkeypatch.setenv("RAGPIPE_RETRIEVE__TOP_K", huge)
+    result = CliRunner().invoke(app, ["search", "x"])
+    assert result.exit_code == 2 and "less than or equal to 10000" in result.output
+
+
+def test_a_newline_in_a_file_name_cannot_fake_a_result_line() -> None:
+    from ragpipe.query.results import RetrievalResult
+
+    hit = Retrieved(
+        "p1", 1.0, {"file_path": "a.md\n2. secrets.md  [x]  score=9", "heading_path": ["H\nI"],
+                    "text": "body"},
+    )  # fmt: skip
+    text = to_text(RetrievalResult("q", [hit]))
+    assert text.splitlines()[0] == "1. a.md\\n2. secrets.md  [x]  score=9  [H\\nI]  score=1  ()"
+    assert len(text.splitlines()) == 2

@@ -583,10 +583,11 @@ class RetrieveConfig(_Section):
         le=1,
         description="convex fusion: share of the dense leg (1 = dense only, 0 = BM25 only).",
     )
-    top_k: int = Field(default=5, gt=0, description="Chunks returned.")
+    top_k: int = Field(default=5, gt=0, le=10_000, description="Chunks returned.")
     prefetch: int = Field(
         default=40,
         gt=0,
+        le=100_000,
         description="Candidates each leg contributes to fusion (at least top_k). Independent "
         "of top_k, so a search for 5 results ranks them exactly as the first 5 of a search for "
         "10 (score normalisation depends on the candidate list).",
@@ -629,7 +630,7 @@ class RetrieveConfig(_Section):
         "Face cache (nothing is downloaded). 'none' turns reranking off.",
     )
     candidate_mul: int = Field(
-        default=4, gt=0, description="Reranking considers top_k x candidate_mul candidates."
+        default=4, gt=0, le=100, description="Reranking considers top_k x candidate_mul candidates."
     )
     mmr: bool = Field(default=False, description="Diversify the final list with MMR.")
     mmr_lambda: float = Field(
@@ -1057,6 +1058,11 @@ def load_config(
             loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if _expanded_size(loaded, MAX_CONFIG_NODES) > MAX_CONFIG_NODES:
+            raise ConfigError(
+                f"config file {path} expands to more than {MAX_CONFIG_NODES:,} values through "
+                "YAML anchors and aliases (an alias bomb?); write the values out"
+            )
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -1091,6 +1097,25 @@ def load_config(
         ", ".join(_dotted(overrides or {})) or "none",
     )  # fmt: skip
     return config
+
+
+# A real configuration has a few hundred values; anchors that expand past this are a bomb
+# (PyYAML shares aliased nodes, but validation walks every reference: 41 s and 1.4 GB).
+MAX_CONFIG_NODES = 100_000
+
+
+def _expanded_size(data: Any, limit: int) -> int:
+    """Values in ``data`` counting every alias reference again, stopping past ``limit``."""
+    count, stack = 0, [data]
+    while stack and count <= limit:
+        node = stack.pop()
+        count += 1
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return count
 
 
 def _dotted(tree: dict[str, Any], prefix: str = "") -> list[str]:

@@ -58,6 +58,12 @@ def terminal_safe(text: str) -> str:
     return _TERMINAL_CONTROL.sub("", text)
 
 
+def one_line(text: str) -> str:
+    """``terminal_safe`` and on one line: a newline in a file name or heading is shown as
+    ``\\n``, so it cannot print a fake result line."""
+    return terminal_safe(text).replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
+
+
 def to_xml(result: RetrievalResult) -> str:
     """A ``<retrieved_context>`` block for prompts: well-formed for any stored text.
 
@@ -85,10 +91,10 @@ def to_text(result: RetrievalResult, width: int = 300) -> str:
     """Readable lines for a terminal; document text never carries control sequences."""
     lines = []
     for i, h in enumerate(result.hits, start=1):
-        where = h.file_path + (f" p.{h.page}" if h.page is not None else "")
+        where = one_line(h.file_path) + (f" p.{h.page}" if h.page is not None else "")
         stages = " ".join(f"{k}={v:.4g}" for k, v in h.scores.items())
-        head = f"{i}. {where}  [{h.heading or '-'}]  score={h.score:.4g}  ({stages})"
-        lines.append(terminal_safe(head))
+        heading = one_line(h.heading) if h.heading else "-"
+        lines.append(f"{i}. {where}  [{heading}]  score={h.score:.4g}  ({stages})")
         snippet = " ".join(terminal_safe(h.text).split())
         lines.append("   " + (snippet[:width] + ("…" if len(snippet) > width else "")))
     return "\n".join(lines) if lines else "(no results)"
