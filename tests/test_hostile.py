@@ -613,3 +613,30 @@ def test_a_newline_in_a_file_name_cannot_fake_a_result_line() -> None:
     text = to_text(RetrievalResult("q", [hit]))
     assert text.splitlines()[0] == "1. a.md\\n2. secrets.md  [x]  score=9  [H\\nI]  score=1  ()"
     assert len(text.splitlines()) == 2
+
+
+def test_deeply_nested_html_is_a_failure_row_and_the_batch_goes_on(tmp_path: Path) -> None:
+    from ragpipe.ingest.convert import html_depth
+    from ragpipe.ingest.runner import WorkDir
+    from ragpipe.ingest.summary import read_failures
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    deep = "<html><body>" + "<div>" * 100_000 + "x" + "</div>" * 100_000 + "</body></html>"
+    (docs / "deep.html").write_text(deep, encoding="utf-8")  # 1.1 MB
+    for topic in TOPICS[:3]:
+        (docs / f"{topic}.md").write_text(topic_doc(topic), encoding="utf-8")
+    sloppy = "<html><body>" + "<p>para" * 5_000 + "<ul><li>a<li>b</ul></body></html>"
+    (docs / "sloppy.html").write_text(sloppy, encoding="utf-8")  # unclosed <p>s: not deep
+    cfg = make_config(docs, tmp_path)
+    started = time.monotonic()
+    summary = run_ingest(cfg)
+    assert time.monotonic() - started < 120  # before: still converting after 600 s
+    (failure,) = read_failures(WorkDir(cfg.paths.work_dir))
+    assert failure.file_path.endswith("deep.html") and failure.category == "too_deep"
+    assert "convert.max_html_depth=512" in failure.message
+    assert summary.failed == 1
+    files = {p["file_path"] for p in stored(cfg).values()}
+    assert any(f.endswith("sloppy.html") for f in files) and len(files) == 4
+    assert html_depth(sloppy, 512) == 3  # html, body, ul
+    assert html_depth("<a><b/><br><c></c></a>", 512) == 2

@@ -235,6 +235,13 @@ class ConvertConfig(_Section):
         description="fast mode: a line whose font is this much larger than the body font is a "
         "heading candidate.",
     )
+    max_html_depth: int = Field(
+        default=512,
+        gt=0,
+        description="HTML nested deeper than this many elements is a failure row (too_deep) "
+        "before Docling sees it: its HTML backend walks the tree level by level, and 100,000 "
+        "nested <div>s were still converting after 600 s. Real pages nest a few dozen deep.",
+    )
     max_heading_chars: int = Field(
         default=160, gt=0, description="fast mode: lines longer than this are never headings."
     )

@@ -30,7 +30,7 @@ from ragpipe.config import ChunkConfig, ChunkerKind, RagpipeConfig, fingerprint
 from ragpipe.errors import ConfigError
 from ragpipe.ingest import runner
 from ragpipe.ingest.clean import CLEAN_VERSION
-from ragpipe.ingest.convert import CONVERT_VERSION
+from ragpipe.ingest.convert import settings_fingerprint as convert_settings_fingerprint
 from ragpipe.schemas import (
     PAGE_MARKER_RE,
     Chunk,
@@ -445,7 +445,7 @@ def chunk_fingerprint(config: RagpipeConfig) -> str:
     """Fingerprint stored on chunks: chunking config plus everything upstream of it."""
     return checkpoint.combine_fingerprints(
         [
-            fingerprint(config.convert, CONVERT_VERSION),
+            convert_settings_fingerprint(config.convert),
             fingerprint(config.clean, CLEAN_VERSION),
             fingerprint(config.chunk, CHUNK_VERSION),
         ]

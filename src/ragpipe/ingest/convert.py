@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import time
 import uuid
 from collections import Counter
@@ -271,11 +272,74 @@ class Converter:
 
     def _convert_simple(self, path: Path, kind: str, head: bytes) -> tuple[str, str, None]:
         if kind in ("markdown", "html"):
-            _read_text(path)  # binary junk / non-UTF-8 fail here with a clear category
+            text = _read_text(path)  # binary junk / non-UTF-8 fail here with a clear category
+            limit = self.config.max_html_depth
+            if kind == "html" and html_depth(text, limit) > limit:
+                raise InputError(
+                    "too_deep",
+                    f"HTML nested more than convert.max_html_depth={limit} elements deep; "
+                    "Docling's HTML backend would take minutes to hours on it",
+                )
         elif not head.startswith(b"PK"):
             raise InputError("corrupt", "not a DOCX file: the zip header is missing")
         result = _run_docling(self._simple_converter().convert, path)
         return f"docling-simple-{kind}", result.document.export_to_markdown(**UNESCAPED), None
+
+
+_TAG = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9:-]*)[^>]*?(/?)>")
+# Elements that never have children, and elements whose end tag HTML lets a page omit
+# (counting those would take a page of unclosed <p>s for a deep tree).
+_FLAT = frozenset(
+    [
+        "area",
+        "base",
+        "br",
+        "col",
+        "embed",
+        "hr",
+        "img",
+        "input",
+        "link",
+        "meta",
+        "param",
+        "source",
+        "track",
+        "wbr",
+        "p",
+        "li",
+        "dt",
+        "dd",
+        "tr",
+        "td",
+        "th",
+        "option",
+        "optgroup",
+        "tbody",
+        "thead",
+        "tfoot",
+        "colgroup",
+        "rp",
+        "rt",
+    ]
+)
+
+
+def html_depth(text: str, limit: int) -> int:
+    """How deeply ``text``'s elements nest, counted in one linear pass; stops past ``limit``."""
+    depth = deepest = 0
+    for match in _TAG.finditer(text):
+        closing, name, self_closing = match.groups()
+        if name.lower() in _FLAT or self_closing:
+            continue
+        if closing:
+            depth = max(0, depth - 1)
+        else:
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+    return deepest
 
 
 def _no_text_reason(kind: str, converter: str) -> str:
@@ -350,12 +414,18 @@ def _cache_key(source: SourceFile, config_fp: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 
+def settings_fingerprint(config: ConvertConfig) -> str:
+    """The convert settings that change a converted document. Limits that only refuse
+    documents (``max_html_depth``) are left out: adding or moving one must not re-convert
+    and re-embed a whole index."""
+    fields = set(ConvertConfig.model_fields) - {"max_html_depth"}
+    return fingerprint(config, CONVERT_VERSION, include=fields)
+
+
 def _convert_fingerprint(converter: Converter) -> str:
     # auto mode resolves to the converter actually available; it is part of the key.
     resolved = converter.pdf_converter_name()
-    return checkpoint.combine_fingerprints(
-        [fingerprint(converter.config, CONVERT_VERSION), resolved]
-    )
+    return checkpoint.combine_fingerprints([settings_fingerprint(converter.config), resolved])
 
 
 def convert_batches(
