@@ -460,3 +460,78 @@ def test_the_cli_serves_until_interrupted_and_cleans_up(served: tuple[RagpipeCon
     assert process.returncode == 0, output
     assert "Uvicorn running on http://127.0.0.1:" in output and "cli-token" not in output
     assert set(readers.iterdir()) == before  # removed on the way out
+
+
+# -- issue 31: answers nobody waits for ------------------------------------------------
+
+
+def test_the_real_model_stops_when_its_reader_goes(smollm: Any) -> None:
+    from ragpipe.models.llm import GenerationCancelled
+
+    seen: list[str] = []
+
+    def reader(piece: str) -> None:
+        seen.append(piece)
+        if len(seen) == 3:
+            raise GenerationCancelled("gone")
+
+    started = time.monotonic()
+    with pytest.raises(GenerationCancelled, match="stopped after 3 pieces"):
+        smollm.chat([{"role": "user", "content": "Tell a long story about a cat."}],
+                    on_token=reader, max_tokens=400)  # fmt: skip
+    assert len(seen) == 3 and time.monotonic() - started < 5
+
+
+class Dripper:
+    """A generator that writes one token every 20 ms, up to 1,000, and counts them."""
+
+    name = "dripper"
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.finished = threading.Event()
+
+    def chat(self, messages: Any, on_token: Any = None, **options: Any) -> Any:
+        from ragpipe.models.llm import Completion
+
+        try:
+            for _ in range(1000):
+                time.sleep(0.02)
+                self.written += 1
+                if on_token is not None:
+                    on_token("word ")
+        finally:
+            self.finished.set()
+        return Completion("word " * 1000, 10, 1000, self.name, 20.0)
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 4
+
+
+def test_an_answer_stops_when_its_client_leaves_and_the_queue_is_bounded(
+    tmp_path: Path, onnx_embedder: Any
+) -> None:
+    cfg = _index(tmp_path, max_queued_answers=0, cache=False)
+    dripper = Dripper()
+    with (
+        running(create_app(cfg, onnx_embedder, dripper)) as url,
+        httpx.Client(base_url=url, timeout=60) as client,
+    ):
+        body = {"question": "How long should bread bake?", "stream": "sse"}
+        with client.stream("POST", "/ask", json=body) as got:
+            lines = got.iter_lines()
+            while "event: token" not in next(lines):
+                pass
+            # The model is busy with this answer: with no room to wait, another gets 429.
+            busy = client.post("/ask", json={"question": "Who wrote the first program?"})
+            assert busy.status_code == 429 and busy.headers["retry-after"] == "30"
+            assert "too many answers waiting" in busy.json()["detail"]
+        # The client left after its first tokens: the model stops within a token or two.
+        assert dripper.finished.wait(10)
+        assert dripper.written < 200  # before: all 1,000 (20 s of the model's time)
+        metrics = client.get("/metrics").text
+        assert "ragpipe_answers_cancelled_total 1.0" in metrics
+        # The slot is given back: the next question is answered (in full).
+        dripper.finished.clear()
+        whole = client.post("/ask", json={"question": "Who wrote the first program?"})
+        assert whole.status_code == 200 and whole.json()["answer"].startswith("word")

@@ -921,6 +921,12 @@ class ServeConfig(_Section):
         default=2_000, gt=0, description="Longest query or question accepted (422 above)."
     )
     max_k: int = Field(default=50, gt=0, description="Largest k a request may ask for (422 above).")
+    max_queued_answers: int = Field(
+        default=4,
+        ge=0,
+        description="Answers (/ask cache misses) that may wait while one is generated; more "
+        "get 429 with Retry-After. The model writes one answer at a time.",
+    )
     reload_seconds: float = Field(
         default=2.0,
         gt=0,

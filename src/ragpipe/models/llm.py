@@ -31,6 +31,10 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 Message = dict[str, str]
 
 
+class GenerationCancelled(Exception):
+    """Raised by an ``on_token`` callback to stop a generation (its reader has gone)."""
+
+
 @dataclass
 class Completion:
     """One model reply and what it cost."""
@@ -144,9 +148,10 @@ class LlamaCppLLM:
             else:
                 pieces: list[str] = []
                 last: dict[str, Any] = {}
+                cancelled = False
 
-                def receive(chunk: Any) -> None:
-                    nonlocal last
+                def receive(chunk: Any) -> bool:
+                    nonlocal last, cancelled
                     data = json.loads(chunk) if isinstance(chunk, str | bytes) else chunk
                     _raise_on_error(data, self.name)
                     last = data
@@ -154,9 +159,16 @@ class LlamaCppLLM:
                         piece = (choice.get("delta") or {}).get("content")
                         if piece:
                             pieces.append(piece)
-                            on_token(piece)
+                            try:
+                                on_token(piece)
+                            except GenerationCancelled:
+                                cancelled = True
+                                return True  # xllamacpp stops generating when told True
+                    return False
 
                 self._server.handle_chat_completions({**request, "stream": True}, receive)
+                if cancelled:
+                    raise GenerationCancelled(f"stopped after {len(pieces)} pieces")
                 text = "".join(pieces)
                 timings = last.get("timings", {})
                 finish = (last.get("choices") or [{}])[0].get("finish_reason")
@@ -260,6 +272,8 @@ class OllamaLLM:
                             on_token(piece)
                     if part.done:
                         final = part
+            except GenerationCancelled:
+                raise  # closing the stream stops Ollama generating
             except Exception as exc:
                 if pieces:  # text already went out: a retry would repeat it
                     raise StageError(

@@ -44,6 +44,7 @@ from starlette.middleware.cors import CORSMiddleware
 from ragpipe.config import RagpipeConfig, RetrievalMode
 from ragpipe.errors import ConfigError, RagpipeError
 from ragpipe.models.embedders import embedder_name
+from ragpipe.models.llm import GenerationCancelled
 from ragpipe.query.generate import answer
 from ragpipe.query.render import search_json, to_text, to_xml
 from ragpipe.serve.cache import SemanticCache
@@ -191,6 +192,10 @@ class _Measured:
 # -- the app -------------------------------------------------------------------------
 
 
+# What a 429 asks a client to wait: about one answer's generation on CPU.
+RETRY_AFTER_S = 30
+
+
 class Service:
     """The loaded index, models, cache and metrics one server answers from."""
 
@@ -206,6 +211,20 @@ class Service:
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragpipe-search")
         self.cache.clear(self.index.version)
         self.metrics.index_points.set(self.index.describe()["points"])
+        self._answers = 0  # generating or waiting for the model
+        self._answers_lock = threading.Lock()
+
+    def admit_answer(self) -> bool:
+        """Count one more answer to generate, unless the queue is full."""
+        with self._answers_lock:
+            if self._answers > self.config.serve.max_queued_answers:
+                return False
+            self._answers += 1
+            return True
+
+    def answer_done(self) -> None:
+        with self._answers_lock:
+            self._answers -= 1
 
     def _switched(self, version: str) -> None:
         self.cache.clear(version)
@@ -378,22 +397,45 @@ def create_app(
 
     @app.post("/ask", dependencies=[Depends(authorised)])
     async def ask(request: AskRequest) -> Response:
-        """A cited answer from the index (streamed when asked), or "not found"."""
+        """A cited answer from the index (streamed when asked), or "not found".
+
+        One answer is generated at a time; ``serve.max_queued_answers`` more may wait, and
+        beyond that the request gets 429 with Retry-After. A streamed answer whose client
+        goes away stops being generated.
+        """
         text = service.check(request.question, request.k)
         version, vector, scope, hit, result = await service.retrieve("ask", text, request, {})
+        cancelled = threading.Event()
         if hit is not None:
             cached = dict(hit.value)
             events = _replay(cached, text, version, _cache_info(hit))
         else:
             assert result is not None
-            events = _generate(service, text, result, version, vector, scope)
+            if not service.admit_answer():
+                return JSONResponse(
+                    {"detail": "too many answers waiting for the model; retry later"},
+                    status_code=429,
+                    headers={"Retry-After": str(RETRY_AFTER_S)},
+                )
+            events = _generate(service, text, result, version, vector, scope, cancelled)
         if request.stream == "none":
             final = await run_in_threadpool(_last, events)  # the model takes seconds
             return JSONResponse(final[1], status_code=503 if final[0] == "error" else 200)
         encode = _sse if request.stream == "sse" else _ndjson
         media = "text/event-stream" if request.stream == "sse" else "application/x-ndjson"
+
+        async def body() -> AsyncIterator[str]:
+            try:
+                while True:
+                    event = await run_in_threadpool(next, events, None)
+                    if event is None:
+                        return
+                    yield encode(*event)
+            finally:  # the client went away (the response task is cancelled) or we are done
+                cancelled.set()
+
         return StreamingResponse(
-            (encode(name, data) for name, data in events),
+            body(),
             media_type=media,
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -446,8 +488,10 @@ def _generate(
     version: str,
     vector: Any,
     scope: str,
+    cancelled: threading.Event,
 ) -> Iterator[Event]:
-    """retrieval, the tokens as the model writes them, then the answer (cached)."""
+    """retrieval, the tokens as the model writes them, then the answer (cached). Setting
+    ``cancelled`` stops the model at its next token."""
     yield (
         "retrieval",
         {
@@ -459,19 +503,32 @@ def _generate(
     )
     tokens: queue.Queue[tuple[str, Any]] = queue.Queue()
 
+    def on_token(text: str) -> None:
+        if cancelled.is_set():
+            raise GenerationCancelled("the client went away")
+        tokens.put(("token", text))
+
     def work() -> None:
         try:
+            if cancelled.is_set():  # left while waiting for the model
+                raise GenerationCancelled("the client went away")
             reply = answer(
                 question,
                 result.hits,
                 service.index.llm,
                 service.config.generate.context_tokens,
-                lambda t: tokens.put(("token", t)),
+                on_token,
             )
             tokens.put(("done", reply))
+        except GenerationCancelled:
+            logger.info("answer not finished: the client went away")
+            service.metrics.answers_cancelled.inc()
+            tokens.put(("error", "the client went away"))
         except Exception as exc:  # reported to the client as an error event
             logger.warning("generation failed: %s", exc)
             tokens.put(("error", exc))
+        finally:
+            service.answer_done()
 
     threading.Thread(target=work, name="ragpipe-generate", daemon=True).start()
     while True:

@@ -46,6 +46,11 @@ class ServeMetrics:
         self.cache_entries = Gauge(
             "ragpipe_cache_entries", "Entries in the semantic cache.", registry=self.registry
         )
+        self.answers_cancelled = Counter(
+            "ragpipe_answers_cancelled",
+            "Answers whose generation stopped because their client went away.",
+            registry=self.registry,
+        )
         self.index_points = Gauge(
             "ragpipe_index_points", "Points in the index version served.", registry=self.registry
         )
