@@ -8,6 +8,7 @@ version while requests are in flight.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -535,3 +536,48 @@ def test_an_answer_stops_when_its_client_leaves_and_the_queue_is_bounded(
         dripper.finished.clear()
         whole = client.post("/ask", json={"question": "Who wrote the first program?"})
         assert whole.status_code == 200 and whole.json()["answer"].startswith("word")
+
+
+def test_malformed_numbers_and_text_get_422_not_500(served: tuple[RagpipeConfig, Any]) -> None:
+    _, client = served
+    headers = {"content-type": "application/json"}
+    for raw in (
+        '{"query": "bread", "k": 1e400}',  # inf: FastAPI's echo of it was not JSON: 500
+        '{"query": "bread", "k": NaN}',
+        '{"query": "\\ud800 bread"}',  # a lone surrogate
+        '{"query": "bread", "k": 99999999999999999999}',
+    ):
+        got = client.post("/search", content=raw, headers=headers)
+        assert got.status_code == 422, (raw, got.status_code, got.text)
+        detail = got.json()["detail"]
+        assert detail and (isinstance(detail, str) or {"loc", "msg", "type"} <= set(detail[0]))
+
+
+def test_a_body_sent_a_byte_at_a_time_gets_408(tmp_path: Path, onnx_embedder: Any) -> None:
+    cfg = _index(tmp_path, body_timeout_s=1.0)
+    with running(create_app(cfg, onnx_embedder, Dripper())) as url:
+        host, port = url.removeprefix("http://").split(":")
+        body = b'{"query": "How long should bread bake?"}'
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            conn.sendall(
+                b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            )
+            started = time.monotonic()
+            reply = b""
+            for byte in body:  # one byte every 0.5 s: 20 s in all, if let
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    break
+                time.sleep(0.5)
+                conn.settimeout(0.01)
+                with contextlib.suppress(TimeoutError, BlockingIOError):
+                    reply += conn.recv(4096)
+                if reply:
+                    break
+            conn.settimeout(5)
+            if not reply:
+                reply = conn.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+        assert b"serve.body_timeout_s" in reply and time.monotonic() - started < 5

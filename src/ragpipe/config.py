@@ -921,6 +921,11 @@ class ServeConfig(_Section):
         default=2_000, gt=0, description="Longest query or question accepted (422 above)."
     )
     max_k: int = Field(default=50, gt=0, description="Largest k a request may ask for (422 above).")
+    body_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds a client has to send its whole request body (408 after).",
+    )
     max_queued_answers: int = Field(
         default=4,
         ge=0,

@@ -35,6 +35,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -122,10 +123,12 @@ class AskRequest(_Query):
 
 
 class _BodyLimit:
-    """413 for a request body over the limit, declared or streamed (chunked)."""
+    """413 for a request body over the limit, declared or streamed (chunked); 408 for one
+    not complete within ``timeout_s`` (a body sent a byte at a time held a connection open
+    before the token was even checked)."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, timeout_s: float = 10.0) -> None:
+        self.app, self.limit, self.timeout_s = app, limit, timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -137,8 +140,16 @@ class _BodyLimit:
             return
         messages: list[Message] = []
         size = 0
+        deadline = time.monotonic() + self.timeout_s
         while True:  # bodies are small (the limit is KiB): read, count, then replay
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - time.monotonic())
+            except TimeoutError:
+                detail = (
+                    f"request body not complete within serve.body_timeout_s ({self.timeout_s:g} s)"
+                )
+                await JSONResponse({"detail": detail}, status_code=408)(scope, receive, send)
+                return
             messages.append(message)
             if message["type"] != "http.request":
                 break
@@ -237,6 +248,12 @@ class Service:
         text = text.strip()
         if not text:
             raise HTTPException(422, "the query is empty")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate (\ud800) JSON lets through
+            raise HTTPException(
+                422, f"the query is not valid Unicode text: {exc.reason} at {exc.start}"
+            ) from exc
         if len(text) > serve.max_query_chars:
             raise HTTPException(
                 422, f"the query has {len(text)} characters; serve.max_query_chars is "
@@ -354,6 +371,15 @@ def create_app(
     async def _bad_request(request: Request, exc: ConfigError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=422)
 
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI echoes each bad input back; 1e400 (inf), NaN or a lone surrogate cannot be
+        # written as JSON, which turned a 422 into a 500 with a traceback. The declared
+        # HTTPValidationError shape needs only loc, msg and type.
+        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")),
+                   "type": str(e.get("type", ""))} for e in exc.errors()]  # fmt: skip
+        return JSONResponse({"detail": errors}, status_code=422)
+
     @app.exception_handler(RagpipeError)
     async def _unavailable(request: Request, exc: RagpipeError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=503)
@@ -447,7 +473,9 @@ def create_app(
         return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     # Outermost last: every request is measured, CORS answers preflights, bodies are capped.
-    app.add_middleware(_BodyLimit, limit=config.serve.max_body_bytes)
+    app.add_middleware(
+        _BodyLimit, limit=config.serve.max_body_bytes, timeout_s=config.serve.body_timeout_s
+    )
     if config.serve.cors_origins:
         app.add_middleware(
             CORSMiddleware,
