@@ -32,6 +32,9 @@ UA = FetchConfig().user_agent
 
 # -- robots.txt (RFC 9309) -----------------------------------------------------------
 
+# The tests' sites run on loopback: named, as a team names the hosts it lists.
+LOOPBACK = ("127.0.0.1",)
+
 
 def test_robots_longest_match_wins_and_allow_wins_ties() -> None:
     rules = RobotsRules.parse(
@@ -99,7 +102,10 @@ def test_fetcher_redirects_robots_and_user_agent() -> None:
         "/to-private": Route(status=301, location="/private/doc"),
         "/private/doc": Route(html_page("Private", ("A", "text"))),
     }
-    with web_site(routes) as site, Fetcher(FetchConfig(max_redirects=3)) as fetcher:
+    with (
+        web_site(routes) as site,
+        Fetcher(FetchConfig(max_redirects=3), listed_hosts=LOOPBACK) as fetcher,
+    ):
         response = fetcher.get(f"{site.url}/r1")
         assert (response.status, response.url) == (200, f"{site.url}/page")
         with pytest.raises(FetchError) as loop:
@@ -128,7 +134,7 @@ def test_fetcher_timeouts_and_size_cap() -> None:
         "/ok": Route(b"small enough", "text/plain"),
     }
     config = FetchConfig(timeout_s=0.8, max_bytes=8_000)
-    with web_site(routes) as site, Fetcher(config) as fetcher:
+    with web_site(routes) as site, Fetcher(config, listed_hosts=LOOPBACK) as fetcher:
         categories = {}
         for path in ("/slow", "/drip", "/big", "/big-no-length"):
             with pytest.raises(FetchError) as err:
@@ -145,12 +151,15 @@ def test_fetcher_timeouts_and_size_cap() -> None:
 
 def test_robots_txt_errors() -> None:
     with web_site({"/robots.txt": Route(b"down", "text/plain", status=503)}) as site:
-        with Fetcher(FetchConfig()) as fetcher, pytest.raises(FetchError) as err:
+        with (
+            Fetcher(FetchConfig(), listed_hosts=LOOPBACK) as fetcher,
+            pytest.raises(FetchError) as err,
+        ):
             fetcher.get(f"{site.url}/page")
         assert err.value.category == "robots_unreachable"
         assert site.hits("/page") == []  # RFC 9309: an unreachable robots.txt forbids all
     no_robots = {"/page": Route(b"hello there", "text/plain")}  # robots.txt: 404
-    with web_site(no_robots) as site, Fetcher(FetchConfig()) as fetcher:
+    with web_site(no_robots) as site, Fetcher(FetchConfig(), listed_hosts=LOOPBACK) as fetcher:
         assert fetcher.get(f"{site.url}/page").status == 200
 
 
@@ -169,7 +178,10 @@ def test_crawl_delay_spaces_requests_to_a_host() -> None:
         now[0] += seconds
 
     config = FetchConfig(max_delay_s=5.0, delay_s=1.0)
-    with web_site(routes) as site, Fetcher(config, clock=lambda: now[0], sleep=sleep) as fetcher:
+    with (
+        web_site(routes) as site,
+        Fetcher(config, clock=lambda: now[0], sleep=sleep, listed_hosts=LOOPBACK) as fetcher,
+    ):
         fetcher.get(f"{site.url}/a")
         fetcher.get(f"{site.url}/b")
     # robots.txt, then /a and /b each after the Crawl-delay, capped at max_delay_s.
@@ -177,7 +189,7 @@ def test_crawl_delay_spaces_requests_to_a_host() -> None:
     config = FetchConfig(delay_s=1.0)
     with web_site({"/a": routes["/a"], "/b": routes["/b"]}) as site:
         slept.clear()
-        with Fetcher(config, clock=lambda: now[0], sleep=sleep) as fetcher:
+        with Fetcher(config, clock=lambda: now[0], sleep=sleep, listed_hosts=LOOPBACK) as fetcher:
             fetcher.get(f"{site.url}/a")
             fetcher.get(f"{site.url}/b")
     assert slept == [1.0, 1.0]  # no robots.txt: fetch.delay_s alone

@@ -59,6 +59,9 @@ pytestmark = pytest.mark.integration
 ONNX = "paraphrase-MiniLM-L3-v2"
 ALL_INDEXES = {*KEYWORD_FIELDS, *INTEGER_FIELDS, "text"}
 
+# The tests' sites run on loopback: named, as a team names the hosts it lists.
+LOOPBACK = ("127.0.0.1",)
+
 
 def _text_corpus(root: Path, topics: list[str], version: int = 1) -> Path:
     root.mkdir(parents=True, exist_ok=True)
@@ -466,7 +469,10 @@ def test_a_server_dripping_its_headers_is_cut_off_at_the_deadline() -> None:
     from ragpipe.web.robots import RobotsRules
     from tests.support.raw_server import raw_server
 
-    with raw_server(_drip_headers) as url, Fetcher(FetchConfig(timeout_s=2)) as fetcher:
+    with (
+        raw_server(_drip_headers) as url,
+        Fetcher(FetchConfig(timeout_s=2), listed_hosts=LOOPBACK) as fetcher,
+    ):
         fetcher._robots[url] = RobotsRules.allow_all()  # the page alone, no robots.txt
         started = time.monotonic()
         with pytest.raises(FetchError) as err:
@@ -506,7 +512,10 @@ def test_a_compression_bomb_is_refused_without_unpacking_it() -> None:
         "zstd": (b"(\xb5/\xfd\x00X)\x00\x00hello", "unsupported_encoding"),
     }
     for encoding, (payload, category) in cases.items():
-        with raw_server(_bomb(encoding, payload)) as url, Fetcher(config) as fetcher:
+        with (
+            raw_server(_bomb(encoding, payload)) as url,
+            Fetcher(config, listed_hosts=LOOPBACK) as fetcher,
+        ):
             fetcher._robots[url] = RobotsRules.allow_all()
             tracemalloc.start()
             with pytest.raises(FetchError) as err:
@@ -517,7 +526,7 @@ def test_a_compression_bomb_is_refused_without_unpacking_it() -> None:
         # Before: 1,081 MB peak for a 512 MiB zstd bomb. Now the cap (1 MiB) bounds it.
         assert peak < 16 << 20, (encoding, peak)
     small = gzip.compress(b"hello " * 1000)
-    with raw_server(_bomb("gzip", small)) as url, Fetcher(config) as fetcher:
+    with raw_server(_bomb("gzip", small)) as url, Fetcher(config, listed_hosts=LOOPBACK) as fetcher:
         fetcher._robots[url] = RobotsRules.allow_all()
         assert fetcher.get(f"{url}/ok").body == b"hello " * 1000  # gzip still works
 
@@ -640,3 +649,52 @@ def test_deeply_nested_html_is_a_failure_row_and_the_batch_goes_on(tmp_path: Pat
     assert any(f.endswith("sloppy.html") for f in files) and len(files) == 4
     assert html_depth(sloppy, 512) == 3  # html, body, ul
     assert html_depth("<a><b/><br><c></c></a>", 512) == 2
+
+
+def test_sitemaps_and_redirects_cannot_steer_the_fetcher_to_other_hosts(tmp_path: Path) -> None:
+    from ragpipe.ingest.runner import WorkDir
+    from ragpipe.ingest.summary import read_failures
+    from tests.support.web_server import Route, html_page, web_site
+
+    page = html_page("Public", ("About", "A public page."))
+    routes = {
+        "/page": Route(page),
+        "/secret": Route(html_page("Internal", ("Keys", "An internal page."))),
+        "/open-redirect": Route(status=302, location="/"),  # set below: to another host
+    }
+    with web_site(routes) as site:
+        internal = site.url.replace("127.0.0.1", "localhost") + "/secret"  # same box, other name
+        site.routes["/open-redirect"] = Route(status=302, location=internal)
+        site.routes["/sitemap.xml"] = Route(
+            (
+                '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                f"<url><loc>{site.url}/page</loc></url><url><loc>{internal}</loc></url></urlset>"
+            ).encode(),
+            "application/xml",
+        )
+        cfg = make_config(
+            tmp_path / "none", tmp_path,
+            discover={"roots": [], "urls": [f"{site.url}/open-redirect"],
+                      "sitemaps": [f"{site.url}/sitemap.xml"]},
+        )  # fmt: skip
+        run_ingest(cfg)
+        # Before: the sitemap's other-host entry was fetched, and the redirect followed, its
+        # internal page indexed under the public URL.
+        assert site.hits("/secret") == [] and site.hits("/page")
+        failures = {f.file_path: f.category for f in read_failures(WorkDir(cfg.paths.work_dir))}
+        assert failures == {
+            internal: "sitemap_cross_host",
+            f"{site.url}/open-redirect": "cross_host_redirect",
+        }
+        # Redirects to other hosts allowed: a non-public address the team did not list is
+        # still refused, after DNS resolution (localhost is 127.0.0.1).
+        from ragpipe.config import FetchConfig
+        from ragpipe.web.http import Fetcher, FetchError
+
+        trusting = FetchConfig(cross_host_redirects=True)
+        with Fetcher(trusting, listed_hosts=LOOPBACK) as fetcher, pytest.raises(FetchError) as err:
+            fetcher.get(f"{site.url}/open-redirect")
+        assert err.value.category == "private_address" and "localhost resolves to" in str(err.value)
+        assert site.hits("/secret") == []
+        with Fetcher(trusting, listed_hosts=("127.0.0.1", "localhost")) as fetcher:
+            assert fetcher.get(f"{site.url}/open-redirect").status == 200  # listed: allowed

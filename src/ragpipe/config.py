@@ -190,6 +190,18 @@ class FetchConfig(_Section):
         "raises it (up to max_delay_s).",
     )
     max_delay_s: float = Field(default=30.0, ge=0, description="Cap on a robots.txt Crawl-delay.")
+    cross_host_redirects: bool = Field(
+        default=False,
+        description="Follow a redirect to another host (www. aside). Off: such a redirect is a "
+        "failure row (cross_host_redirect), since an open redirect on a public site could "
+        "steer the fetcher to an internal one and index it under the public URL.",
+    )
+    deny_private_networks: bool = Field(
+        default=True,
+        description="Refuse to connect to loopback, private, link-local and other non-public "
+        "addresses (checked after DNS resolution), except for the hosts named in "
+        "discover.urls and discover.sitemaps themselves.",
+    )
     max_sitemap_depth: int = Field(
         default=3, ge=1, description="Levels of nested sitemap indexes followed."
     )

@@ -231,7 +231,8 @@ def fetch_pages(
     """
     result = FetchResult()
     before = {p.url: p for p in previous}
-    with Fetcher(config) as fetcher:
+    hosts = {urlsplit(u).hostname or "" for u in [*urls, *sitemaps] if url_problem(u) is None}
+    with Fetcher(config, listed_hosts=hosts) as fetcher:
         listed = expand_sitemaps(
             fetcher, sitemaps, previous, result.failures, config.max_sitemap_depth
         )

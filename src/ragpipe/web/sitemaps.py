@@ -17,7 +17,7 @@ from xml.etree import ElementTree
 
 from ragpipe.config import url_problem
 from ragpipe.schemas import Failure, WebPage
-from ragpipe.web.http import Disallowed, Fetcher, FetchError, normalise_url
+from ragpipe.web.http import Disallowed, Fetcher, FetchError, normalise_url, same_site
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +110,26 @@ def expand_sitemaps(
                 )
                 failed = True
                 continue
+
+            # sitemaps.org: a sitemap lists URLs of its own host only. Others could point the
+            # fetcher at internal hosts; they are refused, each with a row.
+            def elsewhere(loc: str, sitemap: str = url) -> bool:  # bad URLs are skipped later
+                return url_problem(loc) is None and not same_site(loc, sitemap)
+
+            for loc in [*locs, *nested]:
+                if elsewhere(loc):
+                    failures.append(
+                        Failure(
+                            loc,
+                            STAGE,
+                            "sitemap_cross_host",
+                            f"listed by {url}, a sitemap on another host; sitemaps.org allows "
+                            "a sitemap to list its own host's URLs only (list it in "
+                            "discover.urls to fetch it)",
+                        )
+                    )
+            locs = [loc for loc in locs if not elsewhere(loc)]
+            nested = [n for n in nested if not elsewhere(n)]
             found.extend(locs)
             for child in nested:
                 if depth >= max_depth:
