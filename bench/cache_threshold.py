@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 from ragpipe.config import RagpipeConfig  # noqa: E402
 from ragpipe.evaluation.golden import GoldenSet, import_beir, load_golden  # noqa: E402
 from ragpipe.models.embedders import embedder_name, make_embedder  # noqa: E402
-from ragpipe.serve.cache import unit  # noqa: E402
+from ragpipe.serve.cache import meaning_conflict, unit  # noqa: E402
 
 CANDIDATES = [0.85, 0.88, 0.90, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99]
 MARGIN = 0.03
@@ -58,6 +58,32 @@ MINIMAL_PAIRS = [
     ("Why does R crash on startup?", "Why does R crash on exit?"),
     ("How do I restore the database?", "How do I back up the database?"),
 ]
+
+# Long questions one word, number or negation apart (issue 31): a changed word moves a long
+# question's embedding little, so these score above any threshold worth having; the cache's
+# meaning guard (serve.cache.meaning_conflict) must refuse every one.
+LONG_MINIMAL_PAIRS = [
+    ("Is it safe to grant the admin role to every user of the shared database server?",
+     "Is it unsafe to grant the admin role to every user of the shared database server?"),
+    ("Does the backup tool in release 7.2 keep incremental copies for fourteen days?",
+     "Does the backup tool in release 7.1 keep incremental copies for fourteen days?"),
+    ("Is R free software that anyone may copy, change and share under the GPL?",
+     "Is R not free software that anyone may copy, change and share under the GPL?"),
+    ("How do I enable the firewall on a Debian server that runs the mail service?",
+     "How do I disable the firewall on a Debian server that runs the mail service?"),
+    ("Should I upgrade the packages on the production cluster during business hours?",
+     "Should I downgrade the packages on the production cluster during business hours?"),
+    ("Can I install R packages into my home directory without administrator rights?",
+     "Can't I install R packages into my home directory without administrator rights?"),
+    ("What does the error \"disk quota exceeded\" mean when R saves the workspace?",
+     "What does the error \"file not found\" mean when R saves the workspace?"),
+    ("How many CPU cores does the default build of R use for matrix products on Linux?",
+     "How many CPU cores does the default build of R never use for matrix products on Linux?"),
+    ("How do I import the customer table from the old PostgreSQL 9.6 server?",
+     "How do I export the customer table from the old PostgreSQL 9.6 server?"),
+    ("Is the cache invalidated when a document in the index is updated overnight?",
+     "Is the cache not invalidated when a document in the index is updated overnight?"),
+]  # fmt: skip
 
 REWRITES = {
     "no final punctuation": lambda q: q.rstrip("?.! "),
@@ -89,6 +115,13 @@ def measure(name: str, golden: GoldenSet, embed: Any) -> dict[str, Any]:
         variants = np.stack([unit(embed(rewrite(i.query))) for i in items])
         rewrites[kind] = [float(x) for x in np.sum(vectors * variants, axis=1)]
     every_rewrite = [s for scores in rewrites.values() for s in scores]
+    # The meaning guard must keep every meaning-keeping rewrite servable.
+    guarded = sum(
+        1
+        for rewrite in REWRITES.values()
+        for i in items
+        if meaning_conflict(i.query, rewrite(i.query)) is not None
+    )
     per_threshold = {
         f"{t:.2f}": {
             "wrong_pairs": sum(1 for s, _, _ in different if s >= t),
@@ -112,6 +145,7 @@ def measure(name: str, golden: GoldenSet, embed: Any) -> dict[str, Any]:
             for kind, v in rewrites.items()
         },
         "per_threshold": per_threshold,
+        "rewrites_refused_by_guard": guarded,
     }
 
 
@@ -149,6 +183,22 @@ def main() -> None:
          for a, b in MINIMAL_PAIRS),
         reverse=True,
     )  # fmt: skip
+    long_pairs = [
+        (float(unit(embedder.embed_query(a)) @ unit(embedder.embed_query(b))),
+         meaning_conflict(a, b), a, b)
+        for a, b in LONG_MINIMAL_PAIRS
+    ]  # fmt: skip
+    over = [p for p in long_pairs if p[0] >= config.serve.cache_threshold]
+    wrong = [p for p in long_pairs if p[0] >= config.serve.cache_threshold and p[1] is None]
+    print(
+        f"\nlong minimal pairs: {len(over)} of {len(long_pairs)} at or above the threshold "
+        f"{config.serve.cache_threshold} by cosine alone; wrong hits with the meaning guard: "
+        f"{len(wrong)} (target 0)"
+    )
+    for cosine, why, a, _ in sorted(long_pairs, reverse=True)[:4]:
+        print(f"  {cosine:.4f}  refused ({why})  {a[:60]!r}…" if why else f"  {cosine:.4f}  {a!r}")
+    for r in results:
+        print(f"  {r['set']}: rewrites the guard refuses: {r['rewrites_refused_by_guard']}")
     print(f"\nminimal pairs (hand-written, different answers): highest {minimal[0][0]:.4f}")
     for cosine, a, b in minimal[:3]:
         print(f"  {cosine:.4f}  {a!r}  vs  {b!r}")
@@ -169,7 +219,9 @@ def main() -> None:
         json.dumps(
             {"embedder": embedder_name(config.embed), "margin": MARGIN, "chosen": chosen,
              "default": config.serve.cache_threshold, "sets": results,
-             "minimal_pairs": [{"cosine": round(c, 4), "a": a, "b": b} for c, a, b in minimal]},
+             "minimal_pairs": [{"cosine": round(c, 4), "a": a, "b": b} for c, a, b in minimal],
+             "long_minimal_pairs": [{"cosine": round(c, 4), "guard": w, "a": a, "b": b}
+                                    for c, w, a, b in long_pairs]},
             indent=2,
         ) + "\n",
         encoding="utf-8",

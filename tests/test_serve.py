@@ -581,3 +581,29 @@ def test_a_body_sent_a_byte_at_a_time_gets_408(tmp_path: Path, onnx_embedder: An
                 reply = conn.recv(4096)
         assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
         assert b"serve.body_timeout_s" in reply and time.monotonic() - started < 5
+
+
+def test_the_cache_never_serves_a_question_that_means_something_else() -> None:
+    from ragpipe.serve.cache import meaning_conflict
+
+    cache = SemanticCache(threshold=0.97, max_entries=10)
+    cache.clear("v1")
+    asked = "Is it safe to grant the admin role to every user of the database?"
+    cache.put(_v(1, 0), "scope", "v1", asked, "The answer is yes.")
+    # Embeddings this close (the real pair scored 0.991): the cosine alone would serve it.
+    near = _v(1, 0.1)
+    for other, why in [
+        ("Is it unsafe to grant the admin role to every user of the database?", "opposite"),
+        ("Is it not safe to grant the admin role to every user of the database?", "negation"),
+        ("Is it safe to grant the admin role to every user of database 7.2?", "number"),
+        ('Is it safe to grant the "admin" role to every user of the database?', "quoted"),
+    ]:
+        assert cache.get(near, "scope", "v1", other) is None, other
+        assert why in (meaning_conflict(asked, other) or "") or why in ("quoted", "number")
+    same = "Please tell me: is it safe to grant the admin role to every user of the database?"
+    hit = cache.get(near, "scope", "v1", same)
+    assert hit is not None and hit.value == "The answer is yes."
+    assert meaning_conflict("How do I enable it?", "How do I disable it?")
+    assert meaning_conflict("How do I upgrade R?", "How do I downgrade R?")
+    assert meaning_conflict("How do I install R?", "How do I reinstall R?") is None
+    assert meaning_conflict("Can I do it?", "Can't I do it?") == "a negation differs"

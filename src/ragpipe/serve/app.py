@@ -268,10 +268,10 @@ class Service:
         serve = self.config.serve
         return serve.cache and (endpoint == "ask" or serve.cache_search)
 
-    def lookup(self, endpoint: str, vector: Any, scope: str, version: str) -> Any:
+    def lookup(self, endpoint: str, vector: Any, scope: str, version: str, text: str) -> Any:
         if not self.caches(endpoint):
             return None
-        hit = self.cache.get(vector, scope, version)
+        hit = self.cache.get(vector, scope, version, text)
         self.metrics.cache.labels(endpoint, "hit" if hit else "miss").inc()
         self.metrics.cache_entries.set(len(self.cache))
         return hit
@@ -306,7 +306,7 @@ class Service:
         try:
             with self.index.reader() as (retriever, version):
                 vector = retriever.query_vector(text)
-                hit = self.lookup(endpoint, vector, scope, version)
+                hit = self.lookup(endpoint, vector, scope, version, text)
                 result = None if hit else retriever.search(text, **overrides)
         except ValidationError as exc:  # an override RetrieveConfig refuses
             raise HTTPException(422, _first_error(exc)) from exc

@@ -7,14 +7,19 @@ request option that changes the result: mode, k, filters, ...) against the
 same index *version*. A new version empties the cache; the size is bounded
 (least recently used out first); an optional TTL drops old entries.
 
-The threshold is the whole safety of it: too low, and a different question
-gets someone else's answer. ``bench/cache_threshold.py`` measures, on both dev
-golden sets, the highest cosine between two different questions and the
-lowest between a question and its trivial rewrites; the default sits between.
+The threshold alone is not enough: too low, and a different question gets
+someone else's answer, and one changed word in a long question moves the
+embedding very little ("Is it safe to grant X to every user?" vs "... unsafe
+..." scored 0.991). So a hit also needs the two questions to agree on what a
+cosine cannot see (``meaning_conflict``): the same numbers and versions, the
+same quoted phrases, as many negations, and no word in one that is the other's
+with a negating prefix (safe/unsafe, install/uninstall). ``bench/cache_threshold.py``
+measures the threshold on both dev golden sets and the guard on minimal pairs.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -42,6 +47,53 @@ class _Entry:
     query: str
     value: Any
     stored_at: float
+
+
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_QUOTED = re.compile(r'"([^"]+)"|\u201c([^\u201d]+)\u201d')
+_WORD = re.compile(r"[a-z0-9]+(?:['\u2019-][a-z0-9]+)*")
+_NEGATIONS = frozenset(
+    ["not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "without", "cannot"]
+)
+# Prefixes that turn a word into its opposite, or two that oppose each other on one stem
+# (enable/disable, upgrade/downgrade, import/export).
+_OPPOSING_PREFIXES = ("", "un", "in", "im", "il", "ir", "dis", "non", "non-", "de", "en",
+                      "up", "down", "ex", "over", "under")  # fmt: skip
+
+
+def _negations(words: list[str]) -> int:
+    return sum(w in _NEGATIONS or w.endswith(("n't", "n\u2019t")) for w in words)
+
+
+def meaning_conflict(a: str, b: str) -> str | None:
+    """Why questions ``a`` and ``b`` cannot share an answer however close their embeddings,
+    or None: a number, version or quoted phrase differs, one has more negations, or a word
+    of one is a word of the other with a negating prefix."""
+    if sorted(_NUMBER.findall(a)) != sorted(_NUMBER.findall(b)):
+        return "a number or version differs"
+    quoted = [sorted("".join(m) for m in _QUOTED.findall(t)) for t in (a, b)]
+    if quoted[0] != quoted[1]:
+        return "a quoted phrase differs"
+    words_a, words_b = _WORD.findall(a.lower()), _WORD.findall(b.lower())
+    if _negations(words_a) != _negations(words_b):
+        return "a negation differs"
+    only_a, only_b = set(words_a) - set(words_b), set(words_b) - set(words_a)
+    for x in only_a:
+        for y in only_b:
+            if _opposed(x, y):
+                return f"{x!r} and {y!r} mean the opposite"
+    return None
+
+
+def _opposed(x: str, y: str) -> bool:
+    """One stem (3+ letters) under two different prefixes of ``_OPPOSING_PREFIXES``."""
+    stems_x = {x[len(p) :]: p for p in _OPPOSING_PREFIXES if x.startswith(p)}
+    for p in _OPPOSING_PREFIXES:
+        if y.startswith(p):
+            stem = y[len(p) :]
+            if len(stem) >= 3 and stem in stems_x and stems_x[stem] != p:
+                return True
+    return False
 
 
 def unit(vector: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
@@ -82,9 +134,14 @@ class SemanticCache:
             self.version = version
 
     def get(
-        self, vector: npt.NDArray[np.float32], scope: str, version: str | None
+        self,
+        vector: npt.NDArray[np.float32],
+        scope: str,
+        version: str | None,
+        text: str | None = None,
     ) -> CacheHit | None:
-        """The closest entry of ``scope`` at or above the threshold, or None (a miss)."""
+        """The closest entry of ``scope`` at or above the threshold whose question does not
+        conflict with ``text`` (``meaning_conflict``), or None (a miss)."""
         query = unit(vector)
         now = time.monotonic()
         with self._lock:
@@ -92,7 +149,11 @@ class SemanticCache:
             if self.ttl_seconds is not None:
                 for key in [k for k, e in self._entries.items() if self._expired(e, now)]:
                     del self._entries[key]
-            keys = [k for k, e in self._entries.items() if e.scope == scope]
+            keys = [
+                k
+                for k, e in self._entries.items()
+                if e.scope == scope and (text is None or meaning_conflict(text, e.query) is None)
+            ]
             if not keys:
                 self.misses += 1
                 return None
