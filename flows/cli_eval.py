@@ -153,7 +153,7 @@ def eval_check(
     scoring can credit to it. Unmatched targets are listed with their closest matches. Exit
     0 when everything matches, 2 otherwise (or for a bad file or a missing index).
     """
-    from ragpipe.evaluation.check import IndexView, check_golden, golden_for_index
+    from ragpipe.evaluation.check import IndexView, golden_for_index
     from ragpipe.evaluation.run import load_golden_from
     from ragpipe.models.embedders import embedder_name
     from ragpipe.store import open_reader
@@ -166,11 +166,14 @@ def eval_check(
             where = cfg.store.url or cfg.store.path
             raise ConfigError(f"no index at {where}: run `ragpipe ingest` first")
         try:
-            view = IndexView(store)
-            check = check_golden(loaded, view, scope)
-            # The same verdict a run would reach, including a set meant for another corpus.
-            golden_for_index(
-                loaded, view, skip_unmatched=True, origin=cfg.origin("eval.golden"), scope=scope
+            # The same verdict a run reaches (a set meant for another corpus included); its
+            # check lists every unmatched target.
+            _, check = golden_for_index(
+                loaded,
+                IndexView(store),
+                skip_unmatched=True,
+                origin=cfg.origin("eval.golden"),
+                scope=scope,
             )
         finally:
             store.close()

@@ -277,9 +277,7 @@ def score_answer(
     """
     na = NOT_APPLICABLE
     payloads = {h.point_id: h.payload for h in hits}
-    by_number = {s.number: payloads.get(s.point_id, {"file_path": s.file_path,
-                 "heading_path": [s.heading] if s.heading else [], "text": s.text})
-                 for s in reply.sources}  # fmt: skip
+    by_number = {s.number: payloads[s.point_id] for s in reply.sources}  # sources are hits
     support = supporting(by_number, item) if item.answerable else set()
     cited = [s.number for s in reply.cited] + list(reply.invalid_citations)
     sources = [

@@ -82,7 +82,7 @@ def _judge_lines(judge: dict[str, Any]) -> list[str]:
     cal = judge.get("calibration")
     if cal:
         acc = f"{cal['accuracy']:.2f}"
-        if cal.get("accuracy_low") is not None and cal["accuracy_low"] == cal["accuracy_low"]:
+        if cal.get("accuracy_low") is not None:  # null (no CI) below 2 probe pairs
             acc += f" [{cal['accuracy_low']:.2f}, {cal['accuracy_high']:.2f}]"
         lines += [
             f"- calibration: **{cal['label']}**; accuracy {acc}, {cal['failed']} probe "
