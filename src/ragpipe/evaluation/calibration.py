@@ -78,6 +78,7 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _NUMBER = re.compile(r"\b\d+(?:\.\d+)?\b")
 _AUXILIARY = re.compile(r"\b(is|are|was|were|can|does|do|should|will|must|has|have)\b")
 PASSAGE_CHARS = 1200
+PROBE_ROUNDS = 4  # passes over the golden items while the probe has room
 
 
 @dataclass(frozen=True)
@@ -234,9 +235,10 @@ def _target_chunks(item: GoldenItem, view: IndexView) -> list[dict[str, Any]]:
 def build_probe(golden: GoldenSet, view: IndexView, size: int, seed: int) -> list[ProbePair]:
     """``size`` pairs (rounded down to a multiple of 4), half true, seeded.
 
-    Statement pairs and answer pairs alternate over the items in a seeded order; an
-    item that gives no usable sentence is passed over. Fewer pairs come back when
-    the golden set and index cannot supply enough.
+    Statement pairs and answer pairs alternate over the items in a seeded order, for up
+    to PROBE_ROUNDS passes, never asking the same statement or answer twice; an item that
+    gives no usable sentence is passed over. Fewer pairs come back when the golden set
+    and index cannot supply enough.
     """
     rng = np.random.default_rng(seed)
     items = [i for i in golden.items if i.answerable]
@@ -246,22 +248,34 @@ def build_probe(golden: GoldenSet, view: IndexView, size: int, seed: int) -> lis
     quota[MISMATCHED] = size // 4
     pairs: list[ProbePair] = []
     files = view.files
-    for n, item in enumerate(order):
+    seen: set[str] = set()
+    # Several rounds over the items, each item taking the other kind of pair in the next
+    # round, so a small golden set still fills the probe.
+    for turn in range(PROBE_ROUNDS * len(order)):
+        item = order[turn % len(order)]
         chunks = _target_chunks(item, view)
         passages = [" ".join(str(c.get("text", "")).split())[:PASSAGE_CHARS] for c in chunks]
         usable = [(p, sentences(p)) for p in passages if sentences(p)]
         if not usable:
             continue
         passage, said = usable[int(rng.integers(len(usable)))]
-        statement = said[int(rng.integers(len(said)))]
-        statement_turn = n % 2 == 0 or quota[MATCHING] == 0
+        said = [said[j] for j in rng.permutation(len(said))]
+        statement = next((s for s in said if s not in seen), said[0])
+        statement_turn = (turn + turn // len(order)) % 2 == 0 or quota[MATCHING] == 0
         if statement_turn and quota[SUPPORTED] > 0:
+            if statement in seen:
+                continue
             false_kind = UNRELATED if quota[UNRELATED] > 0 else ALTERED
             false = _unrelated(item, view, files, rng) if false_kind == UNRELATED else None
-            if false is None:
-                false_kind, false = ALTERED, alter(statement)
+            if false is None:  # altered instead: the first sentence that can be made false
+                false_kind = ALTERED
+                statement, false = next(
+                    ((s, alter(s)) for s in said if s not in seen and alter(s) is not None),
+                    (statement, None),
+                )
             if false is None or quota[false_kind] == 0:
                 continue  # the pair's false half cannot be made: keep the probe balanced
+            seen.add(statement)
             quota[SUPPORTED] -= 1
             quota[false_kind] -= 1
             pairs.append(_statement(SUPPORTED, 1, item, passage, statement))
@@ -275,8 +289,9 @@ def build_probe(golden: GoldenSet, view: IndexView, size: int, seed: int) -> lis
             other_chunks = _target_chunks(other, view)
             other_said = [s for c in other_chunks for s in sentences(str(c.get("text", "")))]
             wrong = other.expected_answer or " ".join(other_said[:2])
-            if not wrong or wrong == answer:
+            if not wrong or wrong == answer or answer in seen:
                 continue
+            seen.add(answer)
             quota[MATCHING] -= 1
             pairs.append(_answer(MATCHING, 1, item, answer))
             quota[MISMATCHED] -= 1

@@ -104,8 +104,10 @@ class IndexView:
         """Every chunk of one file (file_path, heading_path, text), loaded once."""
         if path not in self._texts:
             where = Where(must={"file_path": path})
-            fields = ["file_path", "heading_path", "text"]
-            self._texts[path] = [h.payload for h in self.store.scroll(where, fields=fields)]
+            fields = ["file_path", "heading_path", "text", "chunk_index"]
+            found = [h.payload for h in self.store.scroll(where, fields=fields)]
+            # In document order: a scroll's order is the engine's, not always the same.
+            self._texts[path] = sorted(found, key=lambda p: int(p.get("chunk_index") or 0))
         return self._texts[path]
 
 
