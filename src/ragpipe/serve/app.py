@@ -14,10 +14,15 @@ once; every request reuses them. Endpoints:
 * ``GET /metrics``: Prometheus text format.
 * ``GET /docs``: the OpenAPI documentation.
 
-Limits (``serve.*``): body size (413), query length and k (422), filters that
-match no syntax (422); a missing index or model is 503. A bearer token, when
-configured, is required everywhere but /healthz and the docs. CORS only for the
-configured origins.
+Limits (``serve.*``): body size (413), body read time (408), query length and k
+(422); a missing index or model is 503. A bearer token, when configured, is
+required everywhere but /healthz and the docs. CORS only for the configured
+origins.
+
+The OpenAPI document tells the truth (tests/test_serve.py runs schemathesis
+against it): the request models carry this server's limits, the bearer scheme
+is declared only when a key is set, every 422 has pydantic's shape and every
+other error ``{"detail": "..."}``, and each response names its real media type.
 """
 
 from __future__ import annotations
@@ -32,17 +37,27 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request, Security
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    create_model,
+)
+from pydantic_core import PydanticCustomError
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
 
-from ragpipe.config import RagpipeConfig, RetrievalMode
+from ragpipe.config import RagpipeConfig, RetrievalMode, ServeConfig
 from ragpipe.errors import ConfigError, RagpipeError
 from ragpipe.models.embedders import embedder_name
 from ragpipe.models.llm import GenerationCancelled
@@ -66,15 +81,36 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
 
 
 # -- requests ------------------------------------------------------------------------
 
 
+# Python's whitespace (str.isspace, what str.strip removes), spelt out so that the JSON
+# Schema, pydantic's regex engine and client-side generators agree: a query must hold one
+# character outside it.
+NOT_ONLY_SPACE = r"[^\t-\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+
+
+def _json_integer(value: Any) -> Any:
+    """A JSON integer, strictly: 3 and 3.0 (the same number in JSON), never true or "3"."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("Input should be a valid integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("Input should be a valid integer, got a number with a fraction")
+        return int(value)
+    return value
+
+
+JSON_INTEGER = BeforeValidator(_json_integer)  # after the bounds, or the schema loses them
+
+
 class Filters(BaseModel):
     """Payload filters, combined with AND (the CLI's --filter)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     file: str | None = Field(default=None, description="A stored file path ending in this.")
     heading: str | None = Field(default=None, description="A heading on the chunk's path.")
@@ -85,8 +121,12 @@ class _Query(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mode: RetrievalMode | None = Field(default=None, description="dense, sparse or hybrid.")
-    k: int | None = Field(default=None, ge=1, description="Chunks returned (retrieve.top_k).")
-    rerank: bool | None = Field(default=None, description="Rerank with the cross-encoder.")
+    k: Annotated[int, Field(ge=1), JSON_INTEGER] | None = Field(
+        default=None, description="Chunks returned (retrieve.top_k)."
+    )
+    rerank: bool | None = Field(
+        default=None, strict=True, description="Rerank with the cross-encoder."
+    )
     filters: Filters = Field(default_factory=Filters)
 
     def overrides(self) -> dict[str, Any]:
@@ -117,6 +157,72 @@ class AskRequest(_Query):
         description="none: one JSON object when done; sse: server-sent events; ndjson: one "
         "JSON object per line. Events: retrieval, token, answer (or error).",
     )
+
+
+def request_models(serve: ServeConfig) -> tuple[type[SearchRequest], type[AskRequest]]:
+    """The request bodies with this server's limits in them: the OpenAPI document states
+    every limit the server enforces (the schemathesis test holds the two together), and a
+    request over one gets 422 saying which setting it broke."""
+    max_chars, max_k = serve.max_query_chars, serve.max_k
+
+    def text_ok(text: str) -> str:
+        if not text.strip():
+            raise PydanticCustomError("empty_query", "the query is empty")
+        if len(text) > max_chars:
+            raise PydanticCustomError(
+                "query_too_long",
+                "the query has {length} characters; serve.max_query_chars is {limit}",
+                {"length": len(text), "limit": max_chars},
+            )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate (\ud800) JSON lets through
+            raise PydanticCustomError(
+                "not_unicode", "the query is not valid Unicode text: {reason} at {at}",
+                {"reason": exc.reason, "at": exc.start},
+            ) from exc  # fmt: skip
+        return text
+
+    def k_ok(k: int) -> int:
+        if k > max_k:
+            raise PydanticCustomError(
+                "k_too_large", "k={k} is over serve.max_k ({limit})", {"k": k, "limit": max_k}
+            )
+        return k
+
+    text_limits = {"minLength": 1, "maxLength": max_chars, "pattern": NOT_ONLY_SPACE}
+    text_type = Annotated[str, Field(json_schema_extra=text_limits), AfterValidator(text_ok)]
+    k: Any = (
+        Annotated[int, Field(ge=1, json_schema_extra={"maximum": max_k}), JSON_INTEGER,
+                  AfterValidator(k_ok)] | None,
+        Field(default=None, description=f"Chunks returned (retrieve.top_k); at most "
+              f"serve.max_k ({max_k})."),
+    )  # fmt: skip
+    limits = f"At most serve.max_query_chars ({max_chars}) characters, not only whitespace."
+    search = create_model(
+        "SearchRequest",
+        __base__=SearchRequest,
+        query=(text_type, Field(description=f"The question or keywords. {limits}")),
+        k=k,
+    )
+    ask = create_model(
+        "AskRequest",
+        __base__=AskRequest,
+        question=(text_type, Field(description=f"The question to answer from the index. {limits}")),
+        k=k,
+    )
+    return search, ask
+
+
+class ErrorBody(BaseModel):
+    """Every error but 422: what went wrong and, where there is one, the fix."""
+
+    detail: str
+
+
+def _unprocessable(field: str, message: str) -> RequestValidationError:
+    """A 422 in the same shape as pydantic's (the declared HTTPValidationError)."""
+    return RequestValidationError([{"loc": ("body", field), "msg": message, "type": "value_error"}])
 
 
 # -- ASGI guards ---------------------------------------------------------------------
@@ -242,25 +348,26 @@ class Service:
         self.metrics.switches.inc()
         self.metrics.index_points.set(self.index.describe()["points"])
 
-    def check(self, text: str, k: int | None) -> str:
-        """The stripped query, or 422 with the limit it breaks."""
+    def check(self, text: str, k: int | None, field: str = "query") -> str:
+        """The stripped query, or 422 with the limit it breaks. The request models state
+        (and enforce) the same limits; this is the server's own guard behind them."""
         serve = self.config.serve
         text = text.strip()
         if not text:
-            raise HTTPException(422, "the query is empty")
+            raise _unprocessable(field, "the query is empty")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:  # a lone surrogate (\ud800) JSON lets through
-            raise HTTPException(
-                422, f"the query is not valid Unicode text: {exc.reason} at {exc.start}"
+            raise _unprocessable(
+                field, f"the query is not valid Unicode text: {exc.reason} at {exc.start}"
             ) from exc
         if len(text) > serve.max_query_chars:
-            raise HTTPException(
-                422, f"the query has {len(text)} characters; serve.max_query_chars is "
+            raise _unprocessable(
+                field, f"the query has {len(text)} characters; serve.max_query_chars is "
                 f"{serve.max_query_chars}",
             )  # fmt: skip
         if k is not None and k > serve.max_k:
-            raise HTTPException(422, f"k={k} is over serve.max_k ({serve.max_k})")
+            raise _unprocessable("k", f"k={k} is over serve.max_k ({serve.max_k})")
         return text
 
     def caches(self, endpoint: str) -> bool:
@@ -308,14 +415,13 @@ class Service:
                 vector = retriever.query_vector(text)
                 hit = self.lookup(endpoint, vector, scope, version, text)
                 result = None if hit else retriever.search(text, **overrides)
-        except ValidationError as exc:  # an override RetrieveConfig refuses
-            raise HTTPException(422, _first_error(exc)) from exc
+        except ValidationError as exc:  # an override this server's retrieve.* refuses
+            errors = [
+                {"loc": ("body", *err["loc"]), "msg": err["msg"], "type": err["type"]}
+                for err in exc.errors()
+            ]
+            raise RequestValidationError(errors) from exc
         return version, vector, scope, hit, result
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
 
 
 def _cache_info(hit: Any) -> dict[str, Any]:
@@ -351,25 +457,13 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.service = service
-    bearer = HTTPBearer(auto_error=False, description="serve.api_key")
-    token = config.serve.api_key
-
-    async def authorised(
-        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
-    ) -> None:
-        if token is None:
-            return
-        given = credentials.credentials if credentials is not None else ""
-        if not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
-            raise HTTPException(
-                401,
-                "missing or wrong bearer token: send Authorization: Bearer <serve.api_key>",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+    guarded, denied = _authorisation(config.serve.api_key)
 
     @app.exception_handler(ConfigError)
-    async def _bad_request(request: Request, exc: ConfigError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=422)
+    async def _misconfigured(request: Request, exc: ConfigError) -> JSONResponse:
+        # The request was valid; this server cannot serve it (e.g. rerank: true with a
+        # cross-encoder it cannot load): the fix is in its configuration.
+        return JSONResponse({"detail": str(exc)}, status_code=503)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -384,7 +478,10 @@ def create_app(
     async def _unavailable(request: Request, exc: RagpipeError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=503)
 
-    @app.get("/healthz")
+    search_body, ask_body = request_models(config.serve)
+    posted = {**denied, **_POSTED}
+
+    @app.get("/healthz", response_model=Health)
     def healthz() -> dict[str, Any]:
         """Liveness and what is served: index version, points, embedder, uptime, cache."""
         index = service.index.describe()
@@ -403,10 +500,15 @@ def create_app(
             },
         }
 
-    @app.post("/search", dependencies=[Depends(authorised)])
+    @app.post(
+        "/search",
+        dependencies=guarded,
+        responses={**posted, 200: {"content": _SEARCH_MEDIA, "description": "The ranked chunks."}},
+    )
+    @_body(search_body)
     async def search(request: SearchRequest) -> Response:
         """Ranked chunks for the query, with every stage's score and the trace."""
-        text = service.check(request.query, request.k)
+        text = service.check(request.query, request.k, "query")
         version, vector, scope, hit, result = await service.retrieve(
             "search", text, request, {"format": request.format}
         )
@@ -421,7 +523,12 @@ def create_app(
         headers = {"X-Ragpipe-Cache": "hit" if hit else "miss", "X-Ragpipe-Index": version}
         return Response(body, media_type=media, headers=headers)
 
-    @app.post("/ask", dependencies=[Depends(authorised)])
+    @app.post(
+        "/ask",
+        dependencies=guarded,
+        responses={**posted, 200: {"content": _ASK_MEDIA, "description": _ASK_200}, 429: _BUSY},
+    )
+    @_body(ask_body)
     async def ask(request: AskRequest) -> Response:
         """A cited answer from the index (streamed when asked), or "not found".
 
@@ -429,7 +536,7 @@ def create_app(
         beyond that the request gets 429 with Retry-After. A streamed answer whose client
         goes away stops being generated.
         """
-        text = service.check(request.question, request.k)
+        text = service.check(request.question, request.k, "question")
         version, vector, scope, hit, result = await service.retrieve("ask", text, request, {})
         cancelled = threading.Event()
         if hit is not None:
@@ -466,7 +573,14 @@ def create_app(
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    @app.get("/metrics", dependencies=[Depends(authorised)])
+    @app.get(
+        "/metrics",
+        dependencies=guarded,
+        response_class=PlainTextResponse,
+        responses={**_as_json(denied),
+                   200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                         "description": "Prometheus text exposition format."}},
+    )  # fmt: skip
     def metrics() -> Response:
         """Requests, latency histogram, cache hits and the index, in Prometheus text format."""
         service.metrics.cache_entries.set(len(service.cache))
@@ -485,6 +599,123 @@ def create_app(
         )
     app.add_middleware(_Measured, metrics=service.metrics)
     return app
+
+
+class Health(BaseModel):
+    """What /healthz reports."""
+
+    status: Literal["ok"]
+    index: dict[str, Any] = Field(
+        description="version, points, published_at, files, store, switches, last_reload_error "
+        "(why the newest published version could not be opened, or null)."
+    )
+    embedder: str
+    uptime_s: float
+    cache: dict[str, Any]
+
+
+def _body(model: type[BaseModel]) -> Callable[[Endpoint], Endpoint]:
+    """Read the request body as ``model`` (a subclass of the annotated one, with this
+    server's limits): FastAPI takes the model, and with it the schema, from the annotation."""
+
+    def annotate(endpoint: Endpoint) -> Endpoint:
+        endpoint.__annotations__["request"] = model
+        return endpoint
+
+    return annotate
+
+
+def _error(description: str, **headers: str) -> dict[str, Any]:
+    response: dict[str, Any] = {"model": ErrorBody, "description": description}
+    if headers:
+        response["headers"] = {
+            name: {"description": text, "schema": {"type": "string"}}
+            for name, text in headers.items()
+        }
+    return response
+
+
+def _as_json(responses: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[str, Any]]:
+    """Error responses for a route whose own media type is not JSON (FastAPI would file a
+    ``model`` under the route's media type; errors are JSON everywhere)."""
+    schema = {"$ref": "#/components/schemas/ErrorBody"}  # registered by /search and /ask
+    return {
+        status: {
+            **{key: value for key, value in response.items() if key != "model"},
+            "content": {"application/json": {"schema": schema}},
+        }
+        for status, response in responses.items()
+    }
+
+
+_POSTED: dict[int | str, dict[str, Any]] = {
+    400: _error("The body is not JSON text (e.g. not UTF-8)."),
+    408: _error("The request body was not complete within serve.body_timeout_s."),
+    413: _error("The request body is over serve.max_body_bytes."),
+    503: _error("The index or a model this request needs cannot be used (the detail says why)."),
+}
+_BUSY = _error(
+    "serve.max_queued_answers answers are already waiting for the model.",
+    **{"Retry-After": "Seconds to wait before asking again."},
+)
+_SEARCH_MEDIA = {
+    "application/json": {"schema": {"type": "object"}},
+    "application/xml": {"schema": {"type": "string"}},
+    "text/plain": {"schema": {"type": "string"}},
+}
+_EVENTS = ["retrieval", "token", "answer", "error"]
+_ASK_MEDIA = {
+    "application/json": {"schema": {"type": "object"}},
+    "text/event-stream": {  # before OpenAPI 3.2's itemSchema, the schema of one event
+        "schema": {
+            "type": "object",
+            "required": ["event", "data"],
+            "properties": {
+                "event": {"enum": _EVENTS},
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": {"type": "object"},
+                },
+            },
+        }
+    },
+    "application/x-ndjson": {  # one JSON object per line
+        "schema": {"type": "string"},
+        "itemSchema": {
+            "type": "object",
+            "required": ["event"],
+            "properties": {"event": {"enum": _EVENTS}},
+        },
+    },
+}
+_ASK_200 = "The answer (stream none), or its events (sse, ndjson)."
+
+
+def _authorisation(key: SecretStr | None) -> tuple[list[Any], dict[int | str, dict[str, Any]]]:
+    """The dependencies that guard an endpoint and the responses they add: a bearer security
+    scheme in the OpenAPI document only when serve.api_key is set (a scheme the server does
+    not enforce would tell clients something untrue)."""
+    if key is None:
+        return [], {}
+    bearer = HTTPBearer(auto_error=False, scheme_name="bearer", description="serve.api_key")
+    expected = key.get_secret_value().encode()
+
+    async def authorised(
+        credentials: HTTPAuthorizationCredentials | None = Security(bearer),  # noqa: B008
+    ) -> None:
+        given = credentials.credentials if credentials is not None else ""
+        if not hmac.compare_digest(given.encode(), expected):
+            raise HTTPException(
+                401,
+                "missing or wrong bearer token: send Authorization: Bearer <serve.api_key>",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    denied = _error(
+        "Missing or wrong bearer token.", **{"WWW-Authenticate": "The scheme to use: Bearer."}
+    )
+    return [Depends(authorised)], {401: denied}
 
 
 def _render(result: RetrievalResult, form: str, version: str) -> tuple[Any, str]:
