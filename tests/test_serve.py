@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -401,6 +402,58 @@ def test_the_server_switches_versions_under_load_and_empties_the_cache(
     versions = [v for _, v in seen]
     assert versions[0] == old and versions[-1] == new
     assert versions == sorted(versions, key=lambda v: v == new)  # never back to the old one
+
+
+def test_a_broken_version_is_reported_and_not_copied_again_and_again(
+    tmp_path: Path, onnx_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31: /healthz showed an empty last_reload_error for a corrupt version, and the
+    server copied the whole version again on every poll (every 2 s, for good)."""
+    cfg = _index(tmp_path)
+    base = published.root(cfg.store.path)
+    good = published.current(cfg.store.path)
+    assert good is not None
+    shutil.copytree(base / good, base / "broken")
+    for part in ("segments", "wal"):
+        for path in (base / "broken" / part).rglob("*"):
+            if path.is_file():
+                path.write_bytes(b"\xff" * 100)
+    index = LiveIndex(cfg, onnx_embedder)
+    copies: list[Path] = []
+    real_copy = published.reader_copy
+
+    def counted(store_path: Path) -> Any:
+        copies.append(store_path)
+        return real_copy(store_path)
+
+    monkeypatch.setattr(published, "reader_copy", counted)
+    try:
+        (base / published.CURRENT).write_text("broken", encoding="utf-8")
+        index.poll_once(now=100.0)
+        info = index.describe()
+        assert info["version"] == good and info["failed_version"] == "broken"
+        assert info["last_reload_error"].startswith("version broken: cannot open the Qdrant Edge")
+        assert len(copies) == 1
+        for now, tries in ((100.5, 1), (101.1, 2), (102.9, 2), (103.2, 3), (106.0, 3)):
+            index.poll_once(now=now)  # backoff 1 s, then 2 s, then 4 s
+            assert len(copies) == tries, now
+        served_copies = list((base / published.READERS).glob(f"{os.getpid()}-*"))
+        assert len(served_copies) == 1  # the good version's; each failed copy was removed
+
+        def silent(store_path: Path) -> Any:
+            raise RuntimeError()
+
+        monkeypatch.setattr(published, "reader_copy", silent)
+        (base / published.CURRENT).write_text("other", encoding="utf-8")
+        index.poll_once(now=107.0)  # another version: tried at once
+        assert index.describe()["last_reload_error"] == "version other: RuntimeError (no message)"
+        (base / published.CURRENT).write_text(good, encoding="utf-8")  # back to the good one
+        index.poll_once(now=108.0)
+        info = index.describe()
+        assert info["last_reload_error"] is None and info["failed_version"] is None
+        assert info["version"] == good
+    finally:
+        index.close()
 
 
 def test_serve_reads_a_qdrant_client_index(

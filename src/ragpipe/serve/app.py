@@ -606,8 +606,9 @@ class Health(BaseModel):
 
     status: Literal["ok"]
     index: dict[str, Any] = Field(
-        description="version, points, published_at, files, store, switches, last_reload_error "
-        "(why the newest published version could not be opened, or null)."
+        description="version, points, published_at, files, store, switches; last_reload_error "
+        "and failed_version: why the newest published version could not be opened, and which "
+        "(null once one opens)."
     )
     embedder: str
     uptime_s: float

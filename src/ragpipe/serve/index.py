@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# The longest wait before a version that failed to open is copied and tried again.
+RETRY_MAX_S = 300.0
+
 
 class SerialLLM:
     """One model for every request and version: loaded on first use, one call at a time
@@ -97,6 +100,10 @@ class LiveIndex:
         self._current = self._open({})
         self.switches = 0
         self.last_error: str | None = None
+        self.failed_version: str | None = None
+        self._first_backoff = max(config.serve.reload_seconds, 1.0)
+        self._backoff = self._first_backoff
+        self._retry_at = 0.0
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
 
@@ -148,6 +155,7 @@ class LiveIndex:
             or (self.config.store.url or str(self.config.store.path)),
             "switches": self.switches,
             "last_reload_error": self.last_error,
+            "failed_version": self.failed_version,
         }
 
     @contextmanager
@@ -201,13 +209,48 @@ class LiveIndex:
 
     def _poll(self) -> None:
         while not self._stop.wait(self.config.serve.reload_seconds):
-            try:
-                self.refresh()
-                self.last_error = None
-            except Exception as exc:  # keep serving the version that works
-                if str(exc) != self.last_error:
-                    logger.warning("could not open the new index version: %s", exc)
-                self.last_error = str(exc)
+            self.poll_once()
+
+    def poll_once(self, now: float | None = None) -> None:
+        """One look for a new version. A version that failed to open is tried again only
+        when another is published or after a backoff (reload_seconds doubling to
+        ``RETRY_MAX_S``): each try copies the whole version, and a published version does
+        not change, so retrying it every few seconds only copied a broken index over and
+        over. The error stays in /healthz (``last_reload_error``, ``failed_version``) until
+        a version opens."""
+        now = time.monotonic() if now is None else now
+        try:
+            token = self._probe()
+        except Exception as exc:
+            self._failed(None, exc, now)
+            return
+        if token == self._current.version:
+            self.last_error = self.failed_version = None
+            return
+        if token == self.failed_version and now < self._retry_at:
+            return
+        try:
+            self.refresh()
+        except Exception as exc:  # keep serving the version that works
+            self._failed(token, exc, now)
+        else:
+            self.last_error = self.failed_version = None
+
+    def _failed(self, token: str | None, exc: Exception, now: float) -> None:
+        again = token is not None and token == self.failed_version
+        self._backoff = min(self._backoff * 2, RETRY_MAX_S) if again else self._first_backoff
+        self._retry_at = now + self._backoff
+        detail = str(exc).strip() or f"{type(exc).__name__} (no message)"
+        where = f"version {token}: " if token is not None else ""
+        previous = self.last_error
+        self.last_error, self.failed_version = f"{where}{detail}", token
+        if token is None and self.last_error == previous:
+            return  # the same failure to look (a qdrant server down): said once
+        logger.warning(
+            "could not open the new index version (still serving %s; next try in %.0f s "
+            "or when another version is published): %s",
+            self._current.version[:12], self._backoff, self.last_error,
+        )  # fmt: skip
 
     def close(self) -> None:
         self._stop.set()
