@@ -580,16 +580,20 @@ def test_an_empty_api_key_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -
         assert "serve.api_key: is empty or blank" in " ".join(result.output.split())
 
 
+def _alias_bomb(leaf: str) -> list[str]:
+    """Anchors a..i, each nine references to the one before: *i stands for 9^9 values."""
+    lines, previous = ["a: &a [" + ", ".join([leaf] * 9) + "]"], "a"
+    for name in "bcdefghi":
+        lines.append(f"{name}: &{name} [" + ", ".join([f"*{previous}"] * 9) + "]")
+        previous = name
+    return lines
+
+
 def test_a_yaml_alias_bomb_in_the_config_is_refused_at_once(tmp_path: Path) -> None:
     from ragpipe.config import load_config
 
-    lines, previous = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]'], "a"
-    for name in "bcdefghi":  # 9^9 references to "lol"
-        lines.append(f"{name}: &{name} [" + ", ".join([f"*{previous}"] * 9) + "]")
-        previous = name
-    lines.append("chunk: {size: *i}")
     bomb = tmp_path / "bomb.yaml"
-    bomb.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    bomb.write_text("\n".join([*_alias_bomb('"lol"'), "chunk: {size: *i}"]) + "\n", "utf-8")
     started = time.monotonic()
     with pytest.raises(ConfigError, match=r"expands to more than 100,000 values through YAML"):
         load_config(bomb)
@@ -597,6 +601,42 @@ def test_a_yaml_alias_bomb_in_the_config_is_refused_at_once(tmp_path: Path) -> N
     friendly = tmp_path / "anchors.yaml"  # anchors a team uses to stay DRY still load
     friendly.write_text("chunk: &c {size: 800}\nembed: {batch_size: 16}\n", encoding="utf-8")
     assert load_config(friendly).chunk.size == 800
+
+
+def test_a_yaml_alias_bomb_in_a_golden_set_or_labels_file_is_refused_at_once(
+    tmp_path: Path,
+) -> None:
+    """Our own attack (issue 31: "one new way nobody listed"): the config was guarded, but a
+    golden set, the file an eval deployment takes as a parameter, was not: 1 KB of aliases
+    ran `ragpipe eval check` past 120 s and 12.9 GB of memory (killed by `timeout`); the
+    labels file of `eval rag --labels` likewise."""
+    from ragpipe.evaluation.agreement import load_labels
+    from ragpipe.evaluation.golden import load_golden
+
+    golden = tmp_path / "bomb-golden.yaml"
+    golden.write_text(
+        "\n".join([*_alias_bomb('"a.md"'), "items:", "  - id: q1", "    query: What is R?",
+                    "    expected_files: *i"]) + "\n",
+        encoding="utf-8",
+    )  # fmt: skip
+    labels = tmp_path / "bomb-labels.yaml"
+    labels.write_text(
+        "\n".join([*_alias_bomb("{item_id: q1, metric: faithfulness, value: 1}"), "labels: *i"])
+        + "\n",
+        encoding="utf-8",
+    )
+    for load, path in ((load_golden, golden), (load_labels, labels)):
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match=r"expands to more than 5,000,000 values"):
+            load(path)
+        assert time.monotonic() - started < 10, path.name
+    dry = tmp_path / "dry.yaml"  # anchors that stay DRY still load
+    dry.write_text(
+        "files: &f [a.md, b.md]\nitems:\n  - {id: q1, query: one, expected_files: *f}\n"
+        "  - {id: q2, query: two, expected_files: *f}\n",
+        encoding="utf-8",
+    )
+    assert [item.relevance for item in load_golden(dry).items] == [{"a.md": 1, "b.md": 1}] * 2
 
 
 def test_numbers_past_any_sense_are_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,7 +18,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -32,6 +31,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from ragpipe import yamlio
 from ragpipe.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = Path("ragpipe.yaml")
@@ -1085,14 +1085,11 @@ def load_config(
         if not path.is_file():
             raise ConfigError(f"config file {path} not found; pass an existing --config file")
         try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
-        if _expanded_size(loaded, MAX_CONFIG_NODES) > MAX_CONFIG_NODES:
-            raise ConfigError(
-                f"config file {path} expands to more than {MAX_CONFIG_NODES:,} values through "
-                "YAML anchors and aliases (an alias bomb?); write the values out"
+            loaded = yamlio.load(
+                path.read_text(encoding="utf-8"), f"config file {path}", yamlio.CONFIG_LIMIT
             )
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -1127,25 +1124,6 @@ def load_config(
         ", ".join(_dotted(overrides or {})) or "none",
     )  # fmt: skip
     return config
-
-
-# A real configuration has a few hundred values; anchors that expand past this are a bomb
-# (PyYAML shares aliased nodes, but validation walks every reference: 41 s and 1.4 GB).
-MAX_CONFIG_NODES = 100_000
-
-
-def _expanded_size(data: Any, limit: int) -> int:
-    """Values in ``data`` counting every alias reference again, stopping past ``limit``."""
-    count, stack = 0, [data]
-    while stack and count <= limit:
-        node = stack.pop()
-        count += 1
-        if isinstance(node, dict):
-            stack.extend(node.keys())
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return count
 
 
 def _dotted(tree: dict[str, Any], prefix: str = "") -> list[str]:

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import yaml
 
+from ragpipe import yamlio
 from ragpipe.errors import ConfigError
 
 LABEL_FIELDS = ("item_id", "metric", "value")
@@ -393,10 +393,13 @@ def _csv_labels(path: Path) -> list[tuple[str, Label]]:
 
 def _structured_labels(path: Path) -> list[tuple[str, Label]]:
     text = path.read_text(encoding="utf-8")
-    try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"labels file {path} cannot be parsed: {exc}") from exc
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"labels file {path} cannot be parsed: {exc}") from exc
+    else:
+        data = yamlio.load(text, f"labels file {path}", yamlio.DATA_LIMIT)
     if isinstance(data, Mapping) and "labels" in data:
         data = data["labels"]
     if not isinstance(data, list):

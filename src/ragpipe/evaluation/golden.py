@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from ragpipe import yamlio
 from ragpipe.errors import ConfigError
 
 MAX_GRADE = 3
@@ -181,9 +182,10 @@ def load_golden(path: Path) -> GoldenSet:
     if not path.is_file():
         raise ConfigError(f"golden set {path} not found")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"golden set {path} is not valid YAML: {exc}") from exc
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"golden set {path} is not UTF-8 text: {exc}") from exc
+    data = yamlio.load(text, f"golden set {path}", yamlio.DATA_LIMIT)
     if not isinstance(data, dict) or not isinstance(data.get("items"), list):
         raise ConfigError(f"golden set {path}: expected a mapping with an 'items' list")
     seen: set[str] = set()

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from ragpipe import yamlio
 from ragpipe.checkpoint import atomic_write_bytes
 from ragpipe.config import FusionMethod, RagpipeConfig, RetrievalMode, RetrieveConfig
 from ragpipe.errors import ConfigError
@@ -334,7 +335,9 @@ def tuned_yaml(outcome: TuneOutcome, base: Path | None) -> str:
     """
     data: dict[str, Any] = {}
     if base is not None and base.is_file():
-        loaded = yaml.safe_load(base.read_text(encoding="utf-8"))
+        loaded = yamlio.load(
+            base.read_text(encoding="utf-8"), f"config file {base}", yamlio.CONFIG_LIMIT
+        )
         data = loaded if isinstance(loaded, dict) else {}
     retrieve = dict(data.get("retrieve") or {})
     retrieve.update(outcome.overrides)
