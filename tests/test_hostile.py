@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import random
 import shutil
@@ -30,7 +31,7 @@ import pytest
 
 from ragpipe import checkpoint
 from ragpipe.config import DiscoverConfig, RagpipeConfig, StoreConfig
-from ragpipe.errors import ConfigError, DiskFull, StageError
+from ragpipe.errors import ConfigError, DiskFull, InputError, StageError
 from ragpipe.ingest.chunk import run_chunk
 from ragpipe.ingest.clean import run_clean
 from ragpipe.ingest.convert import run_convert
@@ -689,6 +690,61 @@ def test_deeply_nested_html_is_a_failure_row_and_the_batch_goes_on(tmp_path: Pat
     assert any(f.endswith("sloppy.html") for f in files) and len(files) == 4
     assert html_depth(sloppy, 512) == 3  # html, body, ul
     assert html_depth("<a><b/><br><c></c></a>", 512) == 2
+
+
+def test_a_conversion_over_its_wall_clock_budget_is_stopped_and_the_batch_goes_on(
+    tmp_path: Path,
+) -> None:
+    """The depth pre-check turned off, the nested HTML reaches Docling and would convert
+    for over 600 s, holding the index lock; convert.timeout_s stops it in its child."""
+    from ragpipe.ingest.runner import WorkDir
+    from ragpipe.ingest.summary import read_failures
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    deep = "<html><body>" + "<div>" * 100_000 + "x" + "</div>" * 100_000 + "</body></html>"
+    (docs / "deep.html").write_text(deep, encoding="utf-8")
+    for topic in TOPICS[:3]:
+        (docs / f"{topic}.md").write_text(topic_doc(topic), encoding="utf-8")
+    (docs / "page.html").write_text("<html><body><h1>Page</h1><p>Fine.</p></body></html>", "utf-8")
+    cfg = make_config(docs, tmp_path, convert={"max_html_depth": 10**9, "timeout_s": 8})
+    started = time.monotonic()
+    summary = run_ingest(cfg)
+    assert time.monotonic() - started < 90
+    (failure,) = read_failures(WorkDir(cfg.paths.work_dir))
+    assert failure.file_path.endswith("deep.html") and failure.category == "timeout"
+    assert "convert.timeout_s (8 s)" in failure.message and summary.failed == 1
+    files = {p["file_path"] for p in stored(cfg).values()}
+    assert len(files) == 4 and any(f.endswith("page.html") for f in files)
+    children = multiprocessing.active_children()
+    assert not [c for c in children if c.name == "ragpipe-convert"]  # none left behind
+
+
+def test_a_converter_that_dies_is_a_failure_row_and_the_next_file_converts(
+    tmp_path: Path,
+) -> None:
+    from ragpipe.config import ConvertConfig
+    from ragpipe.ingest.isolate import IsolatedConverter
+    from ragpipe.schemas import SourceFile
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text("# A\n\nFirst.\n", encoding="utf-8")
+
+    def source(name: str) -> SourceFile:
+        path = docs / name
+        return SourceFile(str(path), str(path), str(docs), "markdown", path.stat().st_size, name)
+
+    with IsolatedConverter(ConvertConfig(), timeout_s=60) as converter:
+        assert converter.convert(source("a.md"), "fp").markdown.startswith("# A")
+        first = converter._process
+        assert first is not None and first.pid is not None
+        os.kill(first.pid, signal.SIGKILL)  # as the OOM killer would, mid-document
+        with pytest.raises(InputError, match=r"converter process died .*exit -9") as died:
+            converter.convert(source("a.md"), "fp")
+        assert died.value.category == "crashed"
+        again = converter.convert(source("a.md"), "fp")  # a new child
+        assert again.markdown.startswith("# A") and converter._process is not first
 
 
 def test_sitemaps_and_redirects_cannot_steer_the_fetcher_to_other_hosts(tmp_path: Path) -> None:

@@ -82,22 +82,26 @@ def test_crash_mid_convert_resumes_from_cached_documents(
     discovered = run_discover(cfg)
     from ragpipe.ingest import convert as convert_module
 
-    real = convert_module.Converter.convert
     calls: list[str] = []
 
-    def crash_on_third(self, source, fp):  # type: ignore[no-untyped-def]
-        calls.append(source.file_path)
-        if len(calls) == 3:
-            raise StageError("simulated crash")
-        return real(self, source, fp)
+    def crash_on_third(real):  # type: ignore[no-untyped-def]
+        def convert(self, source, fp):  # type: ignore[no-untyped-def]
+            calls.append(source.file_path)
+            if len(calls) == 3:
+                raise StageError("simulated crash")
+            return real(self, source, fp)
 
-    monkeypatch.setattr(convert_module.Converter, "convert", crash_on_third)
+        return convert
+
+    # The parent's side of the converter: handing files to the child (or converting them).
+    for cls in (convert_module.Converter, convert_module.IsolatedConverter):
+        monkeypatch.setattr(cls, "convert", crash_on_third(cls.convert))
     with pytest.raises(StageError):
         run_convert(cfg, discovered)
     assert checkpoint.read_manifest(tmp_path / "work" / "convert") is None  # not marked done
     assert len(list((tmp_path / "work" / "convert" / "cache").glob("*.parquet"))) == 2
 
-    monkeypatch.setattr(convert_module.Converter, "convert", real)
+    monkeypatch.undo()
     resumed = run_convert(cfg, discovered)
     assert (resumed.counts.converted, resumed.counts.skipped_unchanged) == (1, 2)
 

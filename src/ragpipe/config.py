@@ -257,6 +257,14 @@ class ConvertConfig(_Section):
     max_heading_chars: int = Field(
         default=160, gt=0, description="fast mode: lines longer than this are never headings."
     )
+    timeout_s: float = Field(
+        default=600.0,
+        ge=0,
+        description="Wall-clock budget per document: documents are converted in a child "
+        "process, and one that takes longer (or kills the converter) is a failure row "
+        "(timeout, crashed) while the batch goes on. A hung conversion otherwise held the "
+        "index lock until someone killed the run. 0 converts in this process, unbounded.",
+    )
 
 
 class CleanConfig(_Section):

@@ -36,6 +36,7 @@ from ragpipe.ingest import chunk as chunk_stage
 from ragpipe.ingest import clean as clean_stage
 from ragpipe.ingest import embed as embed_stage
 from ragpipe.ingest.convert import Converter
+from ragpipe.ingest.isolate import IsolatedConverter
 from ragpipe.ingest.pipeline import run_ingest
 from ragpipe.store import EdgeStore, QdrantStore
 
@@ -103,8 +104,9 @@ def nth(fragment: str, n: int) -> Callable[[str], bool]:
 
 def arm(point: str) -> None:
     store_types = (EdgeStore, QdrantStore)
-    if point == "convert":
+    if point == "convert":  # in this process, or handing the file to the converter's child
         Converter.convert = on_call(2, Converter.convert)  # type: ignore[method-assign]
+        IsolatedConverter.convert = on_call(2, IsolatedConverter.convert)  # type: ignore[method-assign]
     elif point == "convert-output":
         on_rename(lambda p: p.endswith("/convert/documents.parquet"))
     elif point == "clean":

@@ -24,8 +24,10 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +35,7 @@ from ragpipe import checkpoint
 from ragpipe.config import ConvertConfig, PdfMode, RagpipeConfig, fingerprint
 from ragpipe.errors import InputError, StageError
 from ragpipe.ingest import runner
+from ragpipe.ingest.isolate import IsolatedConverter
 from ragpipe.ingest.pdf_structure import Line, lines_to_markdown
 from ragpipe.schemas import (
     PAGE_MARKER,
@@ -416,9 +419,9 @@ def _cache_key(source: SourceFile, config_fp: str) -> str:
 
 def settings_fingerprint(config: ConvertConfig) -> str:
     """The convert settings that change a converted document. Limits that only refuse
-    documents (``max_html_depth``) are left out: adding or moving one must not re-convert
-    and re-embed a whole index."""
-    fields = set(ConvertConfig.model_fields) - {"max_html_depth"}
+    documents (``max_html_depth``, ``timeout_s``) are left out: adding or moving one must
+    not re-convert and re-embed a whole index."""
+    fields = set(ConvertConfig.model_fields) - {"max_html_depth", "timeout_s"}
     return fingerprint(config, CONVERT_VERSION, include=fields)
 
 
@@ -447,21 +450,32 @@ def convert_batch(config: RagpipeConfig, sources: Sequence[SourceFile]) -> int:
     finds them cached. A file that fails here is left to ``run_convert``,
     which records its failure row.
     """
-    converter = Converter(config.convert)
-    config_fp = _convert_fingerprint(converter)
+    config_fp = _convert_fingerprint(Converter(config.convert))
     cache_dir = runner.WorkDir.of(config).convert_cache
     converted = 0
-    for source in sources:
-        cached = cache_dir / f"{_cache_key(source, config_fp)}.parquet"
-        if cached.is_file():
-            continue
-        try:
-            doc = converter.convert(source, config_fp)
-        except (InputError, StageError):
-            continue
-        checkpoint.write_records(cached, [doc], Document)
-        converted += 1
+    with _bounded(config.convert) as converter:
+        for source in sources:
+            cached = cache_dir / f"{_cache_key(source, config_fp)}.parquet"
+            if cached.is_file():
+                continue
+            try:
+                doc = converter.convert(source, config_fp)
+            except (InputError, StageError):
+                continue
+            checkpoint.write_records(cached, [doc], Document)
+            converted += 1
     return converted
+
+
+@contextmanager
+def _bounded(config: ConvertConfig) -> Iterator[Converter | IsolatedConverter]:
+    """The converter documents go through: in a child process under ``timeout_s`` per
+    document, or in this process when ``timeout_s`` is 0."""
+    if not config.timeout_s:
+        yield Converter(config)
+        return
+    with IsolatedConverter(config, config.timeout_s) as isolated:
+        yield isolated
 
 
 @dataclass
@@ -482,8 +496,7 @@ def run_convert(
     started = time.perf_counter()
     work = runner.WorkDir.of(config)
     here = work.stage("convert")
-    converter = Converter(config.convert)
-    config_fp = _convert_fingerprint(converter)
+    config_fp = _convert_fingerprint(Converter(config.convert))
     plan_id = discovered.plan_id
     reused = runner.reuse_stage(
         here, "convert", config_fp, discovered.output_fingerprint, ConvertCounts, plan_id
@@ -497,7 +510,7 @@ def run_convert(
     cache_dir = work.convert_cache
     stats: Counter[str] = Counter()
 
-    def convert_one(source: SourceFile) -> Document:
+    def convert_one(converter: Converter | IsolatedConverter, source: SourceFile) -> Document:
         cached = cache_dir / f"{_cache_key(source, config_fp)}.parquet"
         if cached.is_file():
             try:
@@ -511,9 +524,10 @@ def run_convert(
         stats["converted"] += 1
         return doc
 
-    docs, failures = runner.per_document(
-        "convert", sources, convert_one, lambda s: (s.file_path, s.sha256)
-    )
+    with _bounded(config.convert) as bounded:  # its child starts only if a file needs it
+        docs, failures = runner.per_document(
+            "convert", sources, partial(convert_one, bounded), lambda s: (s.file_path, s.sha256)
+        )
     _prune_cache(cache_dir, {_cache_key(s, config_fp) for s in sources})
     counts = ConvertCounts(
         len(docs),
