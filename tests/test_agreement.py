@@ -313,7 +313,7 @@ def _fails(path: Path, body: str, match: str) -> None:
             "- {item_id: q1, metric: m, value: 1}\n- {item_id: q1, metric: m, value: 0}\n",
             r"entry 2 repeats item_id 'q1' with metric 'm' from entry 1",
         ),
-        ("- [unclosed\n", "cannot be parsed"),
+        ("- [unclosed\n", "is not valid YAML"),
     ],
 )
 def test_load_labels_yaml_errors(tmp_path: Path, body: str, match: str) -> None:
