@@ -244,7 +244,8 @@ def eval_rag(
         int | None, typer.Option(help="Judge only the first N questions (eval.rag_limit).")
     ] = None,
     llm: Annotated[
-        LLMProvider | None, typer.Option(help="Generator: llamacpp (default) or ollama.")
+        LLMProvider | None,
+        typer.Option(help="Generator: llamacpp (default), ollama or openai (llm.base_url)."),
     ] = None,
     model: Annotated[
         str | None, typer.Option(help="Generator model: a .gguf path or an Ollama model name.")

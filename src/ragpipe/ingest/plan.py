@@ -197,11 +197,11 @@ def run_plan(
             action = "changed" if stored else "added"
             todo.append(source)
         entries.append(PlanEntry(source.file_path, action, source.sha256, len(stored)))
-    if todo and config.embed.provider == EmbedProvider.OLLAMA:
+    if todo and config.embed.provider in (EmbedProvider.OLLAMA, EmbedProvider.OPENAI):
         # A remote embedder that is down or lacks the model fails now, before any
         # conversion work, not after it (the probe embeds one short text).
         dim = make_embedder(config.embed).dim
-        logger.info("plan: the Ollama embedder answers (%d dimensions)", dim)
+        logger.info("plan: the %s embedder answers (%d dimensions)", config.embed.provider, dim)
     present = {s.file_path for s in sources} | unreadable
     for path in sorted(set(versions) - present):
         entries.append(PlanEntry(path, "removed", None, len(versions[path])))

@@ -19,6 +19,7 @@ import functools
 import importlib.metadata
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -28,6 +29,7 @@ import numpy.typing as npt
 from ragpipe.config import EmbedConfig, EmbedProvider, fingerprint
 from ragpipe.errors import ConfigError, StageError
 from ragpipe.models.ollama_api import call_with_retries, ollama_client
+from ragpipe.models.openai_api import OpenAIClient, api_key
 
 if TYPE_CHECKING:
     from ragpipe.ingest.chunk import TokenCounter
@@ -345,6 +347,82 @@ class OllamaEmbedder:
         return _row(self._embed([self.query_prefix + text]))
 
 
+class OpenAIEmbedder:
+    """An OpenAI-compatible server's ``/embeddings``: batches of ``batch_size`` texts, up to
+    ``max_concurrency`` batches in flight, vectors normalised, each reply checked."""
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str,
+        key: str | None = None,
+        timeout_s: float = 60.0,
+        retries: int = 3,
+        max_concurrency: int = 4,
+        batch_size: int = 32,
+        max_tokens: int = 512,
+    ) -> None:
+        self._client = OpenAIClient(base_url, key, timeout_s, retries, max_concurrency, "embed")
+        self.model = model
+        self.base_url = base_url
+        self.batch_size = batch_size
+        self.max_concurrency = max_concurrency
+        self._max_tokens = max_tokens
+        self._dim: int | None = None
+        self.progress: Callable[[int], None] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"openai:{self.model}"
+
+    @property
+    def dim(self) -> int:
+        if self._dim is None:
+            self._dim = int(self._embed(["dimension probe"]).shape[1])
+        return self._dim
+
+    @property
+    def max_tokens(self) -> int:
+        return self._max_tokens
+
+    def _embed(self, texts: list[str]) -> Matrix:
+        reply = self._client.post("/embeddings", {"model": self.model, "input": texts})
+        rows = sorted(reply.get("data") or [], key=lambda row: row.get("index", 0))
+        if len(rows) != len(texts):
+            raise StageError(
+                f"the server at {self.base_url} returned {len(rows)} embeddings for "
+                f"{len(texts)} inputs (model {self.model})"
+            )
+        vectors = normalise([row["embedding"] for row in rows])
+        if self._dim is not None and vectors.shape[1] != self._dim:
+            raise StageError(
+                f"the server at {self.base_url} returned {vectors.shape[1]}-d vectors from "
+                f"{self.model}, {self._dim}-d before: is another model behind the name?"
+            )
+        self._dim = int(vectors.shape[1])
+        return vectors
+
+    def embed_documents(self, texts: Sequence[str]) -> Matrix:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        starts = range(0, len(texts), self.batch_size)
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+
+        def batch(start: int) -> int:
+            part = list(texts[start : start + self.batch_size])
+            out[start : start + len(part)] = self._embed(part)
+            if self.progress is not None:
+                self.progress(len(part))
+            return len(part)
+
+        with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
+            list(pool.map(batch, starts))  # re-raises the first failure
+        return out
+
+    def embed_query(self, text: str) -> Matrix:
+        return _row(self._embed([text]))
+
+
 class _Wrapper:
     """An embedder that forwards identity, size, limits and progress to ``inner``."""
 
@@ -412,6 +490,18 @@ def make_embedder(config: EmbedConfig) -> Embedder:
     embedder: Embedder
     if config.provider in (EmbedProvider.LOCAL, EmbedProvider.ONNX):
         embedder = _in_process(str(config.provider.value), config.model, config.batch_size)
+    elif config.provider == EmbedProvider.OPENAI:
+        assert config.model is not None  # EmbedConfig requires it for openai
+        embedder = OpenAIEmbedder(
+            model=config.model,
+            base_url=config.base_url,
+            key=api_key(config.api_key),
+            timeout_s=config.timeout_s,
+            retries=config.retries,
+            max_concurrency=config.max_concurrency,
+            batch_size=config.batch_size,
+            max_tokens=config.max_input_tokens,
+        )
     else:
         key = config.ollama_api_key.get_secret_value() if config.ollama_api_key else None
         embedder = OllamaEmbedder(
@@ -453,6 +543,8 @@ def embedder_name(config: EmbedConfig) -> str:
         name = Path(config.model).name if config.model else "all-MiniLM-L6-v2"
     elif config.provider == EmbedProvider.ONNX:
         name = Path(config.model).stem if config.model else "paraphrase-MiniLM-L3-v2"
+    elif config.provider == EmbedProvider.OPENAI:
+        name = f"openai:{config.model}"
     else:
         name = f"ollama:{config.model or OLLAMA_DEFAULT_MODEL}"
     return f"{name}@{config.dimensions}" if config.dimensions else name

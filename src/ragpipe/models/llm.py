@@ -1,4 +1,5 @@
-"""Language models behind one protocol: llama.cpp in-process (xllamacpp) and Ollama.
+"""Language models behind one protocol: llama.cpp in-process (xllamacpp), Ollama, and
+any OpenAI-compatible server.
 
 The generator, HyDE, the LLM chunk filter and the RAGAS judge all talk to an
 ``LLM``: chat messages in, a ``Completion`` out, optionally streamed token by
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 from ragpipe.config import LLMConfig, LLMProvider
 from ragpipe.errors import ConfigError, StageError
 from ragpipe.models.ollama_api import call_with_retries, ollama_client
+from ragpipe.models.openai_api import OpenAIClient, api_key
 
 logger = logging.getLogger(__name__)
 
@@ -298,8 +300,105 @@ class OllamaLLM:
         return -(-len(text) // 4)  # Ollama exposes no tokenizer endpoint
 
 
+class OpenAILLM:
+    """An OpenAI-compatible server's ``/chat/completions`` (vLLM, TGI, LM Studio, llama.cpp's
+    server, OpenAI): streamed when asked, a JSON schema as ``response_format``."""
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str,
+        key: str | None = None,
+        timeout_s: float = 120.0,
+        retries: int = 2,
+        max_concurrency: int = 4,
+        max_tokens: int = 384,
+        temperature: float = 0.0,
+        seed: int = 0,
+        section: str = "llm",
+    ) -> None:
+        self._client = OpenAIClient(base_url, key, timeout_s, retries, max_concurrency, section)
+        self.name = model
+        self.base_url = base_url
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.seed = seed
+
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        schema: dict[str, Any] | None = None,
+        on_token: Callable[[str], None] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
+    ) -> Completion:
+        body: dict[str, Any] = {
+            "model": self.name,
+            "messages": list(messages),
+            "max_tokens": max_tokens or self.max_tokens,
+            "temperature": self.temperature if temperature is None else temperature,
+            "seed": self.seed if seed is None else seed,
+        }
+        if schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "reply", "schema": schema},
+            }
+        started = time.perf_counter()
+        if on_token is None:
+            reply = self._client.post("/chat/completions", body)
+            choice = (reply.get("choices") or [{}])[0]
+            usage = reply.get("usage") or {}
+            return Completion(
+                (choice.get("message") or {}).get("content") or "",
+                int(usage.get("prompt_tokens", 0)),
+                int(usage.get("completion_tokens", 0)),
+                self.name,
+                time.perf_counter() - started,
+                choice.get("finish_reason"),
+            )
+        pieces: list[str] = []
+        usage, finish = {}, None
+        body["stream_options"] = {"include_usage": True}
+        with self._client.stream("/chat/completions", body) as events:
+            for event in events:
+                usage = event.get("usage") or usage
+                for choice in event.get("choices") or []:
+                    finish = choice.get("finish_reason") or finish
+                    piece = (choice.get("delta") or {}).get("content")
+                    if piece:
+                        pieces.append(piece)
+                        on_token(piece)  # GenerationCancelled closes the stream: it stops
+        return Completion(
+            "".join(pieces),
+            int(usage.get("prompt_tokens", 0)),
+            int(usage.get("completion_tokens", len(pieces))),
+            self.name,
+            time.perf_counter() - started,
+            finish,
+        )
+
+    def count_tokens(self, text: str) -> int:
+        return -(-len(text) // 4)  # the API exposes no tokenizer
+
+
 def make_llm(config: LLMConfig) -> LLM:
     """The configured model; an in-process GGUF model is loaded once per process."""
+    if config.provider == LLMProvider.OPENAI:
+        assert config.model is not None  # LLMConfig requires it for openai
+        return OpenAILLM(
+            model=config.model,
+            base_url=config.base_url,
+            key=api_key(config.api_key),
+            timeout_s=config.timeout_s,
+            retries=config.retries,
+            max_concurrency=config.max_concurrency,
+            max_tokens=config.max_tokens,
+            temperature=config.temperature,
+            seed=config.seed,
+        )
     if config.provider == LLMProvider.OLLAMA:
         key = config.api_key.get_secret_value() if config.api_key else None
         return OllamaLLM(

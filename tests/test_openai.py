@@ -1,0 +1,310 @@
+"""OpenAI-compatible providers against a real OpenAI-compatible server on loopback.
+
+The server is llama.cpp's own (xllamacpp's ``Server`` with a port: the HTTP API
+vLLM, LM Studio and llama.cpp's server speak) running the packaged SmolLM2:
+one for chat completions with an API key, one in embedding mode. Asserted:
+answers (whole and streamed), a reader that leaves stops the stream, JSON
+schema replies, HyDE, a wrong key, retries on 429/503 through a loopback
+proxy, and an index embedded through ``/v1/embeddings`` (ingest, search, a
+dimension change refused).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app as cli
+from ragpipe.config import RagpipeConfig
+from ragpipe.errors import StageError
+from ragpipe.ingest.pipeline import run_ingest
+from ragpipe.models.embedders import OpenAIEmbedder, make_embedder
+from ragpipe.models.llm import GenerationCancelled, OpenAILLM, default_gguf, make_llm
+from ragpipe.query.retrieve import Retriever
+from tests.support.paths import QUERY_CORPUS
+
+KEY = "sk-loopback-4711"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _llama_server(**settings: Any) -> Any:
+    import xllamacpp as xlc
+
+    params = xlc.CommonParams()
+    params.model.path = str(default_gguf())
+    params.n_ctx = 4096
+    params.n_parallel = 1
+    params.warmup = False
+    params.verbosity = -1
+    params.port = _free_port()
+    for name, value in settings.items():
+        setattr(params, name, value)
+    return xlc.Server(params)
+
+
+@pytest.fixture(scope="module")
+def chat_server() -> Iterator[str]:
+    """llama.cpp's OpenAI-compatible server with an API key; yields its /v1 URL."""
+    server = _llama_server(api_keys=[KEY])
+    yield f"{server.listening_address}/v1"
+
+
+@pytest.fixture(scope="module")
+def embed_server() -> Iterator[str]:
+    """The same server in embedding mode (mean pooling), no key; yields its /v1 URL."""
+    import xllamacpp as xlc
+
+    server = _llama_server(
+        embedding=True,
+        pooling_type=xlc.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN,
+        n_batch=2048,
+        n_ubatch=2048,
+    )
+    yield f"{server.listening_address}/v1"
+
+
+def _llm(url: str, **options: Any) -> OpenAILLM:
+    section = {"provider": "openai", "base_url": url, "model": "smollm2", "max_tokens": 24}
+    config = RagpipeConfig.model_validate({"llm": {**section, "api_key": KEY, **options}})
+    llm = make_llm(config.llm)
+    assert isinstance(llm, OpenAILLM)
+    return llm
+
+
+HELLO = [{"role": "user", "content": "Say hello to the bakery."}]
+
+
+def test_answers_whole_and_streamed_are_the_same_text(chat_server: str) -> None:
+    llm = _llm(chat_server)
+    whole = llm.chat(HELLO)
+    assert whole.text.strip() and whole.tokens_in > 0 and 0 < whole.tokens_out <= 24
+    pieces: list[str] = []
+    streamed = llm.chat(HELLO, on_token=pieces.append)
+    assert len(pieces) > 1 and "".join(pieces) == streamed.text == whole.text  # temperature 0
+    assert streamed.finish_reason in ("length", "stop") and streamed.model == "smollm2"
+
+
+def test_a_reader_that_leaves_stops_the_stream(chat_server: str) -> None:
+    llm = _llm(chat_server, max_tokens=400)
+    seen: list[str] = []
+
+    def leave(piece: str) -> None:
+        seen.append(piece)
+        if len(seen) == 3:
+            raise GenerationCancelled("the client went away")
+
+    with pytest.raises(GenerationCancelled):
+        llm.chat(HELLO, on_token=leave)
+    assert len(seen) == 3
+    assert llm.chat(HELLO, max_tokens=4).tokens_out <= 4  # the server took the next request
+
+
+def test_a_json_schema_constrains_the_reply(chat_server: str) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"verdict": {"enum": ["yes", "no"]}},
+        "required": ["verdict"],
+    }
+    reply = _llm(chat_server, max_tokens=32).chat(
+        [{"role": "user", "content": "Is bread baked in an oven? Answer as JSON."}], schema=schema
+    )
+    assert json.loads(reply.text)["verdict"] in ("yes", "no")
+
+
+def test_a_wrong_key_is_a_clear_error_that_never_shows_the_key(chat_server: str) -> None:
+    with pytest.raises(StageError, match=r"refused the API key \(HTTP 401") as refused:
+        _llm(chat_server, api_key="sk-wrong-key-0000").chat(HELLO)
+    assert "sk-wrong-key-0000" not in str(refused.value) and "RAGPIPE_LLM__API_KEY" in str(
+        refused.value
+    )
+
+
+def test_openai_needs_a_model_name() -> None:
+    with pytest.raises(ValueError, match="provider openai needs the served model's name"):
+        RagpipeConfig.model_validate({"llm": {"provider": "openai"}})
+    with pytest.raises(ValueError, match="served embedding model's name"):
+        RagpipeConfig.model_validate({"embed": {"provider": "openai"}})
+
+
+class _Flaky:
+    """A loopback proxy that answers the first ``failures`` requests with ``status`` (and
+    Retry-After: 0), then forwards to ``upstream``; counts what it saw."""
+
+    def __init__(self, upstream: str, failures: int, status: int = 503) -> None:
+        self.upstream, self.failures, self.status, self.seen = upstream, failures, status, 0
+        self.bodies: list[dict[str, Any]] = []
+        flaky = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                flaky.seen += 1
+                flaky.bodies.append(json.loads(body))
+                if flaky.seen <= flaky.failures:
+                    self.send_response(flaky.status)
+                    self.send_header("Retry-After", "0")
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(b'{"error": {"message": "busy"}}')
+                    return
+                reply = httpx.post(
+                    flaky.upstream + self.path.removeprefix("/v1"), content=body, timeout=60,
+                    headers={"Authorization": self.headers["Authorization"],
+                             "Content-Type": "application/json"},
+                )  # fmt: skip
+                self.send_response(reply.status_code)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(reply.content)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_429_and_5xx_are_retried_then_a_clear_error(chat_server: str) -> None:
+    flaky = _Flaky(chat_server, failures=2, status=429)
+    try:
+        assert _llm(flaky.url, retries=2).chat(HELLO).text.strip()
+        assert flaky.seen == 3  # two 429s, then the answer
+    finally:
+        flaky.close()
+    down = _Flaky(chat_server, failures=100)
+    try:
+        with pytest.raises(StageError, match=r"failed after 3 attempt\(s\).*HTTP 503: busy"):
+            _llm(down.url, retries=2).chat(HELLO)
+        assert down.seen == 3
+    finally:
+        down.close()
+
+
+def _corpus(base: Path) -> Path:
+    for name, text in QUERY_CORPUS.items():
+        (base / "corpus" / name).parent.mkdir(parents=True, exist_ok=True)
+        (base / "corpus" / name).write_text(text, encoding="utf-8")
+    return base / "corpus"
+
+
+def _embed_config(base: Path, url: str, **sections: Any) -> RagpipeConfig:
+    return RagpipeConfig.model_validate(
+        {
+            "discover": {"roots": [str(_corpus(base))]},
+            "chunk": {"size": 200, "overlap": 20},
+            "embed": {"provider": "openai", "base_url": url, "model": "smollm2-embed",
+                      "batch_size": 4, "max_concurrency": 2},
+            "store": {"path": str(base / "store")},
+            "paths": {"work_dir": str(base / "work")},
+            **sections,
+        }
+    )  # fmt: skip
+
+
+def test_an_index_embedded_through_v1_embeddings(tmp_path: Path, embed_server: str) -> None:
+    cfg = _embed_config(tmp_path, embed_server)
+    embedder = make_embedder(cfg.embed)
+    assert isinstance(embedder, OpenAIEmbedder) and embedder.name == "openai:smollm2-embed"
+    texts = ["Bake bread for 35 minutes.", "Ada Lovelace wrote the first program.", "x", "y", "z"]
+    batched = embedder.embed_documents(texts)  # two batches of up to 4, two in flight
+    one_by_one = np.vstack([embedder.embed_query(t) for t in texts])
+    assert batched.shape == (5, 576) and np.allclose(batched, one_by_one, atol=1e-4)
+    assert np.allclose(np.linalg.norm(batched, axis=1), 1, atol=1e-5)
+
+    summary = run_ingest(cfg)
+    assert summary.failed == 0 and summary.added == len(QUERY_CORPUS)
+    with Retriever(cfg) as retriever:
+        hits = retriever.search("How long should bread bake?", mode="dense").hits
+    assert hits and all(h.score <= 1.0001 for h in hits)
+    other = CliRunner().invoke(
+        cli, ["search", "bread", "--store-path", str(cfg.store.path), "--embedder", "onnx"]
+    )
+    assert other.exit_code == 2 and "openai:smollm2-embed" in other.output  # not its embedder
+
+
+def test_hyde_through_the_openai_llm(tmp_path: Path, embed_server: str, chat_server: str) -> None:
+    cfg = _embed_config(
+        tmp_path,
+        embed_server,
+        llm={"provider": "openai", "base_url": chat_server, "model": "smollm2",
+             "api_key": KEY, "max_tokens": 24},
+        retrieve={"hyde": "standard", "hyde_n": 1},
+    )  # fmt: skip
+    assert run_ingest(cfg).failed == 0
+    with Retriever(cfg) as retriever:
+        result = retriever.search("How long should bread bake?")
+    assert result.hits and len(result.trace["hyde_documents"]) == 1
+
+
+def test_a_server_that_changes_its_vectors_size_is_refused(embed_server: str) -> None:
+    embedder = OpenAIEmbedder("smollm2-embed", embed_server)
+    assert embedder.dim == 576
+    embedder._dim = 384  # as if the first replies had been 384-d: another model now
+    with pytest.raises(StageError, match="576-d vectors from smollm2-embed, 384-d before"):
+        embedder.embed_query("bread")
+
+
+def test_ask_from_the_cli_through_an_openai_server(indexed_edge: RagpipeConfig, chat_server: str):
+    env = {"RAGPIPE_LLM__PROVIDER": "openai", "RAGPIPE_LLM__BASE_URL": chat_server,
+           "RAGPIPE_LLM__MODEL": "smollm2", "RAGPIPE_LLM__API_KEY": KEY,
+           "RAGPIPE_LLM__MAX_TOKENS": "32"}  # fmt: skip
+    args = ["ask", "How long should bread bake?", "--store-path", str(indexed_edge.store.path),
+            "--embedder", "onnx", "--json"]  # fmt: skip
+    result = CliRunner().invoke(cli, args, env=env)
+    assert result.exit_code == 0, result.output
+    reply = json.loads(result.output[result.output.index("{") :])
+    assert reply["model"] == "smollm2" and reply["answer"].strip() and reply["sources"]
+    assert KEY not in result.output
+
+
+def test_eval_rag_with_an_openai_generator_and_judge(
+    indexed_edge: RagpipeConfig, chat_server: str, tmp_path: Path
+) -> None:
+    from ragpipe.evaluation.golden import load_golden
+    from ragpipe.evaluation.rag import run_rag_eval
+
+    recorder = _Flaky(chat_server, failures=0)
+    golden = tmp_path / "golden.yaml"
+    golden.write_text(
+        "name: mini\nitems:\n  - id: oven\n    query: How long should bread bake?\n"
+        "    expected_files: [bread.md]\n    expected_answer: 35 minutes at 230 degrees.\n",
+        encoding="utf-8",
+    )
+    model = {"provider": "openai", "base_url": recorder.url, "api_key": KEY, "max_tokens": 64}
+    cfg = RagpipeConfig.model_validate(
+        {**indexed_edge.model_dump(mode="python"),
+         "llm": {**model, "model": "smollm2"},
+         "eval": {**indexed_edge.eval.model_dump(mode="python"), "golden": golden,
+                  "reports_dir": tmp_path / "reports", "judge": {**model, "model": "judge"},
+                  "judge_max_tokens": 160}}
+    )  # fmt: skip
+    try:
+        result = run_rag_eval(cfg, load_golden(golden), limit=1)
+    finally:
+        recorder.close()
+    (row,) = result.rows
+    assert row.answer and row.tokens_out > 0 and result.judge["model"] == "judge"
+    models = [body["model"] for body in recorder.bodies]
+    assert models[0] == "smollm2" and models.count("judge") >= 4  # the answer, then the judge
+    structured = [b for b in recorder.bodies if b["model"] == "judge" and "response_format" in b]
+    assert structured and all(b["response_format"]["type"] == "json_schema" for b in structured)
