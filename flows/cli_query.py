@@ -124,11 +124,12 @@ def ask(
     """Answer QUESTION from the index, streaming a cited answer, then list the sources.
 
     The model is told to cite sources as [1], [2] and to answer exactly "Not found in the
-    provided documents." when they do not support an answer. Citations that point at no
-    source are reported.
+    provided documents." when they do not support an answer. Below generate.min_relevance
+    the model is not asked. Citations to sources that were not given are removed, and an
+    answer that cites nothing, loops (stopped as it starts) or is cut short is flagged.
     """
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    from ragpipe.query.generate import answer
+    from ragpipe.query.generate import BELOW_FLOOR, answer
     from ragpipe.query.render import terminal_safe
     from ragpipe.query.retrieve import Retriever
 
@@ -145,14 +146,20 @@ def ask(
             result = retriever.search(question)
             stream = None if as_json else (lambda s: print(terminal_safe(s), end="", flush=True))
             reply = answer(
-                question, result.hits, retriever.llm, cfg.generate.context_tokens, stream
+                question,
+                result.hits,
+                retriever.llm,
+                cfg.generate.context_tokens,
+                stream,
+                min_relevance=cfg.generate.min_relevance,
+                stop_looping=cfg.generate.stop_looping,
             )
     except RagpipeError as exc:
         fail(exc, 2)
     if as_json:
         print(json.dumps({**reply.as_dict(), "retrieval": result.trace}, indent=2))
         return
-    if not result.hits:
+    if not result.hits or BELOW_FLOOR in reply.flags:  # nothing was streamed
         print(terminal_safe(reply.text), end="")
     print("\n")
     shown = reply.cited or ([] if reply.not_found else reply.sources)
@@ -163,13 +170,28 @@ def ask(
             where = s.file_path + (f" p.{s.page}" if s.page is not None else "")
             line = f"  [{s.number}] {where}" + (f" — {s.heading}" if s.heading else "")
             print(terminal_safe(line))
-    if reply.invalid_citations:
-        console.print(
-            f"[yellow]warning:[/yellow] the answer cites {reply.invalid_citations}, which are "
-            f"not among the {len(reply.sources)} sources",
-            highlight=False,
-        )
+    for warning in _answer_warnings(reply):
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+    first = f", first token {reply.first_token_s:.1f}s" if reply.first_token_s is not None else ""
     console.print(
-        f"{reply.model}: {reply.tokens_in} tokens in, {reply.tokens_out} out, {reply.seconds:.1f}s",
+        f"{reply.model}: {reply.tokens_in} tokens in, {reply.tokens_out} out, "
+        f"{reply.seconds:.1f}s{first}",
         highlight=False,
     )
+
+
+def _answer_warnings(reply: Any) -> list[str]:
+    """What the flags of an answer mean, one line each."""
+    from ragpipe.query import generate as g
+
+    said = {
+        g.BELOW_FLOOR: f"no retrieved chunk is relevant enough (best cosine "
+        f"{reply.best_relevance or 0:.3f} < generate.min_relevance): not found, the model "
+        "was not asked",
+        g.INVALID_CITATIONS: f"the answer cited {reply.invalid_citations}, which are not among "
+        f"the {len(reply.sources)} sources; those citations were removed",
+        g.UNCITED: "the answer cites none of the sources: treat it as unsupported",
+        g.DEGENERATE: "the model started repeating itself and was stopped",
+        g.TRUNCATED: "the answer was cut at llm.max_tokens",
+    }
+    return [said[flag] for flag in reply.flags if flag in said]

@@ -48,6 +48,7 @@ def test_ask_streams_an_answer_and_lists_sources(indexed_edge: RagpipeConfig) ->
     assert "sources" in result.output and "bread.md" in result.output
     assert "SmolLM2-135M-Instruct.Q4_1:" in result.output
     as_json = runner.invoke(app, [*args, "--json"])
+    assert as_json.exit_code == 0, as_json.output
     data = json.loads(as_json.stdout)
     assert data["question"] == "How long should bread bake?"
     assert data["sources"][0]["file_path"].endswith("bread.md")

@@ -7,15 +7,21 @@ from typing import Any
 import pytest
 
 from ragpipe.config import RagpipeConfig
-from ragpipe.models.llm import LlamaCppLLM
+from ragpipe.models.llm import Completion, LlamaCppLLM
 from ragpipe.query.generate import (
+    BELOW_FLOOR,
+    DEGENERATE,
+    INVALID_CITATIONS,
     NOT_FOUND,
+    TRUNCATED,
+    UNCITED,
     Source,
     answer,
     build_messages,
     check_citations,
     is_not_found,
     select_sources,
+    strip_citations,
 )
 from ragpipe.query.results import Retrieved
 from ragpipe.query.retrieve import Retriever
@@ -94,7 +100,7 @@ def test_answer_from_the_index_with_the_real_model(
         hits = r.search(question, top_k=3).hits
     pieces: list[str] = []
     reply = answer(question, hits, smollm, context_tokens=2800, on_token=pieces.append)
-    assert reply.text == "".join(pieces).strip()
+    assert reply.text == strip_citations("".join(pieces).strip(), reply.invalid_citations)
     assert [s.point_id for s in reply.sources] == [hits[0].point_id, hits[2].point_id,
                                                    hits[1].point_id]  # fmt: skip
     assert reply.tokens_in > 100 and reply.tokens_out > 0 and reply.model == smollm.name
@@ -103,3 +109,78 @@ def test_answer_from_the_index_with_the_real_model(
     assert not set(reply.invalid_citations) & numbers
     data = reply.as_dict()
     assert data["sources"][0]["file_path"].endswith("bread.md")
+
+
+# -- issue 32: grounded by construction ----------------------------------------------
+
+
+class Streamer:
+    """A model that writes the given pieces one by one (or until told to stop)."""
+
+    name = "streamer"
+
+    def __init__(self, pieces: list[str], finish: str = "stop") -> None:
+        self.pieces, self.finish, self.written = pieces, finish, 0
+
+    def chat(self, messages: Any, on_token: Any = None, **options: Any) -> Completion:
+        for piece in self.pieces:
+            self.written += 1
+            if on_token is not None:
+                on_token(piece)
+        text = "".join(self.pieces)
+        return Completion(text, 50, len(self.pieces), self.name, 0.01, self.finish)
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 4
+
+
+def _scored(*cosines: float | None) -> list[Retrieved]:
+    hits = _hits(len(cosines))
+    for hit, cosine in zip(hits, cosines, strict=True):
+        hit.scores = {"chunk_cosine": cosine} if cosine is not None else {"bm25": 3.0}
+    return hits
+
+
+def test_below_the_relevance_floor_the_model_is_not_asked() -> None:
+    model = Streamer(["Paris [1]."])
+    low = answer("What is the capital of France?", _scored(0.12, 0.2), model, min_relevance=0.3)
+    assert low.not_found and low.text == NOT_FOUND and low.flags == [BELOW_FLOOR]
+    assert low.best_relevance == 0.2 and low.trusted and model.written == 0
+    high = answer("What bakes?", _scored(0.1, 0.45), model, min_relevance=0.3)
+    assert high.text == "Paris [1]." and high.flags == [] and high.best_relevance == 0.45
+    bm25_only = answer("What bakes?", _scored(None, None), model, min_relevance=0.3)
+    assert bm25_only.best_relevance is None and not bm25_only.not_found  # nothing to floor on
+    assert answer("q", _scored(0.1), model).text == "Paris [1]."  # no floor configured
+
+
+def test_citations_to_sources_not_given_are_removed_and_uncited_answers_flagged() -> None:
+    given = _scored(0.5, 0.5)  # sources [1] and [2]
+    mixed = answer("q", given, Streamer(["Bake it [1][7].", " Cool it [2, 9]."]))
+    assert mixed.text == "Bake it [1]. Cool it [2]." and mixed.invalid_citations == [7, 9]
+    assert mixed.flags == [INVALID_CITATIONS] and not mixed.trusted
+    invented = answer("q", given, Streamer(["Bread bakes for a while [11]."]))
+    assert invented.text == "Bread bakes for a while." and invented.cited == []
+    assert invented.flags == [INVALID_CITATIONS, UNCITED]
+    plain = answer("q", given, Streamer(["Bread bakes for a while."]))
+    assert plain.flags == [UNCITED] and not plain.trusted
+    refusal = answer("q", given, Streamer([NOT_FOUND]))
+    assert refusal.not_found and refusal.flags == [] and refusal.trusted
+    cut = answer("q", given, Streamer(["Bake it [1] for"], finish="length"))
+    assert cut.flags == [TRUNCATED]
+    assert strip_citations("A [1][7]. B [2, 7] c [7, 3] [7].", [7]) == "A [1]. B [2] c [3]."
+
+
+def test_a_looping_answer_is_stopped_as_it_starts_and_flagged() -> None:
+    loop = ["The answer to this question is:", "\n\n"] * 500  # SmolLM2 on the R-FAQ, measured
+    model = Streamer(loop)
+    seen: list[str] = []
+    stopped = answer("q", _scored(0.5), model, on_token=seen.append)
+    assert stopped.flags == [DEGENERATE, UNCITED] and not stopped.trusted
+    assert model.written < 64 and len(seen) == model.written - 1  # the last piece not shown
+    assert stopped.text.startswith("The answer to this question is:")
+    assert stopped.first_token_s is not None and stopped.first_token_s <= stopped.seconds
+    unguarded = Streamer(loop)
+    whole = answer("q", _scored(0.5), unguarded, stop_looping=False)
+    assert unguarded.written == 1000 and DEGENERATE in whole.flags  # still marked afterwards
+    varied = Streamer([f"Step {i} adds flour number {i} [1]. " for i in range(60)])
+    assert answer("q", _scored(0.5), varied).flags == [] and varied.written == 60

@@ -254,24 +254,73 @@ def test_ask_answers_as_json_sse_and_ndjson(served: tuple[RagpipeConfig, Any]) -
         assert streamed.strip() == events[-1][1]["answer"] != ""
 
 
-def test_a_rephrased_question_is_served_from_the_cache(served: tuple[RagpipeConfig, Any]) -> None:
-    _, client = served
-    first = client.post("/ask", json={"question": BREAD}).json()
-    assert first["cache"] == {"hit": False}
-    again = client.post("/ask", json={"question": "how long should bread bake"}).json()
-    assert again["cache"]["hit"] is True and again["cache"]["cached_query"] == BREAD
-    assert again["cache"]["similarity"] >= 0.97
-    assert again["answer"] == first["answer"] and again["question"] == "how long should bread bake"
-    other = client.post("/ask", json={"question": "How long should the dough rise?"}).json()
-    assert other["cache"] == {"hit": False}
-    narrower = client.post("/ask", json={"question": BREAD, "k": 1}).json()  # another scope
-    assert narrower["cache"] == {"hit": False}
-    with client.stream("POST", "/ask", json={"question": BREAD, "stream": "sse"}) as got:
-        events = _events(got, "sse")
-    assert [n for n, _ in events] == ["retrieval", "token", "answer"]
-    assert events[0][1]["cache"]["hit"] and events[-1][1]["answer"] == first["answer"]
-    metrics = client.get("/metrics").text
-    assert 'ragpipe_cache_lookups_total{endpoint="ask",result="hit"} 2.0' in metrics
+class Replier:
+    """A generator with one fixed reply, streamed word by word; counts its calls."""
+
+    name = "replier"
+
+    def __init__(self, text: str) -> None:
+        self.text, self.calls = text, 0
+
+    def chat(self, messages: Any, on_token: Any = None, **options: Any) -> Any:
+        from ragpipe.models.llm import Completion
+
+        self.calls += 1
+        for word in self.text.split(" "):
+            if on_token is not None:
+                on_token(word + " ")
+        return Completion(self.text, 10, len(self.text.split()), self.name, 0.01, "stop")
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 4
+
+
+def test_a_rephrased_question_is_served_from_the_cache(tmp_path: Path, onnx_embedder: Any) -> None:
+    cfg = _index(tmp_path)
+    replier = Replier("Bake the loaf for 35 minutes [1].")
+    with (
+        running(create_app(cfg, onnx_embedder, replier)) as url,
+        httpx.Client(base_url=url, timeout=60) as client,
+    ):
+        first = client.post("/ask", json={"question": BREAD}).json()
+        assert first["cache"] == {"hit": False} and first["flags"] == []
+        again = client.post("/ask", json={"question": "how long should bread bake"}).json()
+        assert again["cache"]["hit"] is True and again["cache"]["cached_query"] == BREAD
+        assert again["cache"]["similarity"] >= 0.97
+        assert again["answer"] == first["answer"]
+        assert again["question"] == "how long should bread bake"
+        other = client.post("/ask", json={"question": "How long should the dough rise?"}).json()
+        assert other["cache"] == {"hit": False}
+        narrower = client.post("/ask", json={"question": BREAD, "k": 1}).json()  # another scope
+        assert narrower["cache"] == {"hit": False}
+        with client.stream("POST", "/ask", json={"question": BREAD, "stream": "sse"}) as got:
+            events = _events(got, "sse")
+        assert [n for n, _ in events] == ["retrieval", "token", "answer"]
+        assert events[0][1]["cache"]["hit"] and events[-1][1]["answer"] == first["answer"]
+        assert replier.calls == 3  # first, other, narrower
+        metrics = client.get("/metrics").text
+        assert 'ragpipe_cache_lookups_total{endpoint="ask",result="hit"} 2.0' in metrics
+        assert "ragpipe_answer_first_token_seconds_count 3.0" in metrics
+
+
+def test_a_flagged_answer_is_shown_with_its_flags_and_never_cached(
+    tmp_path: Path, onnx_embedder: Any
+) -> None:
+    """Issue 32: the cache stored whatever the model wrote, loops and invented sources
+    included, and served it to every later asker."""
+    cfg = _index(tmp_path)
+    replier = Replier("Bread bakes for a while [9].")  # cites a source it was not given
+    with (
+        running(create_app(cfg, onnx_embedder, replier)) as url,
+        httpx.Client(base_url=url, timeout=60) as client,
+    ):
+        first = client.post("/ask", json={"question": BREAD}).json()
+        assert first["answer"] == "Bread bakes for a while." and first["invalid_citations"] == [9]
+        assert first["flags"] == ["invalid_citations_removed", "uncited"]
+        again = client.post("/ask", json={"question": BREAD}).json()
+        assert again["cache"] == {"hit": False} and replier.calls == 2
+        metrics = client.get("/metrics").text
+        assert 'ragpipe_answers_flagged_total{flag="uncited"} 2.0' in metrics
 
 
 def test_metrics_count_requests_and_time_them(served: tuple[RagpipeConfig, Any]) -> None:
@@ -365,14 +414,15 @@ def test_a_request_in_flight_keeps_its_version_across_a_switch(
 
 
 def test_the_server_switches_versions_under_load_and_empties_the_cache(
-    tmp_path: Path, onnx_embedder: Any, smollm: Any
+    tmp_path: Path, onnx_embedder: Any
 ) -> None:
     cfg = _index(tmp_path)
     old = published.current(cfg.store.path)
     seen: list[tuple[int, str | None]] = []
     stop = threading.Event()
+    replier = Replier("Bake the loaf for 35 minutes [1].")  # a cited answer: cached
     with (
-        running(create_app(cfg, onnx_embedder, smollm)) as url,
+        running(create_app(cfg, onnx_embedder, replier)) as url,
         httpx.Client(base_url=url, timeout=120) as client,
     ):
         assert client.post("/ask", json={"question": BREAD}).json()["cache"]["hit"] is False
@@ -624,14 +674,14 @@ class Dripper:
         from ragpipe.models.llm import Completion
 
         try:
-            for _ in range(1000):
+            for i in range(1000):  # distinct words: a long answer, not a looping one
                 time.sleep(0.02)
                 self.written += 1
                 if on_token is not None:
-                    on_token("word ")
+                    on_token(f"word{i} ")
         finally:
             self.finished.set()
-        return Completion("word " * 1000, 10, 1000, self.name, 20.0)
+        return Completion("".join(f"word{i} " for i in range(1000)), 10, 1000, self.name, 20.0)
 
     def count_tokens(self, text: str) -> int:
         return len(text) // 4

