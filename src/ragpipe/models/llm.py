@@ -74,8 +74,10 @@ class LLM(Protocol):
         ...
 
 
-# The packaged model ask, eval rag and the judge use when llm.model is unset.
-DEFAULT_PACKAGED = "smollm2-135m"
+# The packaged model ask, eval rag and the judge use when llm.model is unset: chosen by
+# measurement (bench/llm_choice.py, README "Language models"); SmolLM2 runs the tests'
+# plumbing.
+DEFAULT_PACKAGED = "qwen2.5-coder-1.5b"
 
 
 def default_gguf() -> Path:

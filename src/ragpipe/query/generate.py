@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ragpipe.config import GenerateConfig
 from ragpipe.evaluation.answers import is_degenerate
 from ragpipe.models.llm import LLM, GenerationCancelled, Message
 from ragpipe.query.fusion import lost_in_the_middle
@@ -167,6 +168,21 @@ def check_citations(text: str, sources: Sequence[Source]) -> tuple[list[Source],
 def is_not_found(text: str) -> bool:
     """Whether the model gave the explicit not-found answer."""
     return NOT_FOUND.lower().rstrip(".") in " ".join(text.lower().split())
+
+
+# generate.min_relevance "auto": the floor measured for an embedder (bench/llm_choice.py
+# --floor-only: the best hit's own cosine of every dev-set question, both sets, and of
+# out-of-corpus questions over the sample index).
+MEASURED_FLOORS = {"all-MiniLM-L6-v2": 0.25}
+
+
+def relevance_floor(config: GenerateConfig, embedder: str) -> float | None:
+    """The floor ``answer`` applies for an index embedded by ``embedder`` (its name)."""
+    if config.min_relevance == "off":
+        return None
+    if config.min_relevance == "auto":
+        return MEASURED_FLOORS.get(embedder)
+    return float(config.min_relevance)
 
 
 def best_relevance(hits: Sequence[Retrieved]) -> float | None:

@@ -61,7 +61,7 @@ from ragpipe.config import RagpipeConfig, RetrievalMode, ServeConfig
 from ragpipe.errors import ConfigError, RagpipeError
 from ragpipe.models.embedders import embedder_name
 from ragpipe.models.llm import GenerationCancelled
-from ragpipe.query.generate import answer
+from ragpipe.query.generate import answer, relevance_floor
 from ragpipe.query.render import search_json, to_text, to_xml
 from ragpipe.serve.cache import SemanticCache
 from ragpipe.serve.index import LiveIndex
@@ -779,7 +779,7 @@ def _generate(
                 service.index.llm,
                 generate.context_tokens,
                 on_token,
-                min_relevance=generate.min_relevance,
+                min_relevance=relevance_floor(generate, embedder_name(service.config.embed)),
                 stop_looping=generate.stop_looping,
             )
             if reply.first_token_s is not None:
