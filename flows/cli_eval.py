@@ -243,6 +243,13 @@ def eval_rag(
     limit: Annotated[
         int | None, typer.Option(help="Judge only the first N questions (eval.rag_limit).")
     ] = None,
+    sample: Annotated[
+        int | None,
+        typer.Option(
+            help="Judge a stratified sample of N questions (answerable or not, target files), "
+            "the same for the same eval.seed (eval.rag_sample)."
+        ),
+    ] = None,
     llm: Annotated[
         LLMProvider | None,
         typer.Option(help="Generator: llamacpp (default), ollama or openai (llm.base_url)."),
@@ -283,8 +290,8 @@ def eval_rag(
     calibration probe built from the golden set and the index; below eval.judge_min_kappa
     its metrics (faithfulness, answer relevancy, context precision and recall) are headlined
     "judge unreliable" without a value. Every metric shows n scored, failed and not
-    applicable; a CI needs n >= 2. Slow on CPU: about 30 s per question with the packaged
-    SmolLM2 (use --limit).
+    applicable; a CI needs n >= 2. Slow on CPU: the expected duration is logged after the
+    calibration probe; use --sample N (stratified) or --limit N.
     """
     prefect_env(verbose)
     try:
@@ -293,7 +300,7 @@ def eval_rag(
             store_path,
             embedder,
             {"mode": mode, "top_k": k},
-            {"golden": golden, "rag_limit": limit, "reports_dir": reports_dir,
+            {"golden": golden, "rag_limit": limit, "rag_sample": sample, "reports_dir": reports_dir,
              "skip_unmatched": skip_unmatched, "labels": labels,
              "judge_probe_size": probe_size},
         )  # fmt: skip

@@ -122,7 +122,7 @@ def evaluate_rag(config: RagpipeConfig, name: str | None = None) -> RunSummary:
 @flow(name="eval-rag", log_prints=False)
 def eval_rag_flow(
     golden: str | None = None,
-    limit: PositiveInt | None = None,
+    sample: PositiveInt | None = None,
     mode: RetrievalMode | None = None,
     fusion_method: FusionMethod | None = None,
     dense_weight: NonNegativeFloat | None = None,
@@ -142,7 +142,8 @@ def eval_rag_flow(
 
     Args:
         golden: Golden set YAML, e.g. eval/golden/r-faq-dev.yaml (eval.golden).
-        limit: Judge only the first N questions; about 30 s each on CPU (eval.rag_limit).
+        sample: Judge a stratified sample of N questions, the same for the same seed
+            (eval.rag_sample). The run logs its expected duration after the judge's probe.
         mode: dense, sparse (BM25) or hybrid (retrieve.mode).
         fusion_method: How hybrid fuses the dense and BM25 lists (retrieve.fusion_method).
         dense_weight: Weight of the dense list in rrf/dbsf fusion (retrieve.dense_weight).
@@ -158,7 +159,8 @@ def eval_rag_flow(
             directory, RAGPIPE_HOME).
     """
     config = _from_form(
-        config_path, golden=golden, limit=limit, mode=mode, fusion_method=fusion_method,
+        config_path, golden=golden, sample=sample, mode=mode,
+        fusion_method=fusion_method,
         dense_weight=dense_weight, sparse_weight=sparse_weight, top_k=top_k, rerank=rerank,
         skip_unmatched=skip_unmatched, labels=labels,
     )  # fmt: skip

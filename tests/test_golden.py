@@ -149,3 +149,22 @@ def test_the_shipped_dev_set_is_the_faq_and_rebuilds_identically(tmp_path: Path)
         capture_output=True,
     )
     assert out.read_text(encoding="utf-8") == shipped.read_text(encoding="utf-8")
+
+
+def test_a_stratified_sample_takes_each_stratum_in_turn_and_is_the_same_per_seed() -> None:
+    from ragpipe.evaluation.golden import GoldenItem, stratified_sample
+
+    items = [GoldenItem(f"a{i}", "q", {"a.md": 1}) for i in range(6)]
+    items += [GoldenItem(f"b{i}", "q", {"b.md": 1}) for i in range(3)]
+    items += [GoldenItem(f"x{i}", "q", {}, answerable=False) for i in range(2)]
+    sample = stratified_sample(items, 5, seed=7)
+    ids = [item.id for item in sample]
+    # Strata in order (False, ""), (True, "a.md"), (True, "b.md"): two rounds of three,
+    # cut at five: two unanswerable, two from a.md, one from b.md; in the golden order.
+    assert len(ids) == 5 and ids == sorted(ids, key=[i.id for i in items].index)
+    assert [i[0] for i in ids].count("x") == 2 and [i[0] for i in ids].count("a") == 2
+    assert [i[0] for i in ids].count("b") == 1
+    assert stratified_sample(items, 5, seed=7) == sample  # the same items for the same seed
+    others = [stratified_sample(items, 5, seed=s) for s in range(20)]
+    assert len({tuple(i.id for i in o) for o in others}) > 1  # the seed does choose
+    assert stratified_sample(items, 50, seed=7) == items  # asking for more keeps all

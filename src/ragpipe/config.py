@@ -930,6 +930,13 @@ class EvalConfig(_Section):
         gt=0,
         description="RAG eval: judge only the first N golden items (the judge is slow on CPU).",
     )
+    rag_sample: int | None = Field(
+        default=None,
+        gt=0,
+        description="RAG eval: judge a stratified sample of N golden items instead of all: "
+        "one from each stratum in turn (answerable or not, and the target file), the same "
+        "items for the same eval.seed (the judge is slow on CPU).",
+    )
     skip_unmatched: bool = Field(
         default=False,
         description="Golden items whose targets (files, chunk headings, contained text) match "

@@ -32,6 +32,7 @@ FORM_FIELDS: dict[str, tuple[str, str]] = {
     "granularity": ("eval", "granularity"),
     "depth": ("eval", "depth"),
     "limit": ("eval", "rag_limit"),
+    "sample": ("eval", "rag_sample"),
     "skip_unmatched": ("eval", "skip_unmatched"),
     "labels": ("eval", "labels"),
     "mode": ("retrieve", "mode"),

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import csv
 import json
+import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -280,3 +282,26 @@ def import_beir(directory: Path, out_corpus: Path, split: str = "test") -> Golde
     if not items:
         raise ConfigError(f"BEIR import: no query in {qrels_file} has a relevant document")
     return GoldenSet(directory.name, items, f"BEIR {directory.name} ({split})", str(directory))
+
+
+def stratified_sample(items: Sequence[GoldenItem], n: int, seed: int) -> list[GoldenItem]:
+    """``n`` items spread over their strata (answerable or not, and the first target file):
+    one from each stratum in turn, each stratum shuffled by ``seed``; in the golden order."""
+    if n >= len(items):
+        return list(items)
+    strata: dict[tuple[bool, str], list[int]] = {}
+    for index, item in enumerate(items):
+        target = item.chunks[0].file if item.chunks else next(iter(item.relevance), "")
+        strata.setdefault((item.answerable, target), []).append(index)
+    rng = random.Random(seed)
+    queues = []
+    for key in sorted(strata):
+        members = strata[key]
+        rng.shuffle(members)
+        queues.append(members)
+    chosen: list[int] = []
+    while len(chosen) < n:
+        for queue in queues:
+            if queue and len(chosen) < n:
+                chosen.append(queue.pop())
+    return [items[i] for i in sorted(chosen)]

@@ -23,6 +23,7 @@ recorded as null with its reason, never as 0.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import re
@@ -38,7 +39,7 @@ from ragpipe.evaluation import answers
 from ragpipe.evaluation.agreement import PPIEstimate, labels_by_metric, load_labels, ppi_mean
 from ragpipe.evaluation.calibration import Calibration, build_probe, calibrate
 from ragpipe.evaluation.check import IndexView
-from ragpipe.evaluation.golden import GoldenItem, GoldenSet, file_matches
+from ragpipe.evaluation.golden import GoldenItem, GoldenSet, file_matches, stratified_sample
 from ragpipe.evaluation.metrics import Interval, bootstrap_ci
 from ragpipe.models.embedders import Embedder, embedder_name, make_embedder
 from ragpipe.models.llm import LLM, make_llm
@@ -69,6 +70,8 @@ SCORE_RANGE = {"answer_relevancy": (-1.0, 1.0)}
 OK, FAILED, NOT_APPLICABLE = "ok", "failed", "not_applicable"
 
 M = TypeVar("M")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -329,12 +332,18 @@ def score_answer(
     return scores, sources, cited, answers.repetition_share(reply.text)
 
 
+# Structured judge calls RAGAS makes for one question: faithfulness (statements, then
+# verdicts), answer relevancy (questions), context precision (one per context) and recall.
+JUDGE_CALLS_PER_ITEM = 8
+
+
 def run_rag_eval(
     config: RagpipeConfig,
     golden: GoldenSet,
     *,
     name: str | None = None,
     limit: int | None = None,
+    sample: int | None = None,
     retriever: Retriever | None = None,
     generator: LLM | None = None,
     judge_llm: LLM | None = None,
@@ -350,6 +359,8 @@ def run_rag_eval(
             built from it (from the retriever's store when None).
     """
     items: Sequence[GoldenItem] = golden.items[:limit] if limit else golden.items
+    if sample:
+        items = stratified_sample(items, sample, config.eval.seed)
     embedder = embedder or make_embedder(config.embed)
     own = retriever is None
     retriever = retriever or Retriever(config, embedder=embedder, llm=generator)
@@ -367,9 +378,18 @@ def run_rag_eval(
             probe = build_probe(golden, view or IndexView(retriever.store), ev.judge_probe_size,
                                 ev.seed)  # fmt: skip
             if len(probe) >= 4:
+                probed = time.perf_counter()
                 calibration = calibrate(judge_model, probe, min_kappa=ev.judge_min_kappa,
                                         timeout_s=ev.judge_timeout_s,
                                         resamples=ev.resamples, seed=ev.seed)  # fmt: skip
+                per_call = (time.perf_counter() - probed) / len(probe)
+                logger.warning(  # shown by the CLI too: the run may take long
+                    "expected duration: about %.0f min for %d question(s): each is one answer "
+                    "and about %d judge calls, and a model call took %.1f s on the calibration "
+                    "probe (answers take longer: they read the sources)",
+                    len(items) * (1 + JUDGE_CALLS_PER_ITEM) * per_call / 60, len(items),
+                    JUDGE_CALLS_PER_ITEM, per_call,
+                )  # fmt: skip
             else:
                 notes.append(
                     f"the calibration probe needs at least 4 pairs; the golden set and index "

@@ -447,8 +447,8 @@ def run_rag(
         golden, check = checked_golden(config, view, "answer")
         corpus = corpus_fingerprint(retriever)
         result = run_rag_eval(
-            config, golden, name=name, limit=config.eval.rag_limit, retriever=retriever,
-            view=view, progress=progress,
+            config, golden, name=name, limit=config.eval.rag_limit,
+            sample=config.eval.rag_sample, retriever=retriever, view=view, progress=progress,
         )  # fmt: skip
     summary = with_check(rag_summary(result, config, corpus), check)
     return result, write_run(summary, rag_table(result), config.eval.reports_dir)

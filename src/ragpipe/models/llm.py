@@ -160,7 +160,7 @@ class LlamaCppLLM:
             else:
                 pieces: list[str] = []
                 last: dict[str, Any] = {}
-                cancelled = False
+                cancelled: GenerationCancelled | None = None
 
                 def receive(chunk: Any) -> bool:
                     nonlocal last, cancelled
@@ -173,14 +173,14 @@ class LlamaCppLLM:
                             pieces.append(piece)
                             try:
                                 on_token(piece)
-                            except GenerationCancelled:
-                                cancelled = True
+                            except GenerationCancelled as stop:  # raised again below, as is
+                                cancelled = stop
                                 return True  # xllamacpp stops generating when told True
                     return False
 
                 self._server.handle_chat_completions({**request, "stream": True}, receive)
-                if cancelled:
-                    raise GenerationCancelled(f"stopped after {len(pieces)} pieces")
+                if cancelled is not None:  # the reader's own reason (gone, or looping)
+                    raise cancelled
                 text = "".join(pieces)
                 timings = last.get("timings", {})
                 finish = (last.get("choices") or [{}])[0].get("finish_reason")
