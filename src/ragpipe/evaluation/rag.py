@@ -383,12 +383,13 @@ def run_rag_eval(
                                         timeout_s=ev.judge_timeout_s,
                                         resamples=ev.resamples, seed=ev.seed)  # fmt: skip
                 per_call = (time.perf_counter() - probed) / len(probe)
+                expected = len(items) * (1 + JUDGE_CALLS_PER_ITEM) * per_call
                 logger.warning(  # shown by the CLI too: the run may take long
-                    "expected duration: about %.0f min for %d question(s): each is one answer "
-                    "and about %d judge calls, and a model call took %.1f s on the calibration "
+                    "expected duration: about %s for %d question(s): each is one answer and "
+                    "about %d judge calls, and a model call took %.1f s on the calibration "
                     "probe (answers take longer: they read the sources)",
-                    len(items) * (1 + JUDGE_CALLS_PER_ITEM) * per_call / 60, len(items),
-                    JUDGE_CALLS_PER_ITEM, per_call,
+                    f"{expected:.0f} s" if expected < 90 else f"{expected / 60:.0f} min",
+                    len(items), JUDGE_CALLS_PER_ITEM, per_call,
                 )  # fmt: skip
             else:
                 notes.append(
