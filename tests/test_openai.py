@@ -29,7 +29,7 @@ from ragpipe.config import RagpipeConfig
 from ragpipe.errors import StageError
 from ragpipe.ingest.pipeline import run_ingest
 from ragpipe.models.embedders import OpenAIEmbedder, make_embedder
-from ragpipe.models.llm import GenerationCancelled, OpenAILLM, default_gguf, make_llm
+from ragpipe.models.llm import GenerationCancelled, OpenAILLM, make_llm, resolve_gguf
 from ragpipe.query.retrieve import Retriever
 from tests.support.paths import QUERY_CORPUS
 
@@ -46,7 +46,7 @@ def _llama_server(**settings: Any) -> Any:
     import xllamacpp as xlc
 
     params = xlc.CommonParams()
-    params.model.path = str(default_gguf())
+    params.model.path = str(resolve_gguf("smollm2-135m"))  # module fixtures: no autouse pin
     params.n_ctx = 4096
     params.n_parallel = 1
     params.warmup = False

@@ -255,7 +255,34 @@ class OnnxEmbedder:
         return _row(self._encode([text]))
 
 
-class OllamaEmbedder:
+class _Served:
+    """What the embedders behind a server share: a name from the provider and model, the
+    size learnt from one probe (then kept: every reply is checked against it), the limit."""
+
+    provider = ""
+    model: str
+    _max_tokens: int
+    _dim: int | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.provider}:{self.model}"
+
+    @property
+    def dim(self) -> int:
+        if self._dim is None:
+            self._dim = int(self._embed(["dimension probe"]).shape[1])
+        return self._dim
+
+    @property
+    def max_tokens(self) -> int:
+        return self._max_tokens
+
+    def _embed(self, texts: list[str]) -> Matrix:
+        raise NotImplementedError
+
+
+class OllamaEmbedder(_Served):
     """An Ollama server's ``/api/embed``, batched, with bounded retries.
 
     Args:
@@ -266,6 +293,8 @@ class OllamaEmbedder:
         api_key: Bearer token, for servers behind an authenticating proxy.
         document_prefix, query_prefix: Instruction prefixes; default per model.
     """
+
+    provider = "ollama"
 
     def __init__(
         self,
@@ -290,20 +319,6 @@ class OllamaEmbedder:
         self._max_tokens = max_tokens
         self._dim: int | None = None
         self.progress: Callable[[int], None] | None = None
-
-    @property
-    def name(self) -> str:
-        return f"ollama:{self.model}"
-
-    @property
-    def dim(self) -> int:
-        if self._dim is None:
-            self._dim = int(self._embed(["dimension probe"]).shape[1])
-        return self._dim
-
-    @property
-    def max_tokens(self) -> int:
-        return self._max_tokens
 
     def _embed(self, texts: list[str]) -> Matrix:
         response = self._call(lambda: self._client.embed(model=self.model, input=texts))
@@ -347,9 +362,11 @@ class OllamaEmbedder:
         return _row(self._embed([self.query_prefix + text]))
 
 
-class OpenAIEmbedder:
+class OpenAIEmbedder(_Served):
     """An OpenAI-compatible server's ``/embeddings``: batches of ``batch_size`` texts, up to
     ``max_concurrency`` batches in flight, vectors normalised, each reply checked."""
+
+    provider = "openai"
 
     def __init__(
         self,
@@ -370,20 +387,6 @@ class OpenAIEmbedder:
         self._max_tokens = max_tokens
         self._dim: int | None = None
         self.progress: Callable[[int], None] | None = None
-
-    @property
-    def name(self) -> str:
-        return f"openai:{self.model}"
-
-    @property
-    def dim(self) -> int:
-        if self._dim is None:
-            self._dim = int(self._embed(["dimension probe"]).shape[1])
-        return self._dim
-
-    @property
-    def max_tokens(self) -> int:
-        return self._max_tokens
 
     def _embed(self, texts: list[str]) -> Matrix:
         reply = self._client.post("/embeddings", {"model": self.model, "input": texts})
