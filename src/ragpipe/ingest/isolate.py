@@ -185,5 +185,7 @@ class IsolatedConverter:
     def __enter__(self) -> IsolatedConverter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None:  # interrupted (SIGTERM, Ctrl-C) or failed: no waiting
+            self._stop()
         self.close()
