@@ -130,7 +130,7 @@ def ask(
     """
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     from ragpipe.models.embedders import embedder_name
-    from ragpipe.query.generate import BELOW_FLOOR, answer, relevance_floor
+    from ragpipe.query.generate import BELOW_FLOOR, answer, flag_warnings, relevance_floor
     from ragpipe.query.render import terminal_safe
     from ragpipe.query.retrieve import Retriever
 
@@ -171,7 +171,7 @@ def ask(
             where = s.file_path + (f" p.{s.page}" if s.page is not None else "")
             line = f"  [{s.number}] {where}" + (f" — {s.heading}" if s.heading else "")
             print(terminal_safe(line))
-    for warning in _answer_warnings(reply):
+    for warning in flag_warnings(reply):
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
     first = f", first token {reply.first_token_s:.1f}s" if reply.first_token_s is not None else ""
     console.print(
@@ -179,20 +179,3 @@ def ask(
         f"{reply.seconds:.1f}s{first}",
         highlight=False,
     )
-
-
-def _answer_warnings(reply: Any) -> list[str]:
-    """What the flags of an answer mean, one line each."""
-    from ragpipe.query import generate as g
-
-    said = {
-        g.BELOW_FLOOR: f"no retrieved chunk is relevant enough (best cosine "
-        f"{reply.best_relevance or 0:.3f} < generate.min_relevance): not found, the model "
-        "was not asked",
-        g.INVALID_CITATIONS: f"the answer cited {reply.invalid_citations}, which are not among "
-        f"the {len(reply.sources)} sources; those citations were removed",
-        g.UNCITED: "the answer cites none of the sources: treat it as unsupported",
-        g.DEGENERATE: "the model started repeating itself and was stopped",
-        g.TRUNCATED: "the answer was cut at llm.max_tokens",
-    }
-    return [said[flag] for flag in reply.flags if flag in said]

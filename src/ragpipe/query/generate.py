@@ -293,3 +293,18 @@ def answer(
         first_token_s=first[0] if first else None,
         best_relevance=relevance,
     )
+
+
+def flag_warnings(reply: Answer) -> list[str]:
+    """What each of an answer's flags means for its reader, one line each."""
+    said = {
+        BELOW_FLOOR: f"no retrieved chunk is relevant enough (best cosine "
+        f"{reply.best_relevance or 0:.3f} < generate.min_relevance): not found, the model "
+        "was not asked",
+        INVALID_CITATIONS: f"the answer cited {reply.invalid_citations}, which are not among "
+        f"the {len(reply.sources)} sources; those citations were removed",
+        UNCITED: "the answer cites none of the sources: treat it as unsupported",
+        DEGENERATE: "the model started repeating itself and was stopped",
+        TRUNCATED: "the answer was cut at llm.max_tokens",
+    }
+    return [said[flag] for flag in reply.flags if flag in said]
