@@ -154,6 +154,7 @@ def ask(
                 stream,
                 min_relevance=relevance_floor(cfg.generate, embedder_name(cfg.embed)),
                 stop_looping=cfg.generate.stop_looping,
+                cite_grammar=cfg.generate.cite_grammar,
             )
     except RagpipeError as exc:
         fail(exc, 2)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from ragpipe.config import RagpipeConfig
-from ragpipe.models.llm import Completion, LlamaCppLLM
+from ragpipe.models.llm import Completion, LazyLLM, LlamaCppLLM
 from ragpipe.query.generate import (
     BELOW_FLOOR,
     DEGENERATE,
@@ -15,10 +15,12 @@ from ragpipe.query.generate import (
     NOT_FOUND,
     TRUNCATED,
     UNCITED,
+    WITHDRAWN,
     Source,
     answer,
     build_messages,
     check_citations,
+    citation_grammar,
     is_not_found,
     select_sources,
     strip_citations,
@@ -118,6 +120,7 @@ class Streamer:
     """A model that writes the given pieces one by one (or until told to stop)."""
 
     name = "streamer"
+    takes_grammar = False  # a scripted reply: nothing to constrain
 
     def __init__(self, pieces: list[str], finish: str = "stop") -> None:
         self.pieces, self.finish, self.written = pieces, finish, 0
@@ -165,6 +168,12 @@ def test_citations_to_sources_not_given_are_removed_and_uncited_answers_flagged(
     assert plain.flags == [UNCITED] and not plain.trusted
     refusal = answer("q", given, Streamer([NOT_FOUND]))
     assert refusal.not_found and refusal.flags == [] and refusal.trusted
+    # Measured (qwen2.5-coder-1.5b, "How do I install PostgreSQL on Ubuntu?" over the R
+    # manuals): instructions from its own knowledge, then the not-found sentence.
+    hedged = answer("q", given, Streamer(["Run apt install postgresql.\n\n", NOT_FOUND, " [2]"]))
+    assert hedged.not_found and hedged.text == NOT_FOUND and hedged.cited == []
+    assert hedged.flags == [WITHDRAWN] and hedged.trusted
+    assert hedged.withdrawn == f"Run apt install postgresql.\n\n{NOT_FOUND} [2]"
     cut = answer("q", given, Streamer(["Bake it [1] for"], finish="length"))
     assert cut.flags == [TRUNCATED]
     assert strip_citations("A [1][7]. B [2, 7] c [7, 3] [7].", [7]) == "A [1]. B [2] c [3]."
@@ -200,12 +209,42 @@ def test_the_floor_is_the_one_measured_for_the_index_embedder() -> None:
         GenerateConfig(min_relevance=2)
 
 
+def test_the_citation_grammar_is_what_llama_cpp_is_given() -> None:
+    assert citation_grammar(3).splitlines() == [
+        'root ::= "Not found in the provided documents." | body',
+        'body ::= [^\\x00]* cite "."?',
+        'cite ::= " "? "[" number "]" ("[" number "]")*',
+        'number ::= "3" | "2" | "1"',
+    ]
+    with pytest.raises(ValueError, match="at least one source"):
+        citation_grammar(0)
+
+
+def test_the_grammar_makes_the_real_model_end_with_a_given_source(
+    indexed_edge: RagpipeConfig, smollm: LlamaCppLLM
+) -> None:
+    """SmolLM2 answers the bread question without a citation and stops (measured, temperature
+    0). Under the grammar llama.cpp does not let it stop there: it can only go on, and being
+    SmolLM2 it goes on until it loops and is stopped. An answer that finished on its own
+    under the grammar ends citing a given source (the default model's test below)."""
+    question = "How long should bread bake in the oven?"
+    with Retriever(indexed_edge) as r:
+        hits = r.search(question, top_k=3).hits
+    free = answer(question, hits, smollm, cite_grammar=False)
+    assert free.flags == [UNCITED] and free.cited == [] and free.tokens_out < 64
+    pieces: list[str] = []
+    bound = answer(question, hits, smollm, on_token=pieces.append)
+    assert bound.text.startswith(free.text)  # the same reply, not allowed to end there
+    assert bound.flags[0] in (DEGENERATE, TRUNCATED), bound.flags
+    assert "".join(pieces).strip().startswith(free.text)  # streamed under the grammar too
+
+
 @pytest.mark.slow
 def test_the_default_model_cites_and_refuses_on_the_sample_index(tmp_path: Any) -> None:
     """Issue 32 on the demo: SmolLM2 looped on "How should I cite R?"; the default packaged
-    model gives the R FAQ's entry. It often quotes without a [n] (measured: uncited here),
-    which the answer says (flag uncited) instead of passing it off as cited. "What is the
-    capital of France?" is not found without asking the model."""
+    model gives the R FAQ's entry and, bound by the citation grammar, cites its section (on
+    its own it quoted the entry uncited). "What is the capital of France?" is not found
+    without asking, or even loading, the model."""
     import ragpipe.models.llm
     from ragpipe.ingest.pipeline import run_ingest
     from ragpipe.models.llm import make_llm
@@ -228,8 +267,63 @@ def test_the_default_model_cites_and_refuses_on_the_sample_index(tmp_path: Any) 
                       min_relevance=0.25)  # fmt: skip
         france_hits = retriever.search("What is the capital of France?").hits
     assert "R Core Team" in cite.text and "R Foundation for Statistical Computing" in cite.text
-    assert set(cite.flags) <= {UNCITED} and (UNCITED in cite.flags) == (not cite.cited)
-    assert not cite.invalid_citations and all("R-FAQ" in s.file_path for s in cite.cited)
+    assert cite.flags == [] and cite.trusted and not cite.invalid_citations
+    assert any("Citing R" in s.heading for s in cite.cited), [s.heading for s in cite.cited]
     assert cite.first_token_s is not None and cite.first_token_s < cite.seconds
-    france = answer("What is the capital of France?", france_hits, llm, min_relevance=0.25)
+    unloaded = LazyLLM(cfg.llm)
+    france = answer("What is the capital of France?", france_hits, unloaded, min_relevance=0.25)
     assert france.not_found and france.flags == ["below_relevance_floor"] and france.tokens_in == 0
+    assert france.model == "SmolLM2-135M-Instruct.Q4_1" and unloaded._llm is None
+
+
+# -- the context budget in the model's own tokens -------------------------------------
+
+TOKEN_TEXTS = [
+    "Hello world",
+    'x <- c(1, 2, 3)\nDF[order(DF$a, DF[["b"]]), ]',
+    "Ünïcödé naïve café 12345 ½ — “quotes”",
+    "  leading spaces\n\n\ttabs and 3.14159 numbers 2024-11-24",
+    "| Model | Size |\n|---|---|\n| SmolLM2 | 135M |",
+]
+
+
+def test_the_budget_counts_what_llama_cpp_counts(smollm: LlamaCppLLM) -> None:
+    """The tokenizer rebuilt from the GGUF file's vocabulary against llama.cpp's own count of
+    the same text (its completion endpoint reports the prompt's tokens); the 4-characters
+    estimate it replaces under-counts these texts by a third."""
+    from tests.support.paths import SHARED
+
+    markdown = (SHARED / "groundtruth" / "code_and_formula.md").read_text("utf-8")
+    texts = [*TOKEN_TEXTS, markdown[:3000]]
+    ours = [smollm.count_tokens(text) for text in texts]
+    theirs = []
+    for text in texts:
+        request = {"prompt": text, "max_tokens": 1, "cache_prompt": False}
+        theirs.append(smollm._server.handle_completions(request)["timings"]["prompt_n"])
+    assert ours == theirs
+    assert ours[:5] == [2, 29, 24, 28, 24]  # SmolLM2 splits digits one by one
+    assert sum(ours) > 1.4 * sum(-(-len(text) // 4) for text in texts)  # 1,179 vs 800
+
+
+def _gguf(path: Any, metadata: dict[str, str]) -> Any:
+    import struct
+
+    def string(value: str) -> bytes:
+        data = value.encode("utf-8")
+        return struct.pack("<Q", len(data)) + data
+
+    body = b"".join(string(k) + struct.pack("<I", 8) + string(v) for k, v in metadata.items())
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(metadata)) + body)
+    return path
+
+
+def test_a_vocabulary_it_cannot_rebuild_keeps_the_estimate(tmp_path: Any) -> None:
+    from ragpipe.models.gguf_vocab import gguf_tokenizer, read_metadata
+
+    sentencepiece = _gguf(tmp_path / "spm.gguf", {"general.name": "x",
+                                                  "tokenizer.ggml.model": "llama"})  # fmt: skip
+    assert read_metadata(sentencepiece) == {"tokenizer.ggml.model": "llama"}
+    assert gguf_tokenizer(sentencepiece) is None
+    (tmp_path / "not.gguf").write_bytes(b"PK\x03\x04")
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        read_metadata(tmp_path / "not.gguf")

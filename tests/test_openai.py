@@ -30,6 +30,8 @@ from ragpipe.errors import StageError
 from ragpipe.ingest.pipeline import run_ingest
 from ragpipe.models.embedders import OpenAIEmbedder, make_embedder
 from ragpipe.models.llm import GenerationCancelled, OpenAILLM, make_llm, resolve_gguf
+from ragpipe.query.generate import answer
+from ragpipe.query.results import Retrieved
 from ragpipe.query.retrieve import Retriever
 from tests.support.paths import QUERY_CORPUS
 
@@ -124,6 +126,23 @@ def test_a_json_schema_constrains_the_reply(chat_server: str) -> None:
         [{"role": "user", "content": "Is bread baked in an oven? Answer as JSON."}], schema=schema
     )
     assert json.loads(reply.text)["verdict"] in ("yes", "no")
+
+
+def test_a_grammar_reaches_llama_cpps_server_only_when_it_is_said_to_take_one(
+    chat_server: str,
+) -> None:
+    """llm.grammar: true sends llama.cpp's GBNF field (its server enforces it: the reply is
+    exactly what the grammar allows); without it the provider refuses a grammar, and the
+    answer path (generate.cite_grammar) does not ask for one."""
+    told = _llm(chat_server, grammar=True, max_tokens=8)
+    assert told.takes_grammar
+    assert told.chat(HELLO, grammar='root ::= "[2]"').text == "[2]"
+    plain = _llm(chat_server)
+    assert not plain.takes_grammar
+    with pytest.raises(ValueError, match=r"llm\.grammar"):
+        plain.chat(HELLO, grammar='root ::= "[2]"')
+    hits = [Retrieved("p1", 1.0, {"text": "Bread bakes 35 minutes.", "file_path": "bread.md"})]
+    assert answer("How long does bread bake?", hits, plain).model == "smollm2"  # no grammar sent
 
 
 def test_a_wrong_key_is_a_clear_error_that_never_shows_the_key(chat_server: str) -> None:
@@ -308,3 +327,4 @@ def test_eval_rag_with_an_openai_generator_and_judge(
     assert models[0] == "smollm2" and models.count("judge") >= 4  # the answer, then the judge
     structured = [b for b in recorder.bodies if b["model"] == "judge" and "response_format" in b]
     assert structured and all(b["response_format"]["type"] == "json_schema" for b in structured)
+

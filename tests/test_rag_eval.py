@@ -53,6 +53,7 @@ class Canned:
 
     def __init__(self, name: str, reply: str) -> None:
         self.name, self.reply = name, reply
+        self.takes_grammar = False
 
     def chat(self, messages: Any, **kwargs: Any) -> Completion:
         return Completion(self.reply, 5, 5, self.name, 0.0)
@@ -200,6 +201,7 @@ class Scripted:
     """A generator with a fixed reply per question (chosen by a word in it)."""
 
     name = "scripted"
+    takes_grammar = False  # a scripted reply: nothing to constrain
 
     def __init__(self, replies: dict[str, str]) -> None:
         self.replies = replies
@@ -340,6 +342,7 @@ class Oracle:
     """A judge that knows every probe pair's truth: kappa 1."""
 
     name = "oracle"
+    takes_grammar = False  # a scripted reply: nothing to constrain
 
     def __init__(self, truths: dict[str, int]) -> None:
         self.truths = truths

@@ -479,6 +479,7 @@ class ScriptedLLM:
     """Replies with fixed text: the only way to get malformed output on demand."""
 
     name = "scripted"
+    takes_grammar = False  # a scripted reply: nothing to constrain
 
     def __init__(self, reply: str) -> None:
         self.reply = reply

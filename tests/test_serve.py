@@ -258,6 +258,7 @@ class Replier:
     """A generator with one fixed reply, streamed word by word; counts its calls."""
 
     name = "replier"
+    takes_grammar = False  # a scripted reply: nothing to constrain
 
     def __init__(self, text: str) -> None:
         self.text, self.calls = text, 0
@@ -669,6 +670,7 @@ class Dripper:
     """A generator that writes one token every 20 ms, up to 1,000, and counts them."""
 
     name = "dripper"
+    takes_grammar = False  # a scripted reply: nothing to constrain
 
     def __init__(self) -> None:
         self.written = 0

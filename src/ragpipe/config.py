@@ -846,6 +846,13 @@ class LLMConfig(_Section):
     threads: int | None = Field(
         default=None, gt=0, description="llamacpp: CPU threads (default: all cores)."
     )
+    grammar: bool = Field(
+        default=False,
+        description="openai: the server takes llama.cpp's GBNF `grammar` request field "
+        "(llama.cpp's own server does; vLLM, TGI, LM Studio and OpenAI do not), so "
+        "generate.cite_grammar can constrain answers there too. llamacpp always does; "
+        "ollama never.",
+    )
 
     @model_validator(mode="after")
     def _gguf_exists(self) -> LLMConfig:
@@ -897,6 +904,14 @@ class GenerateConfig(_Section):
         description="Stop the model when its answer starts repeating itself (3-word "
         "sequences, the degenerate metric's rule, checked as it writes); the answer is "
         "flagged degenerate and never cached.",
+    )
+    cite_grammar: bool = Field(
+        default=True,
+        description="Where the model takes a GBNF grammar (llamacpp; openai with "
+        "llm.grammar), constrain its answer to be the exact not-found reply or to end with "
+        "a citation of a given source ([1]..[n], nothing else): small models otherwise "
+        "often answer correctly but cite nothing (bench/llm_choice.py). Citations inside "
+        "the answer are still checked.",
     )
 
 

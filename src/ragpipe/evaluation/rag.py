@@ -402,7 +402,8 @@ def run_rag_eval(
             reply = answer(item.query, hits, generator, config.generate.context_tokens,
                            min_relevance=relevance_floor(config.generate,
                                                          embedder_name(config.embed)),
-                           stop_looping=config.generate.stop_looping)  # fmt: skip
+                           stop_looping=config.generate.stop_looping,
+                           cite_grammar=config.generate.cite_grammar)  # fmt: skip
             row = RagRow(
                 item.id,
                 item.query,

@@ -56,6 +56,11 @@ class LLM(Protocol):
         """The model's name, as reports record it."""
         ...
 
+    @property
+    def takes_grammar(self) -> bool:
+        """Whether ``chat`` takes a llama.cpp GBNF ``grammar`` that constrains the reply."""
+        ...
+
     def chat(
         self,
         messages: Sequence[Message],
@@ -65,8 +70,10 @@ class LLM(Protocol):
         max_tokens: int | None = None,
         temperature: float | None = None,
         seed: int | None = None,
+        grammar: str | None = None,
     ) -> Completion:
-        """Reply to ``messages``; ``on_token`` receives the text as it is generated."""
+        """Reply to ``messages``; ``on_token`` receives the text as it is generated;
+        ``grammar`` (GBNF, only where ``takes_grammar``) constrains what it may write."""
         ...
 
     def count_tokens(self, text: str) -> int:
@@ -99,6 +106,8 @@ def resolve_gguf(model: str | Path | None) -> Path:
 class LlamaCppLLM:
     """A GGUF model in-process through xllamacpp (llama.cpp's server core, no HTTP)."""
 
+    takes_grammar = True
+
     def __init__(
         self,
         model: str | Path | None = None,
@@ -124,6 +133,7 @@ class LlamaCppLLM:
         max_tokens: int | None,
         temperature: float | None,
         seed: int | None,
+        grammar: str | None = None,
     ) -> dict[str, Any]:
         request: dict[str, Any] = {
             "messages": list(messages),
@@ -133,6 +143,8 @@ class LlamaCppLLM:
         }
         if schema is not None:
             request["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema}}
+        if grammar is not None:
+            request["grammar"] = grammar
         return request
 
     def chat(
@@ -144,8 +156,9 @@ class LlamaCppLLM:
         max_tokens: int | None = None,
         temperature: float | None = None,
         seed: int | None = None,
+        grammar: str | None = None,
     ) -> Completion:
-        request = self._request(messages, schema, max_tokens, temperature, seed)
+        request = self._request(messages, schema, max_tokens, temperature, seed, grammar)
         started = time.perf_counter()
         with self._lock:
             if on_token is None:
@@ -191,9 +204,16 @@ class LlamaCppLLM:
         )
 
     def count_tokens(self, text: str) -> int:
-        # xllamacpp exposes no tokenizer call: ~4 characters per token for these
-        # English-trained BPE vocabularies, rounded up (a budget, not a bill).
-        return -(-len(text) // 4)
+        # xllamacpp exposes no tokenizer call: the model's own BPE, rebuilt from the GGUF
+        # file's vocabulary, counts exactly what llama.cpp counts (gguf_vocab); for a
+        # vocabulary it cannot rebuild, ~4 characters per token, rounded up (an estimate
+        # that under-counts code, tables and non-English text).
+        from ragpipe.models.gguf_vocab import gguf_tokenizer
+
+        tokenizer = gguf_tokenizer(self.path)
+        if tokenizer is None:
+            return -(-len(text) // 4)
+        return len(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
 @functools.lru_cache(maxsize=2)
@@ -232,6 +252,8 @@ def _raise_on_error(reply: Any, model: str) -> None:
 class OllamaLLM:
     """An Ollama server's ``/api/chat`` (streamed), with bounded retries."""
 
+    takes_grammar = False  # Ollama constrains replies by JSON schema only
+
     def __init__(
         self,
         model: str = OLLAMA_DEFAULT_MODEL,
@@ -260,7 +282,10 @@ class OllamaLLM:
         max_tokens: int | None = None,
         temperature: float | None = None,
         seed: int | None = None,
+        grammar: str | None = None,
     ) -> Completion:
+        if grammar is not None:
+            raise ValueError("Ollama takes no GBNF grammar (check takes_grammar first)")
         options = {
             "num_predict": max_tokens or self.max_tokens,
             "temperature": self.temperature if temperature is None else temperature,
@@ -326,9 +351,11 @@ class OpenAILLM:
         temperature: float = 0.0,
         seed: int = 0,
         section: str = "llm",
+        grammar: bool = False,
     ) -> None:
         self._client = OpenAIClient(base_url, key, timeout_s, retries, max_concurrency, section)
         self.name = model
+        self.takes_grammar = grammar  # llama.cpp's server takes GBNF; vLLM, OpenAI do not
         self.base_url = base_url
         self.max_tokens = max_tokens
         self.temperature = temperature
@@ -343,7 +370,10 @@ class OpenAILLM:
         max_tokens: int | None = None,
         temperature: float | None = None,
         seed: int | None = None,
+        grammar: str | None = None,
     ) -> Completion:
+        if grammar is not None and not self.takes_grammar:
+            raise ValueError(f"{self.base_url} is not known to take a GBNF grammar (llm.grammar)")
         body: dict[str, Any] = {
             "model": self.name,
             "messages": list(messages),
@@ -356,6 +386,8 @@ class OpenAILLM:
                 "type": "json_schema",
                 "json_schema": {"name": "reply", "schema": schema},
             }
+        if grammar is not None:
+            body["grammar"] = grammar
         started = time.perf_counter()
         if on_token is None:
             reply = self._client.post("/chat/completions", body)
@@ -394,6 +426,49 @@ class OpenAILLM:
         return -(-len(text) // 4)  # the API exposes no tokenizer
 
 
+def takes_grammar(config: LLMConfig) -> bool:
+    """Whether the configured model takes a GBNF grammar (known without loading it)."""
+    if config.provider == LLMProvider.OPENAI:
+        return config.grammar
+    return config.provider == LLMProvider.LLAMACPP
+
+
+def model_name(config: LLMConfig) -> str:
+    """The name ``make_llm(config).name`` will have, known without loading the model."""
+    if config.provider == LLMProvider.OPENAI:
+        return str(config.model)
+    if config.provider == LLMProvider.OLLAMA:
+        return config.model or OLLAMA_DEFAULT_MODEL
+    from ragpipe.models.packaged import PACKAGED
+
+    name = DEFAULT_PACKAGED if config.model is None else str(config.model)
+    if name in PACKAGED:
+        return Path(PACKAGED[name].file).stem
+    return Path(name).expanduser().stem
+
+
+class LazyLLM:
+    """The configured model, loaded on its first ``chat`` or ``count_tokens``: an answer
+    refused by the relevance floor names its model without loading it."""
+
+    def __init__(self, config: LLMConfig) -> None:
+        self._config = config
+        self._llm: LLM | None = None
+        self.name = model_name(config)
+        self.takes_grammar = takes_grammar(config)
+
+    def model(self) -> LLM:
+        if self._llm is None:
+            self._llm = make_llm(self._config)
+        return self._llm
+
+    def chat(self, messages: Sequence[Message], **options: Any) -> Completion:
+        return self.model().chat(messages, **options)
+
+    def count_tokens(self, text: str) -> int:
+        return self.model().count_tokens(text)
+
+
 def make_llm(config: LLMConfig) -> LLM:
     """The configured model; an in-process GGUF model is loaded once per process."""
     if config.provider == LLMProvider.OPENAI:
@@ -408,6 +483,7 @@ def make_llm(config: LLMConfig) -> LLM:
             max_tokens=config.max_tokens,
             temperature=config.temperature,
             seed=config.seed,
+            grammar=config.grammar,
         )
     if config.provider == LLMProvider.OLLAMA:
         key = config.api_key.get_secret_value() if config.api_key else None

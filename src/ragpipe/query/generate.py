@@ -23,6 +23,7 @@ Rules:
 - Use only facts stated in the sources. Do not use outside knowledge.
 - After each sentence, cite the sources it relies on by number, like [1] or [2][3].
 - If the sources do not contain the answer, reply with exactly: {NOT_FOUND}
+- If they do, answer; then do not write "{NOT_FOUND}".
 - Be brief: at most a few sentences."""
 
 
@@ -44,6 +45,7 @@ INVALID_CITATIONS = "invalid_citations_removed"  # [n] with no source n, taken o
 UNCITED = "uncited"  # an answer that cites no given source
 DEGENERATE = "degenerate"  # the model looped; stopped and marked
 TRUNCATED = "truncated"  # stopped at max_tokens
+WITHDRAWN = "answer_withdrawn"  # wrote an answer, then said not found: shown as not found
 
 
 @dataclass
@@ -64,12 +66,13 @@ class Answer:
     flags: list[str] = field(default_factory=list)  # BELOW_FLOOR, UNCITED, ...
     first_token_s: float | None = None  # from the request to the model's first text
     best_relevance: float | None = None  # the best hit's own cosine, what the floor reads
+    withdrawn: str | None = None  # what the model wrote beside its "not found" (WITHDRAWN)
 
     @property
     def trusted(self) -> bool:
-        """Whether the answer may be shown and cached as it stands: no flag but a floor
-        refusal (which is a correct "not found")."""
-        return not set(self.flags) - {BELOW_FLOOR}
+        """Whether the answer may be shown and cached as it stands: no flag but a refusal's
+        (below the floor, or withdrawn by the model: both a plain "not found")."""
+        return not set(self.flags) - {BELOW_FLOOR, WITHDRAWN}
 
     def as_dict(self) -> dict[str, Any]:
         def source(s: Source) -> dict[str, Any]:
@@ -95,6 +98,7 @@ class Answer:
             "seconds": self.seconds,
             "first_token_s": self.first_token_s,
             "best_relevance": self.best_relevance,
+            "withdrawn": self.withdrawn,
             "dropped_sources": self.dropped_sources,
         }
 
@@ -205,6 +209,25 @@ def strip_citations(text: str, numbers: Sequence[int]) -> str:
     return _SPACED_CITATION.sub(keep, text) if drop else text
 
 
+def citation_grammar(count: int) -> str:
+    """A llama.cpp GBNF grammar for an answer over ``count`` numbered sources: the exact
+    not-found reply, or any text that ends with citations of given sources (``[2]``,
+    ``[1][3]``; an optional full stop after them). The model still chooses what to write
+    and which source to cite; it cannot end uncited or cite a number it was not given at
+    the end (citations inside the text are checked as before)."""
+    if count < 1:
+        raise ValueError("a citation grammar needs at least one source")
+    numbers = " | ".join(f'"{n}"' for n in range(count, 0, -1))  # "10" before "1"
+    return "\n".join(
+        [
+            f'root ::= "{NOT_FOUND}" | body',
+            'body ::= [^\\x00]* cite "."?',
+            'cite ::= " "? "[" number "]" ("[" number "]")*',
+            f"number ::= {numbers}",
+        ]
+    )
+
+
 class _Looping(GenerationCancelled):
     """The answer started repeating itself; generation stopped."""
 
@@ -223,6 +246,7 @@ def answer(
     *,
     min_relevance: float | None = None,
     stop_looping: bool = True,
+    cite_grammar: bool = True,
 ) -> Answer:
     """A cited answer to ``question`` from the retrieved ``hits`` (best first).
 
@@ -230,8 +254,9 @@ def answer(
     answer is "not found" without calling the model; citations to sources that were not
     given are removed (``invalid_citations_removed``); an answer citing no source is
     ``uncited``; a reply that starts looping is stopped and ``degenerate``; one cut at
-    max_tokens is ``truncated``. ``Answer.trusted`` says whether it may be shown and cached
-    as it stands.
+    max_tokens is ``truncated``. With ``cite_grammar``, a model that takes a grammar must
+    end its answer with a citation of a given source (``citation_grammar``).
+    ``Answer.trusted`` says whether it may be shown and cached as it stands.
     """
     started = time.perf_counter()
     if not hits:  # nothing retrieved: nothing to ground an answer in
@@ -261,7 +286,8 @@ def answer(
 
     flags: list[str] = []
     try:
-        reply = llm.chat(build_messages(question, sources), on_token=guarded)
+        grammar = citation_grammar(len(sources)) if cite_grammar and llm.takes_grammar else None
+        reply = llm.chat(build_messages(question, sources), on_token=guarded, grammar=grammar)
         text, tokens_in, tokens_out = reply.text.strip(), reply.tokens_in, reply.tokens_out
         if reply.finish_reason == "length":
             flags.append(TRUNCATED)
@@ -271,6 +297,12 @@ def answer(
     if DEGENERATE not in flags and is_degenerate(text):
         flags.append(DEGENERATE)
     not_found = is_not_found(text)
+    withdrawn = None
+    if not_found and " ".join(text.split()) != NOT_FOUND:
+        # The model said the sources do not hold the answer, after or around text of its
+        # own: that text is not shown as an answer (it is kept in ``withdrawn``).
+        withdrawn, text = text, NOT_FOUND
+        flags.append(WITHDRAWN)
     cited, invalid = ([], []) if not_found else check_citations(text, sources)
     if invalid:
         text = strip_citations(text, invalid)
@@ -292,6 +324,7 @@ def answer(
         flags=flags,
         first_token_s=first[0] if first else None,
         best_relevance=relevance,
+        withdrawn=withdrawn,
     )
 
 
@@ -306,5 +339,7 @@ def flag_warnings(reply: Answer) -> list[str]:
         UNCITED: "the answer cites none of the sources: treat it as unsupported",
         DEGENERATE: "the model started repeating itself and was stopped",
         TRUNCATED: "the answer was cut at llm.max_tokens",
+        WITHDRAWN: "the model wrote text of its own, then said the sources do not contain the "
+        "answer: not found (its text is kept under 'withdrawn' in --json)",
     }
     return [said[flag] for flag in reply.flags if flag in said]

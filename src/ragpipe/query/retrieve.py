@@ -178,9 +178,9 @@ class Retriever:
     @property
     def llm(self) -> LLM:
         if self._llm is None:
-            from ragpipe.models.llm import make_llm
+            from ragpipe.models.llm import LazyLLM
 
-            self._llm = make_llm(self.config.llm)
+            self._llm = LazyLLM(self.config.llm)
         return self._llm
 
     def query_vector(self, query: str) -> npt.NDArray[np.float32]:

@@ -781,6 +781,7 @@ def _generate(
                 on_token,
                 min_relevance=relevance_floor(generate, embedder_name(service.config.embed)),
                 stop_looping=generate.stop_looping,
+                cite_grammar=generate.cite_grammar,
             )
             if reply.first_token_s is not None:
                 service.metrics.first_token.observe(reply.first_token_s)

@@ -59,7 +59,15 @@ class SerialLLM:
 
     @property
     def name(self) -> str:
-        return self._model().name
+        from ragpipe.models.llm import model_name
+
+        return self._llm.name if self._llm is not None else model_name(self._config)
+
+    @property
+    def takes_grammar(self) -> bool:
+        from ragpipe.models.llm import takes_grammar
+
+        return self._llm.takes_grammar if self._llm is not None else takes_grammar(self._config)
 
     def chat(self, messages: Sequence[Message], **options: Any) -> Completion:
         model = self._model()
