@@ -328,3 +328,41 @@ def test_eval_rag_with_an_openai_generator_and_judge(
     structured = [b for b in recorder.bodies if b["model"] == "judge" and "response_format" in b]
     assert structured and all(b["response_format"]["type"] == "json_schema" for b in structured)
 
+
+def test_the_key_from_a_prefect_secret_block(
+    chat_server: str, prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llm.api_key_block names a Prefect Secret block: the key is read from the Prefect API
+    when the configuration loads, and the keyed server takes it. A block that does not exist
+    is a clear error naming the field; outside ragpipe's flows and CLI there is no reader."""
+    from prefect.blocks.system import Secret
+
+    import flows  # installs the Prefect Secret reader
+    from ragpipe.config import load_config, set_secret_reader
+    from ragpipe.errors import ConfigError
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    Secret(value=KEY).save("loopback-llm-key", overwrite=True)
+    config = tmp_path / "ragpipe.yaml"
+
+    def write(block: str) -> Path:
+        config.write_text(
+            f"llm:\n  provider: openai\n  base_url: {chat_server}\n  model: smollm2\n"
+            f"  max_tokens: 8\n  api_key_block: {block}\n",
+            encoding="utf-8",
+        )
+        return config
+
+    cfg = load_config(write("loopback-llm-key"))
+    assert cfg.llm.api_key is not None and cfg.llm.api_key.get_secret_value() == KEY
+    assert KEY not in repr(cfg.llm)
+    assert make_llm(cfg.llm).chat(HELLO).tokens_out > 0  # a wrong key would be a 401
+    with pytest.raises(ConfigError, match=r"llm\.api_key_block: cannot read the Prefect "
+                       r"Secret block 'no-such-key'"):  # fmt: skip
+        load_config(write("no-such-key"))
+    set_secret_reader(None)
+    try:
+        with pytest.raises(ConfigError, match="RAGPIPE_LLM__API_KEY"):
+            load_config(write("loopback-llm-key"))
+    finally:
+        set_secret_reader(flows._prefect_secret)

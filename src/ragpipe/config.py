@@ -13,10 +13,11 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable
 from contextvars import ContextVar
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -431,6 +432,12 @@ class EmbedConfig(_Section):
         description="openai: bearer token, from the environment (RAGPIPE_EMBED__API_KEY, or "
         "OPENAI_API_KEY); never logged.",
     )
+    api_key_block: str | None = Field(
+        default=None,
+        description="openai: the name of a Prefect Secret block holding the bearer token, "
+        "read when the configuration is loaded (needs the Prefect API the flows use); "
+        "api_key, if set, wins.",
+    )
     max_concurrency: int = Field(
         default=4, gt=0, description="openai: embedding requests in flight at most."
     )
@@ -827,6 +834,12 @@ class LLMConfig(_Section):
         "(RAGPIPE_LLM__API_KEY; provider openai also reads OPENAI_API_KEY), not in a "
         "committed file; it is never logged.",
     )
+    api_key_block: str | None = Field(
+        default=None,
+        description="The name of a Prefect Secret block holding the bearer token, read when "
+        "the configuration is loaded (needs the Prefect API the flows use); api_key, if set, "
+        "wins.",
+    )
     timeout_s: float = Field(default=120.0, gt=0, description="Seconds per request.")
     retries: int = Field(
         default=2,
@@ -1170,6 +1183,52 @@ class _OverridesSource(PydanticBaseSettingsSource):
         return dict(_OVERRIDES.get() or {})
 
 
+# Reads a named secret (a Prefect Secret block) for the *.api_key_block fields: set by the
+# flows package (ragpipe's library never imports Prefect); None outside it.
+SecretReader = Callable[[str], str]
+_Keyed = TypeVar("_Keyed", "LLMConfig", "EmbedConfig")
+_secret_reader: SecretReader | None = None
+
+
+def set_secret_reader(reader: SecretReader | None) -> None:
+    """Install what reads the secrets named by ``api_key_block`` fields."""
+    global _secret_reader
+    _secret_reader = reader
+
+
+def _keys_from_blocks(config: RagpipeConfig) -> RagpipeConfig:
+    """``config`` with each unset ``api_key`` whose ``api_key_block`` names a secret filled."""
+    llm, embed, judge = config.llm, config.embed, config.eval.judge
+    llm = _key_from_block("llm", llm)
+    embed = _key_from_block("embed", embed)
+    judge = _key_from_block("eval.judge", judge) if judge is not None else None
+    if (llm, embed, judge) == (config.llm, config.embed, config.eval.judge):
+        return config
+    judged = config.eval.model_copy(update={"judge": judge})
+    return config.model_copy(update={"llm": llm, "embed": embed, "eval": judged})
+
+
+def _key_from_block(name: str, section: _Keyed) -> _Keyed:
+    block = section.api_key_block
+    if block is None or section.api_key is not None:
+        return section
+    if _secret_reader is None:
+        raise ConfigError(
+            f"{name}.api_key_block: {block!r} names a Prefect Secret block, which only "
+            "ragpipe's CLI and flows can read; set the key in the environment instead "
+            f"(RAGPIPE_{name.upper().replace('.', '__')}__API_KEY)"
+        )
+    try:
+        value = _secret_reader(block)
+    except Exception as exc:  # the reader's own errors name the block, never a value
+        raise ConfigError(
+            f"{name}.api_key_block: cannot read the Prefect Secret block {block!r} "
+            f"({type(exc).__name__}: {exc}); create it in the UI (Blocks > Secret) or "
+            f"with `Secret(value=...).save({block!r})`"
+        ) from exc
+    return section.model_copy(update={"api_key": SecretStr(value)})
+
+
 def load_config(
     path: Path | None = None,
     overrides: dict[str, Any] | None = None,
@@ -1236,6 +1295,7 @@ def load_config(
         origins[name.removeprefix("RAGPIPE_").lower().replace("__", ".")] = name
     origins.update(dict.fromkeys(_dotted(overrides or {}), overrides_from))
     config._origins.update(origins)
+    config = _keys_from_blocks(config)
     logger.info(
         "configuration: %s; environment: %s; %s: %s",
         source, ", ".join(environment_overrides()) or "none", overrides_from,
