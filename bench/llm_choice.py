@@ -46,6 +46,7 @@ from ragpipe.evaluation.rag import score_answer  # noqa: E402
 from ragpipe.ingest.pipeline import run_ingest  # noqa: E402
 from ragpipe.models.llm import LlamaCppLLM  # noqa: E402
 from ragpipe.query.generate import answer, best_relevance  # noqa: E402
+from ragpipe.query.generate import relevance_floor as generate_floor  # noqa: E402
 from ragpipe.query.retrieve import Retriever  # noqa: E402
 
 MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
@@ -96,6 +97,8 @@ def measure(
     retrieved: list[tuple[GoldenItem, Any]],
     golden: GoldenSet,
     probe_size: int,
+    grammar: bool,
+    floor: float | None,
 ) -> dict[str, Any]:
     llm = LlamaCppLLM(model, cfg.llm.context_size, None, cfg.llm.max_tokens, 0.0, 0)
     rows = []
@@ -107,8 +110,13 @@ def measure(
             if not first:
                 first.append(time.perf_counter() - started)
 
-        reply = answer(item.query, result.hits, llm, cfg.generate.context_tokens, on_token)
+        # The model answers every question (no floor), so its own refusals are measured;
+        # the pipeline's refusal is the floor's or the model's.
+        reply = answer(item.query, result.hits, llm, cfg.generate.context_tokens, on_token,
+                       cite_grammar=grammar)  # fmt: skip
         scores, _, _, _ = score_answer(item, reply, result.hits, None)
+        relevance = best_relevance(result.hits)
+        floored = floor is not None and relevance is not None and relevance < floor
         rows.append(
             {
                 "id": item.id,
@@ -118,6 +126,9 @@ def measure(
                 "ttft": round(first[0], 2) if first else None,
                 "tokens_in": reply.tokens_in,
                 "tokens_out": reply.tokens_out,
+                "flags": reply.flags,
+                "best_relevance": relevance,
+                "below_floor": floored,
                 **{m: j.value for m, j in scores.items()},
             }
         )
@@ -130,13 +141,16 @@ def measure(
         probe = build_probe(golden, IndexView(retriever.store), probe_size, 0)
     started = time.perf_counter()
     calibration = calibrate(llm, probe, min_kappa=0.6, timeout_s=300, resamples=500)
+    outside = [r for r in rows if not r["answerable"]]
     return {
         "model": model,
+        "cite_grammar": grammar,
         "file": llm.name,
         "rfaq": {
             "n": sum(r["answerable"] for r in rows),
             "citation_precision": _mean(values("citation_precision", True)),
             "cited_answers": len(values("citation_precision", True)),
+            "uncited": _mean([float("uncited" in r["flags"]) for r in rows if r["answerable"]]),
             "false_refusal": _mean(values("false_refusal", True)),
             "answer_f1": _mean(values("answer_f1", True)),
             "degenerate": _mean(values("degenerate", True)),
@@ -144,6 +158,10 @@ def measure(
         "out_of_corpus": {
             "n": sum(not r["answerable"] for r in rows),
             "correct_refusal": _mean(values("correct_refusal", False)),
+            "pipeline_correct_refusal": _mean(
+                [float(r["below_floor"] or r["correct_refusal"] == 1.0) for r in outside]
+            ),
+            "below_floor": sum(r["below_floor"] for r in outside),
             "degenerate": _mean(values("degenerate", False)),
         },
         "judge": {
@@ -184,11 +202,18 @@ def relevance_floor(
     return {"values": values, "summary": summary}
 
 
+def relevance_floor_for(cfg: RagpipeConfig) -> float | None:
+    from ragpipe.models.embedders import embedder_name
+
+    return generate_floor(cfg.generate, embedder_name(cfg.embed))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--stride", type=int, default=6, help="every N-th R-FAQ question")
-    parser.add_argument("--ooc", type=int, default=10, help="out-of-corpus questions")
+    parser.add_argument("--ooc", type=int, default=20, help="out-of-corpus questions")
+    parser.add_argument("--no-grammar", action="store_true", help="generate.cite_grammar: false")
     parser.add_argument("--probe", type=int, default=12, help="judge calibration pairs")
     parser.add_argument("--floor-only", action="store_true", help="only the relevance floor")
     parser.add_argument("--home", type=Path, default=Path("/tmp/ragpipe-bench-llm"))
@@ -211,22 +236,31 @@ def main() -> None:
         for item in [*chosen, *outside[: args.ooc]]:
             retrieved.append((item, retriever.search(item.query)))
     results = []
+    floor_value = relevance_floor_for(cfg)
     for model in args.models.split(","):
         print(f"{model}:", flush=True)
-        results.append(measure(model, cfg, retrieved, GoldenSet(golden.name, chosen), args.probe))
+        results.append(measure(model, cfg, retrieved, GoldenSet(golden.name, chosen),
+                               args.probe, not args.no_grammar, floor_value))  # fmt: skip
+        results[-1]["questions"] = {"rfaq": len(chosen), "out_of_corpus": args.ooc}
         summary = {k: v for k, v in results[-1].items() if k != "rows"}
         print(json.dumps(summary, indent=1), flush=True)
-    out = {"floor": floor, "models": results,
-           "questions": {"rfaq": len(chosen), "out_of_corpus": args.ooc}}  # fmt: skip
+    # Runs of other models (or the same model with the other grammar setting) are kept.
+    earlier = json.loads(args.json.read_text("utf-8"))["models"] if args.json.is_file() else []
+    ran = {(r["model"], r["cite_grammar"]) for r in results}
+    kept = [r for r in earlier if (r["model"], r.get("cite_grammar", False)) not in ran]
+    out = {"floor": floor, "models": [*kept, *results]}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print("table:")
-    print("| model | citation precision | false refusal | answer F1 | degenerate | correct "
-          "refusal (OOC) | judge kappa | s/answer | TTFT s |")  # fmt: skip
-    for r in results:
-        print(f"| {r['model']} | {r['rfaq']['citation_precision']} | {r['rfaq']['false_refusal']} "
-              f"| {r['rfaq']['answer_f1']} | {r['rfaq']['degenerate']} | "
-              f"{r['out_of_corpus']['correct_refusal']} | {r['judge']['kappa']} | "
+    print("| model | cite grammar | citation precision (cited/n) | uncited | false refusal | "
+          "answer F1 | degenerate | OOC refusal: model / with floor | judge kappa | s/answer "
+          "| TTFT s |")  # fmt: skip
+    for r in out["models"]:
+        q, o = r["rfaq"], r["out_of_corpus"]
+        print(f"| {r['model']} | {r.get('cite_grammar', False)} | {q['citation_precision']} "
+              f"({q['cited_answers']}/{q['n']}) | {q.get('uncited')} | {q['false_refusal']} | "
+              f"{q['answer_f1']} | {q['degenerate']} | {o['correct_refusal']} / "
+              f"{o.get('pipeline_correct_refusal')} (n={o['n']}) | {r['judge']['kappa']} | "
               f"{r['seconds_per_answer']} | {r['ttft']} |")  # fmt: skip
 
 

@@ -255,7 +255,12 @@ def eval_rag(
         typer.Option(help="Generator: llamacpp (default), ollama or openai (llm.base_url)."),
     ] = None,
     model: Annotated[
-        str | None, typer.Option(help="Generator model: a .gguf path or an Ollama model name.")
+        str | None,
+        typer.Option(
+            help="Generator model (llm.model): a packaged name (qwen2.5-coder-1.5b, the "
+            "default; qwen2.5-coder-0.5b; smollm2-135m) or a .gguf path; an Ollama or served "
+            "model's name with --llm ollama/openai."
+        ),
     ] = None,
     judge_model: Annotated[
         str | None,

@@ -111,7 +111,9 @@ def ask(
     model: Annotated[
         str | None,
         typer.Option(
-            help="llm.model: a .gguf path, an Ollama model, or an OpenAI-compatible server's model."
+            help="llm.model: a packaged model (qwen2.5-coder-1.5b, the default; "
+            "qwen2.5-coder-0.5b; smollm2-135m) or a .gguf path; an Ollama model, or an "
+            "OpenAI-compatible server's model."
         ),
     ] = None,
     as_json: Annotated[
