@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import html
 import json
+import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -239,13 +241,23 @@ def scored_config(rag_config: RagpipeConfig, tmp_path: Path) -> RagpipeConfig:
 
 
 def test_answer_metrics_refusals_and_an_unreliable_judge_end_to_end(
-    scored_config: RagpipeConfig, onnx_embedder: Any, tmp_path: Path
+    scored_config: RagpipeConfig,
+    onnx_embedder: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     from ragpipe.evaluation.answers import repetition_share
 
     golden = load_golden(scored_config.eval.golden)
-    result = run_rag_eval(scored_config, golden, generator=SCRIPT, judge_llm=YES,
-                          embedder=onnx_embedder)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="ragpipe.evaluation.rag"):
+        result = run_rag_eval(scored_config, golden, generator=SCRIPT, judge_llm=YES,
+                              embedder=onnx_embedder)  # fmt: skip
+    said = [r.getMessage() for r in caplog.records if r.name == "ragpipe.evaluation.rag"]
+    # Before the first question, from the probe; after it, from what it took.
+    assert re.fullmatch(r"expected duration: about \d+ s for 6 question\(s\): each is one "
+                        r"answer and about 8 judge calls, .*", said[0])  # fmt: skip
+    assert re.fullmatch(r"the first question took \d+ s \(answer \d+ s, judge \d+ s\): "
+                        r"about \d+ s more for the other 5", said[1])  # fmt: skip
     rows = {r.item_id: r for r in result.rows}
 
     def value(item: str, metric: str) -> float | None:
@@ -462,3 +474,38 @@ def test_human_labels_give_a_ppi_estimate_beside_the_judge(
     # variance here (and no information).
     assert "| answer_relevancy | 0.500 [-0.480, 1.000] | 0.500 [-0.480, 1.000] | 2 / 4 |" in md
     assert "calibration: **none**" in md
+
+
+def test_the_judges_reasons_are_bounded_in_the_schema_it_is_constrained_by() -> None:
+    """RAGAS's faithfulness verdicts repeat each statement, then a reason, then the verdict;
+    unbounded reasons ran past judge_max_tokens and the JSON was lost. Only string fields
+    named "reason" get a maxLength; the verdicts and statements are untouched."""
+    from ragas.metrics.collections.faithfulness.util import NLIStatementOutput
+
+    from ragpipe.evaluation.rag import REASON_MAX_CHARS, bounded_reasons
+
+    schema = NLIStatementOutput.model_json_schema()
+    bounded = bounded_reasons(schema)
+    answer = bounded["$defs"]["StatementFaithfulnessAnswer"]["properties"]
+    assert answer["reason"] == {"description": "the reason of the verdict", "title": "Reason",
+                                "type": "string", "maxLength": REASON_MAX_CHARS}  # fmt: skip
+    assert (
+        answer["statement"]
+        == schema["$defs"]["StatementFaithfulnessAnswer"]["properties"]["statement"]
+    )
+    assert "maxLength" not in json.dumps(schema)  # the original is not changed
+    assert json.dumps(bounded).count("maxLength") == 1
+
+
+def test_llama_cpp_holds_the_judge_to_the_bound(smollm: Any) -> None:
+    """The bound is the grammar's: the real model, asked for a long reason, stops the string
+    at maxLength and the reply is still valid JSON."""
+    from ragpipe.evaluation.rag import REASON_MAX_CHARS, bounded_reasons
+
+    properties = {"reason": {"type": "string"}, "verdict": {"type": "integer"}}
+    schema = {"type": "object", "required": ["reason", "verdict"], "properties": properties}
+    prompt = [{"role": "user", "content": "Explain at great length why bread rises, as JSON."}]
+    free = json.loads(smollm.chat(prompt, schema=schema, max_tokens=300).text)
+    bound = json.loads(smollm.chat(prompt, schema=bounded_reasons(schema), max_tokens=300).text)
+    assert len(free["reason"]) > REASON_MAX_CHARS >= len(bound["reason"]) > 0
+    assert isinstance(bound["verdict"], int)

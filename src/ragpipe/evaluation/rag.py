@@ -121,6 +121,26 @@ class RagEvalResult:
     ppi: dict[str, PPIEstimate] = field(default_factory=dict)
 
 
+# A RAGAS reply's "reason" fields (the judge's rationale per verdict) are capped at this
+# many characters in the schema the model is constrained by: unbounded, the 1.5B judge's
+# faithfulness verdicts (statement, reason, verdict per statement) ran past
+# eval.judge_max_tokens on 9 of 16 answers and were lost as invalid JSON.
+REASON_MAX_CHARS = 160
+
+
+def bounded_reasons(schema: Any) -> Any:
+    """``schema`` with every string property named ``reason`` given a ``maxLength``."""
+    if isinstance(schema, list):
+        return [bounded_reasons(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    bounded = {k: bounded_reasons(v) for k, v in schema.items()}
+    reason = bounded.get("properties", {}).get("reason")
+    if isinstance(reason, dict) and reason.get("type") == "string":
+        bounded["properties"]["reason"] = {**reason, "maxLength": REASON_MAX_CHARS}
+    return bounded
+
+
 def _adapters(llm: LLM, embedder: Embedder, max_tokens: int) -> tuple[Any, Any]:
     """ragpipe's LLM and Embedder behind ragas's InstructorBaseRagasLLM / BaseRagasEmbedding."""
     from ragas.embeddings.base import BaseRagasEmbedding
@@ -128,7 +148,7 @@ def _adapters(llm: LLM, embedder: Embedder, max_tokens: int) -> tuple[Any, Any]:
 
     class JudgeLLM(InstructorBaseRagasLLM):
         def generate(self, prompt: str, response_model: type[M]) -> M:
-            schema = response_model.model_json_schema()  # type: ignore[attr-defined]
+            schema = bounded_reasons(response_model.model_json_schema())  # type: ignore[attr-defined]
             reply = llm.chat([{"role": "user", "content": prompt}], schema=schema,
                              max_tokens=max_tokens)  # fmt: skip
             parsed: M = response_model.model_validate_json(reply.text)  # type: ignore[attr-defined]
@@ -388,7 +408,7 @@ def run_rag_eval(
                     "expected duration: about %s for %d question(s): each is one answer and "
                     "about %d judge calls, and a model call took %.1f s on the calibration "
                     "probe (answers take longer: they read the sources)",
-                    f"{expected:.0f} s" if expected < 90 else f"{expected / 60:.0f} min",
+                    _duration(expected),
                     len(items), JUDGE_CALLS_PER_ITEM, per_call,
                 )  # fmt: skip
             else:
@@ -420,16 +440,32 @@ def run_rag_eval(
             scores, row.sources, row.cited_numbers, row.repetition = score_answer(
                 item, reply, hits, embedder
             )
+            answered = time.perf_counter()
             asyncio.run(judge.judge(row, item))
             row.judged.update(scores)
             rows.append(row)
             if progress is not None:
                 progress(1)
+            logger.info("question %d of %d (%s): answered in %.0f s, judged in %.0f s",
+                        len(rows), len(items), item.id, answered - started,
+                        time.perf_counter() - answered)  # fmt: skip
+            if len(rows) == 1 and len(items) > 1:  # the probe's estimate, corrected
+                took = time.perf_counter() - started
+                logger.warning(
+                    "the first question took %.0f s (answer %.0f s, judge %.0f s): about %s "
+                    "more for the other %d", took, answered - started,
+                    took - (answered - started), _duration(took * (len(items) - 1)),
+                    len(items) - 1,
+                )  # fmt: skip
     finally:
         if own:
             retriever.close()
     return _result(config, golden, name, rows, judge, judge_model, generator, calibration,
                    notes, labels)  # fmt: skip
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def _result(
