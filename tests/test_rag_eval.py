@@ -497,15 +497,21 @@ def test_the_judges_reasons_are_bounded_in_the_schema_it_is_constrained_by() -> 
     assert json.dumps(bounded).count("maxLength") == 1
 
 
-def test_llama_cpp_holds_the_judge_to_the_bound(smollm: Any) -> None:
+def test_llama_cpp_holds_the_judge_to_the_bound(
+    smollm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The bound is the grammar's: the real model, asked for a long reason, stops the string
-    at maxLength and the reply is still valid JSON."""
-    from ragpipe.evaluation.rag import REASON_MAX_CHARS, bounded_reasons
+    at maxLength and the reply is still valid JSON (a bound of 20 here, so that the unbound
+    reason, whatever its length, is surely longer)."""
+    import ragpipe.evaluation.rag as rag
 
+    monkeypatch.setattr(rag, "REASON_MAX_CHARS", 20)
     properties = {"reason": {"type": "string"}, "verdict": {"type": "integer"}}
     schema = {"type": "object", "required": ["reason", "verdict"], "properties": properties}
     prompt = [{"role": "user", "content": "Explain at great length why bread rises, as JSON."}]
     free = json.loads(smollm.chat(prompt, schema=schema, max_tokens=300).text)
-    bound = json.loads(smollm.chat(prompt, schema=bounded_reasons(schema), max_tokens=300).text)
-    assert len(free["reason"]) > REASON_MAX_CHARS >= len(bound["reason"]) > 0
-    assert isinstance(bound["verdict"], int)
+    bound = rag.bounded_reasons(schema)
+    assert bound["properties"]["reason"]["maxLength"] == 20
+    reply = json.loads(smollm.chat(prompt, schema=bound, max_tokens=300).text)
+    assert len(free["reason"]) > 20 >= len(reply["reason"]) > 0
+    assert isinstance(reply["verdict"], int)
