@@ -224,7 +224,7 @@ def _load_gguf(path: str, context_size: int, threads: int | None) -> tuple[Any, 
     if not Path(path).is_file():
         raise ConfigError(
             f"llm.model: GGUF file {path} does not exist (set llm.model to a .gguf path, or "
-            "leave it unset for the packaged SmolLM2-135M-Instruct)"
+            "a packaged model: qwen2.5-coder-1.5b (the default), qwen2.5-coder-0.5b, smollm2-135m)"
         )
     params = xlc.CommonParams()
     params.model.path = path
