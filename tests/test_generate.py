@@ -327,3 +327,7 @@ def test_a_vocabulary_it_cannot_rebuild_keeps_the_estimate(tmp_path: Any) -> Non
     (tmp_path / "not.gguf").write_bytes(b"PK\x03\x04")
     with pytest.raises(ValueError, match="not a GGUF file"):
         read_metadata(tmp_path / "not.gguf")
+    cut = tmp_path / "cut.gguf"  # a header that promises a value and ends
+    cut.write_bytes(sentencepiece.read_bytes()[:-3])
+    with pytest.raises(ValueError, match="damaged GGUF header"):
+        read_metadata(cut)

@@ -41,6 +41,13 @@ _STRING, _ARRAY = 8, 9
 def read_metadata(path: Path, prefix: str = "tokenizer.ggml.") -> dict[str, Any]:
     """The key/value metadata of a GGUF file whose keys start with ``prefix`` (the header
     is read up to the tensor table; the weights are never touched)."""
+    try:
+        return _read_metadata(path, prefix)
+    except (struct.error, KeyError, MemoryError) as exc:  # cut short, or a bad value type
+        raise ValueError(f"{path}: damaged GGUF header ({type(exc).__name__}: {exc})") from exc
+
+
+def _read_metadata(path: Path, prefix: str) -> dict[str, Any]:
     with path.open("rb") as f:
         if f.read(4) != b"GGUF":
             raise ValueError(f"{path} is not a GGUF file")
@@ -58,7 +65,10 @@ def read_metadata(path: Path, prefix: str = "tokenizer.ggml.") -> dict[str, Any]
 
 def _string(f: BinaryIO) -> str:
     (size,) = struct.unpack("<Q", f.read(8))
-    return f.read(size).decode("utf-8", errors="replace")
+    data = f.read(size)
+    if len(data) != size:
+        raise struct.error(f"a string of {size} bytes ends after {len(data)}")
+    return data.decode("utf-8", errors="replace")
 
 
 def _value(f: BinaryIO, kind: int) -> Any:

@@ -454,13 +454,15 @@ class LazyLLM:
     def __init__(self, config: LLMConfig) -> None:
         self._config = config
         self._llm: LLM | None = None
+        self._loading = threading.Lock()
         self.name = model_name(config)
         self.takes_grammar = takes_grammar(config)
 
     def model(self) -> LLM:
-        if self._llm is None:
-            self._llm = make_llm(self._config)
-        return self._llm
+        with self._loading:  # threads asking at once load it once
+            if self._llm is None:
+                self._llm = make_llm(self._config)
+            return self._llm
 
     def chat(self, messages: Sequence[Message], **options: Any) -> Completion:
         return self.model().chat(messages, **options)

@@ -45,37 +45,25 @@ class SerialLLM:
     (llama.cpp runs one generation per model; HyDE and answers share it)."""
 
     def __init__(self, config: LLMConfig, llm: LLM | None = None) -> None:
-        self._config = config
-        self._llm = llm
+        from ragpipe.models.llm import LazyLLM
+
+        self._llm: LLM = llm if llm is not None else LazyLLM(config)
         self._lock = threading.Lock()
-
-    def _model(self) -> LLM:
-        with self._lock:
-            if self._llm is None:
-                from ragpipe.models.llm import make_llm
-
-                self._llm = make_llm(self._config)
-            return self._llm
 
     @property
     def name(self) -> str:
-        from ragpipe.models.llm import model_name
-
-        return self._llm.name if self._llm is not None else model_name(self._config)
+        return self._llm.name
 
     @property
     def takes_grammar(self) -> bool:
-        from ragpipe.models.llm import takes_grammar
-
-        return self._llm.takes_grammar if self._llm is not None else takes_grammar(self._config)
+        return self._llm.takes_grammar
 
     def chat(self, messages: Sequence[Message], **options: Any) -> Completion:
-        model = self._model()
         with self._lock:
-            return model.chat(messages, **options)
+            return self._llm.chat(messages, **options)
 
     def count_tokens(self, text: str) -> int:
-        return self._model().count_tokens(text)
+        return self._llm.count_tokens(text)
 
 
 @dataclass
