@@ -1,0 +1,121 @@
+"""What the embedded judge's time goes to, and two llama.cpp features tried to cut it (issue 32).
+
+`eval rag --sample 20` with the packaged 1.5B as generator and judge took 43 min on
+2 cores against a 30 min target. This replays the RAG eval's own ``Judge`` (the
+ragas metrics) on the first N answerable R-FAQ dev questions of the stratified
+sample, over the shipped sample index, and records every model call (seconds,
+prompt and output tokens, the reply) under one of three llama.cpp settings:
+
+- ``none``: today's setting (one slot, greedy, llama.cpp's prompt cache);
+- ``ngram``: prompt-lookup speculative decoding (llama.cpp's ``ngram-simple``):
+  RAGAS's verdicts copy statements from the prompt, so drafts should often hit;
+- ``par``: four slots with a unified KV cache and the four metrics judged
+  concurrently (batched decoding), in case decoding is bound by memory, not compute.
+
+Usage: python bench/judge_speed.py {none,ngram,par} [N] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import xllamacpp as xlc
+
+from ragpipe.config import load_config
+from ragpipe.evaluation import rag
+from ragpipe.evaluation.golden import load_golden, stratified_sample
+from ragpipe.models import llm as llm_module
+from ragpipe.models.embedders import make_embedder
+from ragpipe.query.generate import answer
+from ragpipe.query.retrieve import Retriever
+
+SLOTS = 4
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("mode", choices=["none", "ngram", "par"])
+    parser.add_argument("n", type=int, nargs="?", default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    par = args.mode == "par"
+
+    def load(path: str, context: int, threads: int | None) -> tuple[Any, Any]:
+        params = xlc.CommonParams()
+        params.model.path = path
+        params.n_ctx = context * (SLOTS if par else 1)
+        params.n_parallel = SLOTS if par else 1
+        params.kv_unified = True
+        params.warmup = False
+        params.verbosity = -1
+        if args.mode == "ngram":
+            ngram = xlc.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE
+            params.speculative.types = [ngram]
+        return xlc.Server(params), threading.Semaphore(SLOTS if par else 1)
+
+    llm_module._load_gguf = load  # type: ignore[assignment]
+    config = load_config(None)
+    golden = load_golden(Path("eval/golden/r-faq-dev.yaml"))
+    items = [i for i in stratified_sample(golden.items, 20, config.eval.seed)
+             if i.answerable and i.expected_answer][: args.n]  # fmt: skip
+    embedder = make_embedder(config.embed)
+    model = llm_module.LlamaCppLLM()
+    calls: list[dict[str, Any]] = []
+    chat = model.chat
+
+    def recorded(messages: Any, **kwargs: Any) -> Any:
+        reply = chat(messages, **kwargs)
+        calls.append({"seconds": round(reply.seconds, 2), "tokens_in": reply.tokens_in,
+                      "tokens_out": reply.tokens_out, "text": reply.text})  # fmt: skip
+        return reply
+
+    model.chat = recorded  # type: ignore[method-assign]
+    judge = rag.Judge(model, embedder, 600, config.eval.judge_max_tokens)
+    if par:
+
+        async def concurrent(row: rag.RagRow, item: Any) -> None:
+            q, a, ctx, ref = item.query, row.answer, row.contexts, item.expected_answer
+            judged = await asyncio.gather(
+                judge._one(judge.faithfulness, "faithfulness", user_input=q, response=a,
+                           retrieved_contexts=ctx),
+                judge._one(judge.answer_relevancy, "answer_relevancy", user_input=q, response=a),
+                judge._one(judge.context_precision, "context_precision", user_input=q,
+                           reference=ref, retrieved_contexts=ctx),
+                judge._one(judge.context_recall, "context_recall", user_input=q,
+                           retrieved_contexts=ctx, reference=ref),
+            )  # fmt: skip
+            names = ("faithfulness", "answer_relevancy", "context_precision", "context_recall")
+            row.judged.update(zip(names, judged, strict=True))
+
+        judge.judge = concurrent  # type: ignore[method-assign]
+    retriever = Retriever(config, embedder=embedder, llm=model)
+    results = []
+    for item in items:
+        hits = retriever.search(item.query).hits
+        reply = answer(item.query, hits, model, config.generate.context_tokens, cite_grammar=True)
+        contexts = [s.text for s in reply.sources]
+        refused = rag.is_refusal(reply.text)
+        row = rag.RagRow(item.id, item.query, reply.text, refused, contexts, 0, [], 0, 0, 0.0,
+                         answerable=True)  # fmt: skip
+        started, first = time.perf_counter(), len(calls)
+        asyncio.run(judge.judge(row, item))
+        took = round(time.perf_counter() - started, 1)
+        scores = {m: j.value for m, j in row.judged.items()}
+        results.append({"id": item.id, "judge_seconds": took, "scores": scores,
+                        "calls": calls[first:]})  # fmt: skip
+        print(f"{item.id}: judged in {took} s, {len(calls) - first} calls, {scores}", flush=True)
+    retriever.close()
+    total = sum(r["judge_seconds"] for r in results)
+    print(f"{args.mode}: {total:.0f} s judging {len(results)} answers")
+    if args.json:
+        args.json.write_text(json.dumps({"mode": args.mode, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
