@@ -1,17 +1,25 @@
-"""`ragpipe index ...`: looking after the index itself (today: freeing a writer slot)."""
+"""`ragpipe index ...`: looking after the index itself: its versions (list, promote,
+discard) and its writer slot (unlock)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
-from flows.cli_common import ConfigOption, StorePathOption, fail, prefect_env
-from ragpipe.config import load_config
+from flows.cli_common import ConfigOption, StorePathOption, console, fail, prefect_env
+from ragpipe.config import RagpipeConfig, StoreBackend, load_config
 from ragpipe.errors import ConfigError, RagpipeError
 
-index_app = typer.Typer(help="Look after the index: free a writer slot a killed run left.",
-                        no_args_is_help=True)  # fmt: skip
+index_app = typer.Typer(
+    help="Look after the index: its versions (list, promote, discard; see index.gate) and "
+    "its writer slot (unlock).",
+    no_args_is_help=True,
+)
 
 
 @index_app.command("unlock")
@@ -78,3 +86,91 @@ def unlock(
         f"freed the writer slot {name} of {index_identity(cfg)}, held by {who} ({state}). The "
         "file locks need no unlocking: the kernel releases them when their holder exits."
     )
+
+
+def _edge_config(config: Path | None, store_path: Path | None) -> RagpipeConfig:
+    cfg = load_config(config, {"store": {"path": str(store_path)}} if store_path else {})
+    if cfg.store.backend != StoreBackend.EDGE:
+        raise ConfigError(
+            "index versions are kept for the Edge store only (store.backend edge); a Qdrant "
+            "server's collection is written in place"
+        )
+    return cfg
+
+
+@index_app.command("list")
+def list_versions(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the versions as JSON.")] = False,
+    config: ConfigOption = None,
+    store_path: StorePathOption = None,
+) -> None:
+    """List the index's versions on disk, newest first: which one readers open (live),
+    which the gate held or staged, and why.
+
+    Without index.gate every ingest that changed the index publishes a version and only the
+    live one is kept; with a gate, held versions stay (the newest 3) until promoted or
+    discarded.
+    """
+    from ragpipe.store import published
+
+    try:
+        cfg = _edge_config(config, store_path)
+        versions = published.list_versions(cfg.store.path)
+    except RagpipeError as exc:
+        fail(exc, 2)
+    if as_json:
+        print(json.dumps([asdict(v) for v in versions], indent=2))
+        return
+    if not versions:
+        print(f"no published version of {cfg.store.path} yet: run `ragpipe ingest`")
+        return
+    table = Table(title=f"index versions ({cfg.store.path})")
+    for column in ("version", "status", "published", "files", "points", "gate"):
+        table.add_column(column)
+    for v in versions:
+        verdict = v.verdict or {}
+        why = "; ".join(verdict.get("reasons", [])) or (
+            "passed" if verdict.get("passed") else "not gated"
+        )
+        status = f"{v.status} (live)" if v.live else v.status
+        table.add_row(v.generation[:12], status, v.published_at[:19].replace("T", " "),
+                      str(v.files), str(v.points), why)  # fmt: skip
+    console.print(table)
+
+
+@index_app.command("promote")
+def promote(
+    version: Annotated[str, typer.Argument(help="The version (or a unique prefix) to make live.")],
+    config: ConfigOption = None,
+    store_path: StorePathOption = None,
+) -> None:
+    """Make VERSION live by hand: readers opened after this see it (a held version, or the
+    one a promotion replaced, to roll back to: it is kept until the next promotion). Takes
+    the index's writer lock, so never beside an ingest."""
+    from ragpipe.ingest.gatekeep import promote_by_hand
+
+    try:
+        decision = promote_by_hand(_edge_config(config, store_path), version)
+    except RagpipeError as exc:
+        fail(exc, 2)
+    print(decision.line)
+
+
+@index_app.command("discard")
+def discard(
+    version: Annotated[str, typer.Argument(help="The version (or a unique prefix) to remove.")],
+    config: ConfigOption = None,
+    store_path: StorePathOption = None,
+) -> None:
+    """Remove VERSION (a held one, say) from disk; the live version cannot be discarded."""
+    from ragpipe.locking import ingest_lock
+    from ragpipe.store import published
+
+    try:
+        cfg = _edge_config(config, store_path)
+        with ingest_lock(cfg):
+            generation = published.resolve(cfg.store.path, version)
+            published.discard(cfg.store.path, generation)
+    except RagpipeError as exc:
+        fail(exc, 2)
+    print(f"version {generation[:12]} removed")

@@ -26,7 +26,7 @@ from ragpipe.config import (
     load_config,
     with_sources,
 )
-from ragpipe.errors import MassDeletionHeld, RagpipeError
+from ragpipe.errors import IndexHeld, MassDeletionHeld, RagpipeError
 from ragpipe.ingest.runner import WorkDir
 from ragpipe.progress import set_reporter
 
@@ -100,7 +100,9 @@ def ingest(
     Re-runs are incremental: unchanged files cost only hashing; changed files
     are re-indexed (new version written before the old one is deleted); files
     gone from every root are deleted, unless that is more than
-    index.max_delete_share of the index (exit code 3, deletions held).
+    index.max_delete_share of the index (exit code 3, deletions held). With
+    index.gate a changed index goes live only when its golden sets and canaries
+    say it is no worse than the live version (exit code 4 when it is held).
     Failures are listed at the end and kept in WORK_DIR/failures.parquet; the
     exit code is 1 when any document failed.
     """
@@ -148,6 +150,9 @@ def ingest(
         except MassDeletionHeld as exc:
             _print_failures(cfg.paths.work_dir)
             fail(exc, 3, "deletions held")
+        except IndexHeld as exc:
+            _print_failures(cfg.paths.work_dir)
+            fail(exc, 4, "version held")
         except RagpipeError as exc:
             fail(exc, 2)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (see cli_common.prefect_env)
@@ -192,6 +197,8 @@ def ingest(
         table.add_row(*row)
     Console().print(table)
     print(summary.line())
+    if summary.gate:
+        print(f"index gate: {summary.gate['line']}")
     if summary.skipped:
         from ragpipe.checkpoint import read_records
         from ragpipe.schemas import Skip

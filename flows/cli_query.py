@@ -77,6 +77,14 @@ def search(
             "(a <retrieved_context> block for prompts).",
         ),
     ] = OutputFormat.TEXT,
+    version: Annotated[
+        str | None,
+        typer.Option(
+            "--version",
+            help="Read this index version (or a unique prefix; `ragpipe index list`) instead "
+            "of the live one: a version the gate held, or an older one (Edge store).",
+        ),
+    ] = None,
     config: ConfigOption = None,
     store_path: StorePathOption = None,
     embedder: EmbedderOption = None,
@@ -90,7 +98,13 @@ def search(
         cfg = _query_config(
             config, store_path, {"mode": mode, "top_k": k, "rerank": rerank}, filters, embedder
         )
-        with Retriever(cfg) as retriever:
+        store = None
+        if version is not None:
+            from ragpipe.models.embedders import embedder_name
+            from ragpipe.store import open_reader
+
+            store = open_reader(cfg.store, embedder_name(cfg.embed), version)
+        with Retriever(cfg, store=store) as retriever:
             result = retriever.search(query)
     except RagpipeError as exc:
         fail(exc, 2)

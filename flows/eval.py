@@ -22,6 +22,7 @@ from typing import Annotated, Any
 from prefect import flow
 from pydantic import Field, NonNegativeFloat, PositiveInt
 
+from flows.events import emit_eval_gate_failed
 from flows.logs import library_logs
 from ragpipe.config import (
     DEFAULT_CONFIG_FILE,
@@ -190,6 +191,7 @@ def compare_retrieval(
     summary = retrieval_eval_task(config, variants, name, gate)
     publish_eval_task(config, summary, "eval-compare")
     if summary.gate is not None and not summary.gate.passed:
+        emit_eval_gate_failed(config, summary.gate.failures, summary.report_dir)
         raise GateFailed("; ".join(summary.gate.failures))
     return summary
 

@@ -21,20 +21,22 @@ from prefect.futures import wait
 from pydantic import PositiveInt
 
 from flows.concurrency import writer_slot
+from flows.events import emit_index_decision
 from flows.logs import library_logs
 from ragpipe.config import RagpipeConfig, load_config, with_sources
 from ragpipe.errors import MassDeletionHeld
 from ragpipe.ingest.convert import convert_batches
 from ragpipe.ingest.embed import embed_batches
-from ragpipe.ingest.pipeline import STAGES, with_mass_delete
+from ragpipe.ingest.pipeline import STAGES, raise_if_held, with_mass_delete
 from ragpipe.ingest.runner import RunStore, StageSummary
-from ragpipe.ingest.summary import IngestSummary
+from ragpipe.ingest.summary import IngestSummary, with_gate
 from ragpipe.ingest.upsert import mass_deletion_message
 from ragpipe.locking import ingest_lock
 from tasks.ingest import (
     STAGE_TASKS,
     convert_batch_task,
     embed_batch_task,
+    gate_task,
     publish_ingest_task,
     summary_task,
 )
@@ -52,7 +54,9 @@ def ingest_flow(
 
     Args:
         config: A ready configuration; when None it is loaded from ``config_path``.
-        config_path: YAML file (``ragpipe.yaml`` in the working directory if None).
+        config_path: YAML file (``ragpipe.yaml`` in the working directory if None); with
+            ``config`` given, where it came from (sent with the gate's events, so that a
+            triggered eval reads the same file).
         roots: Sources for this run: paths and http(s) URLs; they replace
             ``discover.roots``, ``discover.urls`` and ``discover.sitemaps``.
         allow_mass_delete: Apply deletions even above ``index.max_delete_share``.
@@ -63,6 +67,8 @@ def ingest_flow(
     Raises:
         MassDeletionHeld: Too many indexed files vanished; additions were
             applied, deletions held. The summary was written first.
+        IndexHeld: ``index.gate`` kept the new version from readers (a
+            ``ragpipe.index.held`` event was emitted; the summary was written first).
     """
     library_logs()
     cfg = config if config is not None else load_config(Path(config_path) if config_path else None)
@@ -87,11 +93,16 @@ def ingest_flow(
             done.append(STAGE_TASKS[stage.name](*stage.arguments(cfg, done, store)))
         update_progress_artifact(progress, 100.0)
         summary = summary_task(cfg, done)
+        decision = gate_task(cfg)  # under the lock: no other run stages or promotes meanwhile
+        summary = with_gate(cfg, summary, decision)
+    if decision is not None:
+        emit_index_decision(cfg, decision, config_path)
     publish_ingest_task(cfg, summary)
     if summary.deletions_held:
         raise MassDeletionHeld(
             mass_deletion_message(cfg, summary.deletions_held, summary.indexed_files)
         )
+    raise_if_held(summary)
     return summary
 
 
@@ -118,7 +129,7 @@ def reindex_flow(
     """
     library_logs()
     config = load_config(Path(config_path) if config_path else None)
-    return ingest_flow.fn(config, None, roots, allow_mass_delete, batch_size)
+    return ingest_flow.fn(config, config_path, roots, allow_mass_delete, batch_size)
 
 
 def dask_ingest_flow(workers: int = 2, threads_per_worker: int = 1) -> Any:

@@ -14,6 +14,7 @@ from prefect.cache_policies import NO_CACHE
 from ragpipe.config import RagpipeConfig
 from ragpipe.ingest.convert import convert_batch
 from ragpipe.ingest.embed import embed_batch
+from ragpipe.ingest.gatekeep import Decision, decide
 from ragpipe.ingest.pipeline import STAGES
 from ragpipe.ingest.runner import StageSummary, WorkDir
 from ragpipe.ingest.summary import IngestSummary, read_failures, write_summary
@@ -28,6 +29,12 @@ STAGE_TASKS = {
 @task(name="summarise", cache_policy=NO_CACHE)
 def summary_task(config: RagpipeConfig, stage_summaries: list[StageSummary[Any]]) -> IngestSummary:
     return write_summary(config, stage_summaries)
+
+
+@task(name="index-gate", cache_policy=NO_CACHE)
+def gate_task(config: RagpipeConfig) -> Decision | None:
+    """Promote or hold the version this run staged (``index.gate``); None: no gate."""
+    return decide(config)
 
 
 @task(name="publish-ingest", cache_policy=NO_CACHE)
@@ -46,7 +53,8 @@ def publish_ingest_task(config: RagpipeConfig, summary: IngestSummary) -> None:
             f"- failures: {summary.failed}"
             + (" (table artifact `ingest-failures`)" if failures else "")
             + f"\n- deletions held by the mass-deletion guard: {summary.deletions_held}\n"
-            f"- seconds per stage: {seconds}\n"
+            + (f"- index gate: {summary.gate['line']}\n" if summary.gate else "")
+            + f"- seconds per stage: {seconds}\n"
         ),
         description=summary.line(),
     )

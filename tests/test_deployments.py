@@ -152,7 +152,8 @@ def test_deployments_run_on_a_real_server_and_worker(stack: Stack, tmp_path: Pat
     assert nightly["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
     assert nightly["enforce_parameter_schema"] is True
     assert {d["name"] for d in schedules} == {"nightly-reindex", "reindex-now", "eval-retrieval",
-                                              "eval-rag", "eval-compare", "eval-tune"}  # fmt: skip
+                                              "eval-rag", "eval-compare", "eval-tune",
+                                              "promote-index"}  # fmt: skip
     # The forms: a handful of typed, described fields, not the whole configuration.
     for d in schedules:
         fields = d["parameter_openapi_schema"]["properties"]
@@ -263,6 +264,64 @@ def test_deployments_run_on_a_real_server_and_worker(stack: Stack, tmp_path: Pat
     _wait_for_log(stack, "ingest/reindex-now", "got the writer slot")
     _wait_for_log(stack, "ingest/reindex-now", "discover: ")
     assert _writing_started(stack, manual_run["id"]) > nightly_end
+
+
+def test_a_gated_nightly_triggers_the_eval_and_a_bad_one_is_held(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """index.gate on a real server and worker: the first version is promoted and its
+    ragpipe.index.promoted event runs the eval-retrieval deployment (prefect.yaml's trigger);
+    a nightly whose corpus lost the files of half the golden items is held: the run ends
+    Failed, readers keep the old version, and ragpipe.index.held arrives."""
+    from ragpipe.config import RagpipeConfig
+    from ragpipe.store import published
+
+    config = _config(tmp_path)
+    config["index"] = {"gate": {"golden": [str(tmp_path / "golden.yaml")], "max_drop": 0.05}}
+    config_file = (tmp_path / "gated.yaml").resolve()
+    config_file.write_text(json.dumps(config), encoding="utf-8")
+    cfg = RagpipeConfig.model_validate(config)
+    ingest = stack.cli("deployment", "run", "ingest/nightly-reindex", "--watch",
+                       "--param", f"config_path={config_file}", timeout=600)  # fmt: skip
+    assert "finished successfully in 'Completed'" in ingest.stdout, ingest.stdout + ingest.stderr
+    live = published.current(cfg.store.path)
+    assert live is not None
+
+    def triggered() -> list[dict[str, Any]]:
+        return [r for r in stack.runs("eval-retrieval/eval-retrieval")
+                if r["parameters"].get("config_path") == str(config_file)]  # fmt: skip
+
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        runs = triggered()
+        if runs and runs[0]["state_type"] in ("COMPLETED", "FAILED", "CRASHED"):
+            break
+        time.sleep(2)
+    assert [r["state_type"] for r in triggered()] == ["COMPLETED"]
+    assert list((tmp_path / "reports").glob("*-deploy-check"))  # the triggered eval's report
+
+    for name in ("kitchen/bread.md", "science/photosynthesis.md"):  # 2 of the 4 items' files
+        (tmp_path / "corpus" / name).unlink()
+    held = stack.cli("deployment", "run", "ingest/nightly-reindex", "--watch",
+                     "--param", f"config_path={config_file}",
+                     "--param", "allow_mass_delete=true", timeout=600)  # fmt: skip
+    runs = [r for r in stack.runs("ingest/nightly-reindex")
+            if r["parameters"].get("config_path") == str(config_file)]  # fmt: skip
+    latest = max(runs, key=lambda r: r["expected_start_time"])
+    assert latest["state_type"] == "FAILED", held.stdout + held.stderr
+    assert "was not promoted" in latest["state"]["message"]
+    assert published.current(cfg.store.path) == live  # readers keep the old version
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        held_filter = {"filter": {"event": {"name": ["ragpipe.index.held"]}}}
+        events = stack.post("/events/filter", held_filter)["events"]
+        if events:
+            break
+        time.sleep(1)
+    (event,) = events
+    assert event["payload"]["live_before"] == live
+    assert event["payload"]["config_path"] == str(config_file)
+    assert len(triggered()) == 1  # a held version triggers no eval
 
 
 def _logs(stack: Stack, run_id: str) -> str:

@@ -554,8 +554,79 @@ class StoreConfig(_Section):
     )
 
 
+GATE_METRICS = (
+    "recall@5",
+    "recall@10",
+    "precision@5",
+    "mrr",
+    "success@5",
+    "hit@3",
+    "map",
+    "ndcg@10",
+    "ndcg@10_exp",
+)  # fmt: skip  (ragpipe.evaluation.metrics.METRICS)
+
+
+class CanaryConfig(_Section):
+    """A query the new version must answer with given files in its top results."""
+
+    query: str = Field(min_length=1, description="The query, as a user would type it.")
+    files: list[str] = Field(
+        min_length=1,
+        description="File path suffixes (e.g. R-FAQ.md) that must each be among the top k.",
+    )
+    k: int = Field(default=10, gt=0, description="How deep to look for the files.")
+
+
+class GateConfig(_Section):
+    """When a new index version may go live: evaluated on the same golden items as the
+    live version (paired), it is promoted only when every check holds, else held."""
+
+    golden: list[Path] = Field(
+        default_factory=list,
+        description="Golden sets (YAML) replayed against the staged and the live version.",
+    )
+    metric: str = Field(
+        default="ndcg@10",
+        description=f"The retrieval metric compared: one of {', '.join(GATE_METRICS)}.",
+    )
+    max_drop: float = Field(
+        default=0.01,
+        ge=0,
+        le=1,
+        description="Hold the new version when its mean metric over a golden set's items is "
+        "more than this below the live version's on the same items (the paired delta).",
+    )
+    min_score: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="An absolute floor of the metric on every golden set; the only golden "
+        "check of an index's first version (there is no live one to compare with).",
+    )
+    canaries: list[CanaryConfig] = Field(
+        default_factory=list, description="Queries that must return given files."
+    )
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, value: str) -> str:
+        if value not in GATE_METRICS:
+            raise ValueError(f"unknown metric {value!r}: use one of {', '.join(GATE_METRICS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _checks_something(self) -> GateConfig:
+        if not self.golden and not self.canaries:
+            raise ValueError(
+                "a gate needs golden sets (index.gate.golden) or canaries (index.gate.canaries) "
+                "to decide with; remove index.gate to publish every version"
+            )
+        return self
+
+
 class IndexConfig(_Section):
-    """The incremental re-index: what may be deleted and when."""
+    """The incremental re-index: what may be deleted and when, and what may go live."""
 
     max_delete_share: float = Field(
         default=0.2,
@@ -573,6 +644,11 @@ class IndexConfig(_Section):
         ge=0,
         description="A second ingest against the same index waits this long for the first to "
         "finish, then refuses (exit 2). 0 refuses at once.",
+    )
+    gate: GateConfig | None = Field(
+        default=None,
+        description="A quality gate for new versions (Edge store): staged, evaluated against "
+        "the live version, promoted only when it holds. None: every version is published.",
     )
 
 
@@ -1149,6 +1225,16 @@ class RagpipeConfig(BaseSettings):
     paths: PathsConfig = Field(default_factory=PathsConfig)
     # Where each value set by load_config came from (dotted field -> origin).
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _gate_needs_versions(self) -> RagpipeConfig:
+        if self.index.gate is not None and self.store.backend != StoreBackend.EDGE:
+            raise ValueError(
+                "index.gate needs store.backend edge: versions on a Qdrant server (a "
+                "collection per version behind an alias) are not built yet; remove index.gate "
+                "or use the Edge store"
+            )
+        return self
 
     def origin(self, dotted: str) -> str:
         """Where the value of ``dotted`` (e.g. ``eval.golden``) came from: the file, an

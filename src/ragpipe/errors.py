@@ -33,5 +33,9 @@ class MassDeletionHeld(RagpipeError):
     """More indexed files vanished than ``index.max_delete_share`` allows; none were deleted."""
 
 
+class IndexHeld(RagpipeError):
+    """The index gate kept a new version from readers (the live one keeps serving)."""
+
+
 class GateFailed(RagpipeError):
     """An evaluation's regression gate failed (the report was written first)."""

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragpipe.config import RagpipeConfig
-from ragpipe.errors import MassDeletionHeld
+from ragpipe.errors import IndexHeld, MassDeletionHeld
+from ragpipe.ingest import gatekeep
 from ragpipe.ingest.chunk import run_chunk
 from ragpipe.ingest.clean import run_clean
 from ragpipe.ingest.convert import run_convert
@@ -19,7 +20,7 @@ from ragpipe.ingest.discover import run_discover
 from ragpipe.ingest.embed import run_embed
 from ragpipe.ingest.plan import run_plan
 from ragpipe.ingest.runner import RunStore, StageSummary, stage_store
-from ragpipe.ingest.summary import IngestSummary, write_summary
+from ragpipe.ingest.summary import IngestSummary, with_gate, write_summary
 from ragpipe.ingest.upsert import mass_deletion_message, run_upsert
 from ragpipe.locking import ingest_lock
 
@@ -90,12 +91,21 @@ def run_ingest(config: RagpipeConfig, allow_mass_delete: bool = False) -> Ingest
 
     Raises:
         MassDeletionHeld: after the summary is written, when deletions were held.
+        IndexHeld: after the summary is written, when ``index.gate`` held the version.
     """
     config = with_mass_delete(config, allow_mass_delete)
     with ingest_lock(config):
         summary = write_summary(config, run_stages(config))
+        summary = with_gate(config, summary, gatekeep.decide(config))
     if summary.deletions_held:
         raise MassDeletionHeld(
             mass_deletion_message(config, summary.deletions_held, summary.indexed_files)
         )
+    raise_if_held(summary)
     return summary
+
+
+def raise_if_held(summary: IngestSummary) -> None:
+    """IndexHeld when the gate kept this run's version from readers (summary written)."""
+    if summary.gate.get("outcome") in (gatekeep.HELD, gatekeep.STILL_HELD):
+        raise IndexHeld(gatekeep.held_message(gatekeep.Decision(**summary.gate)))

@@ -6,7 +6,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 
 from ragpipe import checkpoint
@@ -46,10 +46,15 @@ class IngestSummary:
     failures_by_category: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     stages: dict[str, dict[str, int]] = field(default_factory=dict)
+    gate: dict[str, Any] = field(default_factory=dict)  # ragpipe.ingest.gatekeep.Decision
 
     @property
     def ok(self) -> bool:
-        return self.failed == 0 and self.deletions_held == 0
+        return (
+            self.failed == 0
+            and self.deletions_held == 0
+            and self.gate.get("outcome") in (None, "promoted")
+        )
 
     def line(self) -> str:
         """One greppable line: the counts a nightly log needs."""
@@ -59,6 +64,7 @@ class IngestSummary:
             f"chunks-written={self.chunks_written} chunks-deleted={self.chunks_deleted} "
             f"points={self.points_total} skipped={self.skipped}"
             + (f" deletions-held={self.deletions_held}" if self.deletions_held else "")
+            + (f" version={self.gate['outcome']}" if self.gate else "")
         )
 
 
@@ -114,7 +120,22 @@ def write_summary(config: RagpipeConfig, stages: Sequence[StageSummary[Any]]) ->
         seconds={s.stage: round(s.seconds, 3) for s in stages},
         stages={s.stage: s.counts.as_dict() for s in stages},
     )
+    _write(work, summary, failures)
+    logger.info("ingest: %s", summary.line())
+    return summary
+
+
+def _write(work: WorkDir, summary: IngestSummary, failures: Sequence[Failure]) -> None:
     payload = {**asdict(summary), "failures": [asdict(f) for f in failures]}
     checkpoint.atomic_write_bytes(work.summary, json.dumps(payload, indent=2).encode())
+
+
+def with_gate(config: RagpipeConfig, summary: IngestSummary, decision: Any) -> IngestSummary:
+    """The summary with the gate's decision (``gatekeep.Decision``), written again."""
+    if decision is None:
+        return summary
+    summary = replace(summary, gate=decision.as_dict())
+    work = WorkDir.of(config)
+    _write(work, summary, read_failures(work))
     logger.info("ingest: %s", summary.line())
     return summary

@@ -328,7 +328,8 @@ def _publish(
     planned: PlanCounts | None,
     index_fp: str,
 ) -> published.IndexVersion | None:
-    """Publish the Edge store for readers when this run changed it (or it never was)."""
+    """Publish the Edge store for readers when this run changed it (or it never was); with
+    ``index.gate``, stage it instead (None: the gate decides after the run)."""
     generation = store_generation(config.store)
     if generation is None:  # qdrant backend, or no store yet
         return None
@@ -338,6 +339,9 @@ def _publish(
         files = planned.indexed_files
     else:
         files = len(stored_versions(config))
+    if config.index.gate is not None:  # a decision: ragpipe.ingest.gatekeep
+        published.stage(config.store.path, generation, points, files, index_fp)
+        return None
     return published.publish(config.store.path, generation, points, files, index_fp)
 
 

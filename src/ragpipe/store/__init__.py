@@ -19,6 +19,7 @@ import shutil
 from typing import Any
 
 from ragpipe.config import StoreBackend, StoreConfig
+from ragpipe.errors import ConfigError, StageError
 from ragpipe.store import published
 from ragpipe.store.base import DENSE as DENSE
 from ragpipe.store.base import EMBEDDER_FIELD as EMBEDDER_FIELD
@@ -71,14 +72,29 @@ def open_store(config: StoreConfig, embedder: str, dim: int | None) -> VectorSto
     return store
 
 
-def open_reader(config: StoreConfig, embedder: str) -> VectorStore | None:
+def open_reader(
+    config: StoreConfig, embedder: str, version: str | None = None
+) -> VectorStore | None:
     """Open the index for reading (search, ask, evals): for Qdrant Edge, a private copy of
-    its current published version, so readers never meet the writer nor each other (see
-    ``published``). Before the first publish, the working shard itself. None: no index."""
+    its current published version (or of ``version``: a generation or a unique prefix of
+    one, staged and held versions included), so readers never meet the writer nor each
+    other (see ``published``). Before the first publish, the working shard itself. None:
+    no index.
+
+    Raises:
+        ConfigError: ``version`` with the qdrant backend (no versions there yet).
+        StageError: no version matches ``version``.
+    """
+    if version is not None and config.backend != StoreBackend.EDGE:
+        raise ConfigError(
+            "index versions are kept for the Edge store only: drop --version with "
+            "store.backend qdrant"
+        )
     if config.backend == StoreBackend.EDGE:
-        got = published.reader_copy(config.path)
+        wanted = published.resolve(config.path, version) if version else None
+        got = published.reader_copy(config.path, wanted)
         if got is not None:
-            path, version = got
+            path, opened = got
             try:
                 store = EdgeStore(
                     path, StoreMeta(embedder, None), config.batch_size, config.scroll_page,
@@ -88,10 +104,18 @@ def open_reader(config: StoreConfig, embedder: str) -> VectorStore | None:
                 shutil.rmtree(path, ignore_errors=True)
                 raise
             store.owned_copy = True
-            store.version = version
-            label = version.generation[:12] if version else path.name
+            store.version = opened
+            label = opened.generation[:12] if opened else path.name
             store.location = f"edge:{config.path} (published version {label})"
             return store
+        waiting = published.list_versions(config.path)
+        if waiting:  # the gate held the first version: readers must not see it
+            raise StageError(
+                f"no version of the index at {config.path} is live: the gate held the first "
+                f"one ({waiting[0].generation[:12]}, {waiting[0].status}). See `ragpipe index "
+                "list`; `ragpipe search --version V` reads it, `ragpipe index promote V` "
+                "makes it live"
+            )
     return open_store(config, embedder, None)
 
 

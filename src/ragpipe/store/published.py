@@ -17,6 +17,13 @@ way round. Instead:
   (an exclusive lock it does not wait for), and private copies whose process
   is gone.
 
+With a quality gate (``index.gate``) publishing becomes a decision: the ingest
+**stages** the version (copied as above, ``CURRENT`` untouched), the gate
+evaluates it against the live one, and only then is it **promoted** (the
+``CURRENT`` switch) or **held**. Each version's status and the gate's verdict
+are kept in ``versions.json`` beside them; held versions stay on disk (the
+newest ``KEEP_HELD``) until promoted by hand or discarded.
+
 The qdrant server backend needs none of this: the server serves readers and
 writers at once.
 """
@@ -46,6 +53,12 @@ logger = logging.getLogger(__name__)
 CURRENT = "CURRENT"
 VERSION_FILE = "ragpipe-version.json"
 READERS = "readers"
+STATUS_FILE = "versions.json"
+KEEP_HELD = 3  # held or staged versions kept on disk (the newest), besides the live one
+
+# A version's status: staged (written, not decided), held (the gate said no),
+# promoted (live now or before), discarded (removed by hand).
+STAGED, HELD, PROMOTED = "staged", "held", "promoted"
 
 
 @dataclass(frozen=True)
@@ -113,14 +126,11 @@ def _disk_bytes(directory: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in directory.rglob("*") if p.is_file())
 
 
-def publish(
+def _materialize(
     store_path: Path, generation: str, points: int, files: int, index_fingerprint: str
-) -> IndexVersion | None:
-    """Publish the working shard as ``generation`` (the caller holds the ingest lock and
-    has closed the store). Returns the new version, or None when it was current already."""
+) -> IndexVersion:
+    """Copy the working shard into the versions directory as ``generation`` (once)."""
     base = root(store_path)
-    if current(store_path) == generation and (base / generation).is_dir():
-        return None
     started = time.perf_counter()
     base.mkdir(parents=True, exist_ok=True)
     target = base / generation
@@ -141,45 +151,215 @@ def publish(
             raise
         fsync_dir(base)
     _lock_file(base, generation).touch()
-    atomic_write_bytes(base / CURRENT, generation.encode())
-    seconds = time.perf_counter() - started
-    removed = remove_unused(store_path)
+    return version
+
+
+def publish(
+    store_path: Path, generation: str, points: int, files: int, index_fingerprint: str
+) -> IndexVersion | None:
+    """Publish the working shard as ``generation`` (the caller holds the ingest lock and
+    has closed the store). Returns the new version, or None when it was current already."""
+    base = root(store_path)
+    if current(store_path) == generation and (base / generation).is_dir():
+        return None
+    started = time.perf_counter()
+    version = _materialize(store_path, generation, points, files, index_fingerprint)
+    promote(store_path, generation, {"gate": None})
     logger.info(
-        "published index version %s (%d points, %.1f MB) in %.2fs%s",
-        generation[:12], points, version.bytes / 1e6, seconds,
-        f"; removed {removed} old version(s)" if removed else "",
+        "published index version %s (%d points, %.1f MB) in %.2fs",
+        generation[:12], points, version.bytes / 1e6, time.perf_counter() - started,
     )  # fmt: skip
     return version
+
+
+def stage(
+    store_path: Path, generation: str, points: int, files: int, index_fingerprint: str
+) -> IndexVersion | None:
+    """Write ``generation`` beside the live version without switching readers to it (a
+    gate decides). None when it is live already; a version decided before keeps its
+    status (a no-op night does not re-judge a held version)."""
+    base = root(store_path)
+    if current(store_path) == generation and (base / generation).is_dir():
+        return None
+    version = _materialize(store_path, generation, points, files, index_fingerprint)
+    if generation not in statuses(store_path):
+        _set_status(store_path, generation, STAGED, {})
+    logger.info("staged index version %s (%d points): the gate decides", generation[:12], points)
+    return version
+
+
+def statuses(store_path: Path) -> dict[str, dict[str, Any]]:
+    """Every version's recorded status: {generation: {status, at, ...}}."""
+    try:
+        data = json.loads((root(store_path) / STATUS_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except ValueError as exc:
+        raise StageError(
+            f"{root(store_path) / STATUS_FILE} is not valid JSON ({exc}); restore it or remove "
+            "it (the live version keeps serving; held versions then show as staged)"
+        ) from exc
+    return data if isinstance(data, dict) else {}
+
+
+def _set_status(store_path: Path, generation: str, status: str, extra: dict[str, Any]) -> None:
+    entries = statuses(store_path)
+    entries[generation] = {"status": status, "at": datetime.now(UTC).isoformat(), **extra}
+    path = root(store_path) / STATUS_FILE
+    atomic_write_bytes(path, json.dumps(entries, indent=1, sort_keys=True).encode())
+
+
+def hold(store_path: Path, generation: str, verdict: dict[str, Any]) -> None:
+    """Record that the gate kept ``generation`` from readers; it stays on disk."""
+    _set_status(store_path, generation, HELD, {"verdict": verdict})
+
+
+def promote(
+    store_path: Path,
+    generation: str,
+    extra: dict[str, Any] | None = None,
+    keep_previous: bool = False,
+) -> None:
+    """Switch readers to ``generation`` (atomically) and remove what is no longer kept;
+    ``keep_previous`` keeps the version it replaces, to roll back to (gated and by-hand
+    promotions do).
+
+    Raises:
+        StageError: no such version on disk.
+    """
+    base = root(store_path)
+    if IndexVersion.read(base / generation) is None:
+        raise StageError(f"no index version {generation} under {base}")
+    _lock_file(base, generation).touch()
+    previous = current(store_path)
+    atomic_write_bytes(base / CURRENT, generation.encode())
+    recorded = {"previous": previous, "keep_previous": keep_previous, **(extra or {})}
+    _set_status(store_path, generation, PROMOTED, recorded)
+    removed = remove_unused(store_path)
+    if removed:
+        logger.info("removed %d superseded index version(s)", removed)
+
+
+def discard(store_path: Path, generation: str) -> None:
+    """Remove a version that is not live (a held one, say).
+
+    Raises:
+        StageError: it is the live version, or a reader is copying it now.
+    """
+    base = root(store_path)
+    if generation == current(store_path):
+        raise StageError(f"index version {generation[:12]} is live: promote another one first")
+    if not (base / generation).is_dir():
+        raise StageError(f"no index version {generation} under {base}")
+    if not _remove_version(base, generation):
+        raise StageError(f"a reader is copying index version {generation[:12]}; try again")
+    entries = statuses(store_path)
+    entries.pop(generation, None)
+    atomic_write_bytes(base / STATUS_FILE, json.dumps(entries, indent=1, sort_keys=True).encode())
+
+
+def resolve(store_path: Path, prefix: str) -> str:
+    """The one version on disk whose generation starts with ``prefix``.
+
+    Raises:
+        StageError: none or several match (the message lists the versions).
+    """
+    versions = [v.generation for v in list_versions(store_path)]
+    found = [g for g in versions if g.startswith(prefix)]
+    if len(found) == 1:
+        return found[0]
+    listed = ", ".join(g[:12] for g in versions) or "none"
+    what = "no" if not found else f"{len(found)}"
+    raise StageError(f"{what} index versions match {prefix!r} (versions on disk: {listed})")
+
+
+@dataclass(frozen=True)
+class VersionEntry:
+    """A version on disk as ``ragpipe index list`` shows it."""
+
+    generation: str
+    status: str
+    live: bool
+    published_at: str
+    points: int
+    files: int
+    decided_at: str | None
+    verdict: dict[str, Any] | None
+
+
+def list_versions(store_path: Path) -> list[VersionEntry]:
+    """The versions on disk, newest first."""
+    base = root(store_path)
+    if not base.is_dir():
+        return []
+    live = current(store_path)
+    recorded = statuses(store_path)
+    entries = []
+    for directory in base.iterdir():
+        version = IndexVersion.read(directory) if directory.is_dir() else None
+        if version is None or directory.name != version.generation:
+            continue
+        info = recorded.get(version.generation, {})
+        status = info.get("status", PROMOTED if version.generation == live else STAGED)
+        entries.append(VersionEntry(
+            version.generation, status, version.generation == live, version.published_at,
+            version.points, version.files, info.get("at"), info.get("verdict"),
+        ))  # fmt: skip
+    return sorted(entries, key=lambda e: e.published_at, reverse=True)
 
 
 def _lock_file(base: Path, generation: str) -> Path:
     return base / f"{generation}.lock"
 
 
+def _remove_version(base: Path, generation: str) -> bool:
+    """Remove one version unless a reader is copying it (False then)."""
+    fd = os.open(_lock_file(base, generation), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False  # a reader is copying it: the next publish removes it
+    finally:
+        os.close(fd)  # released either way; readers check the directory exists
+    shutil.rmtree(base / generation, ignore_errors=True)
+    _lock_file(base, generation).unlink(missing_ok=True)
+    return True
+
+
 def remove_unused(store_path: Path) -> int:
-    """Remove superseded versions no reader is copying, temp dirs and dead readers' copies."""
+    """Remove superseded versions no reader is copying, temp dirs and dead readers' copies.
+
+    Kept: the live version, the one it replaced when promoted with ``keep_previous``, and
+    the newest ``KEEP_HELD`` held or staged ones."""
     base = root(store_path)
     if not base.is_dir():
         return 0
-    keep = current(store_path)
+    live = current(store_path)
+    recorded = statuses(store_path)
+    keep = {live}
+    promoted = recorded.get(live or "", {})
+    if promoted.get("keep_previous") and promoted.get("previous"):
+        keep.add(promoted["previous"])  # to roll back to
+    waiting = [
+        e.generation for e in list_versions(store_path)
+        if not e.live and recorded.get(e.generation, {}).get("status", STAGED) in (STAGED, HELD)
+    ]  # fmt: skip
+    keep.update(waiting[:KEEP_HELD])
     removed = 0
     for entry in base.iterdir():
         if entry.name.endswith(".tmp") and entry.is_dir():
             shutil.rmtree(entry, ignore_errors=True)  # a publish killed mid-copy
-        elif entry.is_dir() and entry.name not in (keep, READERS):
-            fd = os.open(_lock_file(base, entry.name), os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # a reader is copying it: the next publish removes it
-            finally:
-                os.close(fd)  # released either way; readers check the directory exists
-            shutil.rmtree(entry, ignore_errors=True)
-            _lock_file(base, entry.name).unlink(missing_ok=True)
-            removed += 1
+        elif entry.is_dir() and entry.name not in keep and entry.name != READERS:
+            removed += _remove_version(base, entry.name)
     for lock in base.glob("*.lock"):  # locks of versions removed meanwhile
-        if lock.stem != keep and not (base / lock.stem).is_dir():
+        if lock.stem not in keep and not (base / lock.stem).is_dir():
             lock.unlink(missing_ok=True)
+    gone = [g for g in recorded if not (base / g).is_dir()]
+    if gone:  # the record follows what is on disk
+        for generation in gone:
+            recorded.pop(generation)
+        atomic_write_bytes(base / STATUS_FILE, json.dumps(recorded, indent=1,
+                                                          sort_keys=True).encode())  # fmt: skip
     readers = base / READERS
     if readers.is_dir():
         for copy in readers.iterdir():
@@ -214,15 +394,18 @@ def _shared(lock: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-def reader_copy(store_path: Path) -> tuple[Path, IndexVersion | None] | None:
-    """A private copy of the current published version, for one reader to open.
+def reader_copy(
+    store_path: Path, version: str | None = None
+) -> tuple[Path, IndexVersion | None] | None:
+    """A private copy of the current published version (or of ``version``, staged or held
+    ones too), for one reader to open.
 
     None when nothing is published yet. The caller removes the copy when done
     (``EdgeStore`` does, on close).
     """
     base = root(store_path)
     for _ in range(5):  # a publish may replace CURRENT between reading it and locking
-        generation = current(store_path)
+        generation = version or current(store_path)
         if generation is None:
             return None
         lock = _lock_file(base, generation)
@@ -231,6 +414,8 @@ def reader_copy(store_path: Path) -> tuple[Path, IndexVersion | None] | None:
                 lock.touch()
         with _shared(lock) as held:
             source = base / generation
+            if version is not None and not source.is_dir():
+                raise StageError(f"no index version {version} under {base}")
             if not held or not source.is_dir():
                 continue
             readers = base / READERS

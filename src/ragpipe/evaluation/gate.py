@@ -1,0 +1,203 @@
+"""The index's quality gate: may a staged version replace the live one?
+
+Each golden set of ``index.gate`` is replayed through both versions with the
+same retrieval settings, and the gate's metric is compared item by item (the
+paired delta, as ``eval compare`` does). The staged version is promoted only
+when, for every golden set, its mean is at most ``max_drop`` below the live
+version's and at least ``min_score``, and every canary query returns its
+files. An index's first version has nothing to compare with: only the
+floors and the canaries apply.
+
+A golden item whose targets no longer exist in the staged version scores 0
+there: that is the signal (a corpus that lost its answers), not an error.
+Each golden set is checked against the *live* version, where its targets
+must match as for any eval.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from ragpipe.config import GateConfig, RagpipeConfig
+from ragpipe.evaluation.check import IndexView, check_golden, golden_for_index
+from ragpipe.evaluation.golden import GoldenSet, load_golden
+from ragpipe.evaluation.metrics import bootstrap_ci, paired_delta
+from ragpipe.evaluation.retrieval import Granularity, run_retrieval_eval
+from ragpipe.models.embedders import embedder_name, make_embedder
+from ragpipe.query.retrieve import Retriever
+from ragpipe.store import open_reader
+
+
+@dataclass(frozen=True)
+class GoldenVerdict:
+    """One golden set's comparison."""
+
+    golden: str
+    items: int
+    staged: float
+    live: float | None  # None: no live version (the first one)
+    delta: float | None
+    delta_low: float | None
+    delta_high: float | None
+    p_value: float | None
+    passed: bool
+    reason: str = ""
+    lost: list[str] = field(default_factory=list)  # items scoring 0 staged, > 0 live
+    unmatched_staged: list[str] = field(default_factory=list)  # targets gone from the staged
+
+
+@dataclass(frozen=True)
+class CanaryVerdict:
+    query: str
+    k: int
+    missing: list[str]  # configured files not among the top k
+
+    @property
+    def passed(self) -> bool:
+        return not self.missing
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    """What the gate decided and why; recorded with the version and sent in events."""
+
+    staged: str
+    live: str | None
+    metric: str
+    max_drop: float
+    passed: bool
+    reasons: list[str]
+    golden: list[GoldenVerdict]
+    canaries: list[CanaryVerdict]
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for canary, verdict in zip(data["canaries"], self.canaries, strict=True):
+            canary["passed"] = verdict.passed
+        return data
+
+    def line(self) -> str:
+        """One line for logs and event summaries."""
+        verdict = "promoted" if self.passed else "held"
+        parts = [
+            f"{g.golden}: {self.metric} {g.staged:.4f}"
+            + (f" vs live {g.live:.4f} ({g.delta:+.4f})" if g.live is not None else "")
+            for g in self.golden
+        ]
+        if self.canaries:
+            ok = sum(c.passed for c in self.canaries)
+            parts.append(f"canaries {ok}/{len(self.canaries)}")
+        return f"version {self.staged[:12]} {verdict}: " + "; ".join(parts)
+
+
+def _scores(
+    config: RagpipeConfig, golden: GoldenSet, retriever: Retriever, metric: str
+) -> dict[str, float]:
+    result = run_retrieval_eval(
+        config,
+        golden,
+        granularity=Granularity(config.eval.granularity),
+        depth=config.eval.depth,
+        resamples=config.eval.resamples,
+        seed=config.eval.seed,
+        retriever=retriever,
+    )
+    return {row.item_id: row.metrics[metric] for row in result.rows}
+
+
+def _golden_verdict(
+    gate: GateConfig,
+    config: RagpipeConfig,
+    golden: GoldenSet,
+    staged: Retriever,
+    live: Retriever | None,
+) -> GoldenVerdict:
+    new = _scores(config, golden, staged, gate.metric)
+    ids = list(new)
+    staged_mean = bootstrap_ci([new[i] for i in ids], config.eval.resamples, config.eval.seed)
+    reasons = []
+    if gate.min_score is not None and staged_mean.mean < gate.min_score:
+        reasons.append(f"{gate.metric} {staged_mean.mean:.4f} is below the floor {gate.min_score}")
+    if live is None:
+        return GoldenVerdict(golden.name, len(ids), staged_mean.mean, None, None, None, None,
+                             None, not reasons, "; ".join(reasons))  # fmt: skip
+    old = _scores(config, golden, live, gate.metric)
+    delta = paired_delta([old[i] for i in ids], [new[i] for i in ids], config.eval.resamples,
+                         config.eval.seed)  # fmt: skip
+    d = delta.interval
+    if d.mean < -gate.max_drop - 1e-12:
+        reasons.append(
+            f"{gate.metric} fell by {-d.mean:.4f} on the same {len(ids)} items "
+            f"(index.gate.max_drop {gate.max_drop})"
+        )
+    lost = [i for i in ids if new[i] == 0 and old[i] > 0]
+    live_mean = sum(old[i] for i in ids) / len(ids)
+    return GoldenVerdict(
+        golden.name, len(ids), staged_mean.mean, live_mean, d.mean,
+        d.low if d.has_ci else None, d.high if d.has_ci else None,
+        delta.p_value if delta.p_value == delta.p_value else None,
+        not reasons, "; ".join(reasons), lost,
+    )  # fmt: skip
+
+
+def _canary(retriever: Retriever, query: str, files: Sequence[str], k: int) -> CanaryVerdict:
+    hits = retriever.search(query, top_k=k).hits
+    found = [str(h.payload.get("file_path", "")) for h in hits[:k]]
+    missing = [f for f in files if not any(path.endswith(f) for path in found)]
+    return CanaryVerdict(query, k, missing)
+
+
+def evaluate_gate(config: RagpipeConfig, staged: str, live: str | None) -> GateVerdict:
+    """Replay ``index.gate`` against version ``staged`` and (when there is one) ``live``.
+
+    Raises:
+        ConfigError: a golden set is missing or invalid, or its targets do not match
+            the live version (GoldenMismatch: fix the golden set, or eval.skip_unmatched).
+    """
+    gate = config.index.gate
+    if gate is None:
+        raise ValueError("evaluate_gate needs index.gate")
+    started = time.perf_counter()
+    embedder = make_embedder(config.embed)
+    name = embedder_name(config.embed)
+    readers: list[Retriever] = []
+    try:
+        staged_store = open_reader(config.store, name, staged)
+        assert staged_store is not None  # a named version opens or raises
+        readers.append(Retriever(config, embedder=embedder, store=staged_store))
+        if live is not None:
+            live_store = open_reader(config.store, name, live)
+            assert live_store is not None
+            readers.append(Retriever(config, embedder=embedder, store=live_store))
+        new, old = readers[0], readers[1] if live is not None else None
+        goldens = []
+        for path in gate.golden:
+            # The labels must hold where they were written: on the live version (or, for
+            # the first version, on itself). Unmatched targets there are the golden set's
+            # fault (as for any eval); in the staged version they are the signal.
+            golden, _ = golden_for_index(
+                load_golden(path), IndexView((old or new).store),
+                skip_unmatched=config.eval.skip_unmatched, origin="index.gate.golden",
+                scope=config.eval.granularity,
+            )  # fmt: skip
+            verdict = _golden_verdict(gate, config, golden, new, old)
+            gone = check_golden(golden, IndexView(new.store), config.eval.granularity)
+            goldens.append(replace(verdict, unmatched_staged=gone.lines()))
+        canaries = [_canary(new, c.query, c.files, c.k) for c in gate.canaries]
+    finally:
+        for reader in readers:
+            reader.close()
+    reasons = [f"{g.golden}: {g.reason}" for g in goldens if not g.passed]
+    reasons += [
+        f"canary {c.query!r}: {', '.join(c.missing)} not in the top {c.k}"
+        for c in canaries
+        if not c.passed
+    ]
+    return GateVerdict(
+        staged, live, gate.metric, gate.max_drop, not reasons, reasons, goldens, canaries,
+        round(time.perf_counter() - started, 3),
+    )  # fmt: skip

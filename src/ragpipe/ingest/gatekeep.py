@@ -1,0 +1,117 @@
+"""After an ingest with ``index.gate``: promote the staged version, or hold it.
+
+The upsert stage stages a changed index instead of publishing it (see
+``ragpipe.store.published``); ``decide`` runs the gate (``ragpipe.evaluation.gate``)
+and records the outcome with the version. The caller holds the ingest lock, so
+no other writer stages or promotes meanwhile; readers keep the live version
+throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ragpipe import checkpoint
+from ragpipe.config import RagpipeConfig
+from ragpipe.ingest.runner import WorkDir
+from ragpipe.store import published, store_generation
+
+logger = logging.getLogger(__name__)
+
+PROMOTED, HELD, STILL_HELD = "promoted", "held", "still-held"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What became of this run's index version."""
+
+    outcome: str  # promoted, held, still-held
+    generation: str
+    live_before: str | None
+    verdict: dict[str, Any]
+    line: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def decide(config: RagpipeConfig) -> Decision | None:
+    """Judge the working version if the gate has not yet; None when there is nothing to
+    decide (no gate, no store, or the version is live already)."""
+    if config.index.gate is None:
+        return None
+    generation = store_generation(config.store)
+    path = config.store.path
+    live = published.current(path)
+    if generation is None or generation == live:
+        return None
+    recorded = published.statuses(path).get(generation, {})
+    if recorded.get("status") == published.HELD:  # a no-op night: judged already
+        verdict = recorded.get("verdict", {})
+        line = f"version {generation[:12]} is still held since {recorded.get('at', '?')}"
+        logger.warning("index gate: %s (ragpipe index list; promote or discard it)", line)
+        return Decision(STILL_HELD, generation, live, verdict, line)
+    from ragpipe.evaluation.gate import evaluate_gate  # the query path: only with a gate
+
+    logger.info("index gate: evaluating version %s against %s", generation[:12],
+                live[:12] if live else "nothing (the first version)")  # fmt: skip
+    verdict = evaluate_gate(config, generation, live)
+    data = verdict.as_dict()
+    if verdict.passed:
+        published.promote(path, generation, {"verdict": data}, keep_previous=True)
+        logger.info("index gate: %s", verdict.line())
+        decision = Decision(PROMOTED, generation, live, data, verdict.line())
+    else:
+        published.hold(path, generation, data)
+        logger.error("index gate: %s: %s", verdict.line(), "; ".join(verdict.reasons))
+        decision = Decision(HELD, generation, live, data, verdict.line())
+    checkpoint.atomic_write_bytes(
+        WorkDir.of(config).root / "gate.json", json.dumps(decision.as_dict(), indent=2).encode()
+    )
+    return decision
+
+
+def held_message(decision: Decision) -> str:
+    """The error a held version fails the run with."""
+    reasons = decision.verdict.get("reasons") or []
+    why = "; ".join(reasons) if reasons else decision.line
+    what = (
+        decision.line
+        if decision.outcome == STILL_HELD
+        else (f"index version {decision.generation[:12]} was not promoted")
+    )
+    return (
+        f"{what}: {why}. Readers keep "
+        f"version {(decision.live_before or 'none')[:12]}. Inspect it with `ragpipe search "
+        f"--version {decision.generation[:12]}`, then `ragpipe index promote "
+        f"{decision.generation[:12]}` or `ragpipe index discard {decision.generation[:12]}`"
+    )
+
+
+def promote_by_hand(config: RagpipeConfig, version: str) -> Decision:
+    """Make ``version`` (a generation or a unique prefix) live, under the ingest lock.
+
+    Raises:
+        ConfigError: not an Edge store.
+        StageError: no such version, or another writer holds the index.
+    """
+    from ragpipe.config import StoreBackend
+    from ragpipe.errors import ConfigError
+    from ragpipe.locking import ingest_lock
+
+    if config.store.backend != StoreBackend.EDGE:
+        raise ConfigError(
+            "index versions are kept for the Edge store only (store.backend edge); a Qdrant "
+            "server's collection is written in place"
+        )
+    path = config.store.path
+    with ingest_lock(config):
+        generation = published.resolve(path, version)
+        before = published.current(path)
+        published.promote(path, generation, {"by_hand": True}, keep_previous=True)
+    line = f"version {generation[:12]} promoted by hand (was {(before or 'none')[:12]})"
+    logger.info("index: %s", line)
+    return Decision(PROMOTED, generation, before, {"by_hand": True, "reasons": []}, line)

@@ -1,0 +1,231 @@
+"""The nightly that proves itself: a new index version goes live only when its golden sets
+and canaries say it is no worse (issue 33)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from ragpipe.config import GATE_METRICS, RagpipeConfig, load_config
+from ragpipe.errors import ConfigError, IndexHeld, StageError
+from ragpipe.evaluation.check import GoldenMismatch
+from ragpipe.evaluation.metrics import METRICS
+from ragpipe.ingest.pipeline import run_ingest
+from ragpipe.query.retrieve import Retriever
+from ragpipe.store import open_reader, published
+from tests.support.corpora import TOPICS, make_config, topic_doc, write_topics
+
+pytestmark = pytest.mark.integration
+
+ONNX = "paraphrase-MiniLM-L3-v2"
+
+
+def _golden(path: Path) -> Path:
+    """One item per topic, its file the only relevant one: each scores 1 or 0 at file
+    granularity (the topic's own file first, or absent)."""
+    items = "".join(
+        f"  - id: {t}\n    query: notes that explain {t}\n    relevance: {{{t}.txt: 1}}\n"
+        for t in TOPICS
+    )
+    path.write_text(f"name: topics\nitems:\n{items}", encoding="utf-8")
+    return path
+
+
+def _config(corpus: Path, tmp_path: Path, **gate: Any) -> RagpipeConfig:
+    settings = {"golden": [_golden(tmp_path / "golden.yaml")], "min_score": 0.5, **gate}
+    return make_config(corpus, tmp_path, index={"gate": settings},
+                       eval={"granularity": "file", "resamples": 200})  # fmt: skip
+
+
+def _points(cfg: RagpipeConfig, version: str | None = None) -> int:
+    store = open_reader(cfg.store, ONNX, version)
+    assert store is not None
+    try:
+        return store.count()
+    finally:
+        store.close()
+
+
+def test_a_version_that_loses_half_its_answers_is_held_and_readers_keep_the_live_one(
+    tmp_path: Path,
+) -> None:
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    canary = {"query": "astronomy", "files": ["astronomy.txt"], "k": 3}
+    cfg = _config(corpus, tmp_path, canaries=[canary])
+    first = run_ingest(cfg)
+    assert first.gate["outcome"] == "promoted"  # the first version: floor and canary only
+    assert first.gate["verdict"]["golden"][0]["staged"] == 1.0  # 6 of 6 at rank 1
+    assert first.gate["verdict"]["golden"][0]["live"] is None
+    live = published.current(cfg.store.path)
+    assert live == first.gate["generation"] and _points(cfg) == first.points_total
+
+    for topic in TOPICS[3:]:  # the corpus loses the files of 3 of the 6 golden items
+        (corpus / f"{topic}.txt").unlink()
+    with pytest.raises(IndexHeld, match=r"fell by 0.5000 on the same 6 items") as held:
+        run_ingest(cfg, allow_mass_delete=True)
+    assert "astronomy.txt not in the top 3" in str(held.value)
+    assert published.current(cfg.store.path) == live  # readers keep the old version
+    assert _points(cfg) == first.points_total
+    summary = json.loads((cfg.paths.work_dir / "summary.json").read_text(encoding="utf-8"))
+    staged = summary["gate"]["generation"]
+    assert summary["gate"]["outcome"] == "held" and staged != live
+    golden = summary["gate"]["verdict"]["golden"][0]
+    # Hand-computed: each item scores 1 (its file first) or 0 (its file gone).
+    assert (golden["staged"], golden["live"], golden["delta"]) == (0.5, 1.0, -0.5)
+    assert golden["lost"] == ["gardening", "astronomy", "cooking"]
+    assert len(golden["unmatched_staged"]) == 3
+    assert _points(cfg, staged[:10]) == summary["points_total"] < first.points_total
+
+    with pytest.raises(IndexHeld, match=r"still held"):  # a no-op night: not judged again
+        run_ingest(cfg)
+    assert published.current(cfg.store.path) == live
+
+    for topic in TOPICS[3:]:  # the next good nightly (the files back, revised)
+        (corpus / f"{topic}.txt").write_text(topic_doc(topic, version=2), encoding="utf-8")
+    good = run_ingest(cfg)
+    assert good.gate["outcome"] == "promoted" and good.gate["live_before"] == live
+    assert good.gate["verdict"]["golden"][0]["delta"] == 0.0
+    assert published.current(cfg.store.path) == good.gate["generation"]
+    versions = {v.generation: v for v in published.list_versions(cfg.store.path)}
+    assert versions[staged].status == "held" and not versions[staged].live
+    assert versions[good.gate["generation"]].live
+    assert versions[live].status == "promoted"  # kept to roll back to, as the held one
+
+
+def test_index_list_promote_and_discard_from_the_cli(tmp_path: Path) -> None:
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    cfg = _config(corpus, tmp_path)
+    run_ingest(cfg)
+    live = published.current(cfg.store.path)
+    for topic in TOPICS[3:]:
+        (corpus / f"{topic}.txt").unlink()
+    with pytest.raises(IndexHeld):
+        run_ingest(cfg, allow_mass_delete=True)
+    staged = next(v.generation for v in published.list_versions(cfg.store.path) if not v.live)
+    config_file = tmp_path / "ragpipe.yaml"
+    config_file.write_text(json.dumps(cfg.model_dump(mode="json")), encoding="utf-8")
+    args = ["--config", str(config_file)]
+    runner = CliRunner()
+
+    listed = runner.invoke(app, ["index", "list", "--json", *args])
+    assert listed.exit_code == 0, listed.output
+    rows = {r["generation"]: r for r in json.loads(listed.output)}
+    assert rows[staged]["status"] == "held" and rows[live]["live"]
+    table = runner.invoke(app, ["index", "list", *args])
+    assert staged[:12] in table.output and "held" in table.output
+    assert "fell by 0.5000" in rows[staged]["verdict"]["reasons"][0]
+
+    found = runner.invoke(app, ["search", "cooking", "--version", staged[:10], "--format",
+                                "json", *args])  # fmt: skip
+    assert found.exit_code == 0, found.output
+    assert not any("cooking" in h["file_path"] for h in json.loads(found.output)["hits"])
+    wrong = runner.invoke(app, ["search", "cooking", "--version", "ffffzz", *args])
+    assert wrong.exit_code == 2 and "no index versions match 'ffffzz'" in wrong.output
+
+    refused = runner.invoke(app, ["index", "discard", live[:10], *args])
+    assert refused.exit_code == 2 and "is live" in refused.output
+    promoted = runner.invoke(app, ["index", "promote", staged[:10], *args])
+    assert promoted.exit_code == 0, promoted.output
+    assert published.current(cfg.store.path) == staged  # a held version made live by hand
+    assert published.statuses(cfg.store.path)[staged]["by_hand"] is True
+    back = runner.invoke(app, ["index", "promote", live[:10], *args])  # roll back
+    assert back.exit_code == 0 and published.current(cfg.store.path) == live
+    discarded = runner.invoke(app, ["index", "discard", staged[:10], *args])
+    assert discarded.exit_code == 0, discarded.output
+    assert [v.generation for v in published.list_versions(cfg.store.path)] == [live]
+
+
+def test_a_first_version_is_checked_on_itself_and_unreadable_until_it_passes(
+    tmp_path: Path,
+) -> None:
+    corpus = write_topics(tmp_path / "corpus", 2, ".txt")  # 2 of the 6 golden topics
+    cfg = _config(corpus, tmp_path)
+    with pytest.raises(GoldenMismatch, match=r"4 target.* of 4 item.* match nothing"):
+        run_ingest(cfg)  # as any eval: labels that match nothing are refused, not scored 0
+    assert published.current(cfg.store.path) is None
+    assert [v.status for v in published.list_versions(cfg.store.path)] == ["staged"]
+    with pytest.raises(StageError, match=r"no version of the index .* is live"):
+        Retriever(cfg)  # the undecided version is not served
+
+    canary = {"query": "gardening", "files": ["gardening.txt"], "k": 5}  # not in the corpus
+    cfg = _config(corpus, tmp_path, canaries=[canary])
+    cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"skip_unmatched": True})})
+    with pytest.raises(IndexHeld, match=r"gardening.txt not in the top 5"):
+        run_ingest(cfg)  # the 2 matched items score 1.0 >= 0.5; the canary fails
+    assert published.current(cfg.store.path) is None
+    assert [v.status for v in published.list_versions(cfg.store.path)] == ["held"]
+    with pytest.raises(StageError, match=r"no version of the index .* is live"):
+        Retriever(cfg)
+
+
+def test_without_a_gate_every_version_is_published(tmp_path: Path) -> None:
+    corpus = write_topics(tmp_path / "corpus", 3, ".txt")
+    cfg = make_config(corpus, tmp_path)
+    summary = run_ingest(cfg)
+    assert summary.gate == {} and summary.stages["upsert"]["published"] == 1
+    entries = published.list_versions(cfg.store.path)
+    assert [(e.status, e.live) for e in entries] == [("promoted", True)]
+
+
+def test_gate_config_is_checked_at_load() -> None:
+    assert GATE_METRICS == METRICS  # the config's copy of the metric names
+    with pytest.raises(ConfigError, match=r"index.gate.metric: unknown metric 'ndcg'"):
+        load_config(None, {"index": {"gate": {"golden": ["g.yaml"], "metric": "ndcg"}}})
+    with pytest.raises(ConfigError, match=r"a gate needs golden sets"):
+        load_config(None, {"index": {"gate": {"max_drop": 0.1}}})
+    with pytest.raises(ConfigError, match=r"index.gate.canaries.0.files"):
+        load_config(None, {"index": {"gate": {"canaries": [{"query": "q", "files": []}]}}})
+
+
+def _ragpipe_events(resource: str, expected: int) -> list[dict[str, Any]]:
+    """The ragpipe.* events of ``resource`` the Prefect API stored (the harness's real
+    server stores them asynchronously: waits up to 30 s for ``expected`` of them)."""
+    from prefect.client.orchestration import get_client
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.drain_all()
+    deadline = time.monotonic() + 30
+    with get_client(sync_client=True) as client:
+        while True:
+            reply = client.request(
+                "POST", "/events/filter",
+                json={"filter": {"event": {"prefix": ["ragpipe."]}}, "limit": 50},
+            )  # fmt: skip
+            events = [e for e in reply.json()["events"]
+                      if e["resource"]["prefect.resource.id"] == resource]  # fmt: skip
+            if len(events) >= expected or time.monotonic() > deadline:
+                return events
+            time.sleep(0.5)
+
+
+def test_the_flow_emits_promoted_and_held_events(prefect_harness: None, tmp_path: Path) -> None:
+    from flows.events import index_resource
+    from flows.ingest import ingest_flow
+
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    cfg = _config(corpus, tmp_path)
+    first = ingest_flow(config=cfg)
+    assert first.gate["outcome"] == "promoted"
+    for topic in TOPICS[3:]:
+        (corpus / f"{topic}.txt").unlink()
+    with pytest.raises(IndexHeld):
+        ingest_flow(config=cfg, allow_mass_delete=True)
+    events = _ragpipe_events(index_resource(cfg)["prefect.resource.id"], 2)
+    by_name = {e["event"]: e for e in events}
+    assert set(by_name) == {"ragpipe.index.promoted", "ragpipe.index.held"}
+    held = by_name["ragpipe.index.held"]["payload"]
+    assert held["outcome"] == "held" and held["live_before"] == first.gate["generation"]
+    assert held["golden"][0]["delta"] == -0.5 and "fell by 0.5000" in held["reasons"][0]
+    assert by_name["ragpipe.index.promoted"]["payload"]["version"] == first.gate["generation"]
+
+
+def test_a_gate_on_the_qdrant_backend_is_refused_not_ignored() -> None:
+    gate = {"golden": ["g.yaml"]}
+    with pytest.raises(ConfigError, match=r"index.gate needs store.backend edge"):
+        load_config(None, {"index": {"gate": gate}, "store": {"backend": "qdrant"}})
