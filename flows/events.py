@@ -65,7 +65,8 @@ def emit_index_decision(
             {k: g.get(k) for k in ("golden", "items", "staged", "live", "delta", "passed")}
             for g in verdict.get("golden", [])
         ],
-        "reports_url": config.eval.reports_url,
+        "reports_url": config.eval.reports_url
+        or (f"{config.serve.public_url.rstrip('/')}/reports/" if config.serve.public_url else None),
     }
     _emit(PROMOTED_EVENT if decision.outcome == PROMOTED else HELD_EVENT, config, payload)
 

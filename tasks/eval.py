@@ -62,7 +62,8 @@ def tune_task(
 def _link(config: RagpipeConfig, out: Path, file: str, key: str) -> str:
     """A link artifact to one of the run's report files; returns the link."""
     link = report_link(config, out, file)
-    where = "" if config.eval.reports_url else f" on {socket.gethostname()}"
+    served = config.eval.reports_url or config.serve.public_url
+    where = "" if served else f" on {socket.gethostname()}"
     create_link_artifact(
         key=key,
         link=link,

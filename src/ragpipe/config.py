@@ -1114,6 +1114,12 @@ class ServeConfig(_Section):
         "the API to the network (set serve.api_key then).",
     )
     port: int = Field(default=8080, ge=0, le=65535, description="TCP port (0: any free port).")
+    public_url: str | None = Field(
+        default=None,
+        description="The URL a team reaches this server at, e.g. http://ragpipe.internal:8080. "
+        "Evaluation report links (the Prefect artifacts) then point at its /reports/ when "
+        "eval.reports_url is not set.",
+    )
     api_key: SecretStr | None = Field(
         default=None,
         description="Bearer token every request but /healthz and /docs must carry "
@@ -1121,6 +1127,13 @@ class ServeConfig(_Section):
         "not in a committed file; it is never logged. None: no token asked. An empty or "
         "blank key is refused: it would compare equal to a missing token.",
     )
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_http_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError("must be an http(s) URL such as http://ragpipe.internal:8080")
+        return value
 
     @field_validator("api_key")
     @classmethod

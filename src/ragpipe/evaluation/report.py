@@ -505,9 +505,13 @@ def html_page(title: str, md: str, figures: list[tuple[str, str]], drill: str = 
 
 def report_link(config: RagpipeConfig, out: Path, file: str = "report.html") -> str:
     """Where a team opens a run's report: under ``eval.reports_url`` when it is set
-    (reports_dir served there), else a file:// URL on this machine."""
-    if config.eval.reports_url:
-        return f"{config.eval.reports_url.rstrip('/')}/{quote(out.name)}/{file}"
+    (reports_dir served there), else under ``ragpipe serve``'s /reports/ when
+    ``serve.public_url`` is set, else a file:// URL on this machine."""
+    base = config.eval.reports_url
+    if base is None and config.serve.public_url:
+        base = f"{config.serve.public_url.rstrip('/')}/reports"
+    if base:
+        return f"{base.rstrip('/')}/{quote(out.name)}/{file}"
     return (out / file).resolve().as_uri()
 
 

@@ -41,7 +41,15 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Security
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import (
     AfterValidator,
@@ -66,6 +74,7 @@ from ragpipe.query.render import search_json, to_text, to_xml
 from ragpipe.serve.cache import SemanticCache
 from ragpipe.serve.index import LiveIndex
 from ragpipe.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
+from ragpipe.serve.reports import index_page, inside, trend_page
 
 if TYPE_CHECKING:
     from ragpipe.models.embedders import Embedder
@@ -480,6 +489,36 @@ def create_app(
 
     search_body, ask_body = request_models(config.serve)
     posted = {**denied, **_POSTED}
+
+    reports = config.eval.reports_dir
+    missing = _error("No such report.")
+    report_routes: dict[str, Any] = {"dependencies": guarded, "responses": {**denied, 404: missing}}
+
+    @app.get("/reports", include_in_schema=False, dependencies=guarded)
+    def reports_root() -> Response:
+        return RedirectResponse("/reports/")
+
+    @app.get("/reports/", response_class=HTMLResponse, **report_routes)
+    def reports_index() -> HTMLResponse:
+        """The evaluation runs in eval.reports_dir by golden set, each linked to its
+        report, newest first; read-only."""
+        return HTMLResponse(index_page(reports))
+
+    @app.get("/reports/trend/{golden}", response_class=HTMLResponse, **report_routes)
+    def reports_trend(golden: str) -> HTMLResponse:
+        """Every metric of one golden set's runs over time, with 95% CIs."""
+        page = trend_page(reports, golden)
+        if page is None:
+            raise HTTPException(404, f"no runs of golden set {golden!r} in eval.reports_dir")
+        return HTMLResponse(page)
+
+    @app.get("/reports/{path:path}", **report_routes)
+    def report_file(path: str) -> Response:
+        """A file under eval.reports_dir (a run's report.html, summary.json, ...)."""
+        found = inside(reports, path)
+        if found is None:
+            raise HTTPException(404, "no such file under eval.reports_dir")
+        return FileResponse(found)
 
     @app.get("/healthz", response_model=Health)
     def healthz() -> dict[str, Any]:

@@ -1,0 +1,83 @@
+"""The reports directory over HTTP (``ragpipe serve``'s ``/reports/``), read-only.
+
+An index page lists the evaluation runs by golden set (newest first, each linked to
+its report.html) with a trend page per golden set; any file under
+``eval.reports_dir`` is served as is. Nothing outside the directory is: a path
+that leaves it (``..``, an absolute path, a symlink pointing out) is not found.
+"""
+
+from __future__ import annotations
+
+import html
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from ragpipe.evaluation.report import render_trend
+from ragpipe.evaluation.run import read_history
+
+HEADLINE = ("ndcg@10", "mrr", "recall@10", "faithfulness", "answer_correctness_f1")
+
+
+def inside(root: Path, relative: str) -> Path | None:
+    """The regular file ``relative`` names under ``root``, symlinks resolved; None when
+    there is none, or it lies outside ``root``."""
+    base = root.resolve()
+    if "\x00" in relative:
+        return None
+    try:
+        target = (base / relative.lstrip("/")).resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        return None
+    if not target.is_relative_to(base) or not target.is_file():
+        return None
+    return target
+
+
+def _runs(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """golden set -> its runs, newest first, each with its headline means."""
+    runs: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in rows:
+        run = runs[r["golden"]].setdefault(r["run_id"], {**r, "means": {}})
+        if r["variant"] == run["variant"]:  # the baseline's (the first variant's) numbers
+            run["means"][r["metric"]] = r["mean"]
+    return {golden: sorted(by_id.values(), key=lambda r: r["finished_at"], reverse=True)
+            for golden, by_id in runs.items()}  # fmt: skip
+
+
+def index_page(root: Path) -> str:
+    """The runs in ``root`` by golden set, each linked to its report, and a trend link."""
+    groups = _runs(read_history(root))
+    body = ["<h1>ragpipe evaluation reports</h1>"]
+    if not groups:
+        body.append(f"<p>No runs in {html.escape(str(root))} yet: run <code>ragpipe eval "
+                    "retrieval</code> (or the eval deployments).</p>")  # fmt: skip
+    for golden in sorted(groups):
+        runs = groups[golden]
+        shown = [m for m in HEADLINE if any(m in r["means"] for r in runs)]
+        body.append(f"<h2>{html.escape(golden)} <small><a href='trend/{quote(golden)}'>"
+                    "trend of every metric</a></small></h2>")  # fmt: skip
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in ("run", "kind", "finished",
+                                                                 "queries", *shown))  # fmt: skip
+        rows = []
+        for r in runs:
+            link = f"<a href='{quote(r['run_id'])}/report.html'>{html.escape(r['run_id'])}</a>"
+            kind = r["kind"] if r["kind"] == "rag" else f"{r['kind']} ({r['granularity']})"
+            cells = [link, html.escape(kind), html.escape(str(r["finished_at"])[:19]),
+                     str(r["queries"] or "")]  # fmt: skip
+            cells += [f"{r['means'][m]:.4f}" if m in r["means"] else "" for m in shown]
+            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        body.append(f"<table><tr>{head}</tr>{''.join(rows)}</table>")
+    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}")  # fmt: skip
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>ragpipe reports</title>"
+        f"<style>{style}</style></head><body>{''.join(body)}</body></html>"
+    )
+
+
+def trend_page(root: Path, golden: str) -> str | None:
+    """The trend page of one golden set; None when it has no run."""
+    rows = [r for r in read_history(root) if r["golden"] == golden]
+    return render_trend(golden, rows) if rows else None
