@@ -91,9 +91,12 @@ class IndexView:
     def __init__(self, store: VectorStore) -> None:
         self.store = store
         self.headings: dict[str, set[str]] = defaultdict(set)
-        for hit in store.scroll(fields=["file_path", "heading_path"]):
+        self.shas: dict[str, set[str]] = defaultdict(set)  # file -> its stored source SHA-256
+        for hit in store.scroll(fields=["file_path", "heading_path", "source_sha"]):
             path = str(hit.payload.get("file_path", ""))
             self.headings[path].update(str(h) for h in hit.payload.get("heading_path") or [])
+            if hit.payload.get("source_sha"):
+                self.shas[path].add(str(hit.payload["source_sha"]))
         self.files = sorted(self.headings)
         self._texts: dict[str, list[dict[str, Any]]] = {}
 
@@ -283,3 +286,33 @@ def golden_for_index(
         )
     check.skipped = [i.id for i in golden.items if i.id in dropped]
     return replace(golden, items=kept), check
+
+
+def evidence(golden: GoldenSet, view: IndexView) -> dict[str, dict[str, str]]:
+    """Per golden item, the index files its targets name and their source SHA-256 (the
+    evidence its labels were scored on); a file with several stored versions (mid-update)
+    joins them."""
+    found: dict[str, dict[str, str]] = {}
+    for item in golden.items:
+        suffixes = {s for s, g in item.relevance.items() if g > 0}
+        suffixes.update(t.file for t in item.chunks)
+        files = {f for suffix in suffixes for f in view.matching(suffix)}
+        found[item.id] = {f: "+".join(sorted(view.shas.get(f, ()))) for f in sorted(files)}
+    return found
+
+
+def evidence_changes(
+    before: dict[str, dict[str, str]], now: dict[str, dict[str, str]]
+) -> dict[str, str]:
+    """Items whose evidence differs between two runs, each with what changed (items absent
+    from either run are not compared)."""
+    changed = {}
+    for item, files in now.items():
+        old = before.get(item)
+        if old is None or old == files:
+            continue
+        parts = [f"{f} changed" for f in sorted(set(old) & set(files)) if old[f] != files[f]]
+        parts += [f"{f} is new" for f in sorted(set(files) - set(old))]
+        parts += [f"{f} is gone" for f in sorted(set(old) - set(files))]
+        changed[item] = ", ".join(parts)
+    return changed

@@ -192,6 +192,12 @@ def render_markdown(summary: RunSummary) -> str:
         lines += [f"- {f}" for f in gate.failures]
     if summary.judge:
         lines += _judge_lines(summary.judge)
+    if summary.evidence_changed:
+        since = summary.evidence_since or {}
+        lines += ["", f"## Evidence changed since the last run ({since.get('run_id', '?')})",
+                  "", "Their files changed in the index: a moved metric may be a stale label.",
+                  ""]  # fmt: skip
+        lines += [f"- {item}: {why}" for item, why in sorted(summary.evidence_changed.items())]
     if check.get("unmatched"):
         lines += ["", "## Golden targets that match nothing (skipped)", ""]
         lines += [f"- {u}" for u in check["unmatched"]]

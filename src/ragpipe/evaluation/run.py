@@ -32,7 +32,13 @@ import pyarrow.parquet as pq
 from ragpipe.checkpoint import atomic_write_bytes, write_table
 from ragpipe.config import RagpipeConfig
 from ragpipe.errors import ConfigError
-from ragpipe.evaluation.check import GoldenCheck, IndexView, golden_for_index
+from ragpipe.evaluation.check import (
+    GoldenCheck,
+    IndexView,
+    evidence,
+    evidence_changes,
+    golden_for_index,
+)
 from ragpipe.evaluation.golden import GoldenSet, load_golden
 from ragpipe.evaluation.metrics import METRICS, Interval
 from ragpipe.evaluation.rag import ALL_RAG_METRICS, RagEvalResult, run_rag_eval
@@ -222,6 +228,11 @@ class RunSummary:
     judge: dict[str, Any] | None = None  # RAG: model, outcome counts, calibration, PPI
     golden_check: dict[str, Any] | None = None  # targets checked, unmatched, skipped items
     timing: dict[str, float] = field(default_factory=dict)
+    # Per item, the files its targets name and their source SHA-256 (check.evidence); the
+    # items whose evidence changed since the last run of the same golden set, and why.
+    evidence: dict[str, dict[str, str]] = field(default_factory=dict)
+    evidence_changed: dict[str, str] = field(default_factory=dict)
+    evidence_since: dict[str, Any] | None = None  # that run: run_id, index version
     report_dir: str = ""
 
     @property
@@ -387,10 +398,17 @@ def rag_table(result: RagEvalResult) -> pa.Table:
 def run_dir(root: Path, name: str) -> tuple[str, Path]:
     """A new ``<root>/<UTC time>-<name>/`` directory and its run id."""
     slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
-    run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{slug}"
-    out = root / run_id
-    out.mkdir(parents=True, exist_ok=False)
-    return run_id, out
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    root.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):  # two runs of one name within a second get -2, -3, ...
+        run_id = f"{stamp}-{slug}" if n == 1 else f"{stamp}-{slug}-{n}"
+        out = root / run_id
+        try:
+            out.mkdir(exist_ok=False)
+        except FileExistsError:
+            continue
+        return run_id, out
+    raise FileExistsError(f"1,000 runs named {name!r} in {root} within one second")
 
 
 def write_run(summary: RunSummary, table: pa.Table, root: Path) -> RunSummary:
@@ -419,7 +437,8 @@ def run_retrieval(
     """Replay ``config.eval.golden`` through the retriever (each variant) and write the
     report under ``config.eval.reports_dir``."""
     with Retriever(config) as retriever:
-        golden, check = checked_golden(config, IndexView(retriever.store), config.eval.granularity)
+        view = IndexView(retriever.store)
+        golden, check = checked_golden(config, view, config.eval.granularity)
         corpus = corpus_fingerprint(retriever)
         result = run_retrieval_eval(
             config,
@@ -435,6 +454,7 @@ def run_retrieval(
             progress=progress,
         )
     summary = with_check(retrieval_summary(result, config, corpus), check)
+    summary = with_drift(summary, golden, view, config.eval.reports_dir)
     return result, write_run(summary, retrieval_table(result), config.eval.reports_dir)
 
 
@@ -451,6 +471,7 @@ def run_rag(
             sample=config.eval.rag_sample, retriever=retriever, view=view, progress=progress,
         )  # fmt: skip
     summary = with_check(rag_summary(result, config, corpus), check)
+    summary = with_drift(summary, golden, view, config.eval.reports_dir)
     return result, write_run(summary, rag_table(result), config.eval.reports_dir)
 
 
@@ -491,6 +512,38 @@ def with_check(summary: RunSummary, check: GoldenCheck) -> RunSummary:
             f"{len(check.skipped)} of {check.items} golden items skipped (--skip-unmatched): "
             f"their targets match nothing in the index ({shown}); see golden_check in "
             "summary.json",
+        )
+    return summary
+
+
+def with_drift(summary: RunSummary, golden: GoldenSet, view: IndexView, root: Path) -> RunSummary:
+    """The summary with each item's evidence, and the items whose evidence changed since
+    the last run of the same golden set in ``root`` (a metric that moves there may be a
+    stale label rather than retrieval)."""
+    summary.evidence = evidence(golden, view)
+    runs = [r for r in read_history(root) if r["golden"] == golden.name]
+    if not runs:
+        return summary
+    last = max(runs, key=lambda r: (r["finished_at"], r["run_id"]))
+    try:
+        data = json.loads((root / last["run_id"] / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return summary  # a run folder removed by hand: nothing to compare with
+    if not data.get("evidence"):
+        return summary  # a run from before evidence was recorded
+    version = ((data.get("corpus") or {}).get("index_version") or {}).get("generation") or ""
+    changes = evidence_changes(data["evidence"], summary.evidence)
+    summary.evidence_since = {"run_id": last["run_id"], "index_version": version}
+    since = f"index version {version[:12]}" if version else f"run {last['run_id']}"
+    summary.evidence_changed = {
+        item: f"evidence changed since {since}: {what}" for item, what in changes.items()
+    }
+    if changes:
+        shown = ", ".join(sorted(changes)[:10]) + (", ..." if len(changes) > 10 else "")
+        summary.warnings.append(
+            f"{len(changes)} golden item(s) target files that changed since the last run of "
+            f"this set ({last['run_id']}, {since}): {shown}. A metric that moves on them may "
+            "be a stale label, not retrieval; see 'Evidence changed' below"
         )
     return summary
 
