@@ -6,7 +6,8 @@ Commands parse arguments, build the one configuration (options over
 report); ``cli_common`` holds what they share. Exit codes: 0 all good, 1 some
 documents failed, 2 bad configuration or a stage that cannot run, 3
 deletions held by the mass-deletion guard (additions were applied), 4 an
-eval gate failed. Expected errors print one line (``cli_common.fail``).
+eval gate failed or the index gate held a new version. Expected errors print one
+line (``cli_common.fail``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Annotated
 
 import typer
 
+from flows.cli_deploy import deploy
 from flows.cli_eval import eval_app, report
 from flows.cli_index import index_app
 from flows.cli_ingest import ingest
@@ -57,6 +59,7 @@ app.command()(serve)
 app.add_typer(eval_app, name="eval")
 app.add_typer(index_app, name="index")
 app.command()(report)
+app.command()(deploy)
 
 
 def main() -> None:

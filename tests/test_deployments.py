@@ -281,6 +281,24 @@ def test_a_gated_nightly_triggers_the_eval_and_a_bad_one_is_held(
     config_file = (tmp_path / "gated.yaml").resolve()
     config_file.write_text(json.dumps(config), encoding="utf-8")
     cfg = RagpipeConfig.model_validate(config)
+    # `ragpipe deploy` fills the forms from this file: the UI shows the values that run.
+    filled = subprocess.run(
+        [str(Path(sys.executable).parent / "ragpipe"), "deploy", "--no-register",
+         "--config", str(config_file)],
+        cwd=REPO, env=stack.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert filled.returncode == 0, filled.stdout + filled.stderr
+    deployments = {d["name"]: d for d in stack.post("/deployments/filter", {})}
+    form = deployments["eval-retrieval"]
+    assert form["parameters"]["config_path"] == str(config_file)
+    assert form["parameters"]["golden"] == str(tmp_path / "golden.yaml")
+    assert (form["parameters"]["granularity"], form["parameters"]["depth"]) == ("chunk", 10)
+    assert form["parameters"]["mode"] == "hybrid"
+    choices = form["parameter_openapi_schema"]["properties"]["golden"]["anyOf"][0]["enum"]
+    assert choices == [str(tmp_path / "golden.yaml"), "eval/golden/r-faq-dev.yaml"]
+    nightly = deployments["nightly-reindex"]["parameters"]
+    assert nightly == {"config_path": str(config_file), "allow_mass_delete": False}
+    assert len(deployments["eval-compare"]["parameters"]["variants"]) == 2  # prefect.yaml's
     ingest = stack.cli("deployment", "run", "ingest/nightly-reindex", "--watch",
                        "--param", f"config_path={config_file}", timeout=600)  # fmt: skip
     assert "finished successfully in 'Completed'" in ingest.stdout, ingest.stdout + ingest.stderr
@@ -305,8 +323,10 @@ def test_a_gated_nightly_triggers_the_eval_and_a_bad_one_is_held(
     held = stack.cli("deployment", "run", "ingest/nightly-reindex", "--watch",
                      "--param", f"config_path={config_file}",
                      "--param", "allow_mass_delete=true", timeout=600)  # fmt: skip
+    # The cron's next runs carry this config_path too since `ragpipe deploy`: not those.
     runs = [r for r in stack.runs("ingest/nightly-reindex")
-            if r["parameters"].get("config_path") == str(config_file)]  # fmt: skip
+            if r["parameters"].get("config_path") == str(config_file)
+            and r["state_type"] != "SCHEDULED"]  # fmt: skip
     latest = max(runs, key=lambda r: r["expected_start_time"])
     assert latest["state_type"] == "FAILED", held.stdout + held.stderr
     assert "was not promoted" in latest["state"]["message"]

@@ -83,3 +83,25 @@ def test_choices_in_the_forms() -> None:
     assert fields["variants"]["type"] == "array"  # ordered, unlike a mapping
     assert fields["baseline"]["default"]["name"] == "current"
     assert definitions["RetrievalMode"]["enum"] == ["dense", "sparse", "hybrid"]
+
+
+def test_form_defaults_and_golden_choices(tmp_path: Path) -> None:
+    from flows.cli_deploy import _with_choices
+    from ragpipe.evaluation.forms import form_defaults, golden_choices
+
+    cfg = load_config(None, {"eval": {"golden": "eval/golden/b.yaml", "depth": 7},
+                             "retrieve": {"mode": "dense"}})  # fmt: skip
+    shown = form_defaults(cfg, ["golden", "depth", "mode", "sample", "config_path"])
+    assert shown == {"golden": "eval/golden/b.yaml", "depth": 7, "mode": "dense"}  # sample None
+    (tmp_path / "eval" / "golden" / "team").mkdir(parents=True)
+    for name in ("b.yaml", "a.yml", "team/c.yaml", "notes.txt"):
+        (tmp_path / "eval" / "golden" / name).write_text("x", encoding="utf-8")
+    found = ["eval/golden/a.yml", "eval/golden/b.yaml", "eval/golden/team/c.yaml"]
+    assert golden_choices(tmp_path, Path("eval/golden/b.yaml")) == found
+    assert golden_choices(tmp_path, Path("/srv/g.yaml")) == ["/srv/g.yaml", *found]
+    schema = {"properties": {"golden": {"title": "Golden", "anyOf": [{"type": "string"},
+                                                                      {"type": "null"}]},
+                             "depth": {"type": "integer"}}}  # fmt: skip
+    offered = _with_choices(schema, found)["properties"]
+    assert offered["golden"]["anyOf"] == [{"type": "string", "enum": found}, {"type": "null"}]
+    assert offered["golden"]["title"] == "Golden" and offered["depth"] == {"type": "integer"}

@@ -10,7 +10,7 @@ applies its options the same way (``load_config``'s overrides).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -101,3 +101,31 @@ class VariantForm(BaseModel):
 
 
 CURRENT = VariantForm(name="current")
+
+
+def form_defaults(config: RagpipeConfig, names: Iterable[str]) -> dict[str, Any]:
+    """The configured value of each form field in ``names`` (JSON-ready; fields the
+    configuration leaves unset, None, are left out): what a deployment's form shows."""
+    dumped = config.model_dump(mode="json")
+    values = {}
+    for name in names:
+        if name not in FORM_FIELDS:
+            continue
+        section, field = FORM_FIELDS[name]
+        value = dumped[section][field]
+        if value is not None:
+            values[name] = value
+    return values
+
+
+def golden_choices(base: Path, configured: Path) -> list[str]:
+    """The golden sets a form offers: every ``eval/golden/**/*.yaml`` under ``base`` (paths
+    relative to it, as a worker running there reads them) and the configured one."""
+    found = sorted(
+        p.relative_to(base).as_posix()
+        for pattern in ("*.yaml", "*.yml")
+        for p in (base / "eval" / "golden").rglob(pattern)
+        if p.is_file()
+    )
+    own = configured.as_posix()
+    return found if own in found else [own, *found]
