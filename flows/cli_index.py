@@ -4,6 +4,7 @@ discard) and its writer slot (unlock)."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -150,10 +151,15 @@ def promote(
     from ragpipe.ingest.gatekeep import promote_by_hand
 
     try:
-        decision = promote_by_hand(_edge_config(config, store_path), version)
+        cfg = _edge_config(config, store_path)
+        decision = promote_by_hand(cfg, version)
     except RagpipeError as exc:
         fail(exc, 2)
     print(decision.line)
+    if os.environ.get("PREFECT_API_URL"):  # a server automations listen on
+        from flows.events import emit_index_decision
+
+        emit_index_decision(cfg, decision, str(config) if config is not None else None)
 
 
 @index_app.command("discard")

@@ -144,6 +144,7 @@ def ingest(
         try:
             summary = flow(
                 config=cfg,
+                config_path=str(config) if config is not None else None,  # for the events
                 allow_mass_delete=allow_mass_delete,
                 batch_size=batch_size if dask_workers > 0 else None,
             )

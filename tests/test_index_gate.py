@@ -16,6 +16,7 @@ from ragpipe.config import GATE_METRICS, RagpipeConfig, load_config
 from ragpipe.errors import ConfigError, IndexHeld, StageError
 from ragpipe.evaluation.check import GoldenMismatch
 from ragpipe.evaluation.metrics import METRICS
+from ragpipe.ingest import gatekeep
 from ragpipe.ingest.pipeline import run_ingest
 from ragpipe.query.retrieve import Retriever
 from ragpipe.store import open_reader, published
@@ -93,9 +94,9 @@ def test_a_version_that_loses_half_its_answers_is_held_and_readers_keep_the_live
     assert good.gate["verdict"]["golden"][0]["delta"] == 0.0
     assert published.current(cfg.store.path) == good.gate["generation"]
     versions = {v.generation: v for v in published.list_versions(cfg.store.path)}
-    assert versions[staged].status == "held" and not versions[staged].live
+    assert staged not in versions  # a held version older than the live one: superseded
     assert versions[good.gate["generation"]].live
-    assert versions[live].status == "promoted"  # kept to roll back to, as the held one
+    assert versions[live].status == "promoted"  # kept to roll back to
 
 
 def test_index_list_promote_and_discard_from_the_cli(tmp_path: Path) -> None:
@@ -229,3 +230,80 @@ def test_a_gate_on_the_qdrant_backend_is_refused_not_ignored() -> None:
     gate = {"golden": ["g.yaml"]}
     with pytest.raises(ConfigError, match=r"index.gate needs store.backend edge"):
         load_config(None, {"index": {"gate": gate}, "store": {"backend": "qdrant"}})
+
+
+def test_a_roll_back_and_a_discard_survive_the_next_nightly(tmp_path: Path) -> None:
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    cfg = _config(corpus, tmp_path)
+    first = run_ingest(cfg).gate["generation"]
+    (corpus / "wings.txt").write_text(topic_doc("wings", version=2), encoding="utf-8")
+    second = run_ingest(cfg)
+    assert second.gate["outcome"] == "promoted"
+    gatekeep.promote_by_hand(cfg, first[:10])  # a roll-back
+    again = run_ingest(cfg)  # nothing changed: the rolled-back version stays off
+    assert again.gate["outcome"] == "rolled-back" and again.ok
+    assert published.current(cfg.store.path) == first
+
+    for topic in TOPICS[3:]:
+        (corpus / f"{topic}.txt").unlink()
+    with pytest.raises(IndexHeld):
+        run_ingest(cfg, allow_mass_delete=True)
+    held = next(v.generation for v in published.list_versions(cfg.store.path)
+                if v.status == "held")  # fmt: skip
+    published.discard(cfg.store.path, held)
+    after = run_ingest(cfg)  # the same working version: not staged, judged or held again
+    assert after.gate["outcome"] == "discarded" and after.ok
+    assert held not in {v.generation for v in published.list_versions(cfg.store.path)}
+    assert published.current(cfg.store.path) == first
+
+
+def test_held_versions_are_pruned_to_the_newest_three(tmp_path: Path) -> None:
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    cfg = _config(corpus, tmp_path, max_drop=0.0, min_score=0.9)
+    run_ingest(cfg)
+    live = published.current(cfg.store.path)
+    (corpus / "cooking.txt").unlink()  # item "cooking" scores 0 from now on: every night held
+    for night in range(5):
+        (corpus / "wings.txt").write_text(topic_doc("wings", version=night + 2),
+                                          encoding="utf-8")  # fmt: skip
+        with pytest.raises(IndexHeld):
+            run_ingest(cfg, allow_mass_delete=True)
+    versions = published.list_versions(cfg.store.path)
+    assert [v.status for v in versions] == ["held", "held", "held", "promoted"]
+    assert versions[-1].generation == live and versions[-1].live
+    on_disk = [p for p in published.root(cfg.store.path).iterdir() if p.is_dir()]
+    assert len([p for p in on_disk if p.name != published.READERS]) == 4
+
+
+def test_a_first_version_held_then_discarded_stays_unreadable(tmp_path: Path) -> None:
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    canary = {"query": "gardening", "files": ["volcanoes.txt"], "k": 5}  # in no version
+    cfg = _config(corpus, tmp_path, canaries=[canary])
+    with pytest.raises(IndexHeld):
+        run_ingest(cfg)
+    (held,) = published.list_versions(cfg.store.path)
+    published.discard(cfg.store.path, held.generation)
+    with pytest.raises(StageError, match=r"no version of the index .* is live"):
+        Retriever(cfg)  # not the working shard the gate refused
+
+
+def test_golden_items_for_a_new_document_are_not_a_mismatch(tmp_path: Path) -> None:
+    corpus = write_topics(tmp_path / "corpus", 5, ".txt")  # cooking comes later
+    golden = tmp_path / "golden.yaml"
+    _golden(golden)  # six items, cooking's file absent from the first version
+    items = golden.read_text(encoding="utf-8").split("  - id: cooking")[0].split("items:\n")[1]
+    golden.write_text(f"name: topics\nitems:\n{items}", encoding="utf-8")
+    cfg = make_config(corpus, tmp_path, index={"gate": {"golden": [golden], "min_score": 0.5}},
+                      eval={"granularity": "file", "resamples": 200})  # fmt: skip
+    run_ingest(cfg)
+    (corpus / "cooking.txt").write_text(topic_doc("cooking"), encoding="utf-8")
+    golden.write_text(  # the team labels the new document in the same change
+        f"name: topics\nitems:\n{items}  - id: cooking\n    query: notes that explain "
+        "cooking\n    relevance: {cooking.txt: 1}\n",
+        encoding="utf-8",
+    )
+    added = run_ingest(cfg)
+    assert added.gate["outcome"] == "promoted"
+    (verdict,) = added.gate["verdict"]["golden"]
+    assert verdict["new_items"] == ["cooking"] and verdict["items"] == 5  # compared: 5
+    assert verdict["staged"] == 1.0 and verdict["delta"] == 0.0  # the new item scores 1 too

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,6 +94,21 @@ def test_nothing_outside_the_reports_folder_is_served(served: Any) -> None:
         assert response.status_code == 404, path
         assert b"outside the reports" not in response.content, path
     assert client.get("/reports/nothing.html", headers=auth).status_code == 404
+    # httpx normalises "/a/../b" before sending: send the raw paths as a client may.
+    host, port = str(client.base_url.host), int(client.base_url.port or 80)
+    for raw in ("/reports/../secret.txt", f"/reports/{run_id}/../../secret.txt",
+                "/reports/./../secret.txt", "/reports/%2e%2e/secret.txt"):  # fmt: skip
+        connection = http.client.HTTPConnection(host, port, timeout=30)
+        try:
+            connection.request("GET", raw, headers=auth)
+            response = connection.getresponse()
+            body = response.read()
+        finally:
+            connection.close()
+        assert response.status == 404, raw
+        assert b"outside the reports" not in body, raw
+    head = client.head(f"/reports/{run_id}/report.html", headers=auth)
+    assert head.status_code == 200 and int(head.headers["content-length"]) > 0
 
 
 def test_reports_need_the_token(served: Any) -> None:

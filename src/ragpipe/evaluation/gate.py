@@ -23,7 +23,7 @@ from typing import Any
 
 from ragpipe.config import GateConfig, RagpipeConfig
 from ragpipe.evaluation.check import IndexView, check_golden, golden_for_index
-from ragpipe.evaluation.golden import GoldenSet, load_golden
+from ragpipe.evaluation.golden import GoldenSet, file_matches, load_golden
 from ragpipe.evaluation.metrics import bootstrap_ci, paired_delta
 from ragpipe.evaluation.retrieval import Granularity, run_retrieval_eval
 from ragpipe.models.embedders import embedder_name, make_embedder
@@ -37,7 +37,7 @@ class GoldenVerdict:
 
     golden: str
     items: int
-    staged: float
+    staged: float  # the mean over the compared items and the new ones
     live: float | None  # None: no live version (the first one)
     delta: float | None
     delta_low: float | None
@@ -47,6 +47,9 @@ class GoldenVerdict:
     reason: str = ""
     lost: list[str] = field(default_factory=list)  # items scoring 0 staged, > 0 live
     unmatched_staged: list[str] = field(default_factory=list)  # targets gone from the staged
+    # Items whose targets only the staged version has (labels for what it adds): scored
+    # there towards the floor, not compared.
+    new_items: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -115,16 +118,22 @@ def _golden_verdict(
     golden: GoldenSet,
     staged: Retriever,
     live: Retriever | None,
+    added: GoldenSet | None = None,
 ) -> GoldenVerdict:
-    new = _scores(config, golden, staged, gate.metric)
+    """``golden`` compared on both versions; ``added`` (items for files only the staged
+    version has) count towards the floor only."""
+    new = _scores(config, golden, staged, gate.metric) if golden.answerable else {}
     ids = list(new)
-    staged_mean = bootstrap_ci([new[i] for i in ids], config.eval.resamples, config.eval.seed)
+    extra = _scores(config, added, staged, gate.metric) if added and added.answerable else {}
+    floor_values = [*new.values(), *extra.values()]
+    staged_mean = bootstrap_ci(floor_values, config.eval.resamples, config.eval.seed)
     reasons = []
     if gate.min_score is not None and staged_mean.mean < gate.min_score:
         reasons.append(f"{gate.metric} {staged_mean.mean:.4f} is below the floor {gate.min_score}")
-    if live is None:
-        return GoldenVerdict(golden.name, len(ids), staged_mean.mean, None, None, None, None,
-                             None, not reasons, "; ".join(reasons))  # fmt: skip
+    if live is None or not ids:
+        return GoldenVerdict(golden.name, len(floor_values), staged_mean.mean, None, None, None,
+                             None, None, not reasons, "; ".join(reasons),
+                             new_items=sorted(extra))  # fmt: skip
     old = _scores(config, golden, live, gate.metric)
     delta = paired_delta([old[i] for i in ids], [new[i] for i in ids], config.eval.resamples,
                          config.eval.seed)  # fmt: skip
@@ -140,14 +149,14 @@ def _golden_verdict(
         golden.name, len(ids), staged_mean.mean, live_mean, d.mean,
         d.low if d.has_ci else None, d.high if d.has_ci else None,
         delta.p_value if delta.p_value == delta.p_value else None,
-        not reasons, "; ".join(reasons), lost,
+        not reasons, "; ".join(reasons), lost, new_items=sorted(extra),
     )  # fmt: skip
 
 
 def _canary(retriever: Retriever, query: str, files: Sequence[str], k: int) -> CanaryVerdict:
     hits = retriever.search(query, top_k=k).hits
     found = [str(h.payload.get("file_path", "")) for h in hits[:k]]
-    missing = [f for f in files if not any(path.endswith(f) for path in found)]
+    missing = [f for f in files if not any(file_matches(path, f) for path in found)]
     return CanaryVerdict(query, k, missing)
 
 
@@ -175,17 +184,28 @@ def evaluate_gate(config: RagpipeConfig, staged: str, live: str | None) -> GateV
             readers.append(Retriever(config, embedder=embedder, store=live_store))
         new, old = readers[0], readers[1] if live is not None else None
         goldens = []
+        scope = config.eval.granularity
+        staged_view = IndexView(new.store)
+        live_view = IndexView(old.store) if old is not None else None
         for path in gate.golden:
-            # The labels must hold where they were written: on the live version (or, for
-            # the first version, on itself). Unmatched targets there are the golden set's
-            # fault (as for any eval); in the staged version they are the signal.
+            loaded = load_golden(path)
+            # Items written for files only the staged version has are new labels: scored
+            # there (the floor), not compared. Targets that match nothing in either version
+            # are the golden set's fault, as for any eval; those the staged version lost
+            # are the signal (they score 0 there).
+            added: list[str] = []
+            if live_view is not None:
+                off_live = set(check_golden(loaded, live_view, scope).unmatched_items)
+                off_staged = set(check_golden(loaded, staged_view, scope).unmatched_items)
+                added = sorted(off_live - off_staged)
             golden, _ = golden_for_index(
-                load_golden(path), IndexView((old or new).store),
-                skip_unmatched=config.eval.skip_unmatched, origin="index.gate.golden",
-                scope=config.eval.granularity,
+                replace(loaded, items=[i for i in loaded.items if i.id not in added]),
+                live_view or staged_view, skip_unmatched=config.eval.skip_unmatched,
+                origin="index.gate.golden", scope=scope,
             )  # fmt: skip
-            verdict = _golden_verdict(gate, config, golden, new, old)
-            gone = check_golden(golden, IndexView(new.store), config.eval.granularity)
+            new_set = replace(loaded, items=[i for i in loaded.items if i.id in added])
+            verdict = _golden_verdict(gate, config, golden, new, old, new_set)
+            gone = check_golden(golden, staged_view, scope)
             goldens.append(replace(verdict, unmatched_staged=gone.lines()))
         canaries = [_canary(new, c.query, c.files, c.k) for c in gate.canaries]
     finally:

@@ -22,6 +22,10 @@ from ragpipe.store import published, store_generation
 logger = logging.getLogger(__name__)
 
 PROMOTED, HELD, STILL_HELD = "promoted", "held", "still-held"
+# The working version stays off without being judged again: discarded by hand, or rolled
+# back from by hand (promoted once, then another version made live).
+DISCARDED, ROLLED_BACK = "discarded", "rolled-back"
+FINE = (PROMOTED, DISCARDED, ROLLED_BACK)  # outcomes that are no failure of the run
 
 
 @dataclass(frozen=True)
@@ -48,8 +52,24 @@ def decide(config: RagpipeConfig) -> Decision | None:
     live = published.current(path)
     if generation is None or generation == live:
         return None
-    recorded = published.statuses(path).get(generation, {})
-    if recorded.get("status") == published.HELD:  # a no-op night: judged already
+    records = published.statuses(path)
+    recorded = records.get(generation, {})
+    status = recorded.get("status")
+    if status == published.PROMOTED and not records.get(live or "", {}).get("at", "") > (
+        recorded.get("at") or ""
+    ):  # a promotion killed before its switch (no one promoted anything since): redo it
+        status = published.STAGED
+    if status in (published.DISCARDED, published.PROMOTED):  # a person decided; keep it
+        outcome = DISCARDED if status == published.DISCARDED else ROLLED_BACK
+        line = (
+            f"version {generation[:12]} stays off: "
+            + ("it was discarded by hand" if outcome == DISCARDED else
+               f"version {(live or 'none')[:12]} was made live by hand after it")
+            + "; the next change of the corpus or configuration makes a new version"
+        )  # fmt: skip
+        logger.warning("index gate: %s", line)
+        return Decision(outcome, generation, live, {}, line)
+    if status == published.HELD:  # a no-op night: judged already
         verdict = recorded.get("verdict", {})
         line = f"version {generation[:12]} is still held since {recorded.get('at', '?')}"
         logger.warning("index gate: %s (ragpipe index list; promote or discard it)", line)

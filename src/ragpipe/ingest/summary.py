@@ -53,7 +53,8 @@ class IngestSummary:
         return (
             self.failed == 0
             and self.deletions_held == 0
-            and self.gate.get("outcome") in (None, "promoted")
+            # gatekeep.FINE: promoted, or kept off by a person's decision
+            and self.gate.get("outcome") in (None, "promoted", "discarded", "rolled-back")
         )
 
     def line(self) -> str:

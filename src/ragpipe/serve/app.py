@@ -91,6 +91,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 # -- requests ------------------------------------------------------------------------
@@ -433,6 +434,14 @@ class Service:
         return version, vector, scope, hit, result
 
 
+def _readable(render: Callable[..., T], *args: Any) -> T:
+    """A reports page, or 503 naming the file when the history cannot be read."""
+    try:
+        return render(*args)
+    except (OSError, ValueError) as exc:  # pyarrow's errors are ValueErrors (ArrowInvalid)
+        raise HTTPException(503, f"cannot read the reports' history: {exc}") from exc
+
+
 def _cache_info(hit: Any) -> dict[str, Any]:
     if hit is None:
         return {"hit": False}
@@ -502,17 +511,17 @@ def create_app(
     def reports_index() -> HTMLResponse:
         """The evaluation runs in eval.reports_dir by golden set, each linked to its
         report, newest first; read-only."""
-        return HTMLResponse(index_page(reports))
+        return HTMLResponse(_readable(index_page, reports))
 
-    @app.get("/reports/trend/{golden}", response_class=HTMLResponse, **report_routes)
+    @app.get("/reports/trend/{golden:path}", response_class=HTMLResponse, **report_routes)
     def reports_trend(golden: str) -> HTMLResponse:
         """Every metric of one golden set's runs over time, with 95% CIs."""
-        page = trend_page(reports, golden)
+        page = _readable(trend_page, reports, golden)
         if page is None:
             raise HTTPException(404, f"no runs of golden set {golden!r} in eval.reports_dir")
         return HTMLResponse(page)
 
-    @app.get("/reports/{path:path}", **report_routes)
+    @app.api_route("/reports/{path:path}", methods=["GET", "HEAD"], **report_routes)
     def report_file(path: str) -> Response:
         """A file under eval.reports_dir (a run's report.html, summary.json, ...)."""
         found = inside(reports, path)

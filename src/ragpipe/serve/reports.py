@@ -56,7 +56,7 @@ def index_page(root: Path) -> str:
     for golden in sorted(groups):
         runs = groups[golden]
         shown = [m for m in HEADLINE if any(m in r["means"] for r in runs)]
-        body.append(f"<h2>{html.escape(golden)} <small><a href='trend/{quote(golden)}'>"
+        body.append(f"<h2>{html.escape(golden)} <small><a href='trend/{quote(golden, safe='')}'>"
                     "trend of every metric</a></small></h2>")  # fmt: skip
         head = "".join(f"<th>{html.escape(h)}</th>" for h in ("run", "kind", "finished",
                                                                  "queries", *shown))  # fmt: skip

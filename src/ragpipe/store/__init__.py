@@ -109,12 +109,12 @@ def open_reader(
             store.location = f"edge:{config.path} (published version {label})"
             return store
         waiting = published.list_versions(config.path)
-        if waiting:  # the gate held the first version: readers must not see it
+        if waiting or published.statuses(config.path):  # a gate kept the first version off
+            what = f" ({waiting[0].generation[:12]}, {waiting[0].status})" if waiting else ""
             raise StageError(
-                f"no version of the index at {config.path} is live: the gate held the first "
-                f"one ({waiting[0].generation[:12]}, {waiting[0].status}). See `ragpipe index "
-                "list`; `ragpipe search --version V` reads it, `ragpipe index promote V` "
-                "makes it live"
+                f"no version of the index at {config.path} is live: the gate has not let "
+                f"one through{what}. See `ragpipe index list`; `ragpipe search --version V` "
+                "reads one, `ragpipe index promote V` makes it live"
             )
     return open_store(config, embedder, None)
 

@@ -57,8 +57,9 @@ STATUS_FILE = "versions.json"
 KEEP_HELD = 3  # held or staged versions kept on disk (the newest), besides the live one
 
 # A version's status: staged (written, not decided), held (the gate said no),
-# promoted (live now or before), discarded (removed by hand).
-STAGED, HELD, PROMOTED = "staged", "held", "promoted"
+# promoted (live now or before), discarded (removed by hand; the record stays, so that the
+# same working version is not staged again).
+STAGED, HELD, PROMOTED, DISCARDED = "staged", "held", "promoted", "discarded"
 
 
 @dataclass(frozen=True)
@@ -181,10 +182,16 @@ def stage(
     base = root(store_path)
     if current(store_path) == generation and (base / generation).is_dir():
         return None
+    recorded = statuses(store_path).get(generation, {})
+    if recorded.get("status") == DISCARDED:
+        logger.warning("index version %s was discarded by hand: not staged again",
+                       generation[:12])  # fmt: skip
+        return None
     version = _materialize(store_path, generation, points, files, index_fingerprint)
-    if generation not in statuses(store_path):
+    if not recorded:
         _set_status(store_path, generation, STAGED, {})
     logger.info("staged index version %s (%d points): the gate decides", generation[:12], points)
+    remove_unused(store_path)  # older held ones beyond KEEP_HELD
     return version
 
 
@@ -210,8 +217,10 @@ def _set_status(store_path: Path, generation: str, status: str, extra: dict[str,
 
 
 def hold(store_path: Path, generation: str, verdict: dict[str, Any]) -> None:
-    """Record that the gate kept ``generation`` from readers; it stays on disk."""
+    """Record that the gate kept ``generation`` from readers; it stays on disk (the newest
+    ``KEEP_HELD`` held versions do)."""
     _set_status(store_path, generation, HELD, {"verdict": verdict})
+    remove_unused(store_path)
 
 
 def promote(
@@ -232,16 +241,20 @@ def promote(
         raise StageError(f"no index version {generation} under {base}")
     _lock_file(base, generation).touch()
     previous = current(store_path)
-    atomic_write_bytes(base / CURRENT, generation.encode())
     recorded = {"previous": previous, "keep_previous": keep_previous, **(extra or {})}
+    # The record first: a crash before the switch leaves it saying "promoted" of a version
+    # that is not live, which the next promotion rewrites; the other order could lose the
+    # roll-back target's record.
     _set_status(store_path, generation, PROMOTED, recorded)
+    atomic_write_bytes(base / CURRENT, generation.encode())
     removed = remove_unused(store_path)
     if removed:
         logger.info("removed %d superseded index version(s)", removed)
 
 
 def discard(store_path: Path, generation: str) -> None:
-    """Remove a version that is not live (a held one, say).
+    """Remove a version that is not live (a held one, say). Its record stays: the same
+    working version (an ingest that changed nothing since) is not staged again.
 
     Raises:
         StageError: it is the live version, or a reader is copying it now.
@@ -253,9 +266,7 @@ def discard(store_path: Path, generation: str) -> None:
         raise StageError(f"no index version {generation} under {base}")
     if not _remove_version(base, generation):
         raise StageError(f"a reader is copying index version {generation[:12]}; try again")
-    entries = statuses(store_path)
-    entries.pop(generation, None)
-    atomic_write_bytes(base / STATUS_FILE, json.dumps(entries, indent=1, sort_keys=True).encode())
+    _set_status(store_path, generation, DISCARDED, {})
 
 
 def resolve(store_path: Path, prefix: str) -> str:
@@ -316,12 +327,17 @@ def _remove_version(base: Path, generation: str) -> bool:
     """Remove one version unless a reader is copying it (False then)."""
     fd = os.open(_lock_file(base, generation), os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False  # a reader is copying it: the next publish removes it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # a reader is copying it: the next publish removes it
+        # Out of readers' sight while still exclusive: a reader that locks next finds no
+        # directory, never a half-deleted one (a temp name, removed below or later).
+        doomed = base / f".{generation}.{uuid.uuid4().hex[:8]}.tmp"
+        os.rename(base / generation, doomed)
     finally:
         os.close(fd)  # released either way; readers check the directory exists
-    shutil.rmtree(base / generation, ignore_errors=True)
+    shutil.rmtree(doomed, ignore_errors=True)
     _lock_file(base, generation).unlink(missing_ok=True)
     return True
 
@@ -340,9 +356,13 @@ def remove_unused(store_path: Path) -> int:
     promoted = recorded.get(live or "", {})
     if promoted.get("keep_previous") and promoted.get("previous"):
         keep.add(promoted["previous"])  # to roll back to
+    entries = list_versions(store_path)
+    since = next((e.published_at for e in entries if e.live), "")
+    # Held versions older than the live one are its ancestors: superseded too.
     waiting = [
-        e.generation for e in list_versions(store_path)
-        if not e.live and recorded.get(e.generation, {}).get("status", STAGED) in (STAGED, HELD)
+        e.generation for e in entries
+        if not e.live and e.published_at > since
+        and recorded.get(e.generation, {}).get("status", STAGED) in (STAGED, HELD)
     ]  # fmt: skip
     keep.update(waiting[:KEEP_HELD])
     removed = 0
@@ -354,7 +374,8 @@ def remove_unused(store_path: Path) -> int:
     for lock in base.glob("*.lock"):  # locks of versions removed meanwhile
         if lock.stem not in keep and not (base / lock.stem).is_dir():
             lock.unlink(missing_ok=True)
-    gone = [g for g in recorded if not (base / g).is_dir()]
+    gone = [g for g, r in recorded.items()
+            if not (base / g).is_dir() and r.get("status") != DISCARDED]  # fmt: skip
     if gone:  # the record follows what is on disk
         for generation in gone:
             recorded.pop(generation)
