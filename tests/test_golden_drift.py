@@ -51,6 +51,15 @@ def test_an_eval_after_a_nightly_marks_items_whose_evidence_changed(tmp_path: Pa
     _, third = run_retrieval(cfg)  # nothing changed since the second run
     assert third.evidence_changed == {} and third.evidence_since["run_id"] == second.run_id
 
+    # Another index sharing the reports folder is not compared with this one's runs.
+    other = cfg.model_copy(update={
+        "store": cfg.store.model_copy(update={"path": tmp_path / "other-store"}),
+        "paths": cfg.paths.model_copy(update={"work_dir": tmp_path / "other-work"}),
+    })  # fmt: skip
+    run_ingest(other)
+    _, elsewhere = run_retrieval(other)
+    assert elsewhere.evidence_since is None and elsewhere.evidence_changed == {}
+
 
 def test_evidence_changes_by_hand() -> None:
     before = {"a": {"x.md": "1"}, "b": {"y.md": "2"}, "c": {"z.md": "3", "w.md": "4"}}

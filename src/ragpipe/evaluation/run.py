@@ -521,14 +521,19 @@ def with_drift(summary: RunSummary, golden: GoldenSet, view: IndexView, root: Pa
     the last run of the same golden set in ``root`` (a metric that moves there may be a
     stale label rather than retrieval)."""
     summary.evidence = evidence(golden, view)
-    runs = [r for r in read_history(root) if r["golden"] == golden.name]
-    if not runs:
+    runs = sorted({(r["finished_at"], r["run_id"]) for r in read_history(root)
+                   if r["golden"] == golden.name}, reverse=True)  # fmt: skip
+    here = _store_identity(summary.config)
+    for _, run_id in runs[:DRIFT_LOOKBACK]:  # the last run of this set on this index
+        try:
+            data = json.loads((root / run_id / "summary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # a run folder removed by hand
+        if _store_identity(data.get("config") or {}) == here:
+            break
+    else:
         return summary
-    last = max(runs, key=lambda r: (r["finished_at"], r["run_id"]))
-    try:
-        data = json.loads((root / last["run_id"] / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return summary  # a run folder removed by hand: nothing to compare with
+    last = {"run_id": run_id}
     if not data.get("evidence"):
         return summary  # a run from before evidence was recorded
     version = ((data.get("corpus") or {}).get("index_version") or {}).get("generation") or ""
@@ -546,6 +551,15 @@ def with_drift(summary: RunSummary, golden: GoldenSet, view: IndexView, root: Pa
             "be a stale label, not retrieval; see 'Evidence changed' below"
         )
     return summary
+
+
+DRIFT_LOOKBACK = 50  # runs of the same golden set looked at for one on the same index
+
+
+def _store_identity(config: dict[str, Any]) -> tuple[Any, ...]:
+    """Which index a run's (dumped) configuration read."""
+    store = config.get("store") or {}
+    return (store.get("backend"), store.get("path"), store.get("url"), store.get("collection"))
 
 
 def append_history(root: Path, summary: RunSummary) -> None:
