@@ -500,8 +500,16 @@ def create_app(
     posted = {**denied, **_POSTED}
 
     reports = config.eval.reports_dir
-    missing = _error("No such report.")
-    report_routes: dict[str, Any] = {"dependencies": guarded, "responses": {**denied, 404: missing}}
+    # Errors are JSON on these HTML and file routes too; 503: an unreadable history.
+    report_errors = _as_json({**denied, 404: _error("No such report."),
+                              503: _error("The reports' history cannot be read.")})  # fmt: skip
+    report_routes: dict[str, Any] = {"dependencies": guarded, "responses": report_errors}
+    report_files = {
+        **report_errors,
+        200: {"description": "The file as stored (report.html, summary.json, parquet, ...).",
+              "content": {"text/html": {}, "application/json": {}, "text/markdown": {},
+                          "application/octet-stream": {}}},
+    }  # fmt: skip
 
     @app.get("/reports", include_in_schema=False, dependencies=guarded)
     def reports_root() -> Response:
@@ -521,7 +529,8 @@ def create_app(
             raise HTTPException(404, f"no runs of golden set {golden!r} in eval.reports_dir")
         return HTMLResponse(page)
 
-    @app.api_route("/reports/{path:path}", methods=["GET", "HEAD"], **report_routes)
+    @app.head("/reports/{path:path}", dependencies=guarded, include_in_schema=False)
+    @app.get("/reports/{path:path}", dependencies=guarded, responses=report_files)
     def report_file(path: str) -> Response:
         """A file under eval.reports_dir (a run's report.html, summary.json, ...)."""
         found = inside(reports, path)
