@@ -34,6 +34,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from ragpipe import yamlio
 from ragpipe.errors import ConfigError
+from ragpipe.evaluation.names import METRICS
 
 DEFAULT_CONFIG_FILE = Path("ragpipe.yaml")
 
@@ -554,17 +555,7 @@ class StoreConfig(_Section):
     )
 
 
-GATE_METRICS = (
-    "recall@5",
-    "recall@10",
-    "precision@5",
-    "mrr",
-    "success@5",
-    "hit@3",
-    "map",
-    "ndcg@10",
-    "ndcg@10_exp",
-)  # fmt: skip  (ragpipe.evaluation.metrics.METRICS)
+GATE_METRICS = METRICS  # ragpipe.evaluation.names: no numpy at load
 
 
 class CanaryConfig(_Section):

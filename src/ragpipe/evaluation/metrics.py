@@ -15,17 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-METRICS = (
-    "recall@5",
-    "recall@10",
-    "precision@5",
-    "mrr",
-    "success@5",
-    "hit@3",
-    "map",
-    "ndcg@10",
-    "ndcg@10_exp",
-)
+from ragpipe.evaluation.names import METRICS as METRICS
 
 
 def _dcg(gains: Sequence[float]) -> float:
