@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from flows.cli_common import ConfigOption, StorePathOption, console, fail, prefect_env
-from ragpipe.config import RagpipeConfig, StoreBackend, load_config
+from ragpipe.config import RagpipeConfig, load_config
 from ragpipe.errors import ConfigError, RagpipeError
 
 index_app = typer.Typer(
@@ -90,12 +90,10 @@ def unlock(
 
 
 def _edge_config(config: Path | None, store_path: Path | None) -> RagpipeConfig:
+    from ragpipe.ingest.gatekeep import require_versions
+
     cfg = load_config(config, {"store": {"path": str(store_path)}} if store_path else {})
-    if cfg.store.backend != StoreBackend.EDGE:
-        raise ConfigError(
-            "index versions are kept for the Edge store only (store.backend edge); a Qdrant "
-            "server's collection is written in place"
-        )
+    require_versions(cfg)
     return cfg
 
 
@@ -169,14 +167,10 @@ def discard(
     store_path: StorePathOption = None,
 ) -> None:
     """Remove VERSION (a held one, say) from disk; the live version cannot be discarded."""
-    from ragpipe.locking import ingest_lock
-    from ragpipe.store import published
+    from ragpipe.ingest.gatekeep import discard_by_hand
 
     try:
-        cfg = _edge_config(config, store_path)
-        with ingest_lock(cfg):
-            generation = published.resolve(cfg.store.path, version)
-            published.discard(cfg.store.path, generation)
+        generation = discard_by_hand(_edge_config(config, store_path), version)
     except RagpipeError as exc:
         fail(exc, 2)
     print(f"version {generation[:12]} removed")

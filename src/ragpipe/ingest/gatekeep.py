@@ -111,6 +111,18 @@ def held_message(decision: Decision) -> str:
     )
 
 
+def require_versions(config: RagpipeConfig) -> None:
+    """ConfigError unless the index keeps versions (the Edge store)."""
+    from ragpipe.config import StoreBackend
+    from ragpipe.errors import ConfigError
+
+    if config.store.backend != StoreBackend.EDGE:
+        raise ConfigError(
+            "index versions are kept for the Edge store only (store.backend edge); a Qdrant "
+            "server's collection is written in place"
+        )
+
+
 def promote_by_hand(config: RagpipeConfig, version: str) -> Decision:
     """Make ``version`` (a generation or a unique prefix) live, under the ingest lock.
 
@@ -118,15 +130,9 @@ def promote_by_hand(config: RagpipeConfig, version: str) -> Decision:
         ConfigError: not an Edge store.
         StageError: no such version, or another writer holds the index.
     """
-    from ragpipe.config import StoreBackend
-    from ragpipe.errors import ConfigError
     from ragpipe.locking import ingest_lock
 
-    if config.store.backend != StoreBackend.EDGE:
-        raise ConfigError(
-            "index versions are kept for the Edge store only (store.backend edge); a Qdrant "
-            "server's collection is written in place"
-        )
+    require_versions(config)
     path = config.store.path
     with ingest_lock(config):
         generation = published.resolve(path, version)
@@ -135,3 +141,21 @@ def promote_by_hand(config: RagpipeConfig, version: str) -> Decision:
     line = f"version {generation[:12]} promoted by hand (was {(before or 'none')[:12]})"
     logger.info("index: %s", line)
     return Decision(PROMOTED, generation, before, {"by_hand": True, "reasons": []}, line)
+
+
+def discard_by_hand(config: RagpipeConfig, version: str) -> str:
+    """Remove ``version`` (a generation or a unique prefix; not the live one), under the
+    ingest lock; returns its generation.
+
+    Raises:
+        ConfigError: not an Edge store.
+        StageError: no such version, it is live, or a writer or reader holds it.
+    """
+    from ragpipe.locking import ingest_lock
+
+    require_versions(config)
+    with ingest_lock(config):
+        generation = published.resolve(config.store.path, version)
+        published.discard(config.store.path, generation)
+    logger.info("index: version %s discarded by hand", generation[:12])
+    return generation
