@@ -165,7 +165,12 @@ def test_rag_eval_with_an_ollama_generator_and_judge(
         result = run_rag_eval(rag_config, golden, limit=1, generator=ollama, judge_llm=ollama)
     (row,) = result.rows
     assert row.answer and row.tokens_out > 0 and result.judge["model"] == "smollm"
-    assert all(row.judged[m].status in (OK, FAILED) for m in RAG_METRICS)  # it has a reference
+    # Every metric is judged (the item has a reference), but faithfulness: not applicable
+    # exactly when SmolLM answered with the not-found sentence (it makes no claim), which
+    # its answer to this question sometimes is.
+    for m in RAG_METRICS:
+        expected = (NOT_APPLICABLE,) if m == "faithfulness" and row.not_found else (OK, FAILED)
+        assert row.judged[m].status in expected, (m, row.judged[m], row.answer)
     chats = [r["body"] for r in state.requests if r["path"] == "/api/chat"]
     assert len(chats) >= 5  # the answer, then the judge's structured calls
     assert sum(1 for body in chats if isinstance(body.get("format"), dict)) == len(chats) - 1
