@@ -241,6 +241,17 @@ def bench_backends(cfg: RagpipeConfig, n_points: int, queries: int) -> dict[str,
     return out
 
 
+def _cached_tasks(flow_state: Any) -> list[str]:
+    """The tasks of a flow run that finished Cached."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    flow_run = FlowRunFilter(id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id]))
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=flow_run)
+    return sorted(r.name.rsplit("-", 1)[0] for r in runs if r.state and r.state.name == "Cached")
+
+
 def bench_noop(tmp: Path, n_files: int, repeat: int) -> dict[str, Any]:
     corpus = tmp / "many"
     corpus.mkdir()
@@ -270,9 +281,13 @@ def bench_noop(tmp: Path, n_files: int, repeat: int) -> dict[str, Any]:
 
     from flows.ingest import ingest_flow
 
+    cached: list[list[str]] = []
+
     def flow_noop() -> None:
-        summary = ingest_flow(config=cfg)
+        state = ingest_flow(config=cfg, return_state=True)
+        summary = state.result()
         assert summary.chunks_written == 0
+        cached.append(_cached_tasks(state))
 
     flow_first = _timed(flow_noop)  # starts the ephemeral Prefect server
     hash_s, noop_s, flow_s = [], [], []
@@ -282,6 +297,8 @@ def bench_noop(tmp: Path, n_files: int, repeat: int) -> dict[str, Any]:
         flow_s.append(_timed(flow_noop))
     h, n, f = (statistics.median(x) for x in (hash_s, noop_s, flow_s))
     return {
+        "cached_stage_tasks_per_flow_run": [len(c) for c in cached],
+        "cached_stage_tasks_last_run": cached[-1],
         "files": n_files,
         "initial_index_s": initial_s,
         "initial_points": first.points_total,
@@ -294,6 +311,24 @@ def bench_noop(tmp: Path, n_files: int, repeat: int) -> dict[str, Any]:
     }
 
 
+def _print_noop(n: dict[str, Any]) -> None:
+    print(
+        f"no-op re-index of {n['files']} unchanged files: walk + hash {n['hash_s']:.3f}s, "
+        f"library {n['noop_library_s']:.3f}s ({n['ratio_library_vs_hash']:.1f}x hashing, "
+        f"target <= 3x), Prefect flow {n['noop_flow_s']:.2f}s "
+        f"({n['noop_flow_s'] / n['hash_s']:.1f}x hashing; Prefect's share "
+        f"{n['prefect_overhead_s']:.2f}s; first flow run {n['noop_flow_first_s']:.1f}s incl. "
+        "server start)",
+        flush=True,
+    )
+    print(
+        "stage tasks Cached per flow run (the first re-checks the store the initial index "
+        f"wrote): {n['cached_stage_tasks_per_flow_run']}; last run: "
+        f"{', '.join(n['cached_stage_tasks_last_run'])}",
+        flush=True,
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -303,10 +338,20 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=2000)
     parser.add_argument("--copies", type=int, default=20, help="upsert: fake files per chunk")
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "index.json")
+    parser.add_argument("--only", choices=["all", "noop"], default="all",
+                        help="noop: only part 3 (the no-op re-index)")  # fmt: skip
     args = parser.parse_args()
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ragpipe-bench-") as tmp_name:
         tmp = Path(tmp_name)
+        if args.only == "noop":
+            results["noop"] = bench_noop(tmp, args.files, max(args.repeat, 7))
+            _print_noop(results["noop"])
+            args.json = args.json.with_name(args.json.stem + "-noop.json")
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(results, indent=2))
+            print(f"wrote {args.json}")
+            return 0
         cfg = prepare_chunks(tmp, args.corpus)
         results["embed"] = bench_embed(cfg, args.repeat)
         e = results["embed"]
@@ -338,15 +383,7 @@ def main() -> int:
             flush=True,
         )
         results["noop"] = bench_noop(tmp, args.files, max(args.repeat, 7))
-        n = results["noop"]
-        print(
-            f"no-op re-index of {n['files']} unchanged files: walk + hash {n['hash_s']:.3f}s, "
-            f"library {n['noop_library_s']:.3f}s ({n['ratio_library_vs_hash']:.1f}x hashing, "
-            f"target <= 3x), Prefect flow {n['noop_flow_s']:.2f}s (Prefect's share "
-            f"{n['prefect_overhead_s']:.2f}s; first flow run {n['noop_flow_first_s']:.1f}s incl. "
-            "server start)",
-            flush=True,
-        )
+        _print_noop(results["noop"])
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.json}")

@@ -11,12 +11,14 @@ deleted (behind the mass-deletion guard).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, cast
 from uuid import UUID
 
 from prefect import flow, unmapped
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.client.schemas.objects import State
 from prefect.futures import wait
 from pydantic import PositiveInt
 
@@ -27,8 +29,8 @@ from ragpipe.config import RagpipeConfig, load_config, with_sources
 from ragpipe.errors import MassDeletionHeld
 from ragpipe.ingest.convert import convert_batches
 from ragpipe.ingest.embed import embed_batches
-from ragpipe.ingest.pipeline import STAGES, raise_if_held, with_mass_delete
-from ragpipe.ingest.runner import RunStore, StageSummary
+from ragpipe.ingest.pipeline import STAGES, Stage, raise_if_held, with_mass_delete
+from ragpipe.ingest.runner import RunStore, StageSummary, cached_summary
 from ragpipe.ingest.summary import IngestSummary, with_gate
 from ragpipe.ingest.upsert import mass_deletion_message
 from ragpipe.locking import ingest_lock
@@ -90,7 +92,7 @@ def ingest_flow(
                 wait(convert_batch_task.map(unmapped(cfg), batches))
             if batch_size and stage.name == "embed":
                 wait(embed_batch_task.map(unmapped(cfg), embed_batches(cfg, batch_size * 20)))
-            done.append(STAGE_TASKS[stage.name](*stage.arguments(cfg, done, store)))
+            done.append(_run_stage(cfg, stage, done, store))
         update_progress_artifact(progress, 100.0)
         summary = summary_task(cfg, done)
         decision = gate_task(cfg)  # under the lock: no other run stages or promotes meanwhile
@@ -104,6 +106,32 @@ def ingest_flow(
         )
     raise_if_held(summary)
     return summary
+
+
+def _run_stage(
+    config: RagpipeConfig, stage: Stage, done: list[StageSummary[Any]], store: RunStore
+) -> StageSummary[Any]:
+    """Run one stage's task. A cached result (an unchanged night) is taken only while the
+    work dir still holds what that result left there; otherwise the stage runs again and
+    its cache entry is replaced."""
+    stage_task = STAGE_TASKS[stage.name]
+    previous = done[-1] if done else None
+    state: State[Any] = stage_task(config, previous, store, return_state=True)  # type: ignore[assignment]
+    if state.name != "Cached":
+        return cast(StageSummary[Any], state.result())
+    try:
+        cached = state.result()
+    except Exception as exc:  # e.g. written by an older ragpipe; the stage decides again
+        cached, why = None, f"the cached result cannot be read ({type(exc).__name__}: {exc})"
+    else:
+        why = f"the cached result no longer matches the work dir {config.paths.work_dir}"
+    if isinstance(cached, StageSummary) and cached.stage == stage.name:
+        current = cached_summary(config, cached)
+        if current is not None:
+            return current
+    logging.getLogger("ragpipe.ingest").warning("%s: %s; running the stage", stage.name, why)
+    rerun = stage_task.with_options(refresh_cache=True)
+    return rerun(config, previous, store)
 
 
 @flow(name="ingest", log_prints=False)

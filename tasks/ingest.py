@@ -1,29 +1,64 @@
 """Ingest tasks: one library call each; checkpoints are the library's job.
 
-Prefect's own caching is off: ragpipe's manifests know the config and input
-fingerprints, which Prefect's source-hash cache policies cannot see.
+The stage tasks are cached by Prefect under the library's own content key
+(``ragpipe.ingest.pipeline.cache_key``: configuration, input and store
+fingerprints, never pickled inputs), so an unchanged night shows them Cached;
+their results (small summaries) are kept in Prefect's local result storage
+(``PREFECT_LOCAL_STORAGE_PATH``). The other tasks are not cached.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
+from prefect import Task, task
+from prefect.cache_policies import NO_CACHE, CachePolicy
+from prefect.context import TaskRunContext
 
 from ragpipe.config import RagpipeConfig
 from ragpipe.ingest.convert import convert_batch
 from ragpipe.ingest.embed import embed_batch
 from ragpipe.ingest.gatekeep import Decision, decide
-from ragpipe.ingest.pipeline import STAGES
-from ragpipe.ingest.runner import StageSummary, WorkDir
+from ragpipe.ingest.pipeline import STAGE_BY_NAME, STAGES, Stage, cache_key
+from ragpipe.ingest.runner import RunStore, StageSummary, WorkDir
 from ragpipe.ingest.summary import IngestSummary, read_failures, write_summary
 from ragpipe.schemas import Chunk, SourceFile
 
+
+@dataclass
+class StageCache(CachePolicy):
+    """Prefect's cache key of a stage task: the library's ``cache_key`` (None: no cache)."""
+
+    stage: str = ""
+
+    def compute_key(
+        self,
+        task_ctx: TaskRunContext,
+        inputs: dict[str, Any],
+        flow_parameters: dict[str, Any],
+        **kwargs: Any,
+    ) -> str | None:
+        return cache_key(inputs["config"], STAGE_BY_NAME[self.stage], inputs.get("previous"))
+
+
+def _stage_task(stage: Stage) -> Task[..., StageSummary[Any]]:
+    def run_stage(
+        config: RagpipeConfig, previous: StageSummary[Any] | None, store: RunStore | None
+    ) -> StageSummary[Any]:
+        return stage.run(*stage.arguments(config, [previous] if previous else [], store))
+
+    run_stage.__doc__ = stage.run.__doc__
+    return task(
+        name=stage.name,
+        cache_policy=StageCache(stage=stage.name),
+        persist_result=True,
+        cache_result_in_memory=False,
+    )(run_stage)
+
+
 # One task per stage of the library's one stage list, named after it.
-STAGE_TASKS = {
-    stage.name: task(name=stage.name, cache_policy=NO_CACHE)(stage.run) for stage in STAGES
-}
+STAGE_TASKS = {stage.name: _stage_task(stage) for stage in STAGES}
 
 
 @task(name="summarise", cache_policy=NO_CACHE)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -108,3 +110,86 @@ def test_cli_help_explains_options() -> None:
         "SOURCES",
     ):
         assert option in result.output
+
+
+# -- cached stages: an unchanged night -----------------------------------------------
+
+
+def _task_states(flow_state: Any) -> dict[str, list[str]]:
+    """stage/task name -> the state names of its task runs in that flow run, in order."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    flow_run = FlowRunFilter(id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id]))
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=flow_run, sort=TaskRunSort.EXPECTED_START_TIME_ASC
+        )
+    states: dict[str, list[str]] = {}
+    for run in runs:
+        assert run.state is not None
+        states.setdefault(run.name.rsplit("-", 1)[0], []).append(run.state.name)
+    return states
+
+
+CACHEABLE = ("plan", "convert", "clean", "chunk", "embed", "upsert")
+
+
+def test_an_unchanged_night_shows_its_stage_tasks_cached_and_a_setting_reruns_its_stage_only(
+    prefect_harness: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from flows.ingest import ingest_flow
+    from tests.support.corpora import make_config, stored, write_topics
+
+    cfg = make_config(write_topics(tmp_path / "corpus", 3), tmp_path)
+    first = ingest_flow(cfg)
+    assert first.added == 3
+    points = stored(cfg)
+
+    # The first unchanged night reads the store its predecessor wrote: every stage runs
+    # (reusing its checkpoints); from the next one on, the stages after discover are Cached.
+    night = ingest_flow(cfg, return_state=True)
+    assert _task_states(night)["plan"] == ["Completed"]
+    night = ingest_flow(cfg, return_state=True)
+    states = _task_states(night)
+    assert states["discover"] == ["Completed"]  # the walk and the hashing always run
+    assert {stage: states[stage] for stage in CACHEABLE} == {s: ["Cached"] for s in CACHEABLE}
+    summary = night.result()
+    assert (summary.seen, summary.skipped_unchanged, summary.converted) == (3, 3, 0)
+    assert (summary.chunks_written, summary.points_total) == (0, first.points_total)
+    assert set(summary.seconds) == {"discover", *CACHEABLE}
+    assert all(summary.seconds[stage] == 0.0 for stage in CACHEABLE)
+
+    # A setting that only the embed stage reads re-runs that stage alone (twice: the first
+    # run caches it under the new setting).
+    batch = cfg.model_copy(update={"embed": cfg.embed.model_copy(update={"batch_size": 4})})
+    states = _task_states(ingest_flow(batch, return_state=True))
+    assert [s for s in CACHEABLE if states[s] != ["Cached"]] == ["embed"]
+    assert _task_states(ingest_flow(batch, return_state=True))["embed"] == ["Cached"]
+    # ... one only the upsert stage reads, upsert alone.
+    index = batch.index.model_copy(update={"max_delete_share": 0.5})
+    guard = batch.model_copy(update={"index": index})
+    states = _task_states(ingest_flow(guard, return_state=True))
+    assert [s for s in CACHEABLE if states[s] != ["Cached"]] == ["upsert"]
+
+    # Another index's run writes into the same work dir: each cached result is checked
+    # against the work dir, found stale, and its stage runs again; nothing is mixed up.
+    other = make_config(
+        write_topics(tmp_path / "other", 2, ".md"),
+        tmp_path / "o",
+        paths={"work_dir": cfg.paths.work_dir},
+    )
+    assert ingest_flow(other).added == 2
+    library = logging.getLogger("ragpipe")  # Prefect's logging keeps it from the root
+    library.addHandler(caplog.handler)
+    try:
+        night = ingest_flow(guard, return_state=True)
+    finally:
+        library.removeHandler(caplog.handler)
+    states = _task_states(night)
+    assert states["plan"] == ["Cached", "Completed"]
+    assert "plan: the cached result no longer matches the work dir" in caplog.text
+    summary = night.result()
+    assert (summary.seen, summary.skipped_unchanged, summary.added, summary.removed) == (3, 3, 0, 0)
+    assert stored(cfg) == points

@@ -140,3 +140,74 @@ def test_schema_mismatch_is_a_clear_error(tmp_path: Path) -> None:
     checkpoint.write_records(path, [Failure("a", "s", "c", "m")], Failure)
     with pytest.raises(StageError, match="written by another ragpipe version"):
         checkpoint.read_records(path, Chunk)
+
+
+# -- the stage cache key (Prefect's cache policy for the stage tasks) ------------------
+
+
+def test_cache_keys_follow_exactly_the_settings_each_stage_reads(tmp_path: Path) -> None:
+    from ragpipe.ingest.pipeline import STAGE_BY_NAME, cache_key
+    from ragpipe.ingest.runner import StageSummary
+    from tests.support.corpora import make_config
+
+    cfg = make_config(tmp_path / "corpus", tmp_path)
+    before = StageSummary("previous", "f" * 16, None, plan_id="p" * 32)
+
+    def keys(config: RagpipeConfig) -> dict[str, str | None]:
+        return {name: cache_key(config, stage, before) for name, stage in STAGE_BY_NAME.items()}
+
+    cfg.store.path.mkdir(parents=True)  # an Edge store: its generation token keys the stages
+    (cfg.store.path / "segments").mkdir()
+    (cfg.store.path / "ragpipe-generation").write_text("g1")
+    base = keys(cfg)
+    assert base["discover"] is None  # the walk and the hashing always run
+    assert all(base[s] for s in ("plan", "convert", "clean", "chunk", "embed", "upsert"))
+
+    def changed(section: str, **update: object) -> list[str]:
+        part = getattr(cfg, section).model_copy(update=update)
+        new = keys(cfg.model_copy(update={section: part}))
+        return [name for name in base if new[name] != base[name]]
+
+    index_wide = ["plan", "chunk", "embed", "upsert"]  # what a stored point depends on
+    assert changed("clean", hyphenation=False) == ["plan", "clean", *index_wide[1:]]
+    assert changed("chunk", size=300) == index_wide
+    assert changed("convert", heading_size_ratio=1.5) == ["plan", "convert", *index_wide[1:]]
+    assert changed("convert", timeout_s=5.0) == []  # a limit refuses; it changes no output
+    assert changed("embed", batch_size=4) == ["embed"]
+    assert changed("index", max_delete_share=0.5) == ["upsert"]
+    assert changed("eval", depth=7) == []
+
+    # A write to the store (a new generation) re-keys the stages that read it.
+    (cfg.store.path / "ragpipe-generation").write_text("g2")
+    assert [name for name, key in keys(cfg).items() if key != base[name]] == [
+        "plan", "embed", "upsert"
+    ]  # fmt: skip
+    # Another input, another key; a qdrant server (no generation token) keys no store stage.
+    other = StageSummary("previous", "e" * 16, None, plan_id="p" * 32)
+    assert cache_key(cfg, STAGE_BY_NAME["chunk"], other) != base["chunk"]
+    qdrant = make_config(tmp_path / "corpus", tmp_path, backend="qdrant")
+    assert [n for n, s in STAGE_BY_NAME.items() if cache_key(qdrant, s, before)] == [
+        "convert", "clean", "chunk"
+    ]  # fmt: skip
+
+
+def test_a_plan_is_named_by_what_it_says_so_an_unchanged_run_has_the_same_plan(
+    small_corpus: Path, tmp_path: Path
+) -> None:
+    from ragpipe.ingest.plan import run_plan
+
+    cfg = RagpipeConfig(
+        discover={"roots": [small_corpus]},  # type: ignore[arg-type]
+        embed={"provider": "onnx"},  # type: ignore[arg-type]
+        store={"path": tmp_path / "store"},  # type: ignore[arg-type]
+        paths={"work_dir": tmp_path / "work"},  # type: ignore[arg-type]
+    )
+    first = run_plan(cfg, run_discover(cfg)).plan_id
+    assert run_plan(cfg, run_discover(cfg)).plan_id == first
+    (small_corpus / "extra.md").write_text("# Extra\n\nOne more file.\n", encoding="utf-8")
+    assert run_plan(cfg, run_discover(cfg)).plan_id != first
+    elsewhere = cfg.model_copy(
+        update={"store": cfg.store.model_copy(update={"path": tmp_path / "s2"})}
+    )
+    (small_corpus / "extra.md").unlink()
+    assert run_plan(elsewhere, run_discover(elsewhere)).plan_id != first  # another store's plan

@@ -425,6 +425,11 @@ def settings_fingerprint(config: ConvertConfig) -> str:
     return fingerprint(config, CONVERT_VERSION, include=fields)
 
 
+def stage_fingerprint(config: ConvertConfig) -> str:
+    """The convert stage's configuration fingerprint (its checkpoints' key)."""
+    return _convert_fingerprint(Converter(config))
+
+
 def _convert_fingerprint(converter: Converter) -> str:
     # auto mode resolves to the converter actually available; it is part of the key.
     resolved = converter.pdf_converter_name()

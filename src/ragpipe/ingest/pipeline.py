@@ -10,19 +10,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ragpipe.config import RagpipeConfig
+from ragpipe import __version__
+from ragpipe.checkpoint import combine_fingerprints
+from ragpipe.config import RagpipeConfig, fingerprint
 from ragpipe.errors import IndexHeld, MassDeletionHeld
 from ragpipe.ingest import gatekeep
-from ragpipe.ingest.chunk import run_chunk
-from ragpipe.ingest.clean import run_clean
+from ragpipe.ingest.chunk import chunk_fingerprint, run_chunk
+from ragpipe.ingest.clean import CLEAN_VERSION, run_clean
 from ragpipe.ingest.convert import run_convert
+from ragpipe.ingest.convert import stage_fingerprint as convert_fingerprint
 from ragpipe.ingest.discover import run_discover
 from ragpipe.ingest.embed import run_embed
-from ragpipe.ingest.plan import run_plan
-from ragpipe.ingest.runner import RunStore, StageSummary, stage_store
+from ragpipe.ingest.plan import index_fingerprint, run_plan
+from ragpipe.ingest.runner import RunStore, StageSummary, WorkDir, stage_store
 from ragpipe.ingest.summary import IngestSummary, with_gate, write_summary
 from ragpipe.ingest.upsert import mass_deletion_message, run_upsert
 from ragpipe.locking import ingest_lock
+from ragpipe.store import store_generation
 
 
 def with_mass_delete(config: RagpipeConfig, allow: bool) -> RagpipeConfig:
@@ -37,11 +41,14 @@ def with_mass_delete(config: RagpipeConfig, allow: bool) -> RagpipeConfig:
 class Stage:
     """One stage: its name (and work-dir folder) and what runs it. ``run`` takes the
     configuration, the previous stage's summary (discover takes none) and, when
-    ``uses_store``, the run's store (``RunStore``; None: the stage opens its own)."""
+    ``uses_store``, the run's store (``RunStore``; None: the stage opens its own).
+    ``settings``: the fingerprint of the configuration its output depends on (see
+    ``cache_key``); None: it always runs."""
 
     name: str
     run: Callable[..., StageSummary[Any]]
     uses_store: bool = False
+    settings: Callable[[RagpipeConfig], str] | None = None
 
     def arguments(
         self, config: RagpipeConfig, done: Sequence[StageSummary[Any]], store: RunStore | None
@@ -54,18 +61,71 @@ def _discover(config: RagpipeConfig) -> StageSummary[Any]:
     return run_discover(config)
 
 
+def _plan_settings(config: RagpipeConfig) -> str:
+    return combine_fingerprints([index_fingerprint(config), fingerprint(config.store, "1")])
+
+
+def _embed_settings(config: RagpipeConfig) -> str:
+    return combine_fingerprints([index_fingerprint(config), fingerprint(config.embed, "1")])
+
+
+def _upsert_settings(config: RagpipeConfig) -> str:
+    return combine_fingerprints(
+        [index_fingerprint(config), fingerprint(config.index, "1"), fingerprint(config.store, "1")]
+    )
+
+
 # The one stage order: run_ingest, the Prefect flow and the tests all walk it. Plan runs
-# before convert so that only added and changed files are converted.
+# before convert so that only added and changed files are converted. Discover is the
+# walk and the hashing that tell whether anything changed: it always runs.
 STAGES: tuple[Stage, ...] = (
     Stage("discover", _discover),
-    Stage("plan", run_plan, uses_store=True),
-    Stage("convert", run_convert),
-    Stage("clean", run_clean),
-    Stage("chunk", run_chunk),
-    Stage("embed", run_embed, uses_store=True),
-    Stage("upsert", run_upsert, uses_store=True),
+    Stage("plan", run_plan, uses_store=True, settings=_plan_settings),
+    Stage("convert", run_convert, settings=lambda c: convert_fingerprint(c.convert)),
+    Stage("clean", run_clean, settings=lambda c: fingerprint(c.clean, CLEAN_VERSION)),
+    Stage("chunk", run_chunk, settings=chunk_fingerprint),
+    Stage("embed", run_embed, uses_store=True, settings=_embed_settings),
+    Stage("upsert", run_upsert, uses_store=True, settings=_upsert_settings),
 )
 STAGE_NAMES = tuple(stage.name for stage in STAGES)
+STAGE_BY_NAME = {stage.name: stage for stage in STAGES}
+
+
+# Bumped when what a stage's output depends on changes shape (see cache_key).
+CACHE_SCHEMA = "1"
+
+
+def cache_key(
+    config: RagpipeConfig, stage: Stage, previous: StageSummary[Any] | None
+) -> str | None:
+    """A key under which ``stage``'s summary may be cached across runs (Prefect's cache
+    policy in ``tasks/ingest.py``); None: never cached.
+
+    The key is content, not pickled objects: the stage's configuration fingerprint,
+    the previous stage's output fingerprint and plan, the work dir and, for a stage
+    that reads the store, the Edge store's generation token (a store written by anyone
+    since changes it). A qdrant server has no such token: its plan, embed and upsert
+    always run. A hit is only as good as the work dir it left behind: check it with
+    ``runner.cached_summary`` before trusting it.
+    """
+    if stage.settings is None or previous is None:
+        return None
+    parts = [
+        CACHE_SCHEMA,
+        __version__,
+        stage.name,
+        stage.settings(config),
+        str(WorkDir.of(config).root.resolve()),
+        previous.stage,
+        previous.output_fingerprint,
+        previous.plan_id,
+    ]
+    if stage.uses_store:
+        generation = store_generation(config.store)
+        if generation is None:
+            return None
+        parts += [str(config.store.path.resolve()), generation]
+    return f"ragpipe-{stage.name}-{combine_fingerprints(parts)}"
 
 
 def run_stages(

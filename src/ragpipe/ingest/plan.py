@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import uuid
@@ -222,5 +223,22 @@ def run_plan(
         {"files": (todo, SourceFile), "plan": (entries, PlanEntry)},
         counts,
         started,
-        uuid.uuid4().hex,  # this run's plan: every later stage checks its input carries it
+        plan_id(config, entries, todo),
     )
+
+
+def plan_id(config: RagpipeConfig, entries: Sequence[PlanEntry], todo: Sequence[SourceFile]) -> str:
+    """The plan's identity, which every later stage checks its input carries: a hash of
+    what the plan says and of the store it says it of. Two runs that plan the same work
+    on the same store get the same id (their checkpoints are the same), so an unchanged
+    night reuses, and Prefect caches, every stage after the plan; a run that planned
+    anything else is told apart (``runner.checked_manifest``)."""
+    store = config.store
+    where = f"{store.backend.value}\x1f{store.url or store.path.resolve()}\x1f{store.collection}"
+    digest = hashlib.sha256(where.encode())
+    for entry in entries:
+        digest.update(repr(entry).encode())
+    digest.update(b"\x1e")
+    for source in todo:
+        digest.update(repr(source).encode())
+    return digest.hexdigest()[:32]

@@ -303,6 +303,25 @@ def reuse_stage(
     )
 
 
+def cached_summary(config: RagpipeConfig, summary: StageSummary[C]) -> StageSummary[C] | None:
+    """A stage's summary from an earlier run (an orchestrator's cache), as this run's,
+    when the work dir still holds exactly what that run left: its manifest, of the same
+    plan and output fingerprint, and outputs with the digests it records. None: run the
+    stage (another run wrote into the work dir since, or a file was lost)."""
+    directory = WorkDir.of(config).stage(summary.stage)
+    manifest = checkpoint.read_manifest(directory)
+    if (
+        manifest is None
+        or manifest.plan_id != summary.plan_id
+        or manifest.output_fingerprint != summary.output_fingerprint
+        or not checkpoint.outputs_intact(directory, manifest)
+    ):
+        return None
+    logger.info("%s: cached (inputs, config and store unchanged since an earlier run)",
+                summary.stage)  # fmt: skip
+    return replace(summary, reused=True, seconds=0.0)
+
+
 def checked_manifest(config: RagpipeConfig, stage: str, plan_id: str) -> checkpoint.Manifest:
     """The finished ``stage``'s manifest, refused unless it belongs to this run's plan.
 
