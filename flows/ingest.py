@@ -18,6 +18,7 @@ from uuid import UUID
 
 from prefect import flow, unmapped
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 from prefect.futures import wait
 from pydantic import PositiveInt
@@ -29,7 +30,7 @@ from ragpipe.config import RagpipeConfig, load_config, with_sources
 from ragpipe.errors import MassDeletionHeld
 from ragpipe.ingest.convert import convert_batches
 from ragpipe.ingest.embed import embed_batches
-from ragpipe.ingest.pipeline import STAGES, Stage, raise_if_held, with_mass_delete
+from ragpipe.ingest.pipeline import STAGES, Stage, cache_key, raise_if_held, with_mass_delete
 from ragpipe.ingest.runner import RunStore, StageSummary, cached_summary
 from ragpipe.ingest.summary import IngestSummary, with_gate
 from ragpipe.ingest.upsert import mass_deletion_message
@@ -116,6 +117,8 @@ def _run_stage(
     its cache entry is replaced."""
     stage_task = STAGE_TASKS[stage.name]
     previous = done[-1] if done else None
+    if cache_key(config, stage, previous) is None:  # never cached: keep no result either
+        stage_task = stage_task.with_options(cache_policy=NO_CACHE, persist_result=False)
     state: State[Any] = stage_task(config, previous, store, return_state=True)  # type: ignore[assignment]
     if state.name != "Cached":
         return cast(StageSummary[Any], state.result())

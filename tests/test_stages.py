@@ -18,6 +18,7 @@ from ragpipe.ingest.convert import run_convert
 from ragpipe.ingest.discover import run_discover
 from ragpipe.ingest.summary import write_summary
 from ragpipe.schemas import CHUNK_SCHEMA, Chunk, Document, Failure
+from ragpipe.store import published
 
 pytestmark = pytest.mark.slow
 
@@ -182,6 +183,15 @@ def test_cache_keys_follow_exactly_the_settings_each_stage_reads(tmp_path: Path)
     assert [name for name, key in keys(cfg).items() if key != base[name]] == [
         "plan", "embed", "upsert"
     ]  # fmt: skip
+    # A lost or switched published version re-keys upsert alone (it publishes again).
+    after_write = keys(cfg)
+    published_root = published.root(cfg.store.path)
+    published_root.mkdir()
+    (published_root / "CURRENT").write_text("g2")
+    assert [n for n, k in keys(cfg).items() if k != after_write[n]] == ["upsert"]
+    with_dir = keys(cfg)
+    (published_root / "g2").mkdir()
+    assert [n for n, k in keys(cfg).items() if k != with_dir[n]] == ["upsert"]
     # Another input, another key; a qdrant server (no generation token) keys no store stage.
     other = StageSummary("previous", "e" * 16, None, plan_id="p" * 32)
     assert cache_key(cfg, STAGE_BY_NAME["chunk"], other) != base["chunk"]
@@ -189,6 +199,23 @@ def test_cache_keys_follow_exactly_the_settings_each_stage_reads(tmp_path: Path)
     assert [n for n, s in STAGE_BY_NAME.items() if cache_key(qdrant, s, before)] == [
         "convert", "clean", "chunk"
     ]  # fmt: skip
+
+
+def test_a_cached_stage_counts_as_reused_and_only_while_its_checkpoint_stands(
+    small_corpus: Path, tmp_path: Path
+) -> None:
+    from ragpipe.ingest.runner import cached_summary
+
+    cfg = _config(small_corpus, tmp_path / "work")
+    converted = run_convert(cfg, run_discover(cfg))
+    assert (converted.counts.converted, converted.counts.skipped_unchanged) == (3, 0)
+    # Taken from an orchestrator's cache on a later night: nothing was converted then.
+    cached = cached_summary(cfg, converted)
+    assert cached is not None and cached.reused and cached.seconds == 0.0
+    assert (cached.counts.converted, cached.counts.skipped_unchanged) == (0, 3)
+    assert converted.counts.converted == 3  # the cached object itself is left as it was
+    (tmp_path / "work" / "convert" / "documents.parquet").write_bytes(b"not parquet")
+    assert cached_summary(cfg, converted) is None  # its checkpoint is gone: run the stage
 
 
 def test_a_plan_is_named_by_what_it_says_so_an_unchanged_run_has_the_same_plan(

@@ -493,6 +493,9 @@ class ConvertCounts(runner.Counts):
     failed: int = 0
     by_converter: dict[str, int] = field(default_factory=dict, metadata={"prefix": "converter"})
 
+    def mark_reused(self) -> None:
+        self.converted, self.skipped_unchanged = 0, self.documents
+
 
 def run_convert(
     config: RagpipeConfig, discovered: runner.StageSummary[Any]
@@ -507,8 +510,6 @@ def run_convert(
         here, "convert", config_fp, discovered.output_fingerprint, ConvertCounts, plan_id
     )
     if reused:  # this run converted nothing
-        reused.counts.converted = 0
-        reused.counts.skipped_unchanged = reused.counts.documents
         return reused
     # The files to convert: the plan's (only new and changed files) or discover's (all).
     sources = runner.read_input(config, discovered, "files.parquet", SourceFile)

@@ -192,6 +192,10 @@ class EmbedCounts(runner.Counts):
     prefix_trimmed: int = 0
     dim: int = 0
 
+    def mark_reused(self) -> None:
+        self.reused, self.embedded = self.chunks - self.duplicates_skipped, 0
+        self.prefix_trimmed = 0
+
 
 def run_embed(
     config: RagpipeConfig,
@@ -212,9 +216,6 @@ def run_embed(
         here, "embed", index_fp, chunked.output_fingerprint, EmbedCounts, plan_id
     )
     if reused:  # this run embedded nothing: every vector comes from the checkpoint
-        counts = reused.counts
-        counts.reused, counts.embedded = counts.chunks - counts.duplicates_skipped, 0
-        counts.prefix_trimmed = 0
         return reused
     chunks = runner.read_input(config, chunked, "chunks.parquet", Chunk)
     kept, duplicates = chunks, 0

@@ -26,7 +26,7 @@ from ragpipe.ingest.runner import RunStore, StageSummary, WorkDir, stage_store
 from ragpipe.ingest.summary import IngestSummary, with_gate, write_summary
 from ragpipe.ingest.upsert import mass_deletion_message, run_upsert
 from ragpipe.locking import ingest_lock
-from ragpipe.store import store_generation
+from ragpipe.store import published, store_generation
 
 
 def with_mass_delete(config: RagpipeConfig, allow: bool) -> RagpipeConfig:
@@ -98,15 +98,16 @@ CACHE_SCHEMA = "1"
 def cache_key(
     config: RagpipeConfig, stage: Stage, previous: StageSummary[Any] | None
 ) -> str | None:
-    """A key under which ``stage``'s summary may be cached across runs (Prefect's cache
-    policy in ``tasks/ingest.py``); None: never cached.
+    """A key under which ``stage``'s summary may be cached across runs (Prefect's cache policy in
+    ``tasks/ingest.py``); None: never cached.
 
-    The key is content, not pickled objects: the stage's configuration fingerprint,
-    the previous stage's output fingerprint and plan, the work dir and, for a stage
-    that reads the store, the Edge store's generation token (a store written by anyone
-    since changes it). A qdrant server has no such token: its plan, embed and upsert
-    always run. A hit is only as good as the work dir it left behind: check it with
-    ``runner.cached_summary`` before trusting it.
+    The key is content, not pickled objects: the stage's configuration fingerprint, the previous
+    stage's output fingerprint and plan, the work dir, for a stage that reads the store the Edge
+    store's generation token (a store written by anyone since changes it), and for upsert the
+    published version readers open (a lost or hand-promoted one makes upsert run, and publish,
+    again). A qdrant server has no such token: its plan, embed and upsert always run. A hit is
+    only as good as the work dir it left behind: check it with ``runner.cached_summary`` before
+    trusting it.
     """
     if stage.settings is None or previous is None:
         return None
@@ -125,6 +126,10 @@ def cache_key(
         if generation is None:
             return None
         parts += [str(config.store.path.resolve()), generation]
+    if stage.name == "upsert":  # it publishes (or stages) what readers open: repair a loss
+        live = published.current(config.store.path)
+        there = live is not None and (published.root(config.store.path) / live).is_dir()
+        parts += [live or "", str(there)]
     return f"ragpipe-{stage.name}-{combine_fingerprints(parts)}"
 
 

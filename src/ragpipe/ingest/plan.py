@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ragpipe import checkpoint
-from ragpipe.config import EmbedProvider, RagpipeConfig
+from ragpipe.config import EmbedProvider, RagpipeConfig, StoreBackend
 from ragpipe.ingest import runner
 from ragpipe.ingest.chunk import chunk_fingerprint
 from ragpipe.models.embedders import (
@@ -177,6 +177,10 @@ def run_plan(
     started = time.perf_counter()
     check_store_space(config.store)  # a full disk stops the run here, not after converting
     check_store_settings(config.store)  # so does a setting the store cannot take
+    if config.index.gate is not None and config.store.backend != StoreBackend.EDGE:
+        from ragpipe.store.server_versions import check_alias
+
+        check_alias(config.store)  # readers' alias is free, or is ours
     sources = runner.read_input(config, discovered, "files.parquet", SourceFile)
     # A source that failed discovery (unreadable file, page timing out) still exists,
     # unless the failure says it is gone (a page answering 404).
@@ -228,13 +232,16 @@ def run_plan(
 
 
 def plan_id(config: RagpipeConfig, entries: Sequence[PlanEntry], todo: Sequence[SourceFile]) -> str:
-    """The plan's identity, which every later stage checks its input carries: a hash of
-    what the plan says and of the store it says it of. Two runs that plan the same work
-    on the same store get the same id (their checkpoints are the same), so an unchanged
-    night reuses, and Prefect caches, every stage after the plan; a run that planned
+    """The plan's identity, which every later stage checks its input carries: a hash of what the
+    plan says, of the store it says it of and of the settings it plans for. Two runs that plan
+    the same work on the same store get the same id (their checkpoints are the same), so an
+    unchanged night reuses, and Prefect caches, every stage after the plan; a run that planned
     anything else is told apart (``runner.checked_manifest``)."""
     store = config.store
-    where = f"{store.backend.value}\x1f{store.url or store.path.resolve()}\x1f{store.collection}"
+    where = (
+        f"{store.backend.value}\x1f{store.url or store.path.resolve()}\x1f{store.collection}"
+        f"\x1f{index_fingerprint(config)}"
+    )
     digest = hashlib.sha256(where.encode())
     for entry in entries:
         digest.update(repr(entry).encode())

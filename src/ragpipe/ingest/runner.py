@@ -25,6 +25,7 @@ that the checkpoint is this run's (its plan id) and unaltered (its SHA-256).
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -84,6 +85,10 @@ class Counts:
 
     def line(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.as_dict().items())
+
+    def mark_reused(self) -> None:
+        """Turn the counts of the run that wrote a checkpoint into those of a run that
+        reuses it (nothing done again); stages whose counts say what was done override."""
 
 
 C = TypeVar("C", bound=Counts)
@@ -190,6 +195,7 @@ class RunStore:
 
     def __init__(self, config: RagpipeConfig) -> None:
         self._config = config.store
+        self._versioned = config.index.gate is not None  # a server: its working collection
         self._embedder = embedder_name(config.embed)
         self._store: VectorStore | None = None
         self.opened = 0  # times the store was opened
@@ -197,7 +203,7 @@ class RunStore:
     def existing(self) -> VectorStore | None:
         """The store for reading and deleting; None while there is none yet."""
         if self._store is None:
-            self._store = open_store(self._config, self._embedder, None)
+            self._store = open_store(self._config, self._embedder, None, self._versioned)
             self.opened += self._store is not None
         return self._store
 
@@ -205,7 +211,7 @@ class RunStore:
         """The store for ``dim``-dimensional vectors, created on first use; one opened
         before is checked to hold vectors of this size (ConfigError if not)."""
         if self._store is None:
-            store = open_store(self._config, self._embedder, dim)
+            store = open_store(self._config, self._embedder, dim, self._versioned)
             assert store is not None  # with a dimension the store is created
             self._store, self.opened = store, self.opened + 1
         else:
@@ -294,13 +300,9 @@ def reuse_stage(
         manifest.plan_id = plan_id
         checkpoint.write_manifest(directory, manifest)
     logger.info("%s: inputs and config unchanged, reusing checkpoint", stage)
-    return StageSummary(
-        stage,
-        manifest.output_fingerprint,
-        counts.from_dict(manifest.counts),
-        reused=True,
-        plan_id=plan_id,
-    )
+    reused = counts.from_dict(manifest.counts)
+    reused.mark_reused()
+    return StageSummary(stage, manifest.output_fingerprint, reused, reused=True, plan_id=plan_id)
 
 
 def cached_summary(config: RagpipeConfig, summary: StageSummary[C]) -> StageSummary[C] | None:
@@ -319,7 +321,9 @@ def cached_summary(config: RagpipeConfig, summary: StageSummary[C]) -> StageSumm
         return None
     logger.info("%s: cached (inputs, config and store unchanged since an earlier run)",
                 summary.stage)  # fmt: skip
-    return replace(summary, reused=True, seconds=0.0)
+    counts = copy.deepcopy(summary.counts)
+    counts.mark_reused()  # this run did none of the work the cached counts describe
+    return replace(summary, counts=counts, reused=True, seconds=0.0)
 
 
 def checked_manifest(config: RagpipeConfig, stage: str, plan_id: str) -> checkpoint.Manifest:
