@@ -89,7 +89,7 @@ def unlock(
     )
 
 
-def _edge_config(config: Path | None, store_path: Path | None) -> RagpipeConfig:
+def _versioned_config(config: Path | None, store_path: Path | None) -> RagpipeConfig:
     from ragpipe.ingest.gatekeep import require_versions
 
     cfg = load_config(config, {"store": {"path": str(store_path)}} if store_path else {})
@@ -110,20 +110,21 @@ def list_versions(
     live one is kept; with a gate, held versions stay (the newest 3) until promoted or
     discarded.
     """
-    from ragpipe.store import published
+    from ragpipe.store import versions as index_versions
 
     try:
-        cfg = _edge_config(config, store_path)
-        versions = published.list_versions(cfg.store.path)
+        cfg = _versioned_config(config, store_path)
+        versions = index_versions.list_versions(cfg.store)
+        where = cfg.store.path if cfg.store.backend.value == "edge" else cfg.store.collection
     except RagpipeError as exc:
         fail(exc, 2)
     if as_json:
         print(json.dumps([asdict(v) for v in versions], indent=2))
         return
     if not versions:
-        print(f"no published version of {cfg.store.path} yet: run `ragpipe ingest`")
+        print(f"no published version of {where} yet: run `ragpipe ingest`")
         return
-    table = Table(title=f"index versions ({cfg.store.path})")
+    table = Table(title=f"index versions ({where})")
     for column in ("version", "status", "published", "files", "points", "gate"):
         table.add_column(column)
     for v in versions:
@@ -149,7 +150,7 @@ def promote(
     from ragpipe.ingest.gatekeep import promote_by_hand
 
     try:
-        cfg = _edge_config(config, store_path)
+        cfg = _versioned_config(config, store_path)
         decision = promote_by_hand(cfg, version)
     except RagpipeError as exc:
         fail(exc, 2)
@@ -170,7 +171,7 @@ def discard(
     from ragpipe.ingest.gatekeep import discard_by_hand
 
     try:
-        generation = discard_by_hand(_edge_config(config, store_path), version)
+        generation = discard_by_hand(_versioned_config(config, store_path), version)
     except RagpipeError as exc:
         fail(exc, 2)
     print(f"version {generation[:12]} removed")

@@ -82,7 +82,8 @@ def search(
         typer.Option(
             "--version",
             help="Read this index version (or a unique prefix; `ragpipe index list`) instead "
-            "of the live one: a version the gate held, or an older one (Edge store).",
+            "of the live one: a version the gate held, or an older one (the Edge store, or a "
+            "Qdrant server with index.gate).",
         ),
     ] = None,
     config: ConfigOption = None,

@@ -19,6 +19,7 @@ from ragpipe.ingest import gatekeep
 from ragpipe.ingest.pipeline import run_ingest
 from ragpipe.query.retrieve import Retriever
 from ragpipe.store import open_reader, published
+from ragpipe.store import versions as index_versions
 from tests.support.corpora import TOPICS, make_config, topic_doc, write_topics
 
 pytestmark = pytest.mark.integration
@@ -37,10 +38,25 @@ def _golden(path: Path) -> Path:
     return path
 
 
-def _config(corpus: Path, tmp_path: Path, **gate: Any) -> RagpipeConfig:
+def _config(corpus: Path, tmp_path: Path, backend: str = "edge", **gate: Any) -> RagpipeConfig:
     settings = {"golden": [_golden(tmp_path / "golden.yaml")], "min_score": 0.5, **gate}
-    return make_config(corpus, tmp_path, index={"gate": settings},
+    return make_config(corpus, tmp_path, backend, index={"gate": settings},
                        eval={"granularity": "file", "resamples": 200})  # fmt: skip
+
+
+# The same contract on both stores: Edge (published copies) and qdrant-client's local mode
+# (a collection per version behind an alias, as on a Qdrant server).
+BACKENDS = pytest.mark.parametrize("backend", ["edge", "qdrant"])
+
+
+def _aliases(cfg: RagpipeConfig) -> dict[str, str]:
+    from qdrant_client import QdrantClient
+
+    client = QdrantClient(path=str(cfg.store.path))
+    try:
+        return {a.alias_name: a.collection_name for a in client.get_aliases().aliases}
+    finally:
+        client.close()
 
 
 def _points(cfg: RagpipeConfig, version: str | None = None) -> int:
@@ -52,25 +68,31 @@ def _points(cfg: RagpipeConfig, version: str | None = None) -> int:
         store.close()
 
 
+@BACKENDS
 def test_a_version_that_loses_half_its_answers_is_held_and_readers_keep_the_live_one(
     tmp_path: Path,
+    backend: str,
 ) -> None:
     corpus = write_topics(tmp_path / "corpus", 6, ".txt")
     canary = {"query": "astronomy", "files": ["astronomy.txt"], "k": 3}
-    cfg = _config(corpus, tmp_path, canaries=[canary])
+    cfg = _config(corpus, tmp_path, backend, canaries=[canary])
     first = run_ingest(cfg)
     assert first.gate["outcome"] == "promoted"  # the first version: floor and canary only
     assert first.gate["verdict"]["golden"][0]["staged"] == 1.0  # 6 of 6 at rank 1
     assert first.gate["verdict"]["golden"][0]["live"] is None
-    live = published.current(cfg.store.path)
+    live = index_versions.current(cfg.store)
     assert live == first.gate["generation"] and _points(cfg) == first.points_total
+    if backend == "qdrant":  # readers query the alias, which names the live version's collection
+        assert _aliases(cfg) == {"ragpipe": f"ragpipe-ragpipe-{live}"}
 
     for topic in TOPICS[3:]:  # the corpus loses the files of 3 of the 6 golden items
         (corpus / f"{topic}.txt").unlink()
     with pytest.raises(IndexHeld, match=r"fell by 0.5000 on the same 6 items") as held:
         run_ingest(cfg, allow_mass_delete=True)
     assert "astronomy.txt not in the top 3" in str(held.value)
-    assert published.current(cfg.store.path) == live  # readers keep the old version
+    assert index_versions.current(cfg.store) == live  # readers keep the old version
+    if backend == "qdrant":
+        assert _aliases(cfg) == {"ragpipe": f"ragpipe-ragpipe-{live}"}
     assert _points(cfg) == first.points_total
     summary = json.loads((cfg.paths.work_dir / "summary.json").read_text(encoding="utf-8"))
     staged = summary["gate"]["generation"]
@@ -84,30 +106,31 @@ def test_a_version_that_loses_half_its_answers_is_held_and_readers_keep_the_live
 
     with pytest.raises(IndexHeld, match=r"still held"):  # a no-op night: not judged again
         run_ingest(cfg)
-    assert published.current(cfg.store.path) == live
+    assert index_versions.current(cfg.store) == live
 
     for topic in TOPICS[3:]:  # the next good nightly (the files back, revised)
         (corpus / f"{topic}.txt").write_text(topic_doc(topic, version=2), encoding="utf-8")
     good = run_ingest(cfg)
     assert good.gate["outcome"] == "promoted" and good.gate["live_before"] == live
     assert good.gate["verdict"]["golden"][0]["delta"] == 0.0
-    assert published.current(cfg.store.path) == good.gate["generation"]
-    versions = {v.generation: v for v in published.list_versions(cfg.store.path)}
+    assert index_versions.current(cfg.store) == good.gate["generation"]
+    versions = {v.generation: v for v in index_versions.list_versions(cfg.store)}
     assert staged not in versions  # a held version older than the live one: superseded
     assert versions[good.gate["generation"]].live
     assert versions[live].status == "promoted"  # kept to roll back to
 
 
-def test_index_list_promote_and_discard_from_the_cli(tmp_path: Path) -> None:
+@BACKENDS
+def test_index_list_promote_and_discard_from_the_cli(tmp_path: Path, backend: str) -> None:
     corpus = write_topics(tmp_path / "corpus", 6, ".txt")
-    cfg = _config(corpus, tmp_path)
+    cfg = _config(corpus, tmp_path, backend)
     run_ingest(cfg)
-    live = published.current(cfg.store.path)
+    live = index_versions.current(cfg.store)
     for topic in TOPICS[3:]:
         (corpus / f"{topic}.txt").unlink()
     with pytest.raises(IndexHeld):
         run_ingest(cfg, allow_mass_delete=True)
-    staged = next(v.generation for v in published.list_versions(cfg.store.path) if not v.live)
+    staged = next(v.generation for v in index_versions.list_versions(cfg.store) if not v.live)
     config_file = tmp_path / "ragpipe.yaml"
     config_file.write_text(json.dumps(cfg.model_dump(mode="json")), encoding="utf-8")
     args = ["--config", str(config_file)]
@@ -132,34 +155,36 @@ def test_index_list_promote_and_discard_from_the_cli(tmp_path: Path) -> None:
     assert refused.exit_code == 2 and "is live" in refused.output
     promoted = runner.invoke(app, ["index", "promote", staged[:10], *args])
     assert promoted.exit_code == 0, promoted.output
-    assert published.current(cfg.store.path) == staged  # a held version made live by hand
-    assert published.statuses(cfg.store.path)[staged]["by_hand"] is True
+    assert index_versions.current(cfg.store) == staged  # a held version made live by hand
+    assert index_versions.statuses(cfg.store)[staged]["by_hand"] is True
     back = runner.invoke(app, ["index", "promote", live[:10], *args])  # roll back
-    assert back.exit_code == 0 and published.current(cfg.store.path) == live
+    assert back.exit_code == 0 and index_versions.current(cfg.store) == live
     discarded = runner.invoke(app, ["index", "discard", staged[:10], *args])
     assert discarded.exit_code == 0, discarded.output
-    assert [v.generation for v in published.list_versions(cfg.store.path)] == [live]
+    assert [v.generation for v in index_versions.list_versions(cfg.store)] == [live]
 
 
+@BACKENDS
 def test_a_first_version_is_checked_on_itself_and_unreadable_until_it_passes(
     tmp_path: Path,
+    backend: str,
 ) -> None:
     corpus = write_topics(tmp_path / "corpus", 2, ".txt")  # 2 of the 6 golden topics
-    cfg = _config(corpus, tmp_path)
+    cfg = _config(corpus, tmp_path, backend)
     with pytest.raises(GoldenMismatch, match=r"4 target.* of 4 item.* match nothing"):
         run_ingest(cfg)  # as any eval: labels that match nothing are refused, not scored 0
-    assert published.current(cfg.store.path) is None
-    assert [v.status for v in published.list_versions(cfg.store.path)] == ["staged"]
+    assert index_versions.current(cfg.store) is None
+    assert [v.status for v in index_versions.list_versions(cfg.store)] == ["staged"]
     with pytest.raises(StageError, match=r"no version of the index .* is live"):
         Retriever(cfg)  # the undecided version is not served
 
     canary = {"query": "gardening", "files": ["gardening.txt"], "k": 5}  # not in the corpus
-    cfg = _config(corpus, tmp_path, canaries=[canary])
+    cfg = _config(corpus, tmp_path, backend, canaries=[canary])
     cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"skip_unmatched": True})})
     with pytest.raises(IndexHeld, match=r"gardening.txt not in the top 5"):
         run_ingest(cfg)  # the 2 matched items score 1.0 >= 0.5; the canary fails
-    assert published.current(cfg.store.path) is None
-    assert [v.status for v in published.list_versions(cfg.store.path)] == ["held"]
+    assert index_versions.current(cfg.store) is None
+    assert [v.status for v in index_versions.list_versions(cfg.store)] == ["held"]
     with pytest.raises(StageError, match=r"no version of the index .* is live"):
         Retriever(cfg)
 
@@ -169,7 +194,7 @@ def test_without_a_gate_every_version_is_published(tmp_path: Path) -> None:
     cfg = make_config(corpus, tmp_path)
     summary = run_ingest(cfg)
     assert summary.gate == {} and summary.stages["upsert"]["published"] == 1
-    entries = published.list_versions(cfg.store.path)
+    entries = index_versions.list_versions(cfg.store)
     assert [(e.status, e.live) for e in entries] == [("promoted", True)]
 
 
@@ -224,15 +249,23 @@ def test_the_flow_emits_promoted_and_held_events(prefect_harness: None, tmp_path
     assert by_name["ragpipe.index.promoted"]["payload"]["version"] == first.gate["generation"]
 
 
-def test_a_gate_on_the_qdrant_backend_is_refused_not_ignored() -> None:
-    gate = {"golden": ["g.yaml"]}
-    with pytest.raises(ConfigError, match=r"index.gate needs store.backend edge"):
-        load_config(None, {"index": {"gate": gate}, "store": {"backend": "qdrant"}})
-
-
-def test_a_roll_back_and_a_discard_survive_the_next_nightly(tmp_path: Path) -> None:
+def test_a_gated_qdrant_index_refuses_a_collection_where_its_alias_goes(tmp_path: Path) -> None:
     corpus = write_topics(tmp_path / "corpus", 6, ".txt")
-    cfg = _config(corpus, tmp_path)
+    plain = make_config(corpus, tmp_path, "qdrant")
+    run_ingest(plain)  # no gate: the collection store.collection names, written in place
+    with pytest.raises(ConfigError, match=r"store.collection 'ragpipe' is a collection"):
+        run_ingest(_config(corpus, tmp_path, "qdrant"))
+    runner = CliRunner()
+    config_file = tmp_path / "plain.yaml"
+    config_file.write_text(json.dumps(plain.model_dump(mode="json")), encoding="utf-8")
+    refused = runner.invoke(app, ["index", "list", "--config", str(config_file)])
+    assert refused.exit_code == 2 and "only with index.gate" in refused.output
+
+
+@BACKENDS
+def test_a_roll_back_and_a_discard_survive_the_next_nightly(tmp_path: Path, backend: str) -> None:
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    cfg = _config(corpus, tmp_path, backend)
     first = run_ingest(cfg).gate["generation"]
     (corpus / "wings.txt").write_text(topic_doc("wings", version=2), encoding="utf-8")
     second = run_ingest(cfg)
@@ -240,47 +273,59 @@ def test_a_roll_back_and_a_discard_survive_the_next_nightly(tmp_path: Path) -> N
     gatekeep.promote_by_hand(cfg, first[:10])  # a roll-back
     again = run_ingest(cfg)  # nothing changed: the rolled-back version stays off
     assert again.gate["outcome"] == "rolled-back" and again.ok
-    assert published.current(cfg.store.path) == first
+    assert index_versions.current(cfg.store) == first
 
     for topic in TOPICS[3:]:
         (corpus / f"{topic}.txt").unlink()
     with pytest.raises(IndexHeld):
         run_ingest(cfg, allow_mass_delete=True)
-    held = next(v.generation for v in published.list_versions(cfg.store.path)
+    held = next(v.generation for v in index_versions.list_versions(cfg.store)
                 if v.status == "held")  # fmt: skip
-    published.discard(cfg.store.path, held)
+    index_versions.discard(cfg.store, held)
     after = run_ingest(cfg)  # the same working version: not staged, judged or held again
     assert after.gate["outcome"] == "discarded" and after.ok
-    assert held not in {v.generation for v in published.list_versions(cfg.store.path)}
-    assert published.current(cfg.store.path) == first
+    assert held not in {v.generation for v in index_versions.list_versions(cfg.store)}
+    assert index_versions.current(cfg.store) == first
 
 
-def test_held_versions_are_pruned_to_the_newest_three(tmp_path: Path) -> None:
+@BACKENDS
+def test_held_versions_are_pruned_to_the_newest_three(tmp_path: Path, backend: str) -> None:
     corpus = write_topics(tmp_path / "corpus", 6, ".txt")
-    cfg = _config(corpus, tmp_path, max_drop=0.0, min_score=0.9)
+    cfg = _config(corpus, tmp_path, backend, max_drop=0.0, min_score=0.9)
     run_ingest(cfg)
-    live = published.current(cfg.store.path)
+    live = index_versions.current(cfg.store)
     (corpus / "cooking.txt").unlink()  # item "cooking" scores 0 from now on: every night held
     for night in range(5):
         (corpus / "wings.txt").write_text(topic_doc("wings", version=night + 2),
                                           encoding="utf-8")  # fmt: skip
         with pytest.raises(IndexHeld):
             run_ingest(cfg, allow_mass_delete=True)
-    versions = published.list_versions(cfg.store.path)
+    versions = index_versions.list_versions(cfg.store)
     assert [v.status for v in versions] == ["held", "held", "held", "promoted"]
     assert versions[-1].generation == live and versions[-1].live
-    on_disk = [p for p in published.root(cfg.store.path).iterdir() if p.is_dir()]
-    assert len([p for p in on_disk if p.name != published.READERS]) == 4
+    if backend == "edge":
+        on_disk = [p for p in published.root(cfg.store.path).iterdir() if p.is_dir()]
+        assert len([p for p in on_disk if p.name != published.READERS]) == 4
+    else:  # a collection per version kept, beside the working collection
+        from qdrant_client import QdrantClient
+
+        client = QdrantClient(path=str(cfg.store.path))
+        names = sorted(c.name for c in client.get_collections().collections)
+        client.close()
+        assert names == sorted(
+            [f"ragpipe-ragpipe-{v.generation}" for v in versions] + ["ragpipe-ragpipe-work"]
+        )
 
 
-def test_a_first_version_held_then_discarded_stays_unreadable(tmp_path: Path) -> None:
+@BACKENDS
+def test_a_first_version_held_then_discarded_stays_unreadable(tmp_path: Path, backend: str) -> None:
     corpus = write_topics(tmp_path / "corpus", 6, ".txt")
     canary = {"query": "gardening", "files": ["volcanoes.txt"], "k": 5}  # in no version
-    cfg = _config(corpus, tmp_path, canaries=[canary])
+    cfg = _config(corpus, tmp_path, backend, canaries=[canary])
     with pytest.raises(IndexHeld):
         run_ingest(cfg)
-    (held,) = published.list_versions(cfg.store.path)
-    published.discard(cfg.store.path, held.generation)
+    (held,) = index_versions.list_versions(cfg.store)
+    index_versions.discard(cfg.store, held.generation)
     with pytest.raises(StageError, match=r"no version of the index .* is live"):
         Retriever(cfg)  # not the working shard the gate refused
 

@@ -1230,16 +1230,6 @@ class RagpipeConfig(BaseSettings):
     # Where each value set by load_config came from (dotted field -> origin).
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _gate_needs_versions(self) -> RagpipeConfig:
-        if self.index.gate is not None and self.store.backend != StoreBackend.EDGE:
-            raise ValueError(
-                "index.gate needs store.backend edge: versions on a Qdrant server (a "
-                "collection per version behind an alias) are not built yet; remove index.gate "
-                "or use the Edge store"
-            )
-        return self
-
     def origin(self, dotted: str) -> str:
         """Where the value of ``dotted`` (e.g. ``eval.golden``) came from: the file, an
         environment variable, the command line, or the built-in default."""

@@ -1,10 +1,10 @@
 """After an ingest with ``index.gate``: promote the staged version, or hold it.
 
 The upsert stage stages a changed index instead of publishing it (see
-``ragpipe.store.published``); ``decide`` runs the gate (``ragpipe.evaluation.gate``)
-and records the outcome with the version. The caller holds the ingest lock, so
-no other writer stages or promotes meanwhile; readers keep the live version
-throughout.
+``ragpipe.store.versions``: Edge copies, or Qdrant collections behind an alias);
+``decide`` runs the gate (``ragpipe.evaluation.gate``) and records the outcome
+with the version. The caller holds the ingest lock, so no other writer stages or
+promotes meanwhile; readers keep the live version throughout.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from ragpipe import checkpoint
 from ragpipe.config import RagpipeConfig
 from ragpipe.ingest.runner import WorkDir
-from ragpipe.store import published, store_generation
+from ragpipe.store import published, versions
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +47,11 @@ def decide(config: RagpipeConfig) -> Decision | None:
     decide (no gate, no store, or the version is live already)."""
     if config.index.gate is None:
         return None
-    generation = store_generation(config.store)
-    path = config.store.path
-    live = published.current(path)
+    generation = versions.working_generation(config.store)
+    live = versions.current(config.store)
     if generation is None or generation == live:
         return None
-    records = published.statuses(path)
+    records = versions.statuses(config.store)
     recorded = records.get(generation, {})
     status = recorded.get("status")
     if status == published.PROMOTED and not records.get(live or "", {}).get("at", "") > (
@@ -81,11 +80,11 @@ def decide(config: RagpipeConfig) -> Decision | None:
     verdict = evaluate_gate(config, generation, live)
     data = verdict.as_dict()
     if verdict.passed:
-        published.promote(path, generation, {"verdict": data}, keep_previous=True)
+        versions.promote(config.store, generation, {"verdict": data}, keep_previous=True)
         logger.info("index gate: %s", verdict.line())
         decision = Decision(PROMOTED, generation, live, data, verdict.line())
     else:
-        published.hold(path, generation, data)
+        versions.hold(config.store, generation, data)
         logger.error("index gate: %s: %s", verdict.line(), "; ".join(verdict.reasons))
         decision = Decision(HELD, generation, live, data, verdict.line())
     checkpoint.atomic_write_bytes(
@@ -112,14 +111,15 @@ def held_message(decision: Decision) -> str:
 
 
 def require_versions(config: RagpipeConfig) -> None:
-    """ConfigError unless the index keeps versions (the Edge store)."""
+    """ConfigError unless the index keeps versions: the Edge store always does, a Qdrant
+    server with ``index.gate`` (a collection per version behind an alias)."""
     from ragpipe.config import StoreBackend
     from ragpipe.errors import ConfigError
 
-    if config.store.backend != StoreBackend.EDGE:
+    if config.store.backend != StoreBackend.EDGE and config.index.gate is None:
         raise ConfigError(
-            "index versions are kept for the Edge store only (store.backend edge); a Qdrant "
-            "server's collection is written in place"
+            "a Qdrant server's collection is written in place: it keeps index versions "
+            "(a collection each, behind an alias) only with index.gate configured"
         )
 
 
@@ -127,17 +127,16 @@ def promote_by_hand(config: RagpipeConfig, version: str) -> Decision:
     """Make ``version`` (a generation or a unique prefix) live, under the ingest lock.
 
     Raises:
-        ConfigError: not an Edge store.
+        ConfigError: the index keeps no versions (see ``require_versions``).
         StageError: no such version, or another writer holds the index.
     """
     from ragpipe.locking import ingest_lock
 
     require_versions(config)
-    path = config.store.path
     with ingest_lock(config):
-        generation = published.resolve(path, version)
-        before = published.current(path)
-        published.promote(path, generation, {"by_hand": True}, keep_previous=True)
+        generation = versions.resolve(config.store, version)
+        before = versions.current(config.store)
+        versions.promote(config.store, generation, {"by_hand": True}, keep_previous=True)
     line = f"version {generation[:12]} promoted by hand (was {(before or 'none')[:12]})"
     logger.info("index: %s", line)
     return Decision(PROMOTED, generation, before, {"by_hand": True, "reasons": []}, line)
@@ -148,14 +147,14 @@ def discard_by_hand(config: RagpipeConfig, version: str) -> str:
     ingest lock; returns its generation.
 
     Raises:
-        ConfigError: not an Edge store.
+        ConfigError: the index keeps no versions (see ``require_versions``).
         StageError: no such version, it is live, or a writer or reader holds it.
     """
     from ragpipe.locking import ingest_lock
 
     require_versions(config)
     with ingest_lock(config):
-        generation = published.resolve(config.store.path, version)
-        published.discard(config.store.path, generation)
+        generation = versions.resolve(config.store, version)
+        versions.discard(config.store, generation)
     logger.info("index: version %s discarded by hand", generation[:12])
     return generation

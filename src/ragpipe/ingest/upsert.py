@@ -44,6 +44,7 @@ from ragpipe.store import (
     Where,
     published,
     store_generation,
+    versions,
 )
 from ragpipe.web.pages import detect_language, iter_metadata
 
@@ -330,8 +331,11 @@ def _publish(
 ) -> published.IndexVersion | None:
     """Publish the Edge store for readers when this run changed it (or it never was); with
     ``index.gate``, stage it instead (None: the gate decides after the run)."""
-    generation = store_generation(config.store)
-    if generation is None:  # qdrant backend, or no store yet
+    gated = config.index.gate is not None
+    generation = (
+        versions.working_generation(config.store) if gated else store_generation(config.store)
+    )
+    if generation is None:  # no store yet, or the qdrant backend without a gate
         return None
     if after is not None:
         files = len(after)
@@ -339,8 +343,8 @@ def _publish(
         files = planned.indexed_files
     else:
         files = len(stored_versions(config))
-    if config.index.gate is not None:  # a decision: ragpipe.ingest.gatekeep
-        published.stage(config.store.path, generation, points, files, index_fp)
+    if gated:  # a decision: ragpipe.ingest.gatekeep
+        versions.stage(config.store, generation, points, files, index_fp)
         return None
     return published.publish(config.store.path, generation, points, files, index_fp)
 

@@ -46,16 +46,21 @@ from ragpipe.store.base import read_meta as read_meta
 from ragpipe.store.edge import EdgeStore as EdgeStore
 from ragpipe.store.edge import check_on_disk, check_quantization
 from ragpipe.store.qdrant import RETRY_STATUS as RETRY_STATUS
+from ragpipe.store.qdrant import WORK_SUFFIX
 from ragpipe.store.qdrant import QdrantStore as QdrantStore
 from ragpipe.store.sparse import SparseEncoder as SparseEncoder
 
 
-def open_store(config: StoreConfig, embedder: str, dim: int | None) -> VectorStore | None:
-    """Open the configured store, checking it was built by ``embedder``.
+def open_store(
+    config: StoreConfig, embedder: str, dim: int | None, versioned: bool = False
+) -> VectorStore | None:
+    """Open the configured store for writing, checking it was built by ``embedder``.
 
     With ``dim`` the store is created on first use; with ``dim=None`` an
     existing store is opened (for diffing and deleting) and None is returned
-    when there is none yet.
+    when there is none yet. ``versioned`` (``index.gate``): on a Qdrant server the
+    writer writes the working collection, not the alias readers query (see
+    ``server_versions``).
     """
     meta = StoreMeta(embedder=embedder, dim=dim)
     if config.backend == StoreBackend.EDGE:
@@ -65,7 +70,8 @@ def open_store(config: StoreConfig, embedder: str, dim: int | None) -> VectorSto
             config.path, meta, config.batch_size, config.scroll_page, config.min_free_mb,
             config.quantization, config.hnsw_min_unindexed, config.on_disk,
         )  # fmt: skip
-    store = QdrantStore(config, meta)
+    collection = config.collection + WORK_SUFFIX if versioned else None
+    store = QdrantStore(config, meta, collection)
     if not store.exists:
         store.close()
         return None
@@ -81,42 +87,68 @@ def open_reader(
     other (see ``published``). Before the first publish, the working shard itself. None:
     no index.
 
+    For a Qdrant server, the collection (or the alias, with ``index.gate``) that
+    ``store.collection`` names, or ``version``'s own collection.
+
     Raises:
-        ConfigError: ``version`` with the qdrant backend (no versions there yet).
-        StageError: no version matches ``version``.
+        ConfigError: ``version`` of a Qdrant server that keeps no versions.
+        StageError: no version matches ``version``; versions exist but none is live.
     """
-    if version is not None and config.backend != StoreBackend.EDGE:
-        raise ConfigError(
-            "index versions are kept for the Edge store only: drop --version with "
-            "store.backend qdrant"
+    if config.backend != StoreBackend.EDGE:
+        return _server_reader(config, embedder, version)
+    wanted = published.resolve(config.path, version) if version else None
+    got = published.reader_copy(config.path, wanted)
+    if got is not None:
+        path, opened = got
+        try:
+            store = EdgeStore(
+                path, StoreMeta(embedder, None), config.batch_size, config.scroll_page,
+                config.min_free_mb,
+            )  # fmt: skip
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        store.owned_copy = True
+        store.version = opened
+        label = opened.generation[:12] if opened else path.name
+        store.location = f"edge:{config.path} (published version {label})"
+        return store
+    waiting = published.list_versions(config.path)
+    if waiting or published.statuses(config.path):  # a gate kept the first version off
+        what = f" ({waiting[0].generation[:12]}, {waiting[0].status})" if waiting else ""
+        raise StageError(
+            f"no version of the index at {config.path} is live: the gate has not let "
+            f"one through{what}. See `ragpipe index list`; `ragpipe search --version V` "
+            "reads one, `ragpipe index promote V` makes it live"
         )
-    if config.backend == StoreBackend.EDGE:
-        wanted = published.resolve(config.path, version) if version else None
-        got = published.reader_copy(config.path, wanted)
-        if got is not None:
-            path, opened = got
-            try:
-                store = EdgeStore(
-                    path, StoreMeta(embedder, None), config.batch_size, config.scroll_page,
-                    config.min_free_mb,
-                )  # fmt: skip
-            except BaseException:
-                shutil.rmtree(path, ignore_errors=True)
-                raise
-            store.owned_copy = True
-            store.version = opened
-            label = opened.generation[:12] if opened else path.name
-            store.location = f"edge:{config.path} (published version {label})"
-            return store
-        waiting = published.list_versions(config.path)
-        if waiting or published.statuses(config.path):  # a gate kept the first version off
-            what = f" ({waiting[0].generation[:12]}, {waiting[0].status})" if waiting else ""
-            raise StageError(
-                f"no version of the index at {config.path} is live: the gate has not let "
-                f"one through{what}. See `ragpipe index list`; `ragpipe search --version V` "
-                "reads one, `ragpipe index promote V` makes it live"
-            )
     return open_store(config, embedder, None)
+
+
+def _server_reader(config: StoreConfig, embedder: str, version: str | None) -> VectorStore | None:
+    from ragpipe.store import server_versions
+
+    if version is not None:
+        if server_versions.generation(config) is None:
+            raise ConfigError(
+                "this Qdrant index keeps no versions (they are kept with index.gate): drop "
+                "--version"
+            )
+        generation = server_versions.resolve(config, version)
+        name = server_versions.version_collection(config, generation)
+        store = QdrantStore(config, StoreMeta(embedder, None), name)
+        store.location += f" (version {generation[:12]})"
+        return store
+    store = QdrantStore(config, StoreMeta(embedder, None))
+    if store.exists:
+        return store
+    store.close()
+    if server_versions.statuses(config):
+        raise StageError(
+            f"no version of the index {config.collection!r} is live: the gate has not let "
+            "one through. See `ragpipe index list`; `ragpipe search --version V` reads one, "
+            "`ragpipe index promote V` makes it live"
+        )
+    return None
 
 
 def check_store_settings(config: StoreConfig) -> None:

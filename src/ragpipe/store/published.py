@@ -24,8 +24,9 @@ evaluates it against the live one, and only then is it **promoted** (the
 are kept in ``versions.json`` beside them; held versions stay on disk (the
 newest ``KEEP_HELD``) until promoted by hand or discarded.
 
-The qdrant server backend needs none of this: the server serves readers and
-writers at once.
+A Qdrant server serves readers and writers at once and needs no copies to
+read; with a gate it keeps versions as collections behind an alias
+(``server_versions``).
 """
 
 from __future__ import annotations

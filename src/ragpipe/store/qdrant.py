@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -38,6 +40,12 @@ if TYPE_CHECKING:
     from qdrant_client.http import models as qm
 
 logger = logging.getLogger(__name__)
+
+# A versioned index (``index.gate`` on a Qdrant server; see ``server_versions``) is
+# written in its working collection, ``<store.collection>`` + WORK_SUFFIX, whose
+# metadata holds the generation token of its last writing session.
+WORK_SUFFIX = "-ragpipe-work"
+GENERATION_KEY = "ragpipe_generation"
 
 
 # -- qdrant-client -------------------------------------------------------------------
@@ -150,46 +158,98 @@ def payload_index_params(models: Any, on_disk: bool) -> list[tuple[str, Any]]:
     ]
 
 
-class QdrantStore(_Scrolling):
-    """qdrant-client against a server or cluster, or its local mode."""
+# qdrant-client's local mode locks its folder: one client per folder in a process. Stores
+# opened on the same folder at once (the gate reads two versions side by side) share it.
+_LOCAL_CLIENTS: dict[str, list[Any]] = {}  # path -> [client, stores holding it]
 
-    def __init__(self, config: StoreConfig, meta: StoreMeta) -> None:
+
+class _SharedLocal:
+    """One store's handle on a shared local-mode client; ``close`` lets go of it."""
+
+    def __init__(self, path: str) -> None:
         from qdrant_client import QdrantClient
+
+        held = _LOCAL_CLIENTS.get(path)
+        if held is None:
+            held = _LOCAL_CLIENTS[path] = [QdrantClient(path=path), 0]
+        held[1] += 1
+        self._path: str | None = path
+        self._client = held[0]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def close(self) -> None:
+        if self._path is None:
+            return
+        held = _LOCAL_CLIENTS[self._path]
+        held[1] -= 1
+        if held[1] == 0:
+            del _LOCAL_CLIENTS[self._path]
+            held[0].close()
+        self._path = None
+
+
+def connect(config: StoreConfig) -> tuple[QdrantClient, bool]:
+    """A client for ``config``'s server (with retries) or local mode; and whether local.
+
+    Raises:
+        StageError: the server cannot be reached.
+    """
+    from qdrant_client import QdrantClient
+
+    api_key = config.api_key.get_secret_value() if config.api_key else None
+    if config.url:
+        client = QdrantClient(
+            url=config.url, api_key=api_key, https=config.https, timeout=config.timeout_s
+        )
+        return cast("QdrantClient", _Retrying(client, config)), False
+    path = str(config.path)
+    if path == ":memory:":
+        return QdrantClient(location=":memory:"), True
+    return cast("QdrantClient", _SharedLocal(str(Path(path).resolve()))), True
+
+
+def _where(config: StoreConfig) -> str:
+    """The server, or the local-mode folder, for messages."""
+    return config.url or str(config.path)
+
+
+class QdrantStore(_Scrolling):
+    """qdrant-client against a server or cluster, or its local mode.
+
+    ``collection`` overrides ``config.collection`` (an index version's own collection,
+    or the working collection of a versioned index: see ``ragpipe.store.server_versions``).
+    The working collection's generation token is rewritten before the first write of
+    every session that writes, as the Edge store's is.
+    """
+
+    def __init__(self, config: StoreConfig, meta: StoreMeta, collection: str | None = None) -> None:
         from qdrant_client.http import models as qm
 
         self._qm = qm
         self._embedder = meta.embedder
         self._quantization = config.quantization
         self._on_disk = config.on_disk
-        self.collection = config.collection
+        self.collection = collection or config.collection
         self.batch_size = config.batch_size
         self.page = config.scroll_page
         self._sparse = SparseEncoder()
-        api_key = config.api_key.get_secret_value() if config.api_key else None
+        self._touched = False
+        self.location = (
+            f"qdrant:{config.url}/{self.collection}"
+            if config.url
+            else f"qdrant-local:{config.path}/{self.collection}"
+        )
         try:
-            if config.url:
-                self.location = f"qdrant:{config.url}/{config.collection}"
-                client = QdrantClient(
-                    url=config.url, api_key=api_key, https=config.https, timeout=config.timeout_s
-                )
-                self.client = cast("QdrantClient", _Retrying(client, config))
-                self.local = False
-            else:
-                path = str(config.path)
-                self.location = f"qdrant-local:{path}/{config.collection}"
-                if path == ":memory:":
-                    self.client = QdrantClient(location=":memory:")
-                else:
-                    self.client = QdrantClient(path=path)
-                self.local = True
+            self.client, self.local = connect(config)
             exists = self.client.collection_exists(self.collection)
         except (ConfigError, StageError):
             raise
         except Exception as exc:
-            where = config.url or str(config.path)
             raise StageError(
-                f"cannot reach Qdrant at {where}: {type(exc).__name__}: {exc}. Check store.url "
-                "(RAGPIPE_STORE__URL), store.api_key and that the server is up."
+                f"cannot reach Qdrant at {_where(config)}: {type(exc).__name__}: {exc}. Check "
+                "store.url (RAGPIPE_STORE__URL), store.api_key and that the server is up."
             ) from exc
         self.exists = exists
         if exists:
@@ -197,6 +257,13 @@ class QdrantStore(_Scrolling):
         elif meta.dim is not None:
             self._create(meta)
             self.exists = True
+
+    def _before_write(self) -> None:
+        """A versioned index's working collection: a new generation token, once per session."""
+        if self._touched or not self.collection.endswith(WORK_SUFFIX):
+            return
+        self.client.update_collection(self.collection, metadata={GENERATION_KEY: uuid.uuid4().hex})
+        self._touched = True
 
     def check(self, meta: StoreMeta) -> None:
         """Raise ConfigError unless ``meta``'s embedder and dimension fit the collection."""
@@ -312,6 +379,7 @@ class QdrantStore(_Scrolling):
                 )
                 for p in points[start : start + self.batch_size]
             ]
+            self._before_write()
             self.client.upsert(self.collection, batch, wait=True)
             if progress is not None:
                 progress(len(batch))
@@ -319,6 +387,7 @@ class QdrantStore(_Scrolling):
     def delete(self, where: Where) -> int:
         n = self.count(where)
         if n:
+            self._before_write()
             flt = self._filter(where)
             assert flt is not None
             self.client.delete(

@@ -1,0 +1,350 @@
+"""Index versions on a Qdrant server (or qdrant-client's local mode): blue/green by alias.
+
+With ``index.gate`` and ``store.backend: qdrant`` the ingest writes the working
+collection ``<collection>-ragpipe-work`` (incrementally, as always). A changed
+working collection is **staged** as a collection of its own,
+``<collection>-ragpipe-<generation>`` (its points copied with their vectors),
+the gate evaluates it against the live one, and **promoting** it is one atomic
+alias switch: readers query the alias ``<collection>``, so every search after
+the switch sees the new version and none sees half of it. Held versions stay,
+inspectable and promotable by hand; the statuses (and the gate's verdicts) are
+kept in the working collection's metadata, as ``versions.json`` is for Edge.
+
+Kept: the live version, the one it replaced (to roll back to, and the grace
+period for searches that resolved the alias just before a switch: it is dropped
+at the next promotion, not this one) and the newest ``KEEP_HELD`` held ones.
+The functions mirror ``ragpipe.store.published`` (Edge); ``ragpipe.store.versions``
+picks one by backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, cast
+
+from ragpipe.config import StoreConfig
+from ragpipe.errors import ConfigError, StageError
+from ragpipe.store.base import StoreMeta
+from ragpipe.store.published import (
+    DISCARDED,
+    HELD,
+    KEEP_HELD,
+    PROMOTED,
+    STAGED,
+    IndexVersion,
+    VersionEntry,
+)
+from ragpipe.store.qdrant import GENERATION_KEY, WORK_SUFFIX, QdrantStore, connect
+
+if TYPE_CHECKING:
+    from qdrant_client import QdrantClient
+
+logger = logging.getLogger(__name__)
+
+STATUS_KEY = "ragpipe_versions"  # in the working collection's metadata
+VERSION_KEY = "ragpipe_version"  # in a version collection's metadata, once its copy is whole
+PREFIX = "-ragpipe-"
+
+
+def working_collection(config: StoreConfig) -> str:
+    return config.collection + WORK_SUFFIX
+
+
+def version_collection(config: StoreConfig, generation: str) -> str:
+    return f"{config.collection}{PREFIX}{generation}"
+
+
+@contextmanager
+def _client(config: StoreConfig) -> Iterator[QdrantClient]:
+    client, _ = connect(config)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _metadata(client: QdrantClient, collection: str) -> dict[str, Any] | None:
+    if not client.collection_exists(collection):
+        return None
+    return dict(client.get_collection(collection).config.metadata or {})
+
+
+def generation(config: StoreConfig) -> str | None:
+    """The working collection's generation token (None: not written yet)."""
+    with _client(config) as client:
+        meta = _metadata(client, working_collection(config)) or {}
+    token = meta.get(GENERATION_KEY)
+    return str(token) if token else None
+
+
+def current(config: StoreConfig) -> str | None:
+    """The generation the alias points at (None: no version is live)."""
+    with _client(config) as client:
+        return _current(client, config)
+
+
+def _current(client: QdrantClient, config: StoreConfig) -> str | None:
+    prefix = config.collection + PREFIX
+    for alias in client.get_aliases().aliases:
+        if alias.alias_name == config.collection and alias.collection_name.startswith(prefix):
+            return alias.collection_name[len(prefix) :]
+    return None
+
+
+def check_alias(config: StoreConfig) -> None:
+    """ConfigError when ``store.collection`` is a collection, not the versions' alias."""
+    with _client(config) as client:
+        if client.collection_exists(config.collection) and _current(client, config) is None:
+            raise ConfigError(
+                f"store.collection {config.collection!r} is a collection on the Qdrant server; "
+                "with index.gate readers query an alias of that name, switched from version "
+                "to version. Choose a new store.collection (the next ingest builds it), or "
+                "delete that collection first"
+            )
+
+
+def statuses(config: StoreConfig) -> dict[str, dict[str, Any]]:
+    """Every version's recorded status: {generation: {status, at, ...}}."""
+    with _client(config) as client:
+        return _statuses(client, config)
+
+
+def _statuses(client: QdrantClient, config: StoreConfig) -> dict[str, dict[str, Any]]:
+    recorded = (_metadata(client, working_collection(config)) or {}).get(STATUS_KEY)
+    return dict(recorded) if isinstance(recorded, dict) else {}
+
+
+def _set_status(
+    client: QdrantClient, config: StoreConfig, generation: str, status: str, extra: dict[str, Any]
+) -> None:
+    entries = _statuses(client, config)
+    entries[generation] = {"status": status, "at": datetime.now(UTC).isoformat(), **extra}
+    client.update_collection(working_collection(config), metadata={STATUS_KEY: entries})
+
+
+def _version(client: QdrantClient, config: StoreConfig, generation: str) -> IndexVersion | None:
+    meta = _metadata(client, version_collection(config, generation)) or {}
+    data = meta.get(VERSION_KEY)
+    try:
+        return IndexVersion(**data) if isinstance(data, dict) else None
+    except TypeError:
+        return None
+
+
+def stage(
+    config: StoreConfig, generation: str, points: int, files: int, index_fingerprint: str
+) -> IndexVersion | None:
+    """Copy the working collection into ``generation``'s own collection, readers not
+    switched (a gate decides). None when it is live already or was discarded by hand;
+    a version decided before keeps its status."""
+    with _client(config) as client:
+        if _current(client, config) == generation:
+            return None
+        recorded = _statuses(client, config).get(generation, {})
+        if recorded.get("status") == DISCARDED:
+            logger.warning("index version %s was discarded by hand: not staged again",
+                           generation[:12])  # fmt: skip
+            return None
+        version = _version(client, config, generation)
+        if version is None:
+            version = _copy(client, config, generation, points, files, index_fingerprint)
+        if not recorded:
+            _set_status(client, config, generation, STAGED, {})
+        logger.info("staged index version %s (%d points) as collection %s: the gate decides",
+                    generation[:12], points, version_collection(config, generation))  # fmt: skip
+        _remove_unused(client, config)
+    return version
+
+
+def _copy(
+    client: QdrantClient,
+    config: StoreConfig,
+    generation: str,
+    points: int,
+    files: int,
+    index_fingerprint: str,
+) -> IndexVersion:
+    """The working collection's points, vectors and payloads into a new collection with
+    the same settings; marked whole (VERSION_KEY) only after the last point is written."""
+    from qdrant_client.http import models as qm
+
+    started = time.perf_counter()
+    work = working_collection(config)
+    target = version_collection(config, generation)
+    info = client.get_collection(work)
+    meta = dict(info.config.metadata or {})
+    if client.collection_exists(target):  # a copy killed half-way
+        client.delete_collection(target)
+    store = QdrantStore(
+        config, StoreMeta(str(meta.get("embedder")), int(meta["dim"])), collection=target
+    )
+    store.close()
+    offset: Any = None
+    copied = 0
+    while True:
+        records, offset = client.scroll(
+            work, limit=config.batch_size, offset=offset, with_payload=True, with_vectors=True
+        )
+        if records:
+            batch = [qm.PointStruct(id=r.id, vector=cast(Any, r.vector or {}), payload=r.payload)
+                     for r in records]  # fmt: skip
+            client.upsert(target, batch, wait=True)
+            copied += len(batch)
+        if offset is None:
+            break
+    version = IndexVersion(
+        generation=generation,
+        published_at=datetime.now(UTC).isoformat(),
+        points=copied,
+        files=files,
+        index_fingerprint=index_fingerprint,
+        publish_seconds=round(time.perf_counter() - started, 3),
+    )
+    if copied != points:
+        logger.warning("staged %d points, the run counted %d", copied, points)
+    client.update_collection(target, metadata={VERSION_KEY: asdict(version)})
+    return version
+
+
+def hold(config: StoreConfig, generation: str, verdict: dict[str, Any]) -> None:
+    """Record that the gate kept ``generation`` from readers; its collection stays."""
+    with _client(config) as client:
+        _set_status(client, config, generation, HELD, {"verdict": verdict})
+        _remove_unused(client, config)
+
+
+def promote(
+    config: StoreConfig,
+    generation: str,
+    extra: dict[str, Any] | None = None,
+    keep_previous: bool = False,
+) -> None:
+    """Point the alias at ``generation`` in one atomic alias operation, then drop what is
+    no longer kept. The record is written first (as for Edge).
+
+    Raises:
+        StageError: no such version.
+    """
+    from qdrant_client.http import models as qm
+
+    with _client(config) as client:
+        if _version(client, config, generation) is None:
+            raise StageError(
+                f"no index version {generation} on the Qdrant server "
+                f"({version_collection(config, generation)})"
+            )
+        previous = _current(client, config)
+        recorded = {"previous": previous, "keep_previous": keep_previous, **(extra or {})}
+        _set_status(client, config, generation, PROMOTED, recorded)
+        switch: list[Any] = []
+        if previous is not None:
+            switch.append(qm.DeleteAliasOperation(
+                delete_alias=qm.DeleteAlias(alias_name=config.collection)))  # fmt: skip
+        switch.append(qm.CreateAliasOperation(create_alias=qm.CreateAlias(
+            collection_name=version_collection(config, generation),
+            alias_name=config.collection)))  # fmt: skip
+        client.update_collection_aliases(change_aliases_operations=switch)
+        removed = _remove_unused(client, config)
+    if removed:
+        logger.info("dropped %d superseded index version collection(s)", removed)
+
+
+def discard(config: StoreConfig, generation: str) -> None:
+    """Drop a version that is not live; its record stays (see ``published.discard``).
+
+    Raises:
+        StageError: it is the live version, or there is no such version.
+    """
+    with _client(config) as client:
+        if generation == _current(client, config):
+            raise StageError(f"index version {generation[:12]} is live: promote another one first")
+        if _version(client, config, generation) is None:
+            raise StageError(f"no index version {generation} on the Qdrant server")
+        client.delete_collection(version_collection(config, generation))
+        _set_status(client, config, generation, DISCARDED, {})
+
+
+def list_versions(config: StoreConfig) -> list[VersionEntry]:
+    """The versions on the server, newest first."""
+    with _client(config) as client:
+        return _list(client, config)
+
+
+def _list(client: QdrantClient, config: StoreConfig) -> list[VersionEntry]:
+    prefix = config.collection + PREFIX
+    live = _current(client, config)
+    recorded = _statuses(client, config)
+    entries = []
+    for collection in client.get_collections().collections:
+        name = collection.name
+        if not name.startswith(prefix) or name == working_collection(config):
+            continue
+        version = _version(client, config, name[len(prefix) :])
+        if version is None:
+            continue
+        info = recorded.get(version.generation, {})
+        status = info.get("status", PROMOTED if version.generation == live else STAGED)
+        entries.append(VersionEntry(
+            version.generation, status, version.generation == live, version.published_at,
+            version.points, version.files, info.get("at"), info.get("verdict"),
+        ))  # fmt: skip
+    return sorted(entries, key=lambda e: e.published_at, reverse=True)
+
+
+def resolve(config: StoreConfig, prefix: str) -> str:
+    """The one version whose generation starts with ``prefix``.
+
+    Raises:
+        StageError: none or several match.
+    """
+    versions = [v.generation for v in list_versions(config)]
+    found = [g for g in versions if g.startswith(prefix)]
+    if len(found) == 1:
+        return found[0]
+    listed = ", ".join(g[:12] for g in versions) or "none"
+    what = "no" if not found else f"{len(found)}"
+    raise StageError(
+        f"{what} index versions match {prefix!r} (versions on the Qdrant server: {listed})"
+    )
+
+
+def _remove_unused(client: QdrantClient, config: StoreConfig) -> int:
+    """Drop version collections no longer kept (see the module doc), and half copies."""
+    prefix = config.collection + PREFIX
+    live = _current(client, config)
+    recorded = _statuses(client, config)
+    keep = {live}
+    promoted = recorded.get(live or "", {})
+    if promoted.get("keep_previous") and promoted.get("previous"):
+        keep.add(promoted["previous"])
+    entries = _list(client, config)
+    since = next((e.published_at for e in entries if e.live), "")
+    waiting = [
+        e.generation for e in entries
+        if not e.live and e.published_at > since
+        and recorded.get(e.generation, {}).get("status", STAGED) in (STAGED, HELD)
+    ]  # fmt: skip
+    keep.update(waiting[:KEEP_HELD])
+    whole = {e.generation for e in entries}
+    removed = 0
+    for collection in client.get_collections().collections:
+        name = collection.name
+        if not name.startswith(prefix) or name == working_collection(config):
+            continue
+        generation = name[len(prefix) :]
+        if generation in keep and generation in whole:
+            continue
+        client.delete_collection(name)  # superseded, or a copy killed half-way
+        removed += generation in whole
+    left = {e.generation for e in _list(client, config)}
+    gone = [g for g, r in recorded.items() if g not in left and r.get("status") != DISCARDED]
+    if gone:
+        for generation in gone:
+            recorded.pop(generation)
+        client.update_collection(working_collection(config), metadata={STATUS_KEY: recorded})
+    return removed
