@@ -28,6 +28,16 @@ def deploy(
             "deployments already registered."
         ),
     ] = True,
+    notify: Annotated[
+        str | None,
+        typer.Option(
+            metavar="BLOCK_TYPE/NAME",
+            help="Also install the automations that send a message through this notification "
+            "block (e.g. slack-webhook/ops) when the index gate holds a version "
+            "(ragpipe.index.held) and when an eval-compare gate fails "
+            "(ragpipe.eval.gate-failed). Deploying again replaces them.",
+        ),
+    ] = None,
 ) -> None:
     """Register the deployments, then fill their forms from this configuration.
 
@@ -87,6 +97,14 @@ def deploy(
     print(f"forms filled from {path}:")
     for line in filled:
         print(f"  {line}")
+    if notify:
+        from flows.automations import install_notifications
+
+        try:
+            installed = install_notifications(notify)
+        except RagpipeError as exc:
+            fail(exc, 2)
+        print("automations installed: " + "; ".join(installed))
 
 
 def _with_choices(schema: dict[str, Any], choices: list[str]) -> dict[str, Any]:

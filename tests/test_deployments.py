@@ -288,6 +288,17 @@ def test_a_gated_nightly_triggers_the_eval_and_a_bad_one_is_held(
         cwd=REPO, env=stack.env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert filled.returncode == 0, filled.stdout + filled.stderr
+    # A team's notification block (here a webhook on loopback); `ragpipe deploy --notify`
+    # installs the automations that send through it.
+    webhook = _Webhook()
+    _webhook_block(stack, webhook.url)
+    notify = subprocess.run(
+        [str(Path(sys.executable).parent / "ragpipe"), "deploy", "--no-register",
+         "--config", str(config_file), "--notify", "custom-webhook/ragpipe-test"],
+        cwd=REPO, env=stack.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert notify.returncode == 0, notify.stdout + notify.stderr
+    assert "ragpipe: index version held -> custom-webhook/ragpipe-test" in notify.stdout
     deployments = {d["name"]: d for d in stack.post("/deployments/filter", {})}
     form = deployments["eval-retrieval"]
     assert form["parameters"]["config_path"] == str(config_file)
@@ -342,6 +353,58 @@ def test_a_gated_nightly_triggers_the_eval_and_a_bad_one_is_held(
     assert event["payload"]["live_before"] == live
     assert event["payload"]["config_path"] == str(config_file)
     assert len(triggered()) == 1  # a held version triggers no eval
+    # The shipped automation fired: the team's webhook got the message.
+    message = webhook.wait(timeout=90)
+    staged = event["payload"]["version"]
+    assert message["subject"] == f"ragpipe held index version {staged[:12]}"
+    assert f"Readers keep version {live[:12]}." in message["body"]
+    assert f"ragpipe index promote {staged[:12]}" in message["body"]
+    assert event["payload"]["reasons"][0] in message["body"]
+    webhook.close()
+
+
+class _Webhook:
+    """A loopback HTTP endpoint that records the JSON bodies POSTed to it."""
+
+    def __init__(self) -> None:
+        import http.server
+        import queue
+        import threading
+
+        received: queue.Queue[dict[str, Any]] = queue.Queue()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", 0))
+                received.put(json.loads(self.rfile.read(length)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._received = received
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def wait(self, timeout: float) -> dict[str, Any]:
+        return self._received.get(timeout=timeout)
+
+    def close(self) -> None:
+        self._server.shutdown()
+
+
+def _webhook_block(stack: Stack, url: str) -> None:
+    """Save a custom-webhook notification block named ragpipe-test on the stack's server."""
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: stack.api}):
+        CustomWebhookNotificationBlock(
+            name="ragpipe-test", url=url, allow_private_urls=True,
+            json_data={"subject": "{{subject}}", "body": "{{body}}"},
+        ).save("ragpipe-test", overwrite=True)  # fmt: skip
 
 
 def _logs(stack: Stack, run_id: str) -> str:
