@@ -638,8 +638,9 @@ class IndexConfig(_Section):
     )
     gate: GateConfig | None = Field(
         default=None,
-        description="A quality gate for new versions (Edge store): staged, evaluated against "
-        "the live version, promoted only when it holds. None: every version is published.",
+        description="A quality gate for new versions: staged (an Edge copy, or on a Qdrant "
+        "server a collection behind the store.collection alias), evaluated against the live "
+        "version, promoted only when it holds. None: every version is published.",
     )
 
 

@@ -276,13 +276,17 @@ def resolve(store_path: Path, prefix: str) -> str:
     Raises:
         StageError: none or several match (the message lists the versions).
     """
-    versions = [v.generation for v in list_versions(store_path)]
-    found = [g for g in versions if g.startswith(prefix)]
+    return pick([v.generation for v in list_versions(store_path)], prefix, "on disk")
+
+
+def pick(generations: list[str], prefix: str, where: str) -> str:
+    """The one of ``generations`` that starts with ``prefix`` (StageError otherwise)."""
+    found = [g for g in generations if g.startswith(prefix)]
     if len(found) == 1:
         return found[0]
-    listed = ", ".join(g[:12] for g in versions) or "none"
+    listed = ", ".join(g[:12] for g in generations) or "none"
     what = "no" if not found else f"{len(found)}"
-    raise StageError(f"{what} index versions match {prefix!r} (versions on disk: {listed})")
+    raise StageError(f"{what} index versions match {prefix!r} (versions {where}: {listed})")
 
 
 @dataclass(frozen=True)
@@ -311,13 +315,40 @@ def list_versions(store_path: Path) -> list[VersionEntry]:
         version = IndexVersion.read(directory) if directory.is_dir() else None
         if version is None or directory.name != version.generation:
             continue
-        info = recorded.get(version.generation, {})
-        status = info.get("status", PROMOTED if version.generation == live else STAGED)
-        entries.append(VersionEntry(
-            version.generation, status, version.generation == live, version.published_at,
-            version.points, version.files, info.get("at"), info.get("verdict"),
-        ))  # fmt: skip
+        entries.append(entry(version, recorded, live))
     return sorted(entries, key=lambda e: e.published_at, reverse=True)
+
+
+def entry(
+    version: IndexVersion, recorded: dict[str, dict[str, Any]], live: str | None
+) -> VersionEntry:
+    """How ``ragpipe index list`` shows ``version``, given the statuses and the live one."""
+    info = recorded.get(version.generation, {})
+    status = info.get("status", PROMOTED if version.generation == live else STAGED)
+    return VersionEntry(
+        version.generation, status, version.generation == live, version.published_at,
+        version.points, version.files, info.get("at"), info.get("verdict"),
+    )  # fmt: skip
+
+
+def kept(
+    entries: list[VersionEntry], recorded: dict[str, dict[str, Any]], live: str | None
+) -> set[str | None]:
+    """The versions retention keeps: the live one, the one it replaced when promoted with
+    ``keep_previous``, and the newest ``KEEP_HELD`` held or staged ones newer than the live
+    one (older ones are its ancestors: superseded)."""
+    keep = {live}
+    promoted = recorded.get(live or "", {})
+    if promoted.get("keep_previous") and promoted.get("previous"):
+        keep.add(promoted["previous"])  # to roll back to
+    since = next((e.published_at for e in entries if e.live), "")
+    waiting = [
+        e.generation for e in entries
+        if not e.live and e.published_at > since
+        and recorded.get(e.generation, {}).get("status", STAGED) in (STAGED, HELD)
+    ]  # fmt: skip
+    keep.update(waiting[:KEEP_HELD])
+    return keep
 
 
 def _lock_file(base: Path, generation: str) -> Path:
@@ -351,27 +382,14 @@ def remove_unused(store_path: Path) -> int:
     base = root(store_path)
     if not base.is_dir():
         return 0
-    live = current(store_path)
     recorded = statuses(store_path)
-    keep = {live}
-    promoted = recorded.get(live or "", {})
-    if promoted.get("keep_previous") and promoted.get("previous"):
-        keep.add(promoted["previous"])  # to roll back to
-    entries = list_versions(store_path)
-    since = next((e.published_at for e in entries if e.live), "")
-    # Held versions older than the live one are its ancestors: superseded too.
-    waiting = [
-        e.generation for e in entries
-        if not e.live and e.published_at > since
-        and recorded.get(e.generation, {}).get("status", STAGED) in (STAGED, HELD)
-    ]  # fmt: skip
-    keep.update(waiting[:KEEP_HELD])
+    keep = kept(list_versions(store_path), recorded, current(store_path))
     removed = 0
-    for entry in base.iterdir():
-        if entry.name.endswith(".tmp") and entry.is_dir():
-            shutil.rmtree(entry, ignore_errors=True)  # a publish killed mid-copy
-        elif entry.is_dir() and entry.name not in keep and entry.name != READERS:
-            removed += _remove_version(base, entry.name)
+    for item in base.iterdir():
+        if item.name.endswith(".tmp") and item.is_dir():
+            shutil.rmtree(item, ignore_errors=True)  # a publish killed mid-copy
+        elif item.is_dir() and item.name not in keep and item.name != READERS:
+            removed += _remove_version(base, item.name)
     for lock in base.glob("*.lock"):  # locks of versions removed meanwhile
         if lock.stem not in keep and not (base / lock.stem).is_dir():
             lock.unlink(missing_ok=True)

@@ -33,11 +33,13 @@ from ragpipe.store.base import StoreMeta
 from ragpipe.store.published import (
     DISCARDED,
     HELD,
-    KEEP_HELD,
     PROMOTED,
     STAGED,
     IndexVersion,
     VersionEntry,
+    entry,
+    kept,
+    pick,
 )
 from ragpipe.store.qdrant import GENERATION_KEY, WORK_SUFFIX, QdrantStore, connect
 
@@ -287,12 +289,7 @@ def _list(client: QdrantClient, config: StoreConfig) -> list[VersionEntry]:
         version = _version(client, config, name[len(prefix) :])
         if version is None:
             continue
-        info = recorded.get(version.generation, {})
-        status = info.get("status", PROMOTED if version.generation == live else STAGED)
-        entries.append(VersionEntry(
-            version.generation, status, version.generation == live, version.published_at,
-            version.points, version.files, info.get("at"), info.get("verdict"),
-        ))  # fmt: skip
+        entries.append(entry(version, recorded, live))
     return sorted(entries, key=lambda e: e.published_at, reverse=True)
 
 
@@ -302,34 +299,15 @@ def resolve(config: StoreConfig, prefix: str) -> str:
     Raises:
         StageError: none or several match.
     """
-    versions = [v.generation for v in list_versions(config)]
-    found = [g for g in versions if g.startswith(prefix)]
-    if len(found) == 1:
-        return found[0]
-    listed = ", ".join(g[:12] for g in versions) or "none"
-    what = "no" if not found else f"{len(found)}"
-    raise StageError(
-        f"{what} index versions match {prefix!r} (versions on the Qdrant server: {listed})"
-    )
+    return pick([v.generation for v in list_versions(config)], prefix, "on the Qdrant server")
 
 
 def _remove_unused(client: QdrantClient, config: StoreConfig) -> int:
     """Drop version collections no longer kept (see the module doc), and half copies."""
     prefix = config.collection + PREFIX
-    live = _current(client, config)
     recorded = _statuses(client, config)
-    keep = {live}
-    promoted = recorded.get(live or "", {})
-    if promoted.get("keep_previous") and promoted.get("previous"):
-        keep.add(promoted["previous"])
     entries = _list(client, config)
-    since = next((e.published_at for e in entries if e.live), "")
-    waiting = [
-        e.generation for e in entries
-        if not e.live and e.published_at > since
-        and recorded.get(e.generation, {}).get("status", STAGED) in (STAGED, HELD)
-    ]  # fmt: skip
-    keep.update(waiting[:KEEP_HELD])
+    keep = kept(entries, recorded, _current(client, config))
     whole = {e.generation for e in entries}
     removed = 0
     for collection in client.get_collections().collections:
