@@ -2,15 +2,17 @@
 team's notification blocks (Slack, Teams, e-mail, a webhook, ...) when the index gate holds
 a new version and when an eval-compare regression gate fails.
 
-The events are ragpipe's (``flows/events.py``); each automation is named after what it
-reports and the block, and deploying again replaces it (no duplicates).
+The events are ragpipe's (``flows/events.py``); each automation matches one index (its
+resource id) and is named after what it reports, the index and the block; deploying
+again replaces it (no duplicates).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flows.events import EVAL_GATE_FAILED_EVENT, HELD_EVENT
+from flows.events import EVAL_GATE_FAILED_EVENT, HELD_EVENT, index_resource
+from ragpipe.config import RagpipeConfig
 from ragpipe.errors import ConfigError
 
 
@@ -49,9 +51,10 @@ NOTICES = (
 )
 
 
-def install_notifications(block: str) -> list[str]:
-    """Create (or replace) one automation per notice, sending through ``block``
-    ("BLOCK_TYPE_SLUG/NAME", e.g. "slack-webhook/ops"); returns their names.
+def install_notifications(config: RagpipeConfig, block: str) -> list[str]:
+    """Create (or replace) one automation per notice for ``config``'s index, sending
+    through ``block`` ("BLOCK_TYPE_SLUG/NAME", e.g. "slack-webhook/ops"); returns their
+    names (which carry the index's resource id, so each index has its own).
 
     Raises:
         ConfigError: the block is malformed or not on the Prefect server.
@@ -76,18 +79,22 @@ def install_notifications(block: str) -> list[str]:
                 f"--notify {block}: no such block on the Prefect server; create it first (UI: "
                 "Blocks, or `prefect block create " + slug + "`)"
             ) from exc
+    resource = index_resource(config)
     installed = []
     with get_client(sync_client=True) as client:
         for notice in NOTICES:
-            title = f"{notice.title} -> {block}"
+            title = f"{notice.title} ({resource['prefect.resource.id']}) -> {block}"
             for existing in client.read_automations_by_name(title):
                 client.delete_automation(existing.id)
             client.create_automation(AutomationCore(
                 name=title,
-                description=f"Installed by `ragpipe deploy --notify {block}`: on {notice.event}.",
+                description=(f"Installed by `ragpipe deploy --notify {block}`: on {notice.event} "
+                             f"for the index {resource['prefect.resource.name']}."),
                 trigger=EventTrigger(
                     expect={notice.event},
-                    match=ResourceSpecification({"prefect.resource.id": "ragpipe.*"}),
+                    match=ResourceSpecification(
+                        {"prefect.resource.id": resource["prefect.resource.id"]}
+                    ),
                     posture=Posture.Reactive,
                     threshold=1,
                 ),

@@ -101,7 +101,7 @@ def deploy(
         from flows.automations import install_notifications
 
         try:
-            installed = install_notifications(notify)
+            installed = install_notifications(cfg, notify)
         except RagpipeError as exc:
             fail(exc, 2)
         print("automations installed: " + "; ".join(installed))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ragpipe.config import RagpipeConfig
-from ragpipe.ingest.gatekeep import PROMOTED, Decision
+from ragpipe.ingest.gatekeep import HELD, PROMOTED, STILL_HELD, Decision
 from ragpipe.locking import index_identity
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,8 @@ def _emit(event: str, config: RagpipeConfig, payload: dict[str, Any]) -> None:
 def emit_index_decision(
     config: RagpipeConfig, decision: Decision, config_path: str | None = None
 ) -> None:
-    """``ragpipe.index.promoted`` or ``ragpipe.index.held`` for the gate's decision.
+    """``ragpipe.index.promoted`` or ``ragpipe.index.held`` for the gate's decision (none
+    for a version that stays off because a person discarded it or rolled back from it).
 
     ``config_path`` (the file the run read; "" for the default) goes in the payload, so
     that a triggered deployment (prefect.yaml) reads the same configuration."""
@@ -68,7 +69,10 @@ def emit_index_decision(
         "reports_url": config.eval.reports_url
         or (f"{config.serve.public_url.rstrip('/')}/reports/" if config.serve.public_url else None),
     }
-    _emit(PROMOTED_EVENT if decision.outcome == PROMOTED else HELD_EVENT, config, payload)
+    if decision.outcome == PROMOTED:
+        _emit(PROMOTED_EVENT, config, payload)
+    elif decision.outcome in (HELD, STILL_HELD):  # not a version a person discarded
+        _emit(HELD_EVENT, config, payload)
 
 
 def emit_eval_gate_failed(config: RagpipeConfig, failures: list[str], report: str) -> None:

@@ -298,7 +298,8 @@ def test_a_gated_nightly_triggers_the_eval_and_a_bad_one_is_held(
         cwd=REPO, env=stack.env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert notify.returncode == 0, notify.stdout + notify.stderr
-    assert "ragpipe: index version held -> custom-webhook/ragpipe-test" in notify.stdout
+    assert "ragpipe: index version held (ragpipe.index." in notify.stdout
+    assert ") -> custom-webhook/ragpipe-test" in notify.stdout
     deployments = {d["name"]: d for d in stack.post("/deployments/filter", {})}
     form = deployments["eval-retrieval"]
     assert form["parameters"]["config_path"] == str(config_file)

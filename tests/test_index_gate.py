@@ -247,6 +247,14 @@ def test_the_flow_emits_promoted_and_held_events(prefect_harness: None, tmp_path
     assert held["outcome"] == "held" and held["live_before"] == first.gate["generation"]
     assert held["golden"][0]["delta"] == -0.5 and "fell by 0.5000" in held["reasons"][0]
     assert by_name["ragpipe.index.promoted"]["payload"]["version"] == first.gate["generation"]
+    # Discarded by hand: the next nights say so and succeed, and tell no one it is held.
+    gatekeep.discard_by_hand(cfg, held["version"][:12])
+    assert ingest_flow(config=cfg, allow_mass_delete=True).gate["outcome"] == "discarded"
+    with pytest.raises(IndexHeld):  # a new change, held again: the one more event
+        (corpus / "wings.txt").write_text(topic_doc("wings", version=2), encoding="utf-8")
+        ingest_flow(config=cfg, allow_mass_delete=True)
+    names = [e["event"] for e in _ragpipe_events(index_resource(cfg)["prefect.resource.id"], 3)]
+    assert sorted(names) == ["ragpipe.index.held", "ragpipe.index.held", "ragpipe.index.promoted"]
 
 
 def test_a_gated_qdrant_index_refuses_a_collection_where_its_alias_goes(tmp_path: Path) -> None:
@@ -313,7 +321,8 @@ def test_held_versions_are_pruned_to_the_newest_three(tmp_path: Path, backend: s
         names = sorted(c.name for c in client.get_collections().collections)
         client.close()
         assert names == sorted(
-            [f"ragpipe-ragpipe-{v.generation}" for v in versions] + ["ragpipe-ragpipe-work"]
+            [f"ragpipe-ragpipe-{v.generation}" for v in versions]
+            + ["ragpipe-ragpipe-versions", "ragpipe-ragpipe-work"]
         )
 
 
@@ -350,3 +359,36 @@ def test_golden_items_for_a_new_document_are_not_a_mismatch(tmp_path: Path) -> N
     (verdict,) = added.gate["verdict"]["golden"]
     assert verdict["new_items"] == ["cooking"] and verdict["items"] == 5  # compared: 5
     assert verdict["staged"] == 1.0 and verdict["delta"] == 0.0  # the new item scores 1 too
+
+
+def test_a_qdrant_index_keeps_other_collections_and_a_promotion_killed_before_its_switch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qdrant_client import QdrantClient
+
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    cfg = _config(corpus, tmp_path, "qdrant")
+    first = run_ingest(cfg).gate["generation"]
+    client = QdrantClient(path=str(cfg.store.path))
+    for name in ("ragpipe-ragpipe-archive", "ragpipe-ragpipe-x-ragpipe-work"):  # not ours
+        client.create_collection(name, vectors_config={})
+    client.close()
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("killed before the switch")
+
+    (corpus / "wings.txt").write_text(topic_doc("wings", version=2), encoding="utf-8")
+    monkeypatch.setattr(QdrantClient, "update_collection_aliases", killed)
+    with pytest.raises(RuntimeError, match="killed before the switch"):
+        run_ingest(cfg)
+    monkeypatch.undo()
+    assert index_versions.current(cfg.store) == first  # readers never saw the half promotion
+    staged = [v.generation for v in index_versions.list_versions(cfg.store) if not v.live]
+    assert len(staged) == 1  # recorded as promoted, its collection kept
+    again = run_ingest(cfg)  # the same working version: promoted now
+    assert again.gate["outcome"] == "promoted" and again.gate["generation"] == staged[0]
+    assert _aliases(cfg) == {"ragpipe": f"ragpipe-ragpipe-{staged[0]}"}
+    client = QdrantClient(path=str(cfg.store.path))
+    names = {c.name for c in client.get_collections().collections}
+    client.close()
+    assert {"ragpipe-ragpipe-archive", "ragpipe-ragpipe-x-ragpipe-work"} <= names

@@ -520,6 +520,49 @@ def test_serve_reads_a_qdrant_client_index(
         assert got.json()["hits"][0]["file_path"].endswith("backups.md")
 
 
+def test_serve_on_a_gated_qdrant_index_pins_each_request_and_follows_the_alias(
+    tmp_path: Path, onnx_embedder: Any
+) -> None:
+    from ragpipe.store import server_versions
+
+    golden = tmp_path / "golden.yaml"
+    item = "  - id: restore\n    query: How do I restore the database?\n"
+    golden.write_text(f"name: g\nitems:\n{item}    relevance: {{ops/backups.md: 1}}\n",
+                      encoding="utf-8")  # fmt: skip
+    for name, text in QUERY_CORPUS.items():
+        (tmp_path / "corpus" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "corpus" / name).write_text(text, encoding="utf-8")
+    base = _config(tmp_path)
+    cfg = base.model_validate({
+        **base.model_dump(mode="json"),
+        "store": {"backend": "qdrant", "path": str(tmp_path / "qdrant")},
+        "index": {"gate": {"golden": [str(golden)], "max_drop": 0.5}},
+        "eval": {"granularity": "file", "resamples": 200},
+    })  # fmt: skip
+    assert run_ingest(cfg).gate["outcome"] == "promoted"
+    index = LiveIndex(cfg, onnx_embedder)
+    try:
+        with index.reader() as (retriever, version):  # a request that started before
+            assert version == server_versions.current(cfg.store)
+            (tmp_path / "corpus" / "garden").mkdir()
+            (tmp_path / "corpus" / "garden" / "roses.md").write_text(
+                "# Roses\n\nPrune roses in late winter, just above an outward-facing bud.\n",
+                encoding="utf-8",
+            )
+            promoted = run_ingest(cfg).gate
+            assert promoted["outcome"] == "promoted"
+            assert index.refresh() and index.version == promoted["generation"] != version
+            hits = retriever.search("prune roses", top_k=3).hits  # still its own version
+            assert hits and not any("roses" in h.file_path for h in hits)
+        with index.reader() as (retriever, version):
+            assert version == promoted["generation"]
+            assert retriever.index_version["generation"] == version
+            assert retriever.search("prune roses", top_k=1).hits[0].file_path.endswith("roses.md")
+        assert not index.refresh()  # nothing new
+    finally:
+        index.close()
+
+
 def test_a_published_copy_is_removed_when_the_server_stops(
     tmp_path: Path, onnx_embedder: Any
 ) -> None:

@@ -120,11 +120,18 @@ class LiveIndex:
         return _Held(retriever, self._probe(retriever))
 
     def _probe(self, retriever: Retriever | None = None) -> str:
-        """The version token of what is published (Edge) or stored (qdrant) now."""
+        """The version token of what is published (Edge), live behind the alias (a Qdrant
+        server with index.gate) or stored (qdrant) now."""
         if self._edge:
             if retriever is not None:
                 return str(retriever.index_version.get("generation"))
             return published.current(self.config.store.path) or self._current.version
+        if self.config.index.gate is not None:  # a Qdrant server's versions: the alias's
+            if retriever is not None:
+                return str(retriever.index_version.get("generation"))
+            from ragpipe.store import server_versions
+
+            return server_versions.current(self.config.store) or self._current.version
         if retriever is not None:
             return f"points:{retriever.store.count()}"
         with self._current.search:  # the client is not shared between threads mid-request
@@ -178,13 +185,16 @@ class LiveIndex:
         if token == self._current.version:
             return False
         started = time.perf_counter()
-        if self._edge:
+        # Each Edge version is its own copy, each of a Qdrant server's versions its own
+        # collection: opened anew, the old one closed after its last request.
+        reopen = self._edge or self.config.index.gate is not None
+        if reopen:
             held = self._open(self._current.retriever.rerankers)
         else:  # the same client reads the new state: only the token moves
             held = _Held(self._current.retriever, token, search=self._current.search)
         with self._lock:
             old, self._current = self._current, held
-            old.retired = self._edge
+            old.retired = reopen
             close = old.retired and old.users == 0
         if close:
             old.retriever.close()

@@ -125,17 +125,22 @@ def open_reader(
 
 
 def _server_reader(config: StoreConfig, embedder: str, version: str | None) -> VectorStore | None:
+    """A Qdrant reader. With versions (``index.gate``) it is pinned to one version's
+    collection, ``version``'s or the one the alias names now, so that every call of a
+    search reads the same version even if a promotion switches the alias meanwhile."""
     from ragpipe.store import server_versions
 
-    if version is not None:
-        if server_versions.generation(config) is None:
-            raise ConfigError(
-                "this Qdrant index keeps no versions (they are kept with index.gate): drop "
-                "--version"
-            )
-        generation = server_versions.resolve(config, version)
+    if version is not None and server_versions.generation(config) is None:
+        raise ConfigError(
+            "this Qdrant index keeps no versions (they are kept with index.gate): drop --version"
+        )
+    generation = (
+        server_versions.resolve(config, version) if version else server_versions.current(config)
+    )
+    if generation is not None:
         name = server_versions.version_collection(config, generation)
         store = QdrantStore(config, StoreMeta(embedder, None), name)
+        store.version = server_versions.version(config, generation)
         store.location += f" (version {generation[:12]})"
         return store
     store = QdrantStore(config, StoreMeta(embedder, None))

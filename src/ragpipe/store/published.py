@@ -335,12 +335,19 @@ def kept(
     entries: list[VersionEntry], recorded: dict[str, dict[str, Any]], live: str | None
 ) -> set[str | None]:
     """The versions retention keeps: the live one, the one it replaced when promoted with
-    ``keep_previous``, and the newest ``KEEP_HELD`` held or staged ones newer than the live
-    one (older ones are its ancestors: superseded)."""
+    ``keep_previous``, one whose promotion was killed before its switch, and the newest
+    ``KEEP_HELD`` held or staged ones newer than the live one (older ones are its
+    ancestors: superseded)."""
     keep = {live}
     promoted = recorded.get(live or "", {})
     if promoted.get("keep_previous") and promoted.get("previous"):
         keep.add(promoted["previous"])  # to roll back to
+    # A promotion killed before its switch (recorded after the live one's): the next run
+    # promotes it again (``gatekeep.decide``), so it stays.
+    live_at = promoted.get("at", "")
+    keep.update(
+        g for g, r in recorded.items() if r.get("status") == PROMOTED and r.get("at", "") > live_at
+    )
     since = next((e.published_at for e in entries if e.live), "")
     waiting = [
         e.generation for e in entries

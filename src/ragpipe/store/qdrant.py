@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -163,16 +164,20 @@ def payload_index_params(models: Any, on_disk: bool) -> list[tuple[str, Any]]:
 _LOCAL_CLIENTS: dict[str, list[Any]] = {}  # path -> [client, stores holding it]
 
 
+_LOCAL_LOCK = threading.Lock()
+
+
 class _SharedLocal:
     """One store's handle on a shared local-mode client; ``close`` lets go of it."""
 
     def __init__(self, path: str) -> None:
         from qdrant_client import QdrantClient
 
-        held = _LOCAL_CLIENTS.get(path)
-        if held is None:
-            held = _LOCAL_CLIENTS[path] = [QdrantClient(path=path), 0]
-        held[1] += 1
+        with _LOCAL_LOCK:
+            held = _LOCAL_CLIENTS.get(path)
+            if held is None:
+                held = _LOCAL_CLIENTS[path] = [QdrantClient(path=path), 0]
+            held[1] += 1
         self._path: str | None = path
         self._client = held[0]
 
@@ -180,14 +185,15 @@ class _SharedLocal:
         return getattr(self._client, name)
 
     def close(self) -> None:
-        if self._path is None:
-            return
-        held = _LOCAL_CLIENTS[self._path]
-        held[1] -= 1
-        if held[1] == 0:
-            del _LOCAL_CLIENTS[self._path]
-            held[0].close()
-        self._path = None
+        with _LOCAL_LOCK:
+            if self._path is None:
+                return
+            held = _LOCAL_CLIENTS[self._path]
+            held[1] -= 1
+            if held[1] == 0:
+                del _LOCAL_CLIENTS[self._path]
+                held[0].close()
+            self._path = None
 
 
 def connect(config: StoreConfig) -> tuple[QdrantClient, bool]:
@@ -236,6 +242,7 @@ class QdrantStore(_Scrolling):
         self.page = config.scroll_page
         self._sparse = SparseEncoder()
         self._touched = False
+        self.version: Any = None  # the IndexVersion a versioned reader reads (server_versions)
         self.location = (
             f"qdrant:{config.url}/{self.collection}"
             if config.url

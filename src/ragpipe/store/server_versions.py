@@ -8,7 +8,9 @@ the gate evaluates it against the live one, and **promoting** it is one atomic
 alias switch: readers query the alias ``<collection>``, so every search after
 the switch sees the new version and none sees half of it. Held versions stay,
 inspectable and promotable by hand; the statuses (and the gate's verdicts) are
-kept in the working collection's metadata, as ``versions.json`` is for Edge.
+kept in the metadata of ``<collection>-ragpipe-versions`` (a collection without
+points), as ``versions.json`` is for Edge: rebuilding the working collection
+loses none of them.
 
 Kept: the live version, the one it replaced (to roll back to, and the grace
 period for searches that resolved the alias just before a switch: it is dropped
@@ -20,6 +22,7 @@ picks one by backend.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,7 +51,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-STATUS_KEY = "ragpipe_versions"  # in the working collection's metadata
+STATUS_KEY = "ragpipe_versions"  # in the status collection's metadata
 VERSION_KEY = "ragpipe_version"  # in a version collection's metadata, once its copy is whole
 PREFIX = "-ragpipe-"
 
@@ -59,6 +62,17 @@ def working_collection(config: StoreConfig) -> str:
 
 def version_collection(config: StoreConfig, generation: str) -> str:
     return f"{config.collection}{PREFIX}{generation}"
+
+
+def status_collection(config: StoreConfig) -> str:
+    return f"{config.collection}{PREFIX}versions"
+
+
+def _generation_of(config: StoreConfig, collection: str) -> str | None:
+    """The generation a version collection's name carries (None: not one of ours; the
+    generation tokens are 32 hex digits, so another index's collections never match)."""
+    found = re.fullmatch(re.escape(config.collection + PREFIX) + "([0-9a-f]{32})", collection)
+    return found.group(1) if found else None
 
 
 @contextmanager
@@ -117,8 +131,18 @@ def statuses(config: StoreConfig) -> dict[str, dict[str, Any]]:
 
 
 def _statuses(client: QdrantClient, config: StoreConfig) -> dict[str, dict[str, Any]]:
-    recorded = (_metadata(client, working_collection(config)) or {}).get(STATUS_KEY)
+    recorded = (_metadata(client, status_collection(config)) or {}).get(STATUS_KEY)
     return dict(recorded) if isinstance(recorded, dict) else {}
+
+
+def _write_statuses(
+    client: QdrantClient, config: StoreConfig, entries: dict[str, dict[str, Any]]
+) -> None:
+    name = status_collection(config)
+    if not client.collection_exists(name):
+        client.create_collection(name, vectors_config={}, metadata={STATUS_KEY: entries})
+    else:
+        client.update_collection(name, metadata={STATUS_KEY: entries})
 
 
 def _set_status(
@@ -126,7 +150,13 @@ def _set_status(
 ) -> None:
     entries = _statuses(client, config)
     entries[generation] = {"status": status, "at": datetime.now(UTC).isoformat(), **extra}
-    client.update_collection(working_collection(config), metadata={STATUS_KEY: entries})
+    _write_statuses(client, config, entries)
+
+
+def version(config: StoreConfig, generation: str) -> IndexVersion | None:
+    """What ``generation``'s collection holds (None: no whole copy of it)."""
+    with _client(config) as client:
+        return _version(client, config, generation)
 
 
 def _version(client: QdrantClient, config: StoreConfig, generation: str) -> IndexVersion | None:
@@ -250,7 +280,12 @@ def promote(
         switch.append(qm.CreateAliasOperation(create_alias=qm.CreateAlias(
             collection_name=version_collection(config, generation),
             alias_name=config.collection)))  # fmt: skip
-        client.update_collection_aliases(change_aliases_operations=switch)
+        try:
+            client.update_collection_aliases(change_aliases_operations=switch)
+        except Exception:
+            # A switch applied by the server whose answer was lost, then retried: done.
+            if _current(client, config) != generation:
+                raise
         removed = _remove_unused(client, config)
     if removed:
         logger.info("dropped %d superseded index version collection(s)", removed)
@@ -267,8 +302,10 @@ def discard(config: StoreConfig, generation: str) -> None:
             raise StageError(f"index version {generation[:12]} is live: promote another one first")
         if _version(client, config, generation) is None:
             raise StageError(f"no index version {generation} on the Qdrant server")
-        client.delete_collection(version_collection(config, generation))
+        # The tombstone first: a kill before the drop leaves a discarded version that the
+        # next pruning drops; the other order could stage the same version again.
         _set_status(client, config, generation, DISCARDED, {})
+        client.delete_collection(version_collection(config, generation))
 
 
 def list_versions(config: StoreConfig) -> list[VersionEntry]:
@@ -278,15 +315,14 @@ def list_versions(config: StoreConfig) -> list[VersionEntry]:
 
 
 def _list(client: QdrantClient, config: StoreConfig) -> list[VersionEntry]:
-    prefix = config.collection + PREFIX
     live = _current(client, config)
     recorded = _statuses(client, config)
     entries = []
     for collection in client.get_collections().collections:
-        name = collection.name
-        if not name.startswith(prefix) or name == working_collection(config):
+        generation = _generation_of(config, collection.name)
+        if generation is None:
             continue
-        version = _version(client, config, name[len(prefix) :])
+        version = _version(client, config, generation)
         if version is None:
             continue
         entries.append(entry(version, recorded, live))
@@ -304,25 +340,21 @@ def resolve(config: StoreConfig, prefix: str) -> str:
 
 def _remove_unused(client: QdrantClient, config: StoreConfig) -> int:
     """Drop version collections no longer kept (see the module doc), and half copies."""
-    prefix = config.collection + PREFIX
     recorded = _statuses(client, config)
     entries = _list(client, config)
     keep = kept(entries, recorded, _current(client, config))
     whole = {e.generation for e in entries}
     removed = 0
     for collection in client.get_collections().collections:
-        name = collection.name
-        if not name.startswith(prefix) or name == working_collection(config):
+        generation = _generation_of(config, collection.name)
+        if generation is None or (generation in keep and generation in whole):
             continue
-        generation = name[len(prefix) :]
-        if generation in keep and generation in whole:
-            continue
-        client.delete_collection(name)  # superseded, or a copy killed half-way
+        client.delete_collection(collection.name)  # superseded, or a copy killed half-way
         removed += generation in whole
     left = {e.generation for e in _list(client, config)}
     gone = [g for g, r in recorded.items() if g not in left and r.get("status") != DISCARDED]
     if gone:
         for generation in gone:
             recorded.pop(generation)
-        client.update_collection(working_collection(config), metadata={STATUS_KEY: recorded})
+        _write_statuses(client, config, recorded)
     return removed
