@@ -234,9 +234,13 @@ def test_the_grammar_makes_the_real_model_end_with_a_given_source(
     assert free.flags == [UNCITED] and free.cited == [] and free.tokens_out < 64
     pieces: list[str] = []
     bound = answer(question, hits, smollm, on_token=pieces.append)
-    assert bound.text.startswith(free.text)  # the same reply, not allowed to end there
-    assert bound.flags[0] in (DEGENERATE, TRUNCATED), bound.flags
-    assert "".join(pieces).strip().startswith(free.text)  # streamed under the grammar too
+    if bound.withdrawn is not None:  # it went on, then took its answer back (seen once in
+        # ~5 full runs): shown as not found, never as an uncited answer
+        assert bound.text == NOT_FOUND and WITHDRAWN in bound.flags, bound.flags
+    else:
+        assert bound.text.startswith(free.text)  # the same reply, not allowed to end there
+        assert bound.flags[0] in (DEGENERATE, TRUNCATED), bound.flags
+        assert "".join(pieces).strip().startswith(free.text)  # streamed under the grammar too
 
 
 @pytest.mark.slow
