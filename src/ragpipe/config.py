@@ -378,6 +378,14 @@ class EmbedProvider(StrEnum):
     OPENAI = "openai"
 
 
+class QueryRuntime(StrEnum):
+    """How the query side runs the local (sentence-transformers) embedder."""
+
+    AUTO = "auto"
+    ONNX = "onnx"
+    TORCH = "torch"
+
+
 class EmbedConfig(_Section):
     """Turning chunks into dense vectors."""
 
@@ -387,6 +395,15 @@ class EmbedConfig(_Section):
         "package (offline, 384-d). onnx: paraphrase-MiniLM-L3-v2 through onnxruntime (about 2x "
         "faster, weaker; meant for tests). ollama: an Ollama server's /api/embed. openai: an "
         "OpenAI-compatible server's /embeddings at base_url.",
+    )
+    query_runtime: QueryRuntime = Field(
+        default=QueryRuntime.AUTO,
+        description="provider local only: how search, ask, serve and the evals embed a query. "
+        "auto: the same model exported to ONNX and run with onnxruntime (no torch in the "
+        "process), once verified against the torch model (cosine >= 0.9999 on probe queries; "
+        "exported at setup or on first use into the model cache), else torch. onnx: the same, "
+        "but an export that cannot be made or verified is an error. torch: "
+        "sentence-transformers, as the ingest.",
     )
     model: str | None = Field(
         default=None,

@@ -171,7 +171,7 @@ def evaluate_gate(config: RagpipeConfig, staged: str, live: str | None) -> GateV
     if gate is None:
         raise ValueError("evaluate_gate needs index.gate")
     started = time.perf_counter()
-    embedder = make_embedder(config.embed)
+    embedder = make_embedder(config.embed, query_side=True)
     name = embedder_name(config.embed)
     readers: list[Retriever] = []
     try:

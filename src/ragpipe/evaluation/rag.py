@@ -381,7 +381,7 @@ def run_rag_eval(
     items: Sequence[GoldenItem] = golden.items[:limit] if limit else golden.items
     if sample:
         items = stratified_sample(items, sample, config.eval.seed)
-    embedder = embedder or make_embedder(config.embed)
+    embedder = embedder or make_embedder(config.embed, query_side=True)
     own = retriever is None
     retriever = retriever or Retriever(config, embedder=embedder, llm=generator)
     generator = generator or retriever.llm

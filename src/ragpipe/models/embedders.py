@@ -488,10 +488,20 @@ def _in_process(provider: str, model: str | None, batch_size: int) -> Embedder:
     return OnnxEmbedder(model, batch_size)
 
 
-def make_embedder(config: EmbedConfig) -> Embedder:
-    """The configured embedder (in-process models are loaded once per process)."""
+def make_embedder(config: EmbedConfig, query_side: bool = False) -> Embedder:
+    """The configured embedder (in-process models are loaded once per process).
+
+    ``query_side`` (search, ask, serve, evals): the local model runs as its verified ONNX
+    export when ``embed.query_runtime`` allows (``ragpipe.models.onnx_query``)."""
     embedder: Embedder
-    if config.provider in (EmbedProvider.LOCAL, EmbedProvider.ONNX):
+    onnx = None
+    if query_side and config.provider == EmbedProvider.LOCAL:
+        from ragpipe.models.onnx_query import onnx_for_queries
+
+        onnx = onnx_for_queries(config)
+    if onnx is not None:
+        embedder = onnx
+    elif config.provider in (EmbedProvider.LOCAL, EmbedProvider.ONNX):
         embedder = _in_process(str(config.provider.value), config.model, config.batch_size)
     elif config.provider == EmbedProvider.OPENAI:
         assert config.model is not None  # EmbedConfig requires it for openai

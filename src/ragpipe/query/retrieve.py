@@ -138,7 +138,7 @@ class Retriever:
         rerankers: dict[str, Reranker] | None = None,
     ) -> None:
         self.config = config
-        self.embedder = embedder or make_embedder(config.embed)
+        self.embedder = embedder or make_embedder(config.embed, query_side=True)
         if store is None:
             store = open_reader(config.store, embedder_name(config.embed))
             if store is None:

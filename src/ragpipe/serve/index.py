@@ -88,7 +88,7 @@ class LiveIndex:
         on_switch: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
-        self.embedder = embedder or make_embedder(config.embed)
+        self.embedder = embedder or make_embedder(config.embed, query_side=True)
         self.llm = SerialLLM(config.llm, llm)
         self._on_switch = on_switch
         self._edge = config.store.backend == StoreBackend.EDGE

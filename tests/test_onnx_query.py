@@ -1,0 +1,103 @@
+"""Queries without torch: the local embedder's verified ONNX export (issue 34)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ragpipe.config import RagpipeConfig
+from ragpipe.errors import ConfigError
+from ragpipe.models import onnx_query
+from ragpipe.models.embedders import LocalEmbedder, _packaged_minilm, make_embedder
+from tests.support.paths import QUERY_CORPUS, REPO, SHARED
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+DEBFAQ = SHARED / "debfaq" / "queries.jsonl"
+HEAVY = ("torch", "transformers", "sentence_transformers", "docling", "prefect")
+
+
+def _dev_queries() -> list[str]:
+    import yaml
+
+    golden = yaml.safe_load((REPO / "eval" / "golden" / "r-faq-dev.yaml").read_text("utf-8"))
+    queries = [str(item["query"]) for item in golden["items"]]
+    lines = DEBFAQ.read_text(encoding="utf-8").splitlines()
+    return queries + [json.loads(line)["text"] for line in lines if line.strip()]
+
+
+def test_the_onnx_query_embedder_is_the_torch_model_on_both_dev_sets(local_embedder: Any) -> None:
+    queries = _dev_queries()
+    assert len(queries) == 75 + 116
+    onnx = make_embedder(RagpipeConfig().embed, query_side=True)
+    assert isinstance(onnx, onnx_query.OnnxQueryEmbedder)
+    assert onnx.name == local_embedder.name and onnx.dim == local_embedder.dim == 384
+    cosines = np.sum(onnx.embed_documents(queries) * local_embedder.embed_documents(queries), 1)
+    assert float(cosines.min()) >= onnx_query.MIN_COSINE
+    long = " ".join(["apt pinning and release codenames"] * 80)  # past the 256-token window
+    assert float(onnx.embed_query(long) @ local_embedder.embed_query(long)) >= 0.9999
+    torch_config = RagpipeConfig(embed={"query_runtime": "torch"})  # type: ignore[arg-type]
+    torch_side = make_embedder(torch_config.embed, query_side=True)  # still selectable
+    assert isinstance(torch_side, LocalEmbedder)
+
+
+def test_a_refused_export_keeps_the_torch_path_or_stops_when_onnx_is_required(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("RAGPIPE_MODEL_CACHE", str(tmp_path))
+    target = onnx_query.graph_dir(_packaged_minilm())
+    target.mkdir(parents=True)
+    verdict = {"passed": False, "min_cosine": 0.97, "queries": 85}
+    (target / onnx_query.VERDICT).write_text(json.dumps(verdict), encoding="utf-8")
+    auto = RagpipeConfig().embed
+    assert onnx_query.onnx_for_queries(auto) is None
+    assert "queries use torch: its ONNX export was refused (min cosine 0.97)" in caplog.text
+    strict = RagpipeConfig(embed={"query_runtime": "onnx"}).embed  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"query_runtime onnx: its ONNX export was refused"):
+        onnx_query.onnx_for_queries(strict)
+
+
+_PROBE = """
+import atexit, sys
+atexit.register(lambda: sys.stderr.write(
+    "HEAVY=" + ",".join(m for m in {heavy!r} if m in sys.modules) + "\\n"))
+from flows.cli import app
+sys.argv = ["ragpipe", *sys.argv[1:]]
+app()
+"""
+
+
+def _heavy_modules(args: list[str]) -> tuple[list[str], str]:
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(heavy=HEAVY), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = [x for x in done.stderr.splitlines() if x.startswith("HEAVY=")][-1]
+    return [m for m in line[len("HEAVY=") :].split(",") if m], done.stdout
+
+
+def test_search_loads_no_torch_transformers_docling_or_prefect(tmp_path: Path) -> None:
+    from ragpipe.ingest.pipeline import run_ingest
+
+    for name, text in QUERY_CORPUS.items():
+        (tmp_path / "corpus" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "corpus" / name).write_text(text, encoding="utf-8")
+    config = {"discover": {"roots": [str(tmp_path / "corpus")]},
+              "store": {"path": str(tmp_path / "store")},
+              "paths": {"work_dir": str(tmp_path / "work")}}  # fmt: skip
+    run_ingest(RagpipeConfig.model_validate(config))  # the default local embedder
+    config_file = tmp_path / "ragpipe.yaml"
+    config_file.write_text(json.dumps(config), encoding="utf-8")
+    heavy, out = _heavy_modules(["search", "How do I restore the database?", "--format",
+                                 "json", "--config", str(config_file)])  # fmt: skip
+    assert heavy == []
+    assert json.loads(out)["hits"][0]["file_path"].endswith("backups.md")
