@@ -34,6 +34,7 @@ bench: setup
 	.venv/bin/python bench/modes.py
 	.venv/bin/python bench/eval.py
 	.venv/bin/python bench/fetch.py
+	.venv/bin/python bench/cold_start.py
 	.venv/bin/python bench/retrieval_quality.py
 	.venv/bin/python bench/cache_threshold.py
 	.venv/bin/python bench/serve.py

