@@ -48,6 +48,35 @@ def test_the_onnx_query_embedder_is_the_torch_model_on_both_dev_sets(local_embed
     assert isinstance(torch_side, LocalEmbedder)
 
 
+def test_prefixes_and_truncation_apply_on_top_of_the_onnx_embedder(local_embedder: Any) -> None:
+    settings = {"dimensions": 128, "query_prefix": "query: "}
+    onnx = make_embedder(RagpipeConfig(embed=settings).embed, query_side=True)  # type: ignore[arg-type]
+    torch = make_embedder(RagpipeConfig(embed={**settings, "query_runtime": "torch"}).embed,  # type: ignore[arg-type]
+                          query_side=True)  # fmt: skip
+    assert onnx.name == torch.name == "all-MiniLM-L6-v2@128" and onnx.dim == 128
+    question = "How do I restore the database?"
+    assert float(onnx.embed_query(question) @ torch.embed_query(question)) >= 0.9999
+
+
+def test_a_model_the_onnx_path_would_not_reproduce_is_refused_and_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("RAGPIPE_MODEL_CACHE", str(tmp_path / "cache"))
+    source, model = _packaged_minilm(), tmp_path / "with-dense"
+    for name in ("config.json", "sentence_bert_config.json", "1_Pooling/config.json"):
+        (model / name).parent.mkdir(parents=True, exist_ok=True)
+        (model / name).write_bytes((source / name).read_bytes())
+    modules = json.loads((source / "modules.json").read_text(encoding="utf-8"))
+    modules.insert(2, {"idx": 2, "name": "2", "path": "2_Dense",
+                       "type": "sentence_transformers.models.Dense"})  # fmt: skip
+    (model / "modules.json").write_text(json.dumps(modules), encoding="utf-8")
+    config = RagpipeConfig(embed={"model": str(model)}).embed  # type: ignore[arg-type]
+    assert onnx_query.onnx_for_queries(config) is None  # refused before any export
+    assert "the ONNX query path runs Transformer, mean Pooling and Normalize only" in caplog.text
+    graph, verdict = onnx_query.verified_graph(model)
+    assert graph is None and verdict is not None and "Dense" in verdict["error"]
+
+
 def test_a_refused_export_keeps_the_torch_path_or_stops_when_onnx_is_required(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -95,6 +124,7 @@ def test_search_loads_no_torch_transformers_docling_or_prefect(tmp_path: Path) -
               "store": {"path": str(tmp_path / "store")},
               "paths": {"work_dir": str(tmp_path / "work")}}  # fmt: skip
     run_ingest(RagpipeConfig.model_validate(config))  # the default local embedder
+    assert onnx_query.onnx_for_queries(RagpipeConfig().embed) is not None  # exported
     config_file = tmp_path / "ragpipe.yaml"
     config_file.write_text(json.dumps(config), encoding="utf-8")
     heavy, out = _heavy_modules(["search", "How do I restore the database?", "--format",
