@@ -189,7 +189,46 @@ def packaged_onnx_model() -> Path:
     raise ConfigError(f"{ONNX_DISTRIBUTION} is installed but holds no .onnx file")
 
 
-class OnnxEmbedder:
+def mean_pooled(tokens: npt.NDArray[Any], mask: npt.NDArray[np.int64]) -> Matrix:
+    """Token vectors (batch, tokens, dim) averaged over the attention mask, normalised."""
+    weights = mask[:, :, None].astype(np.float32)
+    pooled = (tokens * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+    return normalise(pooled)
+
+
+class OnnxRuntimeEmbedder:
+    """What the onnxruntime embedders share: name, size, window, and batches sorted by
+    length through the subclass's ``_encode``."""
+
+    _name: str
+    _dim: int
+    _max_tokens: int
+    batch_size: int
+    progress: Callable[[int], None] | None
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def max_tokens(self) -> int:
+        return self._max_tokens
+
+    def _encode(self, batch: list[str]) -> Matrix:
+        raise NotImplementedError
+
+    def embed_documents(self, texts: Sequence[str]) -> Matrix:
+        return _embed_sorted(texts, self.batch_size, self._encode, self._dim, self.progress)
+
+    def embed_query(self, text: str) -> Matrix:
+        return _row(self._encode([text]))
+
+
+class OnnxEmbedder(OnnxRuntimeEmbedder):
     """A sentence-transformers ONNX export run with onnxruntime, mean-pooled.
 
     Default: paraphrase-MiniLM-L3-v2 (packaged), which shares all-MiniLM's
@@ -227,32 +266,12 @@ class OnnxEmbedder:
         self.batch_size = batch_size
         self.progress: Callable[[int], None] | None = None
 
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def dim(self) -> int:
-        return self._dim
-
-    @property
-    def max_tokens(self) -> int:
-        return self._max_tokens
-
     def _encode(self, batch: list[str]) -> Matrix:
         encodings = self._tokenizer.encode_batch(batch)
         ids = np.array([e.ids for e in encodings], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
         (tokens,) = self._session.run([self._output], {"input_ids": ids, "attention_mask": mask})
-        weights = mask[:, :, None].astype(np.float32)
-        pooled = (tokens * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
-        return normalise(pooled)
-
-    def embed_documents(self, texts: Sequence[str]) -> Matrix:
-        return _embed_sorted(texts, self.batch_size, self._encode, self._dim, self.progress)
-
-    def embed_query(self, text: str) -> Matrix:
-        return _row(self._encode([text]))
+        return mean_pooled(tokens, mask)
 
 
 class _Served:

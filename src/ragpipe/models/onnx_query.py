@@ -32,7 +32,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -46,9 +46,9 @@ from ragpipe.errors import ConfigError
 from ragpipe.models.embedders import (
     Embedder,
     Matrix,
-    _embed_sorted,
+    OnnxRuntimeEmbedder,
     _packaged_minilm,
-    _row,
+    mean_pooled,
     normalise,
 )
 
@@ -265,7 +265,7 @@ def verified_graph(model_dir: Path) -> tuple[Path | None, dict[str, Any] | None]
     return graph, verdict
 
 
-class OnnxQueryEmbedder:
+class OnnxQueryEmbedder(OnnxRuntimeEmbedder):
     """A sentence-transformers model's exported graph run with onnxruntime: its own
     tokenizer, window and lowercasing, mean pooling, normalised vectors. Same name as the
     torch embedder (the store checks it): the vectors are the same model's."""
@@ -293,18 +293,6 @@ class OnnxQueryEmbedder:
         self.batch_size = batch_size
         self.progress: Callable[[int], None] | None = None
 
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def dim(self) -> int:
-        return self._dim
-
-    @property
-    def max_tokens(self) -> int:
-        return self._max_tokens
-
     def _encode(self, batch: list[str]) -> Matrix:
         texts = [t.lower() for t in batch] if self._lowercase else batch
         encodings = self._tokenizer.encode_batch(texts)
@@ -315,15 +303,7 @@ class OnnxQueryEmbedder:
             "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
         }
         (tokens,) = self._session.run(None, {k: v for k, v in feed.items() if k in self._inputs})
-        weights = mask[:, :, None].astype(np.float32)
-        pooled = (tokens * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
-        return normalise(pooled)
-
-    def embed_documents(self, texts: Sequence[str]) -> Matrix:
-        return _embed_sorted(texts, self.batch_size, self._encode, self._dim, self.progress)
-
-    def embed_query(self, text: str) -> Matrix:
-        return _row(self._encode([text]))
+        return mean_pooled(tokens, mask)
 
 
 def onnx_for_queries(config: EmbedConfig) -> Embedder | None:
