@@ -223,24 +223,28 @@ def test_the_citation_grammar_is_what_llama_cpp_is_given() -> None:
 def test_the_grammar_makes_the_real_model_end_with_a_given_source(
     indexed_edge: RagpipeConfig, smollm: LlamaCppLLM
 ) -> None:
-    """SmolLM2 answers the bread question without a citation and stops (measured, temperature
-    0). Under the grammar llama.cpp does not let it stop there: it can only go on, and being
-    SmolLM2 it goes on until it loops and is stopped. An answer that finished on its own
-    under the grammar ends citing a given source (the default model's test below)."""
+    """SmolLM2 cites nothing on its own (measured). Under the grammar llama.cpp does not let
+    it finish uncited: it can only cite a given source, say exactly "not found" (or take its
+    answer back, shown as not found), or go on until it loops or runs out of tokens and is
+    stopped (flagged). Which of these SmolLM2 does varies from run to run (its replies at
+    temperature 0 are not the same in every test order: an uncited stop, a truncation, a
+    withdrawal were all seen), so the test holds the grammar to the guarantee, not to one
+    reply. An answer that finished on its own under the grammar ends citing a given source
+    (the default model's test below)."""
     question = "How long should bread bake in the oven?"
     with Retriever(indexed_edge) as r:
         hits = r.search(question, top_k=3).hits
     free = answer(question, hits, smollm, cite_grammar=False)
-    assert free.flags == [UNCITED] and free.cited == [] and free.tokens_out < 64
+    assert free.cited == []  # on its own, no citation
     pieces: list[str] = []
     bound = answer(question, hits, smollm, on_token=pieces.append)
-    if bound.withdrawn is not None:  # it went on, then took its answer back (seen once in
-        # ~5 full runs): shown as not found, never as an uncited answer
-        assert bound.text == NOT_FOUND and WITHDRAWN in bound.flags, bound.flags
-    else:
-        assert bound.text.startswith(free.text)  # the same reply, not allowed to end there
-        assert bound.flags[0] in (DEGENERATE, TRUNCATED), bound.flags
-        assert "".join(pieces).strip().startswith(free.text)  # streamed under the grammar too
+    stopped = {DEGENERATE, TRUNCATED} & set(bound.flags)
+    assert not (UNCITED in bound.flags and not stopped), bound.flags  # never finished uncited
+    if bound.withdrawn is not None:
+        assert bound.text == NOT_FOUND and WITHDRAWN in bound.flags
+    elif not stopped and bound.text != NOT_FOUND:
+        assert bound.cited and all(c in bound.sources for c in bound.cited)  # a given source
+    assert "".join(pieces).strip()  # streamed under the grammar too
 
 
 @pytest.mark.slow
