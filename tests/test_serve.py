@@ -160,6 +160,10 @@ def test_healthz_reports_the_published_version(served: tuple[RagpipeConfig, Any]
     cfg, client = served
     health = client.get("/healthz").json()
     assert health["status"] == "ok" and health["embedder"] == "paraphrase-MiniLM-L3-v2"
+    query = health["query_embedder"]
+    assert (query["name"], query["runtime"], query["dim"]) == (
+        "paraphrase-MiniLM-L3-v2", "onnxruntime", 384)  # fmt: skip
+    assert query["warm_up_ms"] > 0 and query["warm_up_error"] is None  # searched at start
     assert health["index"]["version"] == published.current(cfg.store.path)
     with Retriever(cfg) as retriever:
         assert health["index"]["points"] == retriever.store.count() > 8

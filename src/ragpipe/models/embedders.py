@@ -554,6 +554,23 @@ def make_embedder(config: EmbedConfig, query_side: bool = False) -> Embedder:
     return embedder
 
 
+def runtime_of(embedder: Embedder) -> str:
+    """What computes ``embedder``'s vectors: ``onnxruntime`` (the local model's verified
+    export, or the packaged ONNX model), ``torch`` (sentence-transformers), ``ollama`` or
+    ``openai`` (a server); the class name for anything else."""
+    while isinstance(embedder, _Wrapper):
+        embedder = embedder.inner
+    if isinstance(embedder, OnnxRuntimeEmbedder):
+        return "onnxruntime"
+    if isinstance(embedder, LocalEmbedder):
+        return "torch"
+    if isinstance(embedder, OllamaEmbedder):
+        return "ollama"
+    if isinstance(embedder, OpenAIEmbedder):
+        return "openai"
+    return type(embedder).__name__
+
+
 class _Prefixed(_Wrapper):
     """Instruction prefixes for in-process models that were trained with them."""
 

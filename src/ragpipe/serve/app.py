@@ -67,7 +67,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from ragpipe.config import RagpipeConfig, RetrievalMode, ServeConfig
 from ragpipe.errors import ConfigError, RagpipeError
-from ragpipe.models.embedders import embedder_name
+from ragpipe.models.embedders import embedder_name, runtime_of
 from ragpipe.models.llm import GenerationCancelled
 from ragpipe.query.generate import answer, relevance_floor
 from ragpipe.query.render import search_json, to_text, to_xml
@@ -321,6 +321,10 @@ class _Measured:
 
 # What a 429 asks a client to wait: about one answer's generation on CPU.
 RETRY_AFTER_S = 30
+# Threads that embed queries side by side (an embedding runs outside the GIL; the store is
+# searched by one at a time): measured with bench/serve.py on 2 cores.
+SEARCH_THREADS = 2
+WARM_UP_QUERY = "warm-up query"
 
 
 class Service:
@@ -335,9 +339,10 @@ class Service:
         serve = config.serve
         self.cache = SemanticCache(serve.cache_threshold, serve.cache_size, serve.cache_ttl_seconds)
         self.index = LiveIndex(config, embedder, llm, on_switch=self._switched)
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragpipe-search")
+        self.worker = ThreadPoolExecutor(SEARCH_THREADS, thread_name_prefix="ragpipe-search")
         self.cache.clear(self.index.version)
         self.metrics.index_points.set(self.index.describe()["points"])
+        self.warm_up_ms, self.warm_up_error = self._warm_up()
         self._answers = 0  # generating or waiting for the model
         self._answers_lock = threading.Lock()
 
@@ -400,15 +405,27 @@ class Service:
             self.cache.put(vector, scope, version, text, value)
             self.metrics.cache_entries.set(len(self.cache))
 
+    def _warm_up(self) -> tuple[float | None, str | None]:
+        """One search before the first request, so that no user pays the query embedder's
+        first call (graph optimisation, thread pools) or the store's first query:
+        (milliseconds, None), or (None, why) when it failed (logged; the server starts, and
+        the same error reaches the first request)."""
+        started = time.perf_counter()
+        try:
+            with self.index.reader() as (retriever, _):
+                retriever.search(WARM_UP_QUERY)
+        except Exception as exc:  # an embedding server not up yet: answered per request
+            logger.warning("warm-up search failed: %s", exc)
+            return None, f"{type(exc).__name__}: {exc}"
+        return round((time.perf_counter() - started) * 1e3, 1), None
+
     async def retrieve(
         self, endpoint: str, text: str, request: _Query, extra: dict[str, Any]
     ) -> tuple[str, Any, str, Any, RetrievalResult | None]:
         """Look the query up in the cache, else retrieve: (version, vector, scope, hit, result).
 
-        On the one search thread: searches of one open store run one at a time anyway,
-        and the embedder's thread pool stays with one caller thread. Measured with
-        bench/serve.py: 40-46 requests/s at 4 and 16 clients on the web server's rotating
-        pool threads, 57-65 on one thread.
+        On the search threads (``SEARCH_THREADS``, not the web server's rotating pool):
+        queries are embedded side by side, searches of one open store run one at a time.
         """
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
@@ -421,10 +438,12 @@ class Service:
         overrides = request.overrides()
         scope = json.dumps({"endpoint": endpoint, **overrides, **extra}, sort_keys=True)
         try:
-            with self.index.reader() as (retriever, version):
-                vector = retriever.query_vector(text)
-                hit = self.lookup(endpoint, vector, scope, version, text)
-                result = None if hit else retriever.search(text, **overrides)
+            with self.index.holding() as held:
+                retriever, version = held.retriever, held.version
+                vector = retriever.query_vector(text)  # side by side: no lock
+                with held.search:
+                    hit = self.lookup(endpoint, vector, scope, version, text)
+                    result = None if hit else retriever.search(text, **overrides)
         except ValidationError as exc:  # an override this server's retrieve.* refuses
             errors = [
                 {"loc": ("body", *err["loc"]), "msg": err["msg"], "type": err["type"]}
@@ -543,10 +562,19 @@ def create_app(
         """Liveness and what is served: index version, points, embedder, uptime, cache."""
         index = service.index.describe()
         service.metrics.index_points.set(index["points"])
+        embedder = service.index.embedder
         return {
             "status": "ok",
             "index": index,
             "embedder": embedder_name(config.embed),
+            "query_embedder": {
+                "name": embedder.name,
+                "runtime": runtime_of(embedder),
+                "dim": embedder.dim,
+                "max_tokens": embedder.max_tokens,
+                "warm_up_ms": service.warm_up_ms,
+                "warm_up_error": service.warm_up_error,
+            },
             "uptime_s": round(time.monotonic() - service.started, 3),
             "cache": {
                 "enabled": config.serve.cache,
@@ -667,7 +695,12 @@ class Health(BaseModel):
         "and failed_version: why the newest published version could not be opened, and which "
         "(null once one opens)."
     )
-    embedder: str
+    embedder: str = Field(description="The index's embedder (the stored vectors' model).")
+    query_embedder: dict[str, Any] = Field(
+        description="What embeds this server's queries: name (the index's embedder), runtime "
+        "(onnxruntime, torch, ollama or openai), dim, max_tokens, and the warm-up search run at "
+        "start (warm_up_ms; warm_up_error when it failed)."
+    )
     uptime_s: float
     cache: dict[str, Any]
 

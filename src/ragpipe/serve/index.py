@@ -164,12 +164,18 @@ class LiveIndex:
     @contextmanager
     def reader(self) -> Iterator[tuple[Retriever, str]]:
         """The current retriever and its version, held (and searched alone) until exit."""
+        with self.holding() as held, held.search:
+            yield held.retriever, held.version
+
+    @contextmanager
+    def holding(self) -> Iterator[_Held]:
+        """The current version, kept open until exit; its ``search`` lock is the caller's
+        to take around a search (an embedding needs none)."""
         with self._lock:
             held = self._current
             held.users += 1
         try:
-            with held.search:
-                yield held.retriever, held.version
+            yield held
         finally:
             with self._lock:
                 held.users -= 1
