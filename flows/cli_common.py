@@ -23,6 +23,14 @@ from ragpipe.errors import RagpipeError
 console = Console(stderr=True)
 
 
+def plain_env(verbose: bool) -> None:
+    """A command that runs the library without Prefect: ragpipe's log lines at INFO with
+    --verbose (else WARNING), and SIGTERM unwinding like Ctrl-C."""
+    signal.signal(signal.SIGTERM, _terminated)
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("ragpipe").setLevel(logging.INFO if verbose else logging.WARNING)
+
+
 def prefect_env(verbose: bool) -> None:
     # Embedded default: Prefect in ephemeral mode, quiet, no telemetry.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

@@ -22,6 +22,7 @@ from flows.cli_common import (
     StorePathOption,
     console,
     fail,
+    plain_env,
     prefect_env,
 )
 from ragpipe.config import (
@@ -210,6 +211,16 @@ def eval_retrieval(
     config: ConfigOption = None,
     store_path: StorePathOption = None,
     embedder: EmbedderOption = None,
+    as_flow: Annotated[
+        bool,
+        typer.Option(
+            "--flow",
+            help="Run as a Prefect flow (a flow run with the report's artifacts, "
+            "eval-retrieval-summary/-metrics/-report, as the deployment publishes), in "
+            "Prefect's ephemeral mode or on PREFECT_API_URL's server. Default: in this "
+            "process, without Prefect (seconds sooner; the same report and history row).",
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Replay the golden set through the retrieval stack and write a report.
@@ -219,7 +230,10 @@ def eval_retrieval(
     query (Recall@5/10, Precision@5, MRR, Success@5, Hit@3, MAP, NDCG@10 linear and
     exponential gain), means with bootstrap 95% CIs (n >= 2), a history row per run.
     """
-    prefect_env(verbose)
+    if as_flow:
+        prefect_env(verbose)
+    else:
+        plain_env(verbose)
     try:
         cfg = _eval_config(
             config,
@@ -229,9 +243,14 @@ def eval_retrieval(
             {"golden": golden, "granularity": granularity, "depth": depth,
              "reports_dir": reports_dir, "skip_unmatched": skip_unmatched},
         )  # fmt: skip
-        from flows.eval import evaluate_retrieval
+        if as_flow:
+            from flows.eval import evaluate_retrieval
 
-        summary = evaluate_retrieval(cfg, name=name)
+            summary = evaluate_retrieval(cfg, name=name)
+        else:
+            from ragpipe.evaluation.run import run_retrieval
+
+            summary = run_retrieval(cfg, None, name=name)[1]
     except RagpipeError as exc:
         fail(exc, 2)
     _print_eval(summary)

@@ -294,9 +294,18 @@ def _cli(eval_config: RagpipeConfig, *args: str) -> Any:
 
 @pytest.mark.slow
 def test_cli_eval_commands(prefect_harness: None, eval_config: RagpipeConfig) -> None:
+    from prefect.artifacts import Artifact
+
     ok = _cli(eval_config, "eval", "retrieval", "--mode", "dense", "--name", "cli")
     assert ok.exit_code == 0, ok.output
     assert "report: " in ok.output and "report.html" in ok.output
+    # in-process by default (no flow run, no artifact); --flow publishes the artifacts
+    published = Artifact.get("eval-retrieval-report")
+    assert published is None or "-cli/" not in str(published.data)
+    flowed = _cli(eval_config, "eval", "retrieval", "--flow", "--name", "cli-flow")
+    assert flowed.exit_code == 0, flowed.output
+    published = Artifact.get("eval-retrieval-report")
+    assert published is not None and "-cli-flow/report.html" in str(published.data)
     gated = _cli(eval_config, "eval", "compare", "--variant", "dense:mode=dense", "--variant",
                  "broken:filter_file=kitchen/bread.md", "--gate-metric", "mrr",
                  "--gate-threshold", "-0.1")  # fmt: skip

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -114,7 +118,7 @@ def _heavy_modules(args: list[str]) -> tuple[list[str], str]:
     return [m for m in line[len("HEAVY=") :].split(",") if m], done.stdout
 
 
-def test_search_loads_no_torch_transformers_docling_or_prefect(tmp_path: Path) -> None:
+def test_search_and_eval_load_no_torch_transformers_docling_or_prefect(tmp_path: Path) -> None:
     from ragpipe.ingest.pipeline import run_ingest
 
     for name, text in QUERY_CORPUS.items():
@@ -131,3 +135,48 @@ def test_search_loads_no_torch_transformers_docling_or_prefect(tmp_path: Path) -
                                  "json", "--config", str(config_file)])  # fmt: skip
     assert heavy == []
     assert json.loads(out)["hits"][0]["file_path"].endswith("backups.md")
+    # `eval retrieval` runs in-process without Prefect unless --flow (tests/test_evaluate.py)
+    golden = tmp_path / "golden.yaml"
+    golden.write_text(json.dumps({"name": "two", "items": [
+        {"id": "db", "query": "How do I restore the database?",
+         "relevance": {"backups.md": 1}},
+        {"id": "ada", "query": "Who wrote the first program for Babbage's Analytical Engine?",
+         "relevance": {"computing.md": 1}},
+    ]}), encoding="utf-8")  # fmt: skip
+    heavy, out = _heavy_modules(["eval", "retrieval", "--config", str(config_file), "--golden",
+                                 str(golden), "--granularity", "file", "--reports-dir",
+                                 str(tmp_path / "reports")])  # fmt: skip
+    assert heavy == []
+    (summary,) = (tmp_path / "reports").glob("*-two/summary.json")
+    metrics = json.loads(summary.read_text(encoding="utf-8"))["metrics"]["default"]
+    # both targets first: reciprocal ranks 1 and 1
+    assert (metrics["mrr"]["mean"], metrics["mrr"]["n"]) == (1.0, 2)
+    # `ragpipe serve`: warmed up on the ONNX graph, and still nothing heavy after a search
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-c", _PROBE.format(heavy=HEAVY), "serve", "--config",
+         str(config_file), "--port", str(port)],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])},
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            assert server.poll() is None, server.communicate()[1]
+            try:
+                health = httpx.get(f"{url}/healthz").json()
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        query = health["query_embedder"]
+        assert (query["name"], query["runtime"]) == ("all-MiniLM-L6-v2", "onnxruntime")
+        assert query["warm_up_ms"] > 0 and query["warm_up_error"] is None
+        found = httpx.post(f"{url}/search", json={"query": "How do I restore the database?"})
+        assert found.json()["hits"][0]["file_path"].endswith("backups.md")
+    finally:
+        server.send_signal(signal.SIGINT)
+        errors = server.communicate(timeout=60)[1]
+    line = [x for x in errors.splitlines() if x.startswith("HEAVY=")][-1]
+    assert line == "HEAVY=", errors[-3000:]
