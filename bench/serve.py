@@ -1,16 +1,26 @@
-"""`ragpipe serve`: /search over HTTP against the in-process Retriever, in one run (issue 20).
+"""`ragpipe serve`: /search over HTTP against the in-process Retriever and the raw floor of a
+search, for both query paths (ONNX and torch), in one run (issues 20 and 34).
 
 Indexes the sample corpus (``data/sample``, the default embedder; reused under
-``--work``, default bench/.cache/serve, on later runs), then:
+``--work``, default bench/.cache/serve, on later runs), then, for each query
+runtime (``embed.query_runtime`` onnx, then torch; the index is the same):
 
-1. **1 client**: for each query, the in-process ``Retriever.search`` (this
-   process, its own published copy and models) and ``POST /search`` to a
-   ``ragpipe serve`` subprocess, interleaved, so both see the same machine.
-   Prints p50/p95 of each and the ratio of p50s. Target: HTTP ≤ 1.2×.
+1. **1 client**: for each query, the raw floor (ONNX only: onnxruntime embeds
+   the query with the same verified graph, then one ``qdrant_edge`` hybrid
+   query, two prefetches fused by RRF, on the store the retriever opened; no
+   ragpipe code in the timed loop; the BM25 query vectors are computed before
+   it), the in-process ``Retriever.search`` (this process, its own published
+   copy and models) and ``POST /search`` to a ``ragpipe serve`` subprocess,
+   interleaved, so all see the same machine. Prints p50/p95 of each and the
+   ratios of p50s. Targets: in-process ≤ 1.5× the raw floor; HTTP ≤ 1.2×
+   in-process.
 2. **4 and 16 clients**: threads sending ``POST /search`` back to back
    (keep-alive connections), p50/p95 and requests/s. The server searches one
-   request at a time (one open store), so on this machine latency grows with
-   the queue; the ratio to the single-client in-process p50 shows by how much.
+   request at a time (one open store), so latency grows with the queue.
+   Target: ONNX throughput at 4 clients ≥ 2.5× torch's.
+3. **Same rankings**: every question's top 10 from both in-process paths,
+   compared (the dev sets' NDCG on both paths: bench/retrieval_quality.py
+   --query-runtime).
 
 Queries are the R-FAQ dev questions and the debfaq questions, each made
 unique per request (a numbered prefix) so no request hits a query-vector
@@ -119,6 +129,149 @@ def load(url: str, texts: list[str], clients: int) -> tuple[list[float], float]:
     return latencies, time.perf_counter() - started
 
 
+class RawFloor:
+    """A search with no ragpipe code: tokenizers + onnxruntime (the verified graph of the
+    index's embedder, mean pooling, normalised) and one qdrant_edge hybrid query (dense and
+    BM25 prefetches fused by RRF) on the shard ``retriever`` opened."""
+
+    def __init__(self, retriever: Retriever, texts: list[str]) -> None:
+        import numpy as np
+        import onnxruntime as ort
+        import qdrant_edge as qe
+        from tokenizers import Tokenizer
+
+        from ragpipe.models.embedders import _packaged_minilm
+        from ragpipe.models.onnx_query import verified_graph
+
+        model_dir = _packaged_minilm()
+        graph, verdict = verified_graph(model_dir)
+        if graph is None:
+            raise SystemExit(f"no verified ONNX graph for the raw floor: {verdict}")
+        self.np, self.qe = np, qe
+        settings = json.loads((model_dir / "sentence_bert_config.json").read_text("utf-8"))
+        self.lowercase = bool(settings.get("do_lower_case"))
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.tokenizer.enable_truncation(max_length=int(verdict["max_seq_length"]))  # type: ignore[index]
+        self.tokenizer.no_padding()  # tokenizer.json pads to 128: one query needs none
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+        self.inputs = {i.name for i in self.session.get_inputs()}
+        store = retriever.store
+        self.shard = store._shard  # type: ignore[attr-defined]  # the engine itself
+        self.sparse = {t: store._sparse.query(t) for t in texts}  # type: ignore[attr-defined]
+        self.prefetch = max(retriever.config.retrieve.prefetch, retriever.config.retrieve.top_k)
+        self.top_k = retriever.config.retrieve.top_k
+
+    def search(self, text: str) -> list[Any]:
+        np, qe = self.np, self.qe
+        encoding = self.tokenizer.encode(text.lower() if self.lowercase else text)
+        mask = np.array([encoding.attention_mask], dtype=np.int64)
+        feed = {
+            "input_ids": np.array([encoding.ids], dtype=np.int64),
+            "attention_mask": mask,
+            "token_type_ids": np.array([encoding.type_ids], dtype=np.int64),
+        }
+        (tokens,) = self.session.run(None, {k: v for k, v in feed.items() if k in self.inputs})
+        vector = (tokens[0] * mask[0][:, None]).sum(0) / mask.sum()
+        vector /= np.linalg.norm(vector)
+        indices, values = self.sparse[text]
+        return list(
+            self.shard.query(
+                qe.QueryRequest(
+                    limit=self.top_k,
+                    prefetches=[
+                        qe.Prefetch(
+                            limit=self.prefetch,
+                            query=qe.Query.Nearest(vector.tolist(), using="dense"),
+                        ),
+                        qe.Prefetch(
+                            limit=self.prefetch,
+                            query=qe.Query.Nearest(qe.SparseVector(indices, values), using="bm25"),
+                        ),
+                    ],
+                    query=qe.Fusion.Rrf(k=61),
+                    with_payload=True,
+                )
+            )
+        )
+
+
+def write_config(work: Path, runtime: str) -> Path:
+    config_file = work / f"ragpipe-{runtime}.yaml"
+    config_file.write_text(
+        yaml.safe_dump(
+            {
+                "discover": {"roots": [str(REPO / "data" / "sample")]},
+                "store": {"path": str(work / "store")},
+                "paths": {"work_dir": str(work / "work")},
+                "embed": {"query_runtime": runtime},
+            }
+        ),
+        encoding="utf-8",
+    )
+    return config_file
+
+
+def stats(latencies: list[float], wall: float | None = None) -> dict[str, float]:
+    return {
+        "p50_ms": statistics.median(latencies) * 1e3,
+        "p95_ms": percentile(latencies, 0.95) * 1e3,
+        "requests_per_s": len(latencies) / (wall if wall else sum(latencies)),
+    }
+
+
+def measure(work: Path, runtime: str, base: list[str], requests: int) -> dict[str, Any]:
+    """One query path: raw floor (onnx only), in-process, HTTP at 1, 4 and 16 clients."""
+    config_file = write_config(work, runtime)
+    cfg = load_config(config_file)
+    port = free_port()
+    server = start_server(config_file, port, work / f"serve-{runtime}.log")
+    url = f"http://127.0.0.1:{port}"
+    out: dict[str, Any] = {}
+    texts = unique(base, requests)
+    try:
+        with Retriever(cfg) as retriever, httpx.Client(base_url=url, timeout=120) as http:
+            floor = (
+                RawFloor(retriever, texts + unique(base, 20, 10_000)) if runtime == "onnx" else None
+            )
+            for text in unique(base, 20, offset=10_000):  # warm every side up
+                retriever.search(text)
+                http.post("/search", json={"query": text})
+                if floor:
+                    floor.search(text)
+            raw, local, remote = [], [], []
+            for text in texts:
+                if floor:
+                    started = time.perf_counter()
+                    floor.search(text)
+                    raw.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                retriever.search(text)
+                local.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                got = http.post("/search", json={"query": text})
+                remote.append(time.perf_counter() - started)
+                assert got.status_code == 200, got.text
+            out["top10"] = {
+                q: [h.point_id for h in retriever.search(q, top_k=10).hits] for q in base
+            }
+        if raw:
+            out["raw_floor"] = stats(raw)
+        out["in_process"] = stats(local)
+        out["http"] = {"1": stats(remote)}
+        for clients in (4, 16):
+            latencies, wall = load(url, unique(base, requests, offset=clients * 100_000), clients)
+            out["http"][str(clients)] = stats(latencies, wall)
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, default=REPO / "bench" / ".cache" / "serve")
@@ -127,77 +280,47 @@ def main() -> None:
     args = parser.parse_args()
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    config_file = work / "ragpipe.yaml"
-    config_file.write_text(
-        yaml.safe_dump(
-            {
-                "discover": {"roots": [str(REPO / "data" / "sample")]},
-                "store": {"path": str(work / "store")},
-                "paths": {"work_dir": str(work / "work")},
-            }
-        ),
-        encoding="utf-8",
-    )
-    cfg = load_config(config_file)
-    print(run_ingest(cfg).line(), flush=True)
+    print(run_ingest(load_config(write_config(work, "torch"))).line(), flush=True)
     base = questions()
-    port = free_port()
-    server = start_server(config_file, port, work / "serve.log")
-    url = f"http://127.0.0.1:{port}"
     results: dict[str, Any] = {"queries": len(base), "requests": args.requests}
-    try:
-        with Retriever(cfg) as retriever, httpx.Client(base_url=url, timeout=120) as http:
-            for text in unique(base, 20, offset=10_000):  # warm both sides up
-                retriever.search(text)
-                http.post("/search", json={"query": text})
-            local, remote = [], []
-            for text in unique(base, args.requests):
-                started = time.perf_counter()
-                retriever.search(text)
-                local.append(time.perf_counter() - started)
-                started = time.perf_counter()
-                got = http.post("/search", json={"query": text})
-                remote.append(time.perf_counter() - started)
-                assert got.status_code == 200, got.text
-        p50_local = statistics.median(local)
-        results["in_process"] = {"p50_ms": p50_local * 1e3, "p95_ms": percentile(local, 0.95) * 1e3}
-        rows = [("in-process Retriever.search", 1, local, None)]
-        rows.append(("HTTP POST /search", 1, remote, None))
-        results["http"] = {}
-        for clients in (1, 4, 16):
-            if clients == 1:
-                latencies, wall = remote, sum(remote)
-            else:
-                latencies, wall = load(
-                    url, unique(base, args.requests, offset=clients * 100_000), clients
-                )
-                rows.append(("HTTP POST /search", clients, latencies, wall))
-            results["http"][str(clients)] = {
-                "p50_ms": statistics.median(latencies) * 1e3,
-                "p95_ms": percentile(latencies, 0.95) * 1e3,
-                "requests_per_s": len(latencies) / wall,
-                "p50_ratio_to_in_process": statistics.median(latencies) / p50_local,
-            }
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    for runtime in ("onnx", "torch"):
+        print(f"measuring the {runtime} query path ...", flush=True)
+        results[runtime] = measure(work, runtime, base, args.requests)
+    onnx, torch = results["onnx"], results["torch"]
+    same = sum(onnx["top10"][q] == torch["top10"][q] for q in base)
+    results["same_top10"] = same
+    for side in (onnx, torch):
+        del side["top10"]
+    floor = onnx["raw_floor"]["p50_ms"]
     print(f"\n{len(base)} distinct questions (R-FAQ dev + debfaq), {args.requests} requests each")
     print(
-        f"{'path':30s} {'clients':>7s} {'p50 ms':>8s} {'p95 ms':>8s} {'req/s':>7s} "
-        f"{'p50 ÷ in-process':>17s}"
+        f"{'query path':7s} {'what':28s} {'clients':>7s} {'p50 ms':>8s} {'p95 ms':>8s} "
+        f"{'req/s':>7s} {'p50 ÷ raw floor':>16s}"
     )
-    for name, clients, latencies, wall in rows:
-        p50 = statistics.median(latencies)
-        rate = len(latencies) / (wall if wall else sum(latencies))
-        print(
-            f"{name:30s} {clients:7d} {p50 * 1e3:8.2f} {percentile(latencies, 0.95) * 1e3:8.2f} "
-            f"{rate:7.1f} {p50 / p50_local:17.2f}"
-        )
-    ratio = results["http"]["1"]["p50_ratio_to_in_process"]
-    print(f"\nHTTP p50 ÷ in-process p50 at 1 client: {ratio:.2f} (target ≤ 1.2)")
+    for runtime in ("onnx", "torch"):
+        side = results[runtime]
+        rows = [("raw floor (no ragpipe)", 1, side.get("raw_floor"))]
+        rows.append(("in-process Retriever.search", 1, side["in_process"]))
+        rows += [("HTTP POST /search", int(c), side["http"][c]) for c in ("1", "4", "16")]
+        for name, clients, row in rows:
+            if row is None:
+                continue
+            print(
+                f"{runtime:7s} {name:28s} {clients:7d} {row['p50_ms']:8.2f} {row['p95_ms']:8.2f} "
+                f"{row['requests_per_s']:7.1f} {row['p50_ms'] / floor:16.2f}"
+            )
+    in_process = onnx["in_process"]["p50_ms"] / floor
+    http = onnx["http"]["1"]["p50_ms"] / onnx["in_process"]["p50_ms"]
+    gain = onnx["http"]["4"]["requests_per_s"] / torch["http"]["4"]["requests_per_s"]
+    results["ratios"] = {
+        "onnx_in_process_to_raw_floor": in_process,
+        "onnx_http_to_in_process": http,
+        "throughput_4_clients_onnx_to_torch": gain,
+    }
+    print(f"\nin-process p50 ÷ raw floor p50 (onnx): {in_process:.2f} (target ≤ 1.5)")
+    print(f"HTTP p50 ÷ in-process p50 at 1 client (onnx): {http:.2f} (target ≤ 1.2)")
+    print(f"throughput at 4 clients, onnx ÷ torch: {gain:.2f} (target ≥ 2.5)")
+    print(f"same top 10 on both paths: {same} of {len(base)} questions")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
 
