@@ -2,8 +2,9 @@
 
 Commands parse arguments, build the one configuration (options over
 ``RAGPIPE_*`` over the file), and run the same flows a deployment runs:
-``cli_ingest`` (ingest), ``cli_query`` (search, ask), ``cli_serve`` (serve), ``cli_eval`` (eval ...,
-report); ``cli_common`` holds what they share. Exit codes: 0 all good, 1 some
+``cli_ingest`` (ingest), ``cli_query`` (search, ask), ``cli_serve`` (serve, mcp),
+``cli_eval`` (eval ..., report); ``cli_common`` holds what they share.
+Exit codes: 0 all good, 1 some
 documents failed, 2 bad configuration or a stage that cannot run, 3
 deletions held by the mass-deletion guard (additions were applied), 4 an
 eval gate failed or the index gate held a new version. Expected errors print one
@@ -21,7 +22,7 @@ from flows.cli_eval import eval_app, report
 from flows.cli_index import index_app
 from flows.cli_ingest import ingest
 from flows.cli_query import ask, search
-from flows.cli_serve import serve
+from flows.cli_serve import mcp, serve
 
 app = typer.Typer(
     help="ragpipe: keep a retrieval index fresh and measure RAG quality honestly.",
@@ -56,6 +57,7 @@ app.command()(ingest)
 app.command()(search)
 app.command()(ask)
 app.command()(serve)
+app.command()(mcp)
 app.add_typer(eval_app, name="eval")
 app.add_typer(index_app, name="index")
 app.command()(report)

@@ -59,3 +59,41 @@ def serve(
             highlight=False,
         )
     serve_forever(app, cfg.serve.host, cfg.serve.port)
+
+
+def mcp(
+    config: ConfigOption = None,
+    store_path: StorePathOption = None,
+    embedder: EmbedderOption = None,
+) -> None:
+    """Serve the index to an AI agent over MCP (the Model Context Protocol) on stdin/stdout.
+
+    Tools: `search` (query, k, mode, file, heading: ranked chunks with file, heading, page,
+    score and text, as `ragpipe search --format json`) and `ask` (question, ...: the cited
+    answer and its sources, as `ragpipe ask --json`); resource ragpipe://index (the version
+    served). An agent's client starts this command itself, e.g. a client configuration of
+    {"command": "ragpipe", "args": ["mcp", "--config", "/path/to/ragpipe.yaml"]}. Logs go
+    to stderr. Over HTTP, `ragpipe serve` offers the same at /mcp (streamable HTTP).
+    """
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    import anyio.to_thread
+
+    from ragpipe.serve.index import LiveIndex
+    from ragpipe.serve.mcp_tools import IndexTools, build_server
+
+    overrides: dict[str, Any] = {}
+    if store_path is not None:
+        overrides["store"] = {"path": str(store_path)}
+    if embedder is not None:
+        overrides["embed"] = {"provider": embedder.value}
+    try:
+        cfg = load_config(config, overrides)
+        index = LiveIndex(cfg)
+    except RagpipeError as exc:
+        fail(exc, 2)
+    index.start()
+    try:
+        server = build_server(IndexTools(index, cfg), anyio.to_thread.run_sync)
+        server.run("stdio")
+    finally:
+        index.close()

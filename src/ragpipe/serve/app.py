@@ -12,6 +12,8 @@ once; every request reuses them. Endpoints:
   events: ``retrieval`` (sources and version), ``token`` (text as it is
   generated), ``answer`` (the whole answer object), or ``error``.
 * ``GET /metrics``: Prometheus text format.
+* ``/mcp``: the MCP server (streamable HTTP) for agents, tools ``search`` and
+  ``ask`` (``ragpipe.serve.mcp_tools``); not in the OpenAPI document.
 * ``GET /docs``: the OpenAPI documentation.
 
 Limits (``serve.*``): body size (413), body read time (408), query length and k
@@ -37,6 +39,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Security
@@ -64,6 +67,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
+from starlette.routing import Route
 
 from ragpipe.config import RagpipeConfig, RetrievalMode, ServeConfig
 from ragpipe.errors import ConfigError, RagpipeError
@@ -478,12 +482,14 @@ def create_app(
     """The API over ``config``'s index: models loaded and the index opened before it returns
     (so a missing index fails here, not on the first request)."""
     service = Service(config, embedder, llm)
+    agents = _mcp_route(service)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service.index.start()
         try:
-            yield
+            async with agents.session_manager.run():
+                yield
         finally:
             service.worker.shutdown(wait=True)
             service.index.close()
@@ -671,6 +677,9 @@ def create_app(
         service.metrics.cache_entries.set(len(service.cache))
         return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    # MCP for agents (streamable HTTP), behind the same token; not in the OpenAPI document.
+    app.router.routes.append(Route("/mcp", _Bearer(agents.endpoint, config.serve.api_key)))
+
     # Outermost last: every request is measured, CORS answers preflights, bodies are capped.
     app.add_middleware(
         _BodyLimit, limit=config.serve.max_body_bytes, timeout_s=config.serve.body_timeout_s
@@ -781,6 +790,54 @@ _ASK_MEDIA = {
     },
 }
 _ASK_200 = "The answer (stream none), or its events (sse, ndjson)."
+
+
+@dataclass
+class _Agents:
+    endpoint: ASGIApp
+    session_manager: Any
+
+
+def _mcp_route(service: Service) -> _Agents:
+    """The MCP server's streamable-HTTP endpoint over ``service``'s index (stateless, JSON
+    responses) and the session manager the app's lifespan runs."""
+    import anyio.to_thread
+
+    from ragpipe.serve.mcp_tools import IndexTools, build_server
+
+    tools = IndexTools(service.index, service.config, service.admit_answer, service.answer_done)
+    server = build_server(tools, anyio.to_thread.run_sync)
+    inner = server.streamable_http_app(
+        streamable_http_path="/mcp",
+        stateless_http=True,
+        json_response=True,
+        host=service.config.serve.host,  # loopback: DNS-rebinding protection on
+    )
+    (route,) = [r for r in inner.routes if isinstance(r, Route) and r.path == "/mcp"]
+    return _Agents(route.app, server.session_manager)
+
+
+class _Bearer:
+    """``serve.api_key`` in front of an ASGI app that is not a FastAPI route (MCP)."""
+
+    def __init__(self, app: ASGIApp, key: SecretStr | None) -> None:
+        self.app = app
+        self.expected = key.get_secret_value().encode() if key is not None else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.expected is not None:
+            header = dict(scope.get("headers", [])).get(b"authorization", b"")
+            scheme, _, given = header.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.expected):
+                denied = JSONResponse(
+                    {"detail": "missing or wrong bearer token: send Authorization: Bearer "
+                     "<serve.api_key>"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )  # fmt: skip
+                await denied(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _authorisation(key: SecretStr | None) -> tuple[list[Any], dict[int | str, dict[str, Any]]]:

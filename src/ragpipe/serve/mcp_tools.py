@@ -1,0 +1,168 @@
+"""The index for agents: an MCP server (the Model Context Protocol, through the official
+``mcp`` SDK) with ``search`` and ``ask`` as tools and the index version as a resource.
+
+``ragpipe mcp`` serves it over stdio (an agent's client starts it as a subprocess);
+``ragpipe serve`` mounts its streamable-HTTP transport at ``/mcp``, behind
+``serve.api_key``. Both answer from a :class:`~ragpipe.serve.index.LiveIndex`: the
+published version, switched to the next one when an ingest publishes it, one version per
+search. A search is what ``ragpipe search --format json`` prints (plus ``index_version``);
+an answer is what ``ragpipe ask --json`` prints. Bad arguments and expected failures (no
+index, a setting the server refuses, the model queue full) come back as tool errors with
+the reason, never as a crash of the server.
+"""
+
+# No ``from __future__ import annotations``: the SDK reads the tools' signatures, whose
+# types are made in ``build_server`` from this server's limits.
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+
+from pydantic import Field, ValidationError
+
+from ragpipe.errors import RagpipeError
+from ragpipe.models.embedders import embedder_name
+from ragpipe.query.generate import answer, relevance_floor
+from ragpipe.query.render import search_json
+
+if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
+
+    from ragpipe.config import RagpipeConfig
+    from ragpipe.serve.index import LiveIndex
+
+T = TypeVar("T")
+Offload = Callable[[Callable[[], T]], Awaitable[T]]
+INDEX_URI = "ragpipe://index"
+INSTRUCTIONS = (
+    "Search a document index maintained by ragpipe. `search` returns ranked chunks (file, "
+    "heading, page, score, text); `ask` returns an answer that cites the chunks it used, or "
+    "says the index does not hold it. Read ragpipe://index for the version being served."
+)
+
+
+class Busy(RagpipeError):
+    """More answers are waiting for the model than ``serve.max_queued_answers`` allows."""
+
+
+class IndexTools:
+    """What the tools do, synchronously, on a live index (run them off the event loop).
+
+    ``admit`` and ``done`` bound the answers waiting for the model (``serve``'s own queue);
+    without them every ``ask`` waits its turn.
+    """
+
+    def __init__(
+        self,
+        index: "LiveIndex",
+        config: "RagpipeConfig",
+        admit: Callable[[], bool] | None = None,
+        done: Callable[[], None] | None = None,
+    ) -> None:
+        self.index, self.config = index, config
+        self._admit, self._done = admit, done
+
+    @staticmethod
+    def _overrides(
+        k: int | None, mode: str | None, file: str | None, heading: str | None
+    ) -> dict[str, Any]:
+        values = {"top_k": k, "mode": mode, "filter_file": file, "filter_heading": heading}
+        return {key: value for key, value in values.items() if value is not None}
+
+    def search(
+        self, query: str, k: int | None, mode: str | None, file: str | None, heading: str | None
+    ) -> dict[str, Any]:
+        with self.index.reader() as (retriever, version):
+            result = retriever.search(query, **self._overrides(k, mode, file, heading))
+        return {**search_json(result), "index_version": version}
+
+    def ask(
+        self, question: str, k: int | None, mode: str | None, file: str | None, heading: str | None
+    ) -> dict[str, Any]:
+        with self.index.reader() as (retriever, version):
+            result = retriever.search(question, **self._overrides(k, mode, file, heading))
+        if self._admit is not None and not self._admit():
+            raise Busy("too many answers waiting for the model; retry later")
+        try:
+            generate = self.config.generate
+            reply = answer(
+                question,
+                result.hits,
+                self.index.llm,
+                generate.context_tokens,
+                min_relevance=relevance_floor(generate, embedder_name(self.config.embed)),
+                stop_looping=generate.stop_looping,
+                cite_grammar=generate.cite_grammar,
+            )
+        finally:
+            if self._done is not None:
+                self._done()
+        return {**reply.as_dict(), "retrieval": result.trace, "index_version": version}
+
+    def describe(self) -> dict[str, Any]:
+        """The version served, its points and files, and the embedder queries use."""
+        return {**self.index.describe(), "embedder": embedder_name(self.config.embed)}
+
+
+def build_server(tools: IndexTools, offload: Offload[Any]) -> "MCPServer":
+    """The MCP server over ``tools``; ``offload`` runs a blocking call off the event loop."""
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from ragpipe import __version__
+
+    serve = tools.config.serve
+    Text = Annotated[str, Field(min_length=1, max_length=serve.max_query_chars)]
+    K = Annotated[int, Field(ge=1, le=serve.max_k, description="Chunks returned (retrieve.top_k).")]
+    Mode = Literal["dense", "sparse", "hybrid"]
+    File = Annotated[str, Field(description="Only chunks of a stored file path ending in this.")]
+    Heading = Annotated[str, Field(description="Only chunks with this heading on their path.")]
+    server: MCPServer = MCPServer(name="ragpipe", version=__version__, instructions=INSTRUCTIONS)
+
+    async def run(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        try:
+            found: dict[str, Any] = await offload(call)
+            return found
+        except (RagpipeError, ValidationError) as exc:  # the reason reaches the agent
+            raise ToolError(str(exc)) from exc
+
+    @server.tool()
+    async def search(
+        query: Annotated[Text, Field(description="The question or keywords.")],
+        k: K | None = None,
+        mode: Mode | None = None,
+        file: File | None = None,
+        heading: Heading | None = None,
+    ) -> dict[str, Any]:
+        """Ranked chunks of the index for a query: file, page, heading, text and every
+        stage's score, best first (what `ragpipe search --format json` prints)."""
+        text = query.strip()
+        if not text:
+            raise ToolError("the query is empty")
+        return await run(lambda: tools.search(text, k, mode, file, heading))
+
+    @server.tool()
+    async def ask(
+        question: Annotated[Text, Field(description="The question to answer from the index.")],
+        k: K | None = None,
+        mode: Mode | None = None,
+        file: File | None = None,
+        heading: Heading | None = None,
+    ) -> dict[str, Any]:
+        """An answer from the index that cites its sources as [n] (`cited`, with file and
+        heading), or `not_found` when the index does not hold it; `flags` say why an answer
+        should not be trusted as it stands (uncited, truncated, ...)."""
+        text = question.strip()
+        if not text:
+            raise ToolError("the question is empty")
+        return await run(lambda: tools.ask(text, k, mode, file, heading))
+
+    @server.resource(
+        INDEX_URI,
+        name="index",
+        mime_type="application/json",
+        description="The index version served: version, points, files, published_at, embedder.",
+    )
+    async def index() -> str:
+        return json.dumps(await offload(tools.describe))
+
+    return server

@@ -1,0 +1,172 @@
+"""`ragpipe mcp` (stdio) and /mcp on `ragpipe serve` (streamable HTTP), driven by the MCP
+SDK's own client (issue 34): the tools listed, a search equal to `ragpipe search --format
+json`, an answer, the index version as a resource, bad arguments answered as tool errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+from typer.testing import CliRunner
+
+from flows.cli import app as cli
+from ragpipe.config import RagpipeConfig
+from ragpipe.ingest.pipeline import run_ingest
+from ragpipe.serve.app import create_app
+from ragpipe.serve.server import running
+from ragpipe.store import published
+from tests.support.paths import QUERY_CORPUS, REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+BREAD = "How long should bread bake?"
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory: pytest.TempPathFactory) -> tuple[RagpipeConfig, Path]:
+    base = tmp_path_factory.mktemp("mcp")
+    for name, text in QUERY_CORPUS.items():
+        (base / "corpus" / name).parent.mkdir(parents=True, exist_ok=True)
+        (base / "corpus" / name).write_text(text, encoding="utf-8")
+    settings = {
+        "discover": {"roots": [str(base / "corpus")]},
+        "chunk": {"size": 200, "overlap": 20},
+        "embed": {"provider": "onnx"},
+        "store": {"path": str(base / "store")},
+        "paths": {"work_dir": str(base / "work")},
+        "llm": {"model": "smollm2-135m", "max_tokens": 24},
+        "serve": {"max_k": 20},
+    }
+    cfg = RagpipeConfig.model_validate(settings)
+    assert run_ingest(cfg).failed == 0
+    config_file = base / "ragpipe.yaml"
+    config_file.write_text(json.dumps(settings), encoding="utf-8")  # JSON is YAML
+    return cfg, config_file
+
+
+def _cli_search(config_file: Path, query: str, k: int) -> dict[str, Any]:
+    done = CliRunner().invoke(
+        cli, ["search", query, "--format", "json", "-k", str(k), "--config", str(config_file)]
+    )
+    assert done.exit_code == 0, done.output
+    found: dict[str, Any] = json.loads(done.stdout)
+    return found
+
+
+def _ranking(found: dict[str, Any]) -> list[tuple[str, str, float]]:
+    return [(h["point_id"], h["file_path"], round(h["score"], 6)) for h in found["hits"]]
+
+
+def _text(result: Any) -> str:
+    (content,) = result.content
+    return str(content.text)
+
+
+async def _exercise(client: Any, cfg: RagpipeConfig, config_file: Path) -> None:
+    """What every transport must do, checked against the CLI and the store."""
+    tools = await client.list_tools()
+    assert sorted(t.name for t in tools.tools) == ["ask", "search"]
+    search = next(t for t in tools.tools if t.name == "search")
+    assert search.input_schema["required"] == ["query"]
+    assert search.input_schema["properties"]["k"]["anyOf"][0]["maximum"] == 20  # serve.max_k
+
+    found = await client.call_tool("search", {"query": BREAD, "k": 3})
+    assert not found.is_error, _text(found)
+    body = json.loads(_text(found))
+    version = published.current(cfg.store.path)
+    assert body["index_version"] == version
+    assert _ranking(body) == _ranking(_cli_search(config_file, BREAD, 3))
+    assert body["hits"][0]["file_path"].endswith("bread.md") and len(body["hits"]) == 3
+    narrowed = json.loads(_text(await client.call_tool(
+        "search", {"query": BREAD, "file": "computing.md", "mode": "dense"})))  # fmt: skip
+    assert narrowed["hits"] and all(
+        h["file_path"].endswith("history/computing.md") for h in narrowed["hits"]
+    )
+
+    index = await client.read_resource("ragpipe://index")
+    (content,) = index.contents
+    described = json.loads(content.text)
+    assert described["version"] == version and described["files"] == len(QUERY_CORPUS)
+
+    asked = await client.call_tool("ask", {"question": BREAD, "k": 2})
+    assert not asked.is_error, _text(asked)
+    reply = json.loads(_text(asked))
+    assert reply["question"] == BREAD and reply["index_version"] == version
+    assert reply["model"] and (reply["not_found"] or reply["sources"])
+    assert reply["not_found"] or reply["sources"][0]["file_path"].endswith("bread.md")
+
+    for arguments, reason in [
+        ({"query": "", "k": 3}, "at least 1 character"),
+        ({"query": BREAD, "k": 0}, "greater than or equal to 1"),
+        ({"query": BREAD, "k": 21}, "less than or equal to 20"),
+        ({"query": BREAD, "mode": "fuzzy"}, "'dense', 'sparse' or 'hybrid'"),
+        ({"k": 3}, "query"),
+        ({"query": "   "}, "the query is empty"),
+    ]:
+        refused = await client.call_tool("search", arguments)
+        assert refused.is_error and reason in _text(refused), (arguments, _text(refused))
+    unknown = await client.call_tool("delete_everything", {})
+    assert unknown.is_error and "delete_everything" in _text(unknown)
+
+
+def _run(session: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(session())
+
+
+def test_ragpipe_mcp_over_stdio(indexed: tuple[RagpipeConfig, Path]) -> None:
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    cfg, config_file = indexed
+    server = StdioServerParameters(
+        command=str(Path(sys.executable).parent / "ragpipe"),
+        args=["mcp", "--config", str(config_file)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])},
+        cwd=str(REPO),
+    )
+
+    async def session() -> None:
+        async with Client(server, read_timeout_seconds=300) as client:
+            await _exercise(client, cfg, config_file)
+
+    _run(session)
+
+
+def test_serve_offers_mcp_over_http_behind_its_token(
+    indexed: tuple[RagpipeConfig, Path],
+) -> None:
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    cfg, config_file = indexed
+    key = SecretStr("mcp-key")
+    keyed = cfg.model_copy(update={"serve": cfg.serve.model_copy(update={"api_key": key})})
+    with running(create_app(keyed)) as url:
+        refused = httpx.post(f"{url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        assert refused.status_code == 401 and "Bearer" in refused.headers["WWW-Authenticate"]
+        wrong = httpx.post(f"{url}/mcp", json={}, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        assert "/mcp" not in httpx.get(f"{url}/openapi.json").json()["paths"]
+
+        async def session() -> None:
+            headers = {"Authorization": "Bearer mcp-key"}
+            async with (
+                httpx2.AsyncClient(headers=headers, timeout=300) as http,
+                Client(streamable_http_client(f"{url}/mcp", http_client=http)) as client,
+            ):
+                await _exercise(client, cfg, config_file)
+                # the same ranking /search gives
+                found = json.loads(_text(await client.call_tool("search", {"query": BREAD})))
+            over_http = httpx.post(f"{url}/search", json={"query": BREAD}, headers=headers)
+            assert _ranking(found) == _ranking(over_http.json())
+
+        _run(session)
