@@ -7,7 +7,14 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.cli_common import ConfigOption, EmbedderOption, StorePathOption, console, fail
+from flows.cli_common import (
+    ConfigOption,
+    EmbedderOption,
+    StorePathOption,
+    console,
+    fail,
+    plain_env,
+)
 from ragpipe.config import load_config
 from ragpipe.errors import RagpipeError
 
@@ -75,9 +82,7 @@ def mcp(
     {"command": "ragpipe", "args": ["mcp", "--config", "/path/to/ragpipe.yaml"]}. Logs go
     to stderr. Over HTTP, `ragpipe serve` offers the same at /mcp (streamable HTTP).
     """
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    import anyio.to_thread
-
+    plain_env(verbose=False)  # warnings to stderr; SIGTERM unwinds (the reader copy goes)
     from ragpipe.serve.index import LiveIndex
     from ragpipe.serve.mcp_tools import IndexTools, build_server
 
@@ -93,7 +98,7 @@ def mcp(
         fail(exc, 2)
     index.start()
     try:
-        server = build_server(IndexTools(index, cfg), anyio.to_thread.run_sync)
+        server = build_server(IndexTools(index, cfg))
         server.run("stdio")
     finally:
         index.close()

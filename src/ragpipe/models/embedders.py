@@ -571,6 +571,18 @@ def runtime_of(embedder: Embedder) -> str:
     return type(embedder).__name__
 
 
+def known_dim(embedder: Embedder) -> int | None:
+    """The vectors' size without a call to an embedding server (None until the server has
+    answered once): for a health check, which must not depend on that server."""
+    if isinstance(embedder, TruncatedEmbedder):
+        return embedder.dimensions
+    if isinstance(embedder, _Wrapper):
+        return known_dim(embedder.inner)
+    if isinstance(embedder, _Served):
+        return embedder._dim
+    return embedder.dim
+
+
 class _Prefixed(_Wrapper):
     """Instruction prefixes for in-process models that were trained with them."""
 

@@ -71,7 +71,7 @@ from starlette.routing import Route
 
 from ragpipe.config import RagpipeConfig, RetrievalMode, ServeConfig
 from ragpipe.errors import ConfigError, RagpipeError
-from ragpipe.models.embedders import embedder_name, runtime_of
+from ragpipe.models.embedders import embedder_name, known_dim, runtime_of
 from ragpipe.models.llm import GenerationCancelled
 from ragpipe.query.generate import answer, relevance_floor
 from ragpipe.query.render import search_json, to_text, to_xml
@@ -480,7 +480,8 @@ def create_app(
     config: RagpipeConfig, embedder: Embedder | None = None, llm: LLM | None = None
 ) -> FastAPI:
     """The API over ``config``'s index: models loaded and the index opened before it returns
-    (so a missing index fails here, not on the first request)."""
+    (so a missing index fails here, not on the first request). An app runs one lifespan:
+    serve it once (its search threads, index and MCP sessions end with it)."""
     service = Service(config, embedder, llm)
     agents = _mcp_route(service)
 
@@ -576,7 +577,7 @@ def create_app(
             "query_embedder": {
                 "name": embedder.name,
                 "runtime": runtime_of(embedder),
-                "dim": embedder.dim,
+                "dim": known_dim(embedder),  # never a call to an embedding server
                 "max_tokens": embedder.max_tokens,
                 "warm_up_ms": service.warm_up_ms,
                 "warm_up_error": service.warm_up_error,
@@ -707,8 +708,9 @@ class Health(BaseModel):
     embedder: str = Field(description="The index's embedder (the stored vectors' model).")
     query_embedder: dict[str, Any] = Field(
         description="What embeds this server's queries: name (the index's embedder), runtime "
-        "(onnxruntime, torch, ollama or openai), dim, max_tokens, and the warm-up search run at "
-        "start (warm_up_ms; warm_up_error when it failed)."
+        "(onnxruntime, torch, ollama or openai), dim (null while an embedding server has not "
+        "answered), max_tokens, and the warm-up search run at start (warm_up_ms; warm_up_error "
+        "when it failed)."
     )
     uptime_s: float
     cache: dict[str, Any]
@@ -801,20 +803,46 @@ class _Agents:
 def _mcp_route(service: Service) -> _Agents:
     """The MCP server's streamable-HTTP endpoint over ``service``'s index (stateless, JSON
     responses) and the session manager the app's lifespan runs."""
-    import anyio.to_thread
-
     from ragpipe.serve.mcp_tools import IndexTools, build_server
 
     tools = IndexTools(service.index, service.config, service.admit_answer, service.answer_done)
-    server = build_server(tools, anyio.to_thread.run_sync)
+    server = build_server(tools)
     inner = server.streamable_http_app(
         streamable_http_path="/mcp",
         stateless_http=True,
         json_response=True,
-        host=service.config.serve.host,  # loopback: DNS-rebinding protection on
+        transport_security=_mcp_security(service.config.serve),
     )
     (route,) = [r for r in inner.routes if isinstance(r, Route) and r.path == "/mcp"]
     return _Agents(route.app, server.session_manager)
+
+
+def _mcp_security(serve: ServeConfig) -> Any:
+    """The MCP transport's DNS-rebinding guard (Host and Origin checks) for a server on
+    loopback without a token, as the SDK does, but also accepting ``localhost`` without a
+    port, ``serve.public_url``'s host (a reverse proxy) and ``serve.cors_origins``. Off
+    with a token (a rebound page cannot send it) or on another address (no host to pin),
+    as for every other endpoint."""
+    from urllib.parse import urlsplit
+
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    from ragpipe.serve.server import is_loopback
+
+    if serve.api_key is not None or not is_loopback(serve.host):
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    loopback = ["127.0.0.1", "localhost", "[::1]"]
+    hosts = [*loopback, *(f"{h}:*" for h in loopback)]
+    origins = [*(f"http://{h}" for h in loopback), *(f"http://{h}:*" for h in loopback)]
+    if serve.public_url:
+        public = urlsplit(serve.public_url)
+        hosts += [public.netloc, public.hostname or public.netloc]
+        origins.append(f"{public.scheme}://{public.netloc}")
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=hosts,
+        allowed_origins=[*origins, *serve.cors_origins],
+    )
 
 
 class _Bearer:

@@ -14,6 +14,7 @@ the reason, never as a crash of the server.
 # No ``from __future__ import annotations``: the SDK reads the tools' signatures, whose
 # types are made in ``build_server`` from this server's limits.
 import json
+import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
@@ -21,6 +22,7 @@ from pydantic import Field, ValidationError
 
 from ragpipe.errors import RagpipeError
 from ragpipe.models.embedders import embedder_name
+from ragpipe.models.llm import GenerationCancelled
 from ragpipe.query.generate import answer, relevance_floor
 from ragpipe.query.render import search_json
 
@@ -76,19 +78,34 @@ class IndexTools:
         return {**search_json(result), "index_version": version}
 
     def ask(
-        self, question: str, k: int | None, mode: str | None, file: str | None, heading: str | None
+        self,
+        question: str,
+        k: int | None,
+        mode: str | None,
+        file: str | None,
+        heading: str | None,
+        cancelled: threading.Event | None = None,
     ) -> dict[str, Any]:
+        """The cited answer; setting ``cancelled`` (the caller went away) stops the model at
+        its next token (``GenerationCancelled``)."""
         with self.index.reader() as (retriever, version):
             result = retriever.search(question, **self._overrides(k, mode, file, heading))
         if self._admit is not None and not self._admit():
             raise Busy("too many answers waiting for the model; retry later")
+
+        def on_token(_: str) -> None:
+            if cancelled is not None and cancelled.is_set():
+                raise GenerationCancelled("the MCP request was cancelled")
+
         try:
+            on_token("")  # cancelled while waiting for the model
             generate = self.config.generate
             reply = answer(
                 question,
                 result.hits,
                 self.index.llm,
                 generate.context_tokens,
+                on_token,
                 min_relevance=relevance_floor(generate, embedder_name(self.config.embed)),
                 stop_looping=generate.stop_looping,
                 cite_grammar=generate.cite_grammar,
@@ -103,7 +120,15 @@ class IndexTools:
         return {**self.index.describe(), "embedder": embedder_name(self.config.embed)}
 
 
-def build_server(tools: IndexTools, offload: Offload[Any]) -> "MCPServer":
+async def in_thread(call: Callable[[], T]) -> T:
+    """``call`` on a worker thread; a cancelled request stops waiting for it at once (an
+    answer then stops at the model's next token, see ``IndexTools.ask``)."""
+    import anyio.to_thread
+
+    return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+
+
+def build_server(tools: IndexTools, offload: Offload[Any] = in_thread) -> "MCPServer":
     """The MCP server over ``tools``; ``offload`` runs a blocking call off the event loop."""
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
@@ -116,14 +141,22 @@ def build_server(tools: IndexTools, offload: Offload[Any]) -> "MCPServer":
     Mode = Literal["dense", "sparse", "hybrid"]
     File = Annotated[str, Field(description="Only chunks of a stored file path ending in this.")]
     Heading = Annotated[str, Field(description="Only chunks with this heading on their path.")]
-    server: MCPServer = MCPServer(name="ragpipe", version=__version__, instructions=INSTRUCTIONS)
+    # The SDK configures the root logger when none is: not above WARNING for library callers.
+    server: MCPServer = MCPServer(
+        name="ragpipe", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
+    )
 
-    async def run(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    async def run(
+        call: Callable[[], dict[str, Any]], cancelled: threading.Event | None = None
+    ) -> dict[str, Any]:
         try:
             found: dict[str, Any] = await offload(call)
             return found
         except (RagpipeError, ValidationError) as exc:  # the reason reaches the agent
             raise ToolError(str(exc)) from exc
+        finally:  # done, failed, or cancelled by the client: the model stops
+            if cancelled is not None:
+                cancelled.set()
 
     @server.tool()
     async def search(
@@ -154,7 +187,8 @@ def build_server(tools: IndexTools, offload: Offload[Any]) -> "MCPServer":
         text = question.strip()
         if not text:
             raise ToolError("the question is empty")
-        return await run(lambda: tools.ask(text, k, mode, file, heading))
+        cancelled = threading.Event()
+        return await run(lambda: tools.ask(text, k, mode, file, heading, cancelled), cancelled)
 
     @server.resource(
         INDEX_URI,
