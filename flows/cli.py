@@ -1,7 +1,9 @@
 """The ``ragpipe`` command line.
 
 Commands parse arguments, build the one configuration (options over
-``RAGPIPE_*`` over the file), and run the same flows a deployment runs:
+``RAGPIPE_*`` over the file), and run the same flows a deployment runs (the
+query side, ``search``, ``ask``, ``serve``, ``mcp`` and ``eval retrieval`` without
+``--flow``, calls the library directly and never imports Prefect):
 ``cli_ingest`` (ingest), ``cli_query`` (search, ask), ``cli_serve`` (serve, mcp),
 ``cli_eval`` (eval ..., report); ``cli_common`` holds what they share.
 Exit codes: 0 all good, 1 some
