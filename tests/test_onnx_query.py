@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -91,7 +92,12 @@ def test_a_refused_export_keeps_the_torch_path_or_stops_when_onnx_is_required(
     (target / onnx_query.VERDICT).write_text(json.dumps(verdict), encoding="utf-8")
     auto = RagpipeConfig().embed
     assert onnx_query.onnx_for_queries(auto) is None
-    assert "queries use torch: its ONNX export was refused (min cosine 0.97)" in caplog.text
+    assert (f"queries use torch: its ONNX export was refused (min cosine 0.97; remove {target} "
+            "to export and verify it again)") in caplog.text  # fmt: skip
+    # Removing the folder, as the message says, exports and verifies afresh.
+    shutil.rmtree(target)
+    assert isinstance(onnx_query.onnx_for_queries(auto), onnx_query.OnnxQueryEmbedder)
+    (target / onnx_query.VERDICT).write_text(json.dumps(verdict), encoding="utf-8")
     strict = RagpipeConfig(embed={"query_runtime": "onnx"}).embed  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"query_runtime onnx: its ONNX export was refused"):
         onnx_query.onnx_for_queries(strict)

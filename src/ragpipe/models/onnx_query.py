@@ -328,7 +328,7 @@ def onnx_for_queries(config: EmbedConfig) -> Embedder | None:
             raise ConfigError(
                 "its ONNX export was refused ("
                 + (verdict.get("error") or f"min cosine {verdict.get('min_cosine')}")
-                + ")"
+                + f"; remove {graph_dir(model_dir)} to export and verify it again)"
             )
         name = "all-MiniLM-L6-v2" if config.model is None else model_dir.name
         window = verdict.get("max_seq_length") if verdict else None
