@@ -23,6 +23,18 @@ from ragpipe.errors import RagpipeError
 console = Console(stderr=True)
 
 
+def index_overrides(
+    store_path: Path | None, embedder: EmbedProvider | None
+) -> dict[str, dict[str, Any]]:
+    """The config overrides of --store-path and --embedder (the index a command reads)."""
+    overrides: dict[str, dict[str, Any]] = {}
+    if store_path is not None:
+        overrides["store"] = {"path": str(store_path)}
+    if embedder is not None:
+        overrides["embed"] = {"provider": embedder.value}
+    return overrides
+
+
 def plain_env(verbose: bool) -> None:
     """A command that runs the library without Prefect: ragpipe's log lines at INFO with
     --verbose (else WARNING), and SIGTERM unwinding like Ctrl-C."""

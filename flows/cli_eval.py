@@ -22,6 +22,7 @@ from flows.cli_common import (
     StorePathOption,
     console,
     fail,
+    index_overrides,
     plain_env,
     prefect_env,
 )
@@ -80,10 +81,7 @@ def _eval_config(
         "eval": {k: str(v) if isinstance(v, Path) else v
                  for k, v in evaluation.items() if v is not None},
     }  # fmt: skip
-    if store_path is not None:
-        overrides["store"] = {"path": str(store_path)}
-    if embedder is not None:
-        overrides["embed"] = {"provider": embedder.value}
+    overrides.update(index_overrides(store_path, embedder))
     return load_config(config, overrides)
 
 

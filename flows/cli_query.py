@@ -20,6 +20,7 @@ from flows.cli_common import (
     StorePathOption,
     console,
     fail,
+    index_overrides,
 )
 from ragpipe.config import (
     EmbedProvider,
@@ -54,10 +55,7 @@ def _query_config(
                 "(repeat --filter to combine them with AND)"
             )
         overrides["retrieve"][field[key.strip()]] = value.strip()
-    if store_path is not None:
-        overrides["store"] = {"path": str(store_path)}
-    if embedder is not None:
-        overrides["embed"] = {"provider": embedder.value}
+    overrides.update(index_overrides(store_path, embedder))
     if llm:
         overrides["llm"] = {k: v for k, v in llm.items() if v is not None}
     return load_config(config, overrides)
@@ -147,7 +145,7 @@ def ask(
     """
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     from ragpipe.models.embedders import embedder_name
-    from ragpipe.query.generate import BELOW_FLOOR, answer, flag_warnings, relevance_floor
+    from ragpipe.query.generate import BELOW_FLOOR, configured_answer, flag_warnings
     from ragpipe.query.render import terminal_safe
     from ragpipe.query.retrieve import Retriever
 
@@ -163,16 +161,8 @@ def ask(
         with Retriever(cfg) as retriever:
             result = retriever.search(question)
             stream = None if as_json else (lambda s: print(terminal_safe(s), end="", flush=True))
-            reply = answer(
-                question,
-                result.hits,
-                retriever.llm,
-                cfg.generate.context_tokens,
-                stream,
-                min_relevance=relevance_floor(cfg.generate, embedder_name(cfg.embed)),
-                stop_looping=cfg.generate.stop_looping,
-                cite_grammar=cfg.generate.cite_grammar,
-            )
+            reply = configured_answer(question, result.hits, retriever.llm, cfg.generate,
+                                      embedder_name(cfg.embed), stream)  # fmt: skip
     except RagpipeError as exc:
         fail(exc, 2)
     if as_json:

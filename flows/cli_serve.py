@@ -13,6 +13,7 @@ from flows.cli_common import (
     StorePathOption,
     console,
     fail,
+    index_overrides,
     plain_env,
 )
 from ragpipe.config import load_config
@@ -44,15 +45,11 @@ def serve(
     from ragpipe.serve.app import create_app
     from ragpipe.serve.server import is_loopback, serve_forever
 
-    overrides: dict[str, Any] = {"serve": {}}
+    overrides: dict[str, Any] = {"serve": {}, **index_overrides(store_path, embedder)}
     if host is not None:
         overrides["serve"]["host"] = host
     if port is not None:
         overrides["serve"]["port"] = port
-    if store_path is not None:
-        overrides["store"] = {"path": str(store_path)}
-    if embedder is not None:
-        overrides["embed"] = {"provider": embedder.value}
     try:
         cfg = load_config(config, overrides)
         console.print("loading the embedder and opening the published index…", highlight=False)
@@ -86,13 +83,8 @@ def mcp(
     from ragpipe.serve.index import LiveIndex
     from ragpipe.serve.mcp_tools import IndexTools, build_server
 
-    overrides: dict[str, Any] = {}
-    if store_path is not None:
-        overrides["store"] = {"path": str(store_path)}
-    if embedder is not None:
-        overrides["embed"] = {"provider": embedder.value}
     try:
-        cfg = load_config(config, overrides)
+        cfg = load_config(config, index_overrides(store_path, embedder))
         index = LiveIndex(cfg)
     except RagpipeError as exc:
         fail(exc, 2)

@@ -43,7 +43,7 @@ from ragpipe.evaluation.golden import GoldenItem, GoldenSet, file_matches, strat
 from ragpipe.evaluation.metrics import Interval, bootstrap_ci
 from ragpipe.models.embedders import Embedder, embedder_name, make_embedder
 from ragpipe.models.llm import LLM, make_llm
-from ragpipe.query.generate import NOT_FOUND, Answer, answer, relevance_floor
+from ragpipe.query.generate import NOT_FOUND, Answer, configured_answer
 from ragpipe.query.results import Retrieved
 from ragpipe.query.retrieve import Retriever
 
@@ -419,11 +419,9 @@ def run_rag_eval(
         for item in items:
             hits = retriever.search(item.query).hits
             started = time.perf_counter()
-            reply = answer(item.query, hits, generator, config.generate.context_tokens,
-                           min_relevance=relevance_floor(config.generate,
-                                                         embedder_name(config.embed)),
-                           stop_looping=config.generate.stop_looping,
-                           cite_grammar=config.generate.cite_grammar)  # fmt: skip
+            reply = configured_answer(
+                item.query, hits, generator, config.generate, embedder_name(config.embed)
+            )
             row = RagRow(
                 item.id,
                 item.query,

@@ -189,6 +189,29 @@ def relevance_floor(config: GenerateConfig, embedder: str) -> float | None:
     return float(config.min_relevance)
 
 
+def configured_answer(
+    question: str,
+    hits: Sequence[Retrieved],
+    llm: LLM,
+    config: GenerateConfig,
+    embedder: str,
+    on_token: Callable[[str], None] | None = None,
+) -> Answer:
+    """``answer`` under the ``generate:`` settings, for an index embedded by ``embedder``
+    (its name): the context budget, the relevance floor, the loop stop and the citation
+    grammar. What ``ask``, ``serve``, the MCP tool and ``eval rag`` all answer with."""
+    return answer(
+        question,
+        hits,
+        llm,
+        config.context_tokens,
+        on_token,
+        min_relevance=relevance_floor(config, embedder),
+        stop_looping=config.stop_looping,
+        cite_grammar=config.cite_grammar,
+    )
+
+
 def best_relevance(hits: Sequence[Retrieved]) -> float | None:
     """The best hit's own dense cosine (before fusion and the document signal, which are
     relative to the candidates); None when no hit has a dense score (a BM25-only search)."""

@@ -73,7 +73,7 @@ from ragpipe.config import RagpipeConfig, RetrievalMode, ServeConfig
 from ragpipe.errors import ConfigError, RagpipeError
 from ragpipe.models.embedders import embedder_name, known_dim, runtime_of
 from ragpipe.models.llm import GenerationCancelled
-from ragpipe.query.generate import answer, relevance_floor
+from ragpipe.query.generate import configured_answer
 from ragpipe.query.render import search_json, to_text, to_xml
 from ragpipe.serve.cache import SemanticCache
 from ragpipe.serve.index import LiveIndex
@@ -947,17 +947,9 @@ def _generate(
         try:
             if cancelled.is_set():  # left while waiting for the model
                 raise GenerationCancelled("the client went away")
-            generate = service.config.generate
-            reply = answer(
-                question,
-                result.hits,
-                service.index.llm,
-                generate.context_tokens,
-                on_token,
-                min_relevance=relevance_floor(generate, embedder_name(service.config.embed)),
-                stop_looping=generate.stop_looping,
-                cite_grammar=generate.cite_grammar,
-            )
+            reply = configured_answer(question, result.hits, service.index.llm,
+                                      service.config.generate,
+                                      embedder_name(service.config.embed), on_token)  # fmt: skip
             if reply.first_token_s is not None:
                 service.metrics.first_token.observe(reply.first_token_s)
             for flag in reply.flags:

@@ -23,7 +23,7 @@ from pydantic import Field, ValidationError
 from ragpipe.errors import RagpipeError
 from ragpipe.models.embedders import embedder_name
 from ragpipe.models.llm import GenerationCancelled
-from ragpipe.query.generate import answer, relevance_floor
+from ragpipe.query.generate import configured_answer
 from ragpipe.query.render import search_json
 
 if TYPE_CHECKING:
@@ -99,17 +99,9 @@ class IndexTools:
 
         try:
             on_token("")  # cancelled while waiting for the model
-            generate = self.config.generate
-            reply = answer(
-                question,
-                result.hits,
-                self.index.llm,
-                generate.context_tokens,
-                on_token,
-                min_relevance=relevance_floor(generate, embedder_name(self.config.embed)),
-                stop_looping=generate.stop_looping,
-                cite_grammar=generate.cite_grammar,
-            )
+            reply = configured_answer(question, result.hits, self.index.llm,
+                                      self.config.generate, embedder_name(self.config.embed),
+                                      on_token)  # fmt: skip
         finally:
             if self._done is not None:
                 self._done()
