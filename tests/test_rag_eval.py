@@ -481,25 +481,40 @@ def test_human_labels_give_a_ppi_estimate_beside_the_judge(
     assert "calibration: **none**" in md
 
 
-def test_the_judges_reasons_are_bounded_in_the_schema_it_is_constrained_by() -> None:
+def test_the_judges_replies_are_bounded_in_the_schema_it_is_constrained_by() -> None:
     """RAGAS's faithfulness verdicts repeat each statement, then a reason, then the verdict;
-    unbounded reasons ran past judge_max_tokens and the JSON was lost. Only string fields
-    named "reason" get a maxLength; the verdicts and statements are untouched."""
-    from ragas.metrics.collections.faithfulness.util import NLIStatementOutput
+    unbounded replies ran past judge_max_tokens and the JSON was lost, and their length is
+    the judge's time. Reasons, lists and the statements generated are
+    bounded; the verdicts and the statements they echo are untouched."""
+    from ragas.metrics.collections.context_precision.util import ContextPrecisionOutput
+    from ragas.metrics.collections.faithfulness.util import (
+        NLIStatementOutput,
+        StatementGeneratorOutput,
+    )
 
-    from ragpipe.evaluation.rag import REASON_MAX_CHARS, bounded_reasons
+    from ragpipe.evaluation.rag import bounded_reasons
 
     schema = NLIStatementOutput.model_json_schema()
     bounded = bounded_reasons(schema)
     answer = bounded["$defs"]["StatementFaithfulnessAnswer"]["properties"]
     assert answer["reason"] == {"description": "the reason of the verdict", "title": "Reason",
-                                "type": "string", "maxLength": REASON_MAX_CHARS}  # fmt: skip
-    assert (
-        answer["statement"]
-        == schema["$defs"]["StatementFaithfulnessAnswer"]["properties"]["statement"]
-    )
+                                "type": "string", "maxLength": 160}  # fmt: skip
+    # the statement a verdict echoes is left whole: cut, the judge judged the cut text
+    assert answer["statement"] == schema["$defs"]["StatementFaithfulnessAnswer"]["properties"][
+        "statement"]  # fmt: skip
+    assert answer["verdict"] == schema["$defs"]["StatementFaithfulnessAnswer"]["properties"][
+        "verdict"]  # fmt: skip
+    assert bounded["properties"]["statements"]["maxItems"] == 10
     assert "maxLength" not in json.dumps(schema)  # the original is not changed
-    assert json.dumps(bounded).count("maxLength") == 1
+    text = json.dumps(bounded)
+    assert (text.count("maxLength"), text.count("maxItems")) == (1, 1)
+    generated = bounded_reasons(StatementGeneratorOutput.model_json_schema())
+    statements = generated["properties"]["statements"]
+    assert (statements["maxItems"], statements["items"]) == (
+        10, {"type": "string", "maxLength": 240})  # fmt: skip
+    precision = bounded_reasons(ContextPrecisionOutput.model_json_schema())
+    assert precision["properties"]["reason"]["maxLength"] == 160
+    assert "maxItems" not in json.dumps(precision)
 
 
 def test_llama_cpp_holds_the_judge_to_the_bound(
@@ -520,3 +535,23 @@ def test_llama_cpp_holds_the_judge_to_the_bound(
     reply = json.loads(smollm.chat(prompt, schema=bound, max_tokens=300).text)
     assert len(free["reason"]) > 20 >= len(reply["reason"]) > 0
     assert isinstance(reply["verdict"], int)
+
+
+def test_llama_cpp_holds_the_judges_lists_to_their_bound(
+    smollm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """maxItems and the items' maxLength are the grammar's too: asked for twenty facts, the
+    real model writes at most 2 (the bound here), each at most 30 characters, as valid JSON."""
+    import ragpipe.evaluation.rag as rag
+
+    monkeypatch.setattr(rag, "MAX_STATEMENTS", 2)
+    monkeypatch.setattr(rag, "STATEMENT_MAX_CHARS", 30)
+    items = {"type": "array", "items": {"type": "string"}}
+    schema = {"type": "object", "required": ["statements"], "properties": {"statements": items}}
+    prompt = [{"role": "user", "content": "List twenty long facts about bread, as JSON."}]
+    free = smollm.chat(prompt, schema=schema, max_tokens=400)
+    # unbounded, the list runs on (here past 400 tokens, so the JSON is cut)
+    assert free.text.count('",') > 2 and free.tokens_out > 100
+    bound = json.loads(smollm.chat(prompt, schema=rag.bounded_reasons(schema),
+                                   max_tokens=400).text)["statements"]  # fmt: skip
+    assert 0 < len(bound) <= 2 and all(len(s) <= 30 for s in bound)

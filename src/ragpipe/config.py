@@ -1036,11 +1036,12 @@ class EvalConfig(_Section):
         default=300.0, gt=0, description="Seconds per judged metric before it counts as failed."
     )
     judge_max_tokens: int = Field(
-        default=768,
+        default=1024,
         gt=0,
         description="Tokens the judge may write per structured reply. RAGAS's faithfulness "
-        "verdicts repeat every statement of the answer; at 384 the 1.5B judge's JSON was cut "
-        "on 9 of 16 answers (lost as failures), at 768 with bounded reasons on none of 6.",
+        "verdicts repeat every statement of the answer (at most 10, bounded in the grammar); "
+        "at 384 the 1.5B judge's JSON was cut on 9 of 16 answers (lost as failures), and at "
+        "768 a verdict list of 10 statements took 762 tokens (bench/judge_speed.py).",
     )
     rag_limit: int | None = Field(
         default=None,

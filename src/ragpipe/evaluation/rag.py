@@ -121,15 +121,24 @@ class RagEvalResult:
     ppi: dict[str, PPIEstimate] = field(default_factory=dict)
 
 
-# A RAGAS reply's "reason" fields (the judge's rationale per verdict) are capped at this
-# many characters in the schema the model is constrained by: unbounded, the 1.5B judge's
-# faithfulness verdicts (statement, reason, verdict per statement) ran past
-# eval.judge_max_tokens on 9 of 16 answers and were lost as invalid JSON.
+# The judge's replies are bounded in the schema the model is constrained by (llama.cpp
+# turns it into a grammar); unbounded, they ran past eval.judge_max_tokens and were lost as
+# invalid JSON (bench/judge_speed.py):
+# - "reason" (the rationale written before each verdict): at most REASON_MAX_CHARS;
+# - every list (statements, verdicts, classifications): at most MAX_STATEMENTS items, each
+#   string item at most STATEMENT_MAX_CHARS: the statement generator looped ("CRAN is a
+#   collection of sites ..." until 768 tokens) on 1 answer in 3, and faithfulness was lost.
+# The statement a verdict echoes is not bounded: cut, the judge judged the cut statement
+# ("... are examples of U": verdict 0; faithfulness 1.0 -> 0.5 and 1.0 -> 0.11).
 REASON_MAX_CHARS = 160
+MAX_STATEMENTS = 10
+STATEMENT_MAX_CHARS = 240
 
 
 def bounded_reasons(schema: Any) -> Any:
-    """``schema`` with every string property named ``reason`` given a ``maxLength``."""
+    """``schema`` with the judge's replies bounded (see above): ``reason`` strings get a
+    ``maxLength``, lists a ``maxItems`` and their string items a ``maxLength``. The
+    original is not changed."""
     if isinstance(schema, list):
         return [bounded_reasons(s) for s in schema]
     if not isinstance(schema, dict):
@@ -138,6 +147,11 @@ def bounded_reasons(schema: Any) -> Any:
     reason = bounded.get("properties", {}).get("reason")
     if isinstance(reason, dict) and reason.get("type") == "string":
         bounded["properties"]["reason"] = {**reason, "maxLength": REASON_MAX_CHARS}
+    if bounded.get("type") == "array":
+        bounded["maxItems"] = MAX_STATEMENTS
+        items = bounded.get("items")
+        if isinstance(items, dict) and items.get("type") == "string":
+            bounded["items"] = {**items, "maxLength": STATEMENT_MAX_CHARS}
     return bounded
 
 
