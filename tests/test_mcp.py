@@ -255,3 +255,27 @@ def test_a_full_answer_queue_and_a_foreign_host_are_refused_with_reasons(
         page = httpx.post(f"{url}/mcp", json=ping,
                           headers={**accept, "Origin": "https://evil.example"})  # fmt: skip
         assert page.status_code == 403
+
+
+def test_hostile_mcp_requests_get_clear_answers_and_the_server_keeps_serving(
+    indexed: tuple[RagpipeConfig, Path],
+) -> None:
+    """/mcp sits behind the same body limits as the API; malformed and oversized requests
+    are answered, not crashed on, and a search still works after them."""
+    cfg, _ = indexed
+    small = cfg.model_copy(update={"serve": cfg.serve.model_copy(update={"max_body_bytes": 4096})})
+    accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    with running(create_app(small)) as url:
+        broken = httpx.post(f"{url}/mcp", content=b'{"jsonrpc": "2.0", "id": 1, "meth',
+                            headers=accept)  # fmt: skip
+        assert broken.status_code == 400 and broken.json()["error"]["code"] == -32700
+        huge = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "search", "arguments": {"query": "x" * 10_000}}}  # fmt: skip
+        too_big = httpx.post(f"{url}/mcp", json=huge, headers=accept)
+        assert too_big.status_code == 413
+        not_json = httpx.post(f"{url}/mcp", content=b"\xff\xfe\x00", headers=accept)
+        assert 400 <= not_json.status_code < 500
+        wrong_type = httpx.post(f"{url}/mcp", json=[1, 2, 3], headers=accept)
+        assert 400 <= wrong_type.status_code < 500
+        found = httpx.post(f"{url}/search", json={"query": BREAD})
+        assert found.status_code == 200 and found.json()["hits"]
