@@ -279,3 +279,64 @@ def test_hostile_mcp_requests_get_clear_answers_and_the_server_keeps_serving(
         assert 400 <= wrong_type.status_code < 500
         found = httpx.post(f"{url}/search", json={"query": BREAD})
         assert found.status_code == 200 and found.json()["hits"]
+
+
+def test_a_cancelled_ask_stops_the_model_at_its_next_token(
+    indexed: tuple[RagpipeConfig, Path], smollm: Any
+) -> None:
+    """An agent that gives up on an `ask` (the client cancels the call) frees the model: the
+    real model, counted token by token, stops right after the cancellation."""
+    import anyio
+    from mcp import Client
+
+    from ragpipe.models.llm import GenerationCancelled
+    from ragpipe.serve.index import LiveIndex
+    from ragpipe.serve.mcp_tools import IndexTools, build_server
+
+    cfg, _ = indexed
+    cfg = cfg.model_copy(update={"generate": cfg.generate.model_copy(
+        update={"min_relevance": "off"})})  # fmt: skip
+    tokens: list[str] = []
+    ended: list[str] = []
+
+    class Counted:  # the real model, its tokens counted
+        name, takes_grammar = smollm.name, smollm.takes_grammar
+
+        def count_tokens(self, text: str) -> int:
+            return int(smollm.count_tokens(text))
+
+        def chat(self, messages: Any, on_token: Any = None, **options: Any) -> Any:
+            def counted(text: str) -> None:
+                tokens.append(text)
+                if on_token is not None:
+                    on_token(text)
+
+            try:
+                reply = smollm.chat(messages, on_token=counted, **{**options, "max_tokens": 400})
+            except GenerationCancelled:
+                ended.append("cancelled")
+                raise
+            ended.append("finished")
+            return reply
+
+    index = LiveIndex(cfg, llm=Counted())  # type: ignore[arg-type]
+    server = build_server(IndexTools(index, cfg))
+
+    async def session() -> None:
+        async with Client(server) as client:
+            question = "Write a very long essay on baking bread and its whole history."
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as group:
+                    group.start_soon(client.call_tool, "ask", {"question": question})
+                    while not tokens:
+                        await anyio.sleep(0.01)
+                    group.cancel_scope.cancel()  # the agent gives up
+            at_cancel = len(tokens)
+            await anyio.sleep(2)
+            assert ended == ["cancelled"]
+            assert len(tokens) <= at_cancel + 2 < 400
+
+    try:
+        _run(session)
+    finally:
+        index.close()
