@@ -116,7 +116,39 @@ def _embed_sorted(
     return out
 
 
-class LocalEmbedder:
+class _InProcess:
+    """What the in-process embedders share: name, size, window, and batches sorted by
+    length through the subclass's ``_encode``."""
+
+    _name: str
+    _dim: int
+    _max_tokens: int
+    batch_size: int
+    progress: Callable[[int], None] | None
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def max_tokens(self) -> int:
+        return self._max_tokens
+
+    def _encode(self, batch: list[str]) -> Matrix:
+        raise NotImplementedError
+
+    def embed_documents(self, texts: Sequence[str]) -> Matrix:
+        return _embed_sorted(texts, self.batch_size, self._encode, self._dim, self.progress)
+
+    def embed_query(self, text: str) -> Matrix:
+        return _row(self._encode([text]))
+
+
+class LocalEmbedder(_InProcess):
     """sentence-transformers on CPU; default model all-MiniLM-L6-v2 (packaged)."""
 
     def __init__(self, model: str | None = None, batch_size: int = 32) -> None:
@@ -139,18 +171,7 @@ class LocalEmbedder:
         if not isinstance(dim, int):
             raise ConfigError(f"embed.model {path} does not declare its embedding size")
         self._dim = int(dim)
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def dim(self) -> int:
-        return self._dim
-
-    @property
-    def max_tokens(self) -> int:
-        return int(self._model.max_seq_length or 256)
+        self._max_tokens = int(self._model.max_seq_length or 256)
 
     def _encode(self, batch: list[str]) -> Matrix:
         vectors = self._model.encode(
@@ -161,12 +182,6 @@ class LocalEmbedder:
             show_progress_bar=False,
         )
         return normalise(vectors)
-
-    def embed_documents(self, texts: Sequence[str]) -> Matrix:
-        return _embed_sorted(texts, self.batch_size, self._encode, self._dim, self.progress)
-
-    def embed_query(self, text: str) -> Matrix:
-        return _row(self._encode([text]))
 
 
 def _packaged_minilm() -> Path:
@@ -196,36 +211,8 @@ def mean_pooled(tokens: npt.NDArray[Any], mask: npt.NDArray[np.int64]) -> Matrix
     return normalise(pooled)
 
 
-class OnnxRuntimeEmbedder:
-    """What the onnxruntime embedders share: name, size, window, and batches sorted by
-    length through the subclass's ``_encode``."""
-
-    _name: str
-    _dim: int
-    _max_tokens: int
-    batch_size: int
-    progress: Callable[[int], None] | None
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def dim(self) -> int:
-        return self._dim
-
-    @property
-    def max_tokens(self) -> int:
-        return self._max_tokens
-
-    def _encode(self, batch: list[str]) -> Matrix:
-        raise NotImplementedError
-
-    def embed_documents(self, texts: Sequence[str]) -> Matrix:
-        return _embed_sorted(texts, self.batch_size, self._encode, self._dim, self.progress)
-
-    def embed_query(self, text: str) -> Matrix:
-        return _row(self._encode([text]))
+class OnnxRuntimeEmbedder(_InProcess):
+    """The embedders run with onnxruntime (``runtime_of`` tells them from torch's)."""
 
 
 class OnnxEmbedder(OnnxRuntimeEmbedder):
