@@ -21,6 +21,7 @@ import typer
 
 from flows.cli_deploy import deploy
 from flows.cli_eval import eval_app, report
+from flows.cli_golden import golden_app
 from flows.cli_index import index_app
 from flows.cli_ingest import ingest
 from flows.cli_init import init
@@ -64,6 +65,7 @@ app.command()(ask)
 app.command()(serve)
 app.command()(mcp)
 app.add_typer(eval_app, name="eval")
+app.add_typer(golden_app, name="golden")
 app.add_typer(index_app, name="index")
 app.add_typer(inspect_app, name="inspect")
 app.command()(report)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -58,6 +59,14 @@ NameOption = Annotated[
 ReportsOption = Annotated[
     Path | None, typer.Option(help="eval.reports_dir (default eval/reports).")
 ]
+AllowDraftOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-draft",
+        help="Evaluate golden items still marked 'draft: true' (from `ragpipe golden draft`, "
+        "not reviewed); without it such a set stops the run, exit 2 (eval.allow_draft).",
+    ),
+]
 SkipUnmatchedOption = Annotated[
     bool | None,
     typer.Option(
@@ -82,6 +91,9 @@ def _eval_config(
                  for k, v in evaluation.items() if v is not None},
     }  # fmt: skip
     overrides.update(index_overrides(store_path, embedder))
+    if overrides["eval"].get("allow_draft"):
+        # A flow run (--flow) loads the configuration again: the environment carries it.
+        os.environ["RAGPIPE_EVAL__ALLOW_DRAFT"] = "true"
     return load_config(config, overrides)
 
 
@@ -159,7 +171,7 @@ def eval_check(
 
     try:
         cfg = _eval_config(config, store_path, embedder, {}, {"golden": golden})
-        loaded = load_golden_from(cfg)
+        loaded = load_golden_from(cfg, reviewing=True)
         store = open_reader(cfg.store, embedder_name(cfg.embed))
         if store is None:
             where = cfg.store.url or cfg.store.path
@@ -183,6 +195,9 @@ def eval_check(
         f"{loaded.name} ({loaded.source}): {check.items} items ({unanswerable} answerable: "
         f"false), {check.targets} targets checked against {check.index_files} files in the index"
     )
+    if loaded.drafts:
+        print(f"{len(loaded.drafts)} items are drafts (draft: true): evaluations refuse them "
+              "until each is reviewed and its 'draft: true' line removed")  # fmt: skip
     if check.ok:
         print("ok: every target matches")
         return
@@ -204,6 +219,7 @@ def eval_retrieval(
     granularity: GranularityOption = None,
     depth: Annotated[int | None, typer.Option(help="Results per query (default 10).")] = None,
     skip_unmatched: SkipUnmatchedOption = None,
+    allow_draft: AllowDraftOption = False,
     name: NameOption = None,
     reports_dir: ReportsOption = None,
     config: ConfigOption = None,
@@ -239,7 +255,8 @@ def eval_retrieval(
             embedder,
             {"mode": mode, "rerank": rerank},
             {"golden": golden, "granularity": granularity, "depth": depth,
-             "reports_dir": reports_dir, "skip_unmatched": skip_unmatched},
+             "reports_dir": reports_dir, "skip_unmatched": skip_unmatched,
+             "allow_draft": allow_draft or None},
         )  # fmt: skip
         if as_flow:
             from flows.eval import evaluate_retrieval
@@ -297,6 +314,7 @@ def eval_rag(
     mode: ModeOption = None,
     k: KOption = None,
     skip_unmatched: SkipUnmatchedOption = None,
+    allow_draft: AllowDraftOption = False,
     name: NameOption = None,
     reports_dir: ReportsOption = None,
     config: ConfigOption = None,
@@ -324,6 +342,7 @@ def eval_rag(
             {"mode": mode, "top_k": k},
             {"golden": golden, "rag_limit": limit, "rag_sample": sample, "reports_dir": reports_dir,
              "skip_unmatched": skip_unmatched, "labels": labels,
+             "allow_draft": allow_draft or None,
              "judge_probe_size": probe_size},
         )  # fmt: skip
         generator = {k: v for k, v in {"provider": llm.value if llm else None,
@@ -389,6 +408,7 @@ def eval_compare(
         float, typer.Option(help="... lies entirely below this value (e.g. -0.02).")
     ] = 0.0,
     skip_unmatched: SkipUnmatchedOption = None,
+    allow_draft: AllowDraftOption = False,
     name: NameOption = None,
     reports_dir: ReportsOption = None,
     config: ConfigOption = None,
@@ -413,7 +433,8 @@ def eval_compare(
             embedder,
             {},
             {"golden": golden, "granularity": granularity, "reports_dir": reports_dir,
-             "skip_unmatched": skip_unmatched},
+             "skip_unmatched": skip_unmatched,
+             "allow_draft": allow_draft or None},
         )  # fmt: skip
         from flows.eval import compare_retrieval
         from ragpipe.evaluation.retrieval import Gate
@@ -448,6 +469,7 @@ def eval_tune(
         ),
     ] = None,
     skip_unmatched: SkipUnmatchedOption = None,
+    allow_draft: AllowDraftOption = False,
     name: NameOption = None,
     reports_dir: ReportsOption = None,
     config: ConfigOption = None,
@@ -479,6 +501,7 @@ def eval_tune(
                 "reports_dir": reports_dir,
                 "seed": seed,
                 "skip_unmatched": skip_unmatched,
+                "allow_draft": allow_draft or None,
             },
         )
         from flows.eval import tune_retrieval
@@ -489,7 +512,9 @@ def eval_tune(
         # Checked here so that a mistake is one line, not a flow run's traceback.
         if metric not in METRICS:
             raise ConfigError(f"tune metric {metric!r} is not one of {', '.join(METRICS)}")
-        split_queries(load_golden(cfg.eval.golden), cfg.eval.seed, share)
+        loaded = load_golden(cfg.eval.golden)
+        loaded.refuse_drafts(cfg.eval.allow_draft)
+        split_queries(loaded, cfg.eval.seed, share)
         base = config or (DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None)
         columns = (TextColumn("{task.description:>9}"), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(

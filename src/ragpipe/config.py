@@ -1061,6 +1061,12 @@ class EvalConfig(_Section):
         "nothing in the index: False stops the run (exit 2) listing each with its closest "
         "matches; True leaves them out of the scores, and the report counts and names them.",
     )
+    allow_draft: bool = Field(
+        default=False,
+        description="Evaluate golden items still marked 'draft: true' (drafted by `ragpipe "
+        "golden draft`, not yet reviewed). False refuses a golden set that has any (exit 2), "
+        "naming them; review each, then remove its 'draft: true' line.",
+    )
     max_judge_failure_share: float = Field(
         default=0.2,
         ge=0,

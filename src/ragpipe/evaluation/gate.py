@@ -189,6 +189,7 @@ def evaluate_gate(config: RagpipeConfig, staged: str, live: str | None) -> GateV
         live_view = IndexView(old.store) if old is not None else None
         for path in gate.golden:
             loaded = load_golden(path)
+            loaded.refuse_drafts(config.eval.allow_draft)
             # Items written for files only the staged version has are new labels: scored
             # there (the floor), not compared. Targets that match nothing in either version
             # are the golden set's fault, as for any eval; those the staged version lost

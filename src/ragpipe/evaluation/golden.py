@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ import yaml
 from ragpipe import yamlio
 from ragpipe.errors import ConfigError
 
+logger = logging.getLogger(__name__)
+
 MAX_GRADE = 3
 ITEM_KEYS = {
     "id",
@@ -46,6 +49,8 @@ ITEM_KEYS = {
     "chunks",
     "expected_answer",
     "answerable",
+    "draft",
+    "provenance",
 }
 
 
@@ -82,6 +87,7 @@ class GoldenItem:
     chunks: tuple[ChunkTarget, ...] = ()
     expected_answer: str | None = None
     answerable: bool = True
+    draft: bool = False  # drafted by `ragpipe golden draft`, not yet reviewed
 
 
 @dataclass
@@ -96,6 +102,30 @@ class GoldenSet:
     def answerable(self) -> list[GoldenItem]:
         """The items whose answer is in the corpus (the ones retrieval metrics score)."""
         return [i for i in self.items if i.answerable]
+
+    @property
+    def drafts(self) -> list[GoldenItem]:
+        """Items still marked ``draft: true`` (drafted, not reviewed)."""
+        return [i for i in self.items if i.draft]
+
+    def refuse_drafts(self, allowed: bool) -> None:
+        """ConfigError when items are unreviewed drafts, unless ``allowed``
+        (``eval.allow_draft``; logged then)."""
+        drafts = self.drafts
+        if not drafts:
+            return
+        if allowed:
+            logger.warning("golden set %s: %d of %d items are unreviewed drafts (draft: true), "
+                           "evaluated as eval.allow_draft asks", self.name, len(drafts),
+                           len(self.items))  # fmt: skip
+            return
+        ids = ", ".join(i.id for i in drafts[:5]) + (" ..." if len(drafts) > 5 else "")
+        raise ConfigError(
+            f"golden set {self.source or self.name}: {len(drafts)} of {len(self.items)} items are "
+            f"drafts not yet reviewed ({ids}): read each, fix or delete it and remove its "
+            "'draft: true' line; or evaluate them as drafts with --allow-draft "
+            "(eval.allow_draft)"
+        )
 
 
 def file_matches(path: str, suffix: str) -> bool:
@@ -136,6 +166,9 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
     answer = raw.get("expected_answer")
     if answer is not None and not isinstance(answer, str):
         raise ConfigError(f"{where}: 'expected_answer' must be a string")
+    draft = raw.get("draft", False)
+    if not isinstance(draft, bool):
+        raise ConfigError(f"{where}: 'draft' must be true or false, got {draft!r}")
     if not answerable:
         keys = ("relevance", "expected_files", "chunks", "expected_answer")
         targets = [k for k in keys if raw.get(k)]
@@ -144,7 +177,7 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
                 f"{where}: 'answerable: false' means the corpus holds no answer; remove "
                 f"{', '.join(targets)} or drop 'answerable: false'"
             )
-        return GoldenItem(item_id, query.strip(), {}, answerable=False)
+        return GoldenItem(item_id, query.strip(), {}, answerable=False, draft=draft)
     relevance: dict[str, int] = {}
     graded = raw.get("relevance") or {}
     if not isinstance(graded, dict):
@@ -176,7 +209,7 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
             f"{where}: no relevant file (grade > 0): add 'relevance', 'expected_files' or "
             "'chunks' (or 'answerable: false' for a question the corpus does not answer)"
         )
-    return GoldenItem(item_id, query.strip(), relevance, tuple(chunks), answer)
+    return GoldenItem(item_id, query.strip(), relevance, tuple(chunks), answer, draft=draft)
 
 
 def load_golden(path: Path) -> GoldenSet:

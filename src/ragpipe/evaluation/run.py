@@ -491,15 +491,19 @@ def checked_golden(
     )
 
 
-def load_golden_from(config: RagpipeConfig) -> GoldenSet:
-    """``config.eval.golden``, loaded; a missing file names where its path came from."""
+def load_golden_from(config: RagpipeConfig, reviewing: bool = False) -> GoldenSet:
+    """``config.eval.golden``, loaded; a missing file names where its path came from. Draft
+    items are refused unless ``eval.allow_draft`` (or ``reviewing``: ``eval check``)."""
     path = config.eval.golden
     if not path.is_file():
         raise ConfigError(
             f"golden set {path} not found (from {config.origin('eval.golden')}): pass --golden "
             "(eval.golden) with your golden set; see eval/README.md for the format"
         )
-    return load_golden(path)
+    golden = load_golden(path)
+    if not reviewing:
+        golden.refuse_drafts(config.eval.allow_draft)
+    return golden
 
 
 def with_check(summary: RunSummary, check: GoldenCheck) -> RunSummary:

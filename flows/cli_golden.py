@@ -1,0 +1,101 @@
+"""`ragpipe golden draft`: draft golden items from the index, for a person to review."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.cli_common import ConfigOption, StorePathOption, fail, index_overrides
+from ragpipe.errors import RagpipeError
+
+golden_app = typer.Typer(
+    help="Golden sets: draft one from the index (then review it, and evaluate).",
+    no_args_is_help=True,
+)
+
+
+@golden_app.command("draft")
+def draft(
+    out: Annotated[
+        Path, typer.Option(help="The draft golden set to write (never over a file).")
+    ] = Path("eval/golden/draft.yaml"),
+    sample: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Chunks the LLM writes a question for (a stratified sample over files and "
+            "positions); 0: question headings only, no model.",
+        ),
+    ] = 20,
+    seed: Annotated[int, typer.Option(help="The sample's seed.")] = 0,
+    model: Annotated[
+        str | None,
+        typer.Option(help="llm.model for the questions (default: the configured model)."),
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="The set's name (default: OUT's stem).")] = None,
+    config: ConfigOption = None,
+    store_path: StorePathOption = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Draft golden items from the live index, each marked `draft: true` for review.
+
+    Question headings (a section titled "How do I ...?") become items targeting their
+    section. Then the configured LLM writes a question for each of SAMPLE chunks; one is kept
+    only when the model judges that its chunk answers it, it does not copy 6+ words of the
+    chunk, and it is no near-duplicate of a kept one. Every item records how it was made.
+    Evaluations refuse draft items (unless --allow-draft): read each, fix or delete it, and
+    remove its `draft: true` line; `ragpipe eval check OUT` checks the targets.
+    """
+    import yaml
+
+    from ragpipe.config import load_config
+    from ragpipe.evaluation.draft import draft_golden
+    from ragpipe.models.embedders import embedder_name
+    from ragpipe.store import open_reader
+
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("ragpipe").setLevel(logging.INFO if verbose else logging.WARNING)
+    if out.exists():
+        fail(RagpipeError(f"{out} exists; give another --out (drafts never overwrite a file)"), 2)
+    try:
+        overrides = index_overrides(store_path, None)
+        if model is not None:
+            overrides["llm"] = {"model": model}
+        cfg = load_config(config, overrides)
+        store = open_reader(cfg.store, embedder_name(cfg.embed))
+        if store is None:
+            where = cfg.store.url or cfg.store.path
+            raise RagpipeError(f"no index at {where}: run `ragpipe ingest` first")
+        llm = None
+        if sample > 0:
+            from ragpipe.models.llm import make_llm
+
+            llm = make_llm(cfg.llm)
+
+        def progress(done: int, total: int) -> None:
+            print(f"  question {done} of {total} ...", file=sys.stderr, flush=True)
+
+        try:
+            golden, drafted = draft_golden(
+                store, cfg.discover.roots, llm, sample, seed, name or out.stem, progress
+            )
+        finally:
+            store.close()
+    except RagpipeError as exc:
+        fail(exc, 2)
+    if not golden["items"]:
+        fail(RagpipeError("nothing to draft: no question headings, and no question kept"), 2)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(golden, sort_keys=False, allow_unicode=True, width=100)
+    with out.open("x", encoding="utf-8") as fh:
+        fh.write(text)
+    methods = [str(i["provenance"]["method"]) for i in golden["items"]]
+    print(f"wrote {out}: {methods.count('heading')} question headings, "
+          f"{methods.count('llm')} of {drafted.asked} model questions kept")  # fmt: skip
+    for reason, count in sorted(drafted.dropped.items(), key=lambda kv: -kv[1]):
+        print(f"  dropped {count}: {reason}")
+    print(f"next: review every item, then `ragpipe eval check {out}`")

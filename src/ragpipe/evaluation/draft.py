@@ -1,0 +1,355 @@
+"""``ragpipe golden draft``: golden items drafted from the index, for a person to review.
+
+Two sources, both read from the live index:
+
+* **Question headings** (the R-FAQ pattern): a section whose heading is a question
+  ("2.7 What documentation exists for R?") becomes an item asking it (numbering dropped),
+  targeting that section by heading, with the section's first sentences as the expected
+  answer.
+* **Questions written by the configured LLM** for a stratified sample of chunks (round robin
+  over files, and within a file over its start, middle and end), each targeting its chunk
+  by a verbatim span, with the expected answer drawn from the chunk's own sentences. A
+  question is kept only when the model, asked again, judges that its chunk answers it; it
+  does not copy a long run of the chunk's words; and it is no near-duplicate of one kept.
+
+Every item is written with ``draft: true`` and its provenance (how it was made, from
+which chunk of which version of the file, by which model). Evaluations refuse draft items
+unless ``eval.allow_draft`` is set: a person reads each one, fixes or deletes it, and
+removes its ``draft`` line.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ragpipe.models.llm import LLM
+from ragpipe.store.base import VectorStore
+
+logger = logging.getLogger(__name__)
+
+# A question that repeats this many consecutive words of its chunk copies it: retrieval on
+# it measures string matching, not whether a user's question finds its answer.
+COPY_WORDS = 6
+# Two questions whose word sets overlap this much (Jaccard) ask the same thing.
+NEAR_DUPLICATE = 0.7
+MIN_CHUNK_WORDS = 25
+QUESTION_MAX_CHARS = 200
+ANSWER_MAX_CHARS = 300
+EXPECTED_SENTENCES = 2
+_NUMBERING = re.compile(r"^\s*(?:\d+(?:\.\d+)*\.?|[A-Z]\.(?:\d+\.?)*)\s+")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9(\"'])")
+_WORD = re.compile(r"[a-z0-9]+")
+_MARKUP = re.compile(r"^#+\s.*$|[*_`>|]+", re.M)
+
+QUESTION_PROMPT = """Here is a passage from a team's documentation.
+
+<passage>
+{text}
+</passage>
+
+Write one question a user of this documentation might ask that this passage answers.
+Ask it in your own words, as a user would: do not copy phrases from the passage, and do
+not mention "the passage". Then give the answer, in one or two sentences from the passage.
+Reply as JSON: {{"question": "...", "answer": "..."}}"""
+
+CHECK_PROMPT = """<passage>
+{text}
+</passage>
+
+Question: {question}
+
+Does the passage above answer this question? Reply as JSON: {{"answers": true}} or
+{{"answers": false}}."""
+
+QUESTION_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "question": {"type": "string", "maxLength": QUESTION_MAX_CHARS},
+        "answer": {"type": "string", "maxLength": ANSWER_MAX_CHARS},
+    },
+    "required": ["question", "answer"],
+}
+CHECK_SCHEMA = {
+    "type": "object",
+    "properties": {"answers": {"type": "boolean"}},
+    "required": ["answers"],
+}
+
+
+@dataclass(frozen=True)
+class Passage:
+    """A chunk of the index, as the drafts read it."""
+
+    point_id: str
+    file_path: str
+    target: str  # the file as the golden set names it (a path suffix)
+    heading_path: tuple[str, ...]
+    chunk_index: int
+    text: str
+    source_sha: str
+
+
+@dataclass
+class Drafted:
+    """The draft items and what happened on the way."""
+
+    items: list[dict[str, Any]] = field(default_factory=list)
+    asked: int = 0  # chunks the LLM was asked about
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> count
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def copied_run(question: str, passage: str) -> int:
+    """The longest run of consecutive words of ``question`` that ``passage`` also has."""
+    q, p = words(question), words(passage)
+    if not q or not p:
+        return 0
+    best = 0
+    previous = [0] * (len(p) + 1)
+    for qw in q:
+        current = [0] * (len(p) + 1)
+        for j, pw in enumerate(p, start=1):
+            if qw == pw:
+                current[j] = previous[j - 1] + 1
+                best = max(best, current[j])
+        previous = current
+    return best
+
+
+def overlap(a: str, b: str) -> float:
+    """Jaccard overlap of two texts' word sets."""
+    sa, sb = set(words(a)), set(words(b))
+    return len(sa & sb) / len(sa | sb) if sa and sb else 0.0
+
+
+def body(text: str) -> str:
+    """A chunk's prose: heading lines and Markdown markup dropped, whitespace joined."""
+    return " ".join(_MARKUP.sub(" ", text).split())
+
+
+def sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE.split(body(text)) if s.strip()]
+
+
+def target_name(file_path: str, roots: Sequence[Path]) -> str:
+    """The file relative to the discover root it lies under (its full path otherwise)."""
+    path = Path(file_path)
+    for root in roots:
+        try:
+            return path.relative_to(root.expanduser().resolve()).as_posix()
+        except ValueError:
+            continue
+    return path.as_posix()
+
+
+def passages(store: VectorStore, roots: Sequence[Path]) -> list[Passage]:
+    """Every chunk of the index, by file and position."""
+    out = []
+    for hit in store.scroll():
+        p = hit.payload
+        headings = p.get("heading_path") or []
+        out.append(
+            Passage(
+                point_id=hit.point_id,
+                file_path=str(p.get("file_path", "")),
+                target=target_name(str(p.get("file_path", "")), roots),
+                heading_path=tuple(str(h) for h in headings),
+                chunk_index=int(p.get("chunk_index") or 0),
+                text=str(p.get("text", "")),
+                source_sha=str(p.get("source_sha", "")),
+            )
+        )
+    return sorted(out, key=lambda c: (c.file_path, c.chunk_index))
+
+
+def _provenance(method: str, chunk: Passage, **extra: Any) -> dict[str, Any]:
+    return {
+        "method": method,
+        "file": chunk.file_path,
+        "point_id": chunk.point_id,
+        "source_sha": chunk.source_sha,
+        **extra,
+    }
+
+
+def heading_items(chunks: Sequence[Passage], drafted: Drafted) -> None:
+    """An item per section whose heading is a question (once per file and heading)."""
+    seen: set[tuple[str, str]] = set()
+    for chunk in chunks:
+        if not chunk.heading_path:
+            continue
+        heading = chunk.heading_path[-1].strip()
+        if not heading.endswith("?") or (chunk.target, heading) in seen:
+            continue
+        seen.add((chunk.target, heading))
+        query = _NUMBERING.sub("", heading).strip()
+        if len(words(query)) < 3:
+            continue
+        item: dict[str, Any] = {
+            "id": f"heading-{len(drafted.items) + 1}",
+            "query": query,
+            "relevance": {chunk.target: 3},
+            "chunks": [{"file": chunk.target, "heading": heading, "grade": 3}],
+            "draft": True,
+        }
+        answer = " ".join(sentences(chunk.text)[:EXPECTED_SENTENCES])
+        if answer:
+            item["expected_answer"] = answer
+        item["provenance"] = _provenance("heading", chunk)
+        drafted.items.append(item)
+
+
+def stratified(chunks: Sequence[Passage], n: int, seed: int) -> list[Passage]:
+    """Up to ``n`` chunks with prose enough to ask about: round robin over the files (in a
+    seeded order), each file's turn taking its start, middle or end third in rotation."""
+    rng = random.Random(seed)
+    by_file: dict[str, list[list[Passage]]] = {}
+    for chunk in chunks:
+        if len(words(body(chunk.text))) >= MIN_CHUNK_WORDS:
+            by_file.setdefault(chunk.file_path, []).append([chunk])
+    strata: dict[str, list[list[Passage]]] = {}
+    for file, singles in by_file.items():
+        flat = [c[0] for c in singles]
+        third = max(1, len(flat) // 3)
+        parts = [flat[:third], flat[third : 2 * third], flat[2 * third :]]
+        for part in parts:
+            rng.shuffle(part)
+        strata[file] = [p for p in parts if p]
+    files = sorted(strata)
+    rng.shuffle(files)
+    picked: list[Passage] = []
+    turn = 0
+    while len(picked) < n and any(any(p) for p in strata.values()):
+        for file in files:
+            parts = [p for p in strata[file] if p]
+            if not parts or len(picked) >= n:
+                continue
+            picked.append(parts[turn % len(parts)].pop())
+        turn += 1
+    return picked
+
+
+def _reply(llm: LLM, prompt: str, schema: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    import json
+
+    reply = llm.chat([{"role": "user", "content": prompt}], schema=schema,
+                     max_tokens=max_tokens, temperature=0.0, seed=0)  # fmt: skip
+    value = json.loads(reply.text)
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
+
+
+def expected_from(chunk: Passage, answer: str) -> str:
+    """The chunk's own sentence (and the next, up to two) closest to the model's answer."""
+    found = sentences(chunk.text)
+    if not found:
+        return ""
+    best = max(range(len(found)), key=lambda i: overlap(found[i], answer))
+    return " ".join(found[best : best + EXPECTED_SENTENCES])[:1000]
+
+
+def llm_items(
+    chunks: Sequence[Passage],
+    llm: LLM,
+    n: int,
+    seed: int,
+    drafted: Drafted,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
+    """Questions written by ``llm`` for ``n`` stratified chunks, filtered (see above)."""
+    kept = [str(i["query"]) for i in drafted.items]
+    sample = stratified(chunks, n, seed)
+    for done, chunk in enumerate(sample, start=1):
+        if progress is not None:
+            progress(done, len(sample))
+        drafted.asked += 1
+        text = chunk.text[:4000]
+        try:
+            wrote = _reply(llm, QUESTION_PROMPT.format(text=text), QUESTION_SCHEMA, 160)
+            question = " ".join(str(wrote.get("question", "")).split())
+            answer = str(wrote.get("answer", ""))
+        except (ValueError, KeyError) as exc:
+            logger.info("no question for %s: %s", chunk.point_id, exc)
+            drafted.drop("the model wrote no question")
+            continue
+        if not question.endswith("?") or len(words(question)) < 4:
+            drafted.drop("not a question")
+            continue
+        if copied_run(question, chunk.text) >= COPY_WORDS:
+            drafted.drop(f"copies {COPY_WORDS}+ words of its chunk")
+            continue
+        if any(overlap(question, other) >= NEAR_DUPLICATE for other in kept):
+            drafted.drop("near-duplicate of a kept question")
+            continue
+        try:
+            check = _reply(llm, CHECK_PROMPT.format(text=text, question=question), CHECK_SCHEMA, 16)
+        except (ValueError, KeyError):
+            drafted.drop("the model's check was unreadable")
+            continue
+        if check.get("answers") is not True:
+            drafted.drop("its chunk does not answer it (model's check)")
+            continue
+        span = _span(chunk)
+        item: dict[str, Any] = {
+            "id": f"llm-{len(drafted.items) + 1}",
+            "query": question,
+            "relevance": {chunk.target: 3},
+            "chunks": [{"file": chunk.target, "contains": span, "grade": 3}],
+            "draft": True,
+        }
+        expected = expected_from(chunk, answer)
+        if expected:
+            item["expected_answer"] = expected
+        item["provenance"] = _provenance("llm", chunk, model=llm.name)
+        drafted.items.append(item)
+        kept.append(question)
+
+
+def _span(chunk: Passage) -> str:
+    """A verbatim run of the chunk's text that identifies it: its longest line, cut to 80
+    characters at a word boundary (chunk targets match by containment)."""
+    lines = [" ".join(line.split()) for line in chunk.text.splitlines()]
+    longest = max((line for line in lines if not line.startswith("#")), key=len, default="")
+    if len(longest) <= 80:
+        return longest
+    return longest[:80].rsplit(" ", 1)[0]
+
+
+def draft_golden(
+    store: VectorStore,
+    roots: Sequence[Path],
+    llm: LLM | None,
+    sample: int,
+    seed: int,
+    name: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[dict[str, Any], Drafted]:
+    """The draft golden set (as written to YAML) and what was dropped."""
+    chunks = passages(store, roots)
+    drafted = Drafted()
+    heading_items(chunks, drafted)
+    headings = len(drafted.items)
+    if llm is not None and sample > 0:
+        llm_items(chunks, llm, sample, seed, drafted, progress)
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    model = f", questions written by {llm.name}" if llm is not None and sample > 0 else ""
+    description = (
+        f"DRAFT of {now}: {headings} question headings{model}; "
+        f"{len(drafted.items) - headings} of {drafted.asked} model questions kept. Review "
+        "every item (fix or delete it, then remove its 'draft: true') before evaluating."
+    )
+    return {"name": name, "description": description, "items": drafted.items}, drafted

@@ -1,0 +1,176 @@
+"""`ragpipe golden draft`: question headings and model-written questions drafted from a real
+index, filtered, marked as drafts that evaluations refuse until reviewed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from flows.cli import app
+from ragpipe.evaluation.draft import (
+    Drafted,
+    Passage,
+    copied_run,
+    heading_items,
+    overlap,
+    stratified,
+    target_name,
+)
+
+runner = CliRunner()
+
+
+def _passage(file: str, index: int, headings: tuple[str, ...] = (), text: str = "") -> Passage:
+    return Passage(f"id-{file}-{index}", f"/docs/{file}", file, headings, index, text, "sha")
+
+
+def test_the_filters_measure_what_they_say() -> None:
+    # "restore the database from last night" is 6 consecutive words of the passage.
+    passage = "To restore the database from last night's copy, stop the service first."
+    assert copied_run("How do I restore the database from last night?", passage) == 6
+    assert copied_run("Where is yesterday data kept?", passage) == 0
+    # {how, do, i, bake, bread} vs {how, do, i, bake, a, loaf}: 4 shared of 7.
+    assert overlap("How do I bake bread?", "How do I bake a loaf?") == pytest.approx(4 / 7)
+    assert target_name("/srv/docs/a/b.md", [Path("/other"), Path("/srv/docs")]) == "a/b.md"
+    assert target_name("/elsewhere/c.md", [Path("/srv/docs")]) == "/elsewhere/c.md"
+
+
+def test_question_headings_become_items_once_per_file_and_heading() -> None:
+    chunks = [
+        _passage("faq.md", 0, ("FAQ", "2.7 What documentation exists for R?"),
+                 "### 2.7 What documentation exists for R?\n\nOnline documentation exists. "
+                 "It covers all functions. More is in print."),
+        _passage("faq.md", 1, ("FAQ", "2.7 What documentation exists for R?"), "more"),
+        _passage("faq.md", 2, ("FAQ", "Installation"), "Not a question heading."),
+        _passage("faq.md", 3, ("FAQ", "Why?"), "Too short to ask."),
+    ]  # fmt: skip
+    drafted = Drafted()
+    heading_items(chunks, drafted)
+    (item,) = drafted.items
+    assert item["query"] == "What documentation exists for R?"
+    assert item["chunks"] == [
+        {"file": "faq.md", "heading": "2.7 What documentation exists for R?", "grade": 3}
+    ]
+    assert item["expected_answer"] == "Online documentation exists. It covers all functions."
+    assert item["draft"] is True and item["provenance"]["method"] == "heading"
+
+
+def test_the_sample_takes_files_in_turn_and_each_file_start_middle_and_end() -> None:
+    prose = " ".join(["word"] * 30)
+    chunks = [_passage(f, i, (), prose) for f in ("a.md", "b.md") for i in range(6)]
+    chunks.append(_passage("c.md", 0, (), "too short"))  # under 25 words: never asked about
+    picked = stratified(chunks, 6, seed=1)
+    assert len(picked) == 6
+    assert {p.target for p in picked} == {"a.md", "b.md"}
+    for file in ("a.md", "b.md"):  # each file's thirds: chunks 0-1, 2-3, 4-5
+        thirds = sorted(p.chunk_index // 2 for p in picked if p.target == file)
+        assert thirds == [0, 1, 2]
+    assert stratified(chunks, 6, seed=1) == picked  # seeded
+
+
+FAQ = """# Database guide
+
+## How do I restore the database?
+Stop the service, copy the nightly dump back into the data folder and start the service again.
+The restore takes about ten minutes for a database of fifty gigabytes.
+
+## How often are backups taken?
+A full backup runs every night at two o'clock and the last fourteen are kept. Incremental
+backups run every hour between the full ones.
+
+## Monitoring
+Alerts go to the on-call engineer when the replication lag passes thirty seconds.
+"""
+
+
+def _index(tmp_path: Path) -> str:
+    from ragpipe.config import RagpipeConfig
+    from ragpipe.ingest.pipeline import run_ingest
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "db.md").write_text(FAQ, encoding="utf-8")
+    config: dict[str, Any] = {
+        "discover": {"roots": [str(tmp_path / "docs")]},
+        "embed": {"provider": "onnx"},
+        "store": {"path": str(tmp_path / "store")},
+        "paths": {"work_dir": str(tmp_path / "work")},
+        "eval": {"reports_dir": str(tmp_path / "reports"), "granularity": "chunk"},
+    }
+    assert run_ingest(RagpipeConfig.model_validate(config)).failed == 0
+    path = tmp_path / "ragpipe.yaml"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.integration
+def test_a_heading_draft_is_refused_by_evals_until_reviewed(tmp_path: Path) -> None:
+    config = _index(tmp_path)
+    out = tmp_path / "draft.yaml"
+    made = runner.invoke(app, ["golden", "draft", "--config", config, "--out", str(out),
+                               "--sample", "0"])  # fmt: skip
+    assert made.exit_code == 0, made.output
+    assert "2 question headings, 0 of 0 model questions kept" in made.output
+    items = yaml.safe_load(out.read_text(encoding="utf-8"))["items"]
+    assert [(i["query"], i["chunks"][0]["heading"]) for i in items] == [
+        ("How do I restore the database?", "How do I restore the database?"),
+        ("How often are backups taken?", "How often are backups taken?"),
+    ]
+    assert items[0]["relevance"] == {"db.md": 3}
+    assert items[0]["expected_answer"] == (
+        "Stop the service, copy the nightly dump back into the data folder and start the "
+        "service again. The restore takes about ten minutes for a database of fifty gigabytes."
+    )
+    # Never over a file.
+    again = runner.invoke(app, ["golden", "draft", "--config", config, "--out", str(out)])
+    assert again.exit_code == 2 and "exists" in again.output
+    # eval check reviews drafts; evaluations refuse them, or take them when told.
+    check = runner.invoke(app, ["eval", "check", str(out), "--config", config])
+    assert check.exit_code == 0, check.output
+    assert "2 items are drafts" in check.output and "every target matches" in check.output
+    refused = runner.invoke(app, ["eval", "retrieval", "--config", config, "--golden", str(out)])
+    assert refused.exit_code == 2 and "2 of 2 items are drafts not yet reviewed" in refused.output
+    taken = runner.invoke(app, ["eval", "retrieval", "--config", config, "--golden", str(out),
+                                "--allow-draft"])  # fmt: skip
+    assert taken.exit_code == 0, taken.output
+    # Reviewed: the draft lines removed, the set evaluates as any other.
+    reviewed = tmp_path / "reviewed.yaml"
+    reviewed.write_text(out.read_text(encoding="utf-8").replace("  draft: true\n", ""), "utf-8")
+    ran = runner.invoke(app, ["eval", "retrieval", "--config", config, "--golden",
+                              str(reviewed), "--name", "reviewed"])  # fmt: skip
+    assert ran.exit_code == 0, ran.output
+    (summary,) = (tmp_path / "reports").glob("*-reviewed/summary.json")
+    assert json.loads(summary.read_text(encoding="utf-8"))["metrics"]["default"]["mrr"]["n"] == 2
+
+
+@pytest.mark.integration
+def test_model_questions_are_drafted_from_their_chunks_and_checked(tmp_path: Path) -> None:
+    import re
+
+    config = _index(tmp_path)
+    out = tmp_path / "draft.yaml"
+    made = runner.invoke(app, ["golden", "draft", "--config", config, "--out", str(out),
+                               "--sample", "3", "--model", "smollm2-135m"])  # fmt: skip
+    assert made.exit_code == 0, made.output
+    counts = re.search(r"2 question headings, (\d+) of (\d+) model questions kept", made.output)
+    assert counts is not None, made.output
+    kept, asked = int(counts[1]), int(counts[2])
+    # Sections with 25+ words of prose: the two question sections (29 and 25 words);
+    # "Monitoring" has 15.
+    assert asked == 2
+    dropped = [int(n) for n in re.findall(r"^  dropped (\d+): ", made.output, re.M)]
+    assert kept + sum(dropped) == asked  # every chunk asked about is kept, or dropped with why
+    items = yaml.safe_load(out.read_text("utf-8"))["items"]
+    drafted = [i for i in items if i["provenance"]["method"] == "llm"]
+    assert len(drafted) == kept
+    for item in drafted:
+        assert item["draft"] is True and item["query"].endswith("?")
+        assert item["provenance"]["model"] == "SmolLM2-135M-Instruct.Q4_1"
+        assert item["chunks"][0]["contains"] in " ".join(FAQ.split())
+    # Every target a drafted item names is in the index.
+    check = runner.invoke(app, ["eval", "check", str(out), "--config", config])
+    assert check.exit_code == 0, check.output
