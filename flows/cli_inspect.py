@@ -148,7 +148,11 @@ def file_command(
 @inspect_app.command("chunk")
 def chunk_command(
     chunk_id: Annotated[
-        str, typer.Argument(help="A chunk's point id, or its first 4+ characters.")
+        str,
+        typer.Argument(
+            help="FILE#N (chunk N of a file: its path or a unique end of it), or a chunk's "
+            "point id (or its first 4+ characters)."
+        ),
     ],
     output: FormatOption = Format.TEXT,
     version: VersionOption = None,

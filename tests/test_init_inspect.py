@@ -121,6 +121,7 @@ def test_inspect_shows_files_chunks_neighbours_and_numbers(
     dough = _json(["inspect", "chunk", rows[1]["point_id"][:8], *config])
     assert dough["point_id"] == rows[1]["point_id"]
     assert dough["text"].startswith("## Dough\n\nMix flour, water, salt and yeast.")
+    assert _json(["inspect", "chunk", "kitchen/bread.md#1", *config]) == dough
     assert (dough["previous"]["heading"], dough["next"]["heading"]) == (
         "Baking bread",
         "Baking bread > Oven",

@@ -211,18 +211,29 @@ def _point_ids(store: VectorStore) -> Iterator[str]:
 
 
 def resolve_chunk(store: VectorStore, chunk_id: str) -> str:
-    """The point id ``chunk_id`` names: a whole point id, or a unique prefix of one.
+    """The point id ``chunk_id`` names: a whole point id, a unique prefix of one, or
+    ``FILE#N`` (chunk number N of the file a path or path end names).
 
     Raises:
         ConfigError: no chunk, or several, match.
     """
+    file, sep, number = chunk_id.strip().rpartition("#")
+    if sep and file and number.isdigit():  # FILE#N: the file's chunk number N
+        full = resolve_file(store, file)
+        where = Where(must={"file_path": full, "chunk_index": int(number)})
+        hits = list(store.scroll(where, fields=[]))
+        if not hits:
+            raise ConfigError(f"{full} has no chunk #{number}: `ragpipe inspect file {file}` "
+                              "lists its chunks")  # fmt: skip
+        return hits[0].point_id
     wanted = chunk_id.strip().lower()
     if _UUID.match(wanted) and store.payloads([wanted]):
         return wanted
     if not re.fullmatch(r"[0-9a-f-]{4,36}", wanted):
         raise ConfigError(
-            f"chunk id {chunk_id!r}: give a point id (or its first 4+ characters) as "
-            "`ragpipe inspect file` and `ragpipe search --format json` show them"
+            f"chunk id {chunk_id!r}: give FILE#N (chunk N of a file), or a point id (or its "
+            "first 4+ characters) as `ragpipe inspect file` and `ragpipe search --format json` "
+            "show them"
         )
     found = [p for p in _point_ids(store) if p.startswith(wanted)]
     if len(found) == 1:
