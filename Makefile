@@ -1,5 +1,5 @@
 # ragpipe: the two commands a user needs are `make demo` and `make test`.
-.PHONY: setup demo test test-fast lint bench bench-scale clean prefect-server prefect-deploy prefect-worker
+.PHONY: setup demo test test-fast docs lint bench bench-scale clean prefect-server prefect-deploy prefect-worker
 
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
@@ -7,6 +7,7 @@ export PREFECT_LOGGING_EXTRA_LOGGERS ?= ragpipe
 export PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW ?= ignore
 export DO_NOT_TRACK ?= 1
 export HF_HUB_OFFLINE ?= 1
+export NO_MKDOCS_2_WARNING ?= 1
 
 setup:
 	@bash scripts/setup.sh
@@ -21,11 +22,16 @@ test: setup
 	.venv/bin/ruff check src tasks flows tests bench scripts
 	.venv/bin/ruff format --check src tasks flows tests bench scripts
 	.venv/bin/mypy
+	.venv/bin/mkdocs build --strict --quiet
 	.venv/bin/pytest
 
 # The unit tests only (no full ingest, model, server or Prefect): under a minute.
 test-fast: setup
 	.venv/bin/pytest -m "not slow and not integration"
+
+# The user guide (docs/, mkdocs-material) into build/site; `.venv/bin/mkdocs serve` to browse.
+docs: setup
+	.venv/bin/mkdocs build --strict
 
 bench: setup
 	.venv/bin/python bench/convert.py

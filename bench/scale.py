@@ -35,7 +35,7 @@ first ingest of those files uses the fast ONNX test embedder.
 
 Results: bench/results/scale.json and a log-log plot bench/results/scale.svg
 (written after each size, and before its upkeep). Not in CI: `make
-bench-scale` (about 1.5 h on 2 cores). The runs in docs/scaling.md:
+bench-scale` (about 1.5 h on 2 cores). The runs in docs/explanation/benchmarks.md:
 --sizes 100000,300000,1000000 --files "" --stores plain,int8,int8_on_disk
 --upkeep 30000 --keep DIR, and --sizes 1000000 --stores plain,int8_on_disk
 --no-raw-build; then bench/query_parts.py and bench/int8_recall.py on the

@@ -128,7 +128,10 @@ StorePathOption = Annotated[
 ]
 ModeOption = Annotated[
     RetrievalMode | None,
-    typer.Option(help="dense, sparse (BM25) or hybrid (both, fused by RRF). Default: config."),
+    typer.Option(
+        help="dense, sparse (BM25) or hybrid (both, fused by retrieve.fusion_method). "
+        "Default: config."
+    ),
 ]
 KOption = Annotated[int | None, typer.Option("--k", "-k", help="Chunks to return (top_k).")]
 RerankOption = Annotated[

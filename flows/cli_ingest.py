@@ -59,7 +59,9 @@ def ingest(
     ] = None,
     embedder: Annotated[
         EmbedProvider | None,
-        typer.Option(help="Embedder: local (MiniLM, default), onnx (faster, weaker), ollama."),
+        typer.Option(
+            help="Embedder: local (MiniLM, default), onnx (faster, weaker), ollama, openai."
+        ),
     ] = None,
     store: Annotated[
         StoreBackend | None,

@@ -553,8 +553,8 @@ class StoreConfig(_Section):
         gt=0,
         description="edge: after writing, the upsert stage builds the HNSW index when at least "
         "this many points are not in it yet (below, a query scans them: 30k waiting points "
-        "cost dense search 1.5 ms here, 100k cost 11.7 ms; see docs/scaling.md). qdrant: "
-        "the server's optimizer indexes on its own and this is not used.",
+        "cost dense search 1.5 ms here, 100k cost 11.7 ms; see docs/explanation/stores.md). "
+        "qdrant: the server's optimizer indexes on its own and this is not used.",
     )
     quantization: Quantization = Field(
         default=Quantization.NONE,
@@ -568,7 +568,7 @@ class StoreConfig(_Section):
         "on disk, memory-mapped, instead of loaded into process memory (the payload is on "
         "disk already): the page cache holds what queries touch, and the kernel can drop it "
         "under pressure. With quantization int8 the least memory a big index can be served "
-        "with; see docs/scaling.md. Fixed when the store is created, like quantization.",
+        "with; see docs/explanation/stores.md. Fixed when the store is created, like quantization.",
     )
 
 
