@@ -44,6 +44,7 @@ bench: setup
 	.venv/bin/python bench/retrieval_quality.py
 	.venv/bin/python bench/cache_threshold.py
 	.venv/bin/python bench/serve.py
+	.venv/bin/python bench/golden_draft.py
 
 # Not in CI, nor in `make bench`: about 1.5 h on 2 cores (1M chunks, four stores).
 bench-scale: setup
