@@ -76,8 +76,7 @@ def main() -> None:
     llm = make_llm(cfg.llm)
     started = time.perf_counter()
     try:
-        golden, drafted = draft_golden(store, cfg.discover.roots, llm, args.sample, args.seed,
-                                       "draft")  # fmt: skip
+        golden, drafted = draft_golden(store, llm, args.sample, args.seed, "draft")
     finally:
         store.close()
     seconds = time.perf_counter() - started

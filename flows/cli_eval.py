@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -91,9 +90,6 @@ def _eval_config(
                  for k, v in evaluation.items() if v is not None},
     }  # fmt: skip
     overrides.update(index_overrides(store_path, embedder))
-    if overrides["eval"].get("allow_draft"):
-        # A flow run (--flow) loads the configuration again: the environment carries it.
-        os.environ["RAGPIPE_EVAL__ALLOW_DRAFT"] = "true"
     return load_config(config, overrides)
 
 

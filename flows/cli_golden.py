@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -59,7 +60,7 @@ def draft(
 
     logging.basicConfig(format="%(message)s")
     logging.getLogger("ragpipe").setLevel(logging.INFO if verbose else logging.WARNING)
-    if out.exists():
+    if os.path.lexists(out):
         fail(RagpipeError(f"{out} exists; give another --out (drafts never overwrite a file)"), 2)
     try:
         overrides = index_overrides(store_path, None)
@@ -80,9 +81,7 @@ def draft(
             print(f"  question {done} of {total} ...", file=sys.stderr, flush=True)
 
         try:
-            golden, drafted = draft_golden(
-                store, cfg.discover.roots, llm, sample, seed, name or out.stem, progress
-            )
+            golden, drafted = draft_golden(store, llm, sample, seed, name or out.stem, progress)
         finally:
             store.close()
     except RagpipeError as exc:
@@ -91,8 +90,15 @@ def draft(
         fail(RagpipeError("nothing to draft: no question headings, and no question kept"), 2)
     out.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(golden, sort_keys=False, allow_unicode=True, width=100)
-    with out.open("x", encoding="utf-8") as fh:
-        fh.write(text)
+    try:
+        with out.open("x", encoding="utf-8") as fh:
+            fh.write(text)
+    except FileExistsError:  # made while drafting: keep the draft beside it
+        out = out.with_name(f"{out.stem}-{os.getpid()}{out.suffix}")
+        with out.open("x", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        fail(RagpipeError(f"cannot write {out}: {exc}"), 2)
     methods = [str(i["provenance"]["method"]) for i in golden["items"]]
     print(f"wrote {out}: {methods.count('heading')} question headings, "
           f"{methods.count('llm')} of {drafted.asked} model questions kept")  # fmt: skip

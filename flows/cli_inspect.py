@@ -18,6 +18,7 @@ from rich.table import Table
 from flows.cli_common import ConfigOption, StorePathOption, fail, index_overrides
 from ragpipe.config import RagpipeConfig, load_config
 from ragpipe.errors import RagpipeError
+from ragpipe.query.render import terminal_safe
 from ragpipe.store.base import VectorStore
 
 inspect_app = typer.Typer(
@@ -80,7 +81,7 @@ def _table(columns: list[str], rows: list[list[Any]]) -> None:
 
     table = Table(*columns, box=None, pad_edge=False)
     for row in rows:
-        table.add_row(*[escape("" if v is None else str(v)) for v in row])
+        table.add_row(*[escape(terminal_safe("" if v is None else str(v))) for v in row])
     out = Console()
     if not out.is_terminal:  # piped: whole cells, no wrapping to a guessed width
         out = Console(width=100_000)
@@ -137,7 +138,7 @@ def file_command(
     if output == Format.JSON:
         _print_json({"file_path": full, "chunks": [r.as_dict() for r in rows]})
         return
-    print(full)
+    print(terminal_safe(full))
     _table(
         ["#", "heading", "page", "tokens", "first words", "point id"],
         [[r.chunk_index, r.heading, r.page, r.tokens, r.first_words, r.point_id[:8]]
@@ -168,14 +169,16 @@ def chunk_command(
     if output == Format.JSON:
         _print_json(view.as_dict())
         return
-    print(f"chunk {view.point_id}: {view.file_path} #{view.chunk_index} ({view.tokens} tokens)")
+    # Indexed text is untrusted (crawled pages): no escape sequence reaches the terminal.
+    print(terminal_safe(f"chunk {view.point_id}: {view.file_path} #{view.chunk_index} "
+                        f"({view.tokens} tokens)"))  # fmt: skip
     for key, value in sorted(view.payload.items()):
-        print(f"  {key}: {value}")
-    print("\n" + view.text + "\n")
+        print(terminal_safe(f"  {key}: {value}"))
+    print("\n" + terminal_safe(view.text) + "\n")
     for label, near in (("previous", view.previous), ("next", view.next)):
         if near is not None:
-            print(f"{label}: #{near.chunk_index} {near.point_id}  {near.heading}  "
-                  f"{near.first_words}")  # fmt: skip
+            print(terminal_safe(f"{label}: #{near.chunk_index} {near.point_id}  {near.heading}  "
+                                f"{near.first_words}"))  # fmt: skip
         else:
             print(f"{label}: none")
 
@@ -205,7 +208,7 @@ def stats_command(
         ("disk", disk), ("points outside HNSW", numbers.unindexed),
     ):  # fmt: skip
         if value not in (None, ""):
-            print(f"{label:20s} {value}")
+            print(terminal_safe(f"{label:20s} {value}"))
     if numbers.versions:
         print("versions:")
         for v in numbers.versions:

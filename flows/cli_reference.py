@@ -14,16 +14,17 @@ from typing import Any
 import typer
 
 from flows.cli import app
+from ragpipe.reference import markdown_text
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    return markdown_text(" ".join(text.split())).replace("|", "\\|")
 
 
 def _help(command: Any) -> str:
     """The command's help, its paragraphs kept (Typer takes it from the docstring)."""
     text = (command.help or command.short_help or "").strip()
-    return "\n\n".join(" ".join(p.split()) for p in text.split("\n\n") if p.strip())
+    return "\n\n".join(markdown_text(" ".join(p.split())) for p in text.split("\n\n") if p.strip())
 
 
 def _is_option(param: Any) -> bool:

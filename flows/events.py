@@ -11,14 +11,13 @@ the identity itself (an Edge store's path, or a qdrant URL and collection).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from pathlib import Path
 from typing import Any
 
 from ragpipe.config import RagpipeConfig
 from ragpipe.ingest.gatekeep import HELD, PROMOTED, STILL_HELD, Decision
-from ragpipe.locking import index_identity
+from ragpipe.locking import index_identity, index_resource_id
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +28,9 @@ EVAL_GATE_FAILED_EVENT = "ragpipe.eval.gate-failed"
 
 def index_resource(config: RagpipeConfig) -> dict[str, str]:
     """The Prefect resource that stands for the configured index."""
-    identity = index_identity(config)
-    digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
     return {
-        "prefect.resource.id": f"ragpipe.index.{digest}",
-        "prefect.resource.name": identity,
+        "prefect.resource.id": index_resource_id(config),
+        "prefect.resource.name": index_identity(config),
         "ragpipe.store.backend": config.store.backend.value,
     }
 

@@ -28,6 +28,7 @@ from flows.events import emit_index_decision
 from flows.logs import library_logs
 from ragpipe.config import RagpipeConfig, load_config, with_sources
 from ragpipe.errors import MassDeletionHeld
+from ragpipe.ingest import gatekeep
 from ragpipe.ingest.convert import convert_batches
 from ragpipe.ingest.embed import embed_batches
 from ragpipe.ingest.pipeline import STAGES, Stage, cache_key, raise_if_held, with_mass_delete
@@ -76,6 +77,7 @@ def ingest_flow(
     library_logs()
     cfg = config if config is not None else load_config(Path(config_path) if config_path else None)
     cfg = with_sources(with_mass_delete(cfg, allow_mass_delete), roots)
+    gatekeep.check_golden_sets(cfg)  # before anything is built
     # Progress in the Prefect UI: the share of the stages done.
     progress = cast(
         UUID, create_progress_artifact(0.0, key="ingest-progress", description="stages done (%)")

@@ -12,15 +12,18 @@ import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
+from ragpipe.errors import ConfigError, StageError
 from ragpipe.evaluation.draft import (
     Drafted,
     Passage,
     copied_run,
     heading_items,
+    llm_items,
     overlap,
     stratified,
-    target_name,
+    unique_suffixes,
 )
+from ragpipe.models.llm import Completion
 
 runner = CliRunner()
 
@@ -36,8 +39,16 @@ def test_the_filters_measure_what_they_say() -> None:
     assert copied_run("Where is yesterday data kept?", passage) == 0
     # {how, do, i, bake, bread} vs {how, do, i, bake, a, loaf}: 4 shared of 7.
     assert overlap("How do I bake bread?", "How do I bake a loaf?") == pytest.approx(4 / 7)
-    assert target_name("/srv/docs/a/b.md", [Path("/other"), Path("/srv/docs")]) == "a/b.md"
-    assert target_name("/elsewhere/c.md", [Path("/srv/docs")]) == "/elsewhere/c.md"
+    # A file is named by the shortest end of its path no other file shares; URLs too.
+    paths = ["/srv/docs/api/README.md", "/srv/docs/ops/README.md", "/srv/docs/install.md",
+             "https://example.org/guide/install", "docs/setup.md"]  # fmt: skip
+    assert unique_suffixes(paths) == {
+        "/srv/docs/api/README.md": "api/README.md",
+        "/srv/docs/ops/README.md": "ops/README.md",
+        "/srv/docs/install.md": "install.md",
+        "https://example.org/guide/install": "install",
+        "docs/setup.md": "setup.md",
+    }
 
 
 def test_question_headings_become_items_once_per_file_and_heading() -> None:
@@ -58,6 +69,66 @@ def test_question_headings_become_items_once_per_file_and_heading() -> None:
     ]
     assert item["expected_answer"] == "Online documentation exists. It covers all functions."
     assert item["draft"] is True and item["provenance"]["method"] == "heading"
+    # The same question heading in two files: one item targeting both.
+    twice = Drafted()
+    other = _passage("other/faq.md", 0, ("2.7 What documentation exists for R?",), "Docs.")
+    heading_items([chunks[0], other], twice)
+    (merged,) = twice.items
+    assert merged["relevance"] == {"faq.md": 3, "other/faq.md": 3}
+
+
+class _Scripted:
+    """An LLM whose replies are written in advance (the filters' logic is under test, not
+    a model): a question per chunk, then a check, or an error."""
+
+    name = "scripted"
+    takes_grammar = True
+
+    def __init__(self, replies: list[str | Exception]) -> None:
+        self.replies = replies
+
+    def chat(self, messages: Any, **kwargs: Any) -> Completion:
+        reply = self.replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return Completion(reply, 0, 0, self.name, 0.0)
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+
+def test_model_questions_are_kept_or_dropped_with_the_reason() -> None:
+    prose = (
+        "Download the installer from the releases page, run it and sign in with your "
+        "team account; it needs two hundred megabytes of disk and no admin rights."
+    )
+    chunks = [_passage(f"{k}.md", 0, (), prose) for k in "abcdefg"]
+    ok = '{"question": "%s", "answer": "Run the installer and sign in."}'
+    replies: list[str | Exception] = [
+        ok % "Which rights does the client setup need?", '{"answers": true}',  # kept
+        ok % "Which rights does the client setup need please?",  # near-duplicate of the first
+        ok % "Download the installer from the releases page?",  # copies 7 words
+        ok % "Tell me about installing",  # not a question
+        ok % "How much space does the client take on disk?", '{"answers": false}',  # check
+        StageError("the model server answered 500"),  # a failure: counted, the rest go on
+        "not json",  # unreadable
+    ]  # fmt: skip
+    drafted = Drafted()
+    llm_items(chunks, _Scripted(replies), 7, 0, drafted)  # type: ignore[arg-type]
+    assert [i["query"] for i in drafted.items] == ["Which rights does the client setup need?"]
+    (kept,) = drafted.items
+    assert kept["chunks"][0]["contains"] in prose and kept["draft"] is True
+    assert kept["provenance"]["model"] == "scripted"
+    assert kept["expected_answer"].startswith("Download the installer")
+    assert drafted.asked == 7
+    assert drafted.dropped == {
+        "near-duplicate of a kept question": 1,
+        "copies 6+ words of its chunk": 1,
+        "not a question": 1,
+        "its chunk does not answer it (model's check)": 1,
+        "the model failed (StageError)": 1,
+        "the model wrote no question": 1,
+    }
 
 
 def test_the_sample_takes_files_in_turn_and_each_file_start_middle_and_end() -> None:
@@ -71,6 +142,11 @@ def test_the_sample_takes_files_in_turn_and_each_file_start_middle_and_end() -> 
         thirds = sorted(p.chunk_index // 2 for p in picked if p.target == file)
         assert thirds == [0, 1, 2]
     assert stratified(chunks, 6, seed=1) == picked  # seeded
+    # More files than questions: each file starts at a different third, so the sample
+    # still spans starts, middles and ends (30 files of 9 chunks, 20 questions: 7/7/6).
+    many = [_passage(f"f{k}.md", i, (), prose) for k in range(30) for i in range(9)]
+    thirds = [p.chunk_index // 3 for p in stratified(many, 20, seed=0)]
+    assert sorted(thirds.count(t) for t in (0, 1, 2)) == [6, 7, 7]
 
 
 FAQ = """# Database guide
@@ -137,6 +213,9 @@ def test_a_heading_draft_is_refused_by_evals_until_reviewed(tmp_path: Path) -> N
     taken = runner.invoke(app, ["eval", "retrieval", "--config", config, "--golden", str(out),
                                 "--allow-draft"])  # fmt: skip
     assert taken.exit_code == 0, taken.output
+    # ... for that run only: the next one without the flag is refused again.
+    again = runner.invoke(app, ["eval", "retrieval", "--config", config, "--golden", str(out)])
+    assert again.exit_code == 2 and "drafts not yet reviewed" in again.output
     # Reviewed: the draft lines removed, the set evaluates as any other.
     reviewed = tmp_path / "reviewed.yaml"
     reviewed.write_text(out.read_text(encoding="utf-8").replace("  draft: true\n", ""), "utf-8")
@@ -174,3 +253,27 @@ def test_model_questions_are_drafted_from_their_chunks_and_checked(tmp_path: Pat
     # Every target a drafted item names is in the index.
     check = runner.invoke(app, ["eval", "check", str(out), "--config", config])
     assert check.exit_code == 0, check.output
+
+
+def test_a_gate_with_draft_items_stops_the_ingest_before_it_builds_anything(
+    tmp_path: Path,
+) -> None:
+    from ragpipe.config import RagpipeConfig
+    from ragpipe.ingest.pipeline import run_ingest
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "db.md").write_text(FAQ, encoding="utf-8")
+    golden = tmp_path / "gate.yaml"
+    golden.write_text(yaml.safe_dump({"name": "gate", "items": [
+        {"id": "r", "query": "How do I restore the database?", "relevance": {"db.md": 3},
+         "draft": True}]}), encoding="utf-8")  # fmt: skip
+    config = RagpipeConfig.model_validate({
+        "discover": {"roots": [str(tmp_path / "docs")]},
+        "embed": {"provider": "onnx"},
+        "store": {"path": str(tmp_path / "store")},
+        "paths": {"work_dir": str(tmp_path / "work")},
+        "index": {"gate": {"golden": [str(golden)]}},
+    })  # fmt: skip
+    with pytest.raises(ConfigError, match="1 of 1 items are drafts not yet reviewed"):
+        run_ingest(config)
+    assert not (tmp_path / "store").exists() and not (tmp_path / "work").exists()

@@ -58,12 +58,31 @@ def test_init_writes_a_project_that_loads_deploys_and_is_never_overwritten(
     assert pull["prefect.deployments.steps.set_working_directory"]["directory"] == str(folder)
     flows = {d["name"]: load_flow_from_entrypoint(d["entrypoint"]).name
              for d in spec["deployments"]}  # fmt: skip
-    assert flows == {"nightly-reindex": "ingest", "reindex-now": "ingest",
-                     "eval-retrieval": "eval-retrieval", "promote-index": "promote-index",
-                     "eval-rag": "eval-rag"}  # fmt: skip
+    assert flows == {
+        "team-nightly-reindex": "ingest",
+        "team-reindex-now": "ingest",
+        "team-eval-retrieval": "eval-retrieval",
+        "team-promote-index": "promote-index",
+        "team-eval-rag": "eval-rag",
+    }
     assert {d["parameters"]["config_path"] for d in spec["deployments"]} == {
         str(folder / "ragpipe.yaml")
     }
+    # The eval after a promotion listens to this project's index only (the resource the
+    # ingest's events name: the store's real path, hashed).
+    from flows.events import index_resource
+
+    (trigger,) = next(d for d in spec["deployments"] if d["name"] == "team-eval-retrieval")[
+        "triggers"
+    ]
+    runtime = RagpipeConfig(store={"path": folder / "data" / "store"})  # type: ignore[arg-type]
+    assert trigger["match"]["prefect.resource.id"] == index_resource(runtime)["prefect.resource.id"]
+    # The project's own files are not indexed when a root contains the folder.
+    inner = tmp_path / "inner"
+    runner.invoke(app, ["init", str(inner), "--roots", ".."])
+    assert {"inner/data/**", "inner/eval/**", "inner/ragpipe.yaml"} <= set(
+        load_config(inner / "ragpipe.yaml").discover.ignore
+    )
     # Never over a file: exit 2, the file named, nothing written or changed.
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     again = runner.invoke(app, ["init", str(folder), "--name", "other"])
@@ -73,6 +92,33 @@ def test_init_writes_a_project_that_loads_deploys_and_is_never_overwritten(
     bad = runner.invoke(app, ["init", str(tmp_path / "x"), "--name", "../escape"])
     assert bad.exit_code == 2 and "--name" in bad.output
     assert not (tmp_path / "x").exists()
+
+
+def test_init_keeps_nothing_when_it_cannot_finish_and_quotes_what_it_writes(
+    tmp_path: Path,
+) -> None:
+    # "eval" is a file where the golden set's folder must go: refused, nothing left behind.
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "eval").write_text("", encoding="utf-8")
+    result = runner.invoke(app, ["init", str(blocked)])
+    assert result.exit_code == 2 and "nothing was kept" in result.output
+    assert sorted(p.name for p in blocked.iterdir()) == ["eval"]
+    # A dangling link counts as a file that exists.
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "prefect.yaml").symlink_to(tmp_path / "nowhere")
+    assert runner.invoke(app, ["init", str(linked)]).exit_code == 2
+    assert sorted(p.name for p in linked.iterdir()) == ["prefect.yaml"]
+    # Names and roots that YAML would read as something else stay text.
+    odd = tmp_path / "007"
+    made = runner.invoke(app, ["init", str(odd), "--name", "true", "--roots", "docs: x #y"])
+    assert made.exit_code == 0, made.output
+    golden = yaml.safe_load((odd / "eval" / "golden" / "true.yaml").read_text("utf-8"))
+    assert golden["name"] == "true"
+    assert golden["description"] == "Questions about the documents in docs: x #y."
+    assert yaml.safe_load((odd / "prefect.yaml").read_text("utf-8"))["name"] == "007"
+    assert load_config(odd / "ragpipe.yaml").discover.roots == [Path("docs: x #y")]
 
 
 def _config_file(cfg: RagpipeConfig, tmp_path: Path) -> str:
@@ -140,3 +186,25 @@ def test_inspect_shows_files_chunks_neighbours_and_numbers(
     assert bad_id.exit_code == 2 and "point id" in bad_id.output
     text = runner.invoke(app, ["inspect", "files", *config[:2]])
     assert text.exit_code == 0 and "5 files, 14 chunks" in text.output
+
+
+@pytest.mark.integration
+def test_inspect_prints_no_escape_sequence_from_indexed_text(tmp_path: Path) -> None:
+    from ragpipe.ingest.pipeline import run_ingest
+
+    (tmp_path / "docs").mkdir()
+    hostile = "# Title \x1b]0;PWNED\x07\n\nSome \x1b[31mred\x1b[0m text about the client.\n"
+    (tmp_path / "docs" / "esc.md").write_text(hostile, encoding="utf-8")
+    config = {"discover": {"roots": [str(tmp_path / "docs")]}, "embed": {"provider": "onnx"},
+              "store": {"path": str(tmp_path / "store")},
+              "paths": {"work_dir": str(tmp_path / "work")}}  # fmt: skip
+    assert run_ingest(RagpipeConfig.model_validate(config)).failed == 0
+    path = tmp_path / "ragpipe.yaml"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    shown = ""
+    for args in (["file", "esc.md"], ["chunk", "esc.md#0"], ["files"]):
+        result = runner.invoke(app, ["inspect", *args, "--config", str(path)])
+        assert result.exit_code == 0, result.output
+        shown += result.output
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert "red" in shown and "PWNED" in shown  # the text itself is shown

@@ -141,7 +141,8 @@ def test_the_tutorial_runs_from_an_empty_folder_to_a_deployed_nightly(tmp_path: 
             _stop(process)
     # Every step of the tutorial ran, the nightly's deployment included.
     assert any(c.startswith("ragpipe ingest") for c in ran)
-    assert any(c.startswith("prefect deployment run 'ingest/reindex-now' --watch") for c in ran)
+    assert any(c.startswith("prefect deployment run 'ingest/my-project-reindex-now' --watch")
+               for c in ran)  # fmt: skip
     project = home / "my-project"
     (report,) = (project / "eval" / "reports").glob("*-my-docs/report.html")
     summary = yaml.safe_load((report.parent / "summary.json").read_text(encoding="utf-8"))

@@ -218,7 +218,9 @@ def resolve_chunk(store: VectorStore, chunk_id: str) -> str:
         ConfigError: no chunk, or several, match.
     """
     file, sep, number = chunk_id.strip().rpartition("#")
-    if sep and file and number.isdigit():  # FILE#N: the file's chunk number N
+    if (
+        sep and file and number.isdecimal() and number.isascii()
+    ):  # FILE#N: the file's chunk number N
         full = resolve_file(store, file)
         where = Where(must={"file_path": full, "chunk_index": int(number)})
         hits = list(store.scroll(where, fields=[]))
@@ -269,21 +271,39 @@ def chunk(store: VectorStore, chunk_id: str, counter: TokenCounter) -> ChunkView
     return view
 
 
-def disk_bytes(path: Path) -> int:
-    """Bytes under ``path`` (files only; links not followed)."""
+def disk_bytes(*paths: Path, skip: frozenset[str] = frozenset()) -> int:
+    """Bytes the files under ``paths`` take on disk (allocated blocks, as ``du``: segments
+    are sparse, their apparent size is far larger; a file linked twice counts once); links
+    not followed, folders named in ``skip`` left out."""
     total = 0
-    for folder, _, names in os.walk(path):
-        for name in names:
-            try:
-                total += (Path(folder) / name).lstat().st_size
-            except OSError:  # removed meanwhile
-                continue
+    seen: set[tuple[int, int]] = set()
+    for path in paths:
+        for folder, subfolders, names in os.walk(path):
+            subfolders[:] = [d for d in subfolders if d not in skip]
+            for name in names:
+                try:
+                    stat = (Path(folder) / name).lstat()
+                except OSError:  # removed meanwhile
+                    continue
+                if (stat.st_dev, stat.st_ino) not in seen:
+                    seen.add((stat.st_dev, stat.st_ino))
+                    total += stat.st_blocks * 512
     return total
 
 
+def edge_disk_bytes(store_path: Path) -> int:
+    """An Edge index on disk: the working store and its published versions beside it (not
+    the readers' private copies, this command's own among them)."""
+    from ragpipe.store.published import READERS, root
+
+    paths = [p for p in (store_path, root(store_path)) if p.exists()]
+    return disk_bytes(*paths, skip=frozenset({READERS}))
+
+
 def stats(store: VectorStore, config: StoreConfig) -> Stats:
-    """Points, files, the embedder, the version read and every version kept, the store's
-    size on disk (Edge) and the points written since the HNSW index was last built."""
+    """Points, files, the embedder, the version read and every version kept, the index's
+    size on disk (Edge: the working store and every published version) and the points
+    written since the HNSW index was last built."""
     from ragpipe.store.versions import list_versions
 
     points = store.count()
@@ -307,6 +327,6 @@ def stats(store: VectorStore, config: StoreConfig) -> Stats:
         embedder=embedder,
         version=getattr(version, "generation", None),
         versions=versions,
-        disk_bytes=disk_bytes(config.path) if edge and config.path.exists() else None,
+        disk_bytes=edge_disk_bytes(config.path) if edge and config.path.exists() else None,
         unindexed=unindexed() if callable(unindexed) else None,
     )

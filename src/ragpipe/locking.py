@@ -40,6 +40,11 @@ def index_identity(config: RagpipeConfig) -> str:
     return f"{store.url or store.path}|{store.collection}"
 
 
+def index_resource_id(config: RagpipeConfig) -> str:
+    """The Prefect resource id of the index's events (``ragpipe.index.<12 hex>``)."""
+    return "ragpipe.index." + hashlib.sha256(index_identity(config).encode()).hexdigest()[:12]
+
+
 def lock_path(config: RagpipeConfig) -> Path:
     """Beside an Edge store (its real path); in the work dir's parent for a qdrant server."""
     store = config.store

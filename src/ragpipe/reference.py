@@ -10,6 +10,8 @@ field to appearing in it.
 from __future__ import annotations
 
 import enum
+import html
+import re
 import types
 import typing
 from collections.abc import Iterator
@@ -89,9 +91,22 @@ def _yaml(value: Any) -> str:
     return str(value)
 
 
+def markdown_text(text: str) -> str:
+    """Help text as literal Markdown: outside `code spans`, '<' and '&' are not HTML and
+    '_' and '*' not emphasis (``qrels/<split>.tsv`` and ``__init__.py`` stay as written);
+    code spans are kept (Markdown shows their content as is)."""
+    parts = text.split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick: no code spans at all
+        parts = [text.replace("`", "\\`")]
+    for i in range(0, len(parts), 2):
+        plain = html.escape(parts[i], quote=False)
+        parts[i] = re.sub(r"([_*\[\]])", r"\\\1", plain)
+    return "`".join(parts)
+
+
 def _cell(text: str) -> str:
     """Text safe inside a Markdown table cell."""
-    return " ".join(text.split()).replace("|", "\\|")
+    return markdown_text(" ".join(text.split())).replace("|", "\\|")
 
 
 def fields(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, FieldInfo]]:

@@ -11,6 +11,7 @@ checked out). It writes nothing when any of them exists.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ CONFIG_TEMPLATE = """\
 discover:
   roots:                     # folders (or files) to index; URLs go under urls:
 {roots}
-  ignore: [".git/**", "**/.git/**", "**/__pycache__/**", "**/node_modules/**"]
+  ignore: {ignore}
   # urls: ["https://example.org/guide/"]
 
 store:
@@ -58,12 +59,12 @@ eval:
 """
 
 GOLDEN_TEMPLATE = """\
-# Golden set "{name}": questions your documents answer, each with the file(s) that answer
+# Golden set {name}: questions your documents answer, each with the file(s) that answer
 # it. Format: docs/reference/golden-format.md. Replace the commented examples with your
 # own items (ragpipe refuses a set with none), then check them against the index:
 #   ragpipe eval check eval/golden/{name}.yaml --config ragpipe.yaml
-name: {name}
-description: Questions about the documents in {roots}.
+name: {name_json}
+description: {description}
 items: []
 # items:
 #   - id: install-1
@@ -79,7 +80,8 @@ items: []
 
 PREFECT_TEMPLATE = """\
 # Prefect deployments of {folder}: a nightly re-index and evaluations, run in this folder
-# on its ragpipe.yaml. Register them (a Prefect server running, PREFECT_API_URL set):
+# on its ragpipe.yaml, named after it ({project}-...) so that several projects can share
+# one Prefect server. Register them (a Prefect server running, PREFECT_API_URL set):
 #   prefect work-pool create ragpipe-process --type process
 #   ragpipe deploy --config ragpipe.yaml
 #   prefect worker start --pool ragpipe-process     # in the environment ragpipe is installed in
@@ -96,7 +98,7 @@ definitions:
     work_queue_name: default
 
 deployments:
-  - name: nightly-reindex
+  - name: {project}-nightly-reindex
     description: >-
       Incremental re-index of this folder's discover.roots: unchanged files cost only
       hashing, changed files are re-indexed new-version-first, vanished files are deleted
@@ -115,7 +117,7 @@ deployments:
       collision_strategy: CANCEL_NEW
     enforce_parameter_schema: true
 
-  - name: reindex-now
+  - name: {project}-reindex-now
     description: The same re-index on demand; it queues behind a running one.
     entrypoint: flows.ingest.reindex_flow
     work_pool: *pool
@@ -124,10 +126,10 @@ deployments:
       allow_mass_delete: false
     enforce_parameter_schema: true
 
-  - name: eval-retrieval
+  - name: {project}-eval-retrieval
     description: >-
       Replay the golden set through retrieval and write the report. Runs by itself after
-      each index version the gate (index.gate) promotes.
+      each version of this project's index the gate (index.gate) promotes.
     entrypoint: flows.eval.eval_retrieval_flow
     work_pool: *pool
     parameters:
@@ -137,13 +139,13 @@ deployments:
       - type: event
         enabled: true
         match:
-          prefect.resource.id: "ragpipe.index.*"
+          prefect.resource.id: {resource_json}
         expect:
           - ragpipe.index.promoted
         parameters:
           config_path: "{{{{ event.payload.config_path }}}}"
 
-  - name: promote-index
+  - name: {project}-promote-index
     description: Make an index version live by hand (one the gate held, or a roll-back).
     entrypoint: flows.index.promote_index_flow
     work_pool: *pool
@@ -151,7 +153,7 @@ deployments:
       config_path: {config_json}
     enforce_parameter_schema: true
 
-  - name: eval-rag
+  - name: {project}-eval-rag
     description: Answer the golden questions with cited sources, judge them; write the report.
     entrypoint: flows.eval.eval_rag_flow
     work_pool: *pool
@@ -175,19 +177,55 @@ class Scaffold:
         return [self.config, self.golden, self.prefect]
 
 
+def project_name(folder: Path) -> str:
+    """The folder's name as a deployment-name prefix (lowercase letters, digits, '-')."""
+    slug = re.sub(r"[^a-z0-9]+", "-", folder.name.lower()).strip("-")
+    return slug or "ragpipe"
+
+
+def _one_line(text: str) -> str:
+    """``text`` fit for a YAML comment (no line breaks)."""
+    return " ".join(str(text).split())
+
+
+def _ignored(folder: Path, roots: list[str]) -> list[str]:
+    """discover.ignore: the defaults, plus this project's own files (its index, checkpoints,
+    reports, golden sets and configs) under any root that contains the folder."""
+    from ragpipe.config import DiscoverConfig
+
+    patterns = list(DiscoverConfig().ignore)
+    for root in roots:
+        base = Path(root).expanduser()
+        base = (base if base.is_absolute() else folder / base).resolve()
+        try:
+            inside = folder.relative_to(base).as_posix()
+        except ValueError:
+            continue
+        prefix = "" if inside == "." else f"{inside}/"
+        for own in ("data/**", "eval/**", CONFIG, PREFECT):
+            if f"{prefix}{own}" not in patterns:
+                patterns.append(f"{prefix}{own}")
+    return patterns
+
+
 def scaffold(folder: Path, roots: list[str] | None = None, name: str = "my-docs") -> Scaffold:
     """Write the project files into ``folder`` (created if missing).
 
     Raises:
-        ConfigError: a name that is not a plain file name, or any of the files exists
-            (nothing is written then).
+        ConfigError: a name that is not a plain file name, a folder that cannot hold the
+            files, or any of the files exists (nothing is written then, nor left behind).
     """
+    from ragpipe.config import RagpipeConfig
+    from ragpipe.locking import index_resource_id
+
     if not _NAME.match(name):
         raise ConfigError(
             f"--name {name!r}: use letters, digits, '.', '_' or '-' (it names "
             f"eval/golden/<name>.yaml)"
         )
     folder = folder.expanduser().resolve()
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise ConfigError(f"{folder} exists and is not a folder")
     roots = roots or ["docs"]
     made = Scaffold(
         folder,
@@ -195,26 +233,46 @@ def scaffold(folder: Path, roots: list[str] | None = None, name: str = "my-docs"
         folder / "eval" / "golden" / f"{name}.yaml",
         folder / PREFECT,
     )
-    existing = [p for p in made.files if p.exists()]
+    existing = [p for p in made.files if os.path.lexists(p)]
     if existing:
         listed = ", ".join(str(p) for p in existing)
         raise ConfigError(
             f"{listed} already exist{'s' if len(existing) == 1 else ''}; ragpipe init writes "
             "nothing over a file (move it away, or init another folder)"
         )
+    project = project_name(folder)
+    index = RagpipeConfig(store={"path": folder / "data" / "store"})  # type: ignore[arg-type]
     listed_roots = "\n".join(f"    - {json.dumps(r)}" for r in roots)
     texts = {
-        made.config: CONFIG_TEMPLATE.format(folder=folder, roots=listed_roots, name=name),
-        made.golden: GOLDEN_TEMPLATE.format(name=name, roots=", ".join(roots)),
-        made.prefect: PREFECT_TEMPLATE.format(
-            folder=folder,
+        made.config: CONFIG_TEMPLATE.format(
+            folder=_one_line(str(folder)),
+            roots=listed_roots,
             name=name,
+            ignore=json.dumps(_ignored(folder, roots)),
+        ),
+        made.golden: GOLDEN_TEMPLATE.format(
+            name=name,
+            name_json=json.dumps(name),
+            description=json.dumps(f"Questions about the documents in {', '.join(roots)}."),
+        ),
+        made.prefect: PREFECT_TEMPLATE.format(
+            folder=_one_line(str(folder)),
+            name=json.dumps(project),
+            project=project,
             folder_json=json.dumps(str(folder)),
             config_json=json.dumps(str(made.config)),
+            resource_json=json.dumps(index_resource_id(index)),
         ),
     }
-    for path, text in texts.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("x", encoding="utf-8") as fh:  # never over a file made meanwhile
-            fh.write(text)
+    written: list[Path] = []
+    try:
+        for path, text in texts.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("x", encoding="utf-8") as fh:  # never over a file made meanwhile
+                written.append(path)
+                fh.write(text)
+    except OSError as exc:  # a file where a folder must go, no permission, a full disk
+        for done in written:
+            done.unlink(missing_ok=True)
+        raise ConfigError(f"ragpipe init cannot write {path}: {exc} (nothing was kept)") from exc
     return made

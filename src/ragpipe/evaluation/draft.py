@@ -26,9 +26,10 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
+from ragpipe.errors import RagpipeError
+from ragpipe.evaluation.golden import file_matches
 from ragpipe.models.llm import LLM
 from ragpipe.store.base import VectorStore
 
@@ -144,28 +145,37 @@ def sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENTENCE.split(body(text)) if s.strip()]
 
 
-def target_name(file_path: str, roots: Sequence[Path]) -> str:
-    """The file relative to the discover root it lies under (its full path otherwise)."""
-    path = Path(file_path)
-    for root in roots:
-        try:
-            return path.relative_to(root.expanduser().resolve()).as_posix()
-        except ValueError:
-            continue
-    return path.as_posix()
+def unique_suffixes(paths: Sequence[str]) -> dict[str, str]:
+    """Each path's shortest end (whole components) that matches no other path: what a golden
+    set names it by (targets match by path suffix, so ``README.md`` alone would also credit
+    every other README.md). URLs keep their slashes."""
+    parts = {p: p.replace("\\", "/").split("/") for p in paths}
+    out: dict[str, str] = {}
+    for path, components in parts.items():
+        for n in range(1, len(components) + 1):
+            suffix = "/".join(components[-n:])
+            if suffix and not any(file_matches(o, suffix) for o in paths if o != path):
+                out[path] = suffix
+                break
+        else:
+            out[path] = path
+    return out
 
 
-def passages(store: VectorStore, roots: Sequence[Path]) -> list[Passage]:
+def passages(store: VectorStore) -> list[Passage]:
     """Every chunk of the index, by file and position."""
+    hits = list(store.scroll())
+    names = unique_suffixes(sorted({str(h.payload.get("file_path", "")) for h in hits}))
     out = []
-    for hit in store.scroll():
+    for hit in hits:
         p = hit.payload
+        path = str(p.get("file_path", ""))
         headings = p.get("heading_path") or []
         out.append(
             Passage(
                 point_id=hit.point_id,
-                file_path=str(p.get("file_path", "")),
-                target=target_name(str(p.get("file_path", "")), roots),
+                file_path=path,
+                target=names[path],
                 heading_path=tuple(str(h) for h in headings),
                 chunk_index=int(p.get("chunk_index") or 0),
                 text=str(p.get("text", "")),
@@ -186,35 +196,41 @@ def _provenance(method: str, chunk: Passage, **extra: Any) -> dict[str, Any]:
 
 
 def heading_items(chunks: Sequence[Passage], drafted: Drafted) -> None:
-    """An item per section whose heading is a question (once per file and heading)."""
-    seen: set[tuple[str, str]] = set()
+    """An item per question heading: its section in every file that has it (one item, so
+    that no file's section counts against another's)."""
+    items: dict[str, dict[str, Any]] = {}
     for chunk in chunks:
         if not chunk.heading_path:
             continue
         heading = chunk.heading_path[-1].strip()
-        if not heading.endswith("?") or (chunk.target, heading) in seen:
-            continue
-        seen.add((chunk.target, heading))
         query = _NUMBERING.sub("", heading).strip()
-        if len(words(query)) < 3:
+        if not heading.endswith("?") or len(words(query)) < 3:
             continue
-        item: dict[str, Any] = {
-            "id": f"heading-{len(drafted.items) + 1}",
-            "query": query,
-            "relevance": {chunk.target: 3},
-            "chunks": [{"file": chunk.target, "heading": heading, "grade": 3}],
-            "draft": True,
-        }
-        answer = " ".join(sentences(chunk.text)[:EXPECTED_SENTENCES])
-        if answer:
-            item["expected_answer"] = answer
-        item["provenance"] = _provenance("heading", chunk)
-        drafted.items.append(item)
+        item = items.get(query)
+        if item is None:
+            item = items[query] = {
+                "id": f"heading-{len(drafted.items) + len(items) + 1}",
+                "query": query,
+                "relevance": {},
+                "chunks": [],
+                "draft": True,
+            }
+            answer = " ".join(sentences(chunk.text)[:EXPECTED_SENTENCES])
+            if answer:
+                item["expected_answer"] = answer
+            item["provenance"] = _provenance("heading", chunk)
+        target = {"file": chunk.target, "heading": heading, "grade": 3}
+        if target not in item["chunks"]:
+            item["relevance"][chunk.target] = 3
+            item["chunks"].append(target)
+    drafted.items.extend(items.values())
 
 
 def stratified(chunks: Sequence[Passage], n: int, seed: int) -> list[Passage]:
     """Up to ``n`` chunks with prose enough to ask about: round robin over the files (in a
-    seeded order), each file's turn taking its start, middle or end third in rotation."""
+    seeded order), each file's turn taking its start, middle or end third in rotation (file
+    k of the order starting at third k, so a sample smaller than the number of files still
+    spans all three)."""
     rng = random.Random(seed)
     by_file: dict[str, list[list[Passage]]] = {}
     for chunk in chunks:
@@ -233,11 +249,13 @@ def stratified(chunks: Sequence[Passage], n: int, seed: int) -> list[Passage]:
     picked: list[Passage] = []
     turn = 0
     while len(picked) < n and any(any(p) for p in strata.values()):
-        for file in files:
+        for offset, file in enumerate(files):
             parts = [p for p in strata[file] if p]
             if not parts or len(picked) >= n:
                 continue
-            picked.append(parts[turn % len(parts)].pop())
+            # Each file starts the rotation at a different third: with more files than
+            # questions, the sample still spans starts, middles and ends.
+            picked.append(parts[(turn + offset) % len(parts)].pop())
         turn += 1
     return picked
 
@@ -286,6 +304,10 @@ def llm_items(
             logger.info("no question for %s: %s", chunk.point_id, exc)
             drafted.drop("the model wrote no question")
             continue
+        except RagpipeError as exc:  # the model server failed on this one: the rest go on
+            logger.warning("no question for %s: %s", chunk.point_id, exc)
+            drafted.drop(f"the model failed ({type(exc).__name__})")
+            continue
         if not question.endswith("?") or len(words(question)) < 4:
             drafted.drop("not a question")
             continue
@@ -299,6 +321,10 @@ def llm_items(
             check = _reply(llm, CHECK_PROMPT.format(text=text, question=question), CHECK_SCHEMA, 16)
         except (ValueError, KeyError):
             drafted.drop("the model's check was unreadable")
+            continue
+        except RagpipeError as exc:
+            logger.warning("no check for %s: %s", chunk.point_id, exc)
+            drafted.drop(f"the model failed ({type(exc).__name__})")
             continue
         if check.get("answers") is not True:
             drafted.drop("its chunk does not answer it (model's check)")
@@ -331,7 +357,6 @@ def _span(chunk: Passage) -> str:
 
 def draft_golden(
     store: VectorStore,
-    roots: Sequence[Path],
     llm: LLM | None,
     sample: int,
     seed: int,
@@ -339,7 +364,7 @@ def draft_golden(
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[str, Any], Drafted]:
     """The draft golden set (as written to YAML) and what was dropped."""
-    chunks = passages(store, roots)
+    chunks = passages(store)
     drafted = Drafted()
     heading_items(chunks, drafted)
     headings = len(drafted.items)

@@ -42,6 +42,22 @@ class Decision:
         return asdict(self)
 
 
+def check_golden_sets(config: RagpipeConfig) -> None:
+    """Before an ingest builds anything: the gate's golden sets load, and hold no unreviewed
+    draft items (unless ``eval.allow_draft``), so a run never stages a version only to
+    refuse to judge it.
+
+    Raises:
+        ConfigError: a golden set that is missing, malformed, or holds drafts.
+    """
+    if config.index.gate is None:
+        return
+    from ragpipe.evaluation.golden import load_golden
+
+    for path in config.index.gate.golden:
+        load_golden(path).refuse_drafts(config.eval.allow_draft)
+
+
 def decide(config: RagpipeConfig) -> Decision | None:
     """Judge the working version if the gate has not yet; None when there is nothing to
     decide (no gate, no store, or the version is live already)."""

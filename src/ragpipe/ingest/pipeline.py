@@ -159,6 +159,7 @@ def run_ingest(config: RagpipeConfig, allow_mass_delete: bool = False) -> Ingest
         IndexHeld: after the summary is written, when ``index.gate`` held the version.
     """
     config = with_mass_delete(config, allow_mass_delete)
+    gatekeep.check_golden_sets(config)
     with ingest_lock(config):
         summary = write_summary(config, run_stages(config))
         summary = with_gate(config, summary, gatekeep.decide(config))
