@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.loopback import free_port, stop_group
 from tests.support.paths import QUERY_CORPUS
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -42,12 +41,6 @@ items:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Stack:
     def __init__(self, env: dict[str, str], api: str) -> None:
         self.env, self.api = env, api
@@ -68,20 +61,10 @@ class Stack:
         return list(self.post("/flow_runs/filter", {"flow_runs": {"deployment_id": {"any_": ids}}}))
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     home = tmp_path_factory.mktemp("prefect-home")
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "RAGPIPE_HOME": str(REPO),
@@ -120,8 +103,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield s
     finally:
         if worker is not None:
-            _stop(worker)
-        _stop(server)
+            stop_group(worker)
+        stop_group(server)
 
 
 def _config(tmp: Path) -> dict[str, Any]:

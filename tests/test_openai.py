@@ -12,7 +12,6 @@ dimension change refused).
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,15 +32,10 @@ from ragpipe.models.llm import GenerationCancelled, OpenAILLM, make_llm, resolve
 from ragpipe.query.generate import answer
 from ragpipe.query.results import Retrieved
 from ragpipe.query.retrieve import Retriever
+from tests.support.loopback import free_port
 from tests.support.paths import QUERY_CORPUS
 
 KEY = "sk-loopback-4711"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _llama_server(**settings: Any) -> Any:
@@ -53,7 +47,7 @@ def _llama_server(**settings: Any) -> Any:
     params.n_parallel = 1
     params.warmup = False
     params.verbosity = -1
-    params.port = _free_port()
+    params.port = free_port()
     for name, value in settings.items():
         setattr(params, name, value)
     return xlc.Server(params)

@@ -38,6 +38,7 @@ from ragpipe.serve.cache import SemanticCache
 from ragpipe.serve.index import LiveIndex
 from ragpipe.serve.server import is_loopback, running
 from ragpipe.store import published
+from tests.support.loopback import free_port
 from tests.support.paths import QUERY_CORPUS
 
 BREAD = "How long should bread bake?"
@@ -578,18 +579,12 @@ def test_a_published_copy_is_removed_when_the_server_stops(
     assert not list(readers.iterdir())
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextlib.contextmanager
 def _cli_server(args: list[str], **env: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """`ragpipe serve ARGS` in a child process on a free loopback port, once it answers
     /healthz: (process, base URL). Stopped with SIGINT on exit unless it stopped already;
     the output is left in ``process.output``."""
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [str(Path(sys.executable).parent / "ragpipe"), "serve", *args, "--port", str(port)],
         stdout=subprocess.PIPE,

@@ -17,8 +17,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +26,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.support.loopback import free_port, stop_group
 from tests.support.paths import QUERY_CORPUS
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -57,22 +56,6 @@ def commands(markdown: str) -> list[str]:
     return [c for c in out if not c.startswith("#")]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-
-
 def test_the_tutorial_runs_from_an_empty_folder_to_a_deployed_nightly(tmp_path: Path) -> None:
     text = TUTORIAL.read_text(encoding="utf-8")
     home = tmp_path / "home"
@@ -82,7 +65,7 @@ def test_the_tutorial_runs_from_an_empty_folder_to_a_deployed_nightly(tmp_path: 
         (docs / name).write_text(body, encoding="utf-8")
     (golden_block,) = [b for b in re.findall(r"^```yaml\n(.*?)^```", text, re.M | re.S)
                        if b.startswith("name: my-docs")]  # fmt: skip
-    port = str(_free_port())
+    port = str(free_port())
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
            "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "HF_HUB_OFFLINE": "1", "RAGPIPE_LLM__MODEL": "smollm2-135m"}  # fmt: skip
@@ -138,7 +121,7 @@ def test_the_tutorial_runs_from_an_empty_folder_to_a_deployed_nightly(tmp_path: 
                 assert "install.md" in done.stdout, done.stdout
     finally:
         for process in reversed(background):
-            _stop(process)
+            stop_group(process)
     # Every step of the tutorial ran, the nightly's deployment included.
     assert any(c.startswith("ragpipe ingest") for c in ran)
     assert any(c.startswith("prefect deployment run 'ingest/my-project-reindex-now' --watch")

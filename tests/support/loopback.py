@@ -1,7 +1,12 @@
-"""Run an HTTP handler on a free loopback port: the base of the test servers."""
+"""Run an HTTP handler on a free loopback port: the base of the test servers; a free port
+for a server the test starts itself, and stopping such a server's process group."""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,3 +26,21 @@ def serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def free_port() -> int:
+    """A loopback port no one listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def stop_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a server started in its own session (and its children), SIGKILL after 20 s."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
