@@ -35,6 +35,7 @@ docs: setup
 
 bench: setup
 	.venv/bin/python bench/convert.py
+	.venv/bin/python bench/convert_formats.py
 	.venv/bin/python bench/index.py
 	.venv/bin/python bench/query.py
 	.venv/bin/python bench/modes.py

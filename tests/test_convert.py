@@ -167,3 +167,85 @@ def test_auto_mode_falls_back_to_fast_and_records_it(tmp_path: Path) -> None:
     converter = Converter(ConvertConfig(pdf_mode=PdfMode.AUTO))
     doc = converter.convert(_source(pdf, "pdf"), "fp")
     assert doc.converter == CONVERTER_FAST
+
+
+# The Markdown of each sample in tests/support/formats.py, as a person would write it.
+FORMATS_MARKDOWN = {
+    "pptx": "# Quarterly review\n\n- Revenue grew by nine percent.\n- Churn fell to two percent.",
+    "xlsx": "| item   |   price |\n|--------|---------|\n"
+    "| bread  |       3 |\n| milk   |       1 |",
+    "opendocument": "## Leave policy\n\nStaff get twenty-five days of leave a year.",
+    "epub": "# Expenses\n\nClaim expenses within thirty days.",
+    "email": "# Backup schedule\n\nFrom: ops@example.org\n\nTo: team@example.org\n\n"
+    "The nightly backup moves to three o'clock from Monday.",
+    "asciidoc": "# Client guide\n\n## Installing\n\nRun the installer and sign in.",
+    "latex": "## Results\n\nThe model converges in ten steps.",
+    "vtt": "Welcome to the onboarding session.\n\nFirst, install the client.",
+}
+
+
+def test_docling_model_free_formats_convert_to_their_markdown(
+    converter: Converter, tmp_path: Path
+) -> None:
+    from tests.support.formats import write_samples
+
+    got = {}
+    for kind, path in write_samples(tmp_path).items():
+        doc = converter.convert(_source(path, kind), "fp")
+        assert doc.converter == f"docling-simple-{kind}"
+        got[kind] = doc.markdown.strip()
+    assert got == FORMATS_MARKDOWN
+
+
+def test_damaged_and_protected_office_files_fail_with_a_reason(
+    converter: Converter, tmp_path: Path
+) -> None:
+    cases = {
+        "torn.pptx": (b"PK\x03\x04" + os.urandom(3000), "pptx", "corrupt"),
+        "random.epub": (os.urandom(3000), "epub", "corrupt"),
+        # A password-protected XLSX is an OLE container (what Excel writes), not a zip.
+        "locked.xlsx": (bytes.fromhex("d0cf11e0a1b11ae1") + os.urandom(3000), "xlsx",
+                        "encrypted"),
+        "junk.vtt": (os.urandom(2000) + b"\x00", "vtt", "binary"),
+    }  # fmt: skip
+    got = {}
+    for name, (data, kind, _) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(InputError) as err:
+            converter.convert(_source(path, kind), "fp")
+        got[name] = err.value.category
+        assert "Traceback" not in str(err.value)
+    assert got == {name: category for name, (_, _, category) in cases.items()}
+
+
+@pytest.mark.integration
+def test_a_mixed_folder_of_every_format_ingests_in_one_run(tmp_path: Path) -> None:
+    from ragpipe.config import RagpipeConfig
+    from ragpipe.ingest.pipeline import run_ingest
+    from ragpipe.store import open_reader
+    from tests.support.formats import write_samples
+
+    samples = write_samples(tmp_path / "share")
+    (tmp_path / "share" / "torn.pptx").write_bytes(b"PK\x03\x04" + os.urandom(3000))
+    config = RagpipeConfig.model_validate({
+        "discover": {"roots": [str(tmp_path / "share")]},
+        "embed": {"provider": "onnx"},
+        "store": {"path": str(tmp_path / "store")},
+        "paths": {"work_dir": str(tmp_path / "work")},
+    })  # fmt: skip
+    summary = run_ingest(config)
+    assert (summary.failed, summary.added) == (1, len(samples) + 1)  # the torn one is seen too
+    store = open_reader(config.store, "paraphrase-MiniLM-L3-v2")
+    assert store is not None
+    try:
+        indexed = {
+            Path(str(h.payload["file_path"])).name for h in store.scroll(fields=["file_path"])
+        }
+    finally:
+        store.close()
+    assert indexed == {p.name for p in samples.values()}
+    import pyarrow.parquet as pq
+
+    (failure,) = pq.read_table(tmp_path / "work" / "failures.parquet").to_pylist()
+    assert failure["file_path"].endswith("torn.pptx") and failure["category"] == "corrupt"

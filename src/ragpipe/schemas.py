@@ -27,7 +27,7 @@ class SourceFile:
     file_path: str  # stable identity: root as configured + path below it, POSIX
     abs_path: str
     root: str
-    kind: str  # pdf | markdown | html | docx | text
+    kind: str  # pdf | markdown | html | text | a kind of convert.DOCLING_SIMPLE
     size_bytes: int
     sha256: str
 

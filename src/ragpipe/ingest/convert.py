@@ -60,6 +60,24 @@ DOC_NAMESPACE = uuid.UUID("6f1c3f0e-8a57-4c1e-9f53-2b4f5d7a9c11")
 CONVERTER_FAST = "docling-native-pdf+ragpipe-structure"
 CONVERTER_ACCURATE = "docling-standard-pdf"
 CONVERTER_TEXT = "plain-text"
+# Kinds Docling converts without any model: the kind -> its InputFormat's name. Zip-based
+# ones are checked for the zip header first (a damaged file fails with a reason, not a
+# traceback); OOXML protected by a password is an OLE container instead.
+DOCLING_SIMPLE = {
+    "markdown": "MD",
+    "html": "HTML",
+    "docx": "DOCX",
+    "pptx": "PPTX",
+    "xlsx": "XLSX",
+    "opendocument": "ODT",  # with ODS and ODP below
+    "epub": "EPUB",
+    "email": "EMAIL",
+    "asciidoc": "ASCIIDOC",
+    "latex": "LATEX",
+    "vtt": "VTT",
+}
+ZIPPED = frozenset({"docx", "pptx", "xlsx", "opendocument", "epub"})
+OLE_HEADER = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 
 WEIGHTS_HELP = (
     "Docling's layout/table model weights are not on this machine and ragpipe never downloads "
@@ -159,8 +177,9 @@ class Converter:
             from docling.datamodel.base_models import InputFormat
             from docling.document_converter import DocumentConverter
 
+            formats = [InputFormat[name] for name in DOCLING_SIMPLE.values()]
             self._simple = DocumentConverter(
-                allowed_formats=[InputFormat.MD, InputFormat.HTML, InputFormat.DOCX]
+                allowed_formats=[*formats, InputFormat.ODS, InputFormat.ODP]
             )
         return self._simple
 
@@ -209,7 +228,7 @@ class Converter:
         pages: int | None
         if source.kind == "pdf":
             converter, markdown, pages = self._convert_pdf(path, head)
-        elif source.kind in ("markdown", "html", "docx"):
+        elif source.kind in DOCLING_SIMPLE:
             converter, markdown, pages = self._convert_simple(path, source.kind, head)
         else:
             converter, markdown, pages = CONVERTER_TEXT, _read_text(path), None
@@ -274,7 +293,7 @@ class Converter:
         return CONVERTER_FAST, markdown, len(result.pages)
 
     def _convert_simple(self, path: Path, kind: str, head: bytes) -> tuple[str, str, None]:
-        if kind in ("markdown", "html"):
+        if kind in ("markdown", "html", "asciidoc", "latex", "vtt"):
             text = _read_text(path)  # binary junk / non-UTF-8 fail here with a clear category
             limit = self.config.max_html_depth
             if kind == "html" and html_depth(text, limit) > limit:
@@ -283,8 +302,14 @@ class Converter:
                     f"HTML nested more than convert.max_html_depth={limit} elements deep; "
                     "Docling's HTML backend would take minutes to hours on it",
                 )
-        elif not head.startswith(b"PK"):
-            raise InputError("corrupt", "not a DOCX file: the zip header is missing")
+        elif kind in ZIPPED and head.startswith(OLE_HEADER):
+            raise InputError(
+                "encrypted",
+                f"a password-protected (or legacy binary) {kind.upper()} file: an OLE "
+                "container, not the zip a readable one is; save it without a password",
+            )
+        elif kind in ZIPPED and not head.startswith(b"PK"):
+            raise InputError("corrupt", f"not a {kind.upper()} file: the zip header is missing")
         result = _run_docling(self._simple_converter().convert, path)
         return f"docling-simple-{kind}", result.document.export_to_markdown(**UNESCAPED), None
 

@@ -32,6 +32,20 @@ KINDS = {
     "htm": "html",
     "docx": "docx",
     "txt": "text",
+    # Docling's model-free backends (ragpipe.ingest.convert.DOCLING_SIMPLE)
+    "pptx": "pptx",
+    "xlsx": "xlsx",
+    "xlsm": "xlsx",
+    "odt": "opendocument",
+    "ods": "opendocument",
+    "odp": "opendocument",
+    "epub": "epub",
+    "eml": "email",
+    "adoc": "asciidoc",
+    "asciidoc": "asciidoc",
+    "tex": "latex",
+    "latex": "latex",
+    "vtt": "vtt",
 }
 
 
@@ -131,7 +145,7 @@ def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
 
 
 # Kinds whose lines are checked against discover.max_line_bytes (HTML is often minified).
-LINE_CHECKED = frozenset({"markdown", "text"})
+LINE_CHECKED = frozenset({"markdown", "text", "asciidoc", "latex", "vtt"})
 
 
 def _digest_and_longest_line(fh: BinaryIO, chunk_size: int = 1 << 20) -> tuple[str, int]:

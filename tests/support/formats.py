@@ -1,0 +1,100 @@
+"""Small real documents in Docling's model-free formats, written by the test (python-pptx,
+openpyxl, the stdlib's email and zipfile for OpenDocument and EPUB): each holds one heading
+and one sentence a person can check in the Markdown."""
+
+from __future__ import annotations
+
+import email.message
+import zipfile
+from pathlib import Path
+
+_ODT_CONTENT = (
+    '<?xml version="1.0" encoding="UTF-8"?><office:document-content '
+    'xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0" '
+    'xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0" office:version="1.2">'
+    '<office:body><office:text><text:h text:outline-level="1">Leave policy</text:h>'
+    "<text:p>Staff get twenty-five days of leave a year.</text:p>"
+    "</office:text></office:body></office:document-content>"
+)
+_ODT_MANIFEST = (
+    '<?xml version="1.0" encoding="UTF-8"?><manifest:manifest '
+    'xmlns:manifest="urn:oasis:names:tc:opendocument:xmlns:manifest:1.0" manifest:version="1.2">'
+    '<manifest:file-entry manifest:full-path="/" '
+    'manifest:media-type="application/vnd.oasis.opendocument.text"/>'
+    '<manifest:file-entry manifest:full-path="content.xml" manifest:media-type="text/xml"/>'
+    "</manifest:manifest>"
+)
+_EPUB_CONTAINER = (
+    '<?xml version="1.0"?><container version="1.0" '
+    'xmlns="urn:oasis:names:tc:opendocument:xmlns:container"><rootfiles>'
+    '<rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/>'
+    "</rootfiles></container>"
+)
+_EPUB_OPF = (
+    '<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0" '
+    'unique-identifier="id"><metadata xmlns:dc="http://purl.org/dc/elements/1.1/">'
+    '<dc:identifier id="id">handbook</dc:identifier><dc:title>Handbook</dc:title>'
+    "<dc:language>en</dc:language></metadata><manifest>"
+    '<item id="c1" href="c1.xhtml" media-type="application/xhtml+xml"/></manifest>'
+    '<spine><itemref idref="c1"/></spine></package>'
+)
+_EPUB_CHAPTER = (
+    '<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><head><title>One'
+    "</title></head><body><h1>Expenses</h1><p>Claim expenses within thirty days.</p>"
+    "</body></html>"
+)
+
+
+def write_samples(folder: Path) -> dict[str, Path]:
+    """One file per format, by its kind; returns kind -> path."""
+    from openpyxl import Workbook
+    from pptx import Presentation
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Path] = {}
+    deck = Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[1])
+    slide.shapes.title.text = "Quarterly review"
+    slide.placeholders[1].text = "Revenue grew by nine percent.\nChurn fell to two percent."
+    out["pptx"] = folder / "review.pptx"
+    deck.save(str(out["pptx"]))
+    book = Workbook()
+    sheet = book.active
+    sheet.title = "Prices"
+    for row in (["item", "price"], ["bread", 3], ["milk", 1]):
+        sheet.append(row)
+    out["xlsx"] = folder / "prices.xlsx"
+    book.save(out["xlsx"])
+    out["opendocument"] = folder / "policy.odt"
+    with zipfile.ZipFile(out["opendocument"], "w") as z:
+        z.writestr(zipfile.ZipInfo("mimetype"), "application/vnd.oasis.opendocument.text")
+        z.writestr("content.xml", _ODT_CONTENT)
+        z.writestr("META-INF/manifest.xml", _ODT_MANIFEST)
+    out["epub"] = folder / "handbook.epub"
+    with zipfile.ZipFile(out["epub"], "w") as z:
+        z.writestr(zipfile.ZipInfo("mimetype"), "application/epub+zip")
+        z.writestr("META-INF/container.xml", _EPUB_CONTAINER)
+        z.writestr("OEBPS/content.opf", _EPUB_OPF)
+        z.writestr("OEBPS/c1.xhtml", _EPUB_CHAPTER)
+    mail = email.message.EmailMessage()
+    mail["Subject"] = "Backup schedule"
+    mail["From"] = "ops@example.org"
+    mail["To"] = "team@example.org"
+    mail.set_content("The nightly backup moves to three o'clock from Monday.")
+    out["email"] = folder / "backup.eml"
+    out["email"].write_bytes(bytes(mail))
+    out["asciidoc"] = folder / "guide.adoc"
+    out["asciidoc"].write_text(
+        "= Client guide\n\n== Installing\n\nRun the installer and sign in.\n"
+    )
+    out["latex"] = folder / "paper.tex"
+    out["latex"].write_text(
+        "\\documentclass{article}\\begin{document}\\section{Results}"
+        "The model converges in ten steps.\\end{document}\n"
+    )
+    out["vtt"] = folder / "onboarding.vtt"
+    out["vtt"].write_text(
+        "WEBVTT\n\n00:00:01.000 --> 00:00:04.000\nWelcome to the onboarding session.\n\n"
+        "00:00:05.000 --> 00:00:08.000\nFirst, install the client.\n"
+    )
+    return out
