@@ -163,15 +163,12 @@ def eval_check(
     from ragpipe.evaluation.check import IndexView, golden_for_index
     from ragpipe.evaluation.run import load_golden_from
     from ragpipe.models.embedders import embedder_name
-    from ragpipe.store import open_reader
+    from ragpipe.store import require_reader
 
     try:
         cfg = _eval_config(config, store_path, embedder, {}, {"golden": golden})
         loaded = load_golden_from(cfg, reviewing=True)
-        store = open_reader(cfg.store, embedder_name(cfg.embed))
-        if store is None:
-            where = cfg.store.url or cfg.store.path
-            raise ConfigError(f"no index at {where}: run `ragpipe ingest` first")
+        store = require_reader(cfg.store, embedder_name(cfg.embed))
         try:
             # The same verdict a run reaches (a set meant for another corpus included); its
             # check lists every unmatched target.

@@ -51,12 +51,11 @@ def draft(
     Evaluations refuse draft items (unless --allow-draft): read each, fix or delete it, and
     remove its `draft: true` line; `ragpipe eval check OUT` checks the targets.
     """
-    import yaml
 
     from ragpipe.config import load_config
-    from ragpipe.evaluation.draft import draft_golden
+    from ragpipe.evaluation.draft import draft_golden, write_draft
     from ragpipe.models.embedders import embedder_name
-    from ragpipe.store import open_reader
+    from ragpipe.store import require_reader
 
     logging.basicConfig(format="%(message)s")
     logging.getLogger("ragpipe").setLevel(logging.INFO if verbose else logging.WARNING)
@@ -67,10 +66,7 @@ def draft(
         if model is not None:
             overrides["llm"] = {"model": model}
         cfg = load_config(config, overrides)
-        store = open_reader(cfg.store, embedder_name(cfg.embed))
-        if store is None:
-            where = cfg.store.url or cfg.store.path
-            raise RagpipeError(f"no index at {where}: run `ragpipe ingest` first")
+        store = require_reader(cfg.store, embedder_name(cfg.embed))
         llm = None
         if sample > 0:
             from ragpipe.models.llm import make_llm
@@ -88,15 +84,8 @@ def draft(
         fail(exc, 2)
     if not golden["items"]:
         fail(RagpipeError("nothing to draft: no question headings, and no question kept"), 2)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump(golden, sort_keys=False, allow_unicode=True, width=100)
     try:
-        with out.open("x", encoding="utf-8") as fh:
-            fh.write(text)
-    except FileExistsError:  # made while drafting: keep the draft beside it
-        out = out.with_name(f"{out.stem}-{os.getpid()}{out.suffix}")
-        with out.open("x", encoding="utf-8") as fh:
-            fh.write(text)
+        out = write_draft(golden, out)
     except OSError as exc:
         fail(RagpipeError(f"cannot write {out}: {exc}"), 2)
     methods = [str(i["provenance"]["method"]) for i in golden["items"]]

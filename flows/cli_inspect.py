@@ -49,16 +49,13 @@ def _opened(
     config: Path | None, store_path: Path | None, version: str | None
 ) -> Iterator[tuple[RagpipeConfig, VectorStore]]:
     from ragpipe.models.embedders import embedder_name
-    from ragpipe.store import open_reader
+    from ragpipe.store import require_reader
 
     try:
         cfg = load_config(config, index_overrides(store_path, None))
-        store = open_reader(cfg.store, embedder_name(cfg.embed), version)
+        store = require_reader(cfg.store, embedder_name(cfg.embed), version)
     except RagpipeError as exc:
         fail(exc, 2)
-    if store is None:
-        where = cfg.store.url or cfg.store.path
-        fail(RagpipeError(f"no index at {where}: run `ragpipe ingest` first"), 2)
     try:
         yield cfg, store
     finally:

@@ -26,6 +26,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from ragpipe.errors import RagpipeError
@@ -378,3 +379,22 @@ def draft_golden(
         "every item (fix or delete it, then remove its 'draft: true') before evaluating."
     )
     return {"name": name, "description": description, "items": drafted.items}, drafted
+
+
+def write_draft(golden: dict[str, Any], out: Path) -> Path:
+    """Write the draft set as YAML to ``out``, never over a file: one made meanwhile keeps
+    it, and the draft goes beside it (``NAME-<pid>.yaml``). Returns where it went."""
+    import os
+
+    import yaml
+
+    text = yaml.safe_dump(golden, sort_keys=False, allow_unicode=True, width=100)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for target in (out, out.with_name(f"{out.stem}-{os.getpid()}{out.suffix}")):
+        try:
+            with target.open("x", encoding="utf-8") as fh:
+                fh.write(text)
+            return target
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{out} and its fallback exist")

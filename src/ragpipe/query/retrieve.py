@@ -37,7 +37,7 @@ from ragpipe.config import (
     RetrieveConfig,
     SparseEngine,
 )
-from ragpipe.errors import ConfigError, StageError
+from ragpipe.errors import ConfigError
 from ragpipe.models.embedders import Embedder, embedder_name, make_embedder, normalise
 from ragpipe.query.fusion import (
     boost_exact,
@@ -48,7 +48,7 @@ from ragpipe.query.fusion import (
 from ragpipe.query.lexical import _WORD, ClientBM25
 from ragpipe.query.rerank import Reranker
 from ragpipe.query.results import RetrievalResult, Retrieved, ranked
-from ragpipe.store import Hit, VectorStore, Where, open_reader
+from ragpipe.store import Hit, VectorStore, Where, require_reader
 from ragpipe.store.published import describe
 
 logger = logging.getLogger(__name__)
@@ -140,13 +140,7 @@ class Retriever:
         self.config = config
         self.embedder = embedder or make_embedder(config.embed, query_side=True)
         if store is None:
-            store = open_reader(config.store, embedder_name(config.embed))
-            if store is None:
-                where = config.store.url or config.store.path
-                raise StageError(
-                    f"no index at {where}: run `ragpipe ingest` first (or point store.path / "
-                    "store.url at an existing index)"
-                )
+            store = require_reader(config.store, embedder_name(config.embed))
         self.store = store
         self._llm = llm
         self._bm25: ClientBM25 | None = None

@@ -78,6 +78,18 @@ def open_store(
     return store
 
 
+def require_reader(config: StoreConfig, embedder: str, version: str | None = None) -> VectorStore:
+    """``open_reader``, or StageError saying how to get an index when there is none."""
+    store = open_reader(config, embedder, version)
+    if store is None:
+        where = config.url or config.path
+        raise StageError(
+            f"no index at {where}: run `ragpipe ingest` first (or point store.path / "
+            "store.url at an existing index)"
+        )
+    return store
+
+
 def open_reader(
     config: StoreConfig, embedder: str, version: str | None = None
 ) -> VectorStore | None:
