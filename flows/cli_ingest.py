@@ -35,8 +35,9 @@ def ingest(
     sources: Annotated[
         list[str] | None,
         typer.Argument(
-            help="Files, directories or http(s) URLs to ingest; they replace discover.roots, "
-            "discover.urls and discover.sitemaps from config.",
+            help="Files, directories, object-storage prefixes (s3://bucket/prefix, gs://…, "
+            "az://…) or http(s) URLs to ingest; they replace discover.roots, "
+            "discover.object_roots, discover.urls and discover.sitemaps from config.",
             show_default=False,
         ),
     ] = None,

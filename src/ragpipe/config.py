@@ -57,8 +57,17 @@ class DiscoverConfig(_Section):
     roots: list[Path] = Field(
         default_factory=lambda: [Path("data/sample")],
         description="Directories (or single files) to scan; relative paths are taken from the "
-        "working directory. Merged and de-duplicated by real path. May be empty when urls or "
-        "sitemaps are given.",
+        "working directory. Merged and de-duplicated by real path. Object-storage URLs "
+        "(s3://bucket/prefix, gs://…, az://…) written here move to discover.object_roots. May be "
+        "empty when another source is given.",
+    )
+    object_roots: list[str] = Field(
+        default_factory=list,
+        description="Object-storage prefixes to ingest beside the folders: s3://bucket/prefix "
+        "(also S3-compatible servers, see object_storage.endpoint_url), gs://bucket/prefix, "
+        "az://container/prefix. Each object is indexed under its URL; an object is downloaded "
+        "only when its ETag/generation or size changed. Needs the protocol's fsspec package "
+        "(s3fs, gcsfs, adlfs).",
     )
     urls: list[str] = Field(
         default_factory=list,
@@ -121,18 +130,81 @@ class DiscoverConfig(_Section):
                 raise ValueError(f"{_redact_userinfo(repr(url))} {problem}")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _object_urls_out_of_roots(cls, data: Any) -> Any:
+        """``s3://…`` in roots is an object root: a Path would fold its ``//``."""
+        if not isinstance(data, dict) or not isinstance(data.get("roots"), list):
+            return data
+        roots = data["roots"]
+        moved = [r for r in roots if isinstance(r, str) and is_object_url(r)]
+        if not moved:
+            return data
+        return {
+            **data,
+            "roots": [r for r in roots if r not in moved],
+            "object_roots": [*data.get("object_roots", []), *moved],
+        }
+
+    @field_validator("object_roots")
+    @classmethod
+    def _object_urls(cls, value: list[str]) -> list[str]:
+        out = []
+        for url in value:
+            problem = object_url_problem(url)
+            if problem:
+                raise ValueError(f"{_redact_userinfo(repr(url))} {problem}")
+            out.append(url.strip().rstrip("/"))
+        return list(dict.fromkeys(out))
+
     @model_validator(mode="after")
     def _some_source(self) -> DiscoverConfig:
-        if not (self.roots or self.urls or self.sitemaps):
+        if not (self.roots or self.object_roots or self.urls or self.sitemaps):
             raise ValueError(
-                "no sources: give at least one of discover.roots, discover.urls, discover.sitemaps"
+                "no sources: give at least one of discover.roots, discover.object_roots, "
+                "discover.urls, discover.sitemaps"
             )
         return self
 
 
+# Object-storage URL schemes and the fsspec package that reads each.
+OBJECT_SCHEMES = {
+    "s3": "s3fs",
+    "s3a": "s3fs",
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "az": "adlfs",
+    "abfs": "adlfs",
+    "abfss": "adlfs",
+}
+
+
+def is_object_url(source: str) -> bool:
+    """Whether a source names an object-storage prefix (``s3://bucket/prefix``)."""
+    scheme, sep, _ = source.strip().partition("://")
+    return bool(sep) and scheme.lower() in OBJECT_SCHEMES
+
+
+def object_url_problem(url: str) -> str | None:
+    """Why ``url`` is not an object-storage prefix ragpipe can list, or None."""
+    scheme, sep, rest = url.strip().partition("://")
+    if not sep or scheme.lower() not in OBJECT_SCHEMES:
+        known = ", ".join(f"{s}://" for s in OBJECT_SCHEMES)
+        return f"is not an object-storage URL (known schemes: {known})"
+    bucket = rest.partition("/")[0]
+    if not bucket:
+        return f"has no bucket; write it as {scheme}://bucket/prefix"
+    if "@" in bucket or "?" in rest or "#" in rest:
+        return (
+            "carries credentials or a query; URLs are stored in the index and logs, so give "
+            "credentials through the environment or object_storage.credentials_block"
+        )
+    return None
+
+
 def is_url(source: str) -> bool:
-    """Whether a CLI source names a web page rather than a path."""
-    return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", source))
+    """Whether a CLI source names a web page rather than a path or an object prefix."""
+    return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", source)) and not is_object_url(source)
 
 
 def _redact_userinfo(text: str) -> str:
@@ -213,6 +285,57 @@ class FetchConfig(_Section):
     def _printable(cls, value: str) -> str:
         if not value.isprintable() or not value.isascii():
             raise ValueError("must be printable ASCII (it is sent as an HTTP header)")
+        return value
+
+
+class ObjectStorageConfig(_Section):
+    """How object-storage roots (discover.object_roots) are listed and read."""
+
+    endpoint_url: str | None = Field(
+        default=None,
+        description="s3:// only: the endpoint of an S3-compatible server (MinIO, Ceph, R2, a "
+        "loopback test server). None: AWS_ENDPOINT_URL, else AWS itself.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra fsspec storage options, passed as they are to s3fs/gcsfs/adlfs (e.g. "
+        "{'anon': true} for a public bucket, {'account_name': ...} for Azure). Not for "
+        "secrets: the config is printed; use the environment or credentials_block.",
+    )
+    credentials_block: str | None = Field(
+        default=None,
+        description="The name of a Prefect Secret block holding a JSON object of credential "
+        "options (s3: key, secret, token; gs: token; az: account_key or sas_token), merged "
+        "into the options when listing; never logged. None: the protocol's own environment "
+        "(AWS_ACCESS_KEY_ID…, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_…).",
+    )
+    timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds to connect and, separately, to wait for each read (s3).",
+    )
+    retries: int = Field(
+        default=3,
+        ge=0,
+        description="Retries of a listing or a download that failed for a reason that may pass "
+        "(a timeout, a 5xx, a dropped connection), with exponential backoff; then the root "
+        "gets an 'unavailable' failure row and none of its indexed objects is deleted.",
+    )
+
+    @field_validator("options")
+    @classmethod
+    def _no_secret_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        secret = sorted(
+            k
+            for k in value
+            if re.search(r"secret|password|token|account_key|sas|credential", k, re.I) or k == "key"
+        )
+        if secret:
+            raise ValueError(
+                f"{', '.join(secret)} look like credentials; the configuration is printed and "
+                "logged, so put them in the environment or a Prefect Secret block "
+                "(object_storage.credentials_block)"
+            )
         return value
 
 
@@ -1240,6 +1363,7 @@ class RagpipeConfig(BaseSettings):
 
     discover: DiscoverConfig = Field(default_factory=DiscoverConfig)
     fetch: FetchConfig = Field(default_factory=FetchConfig)
+    object_storage: ObjectStorageConfig = Field(default_factory=ObjectStorageConfig)
     convert: ConvertConfig = Field(default_factory=ConvertConfig)
     clean: CleanConfig = Field(default_factory=CleanConfig)
     chunk: ChunkConfig = Field(default_factory=ChunkConfig)
@@ -1321,21 +1445,32 @@ def _key_from_block(name: str, section: _Keyed) -> _Keyed:
     block = section.api_key_block
     if block is None or section.api_key is not None:
         return section
+    value = read_secret_block(
+        f"{name}.api_key_block", block, f"RAGPIPE_{name.upper().replace('.', '__')}__API_KEY"
+    )
+    return section.model_copy(update={"api_key": SecretStr(value)})
+
+
+def read_secret_block(field: str, block: str, instead: str) -> str:
+    """The value of the Prefect Secret block ``block`` that ``field`` names.
+
+    Raises:
+        ConfigError: Outside ragpipe's CLI and flows (nothing can read blocks), or the block
+            cannot be read; the message names the field and the block, never a value.
+    """
     if _secret_reader is None:
         raise ConfigError(
-            f"{name}.api_key_block: {block!r} names a Prefect Secret block, which only "
-            "ragpipe's CLI and flows can read; set the key in the environment instead "
-            f"(RAGPIPE_{name.upper().replace('.', '__')}__API_KEY)"
+            f"{field}: {block!r} names a Prefect Secret block, which only "
+            f"ragpipe's CLI and flows can read; set {instead} in the environment instead"
         )
     try:
-        value = _secret_reader(block)
+        return _secret_reader(block)
     except Exception as exc:  # the reader's own errors name the block, never a value
         raise ConfigError(
-            f"{name}.api_key_block: cannot read the Prefect Secret block {block!r} "
+            f"{field}: cannot read the Prefect Secret block {block!r} "
             f"({type(exc).__name__}: {exc}); create it in the UI (Blocks > Secret) or "
             f"with `Secret(value=...).save({block!r})`"
         ) from exc
-    return section.model_copy(update={"api_key": SecretStr(value)})
 
 
 def load_config(
@@ -1468,9 +1603,10 @@ def _field_info(loc: tuple[int | str, ...]) -> tuple[str | None, list[str]]:
 
 
 def with_sources(config: RagpipeConfig, sources: list[str] | None) -> RagpipeConfig:
-    """``config`` whose sources are ``sources`` (paths and http(s) URLs), e.g. from the CLI.
+    """``config`` whose sources are ``sources`` (paths, object-storage and http(s) URLs), e.g.
+    from the CLI.
 
-    Given sources replace ``discover.roots``, ``discover.urls`` and
+    Given sources replace ``discover.roots``, ``discover.object_roots``, ``discover.urls`` and
     ``discover.sitemaps``; none leaves the configuration as it is.
 
     Raises:
@@ -1480,7 +1616,8 @@ def with_sources(config: RagpipeConfig, sources: list[str] | None) -> RagpipeCon
         return config
     data = {
         **config.discover.model_dump(),
-        "roots": [Path(s) for s in sources if not is_url(s)],
+        "roots": [Path(s) for s in sources if not is_url(s) and not is_object_url(s)],
+        "object_roots": [s for s in sources if is_object_url(s)],
         "urls": [s for s in sources if is_url(s)],
         "sitemaps": [],
     }

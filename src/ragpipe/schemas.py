@@ -143,6 +143,23 @@ class WebPage:
     body_path: str
 
 
+@dataclass(frozen=True)
+class StoredObject:
+    """What the last listing of one object-storage key found (``objects/objects.parquet``).
+
+    ``version`` is the store's own (S3/Azure ETag, GCS generation); with ``size_bytes`` it
+    decides whether the object is downloaded and hashed again. ``body_path`` holds the bytes
+    as downloaded.
+    """
+
+    url: str
+    root: str
+    version: str
+    size_bytes: int
+    sha256: str
+    body_path: str
+
+
 # Page boundaries survive convert → clean as a marker line; chunk strips them.
 PAGE_MARKER = "<!-- ragpipe:page {page} -->"
 PAGE_MARKER_RE = r"^<!-- ragpipe:page (\d+) -->$"
@@ -183,6 +200,7 @@ FAILURE_SCHEMA = arrow_schema(Failure)
 SKIP_SCHEMA = arrow_schema(Skip)
 PLAN_ENTRY_SCHEMA = arrow_schema(PlanEntry)
 WEB_PAGE_SCHEMA = arrow_schema(WebPage)
+STORED_OBJECT_SCHEMA = arrow_schema(StoredObject)
 
 SCHEMAS: dict[type, pa.Schema] = {
     SourceFile: SOURCE_FILE_SCHEMA,
@@ -193,4 +211,5 @@ SCHEMAS: dict[type, pa.Schema] = {
     Skip: SKIP_SCHEMA,
     PlanEntry: PLAN_ENTRY_SCHEMA,
     WebPage: WEB_PAGE_SCHEMA,
+    StoredObject: STORED_OBJECT_SCHEMA,
 }

@@ -416,24 +416,31 @@ class DiscoverCounts(runner.Counts):
     pages_not_modified: int = field(default=0, metadata={"optional": True})
     pages_downloaded: int = field(default=0, metadata={"optional": True})
     requests: int = field(default=0, metadata={"optional": True})
+    objects_listed: int = field(default=0, metadata={"optional": True})
+    objects_downloaded: int = field(default=0, metadata={"optional": True})
 
 
 def run_discover(
     config: RagpipeConfig, roots: list[Path] | None = None
 ) -> runner.StageSummary[DiscoverCounts]:
-    """Find and hash files, fetch web pages; always runs (it is how changes are seen)."""
+    """Find and hash files, list object storage, fetch web pages; always runs (it is how
+    changes are seen)."""
+    from ragpipe.ingest.objects import run_objects
+
     started = time.perf_counter()
     here = runner.WorkDir.of(config).stage("discover")
     stale = checkpoint.remove_stale_temps(config.paths.work_dir)
     if stale:
         logger.warning("removed %d temp files left by an interrupted run", stale)
     result = discover(config.discover, roots)
+    stored = run_objects(config, config.discover.object_roots)
     web = run_fetch(config)
-    result.failures.extend(web.failures)
-    result.skipped.extend(web.skipped)
-    if web.files:
-        result.files = sorted([*result.files, *web.files], key=lambda f: f.file_path)
-        if config.discover.dedupe_content:  # a page redirected to another listed page
+    for other in (stored, web):
+        result.failures.extend(other.failures)
+        result.skipped.extend(other.skipped)
+    if web.files or stored.files:
+        result.files = sorted([*result.files, *stored.files, *web.files], key=lambda f: f.file_path)
+        if config.discover.dedupe_content:  # a copy in a bucket, a page redirected to another
             skip_duplicate_content(result)
     roots_used = [str(r) for r in (roots or config.discover.roots)]
     config_fp = checkpoint.combine_fingerprints(
@@ -445,6 +452,9 @@ def run_discover(
         counts.pages_not_modified = web.not_modified
         counts.pages_downloaded = web.downloaded
         counts.requests = web.requests
+    if config.discover.object_roots:
+        counts.objects_listed = stored.listed
+        counts.objects_downloaded = stored.downloaded
     return runner.finish_stage(
         here,
         "discover",

@@ -29,6 +29,7 @@ from ragpipe import checkpoint
 from ragpipe.config import EmbedProvider, RagpipeConfig, StoreBackend
 from ragpipe.ingest import runner
 from ragpipe.ingest.chunk import chunk_fingerprint
+from ragpipe.ingest.objects import HOLDING_CATEGORIES
 from ragpipe.models.embedders import (
     embedder_fingerprint,
     embedder_name,
@@ -184,11 +185,10 @@ def run_plan(
     sources = runner.read_input(config, discovered, "files.parquet", SourceFile)
     # A source that failed discovery (unreadable file, page timing out) still exists,
     # unless the failure says it is gone (a page answering 404).
-    unreadable = {
-        f.file_path
-        for f in runner.read_input(config, discovered, "failures.parquet", Failure)
-        if f.category not in GONE_CATEGORIES
-    }
+    failures = runner.read_input(config, discovered, "failures.parquet", Failure)
+    unreadable = {f.file_path for f in failures if f.category not in GONE_CATEGORIES}
+    # An object root that could not be listed keeps everything indexed below it.
+    held = tuple(f.file_path + "/" for f in failures if f.category in HOLDING_CATEGORIES)
     index_fp = index_fingerprint(config)
     versions = stored_versions(config, store)
     todo: list[SourceFile] = []
@@ -209,6 +209,8 @@ def run_plan(
         logger.info("plan: the %s embedder answers (%d dimensions)", config.embed.provider, dim)
     present = {s.file_path for s in sources} | unreadable
     for path in sorted(set(versions) - present):
+        if held and path.startswith(held):
+            continue
         entries.append(PlanEntry(path, "removed", None, len(versions[path])))
     actions = Counter(e.action for e in entries)
     counts = PlanCounts(

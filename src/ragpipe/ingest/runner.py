@@ -7,6 +7,7 @@ its own. Layout of the work directory::
 
     work_dir/discover/{files,failures,skipped}.parquet + manifest.json
     work_dir/fetch/pages.parquet, work_dir/fetch/bodies/   web pages: state, bodies
+    work_dir/objects/objects.parquet, .../bodies/          object storage: state, bodies
     work_dir/plan/{files,plan}.parquet + manifest.json      files to (re)process
     work_dir/plan/store-versions.parquet                    the store's file versions, cached
     work_dir/convert/{documents,failures}.parquet + manifest.json
@@ -140,6 +141,15 @@ class WorkDir:
     @property
     def fetch_bodies(self) -> Path:
         return self.stage("fetch") / "bodies"
+
+    @property
+    def objects_state(self) -> Path:
+        """What the last listing found of each object-storage key."""
+        return self.output("objects", "objects")
+
+    @property
+    def objects_bodies(self) -> Path:
+        return self.stage("objects") / "bodies"
 
     @property
     def plan(self) -> Path:

@@ -1,0 +1,298 @@
+"""Object-storage roots, end to end against a real S3-compatible server on loopback (moto's
+server in its own process): add, change, delete, a 10,000-key listing, a bucket that
+vanishes, a slow and a failing server, credentials from a Prefect Secret block."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragpipe import checkpoint
+from ragpipe import config as config_module
+from ragpipe.config import DiscoverConfig, RagpipeConfig, load_config, with_sources
+from ragpipe.errors import ConfigError, MassDeletionHeld
+from ragpipe.ingest.objects import list_objects, open_filesystem
+from ragpipe.ingest.pipeline import run_ingest
+from ragpipe.schemas import Failure, Skip, StoredObject
+from tests.support.corpora import stored, topic_doc
+from tests.support.s3_server import CREDENTIALS, Faults, S3Server, faulty_proxy, s3_server
+
+BUCKET = "team-docs"
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    with s3_server() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Test credentials only; no ~/.aws files, no instance metadata."""
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+
+
+def _bucket(s3: S3Server, name: str, objects: dict[str, bytes]) -> Any:
+    client = s3.client()
+    client.create_bucket(Bucket=name)
+    for key, body in objects.items():
+        client.put_object(Bucket=name, Key=key, Body=body)
+    return client
+
+
+def _config(tmp_path: Path, endpoint: str, roots: list[Any], **storage: Any) -> RagpipeConfig:
+    return RagpipeConfig(
+        discover={"roots": roots},
+        object_storage={"endpoint_url": endpoint, **storage},
+        chunk={"size": 400, "overlap": 50},
+        embed={"provider": "onnx", "batch_size": 16},
+        store={"path": tmp_path / "store"},
+        paths={"work_dir": tmp_path / "work"},
+    )
+
+
+def _by_file(cfg: RagpipeConfig) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for payload in stored(cfg).values():
+        out.setdefault(payload["file_path"], set()).add(payload["source_sha"])
+    return out
+
+
+def _failures(cfg: RagpipeConfig) -> dict[str, str]:
+    rows = checkpoint.read_records(cfg.paths.work_dir / "failures.parquet", Failure)
+    return {f.file_path: f.category for f in rows}
+
+
+def _failure_messages(cfg: RagpipeConfig) -> dict[str, str]:
+    rows = checkpoint.read_records(cfg.paths.work_dir / "failures.parquet", Failure)
+    return {f.file_path: f.message for f in rows}
+
+
+# -- configuration ---------------------------------------------------------------------
+
+
+def test_object_urls_in_roots_become_object_roots() -> None:
+    cfg = DiscoverConfig(roots=["docs", "s3://team-docs/handbook/", "gs://other"])
+    assert cfg.roots == [Path("docs")]
+    assert cfg.object_roots == ["s3://team-docs/handbook", "gs://other"]
+
+    cli = with_sources(RagpipeConfig(), ["notes", "s3://b-1/x", "https://example.org/page"])
+    assert cli.discover.roots == [Path("notes")]
+    assert cli.discover.object_roots == ["s3://b-1/x"]
+    assert cli.discover.urls == ["https://example.org/page"]
+
+
+@pytest.mark.parametrize(
+    ("root", "problem"),
+    [
+        ("s3://", "has no bucket; write it as s3://bucket/prefix"),
+        ("s3://key:secret@bucket/x", "carries credentials or a query"),
+        ("ftp://bucket/x", "is not an object-storage URL"),
+    ],
+)
+def test_bad_object_roots_are_refused_at_load(tmp_path: Path, root: str, problem: str) -> None:
+    path = tmp_path / "ragpipe.yaml"
+    path.write_text(json.dumps({"discover": {"object_roots": [root]}}))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "discover.object_roots" in str(info.value)
+    assert problem in str(info.value)
+    assert "secret@" not in str(info.value)
+
+
+def test_credentials_in_options_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ragpipe.yaml"
+    path.write_text(json.dumps({"object_storage": {"options": {"key": "AKIA", "anon": False}}}))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "object_storage.options: key look like credentials" in str(info.value)
+    assert "credentials_block" in str(info.value)
+
+
+def test_a_missing_protocol_package_says_which_extra_installs_it() -> None:
+    with pytest.raises(ConfigError) as info:
+        open_filesystem("gs", RagpipeConfig().object_storage)
+    assert str(info.value) == (
+        "discover.object_roots: gs:// needs the gcsfs package; install it with "
+        "`pip install 'ragpipe[gcs]'` (or `pip install gcsfs`)"
+    )
+
+
+# -- ingest ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_bucket_and_a_folder_in_one_nightly(s3: S3Server, tmp_path: Path) -> None:
+    folder = tmp_path / "share"
+    folder.mkdir()
+    (folder / "gardening.md").write_text(topic_doc("gardening"))
+    client = _bucket(
+        s3,
+        BUCKET,
+        {
+            "handbook/engines.md": topic_doc("engines").encode(),
+            "handbook/deep/wings.txt": topic_doc("wings").encode(),
+            "handbook/logo.png": b"\x89PNG not a document",
+            "handbook/drafts/cooking.md": topic_doc("cooking").encode(),
+            "handbook/": b"",  # a folder marker, as consoles create them
+            "elsewhere/astronomy.md": topic_doc("astronomy").encode(),  # outside the prefix
+        },
+    )
+    cfg = _config(tmp_path, s3.url, [folder, f"s3://{BUCKET}/handbook"])
+    cfg = cfg.model_copy(
+        update={"discover": cfg.discover.model_copy(update={"ignore": ["drafts/**"]})}
+    )
+    first = run_ingest(cfg)
+    engines, wings = f"s3://{BUCKET}/handbook/engines.md", f"s3://{BUCKET}/handbook/deep/wings.txt"
+    files = _by_file(cfg)
+    assert sorted(files) == sorted([engines, wings, f"{folder}/gardening.md"])
+    assert (first.added, first.failed) == (3, 0)
+    assert first.stages["discover"]["objects_listed"] == 4  # the marker is not an object
+    assert first.stages["discover"]["objects_downloaded"] == 2
+    skips = checkpoint.read_records(cfg.paths.work_dir / "discover" / "skipped.parquet", Skip)
+    assert {(s.file_path, s.reason) for s in skips} == {
+        (f"s3://{BUCKET}/handbook/logo.png", "unsupported_type")
+    }
+    texts = " ".join(p["text"] for p in stored(cfg).values() if p["file_path"] == engines)
+    assert "Sentence 3 of section 1 explains engines in revision 1." in texts
+    before = stored(cfg)
+
+    # Nothing changed: one listing, no download, nothing converted or written.
+    second = run_ingest(cfg)
+    assert second.stages["discover"]["objects_listed"] == 4
+    assert "objects_downloaded" not in second.stages["discover"]  # a count of 0 is left out
+    assert (second.added, second.changed, second.skipped_unchanged) == (0, 0, 3)
+    assert (second.chunks_written, second.chunks_deleted) == (0, 0)
+    assert stored(cfg) == before
+
+    # One key changes, one is deleted: only that key is downloaded and re-indexed.
+    client.put_object(Bucket=BUCKET, Key="handbook/engines.md", Body=topic_doc("engines", 2))
+    third = run_ingest(cfg)
+    assert third.stages["discover"]["objects_downloaded"] == 1
+    assert (third.changed, third.skipped_unchanged) == (1, 2)
+    assert _by_file(cfg)[engines] != files[engines]
+    assert _by_file(cfg)[wings] == files[wings]
+    client.delete_object(Bucket=BUCKET, Key="handbook/deep/wings.txt")
+    fourth = run_ingest(cfg, allow_mass_delete=True)  # 1 of 3 files is over the 20 % guard
+    assert fourth.removed == 1
+    assert sorted(_by_file(cfg)) == sorted([engines, f"{folder}/gardening.md"])
+    state = checkpoint.read_records(
+        cfg.paths.work_dir / "objects" / "objects.parquet", StoredObject
+    )
+    assert [o.url for o in state] == [engines]
+    bodies = sorted(p.name for p in (cfg.paths.work_dir / "objects" / "bodies").iterdir())
+    assert bodies == [Path(state[0].body_path).name]  # the old versions' bodies are pruned
+
+    # The bucket vanishes: a missing root, and the mass-deletion guard holds its files.
+    client.delete_object(Bucket=BUCKET, Key="handbook/engines.md")
+    for key in ("handbook/logo.png", "handbook/drafts/cooking.md", "handbook/"):
+        client.delete_object(Bucket=BUCKET, Key=key)
+    client.delete_object(Bucket=BUCKET, Key="elsewhere/astronomy.md")
+    client.delete_bucket(Bucket=BUCKET)
+    with pytest.raises(MassDeletionHeld):
+        run_ingest(cfg)
+    assert _failures(cfg) == {f"s3://{BUCKET}/handbook": "missing_root"}
+    assert engines in _by_file(cfg)
+
+
+@pytest.mark.slow
+def test_a_failing_or_slow_server_deletes_nothing(s3: S3Server, tmp_path: Path) -> None:
+    _bucket(
+        s3,
+        "flaky-docs",
+        {f"kb/{t}.md": topic_doc(t).encode() for t in ("engines", "wings", "gardening")},
+    )
+    faults = Faults()
+    with faulty_proxy(s3.url, faults) as proxy:
+        cfg = _config(tmp_path, proxy, ["s3://flaky-docs/kb"], retries=2, timeout_s=0.5)
+        run_ingest(cfg)
+        before = stored(cfg)
+        assert len(_by_file(cfg)) == 3
+
+        # Two 503s, then the server answers: the listing is retried and the night is clean.
+        faults.fail_next = 2
+        faults.requests.clear()
+        retried = run_ingest(cfg)
+        assert retried.failed == 0 and retried.skipped_unchanged == 3
+        assert len(faults.requests) == 3  # two refused listings, one that worked
+
+        # The server answers only 503: retries, then an 'unavailable' row; nothing deleted.
+        faults.fail_all = True
+        faults.requests.clear()
+        down = run_ingest(cfg)
+        assert len(faults.requests) == 3  # the first try and object_storage.retries=2
+        assert _failures(cfg) == {"s3://flaky-docs/kb": "unavailable"}
+        message = _failure_messages(cfg)["s3://flaky-docs/kb"]
+        assert "after 2 retries; nothing indexed below it is deleted this run" in message
+        assert (down.removed, down.deletions_held) == (0, 0)
+        assert stored(cfg) == before
+
+        # Slower than object_storage.timeout_s: the same, through read timeouts.
+        faults.fail_all = False
+        faults.delay_s = 1.0
+        slow = run_ingest(cfg)
+        assert _failures(cfg) == {"s3://flaky-docs/kb": "unavailable"}
+        assert "timeout" in _failure_messages(cfg)["s3://flaky-docs/kb"].lower()
+        assert slow.removed == 0
+        assert stored(cfg) == before
+
+        # Back to normal: the state survived the outage, so nothing is downloaded again.
+        faults.delay_s = 0.0
+        back = run_ingest(cfg)
+        assert back.failed == 0 and "objects_downloaded" not in back.stages["discover"]
+
+
+@pytest.mark.slow
+def test_a_listing_of_ten_thousand_keys(s3: S3Server, tmp_path: Path) -> None:
+    s3.fill("big-bucket", "notes/", 10_000)
+    cfg = _config(tmp_path, s3.url, ["s3://big-bucket/notes"])
+    bodies = tmp_path / "bodies"
+    first = list_objects(cfg, cfg.discover.object_roots, [], bodies)
+    assert (first.listed, first.downloaded, len(first.files)) == (10_000, 10_000, 10_000)
+    assert first.failures == []
+    assert first.files[9_999].file_path == "s3://big-bucket/notes/09999.txt"
+    assert Path(first.files[9_999].abs_path).read_bytes() == b"object 9999\n"
+
+    again = list_objects(cfg, cfg.discover.object_roots, first.objects, bodies)
+    assert (again.listed, again.downloaded) == (10_000, 0)
+    assert again.files == first.files
+
+
+def test_credentials_from_a_prefect_secret_block(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _bucket(s3, "locked-docs", {"a/engines.md": topic_doc("engines").encode()})
+    for name in CREDENTIALS:
+        monkeypatch.delenv(name)
+    secret = json.dumps({"key": "block-key-id", "secret": "block-secret-VALUE"})
+    read: list[str] = []
+
+    def reader(name: str) -> str:
+        read.append(name)
+        return secret
+
+    monkeypatch.setattr(config_module, "_secret_reader", reader)
+    cfg = _config(tmp_path, s3.url, ["s3://locked-docs/a"], credentials_block="s3-docs")
+    caplog.set_level(logging.DEBUG)
+    result = list_objects(cfg, cfg.discover.object_roots, [], tmp_path / "bodies")
+    assert [f.file_path for f in result.files] == ["s3://locked-docs/a/engines.md"]
+    assert read == ["s3-docs"]
+    assert "block-secret-VALUE" not in caplog.text
+    assert "block-secret-VALUE" not in cfg.model_dump_json()
+
+    monkeypatch.setattr(config_module, "_secret_reader", lambda name: "not json")
+    with pytest.raises(ConfigError) as info:
+        list_objects(cfg, cfg.discover.object_roots, [], tmp_path / "bodies")
+    assert "must hold a JSON object of storage options" in str(info.value)
