@@ -151,3 +151,76 @@ def test_overlap_validation() -> None:
 def test_unknown_tokenizer_is_config_error() -> None:
     with pytest.raises(ConfigError, match=r"chunk.tokenizer"):
         TokenCounter("/no/such/tokenizer.json").count("x")
+
+
+# -- tables ----------------------------------------------------------------------------
+
+CAPTION = "Table 3: Ports by host"
+HEADER = "| host | port |\n|---|---|"
+ROWS = [f"| server-{i:02d}.example.org | {8000 + i} |" for i in range(8)]
+TABLE = f"{CAPTION}\n\n{HEADER}\n" + "\n".join(ROWS)
+
+
+def test_a_long_table_is_split_between_rows_with_caption_and_header_in_every_part() -> None:
+    # Room for the caption, header and exactly three rows (each row is 33 characters).
+    size = len(f"{CAPTION}\n\n{HEADER}\n") + 3 * len(ROWS[0]) + 2
+    markdown = f"# Network\n\nThe hosts below serve the API.\n\n{TABLE}\n\nEnd of the list."
+    text, chunks = _chunks(markdown, size=size, overlap=20)
+    head = f"{CAPTION}\n\n{HEADER}\n"
+    assert [c.text for c in chunks] == [
+        "# Network\n\nThe hosts below serve the API.",
+        head + "\n".join(ROWS[0:3]),
+        head + "\n".join(ROWS[3:6]),
+        head + "\n".join(ROWS[6:8]),
+        "End of the list.",
+    ]
+    # The first part is the table's own text; later parts span their rows only.
+    first, second, third = chunks[1:4]
+    assert text[first.char_start : first.char_end] == first.text
+    assert text[second.char_start : second.char_end] == "\n".join(ROWS[3:6])
+    assert text[third.char_start : third.char_end] == "\n".join(ROWS[6:8])
+    assert all(c.heading_path == ["Network"] for c in chunks)
+    assert all(len(c.text) <= size for c in chunks)
+    assert all(c.token_count == COUNTER.count(c.text) for c in chunks)
+
+
+def test_a_table_that_fits_is_never_cut_and_others_are_chunked_as_before() -> None:
+    prose = PARA * 3
+    markdown = f"# Hosts\n\n{prose}\n\n{TABLE}\n\n{prose}"
+    text, chunks = _chunks(markdown, size=400, overlap=1)
+    holding = [c for c in chunks if any(row in c.text for row in ROWS)]
+    assert len(holding) == 1 and TABLE in holding[0].text  # whole, in one chunk
+    assert all(c.text == text[c.char_start : c.char_end] for c in chunks)
+    # The next chunk's overlap does not start with the tail of the last row.
+    after = chunks[chunks.index(holding[0]) + 1]
+    assert "|" not in after.text and after.text.startswith("Retrieval quality")
+
+
+def test_sentence_windows_keep_a_table_whole_as_its_own_context() -> None:
+    markdown = f"# Hosts\n\nFirst sentence. Second sentence.\n\n{TABLE}\n\nLast sentence."
+    _, chunks = _chunks(markdown, chunker=ChunkerKind.SENTENCE_WINDOW, window=1)
+    (table,) = [c for c in chunks if ROWS[0] in c.text]
+    assert table.text == TABLE and table.context == TABLE
+    assert [c.text for c in chunks if c is not table] == [
+        "# Hosts",
+        "First sentence.",
+        "Second sentence.",
+        "Last sentence.",
+    ]
+
+
+def test_only_a_row_longer_than_a_chunk_is_cut_and_pipes_in_code_are_no_table() -> None:
+    long_row = "| wide | " + " ".join(f"word{i}" for i in range(120)) + " |"
+    markdown = f"{HEADER}\n{ROWS[0]}\n{long_row}\n{ROWS[1]}"
+    _, chunks = _chunks(markdown, size=300, overlap=1)
+    assert chunks[0].text == f"{HEADER}\n{ROWS[0]}"
+    cut = [c for c in chunks if "word" in c.text]
+    assert len(cut) > 1 and all(c.text.startswith(HEADER + "\n") for c in cut)
+    assert all(len(c.text) <= 300 for c in chunks)
+    # The pieces (without the repeated header) are the row, cut between words.
+    pieces = [c.text.removeprefix(HEADER + "\n") for c in cut]
+    assert " ".join(pieces) == long_row
+    assert chunks[-1].text == f"{HEADER}\n{ROWS[1]}"
+    code = "```\n" + f"{HEADER}\n" + "\n".join(ROWS * 3) + "\n```"
+    _, chunks = _chunks(code, size=300, overlap=1)
+    assert sum(HEADER in c.text for c in chunks) == 1  # cut like any code, header once

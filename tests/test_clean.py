@@ -72,3 +72,16 @@ def test_everything_dropped_gives_empty_text() -> None:
     result = clean_markdown("Page 1 of 2\n\n7\n", CleanConfig())
     assert result.markdown == ""
     assert result.dropped == {"page_number": 2}
+
+
+def test_a_data_table_ending_in_numbers_is_not_a_table_of_contents() -> None:
+    prices = "| item | price |\n|---|---|\n" + "\n".join(
+        f"| item {name} | {price} |"
+        for name, price in zip("abcdefgh", [3, 1, 7, 2, 9, 4, 4, 1], strict=True)
+    )
+    contents = "| Introduction | 1 |\n|---|---|\n" + "\n".join(
+        f"| Chapter {i} | {i * 12} |" for i in range(1, 8)
+    )
+    result = clean_markdown(f"{prices}\n\n{contents}\n\nBody.\n", CleanConfig())
+    assert result.markdown == f"{prices}\n\nBody.\n"
+    assert result.dropped == {"toc": 1}

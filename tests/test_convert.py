@@ -181,6 +181,8 @@ FORMATS_MARKDOWN = {
     "asciidoc": "# Client guide\n\n## Installing\n\nRun the installer and sign in.",
     "latex": "## Results\n\nThe model converges in ten steps.",
     "vtt": "Welcome to the onboarding session.\n\nFirst, install the client.",
+    "csv": "| day     | on call   |\n|---------|-----------|\n| Monday  | Ana       |\n"
+    "| Tuesday | Ben       |",
 }
 
 
@@ -224,9 +226,10 @@ def test_a_mixed_folder_of_every_format_ingests_in_one_run(tmp_path: Path) -> No
     from ragpipe.config import RagpipeConfig
     from ragpipe.ingest.pipeline import run_ingest
     from ragpipe.store import open_reader
-    from tests.support.formats import write_samples
+    from tests.support.formats import write_long_tables, write_samples
 
     samples = write_samples(tmp_path / "share")
+    samples.update({f"long-{k}": p for k, p in write_long_tables(tmp_path / "share").items()})
     (tmp_path / "share" / "torn.pptx").write_bytes(b"PK\x03\x04" + os.urandom(3000))
     config = RagpipeConfig.model_validate({
         "discover": {"roots": [str(tmp_path / "share")]},
@@ -249,3 +252,14 @@ def test_a_mixed_folder_of_every_format_ingests_in_one_run(tmp_path: Path) -> No
 
     (failure,) = pq.read_table(tmp_path / "work" / "failures.parquet").to_pylist()
     assert failure["file_path"].endswith("torn.pptx") and failure["category"] == "corrupt"
+
+    # Tables longer than a chunk: split between rows, every part with the header rows.
+    chunks = pq.read_table(tmp_path / "work" / "chunk" / "chunks.parquet").to_pylist()
+    for name, columns in {"settings.csv": "setting", "limits.xlsx": "server"}.items():
+        parts = [c["text"] for c in chunks if c["file_path"].endswith(name)]
+        header = "\n".join(parts[0].split("\n")[:2])  # Docling pads cells to the widest
+        assert header.startswith(f"| {columns} ") and set(header.split("\n")[1]) == {"|", "-"}
+        assert len(parts) > 3
+        assert all(p.startswith(header + "\n| ") for p in parts), name
+        rows = [line for p in parts for line in p.split("\n")[2:]]
+        assert len(rows) == len(set(rows)) == 120  # each row once, none cut

@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 TEXT_EXTENSIONS_DEFAULT = [
     "txt", "text", "rst", "py", "js", "ts", "tsx", "jsx", "json", "yaml", "yml", "toml",
     "ini", "cfg", "conf", "sh", "sql", "r", "c", "h", "cpp", "hpp", "java", "go", "rs",
-    "rb", "css", "csv", "xml",
+    "rb", "css", "xml",
 ]  # fmt: skip
 
 

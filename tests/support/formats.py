@@ -97,4 +97,28 @@ def write_samples(folder: Path) -> dict[str, Path]:
         "WEBVTT\n\n00:00:01.000 --> 00:00:04.000\nWelcome to the onboarding session.\n\n"
         "00:00:05.000 --> 00:00:08.000\nFirst, install the client.\n"
     )
+    out["csv"] = folder / "rota.csv"
+    out["csv"].write_text("day,on call\nMonday,Ana\nTuesday,Ben\n")
     return out
+
+
+def write_long_tables(folder: Path, rows: int = 120) -> dict[str, Path]:
+    """A CSV and a spreadsheet of ``rows`` rows each: too long for one chunk."""
+    from openpyxl import Workbook
+
+    folder.mkdir(parents=True, exist_ok=True)
+    header = ["setting", "default", "meaning"]
+    data = [[f"option_{i}", str(i * 10), f"how long step {i} may run"] for i in range(rows)]
+    csv_path = folder / "settings.csv"
+    csv_path.write_text("\n".join(",".join(r) for r in [header, *data]) + "\n")
+    book = Workbook()
+    sheet = book.active
+    sheet.title = "Limits"
+    for row in [
+        ["server", "port", "owner"],
+        *[[f"host{i}", 8000 + i, f"team {i % 7}"] for i in range(rows)],
+    ]:
+        sheet.append(row)
+    xlsx_path = folder / "limits.xlsx"
+    book.save(xlsx_path)
+    return {"csv": csv_path, "xlsx": xlsx_path}

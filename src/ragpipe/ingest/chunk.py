@@ -1,9 +1,17 @@
 """Split cleaned documents into chunks.
 
 Chunks are exact character spans of the document text (page markers
-removed), so ``text == doc_text[char_start:char_end]`` always holds. No chunk
-exceeds the embedding model's window: sizes are measured with the model's
-own tokenizer and long pieces are split further.
+removed), so ``text == doc_text[char_start:char_end]`` holds, with one
+exception: a part of a table too long for one chunk starts with the table's
+caption and header rows (``text == header + "\n" + doc_text[char_start:char_end]``).
+No chunk exceeds the embedding model's window: sizes are measured with the
+model's own tokenizer and long pieces are split further.
+
+* Tables (Markdown pipe tables, as Docling writes them): a table that fits a
+  chunk is never cut; a longer one is split between rows, every part
+  repeating the caption (a ``Table …`` paragraph right before it) and the
+  header rows, so a row is never read without its column names. Only a row
+  that alone exceeds the window is cut.
 
 * ``recursive``: heading sections, then paragraphs, lines, sentences, words;
   pieces are merged up to ``size`` characters, each chunk starting with up
@@ -29,7 +37,7 @@ from ragpipe import checkpoint
 from ragpipe.config import ChunkConfig, ChunkerKind, RagpipeConfig, fingerprint
 from ragpipe.errors import ConfigError
 from ragpipe.ingest import runner
-from ragpipe.ingest.clean import CLEAN_VERSION
+from ragpipe.ingest.clean import CLEAN_VERSION, is_table_delimiter
 from ragpipe.ingest.convert import settings_fingerprint as convert_settings_fingerprint
 from ragpipe.schemas import (
     PAGE_MARKER_RE,
@@ -42,13 +50,19 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 STAGE = "chunk"
-CHUNK_VERSION = "1"
+CHUNK_VERSION = "2"  # 2: tables split between rows, header repeated
 CHUNK_NAMESPACE = uuid.UUID("0b5a3c52-9d3e-4d7e-8f0a-6a2f4f1d2e77")
 
 _PAGE_MARKER = re.compile(PAGE_MARKER_RE)
 _HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 
 Span = tuple[int, int]
+# A chunk's span and, for a table's part, the header its text starts with ("": the part
+# holds its own header); None for prose.
+Part = tuple[Span, str | None]
+
+_CAPTION = re.compile(r"^\W{0,2}(table|tab\.)\s*[\dIVXivx]", re.IGNORECASE)
+MAX_CAPTION_CHARS = 300
 
 
 class TokenCounter:
@@ -254,6 +268,186 @@ class _Splitter:
         return [*cuts, end]
 
 
+@dataclass(frozen=True)
+class _Table:
+    """A Markdown pipe table: caption (or header) start, first data row, end of last row."""
+
+    start: int
+    rows: int
+    end: int
+    header: str  # caption paragraph (if any), a blank line, header and delimiter rows
+
+
+def find_tables(text: str, start: int, end: int) -> list[_Table]:
+    """Pipe tables between ``start`` and ``end``: a ``|`` line followed by a delimiter row
+    (``|---|---|``), then every ``|`` line after them. Fenced code holds no table."""
+    lines: list[tuple[int, str]] = []
+    pos = start
+    for line in text[start:end].split("\n"):
+        lines.append((pos, line))
+        pos += len(line) + 1
+    tables: list[_Table] = []
+    fenced = False
+    i = 0
+    while i < len(lines):
+        at, line = lines[i]
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        is_head = (
+            not fenced
+            and line.lstrip().startswith("|")
+            and i + 1 < len(lines)
+            and is_table_delimiter(lines[i + 1][1])
+        )
+        if not is_head:
+            i += 1
+            continue
+        j = i + 2
+        while j < len(lines) and lines[j][1].lstrip().startswith("|"):
+            j += 1
+        if j == i + 2:  # a header without rows
+            i = j
+            continue
+        last_at, last = lines[j - 1]
+        head_end = lines[i + 1][0] + len(lines[i + 1][1])
+        header = text[at:head_end]
+        table_start = at
+        caption = _caption_before(text, start, at)
+        if caption is not None:
+            table_start = caption[0]
+            header = f"{text[caption[0] : caption[1]]}\n\n{header}"
+        tables.append(_Table(table_start, lines[i + 2][0], last_at + len(last), header))
+        i = j
+    return tables
+
+
+def _caption_before(text: str, floor: int, at: int) -> Span | None:
+    """The span of a one-paragraph ``Table …`` caption right before a table, if any."""
+    before = text[floor:at].rstrip()
+    if not before:
+        return None
+    cut = before.rfind("\n\n")
+    para_start = floor + (cut + 2 if cut >= 0 else 0)
+    trimmed = _trim(text, (para_start, floor + len(before)))
+    if trimmed is None or trimmed[1] - trimmed[0] > MAX_CAPTION_CHARS:
+        return None
+    return trimmed if _CAPTION.match(text[trimmed[0] : trimmed[1]]) else None
+
+
+def table_parts(text: str, table: _Table, splitter: _Splitter, config: ChunkConfig) -> list[Part]:
+    """A table in chunks: whole when it fits, else groups of whole rows after the header.
+
+    The first part is the table's own text from its caption; every later part's text is
+    the caption and header, a newline, then its rows. A row that does not fit even with
+    the header is cut like prose (the one case a row is split).
+    """
+    if splitter.fits(table.start, table.end):
+        return [((table.start, table.end), "")]
+    rows: list[Span] = []
+    pos = table.rows
+    for line in text[table.rows : table.end].split("\n"):
+        if line.strip():
+            rows.append((pos, pos + len(line)))
+        pos += len(line) + 1
+    counter = splitter.counter
+    specials = counter.count("")
+    row_tokens = [n - specials for n in counter.count_many([text[a:b] for a, b in rows])]
+    repeated_tokens = counter.count(table.header + "\n")
+    parts: list[Part] = []
+    start, prefix = table.start, ""  # the first part carries the table's own header
+    i = 0
+    while i < len(rows):
+        own = counter.count(text[start : rows[i][0]]) if start < rows[i][0] else specials
+        tokens = repeated_tokens if prefix else own
+        extra = len(prefix) + 1 if prefix else 0
+        j = i
+        # Grow by an estimate (token counts are nearly additive across lines)...
+        while j < len(rows):
+            if rows[j][1] - start + extra > splitter.size:
+                break
+            if tokens + row_tokens[j] > splitter.max_tokens:
+                break
+            tokens += row_tokens[j]
+            j += 1
+        # ...then check the group exactly.
+        while j > i and not _part_fits(text, prefix, start, rows[j - 1][1], splitter):
+            j -= 1
+        if j > i:
+            parts.append(((start, rows[j - 1][1]), prefix))
+            i = j
+        elif not prefix:  # caption and header leave no room for the first row: alone
+            head = _Section(start, table.rows - 1, [])
+            parts.extend((p, "") for p in recursive_spans(text, head, config, counter))
+        else:  # one row too long for the window even without neighbours: cut it
+            parts.extend(_cut_row(text, rows[i], table.header, config, counter, repeated_tokens))
+            i += 1
+        if i < len(rows):
+            start, prefix = rows[i][0], table.header
+    return parts
+
+
+def _cut_row(
+    text: str,
+    row: Span,
+    header: str,
+    config: ChunkConfig,
+    counter: TokenCounter,
+    header_tokens: int,
+) -> list[Part]:
+    """A row too long for one chunk, chunked like prose; each piece after the header when the
+    header leaves at least half the window, else alone."""
+    size = config.size - len(header) - 1
+    tokens = config.max_tokens - header_tokens + counter.count("")
+    cell = _Section(row[0], row[1], [])
+    if size < config.size // 2 or tokens < config.max_tokens // 2:
+        return [(p, None) for p in recursive_spans(text, cell, config, counter)]
+    narrow = config.model_copy(
+        update={"size": size, "max_tokens": tokens, "overlap": min(config.overlap, size // 4)}
+    )
+    return [(p, header) for p in recursive_spans(text, cell, narrow, counter)]
+
+
+def _part_fits(text: str, prefix: str, start: int, end: int, splitter: _Splitter) -> bool:
+    body = f"{prefix}\n{text[start:end]}" if prefix else text[start:end]
+    return len(body) <= splitter.size and splitter.counter.count(body) <= splitter.max_tokens
+
+
+def _with_tables(
+    text: str,
+    section: _Section,
+    config: ChunkConfig,
+    counter: TokenCounter,
+    make_spans: Callable[[str, _Section, ChunkConfig, TokenCounter], list[Span]],
+) -> list[Part]:
+    """A section's chunks with its tables handled by ``table_parts``.
+
+    Recursive chunking keeps a table that fits as it keeps any paragraph (never cut, maybe
+    merged with its neighbours): only longer tables are taken out. Sentence windows would
+    cut every table into "sentences", so there every table is taken out.
+    """
+    splitter = _Splitter(text, config.size, config.max_tokens, counter)
+    every = config.chunker == ChunkerKind.SENTENCE_WINDOW
+    tables = [
+        t
+        for t in find_tables(text, section.start, section.end)
+        if every or not splitter.fits(t.start, t.end)
+    ]
+    if not tables:
+        return [(span, None) for span in make_spans(text, section, config, counter)]
+    parts: list[Part] = []
+    pos = section.start
+    for table in tables:
+        if table.start > pos:
+            prose = _Section(pos, table.start, section.heading_path)
+            parts.extend((span, None) for span in make_spans(text, prose, config, counter))
+        parts.extend(table_parts(text, table, splitter, config))
+        pos = table.end
+    if section.end > pos:
+        rest = _Section(pos, section.end, section.heading_path)
+        parts.extend((span, None) for span in make_spans(text, rest, config, counter))
+    return parts
+
+
 def _overlap_start(
     text: str, prev_start: int, prev_end: int, overlap: int, earliest: int
 ) -> int | None:
@@ -268,6 +462,19 @@ def _overlap_start(
             return pos
         pos += 1
     return None
+
+
+def _not_mid_row(text: str, start: int, limit: int) -> int:
+    """``start``, or the next line's start when it falls inside a table row (an overlap that
+    began with half a row would be a row without its header)."""
+    line_start = text.rfind("\n", 0, start) + 1
+    if line_start == start or not text[line_start:start].lstrip().startswith("|"):
+        return start
+    next_line = text.find("\n", start, limit)
+    pos = next_line + 1 if next_line != -1 else limit
+    while pos < limit and text[pos].isspace():
+        pos += 1
+    return pos
 
 
 def _last_fitting(
@@ -335,7 +542,7 @@ def recursive_spans(
             ov = _overlap_start(
                 text, spans[-1][0], spans[-1][1], config.overlap, pieces[i][1] - config.size
             )
-            start = pieces[i][0] if ov is None else ov
+            start = pieces[i][0] if ov is None else _not_mid_row(text, ov, pieces[i][0])
     return spans
 
 
@@ -383,26 +590,31 @@ def chunk_document(
     text, pages = strip_page_markers(doc.markdown)
     page_offsets = [off for off, _ in pages]
     sections = split_sections(text, parse_headings=kind != "text")
-    spans_by_section: list[tuple[_Section, list[Span]]] = []
+    spans_by_section: list[tuple[_Section, list[Part]]] = []
     make_spans: Callable[[str, _Section, ChunkConfig, TokenCounter], list[Span]] = (
         recursive_spans if config.chunker == ChunkerKind.RECURSIVE else _sentence_spans
     )
     for section in sections:
-        spans_by_section.append((section, make_spans(text, section, config, counter)))
+        parts = _with_tables(text, section, config, counter, make_spans)
+        spans_by_section.append((section, parts))
 
-    bodies = [text[start:end] for _, spans in spans_by_section for start, end in spans]
+    bodies = [
+        f"{header}\n{text[start:end]}" if header else text[start:end]
+        for _, parts in spans_by_section
+        for (start, end), header in parts
+    ]
     token_counts = counter.count_many(bodies)
     chunks: list[Chunk] = []
     line, line_at = 1, 0  # line number at offset line_at; spans only move forward
-    for section, spans in spans_by_section:
-        for k, (start, end) in enumerate(spans):
+    for section, parts in spans_by_section:
+        for k, ((start, end), header) in enumerate(parts):
             index = len(chunks)
             body = bodies[index]
             context = None
             if config.chunker == ChunkerKind.SENTENCE_WINDOW:
-                lo = spans[max(0, k - config.window)][0]
-                hi = spans[min(len(spans) - 1, k + config.window)][1]
-                context = text[lo:hi]
+                lo = parts[max(0, k - config.window)][0][0]
+                hi = parts[min(len(parts) - 1, k + config.window)][0][1]
+                context = body if header is not None else text[lo:hi]
             page_idx = bisect.bisect_right(page_offsets, start) - 1
             if start >= line_at:
                 line += text.count("\n", line_at, start)

@@ -7,6 +7,7 @@ Fenced code blocks and ragpipe's page markers are left untouched.
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections import Counter
@@ -24,7 +25,7 @@ from ragpipe.schemas import (
 )
 
 STAGE = "clean"
-CLEAN_VERSION = "2"
+CLEAN_VERSION = "3"  # 3: a data table ending in numbers is not a table of contents
 
 _PAGE_MARKER = re.compile(PAGE_MARKER_RE)
 _COMMENT = re.compile(r"<!--(?!\s*ragpipe:page).*?-->", re.DOTALL)
@@ -84,6 +85,23 @@ _TOC_ENTRY = re.compile(
     r"(?:(?:\.\s*){3,}|\s{2,}|\s)(?:\d{1,4}|[ivxlcdm]{1,6})\s*\|?$", re.IGNORECASE
 )
 _DOT_LEADER = re.compile(r"(?:\.\s?){4,}")
+# The delimiter row under a pipe table's header (``|---|:-:|``, Docling also writes ``| - |``).
+TABLE_DELIMITER = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
+
+
+def is_table_delimiter(line: str) -> bool:
+    """Whether ``line`` is a pipe table's delimiter row (it has a pipe: ``---`` is a rule)."""
+    return "|" in line and TABLE_DELIMITER.match(line) is not None
+
+
+def _ascending(entries: list[re.Match[str]]) -> bool:
+    """Whether a table's trailing numbers read like page numbers (never going down).
+
+    A table of contents rendered as a table ends its rows in page numbers; a data table
+    whose last column holds numbers (prices, counts, ports by team) does not ascend.
+    """
+    numbers = [int(n) for m in entries if (n := m.group(0).strip(" .|")).isdigit()]
+    return len(numbers) >= 2 and all(a <= b for a, b in itertools.pairwise(numbers))
 
 
 @dataclass(frozen=True)
@@ -114,10 +132,14 @@ def _blocks(markdown: str) -> list[str]:
 
 
 def _is_toc(block: str, config: CleanConfig) -> bool:
-    lines = [ln.strip().strip("|").strip() for ln in block.split("\n") if ln.strip()]
+    raw = [ln for ln in block.split("\n") if ln.strip()]
+    table = len(raw) > 1 and raw[0].lstrip().startswith("|") and is_table_delimiter(raw[1])
+    if table:
+        raw = [raw[0], *raw[2:]]
+    lines = [ln.strip().strip("|").strip() for ln in raw]
     if len(lines) >= config.toc_min_lines:
-        entries = sum(1 for ln in lines if _TOC_ENTRY.search(ln) and not ln.startswith("#"))
-        if entries / len(lines) >= config.toc_ratio:
+        entries = [m for ln in lines if not ln.startswith("#") and (m := _TOC_ENTRY.search(ln))]
+        if len(entries) / len(lines) >= config.toc_ratio and (not table or _ascending(entries)):
             return True
     # Converters may join TOC lines into one paragraph: count dot leaders instead.
     return len(_DOT_LEADER.findall(block)) >= config.toc_min_lines

@@ -75,6 +75,7 @@ DOCLING_SIMPLE = {
     "asciidoc": "ASCIIDOC",
     "latex": "LATEX",
     "vtt": "VTT",
+    "csv": "CSV",  # one Markdown table (split between rows by the chunker, header repeated)
 }
 ZIPPED = frozenset({"docx", "pptx", "xlsx", "opendocument", "epub"})
 OLE_HEADER = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"

@@ -46,6 +46,7 @@ KINDS = {
     "tex": "latex",
     "latex": "latex",
     "vtt": "vtt",
+    "csv": "csv",
 }
 
 
