@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -84,9 +85,15 @@ def _failure_messages(cfg: RagpipeConfig) -> dict[str, str]:
 
 
 def test_object_urls_in_roots_become_object_roots() -> None:
-    cfg = DiscoverConfig(roots=["docs", "s3://team-docs/handbook/", "gs://other"])
+    cfg = DiscoverConfig(
+        roots=["docs", "s3://team-docs/handbook/", "gs://other", "S3://team-docs/handbook"]
+    )
     assert cfg.roots == [Path("docs")]
+    # The scheme as objects are indexed under (lower case), each root once.
     assert cfg.object_roots == ["s3://team-docs/handbook", "gs://other"]
+    assert DiscoverConfig(object_roots=["az://docs@account/kb"]).object_roots == [
+        "az://docs@account/kb"
+    ]  # adlfs's container@account is not a credential
 
     cli = with_sources(RagpipeConfig(), ["notes", "s3://b-1/x", "https://example.org/page"])
     assert cli.discover.roots == [Path("notes")]
@@ -99,6 +106,8 @@ def test_object_urls_in_roots_become_object_roots() -> None:
     [
         ("s3://", "has no bucket; write it as s3://bucket/prefix"),
         ("s3://key:secret@bucket/x", "carries credentials or a query"),
+        ("s3://bucket/x?X-Amz-Signature=secret@", "carries credentials or a query"),
+        ("az://user:secret@account/x", "carries credentials or a query"),
         ("ftp://bucket/x", "is not an object-storage URL"),
     ],
 )
@@ -112,16 +121,37 @@ def test_bad_object_roots_are_refused_at_load(tmp_path: Path, root: str, problem
     assert "secret@" not in str(info.value)
 
 
-def test_credentials_in_options_are_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("storage", "message"),
+    [
+        ({"options": {"key": "AKIA", "anon": False}}, "options: key look like credentials"),
+        (
+            {"options": {"client_kwargs": {"aws_secret_access_key": "secret@"}}},
+            "options: client_kwargs.aws_secret_access_key look like credentials",
+        ),
+        (
+            {"options": {"connection_string": "AccountKey=secret@"}},
+            "options: connection_string look like credentials",
+        ),
+        ({"endpoint_url": "http://me:secret@minio:9000"}, "endpoint_url: carries credentials"),
+    ],
+)
+def test_credentials_in_the_config_are_refused(
+    tmp_path: Path, storage: dict[str, Any], message: str
+) -> None:
     path = tmp_path / "ragpipe.yaml"
-    path.write_text(json.dumps({"object_storage": {"options": {"key": "AKIA", "anon": False}}}))
+    path.write_text(json.dumps({"object_storage": storage}))
     with pytest.raises(ConfigError) as info:
         load_config(path)
-    assert "object_storage.options: key look like credentials" in str(info.value)
+    assert f"object_storage.{message}" in str(info.value)
     assert "credentials_block" in str(info.value)
+    assert "secret@" not in str(info.value)
 
 
-def test_a_missing_protocol_package_says_which_extra_installs_it() -> None:
+def test_a_missing_protocol_package_says_which_extra_installs_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "gcsfs", None)  # not installed (an import fails)
     with pytest.raises(ConfigError) as info:
         open_filesystem("gs", RagpipeConfig().object_storage)
     assert str(info.value) == (
@@ -276,6 +306,13 @@ def test_credentials_from_a_prefect_secret_block(
     _bucket(s3, "locked-docs", {"a/engines.md": topic_doc("engines").encode()})
     for name in CREDENTIALS:
         monkeypatch.delenv(name)
+    # No credentials anywhere: a row that says so (not retried, and it deletes nothing).
+    bare = _config(tmp_path, s3.url, ["s3://locked-docs/a"])
+    result = list_objects(bare, bare.discover.object_roots, [], tmp_path / "bodies")
+    assert [(f.file_path, f.category) for f in result.failures] == [
+        ("s3://locked-docs/a", "no_credentials")
+    ]
+    assert "object_storage.credentials_block" in result.failures[0].message
     secret = json.dumps({"key": "block-key-id", "secret": "block-secret-VALUE"})
     read: list[str] = []
 
@@ -290,9 +327,57 @@ def test_credentials_from_a_prefect_secret_block(
     assert [f.file_path for f in result.files] == ["s3://locked-docs/a/engines.md"]
     assert read == ["s3-docs"]
     assert "block-secret-VALUE" not in caplog.text
-    assert "block-secret-VALUE" not in cfg.model_dump_json()
 
     monkeypatch.setattr(config_module, "_secret_reader", lambda name: "not json")
     with pytest.raises(ConfigError) as info:
         list_objects(cfg, cfg.discover.object_roots, [], tmp_path / "bodies")
     assert "must hold a JSON object of storage options" in str(info.value)
+
+
+@pytest.mark.slow
+def test_odd_keys_overlapping_roots_denied_and_failed_downloads(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    _bucket(
+        s3,
+        "odd-docs",
+        {
+            "kb/a b é#1.md": topic_doc("engines").encode(),
+            "kb/x?versionId=abc.md": topic_doc("wings").encode(),
+            "kb/sub/c.md": topic_doc("gardening").encode(),
+            "top.md": topic_doc("cooking").encode(),
+        },
+    )
+    faults = Faults()
+    with faulty_proxy(s3.url, faults) as proxy:
+        # Overlapping roots: each object once, under the first root that lists it.
+        cfg = _config(tmp_path, proxy, ["s3://odd-docs", "s3://odd-docs/kb"])
+        first = run_ingest(cfg)
+        assert sorted(_by_file(cfg)) == [
+            "s3://odd-docs/kb/a b é#1.md",
+            "s3://odd-docs/kb/sub/c.md",
+            "s3://odd-docs/top.md",
+        ]
+        assert (first.added, first.failed) == (3, 0)
+        skips = checkpoint.read_records(cfg.paths.work_dir / "discover" / "skipped.parquet", Skip)
+        assert [(s.file_path, s.reason) for s in skips] == [
+            ("s3://odd-docs/kb/x?versionId=abc.md", "unreadable_key")
+        ]
+        before = stored(cfg)
+
+        # A changed object that cannot be downloaded: a row, and its indexed version stays.
+        s3.client().put_object(Bucket="odd-docs", Key="kb/sub/c.md", Body=b"# New\n\nChanged.")
+        faults.fail_paths = "/kb/sub/c.md"
+        failed = run_ingest(cfg)
+        assert _failures(cfg) == {"s3://odd-docs/kb/sub/c.md": "unreadable"}
+        assert (failed.removed, failed.changed) == (0, 0)
+        assert stored(cfg) == before
+
+        # Access denied to the listing: a 'forbidden' row, not retried, nothing deleted.
+        faults.fail_paths, faults.status = "list-type=2", 403
+        faults.requests.clear()
+        denied = run_ingest(cfg)
+        assert _failures(cfg) == {"s3://odd-docs": "forbidden", "s3://odd-docs/kb": "forbidden"}
+        assert len(faults.requests) == 2  # one listing per root
+        assert "retries" not in _failure_messages(cfg)["s3://odd-docs"]
+        assert denied.removed == 0 and stored(cfg) == before

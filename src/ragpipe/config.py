@@ -154,7 +154,7 @@ class DiscoverConfig(_Section):
             problem = object_url_problem(url)
             if problem:
                 raise ValueError(f"{_redact_userinfo(repr(url))} {problem}")
-            out.append(url.strip().rstrip("/"))
+            out.append(normal_object_url(url))
         return list(dict.fromkeys(out))
 
     @model_validator(mode="after")
@@ -175,7 +175,6 @@ OBJECT_SCHEMES = {
     "gcs": "gcsfs",
     "az": "adlfs",
     "abfs": "adlfs",
-    "abfss": "adlfs",
 }
 
 
@@ -194,7 +193,10 @@ def object_url_problem(url: str) -> str | None:
     bucket = rest.partition("/")[0]
     if not bucket:
         return f"has no bucket; write it as {scheme}://bucket/prefix"
-    if "@" in bucket or "?" in rest or "#" in rest:
+    # adlfs names an account as container@account; anything with a ':' before '@' is a secret.
+    user, at, _ = bucket.rpartition("@")
+    azure = OBJECT_SCHEMES[scheme.lower()] == "adlfs"
+    if (at and (not azure or ":" in user)) or "?" in rest or "#" in rest:
         return (
             "carries credentials or a query; URLs are stored in the index and logs, so give "
             "credentials through the environment or object_storage.credentials_block"
@@ -202,14 +204,27 @@ def object_url_problem(url: str) -> str | None:
     return None
 
 
+def normal_object_url(url: str) -> str:
+    """``S3://bucket/prefix/`` → ``s3://bucket/prefix``: the form objects are indexed under."""
+    scheme, _, rest = url.strip().partition("://")
+    return f"{scheme.lower()}://{rest.strip('/')}"
+
+
 def is_url(source: str) -> bool:
     """Whether a CLI source names a web page rather than a path or an object prefix."""
     return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", source)) and not is_object_url(source)
 
 
+_OBJECT_QUERY = re.compile(
+    r"((?:" + "|".join(OBJECT_SCHEMES) + r")://[^\s'\"?#]*)[?#][^\s'\"]*", re.IGNORECASE
+)
+
+
 def _redact_userinfo(text: str) -> str:
-    """Mask passwords in URLs (``https://bob:***@host``) before a message shows them."""
-    return re.sub(r"(://[^/@\s:'\"]*:)[^/@\s'\"]*@", r"\1***@", text)
+    """Mask passwords in URLs (``https://bob:***@host``) and the query of object-storage URLs
+    (a presigned ``?X-Amz-Signature=``) before a message shows them."""
+    text = re.sub(r"(://[^/@\s:'\"]*:)[^/@\s'\"]*@", r"\1***@", text)
+    return _OBJECT_QUERY.sub(r"\1?***", text)
 
 
 def url_problem(url: str) -> str | None:
@@ -325,11 +340,7 @@ class ObjectStorageConfig(_Section):
     @field_validator("options")
     @classmethod
     def _no_secret_options(cls, value: dict[str, Any]) -> dict[str, Any]:
-        secret = sorted(
-            k
-            for k in value
-            if re.search(r"secret|password|token|account_key|sas|credential", k, re.I) or k == "key"
-        )
+        secret = sorted(_secret_keys(value))
         if secret:
             raise ValueError(
                 f"{', '.join(secret)} look like credentials; the configuration is printed and "
@@ -337,6 +348,33 @@ class ObjectStorageConfig(_Section):
                 "(object_storage.credentials_block)"
             )
         return value
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is not None and re.match(r"^[a-z][a-z0-9+.-]*://[^/]*@", value, re.I):
+            raise ValueError(
+                "carries credentials (user:password@); the configuration is printed and logged, "
+                "so give them through the environment or object_storage.credentials_block"
+            )
+        return value
+
+
+_SECRET_OPTION = re.compile(
+    r"secret|password|passwd|token|account_key|sas|credential|connection_string|private", re.I
+)
+
+
+def _secret_keys(options: dict[str, Any], where: str = "") -> list[str]:
+    """The keys of ``options`` (nested ones as ``a.b``) that look like credentials."""
+    found = []
+    for key, value in options.items():
+        name = f"{where}{key}"
+        if _SECRET_OPTION.search(str(key)) or str(key).lower() in ("key", "access_key"):
+            found.append(name)
+        elif isinstance(value, dict):
+            found.extend(_secret_keys(value, f"{name}."))
+    return found
 
 
 class PdfMode(StrEnum):

@@ -158,6 +158,7 @@ class StoredObject:
     size_bytes: int
     sha256: str
     body_path: str
+    longest_line: int  # bytes, for discover.max_line_bytes without reading the body again
 
 
 # Page boundaries survive convert → clean as a marker line; chunk strips them.

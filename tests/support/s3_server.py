@@ -82,6 +82,8 @@ class Faults:
     delay_s: float = 0.0
     fail_next: int = 0  # answer 503 to this many requests, then pass them again
     fail_all: bool = False
+    fail_paths: str | None = None  # answer every request whose path holds this, with status
+    status: int = 503
     requests: list[str] = field(default_factory=list)
 
 
@@ -101,13 +103,15 @@ def faulty_proxy(upstream: str, faults: Faults) -> Iterator[str]:
             with lock:
                 faults.requests.append(f"{self.command} {self.path}")
                 fail = faults.fail_all or faults.fail_next > 0
+                fail = fail or bool(faults.fail_paths and faults.fail_paths in self.path)
                 if faults.fail_next > 0:
                     faults.fail_next -= 1
             if faults.delay_s:
                 time.sleep(faults.delay_s)
             if fail:
-                message = b"<Error><Code>ServiceUnavailable</Code><Message>down</Message></Error>"
-                self.send_response(503)
+                code = "AccessDenied" if faults.status == 403 else "ServiceUnavailable"
+                message = f"<Error><Code>{code}</Code><Message>no</Message></Error>".encode()
+                self.send_response(faults.status)
                 self.send_header("Content-Length", str(len(message)))
                 self.end_headers()
                 self.wfile.write(message)

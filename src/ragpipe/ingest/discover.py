@@ -426,7 +426,9 @@ def run_discover(
 ) -> runner.StageSummary[DiscoverCounts]:
     """Find and hash files, list object storage, fetch web pages; always runs (it is how
     changes are seen)."""
-    from ragpipe.ingest.objects import run_objects
+    from ragpipe.ingest.objects import check_packages, run_objects
+
+    check_packages(config.discover.object_roots)  # before any work, not after the walk
 
     started = time.perf_counter()
     here = runner.WorkDir.of(config).stage("discover")

@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 # Failure categories of a root that could not be listed: the plan deletes nothing below it.
 UNAVAILABLE = "unavailable"
-HOLDING_CATEGORIES = frozenset({UNAVAILABLE, "forbidden"})
+HOLDING_CATEGORIES = frozenset({UNAVAILABLE, "forbidden", "no_credentials"})
 # The pip extra that installs each protocol's fsspec package.
 EXTRAS = {"s3fs": "s3", "gcsfs": "gcs", "adlfs": "azure"}
 DOWNLOAD_THREADS = 8
@@ -58,6 +58,10 @@ WHOLE_BYTES = 16 << 20  # objects up to this size are read in one request
 BACKOFF_S = 0.25
 
 T = TypeVar("T")
+# botocore's "no credentials at all" errors, by name (botocore is s3fs's, not ragpipe's).
+_NO_CREDENTIALS = frozenset(
+    {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}
+)
 
 
 @dataclass
@@ -85,14 +89,8 @@ def open_filesystem(scheme: str, config: ObjectStorageConfig) -> Any:
         ConfigError: The protocol's package is not installed, or the credentials block cannot
             be read or is not a JSON object.
     """
+    check_packages([f"{scheme}://"])
     package = OBJECT_SCHEMES[scheme]
-    try:
-        importlib.import_module(package)
-    except ImportError as exc:
-        raise ConfigError(
-            f"discover.object_roots: {scheme}:// needs the {package} package; install it with "
-            f"`pip install 'ragpipe[{EXTRAS[package]}]'` (or `pip install {package}`)"
-        ) from exc
     import fsspec
 
     options: dict[str, Any] = dict(config.options)
@@ -108,7 +106,13 @@ def open_filesystem(scheme: str, config: ObjectStorageConfig) -> Any:
             "retries": {"total_max_attempts": 1},
             **options.get("config_kwargs", {}),
         }
-    fs = fsspec.filesystem(scheme, skip_instance_cache=True, **options)
+    try:
+        fs = fsspec.filesystem(scheme, skip_instance_cache=True, **options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"object_storage.options: {package} does not take these options for {scheme}:// "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
     if hasattr(fs, "retries"):
         fs.retries = 1  # s3fs's own retry loop would multiply ours
     return fs
@@ -130,7 +134,7 @@ def _credentials(block: str) -> dict[str, Any]:
 
 def object_version(info: dict[str, Any]) -> str:
     """The store's version of an object from its listing entry ('' when it gives none)."""
-    for name in ("ETag", "etag", "generation", "version_id", "VersionId"):
+    for name in ("generation", "ETag", "etag", "version_id", "VersionId"):
         value = info.get(name)
         if value:
             return str(value).strip('"')
@@ -145,7 +149,7 @@ def _retrying(call: Callable[[], T], retries: int, what: str) -> T:
         except (FileNotFoundError, PermissionError, ConfigError):
             raise
         except Exception as exc:
-            if attempt == retries:
+            if attempt == retries or type(exc).__name__ in _NO_CREDENTIALS:
                 raise
             delay = BACKOFF_S * 2**attempt
             logger.warning("%s failed (%s); retrying in %.2f s", what, _reason(exc), delay)
@@ -166,33 +170,49 @@ def body_path(bodies: Path, url: str, sha256: str) -> Path:
     return bodies / f"{key}-{sha256[:16]}{suffix}"
 
 
-def _download(fs: Any, key: str, url: str, size: int, bodies: Path) -> tuple[str, Path]:
-    """Write one object into ``bodies`` (hashed on the way); returns (sha256, path).
+class _TooLarge(Exception):
+    """The object grew past discover.max_file_bytes after it was listed."""
 
-    An object up to ``WHOLE_BYTES`` is read in one request; a larger one is streamed.
+
+@dataclass(frozen=True)
+class _Downloaded:
+    sha256: str
+    path: Path
+    size: int
+    longest_line: int
+
+
+def _download(fs: Any, key: str, url: str, size: int, bodies: Path, limit: int) -> _Downloaded:
+    """Write one object into ``bodies`` (hashed on the way).
+
+    An object up to ``WHOLE_BYTES`` is read in one request; a larger one is streamed, and
+    given up past ``limit`` bytes (it grew since the listing).
     """
     bodies.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256()
     temp = bodies / f".{hashlib.sha256(url.encode()).hexdigest()[:24]}.{os.getpid()}.part"
     try:
         with temp.open("wb") as out:
             if size <= WHOLE_BYTES:
                 data = fs.cat_file(key)
-                digest.update(data)
+                if len(data) > limit:
+                    raise _TooLarge(len(data))
                 out.write(data)
             else:
                 with fs.open(key, "rb", block_size=BLOCK) as src:
                     while block := src.read(BLOCK):
-                        digest.update(block)
                         out.write(block)
+                        if out.tell() > limit:
+                            raise _TooLarge(out.tell())
             out.flush()
             os.fsync(out.fileno())
-        sha = digest.hexdigest()
+            written = out.tell()
+        with temp.open("rb") as fh:
+            sha, longest = _digest_and_longest_line(fh)
         path = body_path(bodies, url, sha)
         os.replace(temp, path)
     finally:
         temp.unlink(missing_ok=True)
-    return sha, path
+    return _Downloaded(sha, path, written, longest)
 
 
 def _have_body(known: StoredObject | None, version: str, size: int) -> bool:
@@ -225,39 +245,47 @@ def list_objects(
     storage = config.object_storage
     rules = IgnoreRules(config.discover.ignore)
     known = {o.url: o for o in previous}
+    seen: set[str] = set()  # a key under two overlapping roots is the first root's
+    systems = {scheme: open_filesystem(scheme, storage) for scheme in _schemes(roots)}
     for root in roots:
         scheme, path = split_url(root)
+        fs = systems[scheme]
         try:
-            fs = open_filesystem(scheme, storage)
             listing: dict[str, dict[str, Any]] = _retrying(
                 partial(fs.find, path, detail=True), storage.retries, f"listing {root}"
             )
-        except ConfigError:
-            raise
         except FileNotFoundError as exc:
             result.failures.append(Failure(root, STAGE, "missing_root", _reason(exc)))
             continue
         except Exception as exc:
-            category = "forbidden" if isinstance(exc, PermissionError) else UNAVAILABLE
+            category = _holding_category(exc)
+            tried = f" after {storage.retries} retries" if category == UNAVAILABLE else ""
             result.failures.append(
                 Failure(
                     root,
                     STAGE,
                     category,
-                    f"cannot list {root} ({_reason(exc)}) after {storage.retries} retries; "
-                    "nothing indexed below it is deleted this run",
+                    f"cannot list {root} ({_reason(exc)}){tried}; nothing indexed below it is "
+                    "deleted this run" + _FIXES.get(category, ""),
                 )
             )
-            result.objects.extend(o for o in previous if o.root == root)
+            below = f"{root}/"
+            result.objects.extend(
+                o for o in previous if o.url.startswith(below) and o.url not in seen
+            )
+            seen.update(o.url for o in previous if o.url.startswith(below))
             continue
         todo: list[tuple[str, str, str, int, str]] = []
         for key in sorted(listing):
             info = listing[key]
             if key.endswith("/") or info.get("type") == "directory":
                 continue  # a folder marker
+            url = f"{scheme}://{key}"
+            if url in seen:
+                continue
+            seen.add(url)
             result.listed += 1
             rel = key[len(path) :].lstrip("/") if key.startswith(path) else key
-            url = f"{scheme}://{key}"
             if rules.ignores(rel):
                 continue
             kind = kind_of(key, config.discover.text_extensions)
@@ -265,17 +293,14 @@ def list_objects(
                 ext = os.path.splitext(key)[1]
                 result.skipped.append(Skip(url, "unsupported_type", ext or "no extension"))
                 continue
+            if "?versionId=" in key:  # fsspec reads it as a version, not as part of the key
+                result.skipped.append(
+                    Skip(url, "unreadable_key", "fsspec cannot read a key holding '?versionId='")
+                )
+                continue
             size = int(info.get("size") or 0)
             if size > config.discover.max_file_bytes:
-                result.failures.append(
-                    Failure(
-                        url,
-                        STAGE,
-                        "too_large",
-                        f"{size} bytes exceeds discover.max_file_bytes="
-                        f"{config.discover.max_file_bytes}",
-                    )
-                )
+                result.failures.append(_too_large(url, size, config))
                 continue
             version = object_version(info)
             before = known.get(url)
@@ -289,6 +314,49 @@ def list_objects(
     result.files.sort(key=lambda f: f.file_path)
     result.objects.sort(key=lambda o: o.url)
     return result
+
+
+# What to do about a root that could not be listed, by failure category.
+_FIXES = {
+    "forbidden": "; give the credentials read access (s3:ListBucket and s3:GetObject on S3)",
+    "no_credentials": "; set the protocol's credentials in the environment or name a Prefect "
+    "Secret block in object_storage.credentials_block",
+}
+
+
+def _holding_category(exc: BaseException) -> str:
+    """``forbidden``, ``no_credentials`` (neither passes by retrying) or ``unavailable``."""
+    if isinstance(exc, PermissionError):
+        return "forbidden"
+    if type(exc).__name__ in _NO_CREDENTIALS:
+        return "no_credentials"
+    return UNAVAILABLE
+
+
+def _too_large(url: str, size: int, config: RagpipeConfig) -> Failure:
+    limit = config.discover.max_file_bytes
+    return Failure(url, STAGE, "too_large", f"{size} bytes exceeds discover.max_file_bytes={limit}")
+
+
+def _schemes(roots: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(split_url(root)[0] for root in roots))
+
+
+def check_packages(roots: Iterable[str]) -> None:
+    """Raise before any work when a root's protocol package is not installed.
+
+    Raises:
+        ConfigError: Names the package and the pip extra that installs it.
+    """
+    for scheme in _schemes(roots):
+        package = OBJECT_SCHEMES[scheme]
+        try:
+            importlib.import_module(package)
+        except ImportError as exc:
+            raise ConfigError(
+                f"discover.object_roots: {scheme}:// needs the {package} package; install it "
+                f"with `pip install 'ragpipe[{EXTRAS[package]}]'` (or `pip install {package}`)"
+            ) from exc
 
 
 def _download_all(
@@ -305,10 +373,12 @@ def _download_all(
         return
     retries = config.object_storage.retries
 
-    def fetch(item: tuple[str, str, str, int, str]) -> tuple[str, Path] | BaseException:
+    limit = config.discover.max_file_bytes
+
+    def fetch(item: tuple[str, str, str, int, str]) -> _Downloaded | BaseException:
         key, url, _, size, _ = item
         try:
-            return _retrying(partial(_download, fs, key, url, size, bodies), retries, url)
+            return _retrying(partial(_download, fs, key, url, size, bodies, limit), retries, url)
         except Exception as exc:
             return exc
 
@@ -324,27 +394,40 @@ def _download_all(
     finally:
         if progress is not None:
             progress.finish()
-    for (_, url, kind, size, version), outcome in zip(todo, outcomes, strict=True):
-        if isinstance(outcome, BaseException):
-            gone = isinstance(outcome, FileNotFoundError)  # deleted since the listing
-            if not gone:
-                result.failures.append(
-                    Failure(url, STAGE, "unreadable", f"download failed: {_reason(outcome)}")
+    checkpoint.fsync_dir(bodies)  # the renamed bodies are durable before the state names them
+    for (_, url, kind, _, version), outcome in zip(todo, outcomes, strict=True):
+        if isinstance(outcome, _TooLarge):
+            result.failures.append(_too_large(url, int(outcome.args[0]), config))
+        elif isinstance(outcome, FileNotFoundError):
+            result.failures.append(
+                Failure(
+                    url,
+                    STAGE,
+                    "vanished",
+                    f"listed, then not found when downloaded ({_reason(outcome)}): deleted since "
+                    "the listing? Its indexed version stays until a run no longer lists it",
                 )
-            continue
-        sha, path = outcome
-        stored = StoredObject(url, root, version, size, sha, str(path))
-        result.objects.append(stored)
-        result.downloaded += 1
-        _accept(result, stored, kind, config)
+            )
+        elif isinstance(outcome, BaseException):
+            result.failures.append(
+                Failure(url, STAGE, "unreadable", f"download failed: {_reason(outcome)}")
+            )
+        else:
+            stored = StoredObject(
+                url, root, version, outcome.size, outcome.sha256, str(outcome.path),
+                outcome.longest_line,
+            )  # fmt: skip
+            result.objects.append(stored)
+            result.downloaded += 1
+            _accept(result, stored, kind, config)
 
 
 def _accept(result: ObjectsResult, obj: StoredObject, kind: str, config: RagpipeConfig) -> None:
-    """Hand a downloaded object on as a source file, after discover's own checks."""
+    """Hand a downloaded object on as a source file, after discover's own checks (the longest
+    line was measured when it was downloaded: an unchanged night reads no body)."""
     limit = config.discover.max_line_bytes
     if kind in LINE_CHECKED and limit:
-        with open(obj.body_path, "rb") as fh:
-            _, longest = _digest_and_longest_line(fh)
+        longest = obj.longest_line
         if longest > limit:
             result.failures.append(
                 Failure(
