@@ -51,6 +51,49 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class RecordsRule(_Section):
+    """JSON/JSONL files whose records are documents: which fields make the text, the title,
+    the id and the payload."""
+
+    glob: str = Field(
+        min_length=1,
+        description="Which files, as a glob on the root-relative path (discover.ignore's syntax: "
+        "'**/*.jsonl', 'exports/tickets-*.json'). The first rule that matches a file applies.",
+    )
+    text: list[str] = Field(
+        min_length=1,
+        description="Fields whose values form the record's text, in this order, separated by a "
+        "blank line (dotted paths reach nested fields: 'answer.body'; lists are joined by lines).",
+    )
+    title: str | None = Field(
+        default=None,
+        description="Field whose value becomes the record's heading (and its payload title).",
+    )
+    id: str | None = Field(
+        default=None,
+        description="Field naming the record (unique in its file): the record is indexed as "
+        "FILE#ID, so a change to one record re-indexes only it. None: its position (line "
+        "number in JSONL, index in a JSON array): inserting a record renumbers the rest.",
+    )
+    payload: list[str] = Field(
+        default_factory=list,
+        description="Fields stored on every chunk of the record, under payload 'fields' "
+        "(shown by search and inspect; usable in filters).",
+    )
+    records: str | None = Field(
+        default=None,
+        description="JSON files: the dotted path of the array of records inside the document "
+        "(e.g. 'data.items'). None: the document itself is the array (or one record).",
+    )
+
+    @field_validator("text", "payload")
+    @classmethod
+    def _named(cls, value: list[str]) -> list[str]:
+        if any(not v.strip() for v in value):
+            raise ValueError("field names must not be empty")
+        return value
+
+
 class DiscoverConfig(_Section):
     """Which files the pipeline sees."""
 
@@ -114,6 +157,12 @@ class DiscoverConfig(_Section):
         description="A file whose bytes equal another's is indexed once, under the first path "
         "in sort order; the others are skipped (reason duplicate_content) so copies do not "
         "fill the top-k with the same text. Empty files are never deduplicated.",
+    )
+    records: list[RecordsRule] = Field(
+        default_factory=list,
+        description="JSON and JSONL files whose records are documents, one per record (see "
+        "RecordsRule): each record is indexed under FILE#ID with its text fields as text and "
+        "its payload fields on every chunk. Files no rule matches are indexed as text.",
     )
 
     @field_validator("text_extensions")

@@ -161,6 +161,25 @@ class StoredObject:
     longest_line: int  # bytes, for discover.max_line_bytes without reading the body again
 
 
+@dataclass(frozen=True)
+class RecordState:
+    """One record of a JSON/JSONL file as the last expansion found it
+    (``records/records.parquet``); ``file_path`` is ``FILE#ID``."""
+
+    file_path: str
+    source_file: str
+    source_sha256: str  # the file's: an unchanged file is not parsed again
+    rules_fingerprint: str
+    record_id: str
+    title: str | None
+    payload_json: str
+    body_path: str
+    root: str
+    size_bytes: int
+    sha256: str  # the record's rendering and payload
+    file_clean: bool  # its file had no bad record (else it is parsed again next run)
+
+
 # Page boundaries survive convert → clean as a marker line; chunk strips them.
 PAGE_MARKER = "<!-- ragpipe:page {page} -->"
 PAGE_MARKER_RE = r"^<!-- ragpipe:page (\d+) -->$"
@@ -202,6 +221,7 @@ SKIP_SCHEMA = arrow_schema(Skip)
 PLAN_ENTRY_SCHEMA = arrow_schema(PlanEntry)
 WEB_PAGE_SCHEMA = arrow_schema(WebPage)
 STORED_OBJECT_SCHEMA = arrow_schema(StoredObject)
+RECORD_STATE_SCHEMA = arrow_schema(RecordState)
 
 SCHEMAS: dict[type, pa.Schema] = {
     SourceFile: SOURCE_FILE_SCHEMA,
@@ -213,4 +233,5 @@ SCHEMAS: dict[type, pa.Schema] = {
     PlanEntry: PLAN_ENTRY_SCHEMA,
     WebPage: WEB_PAGE_SCHEMA,
     StoredObject: STORED_OBJECT_SCHEMA,
+    RecordState: RECORD_STATE_SCHEMA,
 }

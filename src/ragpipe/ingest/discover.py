@@ -180,6 +180,20 @@ def kind_of(path: str | os.PathLike[str], text_extensions: list[str]) -> str | N
     return None
 
 
+def file_kind(path: str, file_path: str, root: str, config: DiscoverConfig) -> str | None:
+    """``kind_of``, and ``text`` for a file a ``discover.records`` rule matches (a JSONL file
+    is otherwise not ingested)."""
+    kind = kind_of(path, config.text_extensions)
+    if kind is None and config.records:
+        from ragpipe.ingest.records import rule_for
+
+        prefix = root.rstrip("/") + "/"
+        rel = file_path[len(prefix) :] if file_path.startswith(prefix) else file_path
+        if rule_for(rel, config.records):
+            return "text"
+    return kind
+
+
 def _walk(
     root: str, rules: IgnoreRules, follow: bool, on_error: Callable[[OSError], None]
 ) -> Iterator[tuple[os.DirEntry[str], str]]:
@@ -356,7 +370,7 @@ def _consider(
     progress: Callable[[int], None] | None,
 ) -> None:
     """Hash one file (``real``: its resolved path, for de-duplication across roots)."""
-    kind = kind_of(path, config.text_extensions)
+    kind = file_kind(path, file_path, root_label, config)
     if kind is None:
         ext = os.path.splitext(path)[1]
         result.skipped.append(Skip(file_path, "unsupported_type", ext or "no extension"))
@@ -419,6 +433,8 @@ class DiscoverCounts(runner.Counts):
     requests: int = field(default=0, metadata={"optional": True})
     objects_listed: int = field(default=0, metadata={"optional": True})
     objects_downloaded: int = field(default=0, metadata={"optional": True})
+    records: int = field(default=0, metadata={"optional": True})
+    records_files_parsed: int = field(default=0, metadata={"optional": True})
 
 
 def run_discover(
@@ -427,6 +443,7 @@ def run_discover(
     """Find and hash files, list object storage, fetch web pages; always runs (it is how
     changes are seen)."""
     from ragpipe.ingest.objects import check_packages, run_objects
+    from ragpipe.ingest.records import run_records
 
     check_packages(config.discover.object_roots)  # before any work, not after the walk
 
@@ -443,8 +460,12 @@ def run_discover(
         result.skipped.extend(other.skipped)
     if web.files or stored.files:
         result.files = sorted([*result.files, *stored.files, *web.files], key=lambda f: f.file_path)
-        if config.discover.dedupe_content:  # a copy in a bucket, a page redirected to another
-            skip_duplicate_content(result)
+    records = run_records(config, result.files)
+    result.files = records.files
+    result.failures.extend(records.failures)
+    result.skipped.extend(records.skipped)
+    if (web.files or stored.files or records.records) and config.discover.dedupe_content:
+        skip_duplicate_content(result)  # a copy in a bucket, a redirected page, equal records
     roots_used = [str(r) for r in (roots or config.discover.roots)]
     config_fp = checkpoint.combine_fingerprints(
         [fingerprint(config.discover, "1"), json.dumps(roots_used)]
@@ -455,6 +476,8 @@ def run_discover(
         counts.pages_not_modified = web.not_modified
         counts.pages_downloaded = web.downloaded
         counts.requests = web.requests
+    counts.records = len(records.records)
+    counts.records_files_parsed = records.parsed
     if config.discover.object_roots:
         counts.objects_listed = stored.listed
         counts.objects_downloaded = stored.downloaded

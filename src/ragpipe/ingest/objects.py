@@ -39,7 +39,7 @@ from ragpipe.ingest.discover import (
     STAGE,
     IgnoreRules,
     _digest_and_longest_line,
-    kind_of,
+    file_kind,
 )
 from ragpipe.ingest.runner import WorkDir
 from ragpipe.progress import Reporter, reporter
@@ -288,7 +288,7 @@ def list_objects(
             rel = key[len(path) :].lstrip("/") if key.startswith(path) else key
             if rules.ignores(rel):
                 continue
-            kind = kind_of(key, config.discover.text_extensions)
+            kind = file_kind(key, url, root, config.discover)
             if kind is None:
                 ext = os.path.splitext(key)[1]
                 result.skipped.append(Skip(url, "unsupported_type", ext or "no extension"))

@@ -187,8 +187,12 @@ def run_plan(
     # unless the failure says it is gone (a page answering 404).
     failures = runner.read_input(config, discovered, "failures.parquet", Failure)
     unreadable = {f.file_path for f in failures if f.category not in GONE_CATEGORIES}
-    # An object root that could not be listed keeps everything indexed below it.
-    held = tuple(f.file_path + "/" for f in failures if f.category in HOLDING_CATEGORIES)
+    # An object root that could not be listed keeps everything indexed below it; a records
+    # file with a failure row keeps its records (FILE#ID) that did not come out this run.
+    held = tuple(
+        [f.file_path + "/" for f in failures if f.category in HOLDING_CATEGORIES]
+        + [f.file_path + "#" for f in failures if f.category not in GONE_CATEGORIES]
+    )
     index_fp = index_fingerprint(config)
     versions = stored_versions(config, store)
     todo: list[SourceFile] = []

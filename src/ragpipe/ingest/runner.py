@@ -8,6 +8,7 @@ its own. Layout of the work directory::
     work_dir/discover/{files,failures,skipped}.parquet + manifest.json
     work_dir/fetch/pages.parquet, work_dir/fetch/bodies/   web pages: state, bodies
     work_dir/objects/objects.parquet, .../bodies/          object storage: state, bodies
+    work_dir/records/records.parquet, .../bodies/          JSON/JSONL records: state, bodies
     work_dir/plan/{files,plan}.parquet + manifest.json      files to (re)process
     work_dir/plan/store-versions.parquet                    the store's file versions, cached
     work_dir/convert/{documents,failures}.parquet + manifest.json
@@ -150,6 +151,15 @@ class WorkDir:
     @property
     def objects_bodies(self) -> Path:
         return self.stage("objects") / "bodies"
+
+    @property
+    def records_state(self) -> Path:
+        """What the last expansion found in each JSON/JSONL records file."""
+        return self.output("records", "records")
+
+    @property
+    def records_bodies(self) -> Path:
+        return self.stage("records") / "bodies"
 
     @property
     def plan(self) -> Path:

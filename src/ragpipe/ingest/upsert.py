@@ -34,6 +34,7 @@ from ragpipe.ingest.plan import (
     saved_versions,
     stored_versions,
 )
+from ragpipe.ingest.records import payload_fields, saved_records
 from ragpipe.progress import reporter
 from ragpipe.schemas import Chunk, PlanEntry
 from ragpipe.store import (
@@ -59,8 +60,12 @@ def build_points(
     embedded: dict[str, EmbeddingRow],
     index_fp: str,
     web: dict[str, dict[str, Any]] | None = None,
+    records: dict[str, dict[str, Any]] | None = None,
 ) -> list[IndexPoint]:
     """Points for the embedded chunks; ``chunk_total`` counts each file's stored chunks.
+
+    ``records`` maps a JSON/JSONL record (``FILE#ID``) to its title, id, file and payload
+    ``fields`` (``records.payload_fields``).
 
     ``web`` maps a page's URL to the fields its points carry besides the
     chunk's (``fetch.iter_metadata``); those points also get the page's
@@ -92,6 +97,7 @@ def build_points(
             "config_fingerprint": index_fp,
             "ingested_at": ingested_at,
             **page_fields.get(chunk.file_path, {}),
+            **(records or {}).get(chunk.file_path, {}),
         }
         points.append(
             IndexPoint(row.point_id, row.vector, row.sparse_indices, row.sparse_values, payload)
@@ -225,7 +231,8 @@ def run_upsert(
             if store is not None and vectors:
                 chunks = checkpoint.read_records(chunks_path, Chunk)
                 web = dict(iter_metadata(web_pages(config)))
-                points = build_points(chunks, vectors, index_fp, web)
+                records = payload_fields(saved_records(config))
+                points = build_points(chunks, vectors, index_fp, web, records)
                 progress = reporter()
                 progress.start("upsert", len(points))
                 try:

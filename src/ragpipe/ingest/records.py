@@ -1,0 +1,325 @@
+"""JSON and JSONL records as documents (``discover.records``).
+
+A file that a rule matches is not one document but one per record: the record's text
+fields, under its title as a heading, are written to ``records/bodies`` and handed to
+convert like a file, indexed under ``FILE#ID``. So a change to one record re-indexes that
+record only, and a record that left the file is deleted from the index like a file.
+
+* The rendering is content-addressed: a record's hash covers its text, title and payload
+  fields, so a change to a payload field alone updates its points too.
+* A file whose hash is the one the last run expanded is not parsed again: its records come
+  from the saved state (``records/records.parquet``).
+* A line that is not JSON, a record without its id or text, a duplicate id: a failure row
+  for the file that names the lines, and the file's records that are gone are kept this run
+  (the plan keeps ``FILE#…`` of any file with a failure row); the good records are indexed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ragpipe import checkpoint
+from ragpipe.config import RagpipeConfig, RecordsRule, fingerprint
+from ragpipe.errors import StageError
+from ragpipe.ingest.discover import STAGE, IgnoreRules
+from ragpipe.ingest.runner import WorkDir
+from ragpipe.schemas import Failure, RecordState, Skip, SourceFile
+
+logger = logging.getLogger(__name__)
+
+KIND = "record"  # Markdown written by ragpipe: read as it is (no Docling), headings parsed
+RECORDS_VERSION = "1"
+MAX_TITLE_CHARS = 300
+MAX_REPORTED_LINES = 10
+
+
+@dataclass
+class RecordsResult:
+    """The files after expansion (records in place of their files), and what went wrong."""
+
+    files: list[SourceFile] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    skipped: list[Skip] = field(default_factory=list)
+    records: list[RecordState] = field(default_factory=list)
+    parsed: int = 0
+
+
+def rule_for(rel_path: str, rules: Sequence[RecordsRule]) -> RecordsRule | None:
+    """The first rule whose glob matches ``rel_path`` (root-relative, POSIX)."""
+    for rule in rules:
+        if IgnoreRules([rule.glob]).ignores(rel_path):
+            return rule
+    return None
+
+
+def relative_path(source: SourceFile) -> str:
+    """A discovered file's path below its root."""
+    prefix = source.root.rstrip("/") + "/"
+    if source.file_path.startswith(prefix):
+        return source.file_path[len(prefix) :]
+    return source.file_path.rpartition("/")[2]
+
+
+def _get(record: Any, path: str) -> Any:
+    """The value at a dotted path (``answer.body``), or None."""
+    value = record
+    for part in path.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _as_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, list):
+        return "\n".join(t for t in (_as_text(v) for v in value) if t)
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:MAX_TITLE_CHARS]
+
+
+def render(record: dict[str, Any], rule: RecordsRule) -> tuple[str, str | None]:
+    """The record's Markdown (title as heading, text fields as paragraphs) and its title."""
+    title = _one_line(_as_text(_get(record, rule.title))) if rule.title else ""
+    parts = [t for t in (_as_text(_get(record, name)) for name in rule.text) if t]
+    body = "\n\n".join(parts)
+    if not body:
+        return "", title or None
+    return (f"# {title}\n\n{body}\n" if title else f"{body}\n"), title or None
+
+
+def _payload(record: dict[str, Any], rule: RecordsRule) -> dict[str, Any]:
+    return {name: _get(record, name) for name in rule.payload}
+
+
+def _iter_records(path: Path, rule: RecordsRule) -> Iterator[tuple[int, Any, str | None]]:
+    """(position, record, error) of each record: a line number in JSONL, an index in JSON."""
+    with path.open("rb") as fh:
+        head = fh.read(64).lstrip()
+    if path.suffix.lower() in (".jsonl", ".ndjson") or (rule.records is None and not head):
+        with path.open(encoding="utf-8", errors="strict") as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield number, json.loads(line), None
+                except json.JSONDecodeError as exc:
+                    yield (
+                        number,
+                        None,
+                        f"not JSON ({exc.msg.removesuffix(' at')}, column {exc.colno})",
+                    )
+        return
+    text = path.read_text(encoding="utf-8")
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data" and rule.records is None:  # JSON Lines in a .json file
+            for number, line in enumerate(text.splitlines(), 1):
+                if line.strip():
+                    try:
+                        yield number, json.loads(line), None
+                    except json.JSONDecodeError as bad:
+                        yield (
+                            number,
+                            None,
+                            f"not JSON ({bad.msg.removesuffix(' at')}, column {bad.colno})",
+                        )
+            return
+        raise ValueError(f"not JSON: {exc.msg} at line {exc.lineno}") from exc
+    records = _get(document, rule.records) if rule.records else document
+    if isinstance(records, dict) and rule.records is None:
+        records = [records]
+    if not isinstance(records, list):
+        where = f"at {rule.records!r}" if rule.records else "at the top level"
+        raise ValueError(f"no array of records {where} (discover.records[].records)")
+    for index, record in enumerate(records):
+        yield index, record, None
+
+
+def _expand_file(
+    source: SourceFile, rule: RecordsRule, rules_fp: str, bodies: Path, result: RecordsResult
+) -> None:
+    """Parse one file into its records (bodies written, states appended)."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    try:
+        entries = list(_iter_records(Path(source.abs_path), rule))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        result.failures.append(
+            Failure(
+                source.file_path,
+                STAGE,
+                "bad_records",
+                f"cannot read records: {exc}; its indexed records are kept until it parses",
+                source.sha256,
+            )
+        )
+        return
+    for position, record, error in entries:
+        where = f"line {position}" if error or rule.records is None else f"record {position}"
+        if error:
+            problems.append(f"{where}: {error}")
+            continue
+        if not isinstance(record, dict):
+            problems.append(f"{where}: a {type(record).__name__}, not an object")
+            continue
+        if rule.id:
+            raw_id = _get(record, rule.id)
+            if raw_id is None or isinstance(raw_id, (dict, list)) or not str(raw_id).strip():
+                problems.append(f"{where}: no usable {rule.id!r} (discover.records[].id)")
+                continue
+            record_id = str(raw_id).strip()
+        else:
+            record_id = str(position)
+        if record_id in seen:
+            problems.append(f"{where}: id {record_id!r} again (ids must be unique in a file)")
+            continue
+        seen.add(record_id)
+        markdown, title = render(record, rule)
+        file_path = f"{source.file_path}#{record_id}"
+        if not markdown:
+            result.skipped.append(Skip(file_path, "empty_record", "no text in the text fields"))
+            continue
+        payload = json.dumps(_payload(record, rule), ensure_ascii=False, sort_keys=True)
+        data = markdown.encode()
+        sha = hashlib.sha256(data + b"\x1e" + payload.encode()).hexdigest()
+        body = bodies / f"{sha[:32]}.md"
+        if not body.is_file():
+            checkpoint.atomic_write_bytes(body, data)
+        result.records.append(
+            RecordState(
+                file_path, source.file_path, source.sha256, rules_fp, record_id, title,
+                payload, str(body), source.root, len(data), sha, True,
+            )
+        )  # fmt: skip
+    if problems:
+        shown = "; ".join(problems[:MAX_REPORTED_LINES])
+        more = f" (and {len(problems) - MAX_REPORTED_LINES} more)" if len(problems) > 10 else ""
+        result.failures.append(
+            Failure(
+                source.file_path,
+                STAGE,
+                "bad_records",
+                f"{len(problems)} records not indexed: {shown}{more}. The others are; records "
+                "of this file that are gone are kept this run",
+                source.sha256,
+            )
+        )
+
+
+def expand(
+    config: RagpipeConfig,
+    files: list[SourceFile],
+    previous: list[RecordState],
+    bodies: Path,
+) -> RecordsResult:
+    """Replace each file a ``discover.records`` rule matches by its records."""
+    result = RecordsResult()
+    rules = config.discover.records
+    rules_fp = fingerprint_rules(rules)
+    saved: dict[tuple[str, str], list[RecordState]] = {}
+    for state in previous:
+        if state.rules_fingerprint == rules_fp:
+            saved.setdefault((state.source_file, state.source_sha256), []).append(state)
+    for source in files:
+        rule = rule_for(relative_path(source), rules) if source.kind == "text" else None
+        if rule is None:
+            result.files.append(source)
+            continue
+        reuse = saved.get((source.file_path, source.sha256))
+        if reuse and all(r.file_clean and Path(r.body_path).is_file() for r in reuse):
+            result.records.extend(reuse)  # the file is unchanged: no parsing
+        else:
+            result.parsed += 1
+            _expand_file(source, rule, rules_fp, bodies, result)
+    for state in result.records:
+        result.files.append(
+            SourceFile(
+                state.file_path, state.body_path, state.root, KIND, state.size_bytes, state.sha256
+            )
+        )
+    result.files.sort(key=lambda f: f.file_path)
+    return result
+
+
+def fingerprint_rules(rules: Sequence[RecordsRule]) -> str:
+    """What shapes a record's rendering: the rules and this module's version."""
+    return fingerprint_list([fingerprint(rule, RECORDS_VERSION) for rule in rules])
+
+
+def fingerprint_list(parts: Sequence[str]) -> str:
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
+
+
+def saved_records(config: RagpipeConfig) -> list[RecordState]:
+    """The record state the last run saved ([] when none or unreadable)."""
+    path = WorkDir.of(config).records_state
+    if not path.is_file():
+        return []
+    try:
+        return checkpoint.read_records(path, RecordState)
+    except (StageError, ValueError) as exc:
+        logger.warning("record state %s unreadable (%s); parsing every records file", path, exc)
+        return []
+
+
+def run_records(config: RagpipeConfig, files: list[SourceFile]) -> RecordsResult:
+    """Expand the records files among ``files``, save the state, prune unused bodies."""
+    work = WorkDir.of(config)
+    previous = saved_records(config)
+    if not config.discover.records:
+        if previous:  # the rules were removed: forget the records
+            checkpoint.write_records(work.records_state, [], RecordState)
+            _prune(work.records_bodies, [])
+        return RecordsResult(files=files)
+    result = expand(config, files, previous, work.records_bodies)
+    failed = {f.file_path for f in result.failures}
+    # A file with bad records is parsed again next run (so its failure row is kept).
+    keep = [
+        dataclasses.replace(r, file_clean=False) if r.source_file in failed else r
+        for r in result.records
+    ]
+    if work.records_bodies.is_dir():
+        checkpoint.fsync_dir(work.records_bodies)  # bodies are durable before the state
+    checkpoint.write_records(work.records_state, keep, RecordState)
+    _prune(work.records_bodies, result.records)
+    if result.parsed:
+        logger.info("records: %d files parsed, %d records", result.parsed, len(result.records))
+    return result
+
+
+def _prune(bodies: Path, keep: Sequence[RecordState]) -> None:
+    if not bodies.is_dir():
+        return
+    wanted = {Path(r.body_path).name for r in keep}
+    for entry in os.scandir(bodies):
+        if entry.is_file() and entry.name not in wanted:
+            Path(entry.path).unlink(missing_ok=True)
+
+
+def payload_fields(states: Sequence[RecordState]) -> dict[str, dict[str, Any]]:
+    """Per record (``FILE#ID``): what its points carry besides the chunk."""
+    return {
+        s.file_path: {
+            "title": s.title,
+            "record_id": s.record_id,
+            "source_file": s.source_file,
+            "fields": json.loads(s.payload_json),
+        }
+        for s in states
+    }

@@ -1,0 +1,189 @@
+"""JSON and JSONL records as documents: one per record, text and payload fields by config,
+re-indexed record by record; bad records are rows, not a sunk file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragpipe import checkpoint
+from ragpipe.config import RagpipeConfig, RecordsRule, load_config
+from ragpipe.errors import ConfigError
+from ragpipe.ingest.pipeline import run_ingest
+from ragpipe.ingest.records import render
+from ragpipe.schemas import Failure, Skip
+from tests.support.corpora import stored
+
+FAQ = [
+    {
+        "id": "q1",
+        "question": "How do I reset my password?",
+        "answer": {"body": "Open the account page and choose Reset password."},
+        "tags": ["account", "login"],
+        "url": "https://help.example.org/q1",
+    },
+    {
+        "id": "q2",
+        "question": "Which ports does the agent use?",
+        "answer": {"body": "The agent listens on port 8443 and sends to port 514."},
+        "tags": ["network"],
+        "url": "https://help.example.org/q2",
+    },
+    {
+        "id": "q3",
+        "question": "Can I export my data?",
+        "answer": {"body": "Yes: Settings, then Export, gives a ZIP of every document."},
+        "tags": [],
+        "url": "https://help.example.org/q3",
+    },
+]
+FAQ_RULE = {
+    "glob": "**/*.jsonl",
+    "text": ["answer.body"],
+    "title": "question",
+    "id": "id",
+    "payload": ["tags", "url"],
+}
+
+
+def _write_jsonl(path: Path, records: list[Any]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _config(root: Path, tmp_path: Path, rules: list[dict[str, Any]]) -> RagpipeConfig:
+    return RagpipeConfig(
+        discover={"roots": [root], "records": rules},
+        embed={"provider": "onnx", "batch_size": 16},
+        store={"path": tmp_path / "store"},
+        paths={"work_dir": tmp_path / "work"},
+        index={"max_delete_share": 0.5},
+    )
+
+
+def _by_file(cfg: RagpipeConfig) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for payload in stored(cfg).values():
+        out.setdefault(payload["file_path"], []).append(payload)
+    return out
+
+
+def test_a_record_renders_its_title_and_text_fields() -> None:
+    rule = RecordsRule(**FAQ_RULE)
+    assert render(FAQ[0], rule) == (
+        "# How do I reset my password?\n\nOpen the account page and choose Reset password.\n",
+        "How do I reset my password?",
+    )
+    both = RecordsRule(glob="*.json", text=["question", "tags"])
+    assert render(FAQ[0], both) == ("How do I reset my password?\n\naccount\nlogin\n", None)
+    assert render({"question": "only a title"}, rule) == ("", "only a title")
+
+
+def test_a_rule_without_text_fields_is_refused_at_load(tmp_path: Path) -> None:
+    path = tmp_path / "ragpipe.yaml"
+    path.write_text(json.dumps({"discover": {"records": [{"glob": "*.jsonl", "text": []}]}}))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "discover.records.0.text: List should have at least 1 item" in str(info.value)
+
+
+@pytest.mark.slow
+def test_records_are_documents_indexed_and_updated_one_by_one(tmp_path: Path) -> None:
+    root = tmp_path / "share"
+    root.mkdir()
+    _write_jsonl(root / "faq.jsonl", FAQ)
+    (root / "tickets.json").write_text(
+        json.dumps({"data": {"items": [
+            {"subject": "Printer offline", "body": "The third-floor printer shows offline."},
+            {"subject": "VPN drops", "body": "The VPN drops every hour on the hour."},
+        ]}})
+    )  # fmt: skip
+    (root / "notes.md").write_text("# Notes\n\nThe office opens at eight.\n")
+    (root / "raw.jsonl").write_text('{"no": "rule matches this name"}\n')
+    rules = [
+        {**FAQ_RULE, "glob": "faq.jsonl"},
+        {"glob": "tickets.json", "records": "data.items", "text": ["body"], "title": "subject"},
+    ]
+    cfg = _config(root, tmp_path, rules)
+    first = run_ingest(cfg)
+    faq, tickets = f"{root}/faq.jsonl", f"{root}/tickets.json"
+    files = _by_file(cfg)
+    assert sorted(files) == sorted(
+        [f"{faq}#q1", f"{faq}#q2", f"{faq}#q3", f"{tickets}#0", f"{tickets}#1", f"{root}/notes.md"]
+    )
+    assert (first.added, first.failed) == (6, 0)
+    assert first.stages["discover"]["records"] == 5
+    assert first.stages["discover"]["records_files_parsed"] == 2
+    skips = checkpoint.read_records(cfg.paths.work_dir / "discover" / "skipped.parquet", Skip)
+    assert [(s.file_path, s.reason) for s in skips] == [(f"{root}/raw.jsonl", "unsupported_type")]
+    (q2,) = files[f"{faq}#q2"]
+    assert q2["text"] == "# Which ports does the agent use?\n\n" + FAQ[1]["answer"]["body"]
+    assert q2["heading_path"] == ["Which ports does the agent use?"]
+    assert (q2["title"], q2["record_id"], q2["source_file"]) == (
+        "Which ports does the agent use?",
+        "q2",
+        faq,
+    )
+    assert q2["fields"] == {"tags": ["network"], "url": "https://help.example.org/q2"}
+    (printer,) = files[f"{tickets}#0"]
+    assert (printer["title"], printer["fields"]) == ("Printer offline", {})
+
+    # Unchanged: the files are not parsed again, nothing is re-embedded.
+    second = run_ingest(cfg)
+    assert "records_files_parsed" not in second.stages["discover"]  # 0 is left out
+    assert (second.added, second.changed, second.skipped_unchanged) == (0, 0, 6)
+
+    # One answer changes, one record's payload alone changes, one record leaves.
+    changed = [dict(FAQ[0]), dict(FAQ[1])]
+    changed[0]["answer"] = {"body": "Use the Forgot password link on the sign-in page."}
+    changed[1]["tags"] = ["network", "firewall"]
+    _write_jsonl(root / "faq.jsonl", changed)
+    third = run_ingest(cfg)
+    assert (third.changed, third.removed, third.skipped_unchanged) == (2, 1, 3)
+    files = _by_file(cfg)
+    assert f"{faq}#q3" not in files
+    assert "Forgot password" in files[f"{faq}#q1"][0]["text"]
+    assert files[f"{faq}#q2"][0]["fields"]["tags"] == ["network", "firewall"]
+
+
+@pytest.mark.slow
+def test_bad_records_are_rows_and_keep_what_the_file_had(tmp_path: Path) -> None:
+    root = tmp_path / "share"
+    root.mkdir()
+    _write_jsonl(root / "faq.jsonl", FAQ)
+    cfg = _config(root, tmp_path, [FAQ_RULE])
+    run_ingest(cfg)
+    before = _by_file(cfg)
+
+    # q3 leaves, a line is torn, an id repeats, one record has no id: the good ones are
+    # indexed, the file gets one row naming the lines, and q3 is kept this run.
+    lines = [json.dumps(FAQ[0]), '{"id": "q9", "question": "torn', json.dumps(FAQ[1])]
+    lines += [json.dumps({**FAQ[1], "question": "again"}), json.dumps({"question": "no id"})]
+    new = {"id": "q4", "question": "Is there an API?", "answer": {"body": "Yes, REST."}}
+    lines.append(json.dumps(new))
+    (root / "faq.jsonl").write_text("\n".join(lines) + "\n")
+    run = run_ingest(cfg)
+    (failure,) = checkpoint.read_records(cfg.paths.work_dir / "failures.parquet", Failure)
+    assert (failure.file_path, failure.category) == (f"{root}/faq.jsonl", "bad_records")
+    assert failure.message.startswith(
+        "3 records not indexed: line 2: not JSON (Invalid control character, column 31); "
+        "line 4: id 'q2' again (ids must be unique in a file); line 5: no usable 'id'"
+    )
+    assert (run.added, run.removed) == (1, 0)
+    after = _by_file(cfg)
+    assert sorted(after) == sorted([*before, f"{root}/faq.jsonl#q4"])
+    assert after[f"{root}/faq.jsonl#q3"] == before[f"{root}/faq.jsonl#q3"]
+
+    # The file is parsed again every run while it has bad records: the row stays.
+    again = run_ingest(cfg)
+    assert again.stages["discover"]["records_files_parsed"] == 1
+    assert again.failures_by_category == {"discover:bad_records": 1}
+
+    # A file that is not JSON at all: one row, every record kept.
+    (root / "faq.jsonl").write_bytes(b"\xff\xfe not text")
+    broken = run_ingest(cfg)
+    (failure,) = checkpoint.read_records(cfg.paths.work_dir / "failures.parquet", Failure)
+    assert failure.category == "bad_records" and "cannot read records" in failure.message
+    assert broken.removed == 0 and sorted(_by_file(cfg)) == sorted(after)
