@@ -48,7 +48,7 @@ from ragpipe.ingest.clean import clean_markdown  # noqa: E402
 from ragpipe.ingest.convert import Converter  # noqa: E402
 from ragpipe.ingest.discover import sha256_file  # noqa: E402
 from ragpipe.schemas import CleanedDocument, SourceFile  # noqa: E402
-from tests.support.formats import write_long_tables  # noqa: E402
+from tests.support.formats import write_docx_table, write_long_tables  # noqa: E402
 
 
 def v1_texts(markdown: str, kind: str, config: ChunkConfig, counter: TokenCounter) -> list[str]:
@@ -100,21 +100,6 @@ def table_stats(markdown: str, texts: list[str]) -> dict[str, int]:
             "chunks_with_a_cut_row": cut}  # fmt: skip
 
 
-def docx_table(path: Path, rows: int = 60) -> Path:
-    import docx
-
-    document = docx.Document()
-    document.add_heading("Release history", level=1)
-    table = document.add_table(rows=rows + 1, cols=3)
-    for j, name in enumerate(["version", "date", "highlights"]):
-        table.cell(0, j).text = name
-    for i in range(rows):
-        for j, value in enumerate([f"1.{i}", f"2025-{1 + i % 12:02d}-01", f"fixes {i} bugs"]):
-            table.cell(i + 1, j).text = value
-    document.save(str(path))
-    return path
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path,
@@ -130,7 +115,7 @@ def main() -> None:
         sources[f"groundtruth/{name}"] = ("markdown", clean_markdown(md, clean).markdown)
     with tempfile.TemporaryDirectory() as tmp:
         files = write_long_tables(Path(tmp))
-        files["docx"] = docx_table(Path(tmp) / "history.docx")
+        files["docx"] = write_docx_table(Path(tmp) / "history.docx")
         for kind, path in files.items():
             source = SourceFile(str(path), str(path), tmp, kind, path.stat().st_size,
                                 sha256_file(path))  # fmt: skip

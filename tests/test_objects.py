@@ -381,3 +381,74 @@ def test_odd_keys_overlapping_roots_denied_and_failed_downloads(
         assert len(faults.requests) == 2  # one listing per root
         assert "retries" not in _failure_messages(cfg)["s3://odd-docs"]
         assert denied.removed == 0 and stored(cfg) == before
+
+
+@pytest.mark.slow
+def test_every_format_in_a_folder_and_a_bucket_in_one_nightly(s3: S3Server, tmp_path: Path) -> None:
+    """Issue 36's "done when": PDF, DOCX, PPTX, XLSX, CSV, EPUB, EML, AsciiDoc, ODT (and the
+    rest) in a folder, a PDF and a long CSV in a bucket; a change in either re-indexes only
+    that file; a deleted key leaves the index; every chunk holding table rows has the header."""
+    import shutil
+
+    from tests.support.formats import write_docx_table, write_long_tables, write_samples
+    from tests.support.paths import shared_pdf
+
+    folder = tmp_path / "share"
+    samples = write_samples(folder)
+    write_long_tables(folder)
+    write_docx_table(folder / "history.docx")
+    shutil.copy(shared_pdf("multi_page.pdf"), folder / "multi_page.pdf")
+    long_csv = write_long_tables(tmp_path / "for-bucket", rows=80)["csv"]
+    client = _bucket(
+        s3,
+        "mixed-docs",
+        {
+            "kb/report.pdf": shared_pdf("right_to_left_01.pdf").read_bytes(),
+            "kb/settings.csv": long_csv.read_bytes(),
+            "kb/guide.md": topic_doc("engines").encode(),
+        },
+    )
+    cfg = _config(tmp_path, s3.url, [folder, "s3://mixed-docs/kb"])
+    cfg = cfg.model_copy(update={"index": cfg.index.model_copy(update={"max_delete_share": 0.5})})
+    first = run_ingest(cfg)
+    in_folder = len(samples) + 4  # the samples, two long tables, the DOCX, the PDF
+    assert (first.added, first.failed) == (in_folder + 3, 0)
+    kinds = {p.suffix for p in folder.iterdir()}
+    assert {".pdf", ".docx", ".pptx", ".xlsx", ".csv", ".epub", ".eml", ".adoc", ".odt"} <= kinds
+    files = _by_file(cfg)
+    assert len(files) == in_folder + 3
+
+    # Every chunk that holds table rows carries its table's header rows.
+    import pyarrow.parquet as pq
+
+    chunks = pq.read_table(cfg.paths.work_dir / "chunk" / "chunks.parquet").to_pylist()
+    tables = 0
+    for c in chunks:
+        lines = c["text"].split("\n")
+        rows = [i for i, line in enumerate(lines) if line.startswith("|")]
+        if not rows:
+            continue
+        tables += 1
+        first_row = rows[0]
+        assert first_row + 1 < len(lines) and set(lines[first_row + 1]) <= {"|", "-", ":", " "}, (
+            c["file_path"],
+            c["text"][:200],
+        )
+    assert tables >= 15  # the CSVs, sheets and DOCX table are split into many parts
+
+    # One file in the folder and one key change: only those two are re-indexed.
+    (folder / "guide.adoc").write_text("= Client guide\n\n== Installing\n\nRun setup.exe.\n")
+    client.put_object(Bucket="mixed-docs", Key="kb/guide.md", Body=topic_doc("engines", 2))
+    second = run_ingest(cfg)
+    assert (second.changed, second.added, second.removed) == (2, 0, 0)
+    assert second.skipped_unchanged == in_folder + 1
+    assert second.stages["discover"]["objects_downloaded"] == 1
+    after = _by_file(cfg)
+    assert after[f"{folder}/guide.adoc"] != files[f"{folder}/guide.adoc"]
+    assert after["s3://mixed-docs/kb/report.pdf"] == files["s3://mixed-docs/kb/report.pdf"]
+
+    # A deleted key leaves the index.
+    client.delete_object(Bucket="mixed-docs", Key="kb/report.pdf")
+    third = run_ingest(cfg)
+    assert third.removed == 1
+    assert "s3://mixed-docs/kb/report.pdf" not in _by_file(cfg)

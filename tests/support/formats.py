@@ -122,3 +122,20 @@ def write_long_tables(folder: Path, rows: int = 120) -> dict[str, Path]:
     xlsx_path = folder / "limits.xlsx"
     book.save(xlsx_path)
     return {"csv": csv_path, "xlsx": xlsx_path}
+
+
+def write_docx_table(path: Path, rows: int = 60) -> Path:
+    """A DOCX (python-docx) with a heading and a ``rows``-row table of releases."""
+    import docx
+
+    document = docx.Document()
+    document.add_heading("Release history", level=1)
+    table = document.add_table(rows=rows + 1, cols=3)
+    for j, name in enumerate(["version", "date", "highlights"]):
+        table.cell(0, j).text = name
+    for i in range(rows):
+        for j, value in enumerate([f"1.{i}", f"2025-{1 + i % 12:02d}-01", f"fixes {i} bugs"]):
+            table.cell(i + 1, j).text = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document.save(str(path))
+    return path
