@@ -29,10 +29,16 @@ CONFIG_TEMPLATE = """\
 # deployments in prefect.yaml do).
 
 discover:
-  roots:                     # folders (or files) to index; URLs go under urls:
+  roots:                     # folders (or files) to index; also s3://bucket/prefix,
 {roots}
   ignore: {ignore}
   # urls: ["https://example.org/guide/"]
+  # records:                 # JSON/JSONL files whose records are documents (one per record)
+  #   - {{glob: "**/*.jsonl", text: [body], title: title, id: id, payload: [url]}}
+
+# object_storage:            # for s3:// roots: pip install 'ragpipe[s3]'
+#   endpoint_url: http://minio.internal:9000   # an S3-compatible server (None: AWS)
+#   credentials_block: docs-bucket             # a Prefect Secret block (else the environment)
 
 store:
   backend: edge              # Qdrant Edge in this process; qdrant for a Qdrant server
