@@ -35,7 +35,6 @@ sys.path.insert(0, str(REPO))
 SHARED = REPO.parent / "shared" / "corpus"
 
 from ragpipe.config import ChunkConfig, CleanConfig, ConvertConfig  # noqa: E402
-from ragpipe.ingest import chunk as chunk_module  # noqa: E402
 from ragpipe.ingest.chunk import (  # noqa: E402
     TokenCounter,
     chunk_document,
@@ -52,19 +51,14 @@ from tests.support.formats import write_docx_table, write_long_tables  # noqa: E
 
 
 def v1_texts(markdown: str, kind: str, config: ChunkConfig, counter: TokenCounter) -> list[str]:
-    """The chunks of chunker v1: every section through recursive_spans, tables as prose, an
-    overlap free to start mid-row (v2's only change to recursive_spans, undone here)."""
+    """The chunks of chunker v1: every section through recursive_spans with no table spans to
+    keep overlaps out of (exactly v1's code path), tables chunked as prose."""
     text, _ = strip_page_markers(markdown)
-    mid_row = chunk_module._not_mid_row
-    chunk_module._not_mid_row = lambda text, start, limit: start
-    try:
-        spans = [
-            span
-            for section in split_sections(text, parse_headings=kind != "text")
-            for span in recursive_spans(text, section, config, counter)
-        ]
-    finally:
-        chunk_module._not_mid_row = mid_row
+    spans = [
+        span
+        for section in split_sections(text, parse_headings=kind != "text")
+        for span in recursive_spans(text, section, config, counter)
+    ]
     return [text[a:b] for a, b in spans]
 
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import random
 
 import pytest
 
@@ -224,3 +225,126 @@ def test_only_a_row_longer_than_a_chunk_is_cut_and_pipes_in_code_are_no_table() 
     code = "```\n" + f"{HEADER}\n" + "\n".join(ROWS * 3) + "\n```"
     _, chunks = _chunks(code, size=300, overlap=1)
     assert sum(HEADER in c.text for c in chunks) == 1  # cut like any code, header once
+
+
+def test_an_overlap_never_starts_inside_a_table() -> None:
+    rows = "\n".join(f"| r{i} | value number {i} |" for i in range(6))
+    markdown = (
+        "# S\n\n" + "Intro words here. " * 10 + "\n\n| Name | Value |\n|---|---|\n" + rows
+        + "\n\n" + "After the table there is prose. " * 4 + "\n\n" + "More. " * 40
+    )  # fmt: skip
+    _, chunks = _chunks(markdown, size=400, overlap=120)
+    for c in chunks:
+        if "| r" in c.text:
+            assert "| Name | Value |\n|---|---|" in c.text, c.text
+
+
+def test_a_table_glued_to_prose_is_not_cut_with_it() -> None:
+    table = "| Key | Value |\n|---|---|\n" + "\n".join(f"| k{i} | v{i} |" for i in range(8))
+    markdown = "# S\n\n" + "Lead in prose sentence number one goes here. " * 5 + "\n" + table
+    _, chunks = _chunks(markdown, size=300, overlap=50)
+    assert [c.text for c in chunks if "| k" in c.text] == [table]
+
+
+def test_a_row_too_wide_for_caption_and_header_is_whole_after_the_header_alone() -> None:
+    header = "| host | port |\n|---|---|"
+    wide = "| " + " ".join(f"w{i}" for i in range(50)) + " | 1 |"  # 207 characters
+    caption = "Table 9: " + "a caption of many words " * 4  # 105 characters
+    markdown = f"{caption}\n\n{header}\n{ROWS[0]}\n{wide}\n{ROWS[1]}"
+    size = len(f"{header}\n{wide}")  # room for the header and the wide row, not the caption
+    _, chunks = _chunks(markdown, size=size, overlap=20)
+    assert f"{header}\n{wide}" in [c.text for c in chunks]  # whole, not cut
+    assert f"{caption.strip()}\n\n{header}\n{ROWS[1]}" in [c.text for c in chunks]
+
+
+def test_a_header_wider_than_half_a_chunk_is_not_repeated_and_rows_stay_grouped() -> None:
+    header = "| " + " | ".join(f"column {i}" for i in range(40)) + " |\n|" + "---|" * 40
+    rows = [f"| r{i} |" + " |" * 39 for i in range(30)]
+    markdown = header + "\n" + "\n".join(rows)
+    _, chunks = _chunks(markdown, size=600, overlap=20)
+    assert len(chunks) < 12  # 30 rows of 84 characters, several to a chunk
+    assert sum(r in c.text.split("\n") for c in chunks for r in rows) == 30
+
+
+def test_a_heading_before_a_long_table_opens_its_first_part() -> None:
+    table = "| Key | Value |\n|---|---|\n" + "\n".join(
+        f"| k{i} | value number {i} with more words |" for i in range(60)
+    )
+    _, chunks = _chunks(f"## Limits\n\n{table}")
+    assert chunks[0].text.startswith("## Limits\n\n| Key | Value |\n|---|---|\n| k0 |")
+    assert all(c.text.startswith("| Key | Value |") for c in chunks[1:])
+
+
+def test_captions_are_captions_and_back_to_back_tables_are_two() -> None:
+    small = "| Table version | Date |\n|---|---|\n| 1 | 2020 |"
+    big = "| Key | Value |\n|---|---|\n" + "\n".join(f"| k{i} | value {i} |" for i in range(20))
+    _, chunks = _chunks(f"{small}\n\n{big}", size=150, overlap=20)
+    assert sum(small in c.text for c in chunks) == 1  # not repeated as the big one's caption
+    _, chunks = _chunks(f"Table is where the values go.\n\n{big}", size=150, overlap=20)
+    assert sum("Table is" in c.text for c in chunks) == 1
+    glued = "| A | B |\n|---|---|\n| a1 | b1 |\n| C | D |\n|---|---|\n| c1 | d1 |"
+    _, chunks = _chunks(glued, chunker=ChunkerKind.SENTENCE_WINDOW)
+    assert [c.text for c in chunks] == [
+        "| A | B |\n|---|---|\n| a1 | b1 |",
+        "| C | D |\n|---|---|\n| c1 | d1 |",
+    ]
+
+
+_WORDS = [
+    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma",
+    "omega", "42", "3.14", "foo_bar", "x=1", "naïve", "東京",
+]  # fmt: skip
+
+
+def _random_tables(seed: int) -> tuple[str, list[tuple[str, list[str], str]]]:
+    """A document of prose, captions and 1-3 tables of random shapes (cells up to 80 words)."""
+    r = random.Random(seed)
+
+    def words(n: int) -> str:
+        return " ".join(r.choice(_WORDS) for _ in range(n))
+
+    parts, tables = [f"# Title {words(2)}"], []
+    for t in range(r.randint(1, 3)):
+        if r.random() < 0.7:
+            parts.append(words(r.randint(1, 60)) + ".")
+        caption = f"Table {t + 1}: {words(r.randint(1, 15))}" if r.random() < 0.5 else ""
+        if caption:
+            parts.append(caption)
+        ncol = r.randint(1, 6)
+        head = "| " + " | ".join(f"H{t}c{c} {words(r.randint(0, 3))}" for c in range(ncol)) + " |"
+        rows = [
+            "| " + " | ".join([f"R{t}x{i}"] + [words(r.choice([0, 1, 3, 10, 40, 80]))
+                                               for _ in range(ncol - 1)]) + " |"
+            for i in range(r.randint(1, 30))
+        ]  # fmt: skip
+        tables.append((head, rows, caption))
+        parts.append("\n".join([head, "|" + "---|" * ncol, *rows]))
+    parts.append(words(r.randint(1, 80)) + ".")
+    return "\n\n".join(parts), tables
+
+
+@pytest.mark.parametrize("chunker", [ChunkerKind.RECURSIVE, ChunkerKind.SENTENCE_WINDOW])
+def test_random_tables_keep_every_budget_every_row_and_every_header(chunker: ChunkerKind) -> None:
+    for seed in range(40):
+        markdown, tables = _random_tables(seed)
+        r = random.Random(seed)
+        size, max_tokens = r.choice([120, 300, 500, 1000]), r.choice([16, 64, 128, 256])
+        config = {
+            "size": size,
+            "max_tokens": max_tokens,
+            "overlap": r.randint(1, min(size - 1, 200)),
+        }
+        _, chunks = _chunks(markdown, chunker=chunker, **config)
+        for c in chunks:
+            assert COUNTER.count(c.text) == c.token_count <= max_tokens, (seed, c.chunk_index)
+            assert chunker == ChunkerKind.SENTENCE_WINDOW or len(c.text) <= size, seed
+        for head, rows, caption in tables:
+            delimiter = "|" + "---|" * head.count(" | ") + "---|"
+            full_head = (f"{caption}\n\n" if caption else "") + f"{head}\n{delimiter}"
+            for row in rows:
+                holding = [c for c in chunks if row in c.text.split("\n")]
+                fits = len(row) <= size and COUNTER.count(row) <= max_tokens
+                assert holding or not fits, (seed, row[:20])  # a row that fits is never cut
+                with_head = f"{full_head}\n{row}"
+                if len(with_head) <= size and COUNTER.count(with_head) <= max_tokens:
+                    assert all(head in c.text for c in holding), (seed, row[:20])

@@ -79,9 +79,30 @@ def test_a_data_table_ending_in_numbers_is_not_a_table_of_contents() -> None:
         f"| item {name} | {price} |"
         for name, price in zip("abcdefgh", [3, 1, 7, 2, 9, 4, 4, 1], strict=True)
     )
-    contents = "| Introduction | 1 |\n|---|---|\n" + "\n".join(
-        f"| Chapter {i} | {i * 12} |" for i in range(1, 8)
+    years = "| Event | Year |\n|---|---|\n| Founded | 1990 |\n| IPO | 2001 |\n| Merger | 2010 |"
+    # Docling renders a PDF's contents page as a table that keeps the dot leaders.
+    contents = "| Notices . . . . . . . . | vii |\n|---|---|\n" + "\n".join(
+        f"| Chapter {i} . . . . . . . . | {i * 12} |" for i in range(1, 8)
     )
-    result = clean_markdown(f"{prices}\n\n{contents}\n\nBody.\n", CleanConfig())
-    assert result.markdown == f"{prices}\n\nBody.\n"
-    assert result.dropped == {"toc": 1}
+    text = f"{prices}\n\n{years}\n\n{contents}\n\nBody.\n"
+    result = clean_markdown(text, CleanConfig())
+    assert result.markdown == f"{prices}\n\n{years}\n\nBody.\n"
+    assert result.dropped == {"toc": 1}  # the data tables had no padding to remove
+
+
+def test_table_padding_is_removed_and_alignment_kept() -> None:
+    docling = (
+        "| name          |   default | meaning              |\n"
+        "|:--------------|----------:|----------------------|\n"
+        "| chunk.size    |      1000 | characters per chunk |\n"
+        "| a \\| b        |         1 | an escaped pipe      |"
+    )
+    result = clean_markdown(docling + "\n", CleanConfig())
+    assert result.markdown == (
+        "| name | default | meaning |\n|:---|---:|---|\n"
+        "| chunk.size | 1000 | characters per chunk |\n"
+        "| a \\| b | 1 | an escaped pipe |\n"
+    )
+    assert result.dropped == {"table_padding": 1}
+    kept = clean_markdown(docling + "\n", CleanConfig(compact_tables=False))
+    assert kept.markdown == docling + "\n"

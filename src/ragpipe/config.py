@@ -504,7 +504,14 @@ class CleanConfig(_Section):
     toc: bool = Field(
         default=True,
         description="Drop table-of-contents blocks: blocks whose lines mostly end in bare page "
-        "numbers or dot leaders.",
+        "numbers or dot leaders (a pipe table only by its dot leaders: a data table's last "
+        "column holds numbers too).",
+    )
+    compact_tables: bool = Field(
+        default=True,
+        description="Remove the cell padding of pipe tables (Docling pads every cell to its "
+        "column's widest, so one long cell widens every row) and shorten delimiter rows to "
+        "|---|: the same table in a fraction of the characters and word-pieces.",
     )
     toc_min_lines: int = Field(
         default=3, ge=2, description="Smallest block (in lines) the TOC heuristic may drop."

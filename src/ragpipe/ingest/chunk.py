@@ -23,12 +23,13 @@ model's own tokenizer and long pieces are split further.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
 import itertools
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,7 +62,8 @@ Span = tuple[int, int]
 # holds its own header); None for prose.
 Part = tuple[Span, str | None]
 
-_CAPTION = re.compile(r"^\W{0,2}(table|tab\.)\s*[\dIVXivx]", re.IGNORECASE)
+# "Table 3: …", "Table 2-1 …", "**Table IV.** …", "Tab. A.2 …"; not "Table is …".
+_CAPTION = re.compile(r"^\W{0,2}(?i:table|tab\.)\s+(?:\d|[IVXLC]+\b|[A-Z]\.?\d)")
 MAX_CAPTION_CHARS = 300
 
 
@@ -304,6 +306,8 @@ def find_tables(text: str, start: int, end: int) -> list[_Table]:
             continue
         j = i + 2
         while j < len(lines) and lines[j][1].lstrip().startswith("|"):
+            if j + 1 < len(lines) and is_table_delimiter(lines[j + 1][1]):
+                break  # the next table's header, with no blank line between
             j += 1
         if j == i + 2:  # a header without rows
             i = j
@@ -312,7 +316,8 @@ def find_tables(text: str, start: int, end: int) -> list[_Table]:
         head_end = lines[i + 1][0] + len(lines[i + 1][1])
         header = text[at:head_end]
         table_start = at
-        caption = _caption_before(text, start, at)
+        floor = max(start, tables[-1].end) if tables else start
+        caption = _caption_before(text, floor, at)
         if caption is not None:
             table_start = caption[0]
             header = f"{text[caption[0] : caption[1]]}\n\n{header}"
@@ -331,6 +336,8 @@ def _caption_before(text: str, floor: int, at: int) -> Span | None:
     trimmed = _trim(text, (para_start, floor + len(before)))
     if trimmed is None or trimmed[1] - trimmed[0] > MAX_CAPTION_CHARS:
         return None
+    if "\n|" in text[trimmed[0] - 1 : trimmed[1]] or text[trimmed[0]] == "|":
+        return None  # a table (or a row), not a caption
     return trimmed if _CAPTION.match(text[trimmed[0] : trimmed[1]]) else None
 
 
@@ -338,8 +345,10 @@ def table_parts(text: str, table: _Table, splitter: _Splitter, config: ChunkConf
     """A table in chunks: whole when it fits, else groups of whole rows after the header.
 
     The first part is the table's own text from its caption; every later part's text is
-    the caption and header, a newline, then its rows. A row that does not fit even with
-    the header is cut like prose (the one case a row is split).
+    the caption and header (or the header alone, when the caption leaves no room for the
+    next row), a newline, then its rows. A row that does not fit after the header is a
+    chunk of its own; only a row longer than a chunk is cut (each piece after the header
+    when it leaves half the window).
     """
     if splitter.fits(table.start, table.end):
         return [((table.start, table.end), "")]
@@ -352,55 +361,80 @@ def table_parts(text: str, table: _Table, splitter: _Splitter, config: ChunkConf
     counter = splitter.counter
     specials = counter.count("")
     row_tokens = [n - specials for n in counter.count_many([text[a:b] for a, b in rows])]
-    repeated_tokens = counter.count(table.header + "\n")
+    head_only = table.header.rpartition("\n\n")[2]
+    # What a later part may start with, most context first; "" is the row alone.
+    prefixes = list(dict.fromkeys([table.header, head_only, ""]))
+    prefix_tokens = {p: counter.count(p + "\n") if p else specials for p in prefixes}
     parts: list[Part] = []
-    start, prefix = table.start, ""  # the first part carries the table's own header
     i = 0
+    if _part_fits(text, "", table.start, rows[0][1], splitter):  # first: its own header
+        j = _grow(text, rows, 0, table.start, "", splitter, row_tokens,
+                  counter.count(text[table.start : rows[0][0]]))  # fmt: skip
+        parts.append(((table.start, rows[j - 1][1]), ""))
+        i = j
     while i < len(rows):
-        own = counter.count(text[start : rows[i][0]]) if start < rows[i][0] else specials
-        tokens = repeated_tokens if prefix else own
-        extra = len(prefix) + 1 if prefix else 0
-        j = i
-        # Grow by an estimate (token counts are nearly additive across lines)...
-        while j < len(rows):
-            if rows[j][1] - start + extra > splitter.size:
+        for rank, prefix in enumerate(prefixes):
+            start = rows[i][0]
+            j = _grow(text, rows, i, start, prefix, splitter, row_tokens, prefix_tokens[prefix])
+            if j > i and rank:  # less header than wanted: only while rows need it
+                better = prefixes[:rank]
+                j = next(
+                    (
+                        x
+                        for x in range(i + 1, j)
+                        if any(
+                            _part_fits(text, b, rows[x][0], rows[x][1], splitter) for b in better
+                        )
+                    ),
+                    j,
+                )
+            if j > i:
+                parts.append(((start, rows[j - 1][1]), prefix))
+                i = j
                 break
-            if tokens + row_tokens[j] > splitter.max_tokens:
-                break
-            tokens += row_tokens[j]
-            j += 1
-        # ...then check the group exactly.
-        while j > i and not _part_fits(text, prefix, start, rows[j - 1][1], splitter):
-            j -= 1
-        if j > i:
-            parts.append(((start, rows[j - 1][1]), prefix))
-            i = j
-        elif not prefix:  # caption and header leave no room for the first row: alone
-            head = _Section(start, table.rows - 1, [])
-            parts.extend((p, "") for p in recursive_spans(text, head, config, counter))
-        else:  # one row too long for the window even without neighbours: cut it
-            parts.extend(_cut_row(text, rows[i], table.header, config, counter, repeated_tokens))
+        else:  # a row longer than a chunk: cut it
+            parts.extend(_cut_row(text, rows[i], head_only, config, counter))
             i += 1
-        if i < len(rows):
-            start, prefix = rows[i][0], table.header
     return parts
 
 
-def _cut_row(
+def _grow(
     text: str,
-    row: Span,
-    header: str,
-    config: ChunkConfig,
-    counter: TokenCounter,
-    header_tokens: int,
+    rows: list[Span],
+    i: int,
+    start: int,
+    prefix: str,
+    splitter: _Splitter,
+    row_tokens: list[int],
+    tokens: int,
+) -> int:
+    """The end (exclusive) of the longest run of rows from ``i`` that fits after ``prefix``."""
+    extra = len(prefix) + 1 if prefix else 0
+    j = i
+    # Grow by an estimate (token counts are nearly additive across lines)...
+    while j < len(rows):
+        if rows[j][1] - start + extra > splitter.size:
+            break
+        if tokens + row_tokens[j] > splitter.max_tokens:
+            break
+        tokens += row_tokens[j]
+        j += 1
+    # ...then check the run exactly.
+    while j > i and not _part_fits(text, prefix, start, rows[j - 1][1], splitter):
+        j -= 1
+    return j
+
+
+def _cut_row(
+    text: str, row: Span, header: str, config: ChunkConfig, counter: TokenCounter
 ) -> list[Part]:
     """A row too long for one chunk, chunked like prose; each piece after the header when the
     header leaves at least half the window, else alone."""
     size = config.size - len(header) - 1
-    tokens = config.max_tokens - header_tokens + counter.count("")
+    tokens = config.max_tokens - counter.count(header + "\n") + counter.count("")
     cell = _Section(row[0], row[1], [])
     if size < config.size // 2 or tokens < config.max_tokens // 2:
-        return [(p, None) for p in recursive_spans(text, cell, config, counter)]
+        return [(p, "") for p in recursive_spans(text, cell, config, counter)]
     narrow = config.model_copy(
         update={"size": size, "max_tokens": tokens, "overlap": min(config.overlap, size // 4)}
     )
@@ -417,35 +451,52 @@ def _with_tables(
     section: _Section,
     config: ChunkConfig,
     counter: TokenCounter,
-    make_spans: Callable[[str, _Section, ChunkConfig, TokenCounter], list[Span]],
+    make_spans: Callable[..., list[Span]],
 ) -> list[Part]:
     """A section's chunks with its tables handled by ``table_parts``.
 
     Recursive chunking keeps a table that fits as it keeps any paragraph (never cut, maybe
-    merged with its neighbours): only longer tables are taken out. Sentence windows would
-    cut every table into "sentences", so there every table is taken out.
+    merged with its neighbours, never the start of an overlap): only a longer table, or one
+    glued to prose without a blank line (the splitter would cut it with the prose), is
+    taken out. Sentence windows would cut every table into "sentences", so there every
+    table is taken out.
     """
     splitter = _Splitter(text, config.size, config.max_tokens, counter)
     every = config.chunker == ChunkerKind.SENTENCE_WINDOW
-    tables = [
-        t
-        for t in find_tables(text, section.start, section.end)
-        if every or not splitter.fits(t.start, t.end)
+    found = find_tables(text, section.start, section.end)
+    spans = [(t.start, t.end) for t in found]
+    taken = [
+        t for t in found if every or not splitter.fits(t.start, t.end) or _glued(text, t, section)
     ]
-    if not tables:
-        return [(span, None) for span in make_spans(text, section, config, counter)]
+    if not taken:
+        return [(span, None) for span in make_spans(text, section, config, counter, spans)]
     parts: list[Part] = []
     pos = section.start
-    for table in tables:
-        if table.start > pos:
+    for table in taken:
+        before = text[pos : table.start]
+        if before.strip() and all(
+            line.lstrip().startswith("#") for line in before.strip().split("\n") if line.strip()
+        ):  # only the heading: it opens the table's first part, not a chunk of its own
+            table = dataclasses.replace(table, start=pos + len(before) - len(before.lstrip()))
+        elif table.start > pos:
             prose = _Section(pos, table.start, section.heading_path)
-            parts.extend((span, None) for span in make_spans(text, prose, config, counter))
+            parts.extend((p, None) for p in make_spans(text, prose, config, counter, spans))
         parts.extend(table_parts(text, table, splitter, config))
         pos = table.end
     if section.end > pos:
         rest = _Section(pos, section.end, section.heading_path)
-        parts.extend((span, None) for span in make_spans(text, rest, config, counter))
+        parts.extend((p, None) for p in make_spans(text, rest, config, counter, spans))
     return parts
+
+
+def _glued(text: str, table: _Table, section: _Section) -> bool:
+    """Whether prose touches the table without a blank line, before or after it."""
+    before = text[section.start : table.start]
+    after = text[table.end : section.end]
+    return bool(
+        (before.strip() and not before.endswith("\n\n"))
+        or (after.strip() and not after.startswith("\n\n"))
+    )
 
 
 def _overlap_start(
@@ -464,17 +515,16 @@ def _overlap_start(
     return None
 
 
-def _not_mid_row(text: str, start: int, limit: int) -> int:
-    """``start``, or the next line's start when it falls inside a table row (an overlap that
-    began with half a row would be a row without its header)."""
-    line_start = text.rfind("\n", 0, start) + 1
-    if line_start == start or not text[line_start:start].lstrip().startswith("|"):
-        return start
-    next_line = text.find("\n", start, limit)
-    pos = next_line + 1 if next_line != -1 else limit
-    while pos < limit and text[pos].isspace():
-        pos += 1
-    return pos
+def _after_tables(text: str, start: int, limit: int, tables: Sequence[Span]) -> int:
+    """``start``, or the end of the table it falls in (then past blank space; ``limit`` at
+    most): an overlap that began inside a table would be rows without their header."""
+    for table_start, table_end in tables:
+        if table_start < start < table_end:
+            pos = table_end
+            while pos < limit and text[pos].isspace():
+                pos += 1
+            return min(pos, limit)
+    return start
 
 
 def _last_fitting(
@@ -520,9 +570,17 @@ def _last_fitting(
 
 
 def recursive_spans(
-    text: str, section: _Section, config: ChunkConfig, counter: TokenCounter
+    text: str,
+    section: _Section,
+    config: ChunkConfig,
+    counter: TokenCounter,
+    tables: Sequence[Span] = (),
 ) -> list[Span]:
-    """Chunk spans of one section for the recursive chunker."""
+    """Chunk spans of one section for the recursive chunker.
+
+    ``tables``: spans of pipe tables; a chunk's overlap never starts inside one (it would be
+    rows without their header), it starts after it instead.
+    """
     splitter = _Splitter(text, config.size, config.max_tokens, counter)
     pieces = [p for p in (_trim(text, s) for s in splitter.split(section.start, section.end)) if p]
     specials = counter.count("")
@@ -542,13 +600,18 @@ def recursive_spans(
             ov = _overlap_start(
                 text, spans[-1][0], spans[-1][1], config.overlap, pieces[i][1] - config.size
             )
-            start = pieces[i][0] if ov is None else _not_mid_row(text, ov, pieces[i][0])
+            start = pieces[i][0] if ov is None else _after_tables(text, ov, pieces[i][0], tables)
     return spans
 
 
 def _sentence_spans(
-    text: str, section: _Section, config: ChunkConfig, counter: TokenCounter
+    text: str,
+    section: _Section,
+    config: ChunkConfig,
+    counter: TokenCounter,
+    tables: Sequence[Span] = (),
 ) -> list[Span]:
+    del tables  # sentence windows take every table out (see _with_tables)
     import nupunkt
 
     splitter = _Splitter(text, 10**9, config.max_tokens, counter)
@@ -591,7 +654,7 @@ def chunk_document(
     page_offsets = [off for off, _ in pages]
     sections = split_sections(text, parse_headings=kind != "text")
     spans_by_section: list[tuple[_Section, list[Part]]] = []
-    make_spans: Callable[[str, _Section, ChunkConfig, TokenCounter], list[Span]] = (
+    make_spans: Callable[..., list[Span]] = (
         recursive_spans if config.chunker == ChunkerKind.RECURSIVE else _sentence_spans
     )
     for section in sections:
@@ -612,9 +675,7 @@ def chunk_document(
             body = bodies[index]
             context = None
             if config.chunker == ChunkerKind.SENTENCE_WINDOW:
-                lo = parts[max(0, k - config.window)][0][0]
-                hi = parts[min(len(parts) - 1, k + config.window)][0][1]
-                context = body if header is not None else text[lo:hi]
+                context = body if header is not None else _window(text, parts, k, config.window)
             page_idx = bisect.bisect_right(page_offsets, start) - 1
             if start >= line_at:
                 line += text.count("\n", line_at, start)
@@ -641,6 +702,16 @@ def chunk_document(
                 )
             )
     return chunks
+
+
+def _window(text: str, parts: list[Part], k: int, window: int) -> str:
+    """The sentences around part ``k`` within its section, not reaching into a table."""
+    lo = hi = k
+    while lo > 0 and k - lo < window and parts[lo - 1][1] is None:
+        lo -= 1
+    while hi < len(parts) - 1 and hi - k < window and parts[hi + 1][1] is None:
+        hi += 1
+    return text[parts[lo][0][0] : parts[hi][0][1]]
 
 
 def chunk_id(file_path: str, source_sha256: str, fingerprint: str, index: int) -> str:

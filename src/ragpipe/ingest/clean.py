@@ -7,7 +7,6 @@ Fenced code blocks and ragpipe's page markers are left untouched.
 
 from __future__ import annotations
 
-import itertools
 import re
 import time
 from collections import Counter
@@ -25,7 +24,7 @@ from ragpipe.schemas import (
 )
 
 STAGE = "clean"
-CLEAN_VERSION = "3"  # 3: a data table ending in numbers is not a table of contents
+CLEAN_VERSION = "3"  # 3: tables: cell padding removed, a TOC only by its dot leaders
 
 _PAGE_MARKER = re.compile(PAGE_MARKER_RE)
 _COMMENT = re.compile(r"<!--(?!\s*ragpipe:page).*?-->", re.DOTALL)
@@ -94,16 +93,6 @@ def is_table_delimiter(line: str) -> bool:
     return "|" in line and TABLE_DELIMITER.match(line) is not None
 
 
-def _ascending(entries: list[re.Match[str]]) -> bool:
-    """Whether a table's trailing numbers read like page numbers (never going down).
-
-    A table of contents rendered as a table ends its rows in page numbers; a data table
-    whose last column holds numbers (prices, counts, ports by team) does not ascend.
-    """
-    numbers = [int(n) for m in entries if (n := m.group(0).strip(" .|")).isdigit()]
-    return len(numbers) >= 2 and all(a <= b for a, b in itertools.pairwise(numbers))
-
-
 @dataclass(frozen=True)
 class CleanResult:
     """Cleaned Markdown and what was removed or fixed, by reason."""
@@ -131,15 +120,75 @@ def _blocks(markdown: str) -> list[str]:
     return blocks
 
 
+_CELL_SPLIT = re.compile(r"(?<!\\)\|")
+
+
+def _compact_row(line: str, delimiter: bool) -> str:
+    """``|  a   |  b |`` → ``| a | b |``; a delimiter row → ``|---|:-:|``."""
+    inner = line.strip()
+    inner = inner[1:] if inner.startswith("|") else inner
+    inner = inner[:-1] if inner.endswith("|") and not inner.endswith("\\|") else inner
+    cells = [c.strip() for c in _CELL_SPLIT.split(inner)]
+    if delimiter:
+        cells = [
+            (":" if c.startswith(":") else "")
+            + "---"
+            + (":" if c.endswith(":") and len(c) > 1 else "")
+            for c in cells
+        ]
+        return "|" + "|".join(cells) + "|"
+    return "| " + " | ".join(cells) + " |"
+
+
+def _aligned(cell: str) -> str:
+    left = ":" if cell.startswith(":") else ""
+    right = ":" if cell.endswith(":") and len(cell) > 1 else ""
+    return f"{left}---{right}"
+
+
+def compact_tables(block: str) -> tuple[str, int]:
+    """The block with its pipe tables' cell padding removed, and how many tables changed.
+
+    Docling pads every cell to its column's widest: one long cell makes every row as wide,
+    and a delimiter row of a hundred dashes costs a hundred word-pieces in every chunk that
+    repeats the header. Cells, alignment and order are kept.
+    """
+    lines = block.split("\n")
+    tables = 0
+    i = 0
+    while i + 1 < len(lines):
+        if lines[i].lstrip().startswith("|") and is_table_delimiter(lines[i + 1]):
+            before = lines[i:]
+            lines[i] = _compact_row(lines[i], False)
+            lines[i + 1] = _compact_row(lines[i + 1], True)
+            j = i + 2
+            while j < len(lines) and lines[j].lstrip().startswith("|"):
+                if j + 1 < len(lines) and is_table_delimiter(lines[j + 1]):
+                    break  # the next table's header
+                lines[j] = _compact_row(lines[j], False)
+                j += 1
+            tables += lines[i:j] != before[: j - i]
+            i = j
+        else:
+            i += 1
+    return "\n".join(lines), tables
+
+
 def _is_toc(block: str, config: CleanConfig) -> bool:
     raw = [ln for ln in block.split("\n") if ln.strip()]
     table = len(raw) > 1 and raw[0].lstrip().startswith("|") and is_table_delimiter(raw[1])
     if table:
         raw = [raw[0], *raw[2:]]
     lines = [ln.strip().strip("|").strip() for ln in raw]
+    if table:
+        # A table is a table of contents by its dot leaders only: a data table's last column
+        # holds numbers too (prices, ports, years, sorted ids), and deleting data is worse
+        # than indexing a contents page.
+        leaders = sum(1 for ln in lines if _DOT_LEADER.search(ln))
+        return len(lines) >= config.toc_min_lines and leaders / len(lines) >= config.toc_ratio
     if len(lines) >= config.toc_min_lines:
         entries = [m for ln in lines if not ln.startswith("#") and (m := _TOC_ENTRY.search(ln))]
-        if len(entries) / len(lines) >= config.toc_ratio and (not table or _ascending(entries)):
+        if len(entries) / len(lines) >= config.toc_ratio:
             return True
     # Converters may join TOC lines into one paragraph: count dot leaders instead.
     return len(_DOT_LEADER.findall(block)) >= config.toc_min_lines
@@ -192,6 +241,9 @@ def clean_markdown(markdown: str, config: CleanConfig) -> CleanResult:
         if config.hyphenation:
             text, n = _HYPHEN_RE.subn("", text)
             dropped["hyphenation"] += n
+        if config.compact_tables:
+            text, n = compact_tables(text)
+            dropped["table_padding"] += n
         text = re.sub(r"[ \t]{2,}", " ", text) if not text.lstrip().startswith("|") else text
         out.append(text)
     cleaned = "\n\n".join(out).strip()
