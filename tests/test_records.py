@@ -168,7 +168,7 @@ def test_bad_records_are_rows_and_keep_what_the_file_had(tmp_path: Path) -> None
     (failure,) = checkpoint.read_records(cfg.paths.work_dir / "failures.parquet", Failure)
     assert (failure.file_path, failure.category) == (f"{root}/faq.jsonl", "bad_records")
     assert failure.message.startswith(
-        "3 records not indexed: line 2: not JSON (Invalid control character, column 31); "
+        "3 records not indexed: line 2: not JSON (Unterminated string starting, column 26); "
         "line 4: id 'q2' again (ids must be unique in a file); line 5: no usable 'id'"
     )
     assert (run.added, run.removed) == (1, 0)
@@ -185,5 +185,70 @@ def test_bad_records_are_rows_and_keep_what_the_file_had(tmp_path: Path) -> None
     (root / "faq.jsonl").write_bytes(b"\xff\xfe not text")
     broken = run_ingest(cfg)
     (failure,) = checkpoint.read_records(cfg.paths.work_dir / "failures.parquet", Failure)
-    assert failure.category == "bad_records" and "cannot read records" in failure.message
+    assert failure.category == "unreadable_records" and "cannot read records" in failure.message
     assert broken.removed == 0 and sorted(_by_file(cfg)) == sorted(after)
+
+    # Emptied (an export caught mid-write): every record is kept, not deleted.
+    (root / "faq.jsonl").write_text("")
+    emptied = run_ingest(cfg)
+    (failure,) = checkpoint.read_records(cfg.paths.work_dir / "failures.parquet", Failure)
+    assert (failure.category, emptied.removed) == ("unreadable_records", 0)
+    assert "the file is empty" in failure.message
+    assert sorted(_by_file(cfg)) == sorted(after)
+
+
+@pytest.mark.slow
+def test_exports_as_they_come(tmp_path: Path) -> None:
+    """A minified one-line export, a BOM, U+2028 inside a string, JSON Lines in a .json file,
+    equal records under two ids, an empty record; and a file that was indexed as text
+    before a rule matched it."""
+    root = tmp_path / "share"
+    root.mkdir()
+    big = [{"id": f"t{i}", "body": f"Ticket {i}: " + "the printer is offline again. " * 40}
+           for i in range(120)]  # fmt: skip
+    (root / "tickets.json").write_text(json.dumps(big))  # one line of about 150 KB
+    bom = "\ufeff" + json.dumps({"id": "b1", "body": "A record after a byte order mark."})
+    (root / "bom.jsonl").write_text(bom + "\n", encoding="utf-8")
+    lines = [
+        {"id": "s1", "body": "Line one\u2028still line one of the same record."},
+        {"id": "s2", "body": "Same text."},
+        {"id": "s3", "body": "Same text."},
+        {"id": "s4", "body": ""},
+    ]
+    (root / "lines.json").write_text(
+        "\n".join(json.dumps(r, ensure_ascii=False) for r in lines) + "\n", encoding="utf-8"
+    )
+    (root / "old.json").write_text(json.dumps([{"id": "o1", "body": "Indexed as text first."}]))
+    cfg = _config(root, tmp_path, [{"glob": "*.json*", "text": ["body"], "id": "id"}])
+    before_rule = cfg.model_copy(
+        update={"discover": cfg.discover.model_copy(update={"records": []})}
+    )
+    run_ingest(before_rule)
+    # As text, the one-line export is refused (discover.max_line_bytes); as records it is not.
+    assert sorted(_by_file(before_rule)) == [f"{root}/lines.json", f"{root}/old.json"]
+    # The rule arrives with one record of old.json lacking its id: the text copy still goes.
+    (root / "old.json").write_text(
+        json.dumps([{"id": "o1", "body": "Indexed as text first."}, {"body": "no id"}])
+    )
+    run = run_ingest(cfg, allow_mass_delete=True)  # the text copies give way to records
+    assert run.removed == 2
+    files = _by_file(cfg)
+    assert (
+        f"{root}/tickets.json#t119" in files
+        and len([f for f in files if f.startswith(f"{root}/tickets.json#")]) == 120
+    )
+    assert f"{root}/bom.jsonl#b1" in files
+    (s1,) = files[f"{root}/lines.json#s1"]
+    assert "\u2028still line one" in s1["text"]
+    assert f"{root}/lines.json#s2" in files and f"{root}/lines.json#s3" in files  # not deduped
+    assert f"{root}/old.json" not in files and f"{root}/old.json#o1" in files
+    assert run.failures_by_category == {"discover:bad_records": 1}
+    (failure,) = checkpoint.read_records(cfg.paths.work_dir / "failures.parquet", Failure)
+    assert failure.message.startswith("1 records not indexed: record 1: no usable 'id'")
+    skipped = {(s.file_path, s.reason) for s in checkpoint.read_records(
+        cfg.paths.work_dir / "discover" / "skipped.parquet", Skip)}  # fmt: skip
+    assert (f"{root}/lines.json#s4", "empty_record") in skipped
+    run_ingest(cfg)  # unchanged: the skip row is still there
+    skipped = {(s.file_path, s.reason) for s in checkpoint.read_records(
+        cfg.paths.work_dir / "discover" / "skipped.parquet", Skip)}  # fmt: skip
+    assert (f"{root}/lines.json#s4", "empty_record") in skipped

@@ -78,7 +78,7 @@ class RecordsRule(_Section):
     payload: list[str] = Field(
         default_factory=list,
         description="Fields stored on every chunk of the record, under payload 'fields' "
-        "(shown by search and inspect; usable in filters).",
+        "(`ragpipe inspect chunk` shows them; a Qdrant payload filter can use them).",
     )
     records: str | None = Field(
         default=None,

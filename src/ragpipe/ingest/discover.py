@@ -181,17 +181,17 @@ def kind_of(path: str | os.PathLike[str], text_extensions: list[str]) -> str | N
 
 
 def file_kind(path: str, file_path: str, root: str, config: DiscoverConfig) -> str | None:
-    """``kind_of``, and ``text`` for a file a ``discover.records`` rule matches (a JSONL file
-    is otherwise not ingested)."""
-    kind = kind_of(path, config.text_extensions)
-    if kind is None and config.records:
-        from ragpipe.ingest.records import rule_for
+    """``records`` for a file a ``discover.records`` rule matches (expanded into its records
+    after discovery; no line check: a minified JSON export is one long line), else
+    ``kind_of``."""
+    if config.records:
+        from ragpipe.ingest.records import KIND_FILE, rule_for
 
         prefix = root.rstrip("/") + "/"
         rel = file_path[len(prefix) :] if file_path.startswith(prefix) else file_path
         if rule_for(rel, config.records):
-            return "text"
-    return kind
+            return KIND_FILE
+    return kind_of(path, config.text_extensions)
 
 
 def _walk(
@@ -349,6 +349,9 @@ def skip_duplicate_content(result: DiscoverResult) -> None:
     first: dict[str, str] = {}
     kept: list[SourceFile] = []
     for f in result.files:
+        if f.kind == "record":  # equal records under two ids are two records
+            kept.append(f)
+            continue
         original = first.setdefault(f.sha256, f.file_path) if f.size_bytes else f.file_path
         if original == f.file_path:
             kept.append(f)

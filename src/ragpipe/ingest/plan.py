@@ -186,7 +186,10 @@ def run_plan(
     # A source that failed discovery (unreadable file, page timing out) still exists,
     # unless the failure says it is gone (a page answering 404).
     failures = runner.read_input(config, discovered, "failures.parquet", Failure)
-    unreadable = {f.file_path for f in failures if f.category not in GONE_CATEGORIES}
+    # (A records file with some bad records is not itself present: its records are.)
+    unreadable = {
+        f.file_path for f in failures if f.category not in GONE_CATEGORIES | {"bad_records"}
+    }
     # An object root that could not be listed keeps everything indexed below it; a records
     # file with a failure row keeps its records (FILE#ID) that did not come out this run.
     held = tuple(

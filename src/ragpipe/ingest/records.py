@@ -9,9 +9,11 @@ record only, and a record that left the file is deleted from the index like a fi
   fields, so a change to a payload field alone updates its points too.
 * A file whose hash is the one the last run expanded is not parsed again: its records come
   from the saved state (``records/records.parquet``).
-* A line that is not JSON, a record without its id or text, a duplicate id: a failure row
+* A line that is not JSON, a record without its id, a duplicate id: a ``bad_records`` row
   for the file that names the lines, and the file's records that are gone are kept this run
   (the plan keeps ``FILE#…`` of any file with a failure row); the good records are indexed.
+  A file with no records at all (empty, not JSON, not UTF-8) is ``unreadable_records``:
+  everything indexed from it is kept.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ragpipe.schemas import Failure, RecordState, Skip, SourceFile
 logger = logging.getLogger(__name__)
 
 KIND = "record"  # Markdown written by ragpipe: read as it is (no Docling), headings parsed
+KIND_FILE = "records"  # a file a rule matches, before it is expanded
 RECORDS_VERSION = "1"
 MAX_TITLE_CHARS = 300
 MAX_REPORTED_LINES = 10
@@ -50,6 +53,7 @@ class RecordsResult:
     skipped: list[Skip] = field(default_factory=list)
     records: list[RecordState] = field(default_factory=list)
     parsed: int = 0
+    reparse: set[str] = field(default_factory=set)  # files with rows to keep: parse again
 
 
 def rule_for(rel_path: str, rules: Sequence[RecordsRule]) -> RecordsRule | None:
@@ -76,6 +80,12 @@ def _get(record: Any, path: str) -> Any:
             return None
         value = value.get(part)
     return value
+
+
+def _id_text(value: Any) -> str:
+    """An id as written in JSON (``true``, ``1.5``), on one line."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return " ".join(text.split())
 
 
 def _as_text(value: Any) -> str:
@@ -106,41 +116,27 @@ def _payload(record: dict[str, Any], rule: RecordsRule) -> dict[str, Any]:
     return {name: _get(record, name) for name in rule.payload}
 
 
-def _iter_records(path: Path, rule: RecordsRule) -> Iterator[tuple[int, Any, str | None]]:
-    """(position, record, error) of each record: a line number in JSONL, an index in JSON."""
-    with path.open("rb") as fh:
-        head = fh.read(64).lstrip()
-    if path.suffix.lower() in (".jsonl", ".ndjson") or (rule.records is None and not head):
-        with path.open(encoding="utf-8", errors="strict") as fh:
-            for number, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield number, json.loads(line), None
-                except json.JSONDecodeError as exc:
-                    yield (
-                        number,
-                        None,
-                        f"not JSON ({exc.msg.removesuffix(' at')}, column {exc.colno})",
-                    )
+def _iter_records(path: Path, rule: RecordsRule) -> Iterator[tuple[str, Any, str | None]]:
+    """(where, record, error) of each record: ``line N`` in JSON Lines, ``record N`` (its
+    index) in a JSON array.
+
+    Raises:
+        ValueError: The file holds no records at all (empty, or not JSON).
+    """
+    text = path.read_text(encoding="utf-8-sig")  # a BOM is not part of the first record
+    if not text.strip():
+        raise ValueError("the file is empty")
+    if path.suffix.lower() in (".jsonl", ".ndjson"):
+        yield from _lines(text)
         return
-    text = path.read_text(encoding="utf-8")
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
-        if exc.msg == "Extra data" and rule.records is None:  # JSON Lines in a .json file
-            for number, line in enumerate(text.splitlines(), 1):
-                if line.strip():
-                    try:
-                        yield number, json.loads(line), None
-                    except json.JSONDecodeError as bad:
-                        yield (
-                            number,
-                            None,
-                            f"not JSON ({bad.msg.removesuffix(' at')}, column {bad.colno})",
-                        )
+        lines = [line for line in text.split("\n") if line.strip()]
+        if rule.records is None and len(lines) > 1 and lines[-1].lstrip().startswith("{"):
+            yield from _lines(text)  # JSON Lines in a .json file
             return
-        raise ValueError(f"not JSON: {exc.msg} at line {exc.lineno}") from exc
+        raise ValueError(f"not JSON: {_message(exc)} at line {exc.lineno}") from exc
     records = _get(document, rule.records) if rule.records else document
     if isinstance(records, dict) and rule.records is None:
         records = [records]
@@ -148,7 +144,35 @@ def _iter_records(path: Path, rule: RecordsRule) -> Iterator[tuple[int, Any, str
         where = f"at {rule.records!r}" if rule.records else "at the top level"
         raise ValueError(f"no array of records {where} (discover.records[].records)")
     for index, record in enumerate(records):
-        yield index, record, None
+        yield f"record {index}", record, None
+
+
+def _lines(text: str) -> Iterator[tuple[str, Any, str | None]]:
+    # Split on newlines only: str.splitlines would also split on U+2028 and other separators
+    # that JSON allows raw inside strings.
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            yield f"line {number}", json.loads(line), None
+        except json.JSONDecodeError as exc:
+            yield f"line {number}", None, f"not JSON ({_message(exc)}, column {exc.colno})"
+
+
+def _message(exc: json.JSONDecodeError) -> str:
+    return exc.msg.removesuffix(" at")
+
+
+def _write_body(path: Path, data: bytes) -> None:
+    """Write a body under a temporary name, fsync it, rename it; the directory is fsynced
+    once for all bodies (``run_records``) before the state names them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    with temp.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(temp, path)
 
 
 def _expand_file(
@@ -164,14 +188,13 @@ def _expand_file(
             Failure(
                 source.file_path,
                 STAGE,
-                "bad_records",
+                "unreadable_records",
                 f"cannot read records: {exc}; its indexed records are kept until it parses",
                 source.sha256,
             )
         )
         return
-    for position, record, error in entries:
-        where = f"line {position}" if error or rule.records is None else f"record {position}"
+    for where, record, error in entries:
         if error:
             problems.append(f"{where}: {error}")
             continue
@@ -183,9 +206,9 @@ def _expand_file(
             if raw_id is None or isinstance(raw_id, (dict, list)) or not str(raw_id).strip():
                 problems.append(f"{where}: no usable {rule.id!r} (discover.records[].id)")
                 continue
-            record_id = str(raw_id).strip()
+            record_id = _id_text(raw_id)
         else:
-            record_id = str(position)
+            record_id = where.split()[1]  # its line (JSON Lines) or index (JSON array)
         if record_id in seen:
             problems.append(f"{where}: id {record_id!r} again (ids must be unique in a file)")
             continue
@@ -194,13 +217,14 @@ def _expand_file(
         file_path = f"{source.file_path}#{record_id}"
         if not markdown:
             result.skipped.append(Skip(file_path, "empty_record", "no text in the text fields"))
+            result.reparse.add(source.file_path)
             continue
         payload = json.dumps(_payload(record, rule), ensure_ascii=False, sort_keys=True)
         data = markdown.encode()
         sha = hashlib.sha256(data + b"\x1e" + payload.encode()).hexdigest()
         body = bodies / f"{sha[:32]}.md"
         if not body.is_file():
-            checkpoint.atomic_write_bytes(body, data)
+            _write_body(body, data)
         result.records.append(
             RecordState(
                 file_path, source.file_path, source.sha256, rules_fp, record_id, title,
@@ -209,7 +233,8 @@ def _expand_file(
         )  # fmt: skip
     if problems:
         shown = "; ".join(problems[:MAX_REPORTED_LINES])
-        more = f" (and {len(problems) - MAX_REPORTED_LINES} more)" if len(problems) > 10 else ""
+        extra = len(problems) - MAX_REPORTED_LINES
+        more = f" (and {extra} more)" if extra > 0 else ""
         result.failures.append(
             Failure(
                 source.file_path,
@@ -237,7 +262,7 @@ def expand(
         if state.rules_fingerprint == rules_fp:
             saved.setdefault((state.source_file, state.source_sha256), []).append(state)
     for source in files:
-        rule = rule_for(relative_path(source), rules) if source.kind == "text" else None
+        rule = rule_for(relative_path(source), rules) if source.kind == KIND_FILE else None
         if rule is None:
             result.files.append(source)
             continue
@@ -288,8 +313,8 @@ def run_records(config: RagpipeConfig, files: list[SourceFile]) -> RecordsResult
             _prune(work.records_bodies, [])
         return RecordsResult(files=files)
     result = expand(config, files, previous, work.records_bodies)
-    failed = {f.file_path for f in result.failures}
-    # A file with bad records is parsed again next run (so its failure row is kept).
+    # A file with bad or empty records is parsed again next run (so its rows are kept).
+    failed = {f.file_path for f in result.failures} | result.reparse
     keep = [
         dataclasses.replace(r, file_clean=False) if r.source_file in failed else r
         for r in result.records
