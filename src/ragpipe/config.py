@@ -572,8 +572,9 @@ class ChunkConfig(_Section):
     )
     tokenizer: str = Field(
         default="all-MiniLM-L6-v2",
-        description="Tokenizer that measures max_tokens: 'all-MiniLM-L6-v2' (the packaged "
-        "model) or a path to a tokenizer.json.",
+        description="Tokenizer that measures max_tokens: 'all-MiniLM-L6-v2' or "
+        "'all-mpnet-base-v2' (the packaged models) or a path to a tokenizer.json; the "
+        "embedder's own, so that no chunk is truncated at embed time.",
     )
 
     @model_validator(mode="after")
@@ -625,7 +626,9 @@ class EmbedConfig(_Section):
     model: str | None = Field(
         default=None,
         description="Model name or local path. Default per provider: the packaged MiniLM "
-        "(local), the packaged paraphrase-MiniLM-L3 (onnx), nomic-embed-text (ollama).",
+        "(local), the packaged paraphrase-MiniLM-L3 (onnx), nomic-embed-text (ollama). local "
+        "also takes 'all-mpnet-base-v2' (packaged: 768-d, a 384 word-piece window, about 4x "
+        "MiniLM's cost; set chunk.tokenizer to it too, see ragpipe.quality.yaml).",
     )
     batch_size: int = Field(
         default=32, gt=0, description="Texts per model call (chunks are length-sorted first)."

