@@ -519,3 +519,27 @@ def test_llm_filter_with_the_real_model(indexed_edge: RagpipeConfig, smollm: Any
         assert all(0 <= h.scores["llm_filter"] <= 1 for h in filtered.hits)
     else:
         assert _ids(filtered) == _ids(plain) and report["status"] == "malformed"
+
+
+def test_dense_prf_moves_the_query_towards_the_top_hits_by_rocchio(
+    indexed_edge: RagpipeConfig,
+) -> None:
+    from ragpipe.models.embedders import normalise
+
+    with Retriever(indexed_edge) as r:
+        query = QUERIES[3]
+        q = r.embedder.embed_query(query)
+        top = r.store.query_dense(q, 3, None)
+        stored = r.store.dense_vectors([h.point_id for h in top])
+        centroid = normalise(np.vstack([stored[h.point_id] for h in top])).mean(axis=0)
+        moved = normalise((0.75 * q + 0.25 * centroid)[None, :])[0]  # by hand
+        prefetch = indexed_edge.retrieve.prefetch  # the dense leg's depth, as search asks it
+        expected = [h.point_id for h in r.store.query_dense(moved, prefetch, None)][:5]
+        plain_cfg = {"mode": "dense", "top_k": 5, "doc_weight": 0.0, "split_fragments": False,
+                     "boost_exact": 0.0}  # fmt: skip
+        result = r.search(query, prf=True, prf_k=3, prf_weight=0.25, **plain_cfg)
+        assert result.trace["prf_feedback"] == [[h.point_id for h in top]]
+        assert [h.point_id for h in result.hits] == expected
+        plain = r.search(query, **plain_cfg)
+        assert "prf_feedback" not in plain.trace
+        assert result.hits[0].score != pytest.approx(plain.hits[0].score)  # another vector

@@ -1025,6 +1025,20 @@ class RetrieveConfig(_Section):
     hyde_threshold: float = Field(
         default=0.5, ge=-1, le=1, description="Adaptive HyDE: top-1 dense score that skips it."
     )
+    prf: bool = Field(
+        default=False,
+        description="Dense pseudo-relevance feedback (Rocchio): move the query vector towards "
+        "the stored vectors of the top prf_k dense hits, keeping most of the weight on the query "
+        "(1 - prf_weight), then search with it. One more dense search and a vector fetch; no LLM.",
+    )
+    prf_k: int = Field(default=3, ge=1, le=20, description="Dense hits that feed back (prf).")
+    prf_weight: float = Field(
+        default=0.3,
+        gt=0,
+        lt=1,
+        description="Weight of the feedback centroid in the new query vector (prf); the query "
+        "keeps the rest.",
+    )
     llm_filter: bool = Field(
         default=False,
         description="Ask the LLM to score each retrieved chunk 0-1 (one batched prompt) and drop "

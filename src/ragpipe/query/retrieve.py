@@ -265,6 +265,8 @@ class Retriever:
         for text, vector in zip([searched, *fragments], vectors, strict=True):
             if cfg.mode != RetrievalMode.SPARSE and cfg.hyde != HydeMode.OFF:
                 vector = self._hyde(text, vector, cfg, where, trace)
+            if cfg.mode != RetrievalMode.SPARSE and cfg.prf:
+                vector = self._prf(vector, cfg, where, trace)
             for hit in self._candidates(text, vector, pool, cfg, where):
                 kept = best.get(hit.point_id)
                 if kept is None or hit.score > kept.score:
@@ -431,6 +433,26 @@ class Retriever:
         stacked = normalise(np.vstack([vector[None, :], doc_vectors]))
         moved: npt.NDArray[np.float32] = normalise(stacked.mean(axis=0, keepdims=True))[0]
         return moved
+
+    def _prf(
+        self,
+        vector: npt.NDArray[np.float32],
+        cfg: RetrieveConfig,
+        where: Where | None,
+        trace: dict[str, Any],
+    ) -> npt.NDArray[np.float32]:
+        """Rocchio on dense vectors: ``(1 - w) * q + w * mean(top-k stored vectors)``,
+        normalised (arXiv 2108.11044: feedback helps when the query keeps most weight)."""
+        top = self.store.query_dense(vector, cfg.prf_k, where)
+        stored = self.store.dense_vectors([h.point_id for h in top])
+        feedback = [stored[h.point_id] for h in top if h.point_id in stored]
+        trace.setdefault("prf_feedback", []).append([h.point_id for h in top])
+        if not feedback:
+            return vector
+        centroid = np.mean(normalise(np.vstack(feedback)), axis=0)
+        moved = (1 - cfg.prf_weight) * vector + cfg.prf_weight * centroid
+        result: npt.NDArray[np.float32] = normalise(moved[None, :])[0]
+        return result
 
     def _llm_filter(
         self, query: str, hits: list[Retrieved], threshold: float, trace: dict[str, Any]
