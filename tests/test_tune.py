@@ -266,3 +266,12 @@ def test_cli_eval_tune(
     assert "held-out queries: tuned - current" in output and "report: " in output
     bad = CliRunner().invoke(app, [*args, "--metric", "f1"])
     assert bad.exit_code == 2 and "tune metric 'f1'" in bad.output
+
+
+def test_the_search_space_tries_feedback_only_where_a_dense_leg_exists() -> None:
+    from ragpipe.evaluation.tune import SPACE, relevant
+
+    assert SPACE["prf"] == [False, True]
+    hybrid = {"mode": "hybrid", "fusion_method": "convex"}
+    assert relevant("prf", hybrid) and relevant("prf", {**hybrid, "mode": "dense"})
+    assert not relevant("prf", {**hybrid, "mode": "sparse"})

@@ -3,11 +3,11 @@
 The golden queries are split, by a seeded shuffle, into a tuning part and a
 confirmation part. A coordinate search over the retrieval settings (mode,
 fusion method, alpha, rrf_k, leg weights, document weight, prefetch depth,
-fragments, quoted-phrase boost, MMR) picks the best configuration on the
-tuning part only; the confirmation part is never searched before the pick is
-final. Then the pick and the current configuration are scored on the
-confirmation part, and the paired delta (bootstrap CI, permutation p-value)
-decides:
+fragments, quoted-phrase boost, MMR, dense pseudo-relevance feedback) picks
+the best configuration on the tuning part only; the confirmation part is
+never searched before the pick is final. Then the pick and the current
+configuration are scored on the confirmation part, and the paired delta
+(bootstrap CI, permutation p-value) decides:
 
 - ``recommend``: the pick differs from the current settings and gains on the
   held-out queries (the message says whether its delta CI lies entirely
@@ -57,6 +57,7 @@ SPACE: dict[str, list[Any]] = {
     "split_fragments": [True, False],
     "boost_exact": [0.0, 0.2],
     "mmr": [False, True],
+    "prf": [False, True],  # dense pseudo-relevance feedback (prf_k, prf_weight at defaults)
 }
 MAX_PASSES = 3
 # A step of the search must beat the incumbent by this much on the tuning queries:
@@ -146,7 +147,7 @@ def relevant(name: str, settings: dict[str, Any]) -> bool:
         return hybrid and method == FusionMethod.RRF.value
     if name == "dense_weight":
         return hybrid and method != FusionMethod.CONVEX.value
-    if name in ("doc_weight", "prefetch"):
+    if name in ("doc_weight", "prefetch", "prf"):
         return mode != RetrievalMode.SPARSE.value
     return True
 
