@@ -167,6 +167,18 @@ def write_table(path: Path, table: pa.Table) -> str:
     return digest
 
 
+def read_state(path: Path, record_type: type[R], otherwise: str) -> list[R]:
+    """A state file kept between runs (fetch, objects, records), or [] when there is none or it
+    cannot be read (logged: ``otherwise`` says what the run does instead)."""
+    if not path.is_file():
+        return []
+    try:
+        return read_records(path, record_type)
+    except (StageError, ValueError) as exc:
+        logger.warning("state %s unreadable (%s); %s", path, exc, otherwise)
+        return []
+
+
 def read_records(path: Path, record_type: type[R]) -> list[R]:
     """Read a checkpoint, checking its schema against the declared one.
 

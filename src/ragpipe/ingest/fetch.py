@@ -7,7 +7,6 @@ import logging
 
 from ragpipe import checkpoint
 from ragpipe.config import RagpipeConfig
-from ragpipe.errors import StageError
 from ragpipe.ingest.runner import WorkDir
 from ragpipe.progress import reporter
 from ragpipe.schemas import WebPage
@@ -18,14 +17,9 @@ logger = logging.getLogger(__name__)
 
 def web_pages(config: RagpipeConfig) -> list[WebPage]:
     """The fetch state: what the last run fetched of each web page ([] when none)."""
-    path = WorkDir.of(config).fetch_state
-    if not path.is_file():
-        return []
-    try:
-        return checkpoint.read_records(path, WebPage)
-    except (StageError, ValueError) as exc:
-        logger.warning("fetch state %s unreadable (%s); fetching every page in full", path, exc)
-        return []
+    return checkpoint.read_state(
+        WorkDir.of(config).fetch_state, WebPage, "fetching every page in full"
+    )
 
 
 def run_fetch(config: RagpipeConfig) -> FetchResult:

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from ragpipe import checkpoint
 from ragpipe.config import OBJECT_SCHEMES, ObjectStorageConfig, RagpipeConfig, read_secret_block
-from ragpipe.errors import ConfigError, StageError
+from ragpipe.errors import ConfigError
 from ragpipe.ingest.discover import (
     LINE_CHECKED,
     STAGE,
@@ -447,14 +447,9 @@ def _accept(result: ObjectsResult, obj: StoredObject, kind: str, config: Ragpipe
 
 def saved_objects(config: RagpipeConfig) -> list[StoredObject]:
     """The object state the last run saved ([] when none or unreadable)."""
-    path = WorkDir.of(config).objects_state
-    if not path.is_file():
-        return []
-    try:
-        return checkpoint.read_records(path, StoredObject)
-    except (StageError, ValueError) as exc:
-        logger.warning("object state %s unreadable (%s); downloading every object", path, exc)
-        return []
+    return checkpoint.read_state(
+        WorkDir.of(config).objects_state, StoredObject, "downloading every object"
+    )
 
 
 def run_objects(config: RagpipeConfig, roots: list[str]) -> ObjectsResult:

@@ -30,7 +30,6 @@ from typing import Any
 
 from ragpipe import checkpoint
 from ragpipe.config import RagpipeConfig, RecordsRule, fingerprint
-from ragpipe.errors import StageError
 from ragpipe.ingest.discover import STAGE, IgnoreRules
 from ragpipe.ingest.runner import WorkDir
 from ragpipe.schemas import Failure, RecordState, Skip, SourceFile
@@ -293,14 +292,9 @@ def fingerprint_list(parts: Sequence[str]) -> str:
 
 def saved_records(config: RagpipeConfig) -> list[RecordState]:
     """The record state the last run saved ([] when none or unreadable)."""
-    path = WorkDir.of(config).records_state
-    if not path.is_file():
-        return []
-    try:
-        return checkpoint.read_records(path, RecordState)
-    except (StageError, ValueError) as exc:
-        logger.warning("record state %s unreadable (%s); parsing every records file", path, exc)
-        return []
+    return checkpoint.read_state(
+        WorkDir.of(config).records_state, RecordState, "parsing every records file"
+    )
 
 
 def run_records(config: RagpipeConfig, files: list[SourceFile]) -> RecordsResult:
