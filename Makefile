@@ -46,6 +46,7 @@ bench: setup
 	.venv/bin/python bench/cache_threshold.py
 	.venv/bin/python bench/serve.py
 	.venv/bin/python bench/golden_draft.py
+	.venv/bin/python bench/llm_rerank.py
 
 # Not in CI, nor in `make bench`: about 1.5 h on 2 cores (1M chunks, four stores).
 bench-scale: setup

@@ -34,6 +34,9 @@ With ``--embedder all-mpnet-base-v2`` every row (ragpipe's and the raw recipes) 
 packaged model, and ragpipe's chunks are measured with its tokenizer and window (as
 ``ragpipe.quality.yaml`` sets them); indexes go under ``--work``/NAME.
 
+LLM reranking (``retrieve.rerank: llm``) costs seconds a candidate, so it is measured on a
+sample of both sets' queries by ``bench/llm_rerank.py``, on these same indexes.
+
 Usage: python bench/retrieval_quality.py [--work DIR] [--json OUT] [--no-tune]
        [--variant NAME:key=value,...] [--embedder all-mpnet-base-v2]
 """

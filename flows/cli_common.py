@@ -138,7 +138,8 @@ RerankOption = Annotated[
     bool | None,
     typer.Option(
         "--rerank/--no-rerank",
-        help="Rerank with the cross-encoder in retrieve.reranker (must exist locally).",
+        help="Rerank with retrieve.reranker: a cross-encoder (must exist locally), or llm "
+        "(the configured LLM judges each candidate: seconds each on a CPU, cached).",
     ),
 ]
 FilterOption = Annotated[

@@ -463,6 +463,14 @@ def eval_tune(
     ] = None,
     skip_unmatched: SkipUnmatchedOption = None,
     allow_draft: AllowDraftOption = False,
+    llm_options: Annotated[
+        bool,
+        typer.Option(
+            "--llm-options",
+            help="Also try the settings that call the LLM per query: LLM rerank (one call "
+            "per candidate, seconds each on a CPU, cached) and adaptive HyDE.",
+        ),
+    ] = False,
     name: NameOption = None,
     reports_dir: ReportsOption = None,
     config: ConfigOption = None,
@@ -474,7 +482,9 @@ def eval_tune(
 
     The queries are split by a seeded shuffle: a coordinate search over mode, fusion
     method, alpha, rrf_k, leg weights, document weight, prefetch depth, fragments, the
-    quoted-phrase boost and MMR picks the best settings on the tuning share only. Then
+    quoted-phrase boost, MMR and dense pseudo-relevance feedback (with --llm-options also
+    LLM rerank and adaptive HyDE) picks the best settings on the tuning share only. The
+    report says, per setting, what was kept or refused and on what score. Then
     the pick and the current settings are scored on the held-out queries (paired delta,
     bootstrap 95% CI, permutation p-value). Verdict: recommend (tuned.yaml written, with
     your config's other sections kept), refused (the pick is worse on the held-out
@@ -522,6 +532,7 @@ def eval_tune(
                     metric=metric,
                     share=share,
                     write_config=str(out) if out else None,
+                    llm_options=llm_options,
                 )
             finally:
                 set_reporter(previous)
@@ -540,6 +551,8 @@ def _print_tune(summary: TuneSummary) -> None:
         f"best {tuning['best']:.4f})"
     )
     print("changed settings: " + (json.dumps(summary.overrides) or "{}"))
+    for setting, verdict in tuning.get("options", {}).items():
+        print(f"  {setting}: {verdict}")
     table = Table(title="held-out queries: tuned - current, mean [95% CI]")
     for column in ("metric", "current", "tuned", "delta", "p"):
         table.add_column(column, justify="left" if column == "metric" else "right")

@@ -91,7 +91,7 @@ def eval_retrieval_flow(
         dense_weight: Weight of the dense list in rrf/dbsf fusion (retrieve.dense_weight).
         sparse_weight: Weight of the BM25 list in rrf/dbsf fusion (retrieve.sparse_weight).
         depth: Results retrieved and scored per query (eval.depth, default 10).
-        rerank: Rerank with the cross-encoder (retrieve.rerank).
+        rerank: Rerank with retrieve.reranker (a cross-encoder, or llm).
         granularity: chunk scores the golden set's chunk targets; file de-duplicates by file.
         skip_unmatched: Leave out golden items whose targets match nothing in the index
             (the report counts them) instead of failing the run (eval.skip_unmatched).
@@ -150,7 +150,7 @@ def eval_rag_flow(
         dense_weight: Weight of the dense list in rrf/dbsf fusion (retrieve.dense_weight).
         sparse_weight: Weight of the BM25 list in rrf/dbsf fusion (retrieve.sparse_weight).
         top_k: Chunks handed to the generator as numbered sources (retrieve.top_k).
-        rerank: Rerank with the cross-encoder (retrieve.rerank).
+        rerank: Rerank with retrieve.reranker (a cross-encoder, or llm).
         skip_unmatched: Leave out golden items whose targets match nothing in the index
             (the report counts them) instead of failing the run (eval.skip_unmatched).
         labels: Human labels file (CSV item_id,metric,value) for prediction-powered
@@ -249,6 +249,7 @@ def tune_retrieval(
     metric: str = "ndcg@10",
     share: float = 0.5,
     write_config: str | None = None,
+    llm_options: bool = False,
 ) -> TuneSummary:
     """Tune ``retrieve.*`` on ``config.eval.golden`` with a seeded hold-out.
 
@@ -261,13 +262,15 @@ def tune_retrieval(
             rest only confirm.
         write_config: Also write the tuned config YAML here when the verdict is
             ``recommend`` (it is always in the run directory as tuned.yaml).
+        llm_options: Also try the settings that call the LLM per query (LLM rerank,
+            adaptive HyDE): seconds per candidate on a CPU.
 
     Returns the tune run's summary (tune.json's content, and ``report_dir``): the
     decision (recommend, refused, no change), the changed settings, and the held-out
     deltas.
     """
     library_logs()
-    summary = tune_task(config, metric, share, name, config_path, write_config)
+    summary = tune_task(config, metric, share, name, config_path, write_config, llm_options)
     publish_tune_task(config, summary)
     return summary
 
@@ -282,6 +285,7 @@ def eval_tune_flow(
     skip_unmatched: bool | None = None,
     name: str | None = None,
     config_path: str | None = None,
+    llm_options: bool = False,
 ) -> TuneSummary:
     """Tune the retrieve settings on a golden set, with an honest hold-out.
 
@@ -301,9 +305,10 @@ def eval_tune_flow(
         name: Run name, the report folder's suffix (default: the golden set's name + -tune).
         config_path: YAML config used as the base (default: ragpipe.yaml in the worker's
             directory, RAGPIPE_HOME).
+        llm_options: Also try LLM rerank and adaptive HyDE (LLM calls per query).
     """
     config = _from_form(
         config_path, golden=golden, granularity=granularity, skip_unmatched=skip_unmatched
     )
     base = config_path or (str(DEFAULT_CONFIG_FILE) if DEFAULT_CONFIG_FILE.is_file() else None)
-    return tune_retrieval.fn(config, base, name, metric, share, write_config)
+    return tune_retrieval.fn(config, base, name, metric, share, write_config, llm_options)

@@ -91,3 +91,17 @@ def test_ollama_chat_unreachable_is_clear_and_fast() -> None:
     with pytest.raises(StageError, match="ollama serve"):
         _ollama(f"http://127.0.0.1:{port}", retries=1).chat(QUESTION)
     assert time.monotonic() - started < 5
+
+
+def test_ollama_sends_the_first_tokens_log_probabilities(smollm: LlamaCppLLM) -> None:
+    direct = smollm.chat(QUESTION, max_tokens=1, top_logprobs=5)
+    with ollama_server({}, {"smollm": smollm}) as (host, state):
+        reply = _ollama(host).chat(QUESTION, max_tokens=1, top_logprobs=5)
+        plain = _ollama(host).chat(QUESTION, max_tokens=1)
+    assert direct.top_logprobs is not None and len(direct.top_logprobs) == 5
+    assert reply.top_logprobs is not None
+    assert reply.top_logprobs.keys() == direct.top_logprobs.keys()
+    assert plain.top_logprobs is None
+    chats = [r["body"] for r in state.requests if r["path"] == "/api/chat"]
+    assert chats[0]["logprobs"] is True and chats[0]["top_logprobs"] == 5
+    assert "logprobs" not in chats[1]

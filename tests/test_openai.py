@@ -360,3 +360,18 @@ def test_the_key_from_a_prefect_secret_block(
             load_config(write("loopback-llm-key"))
     finally:
         set_secret_reader(flows._prefect_secret)
+
+
+def test_the_first_tokens_log_probabilities_come_back_as_in_process(chat_server: str) -> None:
+    from ragpipe.models.llm import LlamaCppLLM
+    from ragpipe.query.llm_rerank import yes_probability
+
+    question = [{"role": "user", "content": "Is Paris the capital of France? Answer yes or no."}]
+    served = _llm(chat_server).chat(question, max_tokens=1, top_logprobs=10)
+    local = LlamaCppLLM("smollm2-135m").chat(question, max_tokens=1, top_logprobs=10)
+    assert served.top_logprobs is not None and local.top_logprobs is not None
+    assert served.top_logprobs.keys() == local.top_logprobs.keys()
+    assert yes_probability(served.top_logprobs, served.text) == pytest.approx(
+        yes_probability(local.top_logprobs, local.text), abs=0.02
+    )
+    assert _llm(chat_server).chat(question, max_tokens=1).top_logprobs is None  # not asked

@@ -3,6 +3,7 @@ fragments, rerank with a real cross-encoder, MMR, floors, HyDE, the chunk filter
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from ragpipe.query.fusion import (
     mmr_select,
     rrf_fuse,
 )
-from ragpipe.query.render import to_json, to_xml
+from ragpipe.query.render import to_json, to_text, to_xml
 from ragpipe.query.results import Retrieved
 from ragpipe.query.retrieve import Retriever, cut_query, parse_filter_scores, split_fragments
 from ragpipe.store import EMBEDDER_FIELD, Hit, IndexPoint, SparseEncoder, Where, open_store
@@ -395,6 +396,13 @@ def test_rerank_with_a_real_cross_encoder(
         assert [h.scores["rerank"] for h in result.hits] == pytest.approx(
             [float(s) for s, _ in expected[:3]], rel=1e-4
         )
+        # rerank_depth 2: the first two candidates judged, the rest in retrieval order.
+        shallow = r.search(QUERIES[1], rerank=True, reranker=str(tiny_cross_encoder),
+                           rerank_depth=2, top_k=4, candidate_mul=1)  # fmt: skip
+        plain = r.search(QUERIES[1], top_k=4)
+        head = sorted(zip(direct[:2], _ids(pool)[:2], strict=True), key=lambda t: (-t[0], t[1]))
+        assert _ids(shallow) == [pid for _, pid in head] + _ids(plain)[2:4]
+        assert "rerank" not in shallow.hits[2].scores
         off = r.search(QUERIES[1], rerank=True, reranker="none")
         assert off.trace["reranker"] == "none" and "rerank" not in off.hits[0].scores
         with pytest.raises(ConfigError, match=r"(?is)retrieve\.reranker.*nothing is downloaded"):
@@ -544,3 +552,47 @@ def test_dense_prf_moves_the_query_towards_the_top_hits_by_rocchio(
         plain = r.search(query, **plain_cfg)
         assert "prf_feedback" not in plain.trace
         assert result.hits[0].score != pytest.approx(plain.hits[0].score)  # another vector
+
+
+def test_llm_rerank_orders_by_the_real_models_yes_probability(
+    indexed_edge: RagpipeConfig, smollm: Any, tmp_path: Any
+) -> None:
+    from ragpipe.query.llm_rerank import SYSTEM, USER, yes_probability
+
+    paths = indexed_edge.paths.model_copy(update={"work_dir": tmp_path})
+    config = indexed_edge.model_copy(update={"paths": paths})
+    query = QUERIES[1]
+    with Retriever(config, llm=smollm) as r:
+        pool = r.search(query, top_k=3 * 2)  # the candidates it reranks
+        result = r.search(query, rerank="llm", top_k=3, candidate_mul=2)
+        # By hand: the same prompt to the same model, P(yes) / (P(yes) + P(no)).
+        expected = {}
+        for hit in pool.hits:
+            passage = str(hit.payload.get("context") or hit.text)
+            reply = smollm.chat(
+                [{"role": "system", "content": SYSTEM},
+                 {"role": "user", "content": USER.format(query=query, passage=passage)}],
+                max_tokens=1, temperature=0.0, top_logprobs=10,
+            )  # fmt: skip
+            assert reply.top_logprobs  # llama.cpp sends the first token's alternatives
+            expected[hit.point_id] = yes_probability(reply.top_logprobs, reply.text)[0]
+        # llama.cpp's numbers move a little with what its prompt cache reuses (another
+        # batch split): equal within 0.02, and the order is P(yes)'s within that.
+        tolerance = 0.02
+        kept = _ids(result)
+        assert [h.scores["rerank"] for h in result.hits] == pytest.approx(
+            [expected[p] for p in kept], abs=tolerance
+        )
+        assert all(expected[a] >= expected[b] - tolerance for a, b in itertools.pairwise(kept))
+        left_out = [expected[p] for p in expected if p not in kept]
+        assert min(expected[p] for p in kept) >= max(left_out) - tolerance
+        assert len(set(expected.values())) > 1  # the model tells the passages apart
+        cost = result.trace["llm_rerank"]
+        assert cost["pairs"] == 6 and cost["model_calls"] == 6 and cost["cached"] == 0
+        assert cost["kinds"] == {"logprob": 6} and cost["model"] == smollm.name
+        again = r.search(query, rerank="llm", top_k=3, candidate_mul=2)
+        assert _ids(again) == _ids(result)
+        assert again.trace["llm_rerank"]["model_calls"] == 0
+        assert again.trace["llm_rerank"]["cached"] == 6
+    assert (tmp_path / "llm_rerank.sqlite").is_file()
+    assert "llm rerank (" in to_text(again) and "6 cached" in to_text(again)

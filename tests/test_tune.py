@@ -85,15 +85,57 @@ def test_coordinate_search_climbs_and_keeps_the_incumbent_on_small_gains() -> No
             return 0.5 + 0.2 * settings["alpha"] + (0.003 if settings["prefetch"] == 80 else 0)
         return 0.6
 
-    best, trials = coordinate_search(current, score)
+    best, trials, options = coordinate_search(current, score)
     assert best["mode"] == "hybrid" and best["alpha"] == 0.9
     assert best["prefetch"] == 40  # +0.003 is below the minimum gain
+    # What the last sweep said of each setting, by hand (alpha 0.9: 0.5 + 0.18).
+    assert options["prefetch"] == "refused 80: 0.6830 against 0.6800 for 40 (a change needs +0.005)"
+    assert (
+        options["mode"]
+        == "refused 'dense': 0.6000 against 0.6800 for 'hybrid' (a change needs +0.005)"
+    )
+    assert options["alpha"] == "kept 0.9: 0.6800 against 0.6300 for 0.65"
+    assert options["rrf_k"] == "not tried: does not apply with fusion_method convex"
     assert trials[0].overrides == {} and trials[0].score == pytest.approx(0.63)
     keys = [json.dumps(t.overrides, sort_keys=True) for t in trials]
     assert len(keys) == len(set(keys))  # every configuration scored once
     # Settings that change nothing in the current mode are not tried: alpha only for convex.
     assert not any("rrf_k" in t.overrides and t.overrides.get("fusion_method") != "rrf"
                    for t in trials)  # fmt: skip
+
+
+def test_a_setting_the_pick_makes_moot_says_so_not_what_it_once_kept() -> None:
+    current = RagpipeConfig().retrieve.model_dump(mode="json")
+
+    def score(settings: dict[str, Any]) -> float:  # rrf wins only once alpha is 0.9
+        if settings["mode"] != "hybrid":
+            return 0.0
+        if settings["fusion_method"] == "rrf":
+            return 0.5 + (0.3 if settings["alpha"] == 0.9 else 0.0)
+        if settings["fusion_method"] == "convex":
+            return 0.5 + 0.2 * settings["alpha"]
+        return 0.5
+
+    best, _, options = coordinate_search(current, score)
+    assert (best["fusion_method"], best["alpha"]) == ("rrf", 0.9)
+    assert options["fusion_method"] == "kept 'rrf': 0.8000 against 0.6800 for 'convex'"
+    # alpha 0.9 won in the first sweep, but it does not apply to rrf: the verdict says so.
+    assert options["alpha"] == "not tried: does not apply with fusion_method rrf"
+
+
+def test_turning_an_llm_rerank_off_again_leaves_no_reranker_behind() -> None:
+    current = RagpipeConfig().retrieve.model_dump(mode="json")
+    seen: list[dict[str, Any]] = []
+
+    def score(settings: dict[str, Any]) -> float:  # the LLM rerank wins, then is tried off
+        seen.append(settings)
+        return 0.9 if settings["rerank"] else 0.5
+
+    best, trials, options = coordinate_search(current, score, {"rerank": [False, "llm"]})
+    assert (best["rerank"], best["reranker"]) == (True, "llm")
+    assert [t.overrides for t in trials] == [{}, {"rerank": True, "reranker": "llm"}]
+    assert not any(s["reranker"] == "llm" and not s["rerank"] for s in seen)
+    assert options["rerank"] == "kept 'llm': 0.9000 against 0.5000 for False"
 
 
 def _delta(low: float, mean: float, high: float) -> PairedDelta:
@@ -209,7 +251,11 @@ def test_a_pick_the_held_out_queries_reject_is_refused(
     assert summary == report.as_json() and report.tuned_config is None
     assert summary["decision"] == "refused" and "tuned_config" not in summary
     assert not (out / "tuned.yaml").exists()
-    assert "refused" in (out / "report.md").read_text()
+    report_md = (out / "report.md").read_text()
+    assert "refused" in report_md and "## What was tried, on the tuning queries" in report_md
+    assert "| mode | kept 'sparse': " in report_md
+    assert "| rerank | not tried: asked for with --llm-options" in report_md
+    assert summary["tuning"]["options"] == outcome.options
     # report.html: the same report and the held-out deltas drawn with their CIs.
     page = (out / "report.html").read_text()
     assert page.count("<svg") == 1 and "Held-out confirmation: tuned - current" in page
@@ -246,6 +292,55 @@ def test_a_recommended_pick_is_written_as_a_config_that_loads(
     tuned = load_config(written)
     assert tuned.retrieve.mode == "sparse" and tuned.retrieve.top_k == 7  # merged, kept
     assert tuned.embed.provider == "onnx" and tuned.store.path == cfg.store.path
+
+
+def test_tune_tries_llm_rerank_when_asked_and_keeps_it_where_it_wins(
+    indexed_edge: RagpipeConfig,
+    pairs: list[tuple[str, ChunkTarget, ChunkTarget]],
+    smollm: Any,
+    tmp_path: Path,
+) -> None:
+    from ragpipe.evaluation.retrieval import Variant, run_retrieval_eval
+    from ragpipe.evaluation.tune import LLM_SPACE, search_space
+
+    assert search_space(llm_options=True)["rerank"] == LLM_SPACE["rerank"]
+    assert "rerank" not in search_space()
+    paths = indexed_edge.paths.model_copy(update={"work_dir": tmp_path})
+    retrieve = indexed_edge.retrieve.model_copy(update={"candidate_mul": 1})
+    cfg = indexed_edge.model_copy(update={"paths": paths, "retrieve": retrieve})
+    llm_overrides = {"rerank": True, "reranker": "llm"}
+    with Retriever(cfg, llm=smollm) as r:
+        # A golden set whose targets are what the real model ranks first, where that is
+        # not the default's first: the LLM rerank must win on both halves.
+        items = []
+        for query, _, _ in pairs:
+            plain = r.search(query, top_k=10).hits
+            judged = r.search(query, top_k=10, rerank="llm").hits
+            if judged[0].point_id != plain[0].point_id:
+                target = _target(judged[0])
+                items.append(GoldenItem(f"q{len(items)}", query, {target.file: 1}, [target]))
+            if len(items) == 8:
+                break
+        assert len(items) >= 6, "the model agrees with the default too often to test this"
+        golden = GoldenSet("g", items)
+        outcome = run_tune(cfg, golden, seed=1, space=LLM_SPACE, retriever=r)
+        tried = [t for t in outcome.trials if t.overrides == llm_overrides]
+        assert len(tried) == 1
+        # The trial's score is that of the same settings on the tuning queries (the cached
+        # model scores make the replay exact).
+        tuning = GoldenSet("t", [i for i in golden.items if i.id in outcome.split.tuning])
+        replay = run_retrieval_eval(
+            cfg, tuning, [Variant("llm", llm_overrides)], resamples=100, retriever=r
+        )
+    assert replay.summary["llm"]["ndcg@10"].mean == pytest.approx(tried[0].score)
+    assert outcome.overrides == llm_overrides or outcome.overrides == {
+        **llm_overrides,
+        "hyde": "adaptive",
+    }
+    assert outcome.options["rerank"].startswith("kept 'llm': "), outcome.options["rerank"]
+    assert outcome.decision == "recommend"
+    assert (tmp_path / "llm_rerank.sqlite").is_file()
+    assert "hyde" in outcome.options and "not tried: asked" not in outcome.options["hyde"]
 
 
 @pytest.mark.slow

@@ -921,6 +921,10 @@ class HydeMode(StrEnum):
     MULTI = "multi"
 
 
+# retrieve.reranker naming the configured LLM instead of a cross-encoder.
+LLM_RERANKER = "llm"
+
+
 class RetrieveConfig(_Section):
     """The query side: candidates, fusion, rerank, diversity. Every knob is per run."""
 
@@ -994,15 +998,26 @@ class RetrieveConfig(_Section):
     )
     rerank: bool = Field(
         default=False,
-        description="Rerank top_k x candidate_mul candidates with the cross-encoder.",
+        description="Rerank top_k x candidate_mul candidates with retrieve.reranker. "
+        "'rerank: llm' is short for rerank: true with reranker: llm.",
     )
     reranker: str = Field(
         default="cross-encoder/ms-marco-MiniLM-L6-v2",
         description="Cross-encoder: a local directory, or a model name already in the Hugging "
-        "Face cache (nothing is downloaded). 'none' turns reranking off.",
+        "Face cache (nothing is downloaded). 'llm': the configured LLM (llm.*) judges each "
+        "candidate, scored by its probability of answering yes (one model call per new "
+        "candidate, cached on disk; seconds each on a CPU). 'none' turns reranking off.",
     )
     candidate_mul: int = Field(
         default=4, gt=0, le=100, description="Reranking considers top_k x candidate_mul candidates."
+    )
+    rerank_depth: int | None = Field(
+        default=None,
+        gt=0,
+        le=10_000,
+        description="The reranker judges at most this many candidates, the best by retrieval; "
+        "the others follow them in retrieval order. None: all top_k x candidate_mul. Bounds an "
+        "LLM rerank's cost (one model call per judged candidate).",
     )
     mmr: bool = Field(default=False, description="Diversify the final list with MMR.")
     mmr_lambda: float = Field(
@@ -1076,6 +1091,10 @@ class RetrieveConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and str(data.get("rerank")).lower() == LLM_RERANKER:
+            data = {**data, "rerank": True, "reranker": LLM_RERANKER}
+        if isinstance(data, dict) and str(data.get("reranker")).lower() == LLM_RERANKER:
+            data = {**data, "reranker": LLM_RERANKER}  # 'LLM' too, as 'none' is any case
         if isinstance(data, dict) and "prefetch_mul" in data:
             raise ValueError(
                 "retrieve.prefetch_mul was replaced by retrieve.prefetch (candidates per leg, "

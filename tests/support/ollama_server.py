@@ -2,9 +2,10 @@
 
 Only what ragpipe calls: ``GET /api/tags``, ``POST /api/embed`` and
 ``POST /api/chat`` (streamed NDJSON or one JSON object; ``format`` as a JSON
-schema). Requests are recorded; ``fail_next`` makes the next requests answer
-with the given HTTP status codes (to exercise retries), and ``down_after``
-fails every request after the first N (a server that dies mid-run).
+schema; ``logprobs``/``top_logprobs`` answered in the first chunk, as Ollama
+does). Requests are recorded; ``fail_next`` makes the next requests answer with
+the given HTTP status codes (to exercise retries), and ``down_after`` fails every
+request after the first N (a server that dies mid-run).
 """
 
 from __future__ import annotations
@@ -120,13 +121,20 @@ def _handler(state: OllamaState) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "application/x-ndjson")
             self.end_headers()
 
-            def piece(text: str) -> None:
+            def piece(text: str, logprobs: list[dict[str, Any]] | None = None) -> None:
                 line = {"model": model, "message": {"role": "assistant", "content": text},
                         "done": False}  # fmt: skip
+                if logprobs is not None:
+                    line["logprobs"] = logprobs
                 self.wfile.write(json.dumps(line).encode() + b"\n")
                 self.wfile.flush()
 
-            reply = llm.chat(body["messages"], on_token=piece, **kwargs)
+            if body.get("logprobs"):  # the whole reply in one chunk, with its first token's
+                reply = llm.chat(body["messages"], top_logprobs=body.get("top_logprobs"), **kwargs)
+                alts = [{"token": t, "logprob": lp} for t, lp in (reply.top_logprobs or {}).items()]
+                piece(reply.text, [{"token": reply.text, "logprob": 0.0, "top_logprobs": alts}])
+            else:
+                reply = llm.chat(body["messages"], on_token=piece, **kwargs)
             self.wfile.write(json.dumps(_final(model, "", reply)).encode() + b"\n")
             self.wfile.flush()
             self.close_connection = True

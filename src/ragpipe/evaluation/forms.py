@@ -90,7 +90,9 @@ class VariantForm(BaseModel):
     sparse_weight: NonNegativeFloat | None = Field(
         default=None, description="Weight of the BM25 list in rrf/dbsf fusion."
     )
-    rerank: bool | None = Field(default=None, description="Cross-encoder rerank on or off.")
+    rerank: bool | None = Field(
+        default=None, description="Rerank with retrieve.reranker (a cross-encoder, or llm)."
+    )
     mmr: bool | None = Field(default=None, description="Diversify the final list with MMR.")
 
     def overrides(self) -> dict[str, Any]:

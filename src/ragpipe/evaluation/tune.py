@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import yaml
@@ -59,6 +59,12 @@ SPACE: dict[str, list[Any]] = {
     "mmr": [False, True],
     "prf": [False, True],  # dense pseudo-relevance feedback (prf_k, prf_weight at defaults)
 }
+# Tried only when asked for (``eval tune --llm-options``): each costs LLM calls per query
+# (the rerank one per candidate, seconds each on a CPU; cached between trials).
+LLM_SPACE: dict[str, list[Any]] = {
+    "rerank": [False, "llm"],  # pointwise LLM yes/no over top_k x candidate_mul candidates
+    "hyde": ["off", "adaptive"],  # a hypothetical answer when the top dense score is low
+}
 MAX_PASSES = 3
 # A step of the search must beat the incumbent by this much on the tuning queries:
 # smaller gains on a few dozen queries are noise, and each one adds a setting to fit.
@@ -71,6 +77,11 @@ class Split:
 
     tuning: list[str]
     confirmation: list[str]
+
+
+def search_space(llm_options: bool = False) -> dict[str, list[Any]]:
+    """The settings ``eval tune`` tries: ``SPACE``, and ``LLM_SPACE`` when asked for."""
+    return {**SPACE, **LLM_SPACE} if llm_options else dict(SPACE)
 
 
 @dataclass
@@ -97,6 +108,7 @@ class TuneOutcome:
     decision: str  # recommend | refused | no change
     message: str
     deltas: dict[str, PairedDelta] = field(default_factory=dict)
+    options: dict[str, str] = field(default_factory=dict)  # setting -> tried, kept or refused
 
     @property
     def delta(self) -> PairedDelta:
@@ -147,16 +159,49 @@ def relevant(name: str, settings: dict[str, Any]) -> bool:
         return hybrid and method == FusionMethod.RRF.value
     if name == "dense_weight":
         return hybrid and method != FusionMethod.CONVEX.value
-    if name in ("doc_weight", "prefetch", "prf"):
+    if name in ("doc_weight", "prefetch", "prf", "hyde"):
         return mode != RetrievalMode.SPARSE.value
     return True
 
 
-def _valid(settings: dict[str, Any]) -> dict[str, Any] | None:
+def _valid(
+    settings: dict[str, Any], current: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """``settings`` validated and dumped, or None when they are refused. With ``current``:
+    a reranker without rerank is the current one (turning an LLM rerank off again must
+    not leave ``reranker: llm`` behind as a change)."""
     try:
-        return RetrieveConfig.model_validate(settings).model_dump(mode="json")
+        valid = RetrieveConfig.model_validate(settings).model_dump(mode="json")
     except ValueError:
         return None
+    if current is not None and not valid["rerank"]:
+        valid["reranker"] = current["reranker"]
+    return valid
+
+
+class Search(NamedTuple):
+    """What a coordinate search found."""
+
+    best: dict[str, Any]
+    trials: list[Trial]
+    options: dict[str, str]  # setting -> why its last visit kept or refused a value
+
+
+def _why_not(settings: dict[str, Any]) -> str:
+    mode = settings["mode"]
+    if mode == RetrievalMode.HYBRID.value:
+        return f"not tried: does not apply with fusion_method {settings['fusion_method']}"
+    return f"not tried: does not apply with mode {mode}"
+
+
+def _named(name: str, settings: dict[str, Any], values: list[Any]) -> Any:
+    """The value of ``name`` in ``settings`` as ``values`` spells it (the first value that
+    validates to the same settings), else as stored."""
+    for value in values:
+        valid = _valid({**settings, name: value})
+        if valid is not None and valid[name] == settings[name]:
+            return value
+    return settings[name]
 
 
 def coordinate_search(
@@ -165,7 +210,7 @@ def coordinate_search(
     space: dict[str, list[Any]] | None = None,
     passes: int = MAX_PASSES,
     min_gain: float = MIN_GAIN,
-) -> tuple[dict[str, Any], list[Trial]]:
+) -> Search:
     """Greedy coordinate ascent from ``current``: one setting at a time.
 
     A value replaces the incumbent only when it scores at least ``min_gain``
@@ -179,11 +224,15 @@ def coordinate_search(
         min_gain: Smallest gain that moves the search.
 
     Returns:
-        The best settings found and every distinct configuration scored.
+        The best settings found, every distinct configuration scored, and for each
+        setting a verdict: the value the pick keeps and the score it won by, or what its
+        last visit refused (the best other value and its score), or why it was not tried.
     """
     space = space or SPACE
     cache: dict[str, float] = {}
     trials: list[Trial] = []
+    options: dict[str, str] = {}
+    kept: dict[str, str] = {}  # setting -> the last visit that changed it
 
     def evaluate(settings: dict[str, Any]) -> float:
         key = json.dumps(settings, sort_keys=True)
@@ -198,20 +247,42 @@ def coordinate_search(
         changed = False
         for name, values in space.items():
             if not relevant(name, best):
+                options[name] = _why_not(best)
                 continue
+            # Values as the space names them ('llm' rather than the True it sets).
+            before, before_score = _named(name, best, values), best_score
+            winner: Any = None
+            rival: tuple[Any, float] | None = None  # the best value that did not win
             for value in values:
-                candidate = _valid({**best, name: value})
+                candidate = _valid({**best, name: value}, current)
                 if candidate is None or candidate == best:
                     continue
                 value_score = evaluate(candidate)
                 if value_score >= best_score + min_gain:
-                    best, best_score, changed = candidate, value_score, True
+                    best, best_score, changed, winner = candidate, value_score, True, value
+                elif rival is None or value_score > rival[1]:
+                    rival = (value, value_score)
+            if winner is not None:
+                options[name] = kept[name] = (
+                    f"kept {winner!r}: {best_score:.4f} against {before_score:.4f} for {before!r}"
+                )
+            elif rival is not None:
+                options[name] = (
+                    f"refused {rival[0]!r}: {rival[1]:.4f} against {best_score:.4f} for "
+                    f"{before!r} (a change needs +{min_gain:g})"
+                )
+            else:
+                options[name] = f"not tried: no other valid value than {before!r}"
         logger.info(
             "tune: sweep done, %d configurations scored, best %.4f", len(trials), best_score
         )
         if not changed:
             break
-    return best, trials
+    # A setting the pick changes says when it won; the others what their last visit refused.
+    options.update(
+        (n, why) for n, why in kept.items() if best[n] != current.get(n) and relevant(n, best)
+    )
+    return Search(best, trials, options)
 
 
 def _changes(current: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
@@ -261,7 +332,12 @@ def run_tune(
                 progress(1)
             return result.summary["trial"][metric].mean
 
-        best, trials = coordinate_search(current, score, space)
+        space = space or SPACE
+        best, trials, options = coordinate_search(current, score, space)
+        for name in LLM_SPACE.keys() - space.keys():
+            options[name] = (
+                "not tried: asked for with --llm-options (LLM calls per query: seconds each)"
+            )
         overrides = _changes(current, best)
         # The pick is final; only now are the held-out queries searched.
         variants = [Variant("current"), Variant("tuned", overrides)]
@@ -295,6 +371,7 @@ def run_tune(
         decision=decision,
         message=message,
         deltas=deltas,
+        options=options,
     )
 
 
@@ -400,6 +477,7 @@ def tune_summary(outcome: TuneOutcome, config: RagpipeConfig, golden: str) -> Tu
             "current": outcome.tuning_current,
             "best": outcome.tuning_best,
             "trials": [{"overrides": t.overrides, "score": t.score} for t in outcome.trials],
+            "options": outcome.options,
         },
         confirmation={
             m: {"current": outcome.means(m)[0], "tuned": outcome.means(m)[1], **d.as_dict()}
@@ -437,6 +515,9 @@ def markdown(outcome: TuneOutcome) -> str:
             f"| {m} | {before:.4f} | {after:.4f} | {ci.mean:+.4f} | "
             f"[{ci.low:+.4f}, {ci.high:+.4f}] | {delta.p_value:.3g} |"
         )
+    lines += ["", "## What was tried, on the tuning queries", ""]
+    lines += ["| setting | verdict |", "|---|---|"]
+    lines += [f"| {name} | {why} |" for name, why in outcome.options.items()]
     lines += ["", "## Best configurations on the tuning queries", ""]
     lines += ["| score | changes |", "|---|---|"]
     for trial in sorted(outcome.trials, key=lambda t: -t.score)[:10]:

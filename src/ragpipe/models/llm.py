@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +47,9 @@ class Completion:
     model: str
     seconds: float
     finish_reason: str | None = None
+    # The first generated token's most likely alternatives (token text -> log-probability),
+    # when asked for with ``top_logprobs`` and the runtime exposes them; else None.
+    top_logprobs: dict[str, float] | None = None
 
 
 class LLM(Protocol):
@@ -71,9 +75,12 @@ class LLM(Protocol):
         temperature: float | None = None,
         seed: int | None = None,
         grammar: str | None = None,
+        top_logprobs: int | None = None,
     ) -> Completion:
         """Reply to ``messages``; ``on_token`` receives the text as it is generated;
-        ``grammar`` (GBNF, only where ``takes_grammar``) constrains what it may write."""
+        ``grammar`` (GBNF, only where ``takes_grammar``) constrains what it may write;
+        ``top_logprobs`` asks for the first token's most likely alternatives
+        (``Completion.top_logprobs``, None where the runtime exposes none)."""
         ...
 
     def count_tokens(self, text: str) -> int:
@@ -121,6 +128,7 @@ class LlamaCppLLM:
         self._server, self._lock = _load_gguf(str(path), context_size, threads)
         self.name = path.stem
         self.path = path
+        self.identity = gguf_identity(path)  # which weights, for caches keyed by model
         self.context_size = context_size
         self.max_tokens = max_tokens
         self.temperature = temperature
@@ -134,6 +142,7 @@ class LlamaCppLLM:
         temperature: float | None,
         seed: int | None,
         grammar: str | None = None,
+        top_logprobs: int | None = None,
     ) -> dict[str, Any]:
         request: dict[str, Any] = {
             "messages": list(messages),
@@ -145,6 +154,8 @@ class LlamaCppLLM:
             request["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema}}
         if grammar is not None:
             request["grammar"] = grammar
+        if top_logprobs:
+            request.update(logprobs=True, top_logprobs=top_logprobs)
         return request
 
     def chat(
@@ -157,9 +168,13 @@ class LlamaCppLLM:
         temperature: float | None = None,
         seed: int | None = None,
         grammar: str | None = None,
+        top_logprobs: int | None = None,
     ) -> Completion:
-        request = self._request(messages, schema, max_tokens, temperature, seed, grammar)
+        request = self._request(
+            messages, schema, max_tokens, temperature, seed, grammar, top_logprobs
+        )
         started = time.perf_counter()
+        alternatives = None
         with self._lock:
             if on_token is None:
                 reply = self._server.handle_chat_completions(request)
@@ -170,6 +185,7 @@ class LlamaCppLLM:
                 finish = choice.get("finish_reason")
                 tokens_in = int(usage.get("prompt_tokens", 0))
                 tokens_out = int(usage.get("completion_tokens", 0))
+                alternatives = first_token_logprobs(choice)
             else:
                 pieces: list[str] = []
                 last: dict[str, Any] = {}
@@ -200,7 +216,13 @@ class LlamaCppLLM:
                 tokens_out = int(timings.get("predicted_n", 0))
                 tokens_in = int(timings.get("prompt_n", 0)) + int(timings.get("cache_n", 0))
         return Completion(
-            text, tokens_in, tokens_out, self.name, time.perf_counter() - started, finish
+            text,
+            tokens_in,
+            tokens_out,
+            self.name,
+            time.perf_counter() - started,
+            finish,
+            alternatives,
         )
 
     def count_tokens(self, text: str) -> int:
@@ -249,6 +271,21 @@ def _raise_on_error(reply: Any, model: str) -> None:
         raise StageError(f"llama.cpp ({model}) refused the request: {message}")
 
 
+def first_token_logprobs(choice: dict[str, Any]) -> dict[str, float] | None:
+    """The first generated token's alternatives from an OpenAI-shaped choice (llama.cpp's
+    server core and OpenAI-compatible servers write ``logprobs.content[0].top_logprobs``);
+    None when there are none. A token text listed twice keeps its higher log-probability."""
+    content = (choice.get("logprobs") or {}).get("content") or []
+    if not content:
+        return None
+    found: dict[str, float] = {}
+    for alt in content[0].get("top_logprobs") or []:
+        token, logprob = alt.get("token"), alt.get("logprob")
+        if isinstance(token, str) and isinstance(logprob, int | float):
+            found[token] = max(float(logprob), found.get(token, -math.inf))
+    return found or None
+
+
 class OllamaLLM:
     """An Ollama server's ``/api/chat`` (streamed), with bounded retries."""
 
@@ -268,6 +305,7 @@ class OllamaLLM:
         self._client = ollama_client(host, timeout_s, api_key)
         self.name = model
         self.host = host
+        self.identity = f"ollama:{host}:{model}"
         self.retries = retries
         self.max_tokens = max_tokens
         self.temperature = temperature
@@ -283,6 +321,7 @@ class OllamaLLM:
         temperature: float | None = None,
         seed: int | None = None,
         grammar: str | None = None,
+        top_logprobs: int | None = None,
     ) -> Completion:
         if grammar is not None:
             raise ValueError("Ollama takes no GBNF grammar (check takes_grammar first)")
@@ -292,16 +331,21 @@ class OllamaLLM:
             "seed": self.seed if seed is None else seed,
         }
         pieces: list[str] = []
+        first: list[Any] = []  # the first token's logprobs, when asked for and sent
+        asked = {"logprobs": True, "top_logprobs": top_logprobs} if top_logprobs else {}
 
         def request() -> Any:
             pieces.clear()
+            first.clear()
             final = None
             stream = self._client.chat(
                 model=self.name, messages=list(messages), stream=True, format=schema,
-                options=options,
+                options=options, **asked,
             )  # fmt: skip
             try:
                 for part in stream:
+                    if asked and not first and part.logprobs:
+                        first.append(part.logprobs[0])
                     piece = part.message.content or ""
                     if piece:
                         pieces.append(piece)
@@ -327,8 +371,18 @@ class OllamaLLM:
         tokens_in = int(getattr(final, "prompt_eval_count", 0) or 0)
         tokens_out = int(getattr(final, "eval_count", 0) or 0)
         finish = getattr(final, "done_reason", None)
+        alternatives = None
+        if first:
+            alts = [{"token": a.token, "logprob": a.logprob} for a in first[0].top_logprobs or []]
+            alternatives = first_token_logprobs({"logprobs": {"content": [{"top_logprobs": alts}]}})
         return Completion(
-            "".join(pieces), tokens_in, tokens_out, self.name, time.perf_counter() - started, finish
+            "".join(pieces),
+            tokens_in,
+            tokens_out,
+            self.name,
+            time.perf_counter() - started,
+            finish,
+            alternatives,
         )
 
     def count_tokens(self, text: str) -> int:
@@ -355,6 +409,7 @@ class OpenAILLM:
     ) -> None:
         self._client = OpenAIClient(base_url, key, timeout_s, retries, max_concurrency, section)
         self.name = model
+        self.identity = f"openai:{base_url}:{model}"
         self.takes_grammar = grammar  # llama.cpp's server takes GBNF; vLLM, OpenAI do not
         self.base_url = base_url
         self.max_tokens = max_tokens
@@ -371,6 +426,7 @@ class OpenAILLM:
         temperature: float | None = None,
         seed: int | None = None,
         grammar: str | None = None,
+        top_logprobs: int | None = None,
     ) -> Completion:
         if grammar is not None and not self.takes_grammar:
             raise ValueError(f"{self.base_url} is not known to take a GBNF grammar (llm.grammar)")
@@ -388,6 +444,8 @@ class OpenAILLM:
             }
         if grammar is not None:
             body["grammar"] = grammar
+        if top_logprobs:
+            body.update(logprobs=True, top_logprobs=top_logprobs)
         started = time.perf_counter()
         if on_token is None:
             reply = self._client.post("/chat/completions", body)
@@ -400,6 +458,7 @@ class OpenAILLM:
                 self.name,
                 time.perf_counter() - started,
                 choice.get("finish_reason"),
+                first_token_logprobs(choice),
             )
         pieces: list[str] = []
         usage, finish = {}, None
@@ -447,6 +506,30 @@ def model_name(config: LLMConfig) -> str:
     return Path(name).expanduser().stem
 
 
+def model_identity(config: LLMConfig) -> str:
+    """Which model ``config`` names, where (runtime, server, file), known without loading
+    it: ``make_llm(config).identity``. Caches of model outputs key on it."""
+    if config.provider == LLMProvider.OPENAI:
+        return f"openai:{config.base_url}:{config.model}"
+    if config.provider == LLMProvider.OLLAMA:
+        return f"ollama:{config.host}:{config.model or OLLAMA_DEFAULT_MODEL}"
+    from ragpipe.models.packaged import PACKAGED
+
+    name = DEFAULT_PACKAGED if config.model is None else str(config.model)
+    return gguf_identity(Path(PACKAGED[name].file) if name in PACKAGED else Path(name))
+
+
+def gguf_identity(path: Path) -> str:
+    """A packaged model by its file name and SHA-256 (wherever it was assembled), any
+    other GGUF file by its absolute path."""
+    from ragpipe.models.packaged import PACKAGED
+
+    for model in PACKAGED.values():
+        if model.file == path.name:
+            return f"llamacpp:{model.file}:{model.sha256}"
+    return f"llamacpp:{path.expanduser().resolve()}"
+
+
 class LazyLLM:
     """The configured model, loaded on its first ``chat`` or ``count_tokens``: an answer
     refused by the relevance floor names its model without loading it."""
@@ -456,6 +539,7 @@ class LazyLLM:
         self._llm: LLM | None = None
         self._loading = threading.Lock()
         self.name = model_name(config)
+        self.identity = model_identity(config)
         self.takes_grammar = takes_grammar(config)
 
     def model(self) -> LLM:

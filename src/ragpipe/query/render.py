@@ -97,4 +97,18 @@ def to_text(result: RetrievalResult, width: int = 300) -> str:
         lines.append(f"{i}. {where}  [{heading}]  score={h.score:.4g}  ({stages})")
         snippet = " ".join(terminal_safe(h.text).split())
         lines.append("   " + (snippet[:width] + ("…" if len(snippet) > width else "")))
-    return "\n".join(lines) if lines else "(no results)"
+    if not lines:
+        lines.append("(no results)")
+    cost = result.trace.get("llm_rerank")
+    if cost:
+        lines.append(rerank_cost_line(cost))
+    return "\n".join(lines)
+
+
+def rerank_cost_line(cost: dict[str, Any]) -> str:
+    """What an LLM rerank cost, in one line."""
+    return (
+        f"llm rerank ({one_line(str(cost['model']))}): {cost['pairs']} candidates, "
+        f"{cost['model_calls']} "
+        f"model calls, {cost['cached']} cached, {cost['seconds']:.1f} s"
+    )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ragpipe.config import (
+    LLM_RERANKER,
     HydeMode,
     RagpipeConfig,
     RetrievalMode,
@@ -46,6 +48,7 @@ from ragpipe.query.fusion import (
     mmr_select,
 )
 from ragpipe.query.lexical import _WORD, ClientBM25
+from ragpipe.query.llm_rerank import LLMReranker
 from ragpipe.query.rerank import Reranker
 from ragpipe.query.results import RetrievalResult, Retrieved, ranked
 from ragpipe.store import Hit, VectorStore, Where, require_reader
@@ -125,6 +128,8 @@ Question: {query}
 
 # -- the retriever -------------------------------------------------------------------
 
+_RERANKERS_LOCK = threading.Lock()
+
 
 class Retriever:
     """Runs queries against the index with one configuration (overridable per call)."""
@@ -135,7 +140,7 @@ class Retriever:
         embedder: Embedder | None = None,
         store: VectorStore | None = None,
         llm: LLM | None = None,
-        rerankers: dict[str, Reranker] | None = None,
+        rerankers: dict[str, Reranker | LLMReranker] | None = None,
     ) -> None:
         self.config = config
         self.embedder = embedder or make_embedder(config.embed, query_side=True)
@@ -145,7 +150,9 @@ class Retriever:
         self._llm = llm
         self._bm25: ClientBM25 | None = None
         # Shared with the retriever a server opens on the next index version.
-        self.rerankers: dict[str, Reranker] = rerankers if rerankers is not None else {}
+        self.rerankers: dict[str, Reranker | LLMReranker] = (
+            rerankers if rerankers is not None else {}
+        )
         self._files: tuple[str, list[str]] | None = None
         # Evals and tuning replay the same queries under many settings: embed each once.
         self._query_vectors: dict[str, npt.NDArray[np.float32]] = {}
@@ -190,10 +197,17 @@ class Retriever:
             vector = self._query_vectors[text] = self.embedder.embed_query(text)
         return vector
 
-    def reranker(self, name: str) -> Reranker:
-        if name not in self.rerankers:
-            self.rerankers[name] = Reranker(name)
-        return self.rerankers[name]
+    def reranker(self, name: str) -> Reranker | LLMReranker:
+        """The cross-encoder ``name``, or for ``llm`` the configured LLM as a yes/no judge
+        (its scores cached in the work dir)."""
+        with _RERANKERS_LOCK:  # a server's search threads share the dict: load each once
+            if name not in self.rerankers:
+                if name == LLM_RERANKER:
+                    cache = self.config.paths.work_dir / "llm_rerank.sqlite"
+                    self.rerankers[name] = LLMReranker(self.llm, cache)
+                else:
+                    self.rerankers[name] = Reranker(name)
+            return self.rerankers[name]
 
     def stored_files(self) -> list[str]:
         state = self._state()
@@ -278,7 +292,8 @@ class Retriever:
         for hit in hits:
             hit.scores["retrieval"] = hit.score
         if rerank:
-            hits = self._rerank(query, hits, cfg.reranker)
+            judged = cfg.rerank_depth or len(hits)  # the rest follow in retrieval order
+            hits = self._rerank(query, hits[:judged], cfg.reranker, trace) + hits[judged:]
         if cfg.mmr:
             stored = self.store.dense_vectors([h.point_id for h in hits])
             hits = mmr_select(query_vector, hits, stored, final_k, cfg.mmr_lambda)
@@ -390,14 +405,23 @@ class Retriever:
             return self._bm25.query(text, n, where)
         return self.store.query_sparse(text, n, where, payload=payload)
 
-    def _rerank(self, query: str, hits: list[Retrieved], model: str) -> list[Retrieved]:
+    def _rerank(
+        self, query: str, hits: list[Retrieved], model: str, trace: dict[str, Any]
+    ) -> list[Retrieved]:
         reranker = self.reranker(model)
         # The chunk's context window (sentence-window chunks) when it has one.
         texts = [str(h.payload.get("context") or h.text) for h in hits]
-        for hit, score in zip(hits, reranker.score(query, texts), strict=True):
+        if isinstance(reranker, LLMReranker):  # seconds a query on a CPU: say what it cost
+            scores, cost = reranker.score_with_cost(query, texts)
+            trace["llm_rerank"] = {"model": reranker.llm.name, **cost.as_dict()}
+        else:
+            scores = reranker.score(query, texts)
+        for hit, score in zip(hits, scores, strict=True):
             hit.scores["rerank"] = score
             hit.score = score
-        return ranked(hits)
+        # Equal rerank scores (a verdict of yes or no where no log-probabilities came
+        # back) keep the retrieval order.
+        return sorted(hits, key=lambda h: (-h.score, -h.scores["retrieval"], h.point_id))
 
     def _hyde(
         self,

@@ -69,7 +69,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
-from ragpipe.config import RagpipeConfig, RetrievalMode, ServeConfig
+from ragpipe.config import LLM_RERANKER, RagpipeConfig, RetrievalMode, ServeConfig
 from ragpipe.errors import ConfigError, RagpipeError
 from ragpipe.models.embedders import embedder_name, known_dim, runtime_of
 from ragpipe.models.llm import GenerationCancelled
@@ -139,7 +139,9 @@ class _Query(BaseModel):
         default=None, description="Chunks returned (retrieve.top_k)."
     )
     rerank: bool | None = Field(
-        default=None, strict=True, description="Rerank with the cross-encoder."
+        default=None,
+        strict=True,
+        description="Rerank with retrieve.reranker (a cross-encoder, or llm).",
     )
     filters: Filters = Field(default_factory=Filters)
 
@@ -415,9 +417,11 @@ class Service:
         (milliseconds, None), or (None, why) when it failed (logged; the server starts, and
         the same error reaches the first request)."""
         started = time.perf_counter()
+        # An LLM rerank judges every candidate (minutes on a CPU): warm up without it.
+        skip = {"rerank": False} if self.config.retrieve.reranker == LLM_RERANKER else {}
         try:
             with self.index.reader() as (retriever, _):
-                retriever.search(WARM_UP_QUERY)
+                retriever.search(WARM_UP_QUERY, **skip)
         except Exception as exc:  # an embedding server not up yet: answered per request
             logger.warning("warm-up search failed: %s", exc)
             return None, f"{type(exc).__name__}: {exc}"

@@ -58,6 +58,10 @@ class SerialLLM:
     def takes_grammar(self) -> bool:
         return self._llm.takes_grammar
 
+    @property
+    def identity(self) -> str:
+        return str(getattr(self._llm, "identity", self._llm.name))
+
     def chat(self, messages: Sequence[Message], **options: Any) -> Completion:
         with self._lock:
             return self._llm.chat(messages, **options)
