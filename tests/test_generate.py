@@ -223,7 +223,7 @@ def test_the_citation_grammar_is_what_llama_cpp_is_given() -> None:
 def test_the_grammar_makes_the_real_model_end_with_a_given_source(
     indexed_edge: RagpipeConfig, smollm: LlamaCppLLM
 ) -> None:
-    """SmolLM2 cites nothing on its own (measured). Under the grammar llama.cpp does not let
+    """SmolLM2 mostly cites nothing on its own (measured). Under the grammar llama.cpp does not let
     it finish uncited: it can only cite a given source, say exactly "not found" (or take its
     answer back, shown as not found), or go on until it loops or runs out of tokens and is
     stopped (flagged). Which of these SmolLM2 does varies from run to run (its replies at
@@ -235,7 +235,10 @@ def test_the_grammar_makes_the_real_model_end_with_a_given_source(
     with Retriever(indexed_edge) as r:
         hits = r.search(question, top_k=3).hits
     free = answer(question, hits, smollm, cite_grammar=False)
-    assert free.cited == []  # on its own, no citation
+    # On its own it usually cites nothing, but not always: its temperature-0 reply moves with
+    # llama.cpp's prompt cache (a citation was seen in a full run and from a fresh model, none
+    # in this file alone). Whatever it cites on its own is a given source (checked, not hoped).
+    assert all(c in free.sources for c in free.cited)
     pieces: list[str] = []
     bound = answer(question, hits, smollm, on_token=pieces.append)
     stopped = {DEGENERATE, TRUNCATED} & set(bound.flags)

@@ -642,7 +642,7 @@ def _schemathesis(url: str, workdir: Path, *extra: str) -> None:
          "--generation-database", "none", "--no-color",
          # The schema is under test, not latency: the first /ask loads the model and the
          # reranker, which took over schemathesis's default 10 s on a loaded CI machine.
-         "--request-timeout", "120",
+         "--request-timeout", "120", "--max-response-time", "120",
          # The report files and trends: random names are 404s by design (schemathesis then
          # warns of missing test data); tests/test_serve_reports.py attacks those routes.
          "--exclude-path-regex", r"^/reports/.+", *extra],
