@@ -56,6 +56,18 @@ def test_first_token_logprobs_reads_the_openai_shape() -> None:
     assert first_token_logprobs(choice) == {"Yes": -0.5, "No": -1.5}
     assert first_token_logprobs({"message": {"content": "Yes"}}) is None
     assert first_token_logprobs({"logprobs": None}) is None
+    # A server that sends something else: as if it sent nothing (the reply's verdict counts).
+    impossible = {"token": "Yes", "logprob": 3.0}  # a probability above 1
+    odd_shapes = [
+        "yes",
+        ["x"],
+        {"content": "x"},
+        {"content": ["x"]},
+        {"content": [{"top_logprobs": "x"}]},
+        {"content": [{"top_logprobs": [None, impossible]}]},
+    ]
+    for odd in odd_shapes:
+        assert first_token_logprobs({"logprobs": odd}) is None, odd
 
 
 def test_rerank_llm_is_short_for_the_llm_reranker() -> None:

@@ -275,13 +275,16 @@ def first_token_logprobs(choice: dict[str, Any]) -> dict[str, float] | None:
     """The first generated token's alternatives from an OpenAI-shaped choice (llama.cpp's
     server core and OpenAI-compatible servers write ``logprobs.content[0].top_logprobs``);
     None when there are none. A token text listed twice keeps its higher log-probability."""
-    content = (choice.get("logprobs") or {}).get("content") or []
-    if not content:
-        return None
+    logprobs = choice.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list) or not content or not isinstance(content[0], dict):
+        return None  # none sent, or not in the shape servers send: as if none
+    alternatives = content[0].get("top_logprobs")
     found: dict[str, float] = {}
-    for alt in content[0].get("top_logprobs") or []:
-        token, logprob = alt.get("token"), alt.get("logprob")
-        if isinstance(token, str) and isinstance(logprob, int | float):
+    for alt in alternatives if isinstance(alternatives, list) else []:
+        token = alt.get("token") if isinstance(alt, dict) else None
+        logprob = alt.get("logprob") if isinstance(alt, dict) else None
+        if isinstance(token, str) and isinstance(logprob, int | float) and logprob <= 0:
             found[token] = max(float(logprob), found.get(token, -math.inf))
     return found or None
 
