@@ -156,10 +156,15 @@ def test_openai_needs_a_model_name() -> None:
 
 class _Flaky:
     """A loopback proxy that answers the first ``failures`` requests with ``status`` (and
-    Retry-After: 0), then forwards to ``upstream``; counts what it saw."""
+    Retry-After: 0), then forwards to ``upstream``; counts what it saw. ``refuses``: a
+    request with that field gets a 400 naming it (as vLLM answers ``logprobs`` when its
+    ``max_logprobs`` is 0)."""
 
-    def __init__(self, upstream: str, failures: int, status: int = 503) -> None:
+    def __init__(
+        self, upstream: str, failures: int, status: int = 503, refuses: str | None = None
+    ) -> None:
         self.upstream, self.failures, self.status, self.seen = upstream, failures, status, 0
+        self.refuses = refuses
         self.bodies: list[dict[str, Any]] = []
         flaky = self
 
@@ -168,6 +173,13 @@ class _Flaky:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 flaky.seen += 1
                 flaky.bodies.append(json.loads(body))
+                if flaky.refuses is not None and flaky.refuses in flaky.bodies[-1]:
+                    self.send_response(400)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    message = f"{flaky.refuses} is not supported by this server"
+                    self.wfile.write(json.dumps({"error": {"message": message}}).encode())
+                    return
                 if flaky.seen <= flaky.failures:
                     self.send_response(flaky.status)
                     self.send_header("Retry-After", "0")
@@ -379,3 +391,38 @@ def test_the_first_tokens_log_probabilities_come_back_as_in_process(chat_server:
         yes_probability(local.top_logprobs, local.text), abs=0.02
     )
     assert _llm(chat_server).chat(question, max_tokens=1).top_logprobs is None  # not asked
+
+
+def test_a_server_that_refuses_log_probabilities_gets_verdicts(
+    chat_server: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 400 for ``logprobs`` does not fail the search: the request goes again without
+    them, later ones do not ask, and the LLM rerank scores by the replies' verdicts."""
+    from ragpipe.query.llm_rerank import LLMReranker
+
+    proxy = _Flaky(chat_server, failures=0, refuses="logprobs")
+    try:
+        llm = _llm(proxy.url)
+        reranker = LLMReranker(llm, tmp_path / "scores.sqlite")
+        passages = ["Paris is the capital of France.", "Bread bakes 35 minutes."]
+        scores, cost = reranker.score_with_cost("What is the capital of France?", passages)
+        assert cost.kinds == {"verdict": 2} and cost.model_calls == 2
+        assert all(s in (0.0, 0.5, 1.0) for s in scores)
+        asked = ["logprobs" in body for body in proxy.bodies]
+        assert asked == [True, False, False]  # refused once, then never asked again
+        assert not llm.sends_logprobs
+        assert "refused log-probabilities" in caplog.text
+        # Verdicts are not cached: the same pair asks the model again.
+        again = reranker.score_with_cost("What is the capital of France?", passages[:1])[1]
+        assert again.model_calls == 1
+        reranker.close()
+    finally:
+        proxy.close()
+    other = _Flaky(chat_server, failures=0, refuses="messages")  # another 400 still fails
+    try:
+        with pytest.raises(StageError, match=r"HTTP 400: messages is not supported"):
+            _llm(other.url).chat(HELLO, max_tokens=1, top_logprobs=5)
+        # Asked once more without logprobs, which the server refused as well.
+        assert ["logprobs" in body for body in other.bodies] == [True, False]
+    finally:
+        other.close()

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from ragpipe.config import LLMConfig, LLMProvider
 from ragpipe.errors import ConfigError, StageError
 from ragpipe.models.ollama_api import call_with_retries, ollama_client
-from ragpipe.models.openai_api import OpenAIClient, api_key
+from ragpipe.models.openai_api import OpenAIClient, RequestRefused, api_key
 
 logger = logging.getLogger(__name__)
 
@@ -418,6 +418,9 @@ class OpenAILLM:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.seed = seed
+        # False once the server refused a request for log-probabilities that it took
+        # without them (vLLM with max_logprobs 0, servers that know no such field).
+        self.sends_logprobs = True
 
     def chat(
         self,
@@ -447,11 +450,11 @@ class OpenAILLM:
             }
         if grammar is not None:
             body["grammar"] = grammar
-        if top_logprobs:
+        if top_logprobs and self.sends_logprobs:
             body.update(logprobs=True, top_logprobs=top_logprobs)
         started = time.perf_counter()
         if on_token is None:
-            reply = self._client.post("/chat/completions", body)
+            reply = self._post_chat(body)
             choice = (reply.get("choices") or [{}])[0]
             usage = reply.get("usage") or {}
             return Completion(
@@ -483,6 +486,24 @@ class OpenAILLM:
             time.perf_counter() - started,
             finish,
         )
+
+    def _post_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST a chat request; one the server refuses for its log-probabilities is sent
+        again without them (the reply then has none: callers fall back, as for a runtime
+        that exposes none), and later requests do not ask again."""
+        try:
+            return self._client.post("/chat/completions", body)
+        except RequestRefused as exc:
+            if "logprobs" not in body or exc.status not in (400, 422):
+                raise
+            plain = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
+            reply = self._client.post("/chat/completions", plain)  # another refusal is raised
+            self.sends_logprobs = False
+            logger.warning(
+                "%s refused log-probabilities (%s); asking without them from now on",
+                self.base_url, exc,
+            )  # fmt: skip
+            return reply
 
     def count_tokens(self, text: str) -> int:
         return -(-len(text) // 4)  # the API exposes no tokenizer

@@ -150,10 +150,21 @@ class OpenAIClient:
                 f"(usually ending in /v1) and {self.section}.model (the server lists its models "
                 "at /v1/models)"
             )
-        raise StageError(f"the server at {self.base_url} refused {path}: HTTP {status}: {detail}")
+        raise RequestRefused(
+            f"the server at {self.base_url} refused {path}: HTTP {status}: {detail}", status
+        )
 
     def close(self) -> None:
         self._http.close()
+
+
+class RequestRefused(StageError):
+    """The server answered a request with a client error other than 401/403/404 (400, 422:
+    a field it does not take)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class _Retryable(Exception):
