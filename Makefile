@@ -43,6 +43,8 @@ bench: setup
 	.venv/bin/python bench/fetch.py
 	.venv/bin/python bench/cold_start.py
 	.venv/bin/python bench/retrieval_quality.py
+	.venv/bin/python bench/section_evidence.py
+	.venv/bin/python bench/section_evidence.py --embedder all-mpnet-base-v2
 	.venv/bin/python bench/cache_threshold.py
 	.venv/bin/python bench/serve.py
 	.venv/bin/python bench/golden_draft.py

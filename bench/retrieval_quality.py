@@ -35,10 +35,13 @@ packaged model, and ragpipe's chunks are measured with its tokenizer and window 
 ``ragpipe.quality.yaml`` sets them); indexes go under ``--work``/NAME.
 
 LLM reranking (``retrieve.rerank: llm``) costs seconds a candidate, so it is measured on a
-sample of both sets' queries by ``bench/llm_rerank.py``, on these same indexes.
+sample of both sets' queries by ``bench/llm_rerank.py``, on these same indexes. Whole-section
+evidence (``chunk.whole_sections`` and two designs with a second vector per chunk) needs
+other indexes or section vectors: ``bench/section_evidence.py`` measures it on both sets.
 
 Usage: python bench/retrieval_quality.py [--work DIR] [--json OUT] [--no-tune]
        [--variant NAME:key=value,...] [--embedder all-mpnet-base-v2]
+       [--chunk key=value,...]
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import pytrec_eval  # noqa: E402
+import yaml  # noqa: E402
 
 from ragpipe.config import RagpipeConfig  # noqa: E402
 from ragpipe.evaluation.golden import GoldenSet, import_beir, load_golden  # noqa: E402
@@ -83,28 +87,35 @@ class DevSet:
     qrels: Qrels
 
 
-def build(work: Path, embedder: str | None = None) -> list[DevSet]:
+def build(
+    work: Path, embedder: str | None = None, chunk: dict[str, Any] | None = None
+) -> list[DevSet]:
     work = work.resolve()  # the index keys files by absolute path
     if embedder:
         work = work / embedder
+    if chunk:
+        work = work / ("chunk-" + ",".join(f"{k}={v}" for k, v in sorted(chunk.items())))
     sets = []
     beir = work / "debfaq"
     golden = import_beir(SHARED / "debfaq", beir / "corpus")
-    cfg = _config(beir, [beir / "corpus"], embedder)
+    cfg = _config(beir, [beir / "corpus"], embedder, chunk)
     print(run_ingest(cfg).line(), flush=True)
     qrels = {i.id: dict(i.relevance) for i in golden.items}
     sets.append(DevSet("debfaq", cfg, golden, Granularity.FILE, qrels))
     rfaq = load_golden(REPO / "eval" / "golden" / "r-faq-dev.yaml")
-    cfg = _config(work / "r-faq", [REPO / "data" / "sample"], embedder)
+    cfg = _config(work / "r-faq", [REPO / "data" / "sample"], embedder, chunk)
     print(run_ingest(cfg).line(), flush=True)
     qrels = {i.id: {t.key: t.grade for t in i.chunks} for i in rfaq.items}
     sets.append(DevSet("r-faq", cfg, rfaq, Granularity.CHUNK, qrels))
     return sets
 
 
-def _config(home: Path, roots: list[Path], embedder: str | None = None) -> RagpipeConfig:
+def _config(
+    home: Path, roots: list[Path], embedder: str | None = None, chunk: dict[str, Any] | None = None
+) -> RagpipeConfig:
     """The shipped defaults; with ``embedder`` (a packaged model), that model for chunk
-    measuring and embedding (its tokenizer, its window), as ragpipe.quality.yaml sets it."""
+    measuring and embedding (its tokenizer, its window), as ragpipe.quality.yaml sets it;
+    ``chunk``: chunk settings over those."""
     data: dict[str, Any] = {
         "discover": {"roots": [str(r) for r in roots]},
         "paths": {"work_dir": str(home / "work")},
@@ -116,6 +127,7 @@ def _config(home: Path, roots: list[Path], embedder: str | None = None) -> Ragpi
         window = PACKAGED_EMBEDDERS[embedder].window
         data["embed"] = {"model": embedder}
         data["chunk"] = {"tokenizer": embedder, "max_tokens": window}
+    data["chunk"] = {**data.get("chunk", {}), **(chunk or {})}
     return RagpipeConfig.model_validate(data)
 
 
@@ -269,12 +281,19 @@ def main() -> int:
     parser.add_argument("--embedder", default=None,
                         help="a packaged embedder for every row (all-mpnet-base-v2); default "
                         "MiniLM")  # fmt: skip
+    parser.add_argument("--chunk", default="",
+                        help="chunk settings for every index, key=value,... (indexes built "
+                        "apart, under --work/chunk-...); e.g. whole_sections=true")  # fmt: skip
     parser.add_argument("--query-runtime", choices=["auto", "onnx", "torch"], default="auto",
                         help="how queries are embedded (embed.query_runtime)")  # fmt: skip
     args = parser.parse_args()
     results: dict[str, Any] = {}
     started = time.perf_counter()
-    for dev in build(args.work, args.embedder):
+    chunk = {}
+    for part in filter(None, (p.strip() for p in args.chunk.split(","))):
+        key, _, value = part.partition("=")
+        chunk[key.strip()] = yaml.safe_load(value)
+    for dev in build(args.work, args.embedder, chunk):
         embed = dev.config.embed.model_copy(update={"query_runtime": args.query_runtime})
         dev = dataclasses.replace(dev, config=dev.config.model_copy(update={"embed": embed}))
         rows: dict[str, dict[str, float]] = {}

@@ -348,3 +348,33 @@ def test_random_tables_keep_every_budget_every_row_and_every_header(chunker: Chu
                 with_head = f"{full_head}\n{row}"
                 if len(with_head) <= size and COUNTER.count(with_head) <= max_tokens:
                     assert all(head in c.text for c in holding), (seed, row[:20])
+
+
+def test_whole_sections_keep_a_section_that_fits_the_window_as_one_chunk() -> None:
+    short = PARA * 4  # ~600 characters, ~110 word-pieces: past size, within the window
+    markdown = f"# Short\n\n{short}\n\n# Long\n\n" + "\n\n".join([PARA * 3] * 4)
+    text, split = _chunks(markdown, size=300, overlap=30)
+    assert sum(c.heading_path == ["Short"] for c in split) > 1  # cut at size by default
+    text, whole = _chunks(markdown, size=300, overlap=30, whole_sections=True)
+    first = [c for c in whole if c.heading_path == ["Short"]]
+    assert len(first) == 1
+    assert first[0].text == text[first[0].char_start : first[0].char_end]
+    assert first[0].text.endswith(short.strip()) and first[0].text.startswith("# Short")
+    assert len(first[0].text) > 300 and first[0].token_count == COUNTER.count(first[0].text)
+    # A section past the window is split by size as before.
+    long = [c for c in whole if c.heading_path == ["Long"]]
+    assert [(c.char_start, c.char_end) for c in long] == [
+        (c.char_start, c.char_end) for c in split if c.heading_path == ["Long"]
+    ]
+    assert len(long) > 1 and all(len(c.text) <= 300 for c in long)
+
+
+def test_whole_sections_off_keeps_the_fingerprint_of_indexes_built_before_it() -> None:
+    from ragpipe.config import RagpipeConfig
+    from ragpipe.ingest.chunk import chunk_fingerprint
+
+    # The default's fingerprint before the setting existed: every index built then stays
+    # current (a changed fingerprint re-indexes every file).
+    assert chunk_fingerprint(RagpipeConfig()) == "7023a98a51494a1d"
+    on = RagpipeConfig.model_validate({"chunk": {"whole_sections": True}})
+    assert chunk_fingerprint(on) != chunk_fingerprint(RagpipeConfig())

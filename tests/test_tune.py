@@ -255,6 +255,7 @@ def test_a_pick_the_held_out_queries_reject_is_refused(
     assert "refused" in report_md and "## What was tried, on the tuning queries" in report_md
     assert "| mode | kept 'sparse': " in report_md
     assert "| rerank | not tried: asked for with --llm-options" in report_md
+    assert "| chunk.whole_sections | not tried: an ingest setting (this index: False)" in report_md
     assert summary["tuning"]["options"] == outcome.options
     # report.html: the same report and the held-out deltas drawn with their CIs.
     page = (out / "report.html").read_text()

@@ -560,6 +560,14 @@ class ChunkConfig(_Section):
         description="recursive: characters shared with the previous chunk, aligned to word "
         "boundaries; must be smaller than size.",
     )
+    whole_sections: bool = Field(
+        default=False,
+        description="recursive: a heading section that fits max_tokens is one chunk even when "
+        "it is longer than size, so the embedder reads it whole (its first chunk alone no "
+        "longer stands for it). Chunks grow up to max_tokens; a section past it is split as "
+        "usual. Worth it where the embedder's window is well above size (all-mpnet-base-v2: "
+        "384 tokens, about 1,600 characters).",
+    )
     window: int = Field(
         default=3, ge=0, description="sentence-window: sentences kept before and after."
     )

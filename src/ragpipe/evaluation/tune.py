@@ -338,6 +338,11 @@ def run_tune(
             options[name] = (
                 "not tried: asked for with --llm-options (LLM calls per query: seconds each)"
             )
+        # Whole-section evidence is a property of the chunks: trying it means another index.
+        options["chunk.whole_sections"] = (
+            f"not tried: an ingest setting (this index: {config.chunk.whole_sections}); "
+            "index a copy with the other value and compare with `ragpipe eval retrieval`"
+        )
         overrides = _changes(current, best)
         # The pick is final; only now are the held-out queries searched.
         variants = [Variant("current"), Variant("tuned", overrides)]

@@ -587,6 +587,10 @@ def recursive_spans(
     rows without their header), it starts after it instead.
     """
     splitter = _Splitter(text, config.size, config.max_tokens, counter)
+    if config.whole_sections:
+        whole = _trim(text, (section.start, section.end))
+        if whole is not None and splitter.count(*whole) <= config.max_tokens:
+            return [whole]
     pieces = [p for p in (_trim(text, s) for s in splitter.split(section.start, section.end)) if p]
     specials = counter.count("")
     spans: list[Span] = []
@@ -735,9 +739,15 @@ def chunk_fingerprint(config: RagpipeConfig) -> str:
         [
             convert_settings_fingerprint(config.convert),
             fingerprint(config.clean, CLEAN_VERSION),
-            fingerprint(config.chunk, CHUNK_VERSION),
+            # whole_sections off leaves the fingerprint of the indexes built before it
+            fingerprint(config.chunk, CHUNK_VERSION, _chunk_fields(config.chunk)),
         ]
     )
+
+
+def _chunk_fields(config: ChunkConfig) -> set[str]:
+    fields = set(type(config).model_fields)
+    return fields if config.whole_sections else fields - {"whole_sections"}
 
 
 @dataclass
