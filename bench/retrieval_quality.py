@@ -114,8 +114,9 @@ def _config(
     home: Path, roots: list[Path], embedder: str | None = None, chunk: dict[str, Any] | None = None
 ) -> RagpipeConfig:
     """The shipped defaults; with ``embedder`` (a packaged model), that model for chunk
-    measuring and embedding (its tokenizer, its window), as ragpipe.quality.yaml sets it;
-    ``chunk``: chunk settings over those."""
+    measuring and embedding (its tokenizer, its window), and for the quality profile's model
+    the profile's retrieval settings, as ragpipe.quality.yaml sets them; ``chunk``: chunk
+    settings over those."""
     data: dict[str, Any] = {
         "discover": {"roots": [str(r) for r in roots]},
         "paths": {"work_dir": str(home / "work")},
@@ -127,6 +128,9 @@ def _config(
         window = PACKAGED_EMBEDDERS[embedder].window
         data["embed"] = {"model": embedder}
         data["chunk"] = {"tokenizer": embedder, "max_tokens": window}
+        profile = yaml.safe_load((REPO / "ragpipe.quality.yaml").read_text(encoding="utf-8"))
+        if profile["embed"]["model"] == embedder:  # its retrieval settings too
+            data["retrieve"] = profile.get("retrieve", {})
     data["chunk"] = {**data.get("chunk", {}), **(chunk or {})}
     return RagpipeConfig.model_validate(data)
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import retrieval_quality as rq
 
 from ragpipe.evaluation.retrieval import Variant
-from ragpipe.ingest.chunk import TokenCounter
+from ragpipe.ingest.chunk import WHOLE_SECTION_SIZES, TokenCounter
 from ragpipe.models.embedders import contextual_text, make_embedder
 from ragpipe.query.results import Retrieved, ranked
 from ragpipe.query.retrieve import Retriever
@@ -78,19 +78,28 @@ class SectionRetriever(Retriever):
 
 
 def section_vectors(dev: rq.DevSet, store: VectorStore) -> tuple[dict[str, Vector], dict[str, int]]:
-    """Each chunk's whole-section vector, for sections of several chunks that fit the
-    embedder's window; and counts of sections, sections of several chunks, those that fit."""
-    groups: dict[tuple[str, tuple[str, ...]], list[tuple[int, int, str, str]]] = {}
-    for hit in store.scroll():
+    """Each chunk's whole-section vector, for sections of several chunks that
+    ``chunk.whole_sections`` would keep whole; and counts of sections, sections of several
+    chunks, and those."""
+    # A section: a run of a document's consecutive chunks under one heading path.
+    points = sorted(
+        store.scroll(), key=lambda h: (str(h.payload["doc_id"]), int(h.payload["chunk_index"]))
+    )
+    groups: list[tuple[tuple[str, ...], list[tuple[int, int, str, str]]]] = []
+    previous: tuple[str, tuple[str, ...]] | None = None
+    for hit in points:
         p = hit.payload
         key = (str(p["doc_id"]), tuple(p["heading_path"]))
-        groups.setdefault(key, []).append(
+        if key != previous:
+            groups.append((key[1], []))
+            previous = key
+        groups[-1][1].append(
             (int(p["char_start"]), int(p["char_end"]), str(p["text"]), hit.point_id)
         )
     counter = TokenCounter(dev.config.chunk.tokenizer)
     texts, owners = [], []
     several = 0
-    for (_, headings), chunks in groups.items():
+    for headings, chunks in groups:
         if len(chunks) < 2:
             continue  # its only chunk is the whole section already
         several += 1
@@ -99,8 +108,13 @@ def section_vectors(dev: rq.DevSet, store: VectorStore) -> tuple[dict[str, Vecto
             body = text[-(end - start) :]  # a table part's body follows its repeated header
             chars.update((start + i, c) for i, c in enumerate(body))
         section = "".join(chars.get(i, "\n") for i in range(min(chars), max(chars) + 1))
-        whole = contextual_text(list(headings), section)
-        if counter.count(whole) <= dev.config.chunk.max_tokens:
+        whole = contextual_text(list(headings), section.strip())
+        # The test chunk.whole_sections applies: the window with the heading path, and at
+        # most WHOLE_SECTION_SIZES x size characters.
+        if (
+            len(section.strip()) <= WHOLE_SECTION_SIZES * dev.config.chunk.size
+            and counter.count(whole) <= dev.config.chunk.max_tokens
+        ):
             texts.append(whole)
             owners.append([c[3] for c in chunks])
     embedder = make_embedder(dev.config.embed)

@@ -369,6 +369,34 @@ def test_whole_sections_keep_a_section_that_fits_the_window_as_one_chunk() -> No
     assert len(long) > 1 and all(len(c.text) <= 300 for c in long)
 
 
+def test_whole_sections_count_the_heading_prefix_keep_tables_and_cap_characters() -> None:
+    table = "| name | value |\n|---|---|\n" + "\n".join(f"| row{i} | {i * 7} |" for i in range(20))
+    markdown = f"# T\n\nIntro line.\n\n{table}\n"
+    text, whole = _chunks(markdown, size=300, overlap=30, whole_sections=True)
+    assert len(whole) == 1 and whole[0].text == text.strip()  # the table's section, whole
+    assert len(_chunks(markdown, size=300, overlap=30)[1]) > 1
+    # A section that fits only without its heading path is split: the embedder reads both.
+    body = " ".join(f"word{i}" for i in range(60))
+    heading = "A rather long heading about package pinning and release preferences"
+    markdown = f"# {heading}\n\n{body}\n"
+    alone = COUNTER.count(markdown.strip())
+    read = COUNTER.count(f"{heading}\n{markdown.strip()}")  # contextual_text's view
+    assert alone < read
+    _, cut = _chunks(markdown, size=250, overlap=20, max_tokens=alone, whole_sections=True)
+    assert len(cut) > 1
+    _, kept = _chunks(markdown, size=250, overlap=20, max_tokens=read, whole_sections=True)
+    assert len(kept) == 1 and len(kept[0].text) > 250
+    # Few tokens, many characters (padding): not past twice size.
+    padded = "\n".join("x" + " " * 200 for _ in range(10)) + "x"
+    _, capped = _chunks(f"# P\n\n{padded}\n", size=300, overlap=30, whole_sections=True)
+    assert len(capped) > 1 and all(len(c.text) <= 300 for c in capped)
+
+
+def test_whole_sections_are_refused_for_sentence_windows() -> None:
+    with pytest.raises(ValueError, match=r"set chunk\.chunker: recursive"):
+        ChunkConfig(chunker=ChunkerKind.SENTENCE_WINDOW, whole_sections=True)
+
+
 def test_whole_sections_off_keeps_the_fingerprint_of_indexes_built_before_it() -> None:
     from ragpipe.config import RagpipeConfig
     from ragpipe.ingest.chunk import chunk_fingerprint
@@ -378,3 +406,13 @@ def test_whole_sections_off_keeps_the_fingerprint_of_indexes_built_before_it() -
     assert chunk_fingerprint(RagpipeConfig()) == "7023a98a51494a1d"
     on = RagpipeConfig.model_validate({"chunk": {"whole_sections": True}})
     assert chunk_fingerprint(on) != chunk_fingerprint(RagpipeConfig())
+    # What whole_sections means is versioned: an index built under another meaning re-chunks.
+    from ragpipe.ingest import chunk
+
+    before = chunk_fingerprint(on)
+    chunk.WHOLE_SECTIONS_VERSION = "0"
+    try:
+        assert chunk_fingerprint(on) != before
+        assert chunk_fingerprint(RagpipeConfig()) == "7023a98a51494a1d"
+    finally:
+        chunk.WHOLE_SECTIONS_VERSION = "2"

@@ -562,11 +562,11 @@ class ChunkConfig(_Section):
     )
     whole_sections: bool = Field(
         default=False,
-        description="recursive: a heading section that fits max_tokens is one chunk even when "
-        "it is longer than size, so the embedder reads it whole (its first chunk alone no "
-        "longer stands for it). Chunks grow up to max_tokens; a section past it is split as "
-        "usual. Worth it where the embedder's window is well above size (all-mpnet-base-v2: "
-        "384 tokens, about 1,600 characters).",
+        description="recursive: a heading section that fits max_tokens with its heading path "
+        "(what the embedder reads) is one chunk even when it is longer than size (up to twice "
+        "size), tables included, so the embedder reads it whole. A longer section is split "
+        "as usual. Changes the embedder's view only where its window is well above size "
+        "(all-mpnet-base-v2: 384 tokens, about 1,600 characters).",
     )
     window: int = Field(
         default=3, ge=0, description="sentence-window: sentences kept before and after."
@@ -591,6 +591,11 @@ class ChunkConfig(_Section):
             raise ValueError(
                 f"overlap ({self.overlap}) must be smaller than size ({self.size}); "
                 "lower chunk.overlap or raise chunk.size"
+            )
+        if self.whole_sections and self.chunker != ChunkerKind.RECURSIVE:
+            raise ValueError(
+                "whole_sections applies to the recursive chunker (a sentence window is one "
+                "sentence); set chunk.chunker: recursive or chunk.whole_sections: false"
             )
         return self
 

@@ -52,6 +52,17 @@ if TYPE_CHECKING:
 
 STAGE = "chunk"
 CHUNK_VERSION = "2"  # 2: tables split between rows, header repeated
+
+
+# Sections that ``whole_sections`` keeps whole are at most this many times chunk.size long.
+WHOLE_SECTION_SIZES = 2
+
+
+# What whole_sections means, in the fingerprint of the indexes built with it (2: the heading
+# prefix counted, tables inside, at most twice size).
+WHOLE_SECTIONS_VERSION = "2"
+
+
 CHUNK_NAMESPACE = uuid.UUID("0b5a3c52-9d3e-4d7e-8f0a-6a2f4f1d2e77")
 
 _PAGE_MARKER = re.compile(PAGE_MARKER_RE)
@@ -466,6 +477,10 @@ def _with_tables(
     taken out. Sentence windows would cut every table into "sentences", so there every
     table is taken out.
     """
+    if config.whole_sections:
+        whole = _whole(text, section, config, counter)
+        if whole is not None:
+            return [(whole, None)]
     splitter = _Splitter(text, config.size, config.max_tokens, counter)
     every = config.chunker == ChunkerKind.SENTENCE_WINDOW
     found = find_tables(text, section.start, section.end)
@@ -492,6 +507,19 @@ def _with_tables(
         rest = _Section(pos, section.end, section.heading_path)
         parts.extend((p, None) for p in make_spans(text, rest, config, counter, spans))
     return parts
+
+
+def _whole(text: str, section: _Section, config: ChunkConfig, counter: TokenCounter) -> Span | None:
+    """The section as one span when it fits the embedder's window with the heading path the
+    embedder reads before it (``embed.contextual_prefix``), and twice ``size`` characters
+    (word-pieces do not count whitespace: a padded table is long in few tokens); else None."""
+    from ragpipe.models.embedders import contextual_text
+
+    whole = _trim(text, (section.start, section.end))
+    if whole is None or whole[1] - whole[0] > WHOLE_SECTION_SIZES * config.size:
+        return None
+    read = contextual_text(section.heading_path, text[whole[0] : whole[1]])
+    return whole if counter.count(read) <= config.max_tokens else None
 
 
 def _glued(text: str, table: _Table, section: _Section) -> bool:
@@ -587,10 +615,6 @@ def recursive_spans(
     rows without their header), it starts after it instead.
     """
     splitter = _Splitter(text, config.size, config.max_tokens, counter)
-    if config.whole_sections:
-        whole = _trim(text, (section.start, section.end))
-        if whole is not None and splitter.count(*whole) <= config.max_tokens:
-            return [whole]
     pieces = [p for p in (_trim(text, s) for s in splitter.split(section.start, section.end)) if p]
     specials = counter.count("")
     spans: list[Span] = []
@@ -740,7 +764,7 @@ def chunk_fingerprint(config: RagpipeConfig) -> str:
             convert_settings_fingerprint(config.convert),
             fingerprint(config.clean, CLEAN_VERSION),
             # whole_sections off leaves the fingerprint of the indexes built before it
-            fingerprint(config.chunk, CHUNK_VERSION, _chunk_fields(config.chunk)),
+            fingerprint(config.chunk, _chunk_version(config.chunk), _chunk_fields(config.chunk)),
         ]
     )
 
@@ -748,6 +772,10 @@ def chunk_fingerprint(config: RagpipeConfig) -> str:
 def _chunk_fields(config: ChunkConfig) -> set[str]:
     fields = set(type(config).model_fields)
     return fields if config.whole_sections else fields - {"whole_sections"}
+
+
+def _chunk_version(config: ChunkConfig) -> str:
+    return f"{CHUNK_VERSION}+w{WHOLE_SECTIONS_VERSION}" if config.whole_sections else CHUNK_VERSION
 
 
 @dataclass

@@ -450,7 +450,7 @@ class OpenAILLM:
             }
         if grammar is not None:
             body["grammar"] = grammar
-        if top_logprobs and self.sends_logprobs:
+        if top_logprobs and self.sends_logprobs and on_token is None:  # a stream reads none
             body.update(logprobs=True, top_logprobs=top_logprobs)
         started = time.perf_counter()
         if on_token is None:
