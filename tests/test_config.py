@@ -139,3 +139,10 @@ def test_tests_reach_loopback_only() -> None:
         server.bind(("127.0.0.1", 0))
         server.listen()
         client.connect(server.getsockname())  # loopback is allowed
+
+
+def test_the_quality_profile_loads_with_its_measured_settings() -> None:
+    profile = load_config(Path(__file__).resolve().parents[1] / "ragpipe.quality.yaml")
+    assert profile.embed.model == "all-mpnet-base-v2"
+    assert profile.chunk.tokenizer == "all-mpnet-base-v2" and profile.chunk.max_tokens == 384
+    assert profile.retrieve.alpha == 0.7 and not profile.chunk.whole_sections

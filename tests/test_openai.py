@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -158,13 +158,18 @@ class _Flaky:
     """A loopback proxy that answers the first ``failures`` requests with ``status`` (and
     Retry-After: 0), then forwards to ``upstream``; counts what it saw. ``refuses``: a
     request with that field gets a 400 naming it (as vLLM answers ``logprobs`` when its
-    ``max_logprobs`` is 0)."""
+    ``max_logprobs`` is 0). ``rewrite``: what a successful JSON reply becomes."""
 
     def __init__(
-        self, upstream: str, failures: int, status: int = 503, refuses: str | None = None
+        self,
+        upstream: str,
+        failures: int,
+        status: int = 503,
+        refuses: str | None = None,
+        rewrite: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         self.upstream, self.failures, self.status, self.seen = upstream, failures, status, 0
-        self.refuses = refuses
+        self.refuses, self.rewrite = refuses, rewrite
         self.bodies: list[dict[str, Any]] = []
         flaky = self
 
@@ -192,10 +197,13 @@ class _Flaky:
                     headers={"Authorization": self.headers["Authorization"],
                              "Content-Type": "application/json"},
                 )  # fmt: skip
+                content = reply.content
+                if flaky.rewrite is not None and reply.status_code == 200:
+                    content = json.dumps(flaky.rewrite(reply.json())).encode()
                 self.send_response(reply.status_code)
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()
-                self.wfile.write(reply.content)
+                self.wfile.write(content)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -426,3 +434,37 @@ def test_a_server_that_refuses_log_probabilities_gets_verdicts(
         assert ["logprobs" in body for body in other.bodies] == [True, False]
     finally:
         other.close()
+
+
+@pytest.mark.parametrize(
+    "mangled",
+    [
+        "yes",  # a string where the object goes
+        {"content": "yes"},
+        {"content": [{"top_logprobs": ["yes", "no"]}]},  # tokens without log-probabilities
+        {"content": [{"top_logprobs": [{"token": "yes", "logprob": 2.5}]}]},  # P above 1
+        {"content": [{"top_logprobs": [{"token": None, "logprob": "high"}]}]},
+    ],
+)
+def test_log_probabilities_in_another_shape_give_the_verdict(
+    chat_server: str, tmp_path: Path, mangled: Any
+) -> None:
+    """A server whose log-probabilities are malformed: the rerank scores by the reply's
+    verdict (and caches nothing), instead of failing the search."""
+    from ragpipe.query.llm_rerank import LLMReranker
+
+    def rewrite(reply: dict[str, Any]) -> dict[str, Any]:
+        for choice in reply.get("choices") or []:
+            choice["logprobs"] = mangled
+        return reply
+
+    proxy = _Flaky(chat_server, failures=0, rewrite=rewrite)
+    try:
+        reranker = LLMReranker(_llm(proxy.url), tmp_path / "scores.sqlite")
+        scores, cost = reranker.score_with_cost("Capital of France?", ["Paris is the capital."])
+        assert cost.kinds == {"verdict": 1} and scores[0] in (0.0, 0.5, 1.0)
+        again = reranker.score_with_cost("Capital of France?", ["Paris is the capital."])[1]
+        assert again.model_calls == 1  # a verdict is not cached
+        reranker.close()
+    finally:
+        proxy.close()
