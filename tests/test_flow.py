@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -122,13 +123,22 @@ def _task_states(flow_state: Any) -> dict[str, list[str]]:
     from prefect.client.schemas.sorting import TaskRunSort
 
     flow_run = FlowRunFilter(id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id]))
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(
-            flow_run_filter=flow_run, sort=TaskRunSort.EXPECTED_START_TIME_ASC
-        )
+    # Task-run states reach the server as events, recorded by a background service that
+    # may still be flushing (under load it retries) when the flow has returned: wait for
+    # every run's final state, a while.
+    deadline = time.monotonic() + 60
+    while True:
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(
+                flow_run_filter=flow_run, sort=TaskRunSort.EXPECTED_START_TIME_ASC
+            )
+        settled = all(r.state is not None and r.state.is_final() for r in runs)
+        if settled or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     states: dict[str, list[str]] = {}
     for run in runs:
-        assert run.state is not None
+        assert run.state is not None, f"{run.name} has no state recorded after 60 s"
         states.setdefault(run.name.rsplit("-", 1)[0], []).append(run.state.name)
     return states
 
