@@ -794,3 +794,39 @@ def test_sitemaps_and_redirects_cannot_steer_the_fetcher_to_other_hosts(tmp_path
         assert site.hits("/secret") == []
         with Fetcher(trusting, listed_hosts=("127.0.0.1", "localhost")) as fetcher:
             assert fetcher.get(f"{site.url}/open-redirect").status == 200  # listed: allowed
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_script_that_ingests_at_import_is_told_to_guard_its_main(
+    tmp_path: Path, guarded: bool
+) -> None:
+    """The converter's process re-imports the main script; one that converts at import
+    (no main guard) would fail every file as 'crashed'. Instead the stage stops at once,
+    naming the fix; with the guard the same script converts."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text("# A\n\nFirst.\n", encoding="utf-8")
+    body = f"""
+from ragpipe.config import ConvertConfig
+from ragpipe.ingest.isolate import IsolatedConverter
+from ragpipe.schemas import SourceFile
+
+def main():
+    path = {str(docs / "a.md")!r}
+    source = SourceFile(path, path, {str(docs)!r}, "markdown", 13, "a.md")
+    with IsolatedConverter(ConvertConfig(), timeout_s=60) as converter:
+        print(converter.convert(source, "fp").markdown.splitlines()[0])
+"""
+    tail = '\nif __name__ == "__main__":\n    main()\n' if guarded else "\nmain()\n"
+    script = tmp_path / "convert_at_import.py"
+    script.write_text(body + tail, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    if guarded:
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip() == "# A"
+    else:
+        assert done.returncode == 1
+        assert "StageError: the converter process did not start" in done.stderr
+        assert 'if __name__ == "__main__":' in done.stderr

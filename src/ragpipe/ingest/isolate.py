@@ -44,6 +44,12 @@ PRELOAD = ["ragpipe.ingest.convert", "docling.document_converter"]
 PR_SET_PDEATHSIG = 1
 
 
+# The child's first message: it got past multiprocessing's start (which re-imports the
+# parent's main script: a script that ingests at import, with no main guard, dies there).
+READY = ("ready",)
+START_TIMEOUT_S = 300.0  # the first start also starts the fork server, which imports Docling
+
+
 def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
@@ -51,8 +57,10 @@ def _die_with_parent() -> None:
 
 
 def _serve(conn: Connection, config: ConvertConfig) -> None:
-    """The child: convert each (source, fingerprint) received; None ends it."""
+    """The child: says it started, then converts each (source, fingerprint) received; None
+    ends it."""
     _die_with_parent()
+    conn.send(READY)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     from ragpipe.ingest.convert import Converter
 
@@ -120,7 +128,25 @@ class IsolatedConverter:
                 process.start()
             theirs.close()
             self._process, self._conn = process, ours
+            self._started(ours)
         return self._conn
+
+    def _started(self, conn: Connection) -> None:
+        """Wait for the child's READY; a child that dies or hangs before it cannot convert
+        any file, so that stops the stage with the likely cause instead of failing each one."""
+        try:
+            ready = conn.recv() if conn.poll(START_TIMEOUT_S) else None
+        except (EOFError, ConnectionResetError):
+            ready = None
+        if ready == READY:
+            return
+        code = self._stop()
+        raise StageError(
+            f"the converter process did not start (exit {code}). If ragpipe runs from your own "
+            'Python script, put the call under `if __name__ == "__main__":`: the converter\'s '
+            "process re-imports the main script, and a script that ingests at import starts "
+            "another ingest there"
+        )
 
     def convert(self, source: SourceFile, fingerprint: str) -> Document:
         """Convert one file in the child.
