@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import retrieval_quality as rq
 
 from ragpipe.evaluation.retrieval import Variant
-from ragpipe.ingest.chunk import WHOLE_SECTION_SIZES, TokenCounter
+from ragpipe.ingest.chunk import TokenCounter, whole_section_fits
 from ragpipe.models.embedders import contextual_text, make_embedder
 from ragpipe.query.results import Retrieved, ranked
 from ragpipe.query.retrieve import Retriever
@@ -105,16 +105,12 @@ def section_vectors(dev: rq.DevSet, store: VectorStore) -> tuple[dict[str, Vecto
         several += 1
         chars: dict[int, str] = {}
         for start, end, text, _ in sorted(chunks):
-            body = text[-(end - start) :]  # a table part's body follows its repeated header
-            chars.update((start + i, c) for i, c in enumerate(body))
+            part = text[-(end - start) :]  # a table part's body follows its repeated header
+            chars.update((start + i, c) for i, c in enumerate(part))
         section = "".join(chars.get(i, "\n") for i in range(min(chars), max(chars) + 1))
-        whole = contextual_text(list(headings), section.strip())
-        # The test chunk.whole_sections applies: the window with the heading path, and at
-        # most WHOLE_SECTION_SIZES x size characters.
-        if (
-            len(section.strip()) <= WHOLE_SECTION_SIZES * dev.config.chunk.size
-            and counter.count(whole) <= dev.config.chunk.max_tokens
-        ):
+        body = section.strip()
+        if whole_section_fits(body, headings, dev.config.chunk, counter):
+            whole = contextual_text(list(headings), body)
             texts.append(whole)
             owners.append([c[3] for c in chunks])
     embedder = make_embedder(dev.config.embed)

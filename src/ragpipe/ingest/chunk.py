@@ -510,16 +510,26 @@ def _with_tables(
 
 
 def _whole(text: str, section: _Section, config: ChunkConfig, counter: TokenCounter) -> Span | None:
-    """The section as one span when it fits the embedder's window with the heading path the
-    embedder reads before it (``embed.contextual_prefix``), and twice ``size`` characters
-    (word-pieces do not count whitespace: a padded table is long in few tokens); else None."""
+    """The section as one span when ``whole_section_fits``; else None."""
+    whole = _trim(text, (section.start, section.end))
+    if whole is None:
+        return None
+    body = text[whole[0] : whole[1]]
+    return whole if whole_section_fits(body, section.heading_path, config, counter) else None
+
+
+def whole_section_fits(
+    body: str, heading_path: Sequence[str], config: ChunkConfig, counter: TokenCounter
+) -> bool:
+    """Whether ``whole_sections`` keeps this section body whole: it fits the embedder's window
+    with the heading path the embedder reads before it (``embed.contextual_prefix``), in at
+    most twice ``size`` characters (word-pieces do not count whitespace: a padded table is
+    long in few tokens)."""
     from ragpipe.models.embedders import contextual_text
 
-    whole = _trim(text, (section.start, section.end))
-    if whole is None or whole[1] - whole[0] > WHOLE_SECTION_SIZES * config.size:
-        return None
-    read = contextual_text(section.heading_path, text[whole[0] : whole[1]])
-    return whole if counter.count(read) <= config.max_tokens else None
+    if len(body) > WHOLE_SECTION_SIZES * config.size:
+        return False
+    return counter.count(contextual_text(list(heading_path), body)) <= config.max_tokens
 
 
 def _glued(text: str, table: _Table, section: _Section) -> bool:
