@@ -14,6 +14,12 @@ shipped default on the same queries (NDCG@10, MRR, Recall@10 by pytrec_eval):
 - section as an extra vector per chunk (not built; measured here): a chunk's own
   cosine is the larger of its own and its whole section's.
 
+Then ``eval tune --ingest-options`` decides ``chunk.whole_sections`` on each set as
+a user's run would (seed 0: the coordinate search on each index over the tuning
+half, the held-out half confirming); its verdict and held-out delta are printed
+and stored. Tune builds its own copy of the whole-sections index, under the
+set's work dir (``tune/whole_sections=true``).
+
 The two unbuilt designs need a second stored vector per chunk (a schema change
 in both stores). They are measured here before building them: the section
 texts are rebuilt from the stored chunks (their character spans), embedded by
@@ -40,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import retrieval_quality as rq
 
 from ragpipe.evaluation.retrieval import Variant
+from ragpipe.evaluation.tune import INGEST_SPACE, run_tune
 from ragpipe.ingest.chunk import TokenCounter, whole_section_fits
 from ragpipe.models.embedders import contextual_text, make_embedder
 from ragpipe.query.results import Retrieved, ranked
@@ -124,6 +131,21 @@ def section_vectors(dev: rq.DevSet, store: VectorStore) -> tuple[dict[str, Vecto
     return found, counts
 
 
+def tune(dev: rq.DevSet) -> dict[str, Any]:
+    """What ``eval tune --ingest-options`` decides on ``dev`` (seed 0)."""
+    outcome = run_tune(
+        dev.config, dev.golden, granularity=dev.granularity, seed=0, ingest_space=INGEST_SPACE
+    )
+    ci = outcome.delta.interval
+    return {
+        "decision": outcome.decision,
+        "changes": outcome.changes,
+        "chunk.whole_sections": outcome.options["chunk.whole_sections"],
+        "held_out": f"{outcome.metric} {ci.mean:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}]",
+        "trials": len(outcome.trials),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -164,7 +186,7 @@ def main() -> int:
                 other.qrels,
             )
             counts["chunks_whole_sections"] = retriever.store.count()
-        results[dev.name] = {"rows": rows, "counts": counts}
+        results[dev.name] = {"rows": rows, "counts": counts, "tune": tune(dev)}
         print(f"\n{dev.name} ({name}; {len(dev.golden.items)} queries): {counts}")
         print(f"  {'':40s} {'NDCG@10':>8s} {'MRR':>8s} {'R@10':>8s}")
         base = rows["first-chunk lead (default)"]["ndcg@10"]
@@ -173,6 +195,7 @@ def main() -> int:
                 f"  {label:40s} {m['ndcg@10']:8.4f} {m['mrr']:8.4f} {m['recall@10']:8.4f}"
                 f"   {m['ndcg@10'] - base:+.4f}"
             )
+        print(f"  eval tune --ingest-options: {results[dev.name]['tune']}")
     print(f"\ntotal {time.perf_counter() - started:.0f}s")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))

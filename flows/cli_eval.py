@@ -471,6 +471,15 @@ def eval_tune(
             "per candidate, seconds each on a CPU, cached) and adaptive HyDE.",
         ),
     ] = False,
+    ingest_options: Annotated[
+        bool,
+        typer.Option(
+            "--ingest-options",
+            help="Also try chunk.whole_sections: a second index of your sources is built "
+            "under <work_dir>/tune/ (conversions reused, every chunk embedded again) and "
+            "searched with the same coordinate search; it is picked only when it wins.",
+        ),
+    ] = False,
     name: NameOption = None,
     reports_dir: ReportsOption = None,
     config: ConfigOption = None,
@@ -483,7 +492,8 @@ def eval_tune(
     The queries are split by a seeded shuffle: a coordinate search over mode, fusion
     method, alpha, rrf_k, leg weights, document weight, prefetch depth, fragments, the
     quoted-phrase boost, MMR and dense pseudo-relevance feedback (with --llm-options also
-    LLM rerank and adaptive HyDE) picks the best settings on the tuning share only. The
+    LLM rerank and adaptive HyDE; with --ingest-options also whole-section chunks, on a
+    second index it builds) picks the best settings on the tuning share only. The
     report says, per setting, what was kept or refused and on what score. Then
     the pick and the current settings are scored on the held-out queries (paired delta,
     bootstrap 95% CI, permutation p-value). Verdict: recommend (tuned.yaml written, with
@@ -533,6 +543,7 @@ def eval_tune(
                     share=share,
                     write_config=str(out) if out else None,
                     llm_options=llm_options,
+                    ingest_options=ingest_options,
                 )
             finally:
                 set_reporter(previous)
@@ -550,7 +561,9 @@ def _print_tune(summary: TuneSummary) -> None:
         f"scored on the tuning queries ({summary.metric}: current {tuning['current']:.4f}, "
         f"best {tuning['best']:.4f})"
     )
-    print("changed settings: " + (json.dumps(summary.overrides) or "{}"))
+    from ragpipe.evaluation.tune import changed_settings
+
+    print("changed settings: " + json.dumps(changed_settings(summary.overrides, summary.ingest)))
     for setting, verdict in tuning.get("options", {}).items():
         print(f"  {setting}: {verdict}")
     table = Table(title="held-out queries: tuned - current, mean [95% CI]")
@@ -569,6 +582,11 @@ def _print_tune(summary: TuneSummary) -> None:
     console.print(f"[{colour}]{summary.message}[/{colour}]", highlight=False, soft_wrap=True)
     if summary.tuned_config:
         print(f"tuned config: {summary.tuned_config} (use it with --config)")
+    if summary.ingest:
+        print(
+            f"its chunk settings need the index tune built at {summary.index}: the next "
+            "ingest with the tuned config re-chunks and re-embeds every file"
+        )
     print(f"report: {Path(summary.report_dir) / 'report.html'} (also report.md, tune.json)")
 
 

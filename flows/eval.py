@@ -250,6 +250,7 @@ def tune_retrieval(
     share: float = 0.5,
     write_config: str | None = None,
     llm_options: bool = False,
+    ingest_options: bool = False,
 ) -> TuneSummary:
     """Tune ``retrieve.*`` on ``config.eval.golden`` with a seeded hold-out.
 
@@ -264,13 +265,17 @@ def tune_retrieval(
             ``recommend`` (it is always in the run directory as tuned.yaml).
         llm_options: Also try the settings that call the LLM per query (LLM rerank,
             adaptive HyDE): seconds per candidate on a CPU.
+        ingest_options: Also try the chunk settings (``chunk.whole_sections``), each on
+            a second index of the sources built under ``<work_dir>/tune/``.
 
     Returns the tune run's summary (tune.json's content, and ``report_dir``): the
     decision (recommend, refused, no change), the changed settings, and the held-out
     deltas.
     """
     library_logs()
-    summary = tune_task(config, metric, share, name, config_path, write_config, llm_options)
+    summary = tune_task(
+        config, metric, share, name, config_path, write_config, llm_options, ingest_options
+    )
     publish_tune_task(config, summary)
     return summary
 
@@ -286,6 +291,7 @@ def eval_tune_flow(
     name: str | None = None,
     config_path: str | None = None,
     llm_options: bool = False,
+    ingest_options: bool = False,
 ) -> TuneSummary:
     """Tune the retrieve settings on a golden set, with an honest hold-out.
 
@@ -306,9 +312,13 @@ def eval_tune_flow(
         config_path: YAML config used as the base (default: ragpipe.yaml in the worker's
             directory, RAGPIPE_HOME).
         llm_options: Also try LLM rerank and adaptive HyDE (LLM calls per query).
+        ingest_options: Also try chunk.whole_sections, on a second index of the sources
+            that the run builds (every chunk embedded again; conversions reused).
     """
     config = _from_form(
         config_path, golden=golden, granularity=granularity, skip_unmatched=skip_unmatched
     )
     base = config_path or (str(DEFAULT_CONFIG_FILE) if DEFAULT_CONFIG_FILE.is_file() else None)
-    return tune_retrieval.fn(config, base, name, metric, share, write_config, llm_options)
+    return tune_retrieval.fn(
+        config, base, name, metric, share, write_config, llm_options, ingest_options
+    )

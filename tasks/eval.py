@@ -19,7 +19,7 @@ from ragpipe.evaluation.rag import ALL_RAG_METRICS
 from ragpipe.evaluation.report import headline_cell, report_link
 from ragpipe.evaluation.retrieval import Gate, Variant
 from ragpipe.evaluation.run import RunSummary, run_rag, run_retrieval
-from ragpipe.evaluation.tune import TuneSummary, search_space, tune_and_report
+from ragpipe.evaluation.tune import INGEST_SPACE, TuneSummary, search_space, tune_and_report
 
 
 @task(name="retrieval-eval", cache_policy=NO_CACHE)
@@ -48,6 +48,7 @@ def tune_task(
     base_config: str | None,
     write_config: str | None,
     llm_options: bool = False,
+    ingest_options: bool = False,
 ) -> TuneSummary:
     """Tune retrieve.* with a held-out confirmation; returns the tune run's summary."""
     return tune_and_report(
@@ -58,6 +59,7 @@ def tune_task(
         base_config=Path(base_config) if base_config else None,
         write_config=Path(write_config) if write_config else None,
         space=search_space(llm_options),
+        ingest_space=INGEST_SPACE if ingest_options else None,
     )[1]
 
 

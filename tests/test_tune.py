@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +18,23 @@ import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
-from ragpipe.config import RagpipeConfig, load_config
+from ragpipe.config import ChunkerKind, RagpipeConfig, load_config
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.golden import ChunkTarget, GoldenItem, GoldenSet, save_golden
 from ragpipe.evaluation.metrics import Interval, PairedDelta
+from ragpipe.evaluation.retrieval import Granularity
 from ragpipe.evaluation.tune import (
+    INGEST_SPACE,
     coordinate_search,
     decide,
     run_tune,
     split_queries,
     tune_and_report,
 )
+from ragpipe.ingest.pipeline import run_ingest
 from ragpipe.query.results import Retrieved
 from ragpipe.query.retrieve import Retriever
+from tests.support.paths import QUERY_CORPUS
 
 pytestmark = pytest.mark.integration
 
@@ -371,3 +376,167 @@ def test_the_search_space_tries_feedback_only_where_a_dense_leg_exists() -> None
     hybrid = {"mode": "hybrid", "fusion_method": "convex"}
     assert relevant("prf", hybrid) and relevant("prf", {**hybrid, "mode": "dense"})
     assert not relevant("prf", {**hybrid, "mode": "sparse"})
+
+
+# -- chunk settings, each on its own index (--ingest-options) ----------------------------
+
+
+@pytest.fixture(scope="module")
+def sectioned(tmp_path_factory: pytest.TempPathFactory) -> RagpipeConfig:
+    """Four files of the query corpus with chunks of 100 characters: most sections are cut
+    in two, and whole sections (up to 200 characters) keep them whole."""
+    base = tmp_path_factory.mktemp("sectioned")
+    for name, text in QUERY_CORPUS.items():
+        if "copy" not in name:  # no duplicate: its ties would rank by point id
+            (base / "corpus" / name).parent.mkdir(parents=True, exist_ok=True)
+            (base / "corpus" / name).write_text(text, encoding="utf-8")
+    cfg = RagpipeConfig(
+        discover={"roots": [base / "corpus"]},  # type: ignore[arg-type]
+        chunk={"size": 100, "overlap": 10},  # type: ignore[arg-type]
+        embed={"provider": "onnx"},  # type: ignore[arg-type]
+        store={"path": base / "store"},  # type: ignore[arg-type]
+        paths={"work_dir": base / "work"},  # type: ignore[arg-type]
+    )
+    assert run_ingest(cfg).failed == 0
+    return cfg
+
+
+def _sections_golden(cfg: RagpipeConfig) -> list[GoldenItem]:
+    """Queries whose first file differs between the index and its whole-sections sibling,
+    with the sibling's first file as the target: whole sections win by construction."""
+    from ragpipe.evaluation.sibling import build_sibling
+
+    items: list[GoldenItem] = []
+    with Retriever(cfg) as cut, Retriever(build_sibling(cfg, {"whole_sections": True})) as whole:
+        for a, b in itertools.combinations(WORDS, 2):
+            query = f"{a} and {b}"
+            mine, theirs = cut.search(query, top_k=1).hits[0], whole.search(query, top_k=1).hits[0]
+            if mine.file_path != theirs.file_path:
+                name = theirs.file_path.split("/corpus/", 1)[-1]
+                items.append(GoldenItem(f"q{len(items):02d}", query, {name: 1}))
+    assert len(items) >= 12, f"only {len(items)} queries rank another file first"
+    return items
+
+
+def test_sibling_config_has_its_own_store_and_no_gate(sectioned: RagpipeConfig) -> None:
+    from ragpipe.evaluation.sibling import sibling_config
+
+    gated = sectioned.model_copy(
+        update={"index": sectioned.index.model_validate({"gate": {"golden": ["g.yaml"]}})}
+    )
+    sibling = sibling_config(gated, {"whole_sections": True})
+    home = sectioned.paths.work_dir.resolve() / "tune" / "whole_sections=true"
+    assert sibling.chunk.whole_sections and sibling.chunk.size == 100
+    assert sibling.store.path == home / "store" and sibling.paths.work_dir == home / "work"
+    assert sibling.store.collection == "ragpipe-tune-whole_sections-true"
+    assert sibling.index.gate is None and gated.index.gate is not None
+    assert sibling.embed == sectioned.embed and sibling.retrieve == sectioned.retrieve
+    chunk = sectioned.chunk.model_copy(update={"chunker": ChunkerKind.SENTENCE_WINDOW})
+    window = sectioned.model_copy(update={"chunk": chunk})
+    with pytest.raises(ConfigError, match=r"cannot be tried: .*chunk\.chunker: recursive"):
+        sibling_config(window, {"whole_sections": True})
+
+
+def test_tune_tries_whole_sections_on_a_second_index_and_keeps_it_where_it_wins(
+    sectioned: RagpipeConfig, tmp_path: Path
+) -> None:
+    from ragpipe.evaluation.retrieval import Variant, run_retrieval_eval
+    from ragpipe.evaluation.sibling import sibling_config
+
+    items = _sections_golden(sectioned)
+    cfg = _write(sectioned, tmp_path, items)
+    cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"granularity": "file"})})
+    base = tmp_path / "ragpipe.yaml"
+    base.write_text(yaml.safe_dump({"chunk": {"size": 100, "overlap": 10}}))
+    outcome, report = tune_and_report(
+        cfg, metric="mrr", space={"mode": ["hybrid", "dense"]}, base_config=base,
+        ingest_space=INGEST_SPACE,
+    )  # fmt: skip
+    sibling = sibling_config(cfg, {"whole_sections": True})
+    with Retriever(sibling) as whole, Retriever(cfg) as cut:
+        assert whole.store.count() < cut.store.count()  # sections kept whole: fewer points
+        # The trial of the current settings on the sibling is that index's own score.
+        tuning = GoldenSet("t", [i for i in items if i.id in outcome.split.tuning])
+        replay = run_retrieval_eval(
+            cfg, tuning, [Variant("x")], granularity=Granularity.FILE, resamples=100,
+            retriever=whole,
+        )  # fmt: skip
+    tried = [t.score for t in outcome.trials if t.overrides == {"chunk.whole_sections": True}]
+    assert tried == [pytest.approx(replay.summary["x"]["mrr"].mean)]
+    assert outcome.ingest == {"whole_sections": True}, outcome.options
+    assert outcome.index == str(sibling.store.path)
+    verdict = outcome.options["chunk.whole_sections"]
+    assert verdict.startswith("kept True: ") and "on its own index against" in verdict
+    # The held-out queries: the current settings on this index, the pick on the sibling,
+    # whose first file is every target by construction.
+    tuned = [r for r in outcome.confirmation.rows if r.variant == "tuned"]
+    assert tuned and all(r.metrics["mrr"] == 1.0 for r in tuned)
+    assert outcome.means()[0] < 1.0 and outcome.decision == "recommend"
+    assert outcome.changes == {**outcome.overrides, "chunk.whole_sections": True}
+    text = (Path(report.report_dir) / "tuned.yaml").read_text()
+    assert f"# is at {sibling.store.path}." in text
+    tuned_config = load_config(Path(report.report_dir) / "tuned.yaml")
+    assert tuned_config.chunk.whole_sections and tuned_config.chunk.size == 100
+    summary = json.loads((Path(report.report_dir) / "tune.json").read_text())
+    assert summary["ingest"] == {"whole_sections": True}
+    assert summary["index"] == str(sibling.store.path)
+    assert "another index: tune built it at" in (Path(report.report_dir) / "report.md").read_text()
+
+
+def test_a_sibling_of_other_sources_is_refused_not_compared(
+    sectioned: RagpipeConfig, tmp_path: Path
+) -> None:
+    items = _sections_golden(sectioned)
+    # The sources change after the index was built: the sibling would index other text.
+    root = tmp_path / "corpus"
+    shutil.copytree(sectioned.discover.roots[0], root)
+    cfg = sectioned.model_copy(
+        update={
+            "discover": sectioned.discover.model_copy(update={"roots": [root]}),
+            "store": sectioned.store.model_copy(update={"path": tmp_path / "store"}),
+            "paths": sectioned.paths.model_copy(update={"work_dir": tmp_path / "work"}),
+        }
+    )
+    run_ingest(cfg)
+    (root / "kitchen" / "bread.md").write_text("# Baking bread\n\nBuy it.\n", encoding="utf-8")
+    with Retriever(cfg) as r:
+        outcome = run_tune(
+            cfg, GoldenSet("g", items), granularity=Granularity.FILE, space={"mode": ["hybrid"]},
+            ingest_space=INGEST_SPACE, retriever=r,
+        )  # fmt: skip
+    verdict = outcome.options["chunk.whole_sections"]
+    assert verdict.startswith("refused True: its index holds other files or versions"), verdict
+    assert "run `ragpipe ingest` and tune again" in verdict
+    assert outcome.ingest == {} and outcome.index == ""
+    assert not any("chunk.whole_sections" in t.overrides for t in outcome.trials)
+    with pytest.raises(ConfigError, match=r"cannot tune chunk setting\(s\) size"):
+        run_tune(cfg, GoldenSet("g", items), ingest_space={"size": [50]})
+
+
+@pytest.mark.slow
+def test_cli_eval_tune_ingest_options(
+    prefect_harness: None, sectioned: RagpipeConfig, tmp_path: Path
+) -> None:
+    cfg = _write(sectioned, tmp_path, _sections_golden(sectioned))
+    config = tmp_path / "ragpipe.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "discover": {"roots": [str(r) for r in cfg.discover.roots]},
+                "chunk": {"size": 100, "overlap": 10},
+                "embed": {"provider": "onnx"},
+                "store": {"path": str(cfg.store.path)},
+                "paths": {"work_dir": str(cfg.paths.work_dir)},
+            }
+        )
+    )
+    args = ["eval", "tune", "--config", str(config), "--golden", str(cfg.eval.golden),
+            "--reports-dir", str(cfg.eval.reports_dir), "--granularity", "file",
+            "--ingest-options", "--metric", "mrr"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert "chunk.whole_sections: kept True: " in output
+    assert '"chunk.whole_sections": true' in output
+    assert "its chunk settings need the index tune built at " in output
+    assert "tuned config: " in output

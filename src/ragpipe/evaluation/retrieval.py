@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -198,12 +198,20 @@ def run_retrieval_eval(
     seed: int = 0,
     gate: Gate | None = None,
     retriever: Retriever | None = None,
+    retrievers: Mapping[str, Retriever] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> EvalResult:
-    """Score every golden query under every variant (the first is the baseline)."""
+    """Score every golden query under every variant (the first is the baseline).
+
+    ``retrievers``: variant name -> the retriever (another index of the same sources)
+    that variant searches; the others search ``retriever`` (or one opened on ``config``).
+    """
     variants = list(variants or [Variant("default")])
     if len({v.name for v in variants}) != len(variants):
         raise ConfigError("variant names must be unique")
+    unknown = sorted(set(retrievers or {}) - {v.name for v in variants})
+    if unknown:
+        raise ConfigError(f"retrievers given for no variant: {', '.join(unknown)}")
     if gate is not None and gate.metric not in METRICS:
         raise ConfigError(f"gate metric {gate.metric!r} is not one of {', '.join(METRICS)}")
     settings: dict[str, dict[str, Any]] = {}
@@ -237,7 +245,8 @@ def run_retrieval_eval(
             for item in items:
                 started = time.perf_counter()
                 overrides = {**variant.overrides, "top_k": top_k[variant.name]}
-                result = retriever.search(item.query, **overrides)
+                searcher = (retrievers or {}).get(variant.name, retriever)
+                result = searcher.search(item.query, **overrides)
                 elapsed = time.perf_counter() - started
                 search_seconds += elapsed
                 ranked, qrels, best = judged_hits(result.hits, item, granularity)

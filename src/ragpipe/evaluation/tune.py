@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -34,12 +35,19 @@ from ragpipe import yamlio
 from ragpipe.checkpoint import atomic_write_bytes
 from ragpipe.config import FusionMethod, RagpipeConfig, RetrievalMode, RetrieveConfig
 from ragpipe.errors import ConfigError
-from ragpipe.evaluation.check import IndexView
+from ragpipe.evaluation.check import IndexView, check_golden
 from ragpipe.evaluation.golden import GoldenSet
 from ragpipe.evaluation.metrics import METRICS, PairedDelta
 from ragpipe.evaluation.report import html_page
-from ragpipe.evaluation.retrieval import EvalResult, Granularity, Variant, run_retrieval_eval
+from ragpipe.evaluation.retrieval import (
+    EvalResult,
+    Granularity,
+    Variant,
+    corpus_fingerprint,
+    run_retrieval_eval,
+)
 from ragpipe.evaluation.run import checked_golden, run_dir
+from ragpipe.evaluation.sibling import build_sibling
 from ragpipe.progress import reporter
 from ragpipe.query.retrieve import Retriever
 
@@ -58,6 +66,11 @@ SPACE: dict[str, list[Any]] = {
     "boost_exact": [0.0, 0.2],
     "mmr": [False, True],
     "prf": [False, True],  # dense pseudo-relevance feedback (prf_k, prf_weight at defaults)
+}
+# Chunk settings, tried only when asked for (``eval tune --ingest-options``): each value
+# needs its own index of the sources (built under <work_dir>/tune/, every chunk embedded).
+INGEST_SPACE: dict[str, list[Any]] = {
+    "whole_sections": [False, True],  # a section that fits the embedder's window is one chunk
 }
 # Tried only when asked for (``eval tune --llm-options``): each costs LLM calls per query
 # (the rerank one per candidate, seconds each on a CPU; cached between trials).
@@ -109,6 +122,14 @@ class TuneOutcome:
     message: str
     deltas: dict[str, PairedDelta] = field(default_factory=dict)
     options: dict[str, str] = field(default_factory=dict)  # setting -> tried, kept or refused
+    ingest: dict[str, Any] = field(default_factory=dict)  # chunk settings the pick changes
+    index: str = ""  # the store of the pick's index, when it is not the current one
+
+    @property
+    def changes(self) -> dict[str, Any]:
+        """Every setting the pick changes: ``retrieve`` ones by name, chunk ones as
+        ``chunk.<name>``."""
+        return changed_settings(self.overrides, self.ingest)
 
     @property
     def delta(self) -> PairedDelta:
@@ -300,10 +321,17 @@ def run_tune(
     share: float = 0.5,
     resamples: int = 1000,
     space: dict[str, list[Any]] | None = None,
+    ingest_space: dict[str, list[Any]] | None = None,
     retriever: Retriever | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> TuneOutcome:
     """Pick ``retrieve.*`` settings on a tuning part, judge the pick on the held-out part.
+
+    ``ingest_space``: chunk settings to try too (``INGEST_SPACE``), each on its own
+    index of the same sources (``ragpipe.evaluation.sibling``), built here; the same
+    coordinate search runs on it, and it is picked only when its best beats this
+    index's best by ``MIN_GAIN`` on the tuning queries. The held-out queries then
+    compare the current settings on this index with the pick on its index.
 
     Raises:
         ConfigError: an unknown metric, a bad share, or too few golden items.
@@ -313,9 +341,11 @@ def run_tune(
     split = split_queries(golden, seed, share)
     tuning = _subset(golden, split.tuning, "tuning")
     current = config.retrieve.model_dump(mode="json")
-    own = retriever is None
-    retriever = retriever or Retriever(config)
-    try:
+    space = space or SPACE
+    ingest_trials = _ingest_trials(config, ingest_space)  # checked before any search
+
+    def search(on: Retriever) -> tuple[Search, float]:
+        """The coordinate search on one index, and its best score."""
 
         def score(settings: dict[str, Any]) -> float:
             result = run_retrieval_eval(
@@ -326,23 +356,53 @@ def run_tune(
                 depth=depth,
                 resamples=100,
                 seed=seed,
-                retriever=retriever,
+                retriever=on,
             )
             if progress is not None:
                 progress(1)
             return result.summary["trial"][metric].mean
 
-        space = space or SPACE
-        best, trials, options = coordinate_search(current, score, space)
+        found = coordinate_search(current, score, space)
+        picked = _changes(current, found.best)
+        return found, next(t.score for t in found.trials if t.overrides == picked)
+
+    with ExitStack() as opened:
+        if retriever is None:
+            retriever = opened.enter_context(Retriever(config))
+        found, best_score = search(retriever)
+        best, trials, options = found.best, list(found.trials), dict(found.options)
         for name in LLM_SPACE.keys() - space.keys():
             options[name] = (
                 "not tried: asked for with --llm-options (LLM calls per query: seconds each)"
             )
-        # Whole-section evidence is a property of the chunks: trying it means another index.
-        options["chunk.whole_sections"] = (
-            f"not tried: an ingest setting (this index: {config.chunk.whole_sections}); "
-            "index a copy with the other value and compare with `ragpipe eval retrieval`"
-        )
+        ingest: dict[str, Any] = {}
+        picked, index = retriever, ""
+        for name in [n for n in INGEST_SPACE if n not in (ingest_space or {})]:
+            # A property of the chunks: trying it means another index.
+            options[f"chunk.{name}"] = (
+                f"not tried: an ingest setting (this index: {getattr(config.chunk, name)}); "
+                "asked for with --ingest-options (builds a second index of the sources)"
+            )
+        for name, value in ingest_trials:
+            key, chunk = f"chunk.{name}", {name: value}
+            sibling = build_sibling(config, chunk)
+            other = opened.enter_context(Retriever(sibling))
+            why = incomparable(retriever, other, golden, granularity)
+            if why:
+                options[key] = f"refused {value!r}: {why}"
+                continue
+            found, score = search(other)
+            trials += [Trial({key: value, **t.overrides}, t.score) for t in found.trials]
+            where = f"on its own index against {best_score:.4f} on this one"
+            if score >= best_score + MIN_GAIN:
+                options.update(found.options)  # the retrieve verdicts on the picked index
+                options[key] = f"kept {value!r}: {score:.4f} {where}"
+                best, best_score, ingest = found.best, score, chunk
+                picked, index = other, str(sibling.store.path)
+            else:
+                options[key] = (
+                    f"refused {value!r}: {score:.4f} {where} (a change needs +{MIN_GAIN:g})"
+                )
         overrides = _changes(current, best)
         # The pick is final; only now are the held-out queries searched.
         variants = [Variant("current"), Variant("tuned", overrides)]
@@ -356,12 +416,10 @@ def run_tune(
             resamples=resamples,
             seed=seed,
             retriever=retriever,
+            retrievers={"tuned": picked},
         )
-    finally:
-        if own:
-            retriever.close()
     deltas = confirmation.deltas["tuned"]
-    decision, message = decide(overrides, deltas[metric], metric)
+    decision, message = decide(changed_settings(overrides, ingest), deltas[metric], metric)
     logger.info("tune: %d configurations tried; %s", len(trials), message)
     return TuneOutcome(
         metric=metric,
@@ -377,12 +435,61 @@ def run_tune(
         message=message,
         deltas=deltas,
         options=options,
+        ingest=ingest,
+        index=index,
     )
 
 
-def decide(overrides: dict[str, Any], delta: PairedDelta, metric: str) -> tuple[str, str]:
+def _ingest_trials(
+    config: RagpipeConfig, ingest_space: dict[str, list[Any]] | None
+) -> list[tuple[str, Any]]:
+    """(chunk setting, value) pairs to try, each on its own index: the values that differ
+    from the current index's."""
+    unknown = sorted(set(ingest_space or {}) - INGEST_SPACE.keys())
+    if unknown:
+        raise ConfigError(
+            f"cannot tune chunk setting(s) {', '.join(unknown)}; tunable: {', '.join(INGEST_SPACE)}"
+        )
+    return [
+        (name, value)
+        for name, values in (ingest_space or {}).items()
+        for value in values
+        if value != getattr(config.chunk, name)
+    ]
+
+
+def incomparable(
+    current: Retriever, other: Retriever, golden: GoldenSet, granularity: Granularity
+) -> str:
+    """Why ``other`` (an index of the same sources with other chunk settings) cannot be
+    compared with ``current`` on ``golden``; empty when it can. Not the same files and
+    versions (the sources changed since the current index was built, or a file failed
+    in one), or a golden target matching nothing in ``other``."""
+    mine, theirs = corpus_fingerprint(current), corpus_fingerprint(other)
+    if mine["sha256"] != theirs["sha256"]:
+        return (
+            f"its index holds other files or versions ({theirs['files']} files, "
+            f"{theirs['sha256']}) than this one ({mine['files']} files, {mine['sha256']}): "
+            "the sources changed since this index was built, or a file failed in one of "
+            "them; run `ragpipe ingest` and tune again"
+        )
+    check = check_golden(golden, IndexView(other.store), granularity.value)
+    if not check.ok:
+        return (
+            f"{len(check.unmatched_items)} golden item(s) match nothing in its index "
+            f"(first: {check.lines()[0]})"
+        )
+    return ""
+
+
+def changed_settings(overrides: dict[str, Any], ingest: dict[str, Any]) -> dict[str, Any]:
+    """``retrieve`` overrides by name and chunk settings as ``chunk.<name>``, in one dict."""
+    return {**overrides, **{f"chunk.{k}": v for k, v in ingest.items()}}
+
+
+def decide(changes: dict[str, Any], delta: PairedDelta, metric: str) -> tuple[str, str]:
     """recommend / refused / no change, and a sentence saying why."""
-    if not overrides:
+    if not changes:
         return "no change", "no change: the current settings scored best on the tuning queries"
     ci = delta.interval
     stated = (
@@ -411,7 +518,8 @@ def decide(overrides: dict[str, Any], delta: PairedDelta, metric: str) -> tuple[
 
 
 def tuned_yaml(outcome: TuneOutcome, base: Path | None) -> str:
-    """The base config file with the tuned ``retrieve`` settings merged in, as YAML.
+    """The base config file with the tuned ``retrieve`` (and chunk) settings merged in, as
+    YAML.
 
     Only the changed settings are written, under a comment saying how they
     were chosen; every other section of ``base`` is kept as it was.
@@ -425,17 +533,25 @@ def tuned_yaml(outcome: TuneOutcome, base: Path | None) -> str:
     retrieve = dict(data.get("retrieve") or {})
     retrieve.update(outcome.overrides)
     data["retrieve"] = retrieve
+    if outcome.ingest:
+        data["chunk"] = {**(data.get("chunk") or {}), **outcome.ingest}
     d = outcome.delta
     before, after = outcome.means()
     header = [
-        "# Written by `ragpipe eval tune`: retrieve settings picked on "
+        "# Written by `ragpipe eval tune`: settings picked on "
         f"{len(outcome.split.tuning)} tuning queries (seed {outcome.seed}),",
         f"# confirmed on {len(outcome.split.confirmation)} held-out queries: "
         f"{outcome.metric} {before:.4f} -> {after:.4f} "
         f"(delta {d.interval.mean:+.4f}, 95% CI [{d.interval.low:+.4f}, "
         f"{d.interval.high:+.4f}], p={d.p_value:.3g}).",
-        f"# Changed: {json.dumps(outcome.overrides, sort_keys=True)}",
+        f"# Changed: {json.dumps(outcome.changes, sort_keys=True)}",
     ]
+    if outcome.ingest:
+        header += [
+            "# The chunk settings change the points: the next `ragpipe ingest` with this file",
+            "# re-chunks and re-embeds every file. The index tune built with them, and scored,",
+            f"# is at {outcome.index}.",
+        ]
     body = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
     return "\n".join(header) + "\n" + body
 
@@ -458,6 +574,8 @@ class TuneSummary:
     depth: int
     tuned_config: str | None = None  # the tuned YAML, when the decision is recommend
     report_dir: str = ""
+    ingest: dict[str, Any] = field(default_factory=dict)  # chunk settings the pick changes
+    index: str = ""  # the store of the pick's index, when it is not the current one
 
     def as_json(self) -> dict[str, Any]:
         """tune.json's content (everything but ``report_dir``; no tuned_config unless
@@ -491,6 +609,8 @@ def tune_summary(outcome: TuneOutcome, config: RagpipeConfig, golden: str) -> Tu
         golden={"name": golden, "path": str(config.eval.golden)},
         granularity=config.eval.granularity,
         depth=config.eval.depth,
+        ingest=outcome.ingest,
+        index=outcome.index,
     )
 
 
@@ -506,7 +626,12 @@ def markdown(outcome: TuneOutcome) -> str:
         f"- Search: {len(outcome.trials)} configurations scored on the tuning queries "
         f"({outcome.metric}: current {outcome.tuning_current:.4f}, best "
         f"{outcome.tuning_best:.4f}).",
-        f"- Changed settings: `{json.dumps(outcome.overrides, sort_keys=True)}`",
+        f"- Changed settings: `{json.dumps(outcome.changes, sort_keys=True)}`",
+        *(
+            [f"- The pick's chunk settings are another index: tune built it at `{outcome.index}`."]
+            if outcome.ingest
+            else []
+        ),
         "",
         "## Held-out confirmation (tuned - current)",
         "",
@@ -570,14 +695,16 @@ def tune_and_report(
     base_config: Path | None = None,
     write_config: Path | None = None,
     space: dict[str, list[Any]] | None = None,
+    ingest_space: dict[str, list[Any]] | None = None,
 ) -> tuple[TuneOutcome, TuneSummary]:
     """Tune on ``config.eval.golden`` and write ``<reports_dir>/<time>-<name>/``.
 
     The run directory holds ``tune.json`` (split, every trial, the held-out
     deltas), ``report.md``, and, when the decision is ``recommend``,
-    ``tuned.yaml``: ``base_config`` with the tuned ``retrieve`` settings
-    merged in, also written to ``write_config`` when given. Granularity,
-    depth, resamples and seed come from ``config.eval``.
+    ``tuned.yaml``: ``base_config`` with the tuned ``retrieve`` (and, with
+    ``ingest_space``, chunk) settings merged in, also written to
+    ``write_config`` when given. Granularity, depth, resamples and seed come
+    from ``config.eval``.
     """
     progress = reporter()
     with Retriever(config) as retriever:
@@ -596,6 +723,7 @@ def tune_and_report(
                 share=share,
                 resamples=config.eval.resamples,
                 space=space,
+                ingest_space=ingest_space,
                 retriever=retriever,
                 progress=progress.advance,
             )
