@@ -17,8 +17,8 @@ shipped default on the same queries (NDCG@10, MRR, Recall@10 by pytrec_eval):
 Then ``eval tune --ingest-options`` decides ``chunk.whole_sections`` on each set as
 a user's run would (seed 0: the coordinate search on each index over the tuning
 half, the held-out half confirming); its verdict and held-out delta are printed
-and stored. Tune builds its own copy of the whole-sections index, under the
-set's work dir (``tune/whole_sections=true``).
+and stored. Tune builds its own copy of the whole-sections index, beside the
+set's work dir (``work.tune/``).
 
 The two unbuilt designs need a second stored vector per chunk (a schema change
 in both stores). They are measured here before building them: the section
@@ -46,7 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import retrieval_quality as rq
 
 from ragpipe.evaluation.retrieval import Variant
-from ragpipe.evaluation.tune import INGEST_SPACE, run_tune
+from ragpipe.evaluation.sibling import INGEST_SPACE, build_siblings
+from ragpipe.evaluation.tune import run_tune
 from ragpipe.ingest.chunk import TokenCounter, whole_section_fits
 from ragpipe.models.embedders import contextual_text, make_embedder
 from ragpipe.query.results import Retrieved, ranked
@@ -133,8 +134,9 @@ def section_vectors(dev: rq.DevSet, store: VectorStore) -> tuple[dict[str, Vecto
 
 def tune(dev: rq.DevSet) -> dict[str, Any]:
     """What ``eval tune --ingest-options`` decides on ``dev`` (seed 0)."""
+    siblings = build_siblings(dev.config, INGEST_SPACE)
     outcome = run_tune(
-        dev.config, dev.golden, granularity=dev.granularity, seed=0, ingest_space=INGEST_SPACE
+        dev.config, dev.golden, granularity=dev.granularity, seed=0, siblings=siblings
     )
     ci = outcome.delta.interval
     return {

@@ -476,8 +476,9 @@ def eval_tune(
         typer.Option(
             "--ingest-options",
             help="Also try chunk.whole_sections: a second index of your sources is built "
-            "under <work_dir>/tune/ (conversions reused, every chunk embedded again) and "
-            "searched with the same coordinate search; it is picked only when it wins.",
+            "beside the work dir, in <work_dir>.tune/ (conversions reused, every chunk "
+            "embedded again) and searched with the same coordinate search; it is picked "
+            "only when it wins.",
         ),
     ] = False,
     name: NameOption = None,
@@ -582,7 +583,7 @@ def _print_tune(summary: TuneSummary) -> None:
     console.print(f"[{colour}]{summary.message}[/{colour}]", highlight=False, soft_wrap=True)
     if summary.tuned_config:
         print(f"tuned config: {summary.tuned_config} (use it with --config)")
-    if summary.ingest:
+    if summary.tuned_config and summary.ingest:
         print(
             f"its chunk settings need the index tune built at {summary.index}: the next "
             "ingest with the tuned config re-chunks and re-embeds every file"

@@ -266,7 +266,7 @@ def tune_retrieval(
         llm_options: Also try the settings that call the LLM per query (LLM rerank,
             adaptive HyDE): seconds per candidate on a CPU.
         ingest_options: Also try the chunk settings (``chunk.whole_sections``), each on
-            a second index of the sources built under ``<work_dir>/tune/``.
+            a second index of the sources built in ``<work_dir>.tune/``.
 
     Returns the tune run's summary (tune.json's content, and ``report_dir``): the
     decision (recommend, refused, no change), the changed settings, and the held-out

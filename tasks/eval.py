@@ -19,7 +19,8 @@ from ragpipe.evaluation.rag import ALL_RAG_METRICS
 from ragpipe.evaluation.report import headline_cell, report_link
 from ragpipe.evaluation.retrieval import Gate, Variant
 from ragpipe.evaluation.run import RunSummary, run_rag, run_retrieval
-from ragpipe.evaluation.tune import INGEST_SPACE, TuneSummary, search_space, tune_and_report
+from ragpipe.evaluation.sibling import INGEST_SPACE
+from ragpipe.evaluation.tune import TuneSummary, search_space, tune_and_report
 
 
 @task(name="retrieval-eval", cache_policy=NO_CACHE)

@@ -18,13 +18,13 @@ import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
-from ragpipe.config import ChunkerKind, RagpipeConfig, load_config
+from ragpipe.config import ChunkerKind, EmbedProvider, RagpipeConfig, load_config
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.golden import ChunkTarget, GoldenItem, GoldenSet, save_golden
 from ragpipe.evaluation.metrics import Interval, PairedDelta
 from ragpipe.evaluation.retrieval import Granularity
+from ragpipe.evaluation.sibling import INGEST_SPACE
 from ragpipe.evaluation.tune import (
-    INGEST_SPACE,
     coordinate_search,
     decide,
     run_tune,
@@ -401,49 +401,87 @@ def sectioned(tmp_path_factory: pytest.TempPathFactory) -> RagpipeConfig:
     return cfg
 
 
-def _sections_golden(cfg: RagpipeConfig) -> list[GoldenItem]:
-    """Queries whose first file differs between the index and its whole-sections sibling,
-    with the sibling's first file as the target: whole sections win by construction."""
-    from ragpipe.evaluation.sibling import build_sibling
+@pytest.fixture(scope="module")
+def first_files(
+    sectioned: RagpipeConfig, tmp_path_factory: pytest.TempPathFactory
+) -> list[tuple[str, str, str]]:
+    """(query, first file on the index, first file with whole sections) where they differ.
+    The whole-sections index here is a reference built apart, so that each test's tune
+    builds its own."""
+    from ragpipe.evaluation.sibling import sibling_config
 
-    items: list[GoldenItem] = []
-    with Retriever(cfg) as cut, Retriever(build_sibling(cfg, {"whole_sections": True})) as whole:
+    home = tmp_path_factory.mktemp("reference")
+    whole = sibling_config(sectioned, {"whole_sections": True})
+    whole = whole.model_copy(
+        update={
+            "store": whole.store.model_copy(update={"path": home / "store"}),
+            "paths": whole.paths.model_copy(update={"work_dir": home / "work"}),
+        }
+    )
+    assert run_ingest(whole).failed == 0
+    found = []
+    with Retriever(sectioned) as cut, Retriever(whole) as kept:
         for a, b in itertools.combinations(WORDS, 2):
             query = f"{a} and {b}"
-            mine, theirs = cut.search(query, top_k=1).hits[0], whole.search(query, top_k=1).hits[0]
+            mine, theirs = cut.search(query, top_k=1).hits[0], kept.search(query, top_k=1).hits[0]
             if mine.file_path != theirs.file_path:
-                name = theirs.file_path.split("/corpus/", 1)[-1]
-                items.append(GoldenItem(f"q{len(items):02d}", query, {name: 1}))
-    assert len(items) >= 12, f"only {len(items)} queries rank another file first"
-    return items
+                rel = [h.file_path.split("/corpus/", 1)[-1] for h in (mine, theirs)]
+                found.append((query, rel[0], rel[1]))
+    assert len(found) >= 12, f"only {len(found)} queries rank another file first"
+    return found
 
 
-def test_sibling_config_has_its_own_store_and_no_gate(sectioned: RagpipeConfig) -> None:
-    from ragpipe.evaluation.sibling import sibling_config
+def _first_file_golden(found: list[tuple[str, str, str]], whole: bool) -> list[GoldenItem]:
+    """Each query's target: the file whole sections rank first (``whole``), else the one
+    the index ranks first: one index wins by construction."""
+    return [
+        GoldenItem(f"q{i:02d}", query, {theirs if whole else mine: 1})
+        for i, (query, mine, theirs) in enumerate(found)
+    ]
+
+
+def test_sibling_config_has_its_own_store_beside_the_work_dir_and_no_gate(
+    sectioned: RagpipeConfig,
+) -> None:
+    from ragpipe.evaluation.sibling import build_siblings, plan_siblings, sibling_config
 
     gated = sectioned.model_copy(
         update={"index": sectioned.index.model_validate({"gate": {"golden": ["g.yaml"]}})}
     )
     sibling = sibling_config(gated, {"whole_sections": True})
-    home = sectioned.paths.work_dir.resolve() / "tune" / "whole_sections=true"
-    assert sibling.chunk.whole_sections and sibling.chunk.size == 100
+    work = sectioned.paths.work_dir.resolve()
+    home = sibling.paths.work_dir.parent
+    assert home.parent == work.parent / f"{work.name}.tune"  # beside the work dir, not in it
+    assert home.name.startswith("whole_sections=true-") and len(home.name) == 28
     assert sibling.store.path == home / "store" and sibling.paths.work_dir == home / "work"
-    assert sibling.store.collection == "ragpipe-tune-whole_sections-true"
+    assert sibling.store.collection == "ragpipe-tune-" + home.name.replace("=", "-")
+    assert sibling.chunk.whole_sections and sibling.chunk.size == 100
     assert sibling.index.gate is None and gated.index.gate is not None
     assert sibling.embed == sectioned.embed and sibling.retrieve == sectioned.retrieve
+    # Another embedder cannot write that index: it gets its own.
+    embed = sectioned.embed.model_copy(update={"provider": EmbedProvider.LOCAL})
+    other = sectioned.model_copy(update={"embed": embed})
+    assert sibling_config(other, {"whole_sections": True}).store.path != sibling.store.path
+    assert [(s.setting, s.value) for s in plan_siblings(sectioned, INGEST_SPACE)] == [
+        ("whole_sections", True)
+    ]
+    # Refused before anything is built.
     chunk = sectioned.chunk.model_copy(update={"chunker": ChunkerKind.SENTENCE_WINDOW})
     window = sectioned.model_copy(update={"chunk": chunk})
     with pytest.raises(ConfigError, match=r"cannot be tried: .*chunk\.chunker: recursive"):
-        sibling_config(window, {"whole_sections": True})
+        build_siblings(window, INGEST_SPACE)
+    with pytest.raises(ConfigError, match=r"cannot tune chunk setting\(s\) size"):
+        build_siblings(sectioned, {"size": [50]})
 
 
 def test_tune_tries_whole_sections_on_a_second_index_and_keeps_it_where_it_wins(
-    sectioned: RagpipeConfig, tmp_path: Path
+    sectioned: RagpipeConfig, first_files: list[tuple[str, str, str]], tmp_path: Path
 ) -> None:
     from ragpipe.evaluation.retrieval import Variant, run_retrieval_eval
     from ragpipe.evaluation.sibling import sibling_config
+    from ragpipe.ingest.runner import WorkDir
 
-    items = _sections_golden(sectioned)
+    items = _first_file_golden(first_files, whole=True)
     cfg = _write(sectioned, tmp_path, items)
     cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"granularity": "file"})})
     base = tmp_path / "ragpipe.yaml"
@@ -453,6 +491,10 @@ def test_tune_tries_whole_sections_on_a_second_index_and_keeps_it_where_it_wins(
         ingest_space=INGEST_SPACE,
     )  # fmt: skip
     sibling = sibling_config(cfg, {"whole_sections": True})
+    # Its conversions are the index's own files, linked, not converted again.
+    mine = {p.name: p.stat().st_ino for p in WorkDir.of(cfg).convert_cache.glob("*.parquet")}
+    theirs = {p.name: p.stat().st_ino for p in WorkDir.of(sibling).convert_cache.glob("*.parquet")}
+    assert len(mine) == 4 and theirs == mine
     with Retriever(sibling) as whole, Retriever(cfg) as cut:
         assert whole.store.count() < cut.store.count()  # sections kept whole: fewer points
         # The trial of the current settings on the sibling is that index's own score.
@@ -464,9 +506,11 @@ def test_tune_tries_whole_sections_on_a_second_index_and_keeps_it_where_it_wins(
     tried = [t.score for t in outcome.trials if t.overrides == {"chunk.whole_sections": True}]
     assert tried == [pytest.approx(replay.summary["x"]["mrr"].mean)]
     assert outcome.ingest == {"whole_sections": True}, outcome.options
-    assert outcome.index == str(sibling.store.path)
+    assert outcome.index == str(sibling.store.path.resolve())
     verdict = outcome.options["chunk.whole_sections"]
     assert verdict.startswith("kept True: ") and "on its own index against" in verdict
+    # The retrieve verdicts shown are the search on the picked index, and say so.
+    assert outcome.options["mode"].endswith("(on the chunk.whole_sections=True index)")
     # The held-out queries: the current settings on this index, the pick on the sibling,
     # whose first file is every target by construction.
     tuned = [r for r in outcome.confirmation.rows if r.variant == "tuned"]
@@ -474,19 +518,42 @@ def test_tune_tries_whole_sections_on_a_second_index_and_keeps_it_where_it_wins(
     assert outcome.means()[0] < 1.0 and outcome.decision == "recommend"
     assert outcome.changes == {**outcome.overrides, "chunk.whole_sections": True}
     text = (Path(report.report_dir) / "tuned.yaml").read_text()
-    assert f"# is at {sibling.store.path}." in text
+    assert f"# is at {outcome.index}." in text
     tuned_config = load_config(Path(report.report_dir) / "tuned.yaml")
     assert tuned_config.chunk.whole_sections and tuned_config.chunk.size == 100
     summary = json.loads((Path(report.report_dir) / "tune.json").read_text())
-    assert summary["ingest"] == {"whole_sections": True}
-    assert summary["index"] == str(sibling.store.path)
+    assert summary["ingest"] == {"whole_sections": True} and summary["index"] == outcome.index
     assert "another index: tune built it at" in (Path(report.report_dir) / "report.md").read_text()
 
 
-def test_a_sibling_of_other_sources_is_refused_not_compared(
-    sectioned: RagpipeConfig, tmp_path: Path
+def test_a_second_index_that_loses_on_the_tuning_queries_is_refused(
+    sectioned: RagpipeConfig, first_files: list[tuple[str, str, str]]
 ) -> None:
-    items = _sections_golden(sectioned)
+    from ragpipe.evaluation.sibling import build_siblings
+
+    golden = GoldenSet("g", _first_file_golden(first_files, whole=False))
+    siblings = build_siblings(sectioned, INGEST_SPACE)
+    with Retriever(sectioned) as r:
+        outcome = run_tune(
+            sectioned, golden, granularity=Granularity.FILE, space={"mode": ["hybrid"]},
+            siblings=siblings, retriever=r, metric="mrr",
+        )  # fmt: skip
+    verdict = outcome.options["chunk.whole_sections"]
+    mine = outcome.tuning_current
+    assert verdict.startswith("refused True: ") and verdict.endswith(
+        f"on its own index against {mine:.4f} on this one (a change needs +0.005)"
+    ), verdict
+    assert outcome.ingest == {} and outcome.index == "" and outcome.overrides == {}
+    assert outcome.decision == "no change"
+    assert any(t.overrides == {"chunk.whole_sections": True} for t in outcome.trials)
+
+
+def test_a_second_index_of_other_sources_is_refused_not_compared(
+    sectioned: RagpipeConfig, first_files: list[tuple[str, str, str]], tmp_path: Path
+) -> None:
+    from ragpipe.evaluation.sibling import build_siblings
+
+    items = _first_file_golden(first_files, whole=True)
     # The sources change after the index was built: the sibling would index other text.
     root = tmp_path / "corpus"
     shutil.copytree(sectioned.discover.roots[0], root)
@@ -502,22 +569,26 @@ def test_a_sibling_of_other_sources_is_refused_not_compared(
     with Retriever(cfg) as r:
         outcome = run_tune(
             cfg, GoldenSet("g", items), granularity=Granularity.FILE, space={"mode": ["hybrid"]},
-            ingest_space=INGEST_SPACE, retriever=r,
+            siblings=build_siblings(cfg, INGEST_SPACE), retriever=r,
         )  # fmt: skip
     verdict = outcome.options["chunk.whole_sections"]
-    assert verdict.startswith("refused True: its index holds other files or versions"), verdict
+    assert verdict.startswith(
+        "refused True: the two indexes hold other files or versions (1 differ; first: "
+        f"{root / 'kitchen' / 'bread.md'} has another version in the second index)"
+    ), verdict
     assert "run `ragpipe ingest` and tune again" in verdict
     assert outcome.ingest == {} and outcome.index == ""
     assert not any("chunk.whole_sections" in t.overrides for t in outcome.trials)
-    with pytest.raises(ConfigError, match=r"cannot tune chunk setting\(s\) size"):
-        run_tune(cfg, GoldenSet("g", items), ingest_space={"size": [50]})
 
 
 @pytest.mark.slow
 def test_cli_eval_tune_ingest_options(
-    prefect_harness: None, sectioned: RagpipeConfig, tmp_path: Path
+    prefect_harness: None,
+    sectioned: RagpipeConfig,
+    first_files: list[tuple[str, str, str]],
+    tmp_path: Path,
 ) -> None:
-    cfg = _write(sectioned, tmp_path, _sections_golden(sectioned))
+    cfg = _write(sectioned, tmp_path, _first_file_golden(first_files, whole=True))
     config = tmp_path / "ragpipe.yaml"
     config.write_text(
         yaml.safe_dump(

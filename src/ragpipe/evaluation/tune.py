@@ -39,15 +39,9 @@ from ragpipe.evaluation.check import IndexView, check_golden
 from ragpipe.evaluation.golden import GoldenSet
 from ragpipe.evaluation.metrics import METRICS, PairedDelta
 from ragpipe.evaluation.report import html_page
-from ragpipe.evaluation.retrieval import (
-    EvalResult,
-    Granularity,
-    Variant,
-    corpus_fingerprint,
-    run_retrieval_eval,
-)
+from ragpipe.evaluation.retrieval import EvalResult, Granularity, Variant, run_retrieval_eval
 from ragpipe.evaluation.run import checked_golden, run_dir
-from ragpipe.evaluation.sibling import build_sibling
+from ragpipe.evaluation.sibling import INGEST_SPACE, Sibling, build_siblings, plan_siblings
 from ragpipe.progress import reporter
 from ragpipe.query.retrieve import Retriever
 
@@ -66,11 +60,6 @@ SPACE: dict[str, list[Any]] = {
     "boost_exact": [0.0, 0.2],
     "mmr": [False, True],
     "prf": [False, True],  # dense pseudo-relevance feedback (prf_k, prf_weight at defaults)
-}
-# Chunk settings, tried only when asked for (``eval tune --ingest-options``): each value
-# needs its own index of the sources (built under <work_dir>/tune/, every chunk embedded).
-INGEST_SPACE: dict[str, list[Any]] = {
-    "whole_sections": [False, True],  # a section that fits the embedder's window is one chunk
 }
 # Tried only when asked for (``eval tune --llm-options``): each costs LLM calls per query
 # (the rerank one per candidate, seconds each on a CPU; cached between trials).
@@ -321,17 +310,17 @@ def run_tune(
     share: float = 0.5,
     resamples: int = 1000,
     space: dict[str, list[Any]] | None = None,
-    ingest_space: dict[str, list[Any]] | None = None,
+    siblings: Sequence[Sibling] = (),
     retriever: Retriever | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> TuneOutcome:
     """Pick ``retrieve.*`` settings on a tuning part, judge the pick on the held-out part.
 
-    ``ingest_space``: chunk settings to try too (``INGEST_SPACE``), each on its own
-    index of the same sources (``ragpipe.evaluation.sibling``), built here; the same
-    coordinate search runs on it, and it is picked only when its best beats this
-    index's best by ``MIN_GAIN`` on the tuning queries. The held-out queries then
-    compare the current settings on this index with the pick on its index.
+    ``siblings``: indexes of the same sources with another chunk setting each
+    (``ragpipe.evaluation.sibling.build_siblings``). The same coordinate search runs
+    on each, and one is picked only when its best beats this index's best by
+    ``MIN_GAIN`` on the tuning queries; the held-out queries then compare the current
+    settings on this index with the pick on its index.
 
     Raises:
         ConfigError: an unknown metric, a bad share, or too few golden items.
@@ -342,7 +331,6 @@ def run_tune(
     tuning = _subset(golden, split.tuning, "tuning")
     current = config.retrieve.model_dump(mode="json")
     space = space or SPACE
-    ingest_trials = _ingest_trials(config, ingest_space)  # checked before any search
 
     def search(on: Retriever) -> tuple[Search, float]:
         """The coordinate search on one index, and its best score."""
@@ -369,39 +357,52 @@ def run_tune(
     with ExitStack() as opened:
         if retriever is None:
             retriever = opened.enter_context(Retriever(config))
+        options: dict[str, str] = {}
+        tried = {s.setting for s in siblings}
+        for name in [n for n in INGEST_SPACE if n not in tried]:
+            # A property of the chunks: trying it means another index.
+            options[f"chunk.{name}"] = (
+                f"not tried: an ingest setting (this index: {getattr(config.chunk, name)}); "
+                "asked for with --ingest-options (builds a second index of the sources)"
+            )
+        others: list[tuple[Sibling, Retriever]] = []
+        for sibling in siblings:
+            # Same embedder, LLM and rerankers (and their caches): only the index differs.
+            other = opened.enter_context(
+                Retriever(
+                    sibling.config, retriever.embedder, llm=retriever.llm,
+                    rerankers=retriever.rerankers,
+                )
+            )  # fmt: skip
+            why = incomparable(retriever, other, sibling, golden, granularity)
+            if why:
+                options[sibling.key] = f"refused {sibling.value!r}: {why}"
+            else:
+                others.append((sibling, other))
         found, best_score = search(retriever)
-        best, trials, options = found.best, list(found.trials), dict(found.options)
+        best, trials = found.best, list(found.trials)
+        options.update(found.options)
         for name in LLM_SPACE.keys() - space.keys():
             options[name] = (
                 "not tried: asked for with --llm-options (LLM calls per query: seconds each)"
             )
         ingest: dict[str, Any] = {}
         picked, index = retriever, ""
-        for name in [n for n in INGEST_SPACE if n not in (ingest_space or {})]:
-            # A property of the chunks: trying it means another index.
-            options[f"chunk.{name}"] = (
-                f"not tried: an ingest setting (this index: {getattr(config.chunk, name)}); "
-                "asked for with --ingest-options (builds a second index of the sources)"
-            )
-        for name, value in ingest_trials:
-            key, chunk = f"chunk.{name}", {name: value}
-            sibling = build_sibling(config, chunk)
-            other = opened.enter_context(Retriever(sibling))
-            why = incomparable(retriever, other, golden, granularity)
-            if why:
-                options[key] = f"refused {value!r}: {why}"
-                continue
+        for sibling, other in others:
             found, score = search(other)
-            trials += [Trial({key: value, **t.overrides}, t.score) for t in found.trials]
+            trials += [Trial({sibling.key: sibling.value, **t.overrides}, t.score)
+                       for t in found.trials]  # fmt: skip
             where = f"on its own index against {best_score:.4f} on this one"
             if score >= best_score + MIN_GAIN:
-                options.update(found.options)  # the retrieve verdicts on the picked index
-                options[key] = f"kept {value!r}: {score:.4f} {where}"
-                best, best_score, ingest = found.best, score, chunk
-                picked, index = other, str(sibling.store.path)
+                # The retrieve verdicts of the picked index, scored there.
+                on = f" (on the {sibling.key}={sibling.value!r} index)"
+                options.update((k, v + on) for k, v in found.options.items())
+                options[sibling.key] = f"kept {sibling.value!r}: {score:.4f} {where}"
+                best, best_score, ingest = found.best, score, {sibling.setting: sibling.value}
+                picked, index = other, sibling.where
             else:
-                options[key] = (
-                    f"refused {value!r}: {score:.4f} {where} (a change needs +{MIN_GAIN:g})"
+                options[sibling.key] = (
+                    f"refused {sibling.value!r}: {score:.4f} {where} (a change needs +{MIN_GAIN:g})"
                 )
         overrides = _changes(current, best)
         # The pick is final; only now are the held-out queries searched.
@@ -440,40 +441,34 @@ def run_tune(
     )
 
 
-def _ingest_trials(
-    config: RagpipeConfig, ingest_space: dict[str, list[Any]] | None
-) -> list[tuple[str, Any]]:
-    """(chunk setting, value) pairs to try, each on its own index: the values that differ
-    from the current index's."""
-    unknown = sorted(set(ingest_space or {}) - INGEST_SPACE.keys())
-    if unknown:
-        raise ConfigError(
-            f"cannot tune chunk setting(s) {', '.join(unknown)}; tunable: {', '.join(INGEST_SPACE)}"
-        )
-    return [
-        (name, value)
-        for name, values in (ingest_space or {}).items()
-        for value in values
-        if value != getattr(config.chunk, name)
-    ]
-
-
 def incomparable(
-    current: Retriever, other: Retriever, golden: GoldenSet, granularity: Granularity
+    current: Retriever,
+    other: Retriever,
+    sibling: Sibling,
+    golden: GoldenSet,
+    granularity: Granularity,
 ) -> str:
-    """Why ``other`` (an index of the same sources with other chunk settings) cannot be
-    compared with ``current`` on ``golden``; empty when it can. Not the same files and
-    versions (the sources changed since the current index was built, or a file failed
-    in one), or a golden target matching nothing in ``other``."""
-    mine, theirs = corpus_fingerprint(current), corpus_fingerprint(other)
-    if mine["sha256"] != theirs["sha256"]:
+    """Why ``other`` (``sibling``'s index) cannot be compared with ``current`` on
+    ``golden``; empty when it can: a file or version that one holds and the other does
+    not, or a golden target matching nothing in ``other``."""
+    mine, theirs = IndexView(current.store), IndexView(other.store)
+    files = set(mine.shas) | set(theirs.shas)
+    differ = sorted(f for f in files if mine.shas.get(f) != theirs.shas.get(f))
+    if differ:
+        first = differ[0]
+        failures = sibling.config.paths.work_dir / "failures.parquet"
+        if first not in theirs.shas:
+            why = f"{first} is in this index, not in the second (it failed there? see {failures})"
+        elif first not in mine.shas:
+            why = f"{first} is in the second index, not in this one"
+        else:
+            why = f"{first} has another version in the second index"
         return (
-            f"its index holds other files or versions ({theirs['files']} files, "
-            f"{theirs['sha256']}) than this one ({mine['files']} files, {mine['sha256']}): "
-            "the sources changed since this index was built, or a file failed in one of "
-            "them; run `ragpipe ingest` and tune again"
+            f"the two indexes hold other files or versions ({len(differ)} differ; first: "
+            f"{why}). The sources changed since this index was built, or a file failed in "
+            "one of them: run `ragpipe ingest` and tune again"
         )
-    check = check_golden(golden, IndexView(other.store), granularity.value)
+    check = check_golden(golden, theirs, granularity.value)
     if not check.ok:
         return (
             f"{len(check.unmatched_items)} golden item(s) match nothing in its index "
@@ -707,10 +702,13 @@ def tune_and_report(
     from ``config.eval``.
     """
     progress = reporter()
+    plan_siblings(config, ingest_space)  # a bad chunk setting is refused before any work
     with Retriever(config) as retriever:
         view = IndexView(retriever.store)
         golden, check = checked_golden(config, view, config.eval.granularity)
         scored = replace(golden, items=golden.answerable)  # unanswerable items have no ranks
+        # Built before the tune's progress starts: their ingest reports its own stages.
+        siblings = build_siblings(config, ingest_space)
         progress.start("tune", 0)  # the number of configurations is not known up front
         try:
             outcome = run_tune(
@@ -723,7 +721,7 @@ def tune_and_report(
                 share=share,
                 resamples=config.eval.resamples,
                 space=space,
-                ingest_space=ingest_space,
+                siblings=siblings,
                 retriever=retriever,
                 progress=progress.advance,
             )
