@@ -128,6 +128,27 @@ def test_cache_serves_only_close_questions_of_the_same_scope_and_version() -> No
     assert len(cache) == 0
 
 
+def test_a_cache_lookup_takes_the_closest_entry_the_question_guard_allows() -> None:
+    cache = SemanticCache(threshold=0.9, max_entries=3)
+    cache.clear("v")
+    cache.put(_v(1, 0.3), "ask", "v", "How do I uninstall R 4.2?", "remove it")  # cosine 0.958
+    cache.put(_v(1, 0.1), "ask", "v", "How do I install R 4.1?", "another version")  # 0.995
+    cache.put(_v(1, 0.2), "ask", "v", "How do I install R 4.2?", "install it")  # 0.981
+    # The closest conflicts (4.1), the next is taken; the guard runs in order of closeness.
+    hit = cache.get(_v(1, 0), "ask", "v", "How can I install R 4.2?")
+    assert hit is not None and hit.value == "install it"
+    assert hit.similarity == pytest.approx(1 / np.sqrt(1.04), abs=1e-6)
+    # Full: the least recently used ("uninstall") goes, and its row is reused.
+    cache.put(_v(0, 1), "ask", "v", "What is CRAN?", "a network")
+    assert len(cache) == 3
+    assert cache.get(_v(1, 0.3), "ask", "v", "How do I uninstall R 4.2?") is None
+    assert cache.get(_v(0.1, 1), "ask", "v", "What is CRAN?").value == "a network"  # type: ignore[union-attr]
+    assert cache.get(_v(1, 0.1), "ask", "v", "How do I install R 4.1?").value == "another version"  # type: ignore[union-attr]
+    # A vector of another size (another embedder) starts the cache again.
+    cache.put(_v(1, 0, 0), "ask", "v", "q", "a")
+    assert len(cache) == 1 and cache.get(_v(1, 0, 0), "ask", "v", "q").value == "a"  # type: ignore[union-attr]
+
+
 def test_cache_entries_expire_after_the_ttl() -> None:
     cache = SemanticCache(threshold=0.9, max_entries=8, ttl_seconds=0.05)
     cache.get(_v(1, 0), "ask", "v")

@@ -42,7 +42,7 @@ class CacheHit:
 
 @dataclass
 class _Entry:
-    vector: npt.NDArray[np.float32]
+    slot: int  # its row of SemanticCache._vectors
     scope: str
     query: str
     value: Any
@@ -120,6 +120,11 @@ class SemanticCache:
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._next = 0
         self._lock = threading.Lock()
+        # Every entry's unit vector is a row of one matrix (allocated on the first put), so
+        # a lookup is one product; a free row is zero (cosine 0, below any threshold).
+        self._vectors = np.zeros((0, 0), np.float32)
+        self._slot_keys: list[int | None] = []  # the entry in each row
+        self._free: list[int] = []
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -130,8 +135,20 @@ class SemanticCache:
     def _follow(self, version: str | None) -> None:
         """Empty the cache when the index version it was filled from is not ``version``."""
         if version != self.version:
-            self._entries.clear()
+            self._empty()
             self.version = version
+
+    def _empty(self) -> None:
+        self._entries.clear()
+        self._vectors[:] = 0
+        self._slot_keys = [None] * len(self._vectors)
+        self._free = list(range(len(self._vectors) - 1, -1, -1))
+
+    def _drop(self, key: int) -> None:
+        entry = self._entries.pop(key)
+        self._vectors[entry.slot] = 0
+        self._slot_keys[entry.slot] = None
+        self._free.append(entry.slot)
 
     def get(
         self,
@@ -148,25 +165,27 @@ class SemanticCache:
             self._follow(version)
             if self.ttl_seconds is not None:
                 for key in [k for k, e in self._entries.items() if self._expired(e, now)]:
-                    del self._entries[key]
-            keys = [
-                k
-                for k, e in self._entries.items()
-                if e.scope == scope and (text is None or meaning_conflict(text, e.query) is None)
-            ]
-            if not keys:
-                self.misses += 1
-                return None
-            similarities = np.stack([self._entries[k].vector for k in keys]) @ query
-            best_at = int(np.argmax(similarities))
-            best_key, best = keys[best_at], float(similarities[best_at])
-            if best < self.threshold:
-                self.misses += 1
-                return None
-            entry = self._entries[best_key]
-            self._entries.move_to_end(best_key)
-            self.hits += 1
-            return CacheHit(entry.value, min(best, 1.0), entry.query, now - entry.stored_at)
+                    self._drop(key)
+            fits = self._entries and self._vectors.shape[1] == query.shape[0]
+            similarities = self._vectors @ query if fits else np.empty(0, np.float32)
+            # Closest first, among those at or above the threshold; the question guard (a
+            # few regexes, ~10 us) runs only on those, not on every entry.
+            above = np.flatnonzero(similarities >= self.threshold)
+            for at in above[np.argsort(-similarities[above], kind="stable")]:
+                held = self._slot_keys[int(at)]
+                if held is None:
+                    continue
+                entry = self._entries[held]
+                if entry.scope != scope:
+                    continue
+                if text is not None and meaning_conflict(text, entry.query) is not None:
+                    continue
+                self._entries.move_to_end(held)
+                self.hits += 1
+                best = float(similarities[at])
+                return CacheHit(entry.value, min(best, 1.0), entry.query, now - entry.stored_at)
+            self.misses += 1
+            return None
 
     def put(
         self,
@@ -180,13 +199,20 @@ class SemanticCache:
         with self._lock:
             if version != self.version:  # computed on a version the cache has left
                 return
-            self._entries[self._next] = _Entry(unit(vector), scope, query, value, time.monotonic())
+            v = unit(vector)
+            if self._vectors.shape[1] != v.shape[0]:  # the first put (or another embedder)
+                self._vectors = np.zeros((self.max_entries, v.shape[0]), np.float32)
+                self._empty()
+            if not self._free:  # full: the least recently used goes
+                self._drop(next(iter(self._entries)))
+            slot = self._free.pop()
+            self._vectors[slot] = v
+            self._slot_keys[slot] = self._next
+            self._entries[self._next] = _Entry(slot, scope, query, value, time.monotonic())
             self._next += 1
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
 
     def clear(self, version: str | None = None) -> None:
         """Drop every entry and follow ``version`` from now on."""
         with self._lock:
-            self._entries.clear()
+            self._empty()
             self.version = version
