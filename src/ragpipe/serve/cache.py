@@ -120,8 +120,8 @@ class SemanticCache:
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._next = 0
         self._lock = threading.Lock()
-        # Every entry's unit vector is a row of one matrix (allocated on the first put), so
-        # a lookup is one product; a free row is zero (cosine 0, below any threshold).
+        # Every entry's unit vector is a row of one matrix (grown as the cache fills), so a
+        # lookup is one product; a free row is zero (cosine 0, below any threshold).
         self._vectors = np.zeros((0, 0), np.float32)
         self._slot_keys: list[int | None] = []  # the entry in each row
         self._free: list[int] = []
@@ -143,6 +143,15 @@ class SemanticCache:
         self._vectors[:] = 0
         self._slot_keys = [None] * len(self._vectors)
         self._free = list(range(len(self._vectors) - 1, -1, -1))
+
+    def _grow(self, rows: int) -> None:
+        """Room for ``rows`` entries (doubled as it fills, up to ``max_entries``)."""
+        before = len(self._vectors)
+        grown = np.zeros((rows, self._vectors.shape[1]), np.float32)
+        grown[:before] = self._vectors
+        self._vectors = grown
+        self._slot_keys += [None] * (rows - before)
+        self._free += range(rows - 1, before - 1, -1)
 
     def _drop(self, key: int) -> None:
         entry = self._entries.pop(key)
@@ -201,8 +210,10 @@ class SemanticCache:
                 return
             v = unit(vector)
             if self._vectors.shape[1] != v.shape[0]:  # the first put (or another embedder)
-                self._vectors = np.zeros((self.max_entries, v.shape[0]), np.float32)
+                self._vectors = np.zeros((min(self.max_entries, 64), v.shape[0]), np.float32)
                 self._empty()
+            if not self._free and len(self._vectors) < self.max_entries:
+                self._grow(min(self.max_entries, 2 * len(self._vectors)))
             if not self._free:  # full: the least recently used goes
                 self._drop(next(iter(self._entries)))
             slot = self._free.pop()
