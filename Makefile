@@ -43,6 +43,7 @@ bench: setup
 	.venv/bin/python bench/fetch.py
 	.venv/bin/python bench/cold_start.py
 	.venv/bin/python bench/retrieval_quality.py
+	.venv/bin/python bench/retrieval_quality.py --embedder all-mpnet-base-v2 --json bench/results/retrieval_quality_mpnet.json
 	.venv/bin/python bench/section_evidence.py
 	.venv/bin/python bench/section_evidence.py --embedder all-mpnet-base-v2
 	.venv/bin/python bench/cache_threshold.py

@@ -19,8 +19,12 @@ dense + 0.3 · BM25 over all documents (the shared corpus README's recipe).
 Metrics (NDCG@10, MRR, Recall@10) come from pytrec_eval for every row,
 ragpipe's included (its ranked lists are handed over as runs).
 
+In a MiniLM run the raw all-mpnet-base-v2 recipe (whole-document cosine, and its convex
+fusion with BM25) is computed too, from the same texts.
+
 ragpipe rows: the shipped default, its dense leg and its sparse leg alone
-(``mode``), the previous default (RRF k=60, no document signal), and the
+(``mode``), the previous default (RRF k=60, no document signal), dense
+pseudo-relevance feedback (``retrieve.prf``, at its default k and weight), and the
 configuration ``ragpipe eval tune`` picks on each set (tuned on one seeded
 half of the queries; its row is scored on all queries, and the held-out
 half's paired delta against the default is printed beside it).
@@ -159,29 +163,42 @@ def _tokens(text: str) -> list[str]:
 
 
 def peers(dev: DevSet, store: VectorStore) -> dict[str, Run]:
-    """Raw MiniLM, raw BM25Okapi, RRF and min-max convex fusion of the two, over all documents."""
+    """Raw cosine of the run's embedder, raw BM25Okapi, RRF and min-max convex fusion of the
+    two, over all documents; in a MiniLM run, also the raw all-mpnet-base-v2 recipe (cosine
+    and convex fusion), the stronger packaged embedder's plain baseline."""
     from rank_bm25 import BM25Okapi
     from sentence_transformers import SentenceTransformer
 
     from ragpipe.models.embedders import local_model_dir
 
     ids, texts = _documents(dev, store)
-    model = SentenceTransformer(str(local_model_dir(dev.config.embed.model)), device="cpu")
-    docs = model.encode(texts, batch_size=32, normalize_embeddings=True)
     queries = [item.query for item in dev.golden.items]
-    qv = model.encode(queries, batch_size=32, normalize_embeddings=True)
-    dense = qv @ docs.T
+
+    def cosine(name: str | None) -> np.ndarray:
+        model = SentenceTransformer(str(local_model_dir(name)), device="cpu")
+        docs = model.encode(texts, batch_size=32, normalize_embeddings=True)
+        return model.encode(queries, batch_size=32, normalize_embeddings=True) @ docs.T
+
+    dense = cosine(dev.config.embed.model)
     bm25 = BM25Okapi([_tokens(t) for t in texts])
     sparse = np.stack([bm25.get_scores(_tokens(q)) for q in queries])
     rrf = _rrf(dense) + _rrf(sparse)
     convex = 0.7 * _minmax(dense) + 0.3 * _minmax(sparse)
-    out = {}
-    for name, matrix in (
+    recipes = [
         (f"raw {_short(dev.config.embed.model)} cosine", dense),
         ("raw BM25Okapi", sparse),
         (f"raw RRF k=60 ({_short(dev.config.embed.model)} + BM25)", rrf),
         ("raw convex 0.7/0.3 min-max", convex),
-    ):
+    ]
+    if dev.config.embed.model is None:
+        mpnet = cosine(MPNET)
+        fused = 0.7 * _minmax(mpnet) + 0.3 * _minmax(sparse)
+        recipes += [
+            (f"raw {MPNET} cosine", mpnet),
+            (f"raw convex 0.7/0.3 min-max ({MPNET} + BM25)", fused),
+        ]
+    out = {}
+    for name, matrix in recipes:
         ranked = {}
         for row, item in zip(matrix, dev.golden.items, strict=True):
             order = sorted(range(len(ids)), key=lambda j: (-row[j], ids[j], j))
@@ -229,11 +246,13 @@ def _minmax(matrix: np.ndarray) -> np.ndarray:
 
 # -- ragpipe rows -------------------------------------------------------------------
 
+MPNET = "all-mpnet-base-v2"
 RAGPIPE_VARIANTS = [
     Variant("ragpipe default"),
     Variant("ragpipe dense leg", {"mode": "dense"}),
     Variant("ragpipe sparse leg", {"mode": "sparse"}),
     Variant("ragpipe RRF k=60, no doc signal", {"fusion_method": "rrf", "doc_weight": 0.0}),
+    Variant("ragpipe + prf (retrieve.prf)", {"prf": True}),
 ]
 
 
