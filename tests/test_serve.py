@@ -149,6 +149,44 @@ def test_a_cache_lookup_takes_the_closest_entry_the_question_guard_allows() -> N
     assert len(cache) == 1 and cache.get(_v(1, 0, 0), "ask", "v", "q").value == "a"  # type: ignore[union-attr]
 
 
+def test_a_growing_cache_keeps_scopes_least_recent_ties_and_exact_repeats() -> None:
+    rng = np.random.default_rng(7)
+    cache = SemanticCache(threshold=0.99, max_entries=100)
+    cache.clear("v")
+    vectors = [rng.standard_normal(16).astype(np.float32) for _ in range(130)]
+    for i, v in enumerate(vectors[:70]):  # past the first 64 rows: the matrix grows
+        cache.put(v, "ask", "v", f"question {i}", i)
+    assert len(cache) == 70
+    assert all(cache.get(v, "ask", "v", f"question {i}").value == i  # type: ignore[union-attr]
+               for i, v in enumerate(vectors[:70]))  # fmt: skip
+    # A closer entry of another scope is not served; the one of this scope is.
+    cache.put(vectors[0], "search", "v", "question 0", "other scope")
+    assert cache.get(vectors[0] + 0.01, "ask", "v", "question 0").value == 0  # type: ignore[union-attr]
+    # The same question cached twice: the one used least recently is served, as before.
+    cache.put(vectors[1], "ask", "v", "question 1", "again")
+    assert cache.get(vectors[1], "ask", "v", "question 1").value == 1  # type: ignore[union-attr]
+    assert cache.get(vectors[1], "ask", "v", "question 1").value == "again"  # type: ignore[union-attr]
+    # Past 100 the least recently used go; after a clear the rows are reused.
+    for i, v in enumerate(vectors[70:], start=70):
+        cache.put(v, "ask", "v", f"question {i}", i)
+    assert len(cache) == 100 and cache.get(vectors[2], "ask", "v", "question 2") is None
+    cache.clear("v2")
+    assert len(cache) == 0 and cache.get(vectors[129], "ask", "v2", "question 129") is None
+    cache.put(vectors[5], "ask", "v2", "question 5", "after the clear")
+    assert cache.get(vectors[5], "ask", "v2", "question 5").value == "after the clear"  # type: ignore[union-attr]
+    # At threshold 1.0 an exact repeat is a hit (float32 rounding aside), another is not.
+    exact = SemanticCache(threshold=1.0, max_entries=4)
+    exact.clear("v")
+    for i, v in enumerate(vectors[:4]):
+        exact.put(v * 3, "ask", "v", f"q{i}", i)
+    assert [exact.get(v, "ask", "v", f"q{i}").value for i, v in enumerate(vectors[:4])] == [  # type: ignore[union-attr]
+        0, 1, 2, 3,
+    ]  # fmt: skip
+    assert exact.get(vectors[0] + 0.05, "ask", "v", "q0") is None
+    with pytest.raises(ValueError, match="max_entries must be at least 1"):
+        SemanticCache(threshold=0.9, max_entries=0)
+
+
 def test_cache_entries_expire_after_the_ttl() -> None:
     cache = SemanticCache(threshold=0.9, max_entries=8, ttl_seconds=0.05)
     cache.get(_v(1, 0), "ask", "v")

@@ -103,6 +103,10 @@ def unit(vector: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     return v / norm if norm > 0 else v
 
 
+# float32 cosines of unit vectors are off by up to a few 1e-7: a threshold is met within it.
+SIMILARITY_ROUNDING = 1e-6
+
+
 class SemanticCache:
     """Bounded, thread-safe, version-scoped nearest-question cache."""
 
@@ -111,6 +115,8 @@ class SemanticCache:
     ) -> None:
         if not 0 < threshold <= 1:
             raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be at least 1, got {max_entries}")
         self.threshold = threshold
         self.max_entries = max_entries
         self.ttl_seconds = ttl_seconds
@@ -123,6 +129,8 @@ class SemanticCache:
         # Every entry's unit vector is a row of one matrix (grown as the cache fills), so a
         # lookup is one product; a free row is zero (cosine 0, below any threshold).
         self._vectors = np.zeros((0, 0), np.float32)
+        self._used = np.zeros(0, np.int64)  # per row: when its entry was stored or last served
+        self._clock = 0
         self._slot_keys: list[int | None] = []  # the entry in each row
         self._free: list[int] = []
 
@@ -144,12 +152,17 @@ class SemanticCache:
         self._slot_keys = [None] * len(self._vectors)
         self._free = list(range(len(self._vectors) - 1, -1, -1))
 
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
     def _grow(self, rows: int) -> None:
         """Room for ``rows`` entries (doubled as it fills, up to ``max_entries``)."""
         before = len(self._vectors)
         grown = np.zeros((rows, self._vectors.shape[1]), np.float32)
         grown[:before] = self._vectors
         self._vectors = grown
+        self._used = np.concatenate([self._used, np.zeros(rows - before, np.int64)])
         self._slot_keys += [None] * (rows - before)
         self._free += range(rows - 1, before - 1, -1)
 
@@ -177,10 +190,12 @@ class SemanticCache:
                     self._drop(key)
             fits = self._entries and self._vectors.shape[1] == query.shape[0]
             similarities = self._vectors @ query if fits else np.empty(0, np.float32)
-            # Closest first, among those at or above the threshold; the question guard (a
-            # few regexes, ~10 us) runs only on those, not on every entry.
-            above = np.flatnonzero(similarities >= self.threshold)
-            for at in above[np.argsort(-similarities[above], kind="stable")]:
+            # Closest first (of equals, the least recently used, as an LRU scan would find
+            # it), among those at or above the threshold (less float32 rounding: an exact
+            # repeat is a hit at 1.0); the question guard (a few regexes, ~10 us) runs only
+            # on those, not on every entry.
+            above = np.flatnonzero(similarities >= self.threshold - SIMILARITY_ROUNDING)
+            for at in above[np.lexsort((self._used[above], -similarities[above]))]:
                 held = self._slot_keys[int(at)]
                 if held is None:
                     continue
@@ -190,6 +205,7 @@ class SemanticCache:
                 if text is not None and meaning_conflict(text, entry.query) is not None:
                     continue
                 self._entries.move_to_end(held)
+                self._used[at] = self._tick()
                 self.hits += 1
                 best = float(similarities[at])
                 return CacheHit(entry.value, min(best, 1.0), entry.query, now - entry.stored_at)
@@ -211,6 +227,7 @@ class SemanticCache:
             v = unit(vector)
             if self._vectors.shape[1] != v.shape[0]:  # the first put (or another embedder)
                 self._vectors = np.zeros((min(self.max_entries, 64), v.shape[0]), np.float32)
+                self._used = np.zeros(len(self._vectors), np.int64)
                 self._empty()
             if not self._free and len(self._vectors) < self.max_entries:
                 self._grow(min(self.max_entries, 2 * len(self._vectors)))
@@ -218,6 +235,7 @@ class SemanticCache:
                 self._drop(next(iter(self._entries)))
             slot = self._free.pop()
             self._vectors[slot] = v
+            self._used[slot] = self._tick()
             self._slot_keys[slot] = self._next
             self._entries[self._next] = _Entry(slot, scope, query, value, time.monotonic())
             self._next += 1
