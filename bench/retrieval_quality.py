@@ -24,7 +24,10 @@ fusion with BM25) is computed too, from the same texts.
 
 ragpipe rows: the shipped default, its dense leg and its sparse leg alone
 (``mode``), the previous default (RRF k=60, no document signal), dense
-pseudo-relevance feedback (``retrieve.prf``, at its default k and weight), and the
+pseudo-relevance feedback (``retrieve.prf``, at its default k and weight), and, in a
+MiniLM run, the options that need an index of their own: ``chunk.whole_sections`` and
+the quality profile (all-mpnet-base-v2 with ``ragpipe.quality.yaml``'s settings), each
+built under ``--work`` once; and the
 configuration ``ragpipe eval tune`` picks on each set (tuned on one seeded
 half of the queries; its row is scored on all queries, and the held-out
 half's paired delta against the default is printed beside it).
@@ -39,11 +42,13 @@ packaged model, and ragpipe's chunks are measured with its tokenizer and window 
 ``ragpipe.quality.yaml`` sets them); indexes go under ``--work``/NAME.
 
 LLM reranking (``retrieve.rerank: llm``) costs seconds a candidate, so it is measured on a
-sample of both sets' queries by ``bench/llm_rerank.py``, on these same indexes. Whole-section
-evidence (``chunk.whole_sections`` and two designs with a second vector per chunk) needs
-other indexes or section vectors: ``bench/section_evidence.py`` measures it on both sets.
+sample of both sets' queries by ``bench/llm_rerank.py``, on these same indexes. The two
+whole-section designs with a second vector per chunk need section vectors:
+``bench/section_evidence.py`` measures them (and ``chunk.whole_sections`` with mpnet, and
+what ``eval tune --ingest-options`` decides) on both sets.
 
 Usage: python bench/retrieval_quality.py [--work DIR] [--json OUT] [--no-tune]
+       [--no-peers] [--no-other-indexes]
        [--variant NAME:key=value,...] [--embedder all-mpnet-base-v2]
        [--chunk key=value,...]
 """
@@ -298,6 +303,9 @@ def main() -> int:
     )
     parser.add_argument("--no-tune", action="store_true", help="skip the eval tune row")
     parser.add_argument("--no-peers", action="store_true", help="skip the peer recipes")
+    parser.add_argument("--no-other-indexes", action="store_true",
+                        help="skip the rows that need their own index (whole sections, the "
+                        "quality profile's mpnet)")  # fmt: skip
     parser.add_argument(
         "--variant", action="append", default=[], help="extra ragpipe row, NAME:key=value,..."
     )
@@ -316,6 +324,13 @@ def main() -> int:
     for part in filter(None, (p.strip() for p in args.chunk.split(","))):
         key, _, value = part.partition("=")
         chunk[key.strip()] = yaml.safe_load(value)
+    # Options that need an index of their own, scored in the same run (default run only).
+    others: dict[str, dict[str, DevSet]] = {}
+    if not args.embedder and not chunk and not args.no_other_indexes:
+        sections = build(args.work, None, {"whole_sections": True})
+        others["ragpipe + chunk.whole_sections (own index)"] = {d.name: d for d in sections}
+        profile = build(args.work, MPNET)
+        others["ragpipe quality profile (mpnet, own index)"] = {d.name: d for d in profile}
     for dev in build(args.work, args.embedder, chunk):
         embed = dev.config.embed.model_copy(update={"query_runtime": args.query_runtime})
         dev = dataclasses.replace(dev, config=dev.config.model_copy(update={"embed": embed}))
@@ -329,6 +344,10 @@ def main() -> int:
                 variant, notes["ragpipe tuned (eval tune)"] = tuned(dev, retriever)
                 runs.update(ragpipe_runs(dev, [variant], retriever))
                 notes["settings"] = json.dumps(variant.overrides, sort_keys=True)
+        for label, sets in others.items():
+            other = sets[dev.name]
+            with Retriever(other.config) as retriever:
+                runs[label] = ragpipe_runs(other, [Variant(label)], retriever)[label]
         for name, run in runs.items():
             rows[name] = score(run, dev.qrels)
         results[dev.name] = {"rows": rows, "notes": notes, "granularity": dev.granularity.value}
