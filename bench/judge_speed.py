@@ -4,7 +4,8 @@
 2 cores against a 30 min target. This replays the RAG eval's own ``Judge`` (the
 ragas metrics) on the first N answerable R-FAQ dev questions of the stratified
 sample, over the shipped sample index, and records every model call (seconds,
-prompt and output tokens, the reply) under one of three llama.cpp settings:
+prompt tokens, those taken from llama.cpp's prompt cache, output tokens, the reply)
+under one of three llama.cpp settings:
 
 - ``none``: today's setting (one slot, greedy, llama.cpp's prompt cache);
 - ``ngram``: prompt-lookup speculative decoding (llama.cpp's ``ngram-simple``):
@@ -23,7 +24,7 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import xllamacpp as xlc
 
@@ -36,6 +37,22 @@ from ragpipe.query.generate import answer
 from ragpipe.query.retrieve import Retriever
 
 SLOTS = 4
+
+
+class Timed:
+    """llama.cpp's server core, keeping the last reply's ``timings`` (``cache_n``: prompt
+    tokens taken from the prompt cache instead of being read again)."""
+
+    last: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def handle_chat_completions(self, request: Any, *rest: Any) -> Any:
+        reply = self.server.handle_chat_completions(request, *rest)
+        if isinstance(reply, dict):
+            Timed.last = reply.get("timings") or {}
+        return reply
 
 
 def main() -> None:
@@ -57,7 +74,7 @@ def main() -> None:
         if args.mode == "ngram":
             ngram = xlc.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE
             params.speculative.types = [ngram]
-        return xlc.Server(params), threading.Semaphore(SLOTS if par else 1)
+        return Timed(xlc.Server(params)), threading.Semaphore(SLOTS if par else 1)
 
     llm_module._load_gguf = load  # type: ignore[assignment]
     config = load_config(None)
@@ -71,8 +88,10 @@ def main() -> None:
 
     def recorded(messages: Any, **kwargs: Any) -> Any:
         reply = chat(messages, **kwargs)
+        cached = Timed.last.get("cache_n")  # prompt tokens llama.cpp did not read again
         calls.append({"seconds": round(reply.seconds, 2), "tokens_in": reply.tokens_in,
-                      "tokens_out": reply.tokens_out, "text": reply.text})  # fmt: skip
+                      "tokens_cached": cached, "tokens_out": reply.tokens_out,
+                      "text": reply.text})  # fmt: skip
         return reply
 
     model.chat = recorded  # type: ignore[method-assign]
@@ -95,7 +114,7 @@ def main() -> None:
 
         judge.judge = concurrent  # type: ignore[method-assign]
     retriever = Retriever(config, embedder=embedder, llm=model)
-    results = []
+    results: list[dict[str, Any]] = []
     for item in items:
         hits = retriever.search(item.query).hits
         reply = answer(item.query, hits, model, config.generate.context_tokens, cite_grammar=True)
@@ -109,7 +128,13 @@ def main() -> None:
         scores = {m: j.value for m, j in row.judged.items()}
         results.append({"id": item.id, "judge_seconds": took, "scores": scores,
                         "calls": calls[first:]})  # fmt: skip
-        print(f"{item.id}: judged in {took} s, {len(calls) - first} calls, {scores}", flush=True)
+        read = sum(c["tokens_in"] for c in calls[first:])
+        cached = sum(c["tokens_cached"] or 0 for c in calls[first:])
+        print(
+            f"{item.id}: judged in {took} s, {len(calls) - first} calls, {cached} of {read} "
+            f"prompt tokens from the cache, {scores}",
+            flush=True,
+        )
     retriever.close()
     total = sum(r["judge_seconds"] for r in results)
     print(f"{args.mode}: {total:.0f} s judging {len(results)} answers")
