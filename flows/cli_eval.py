@@ -210,7 +210,9 @@ def eval_retrieval(
     mode: ModeOption = None,
     rerank: RerankOption = None,
     granularity: GranularityOption = None,
-    depth: Annotated[int | None, typer.Option(help="Results per query (default 10).")] = None,
+    depth: Annotated[
+        int | None, typer.Option(help="Results ranked per query: 10 or more (default 10).")
+    ] = None,
     skip_unmatched: SkipUnmatchedOption = None,
     allow_draft: AllowDraftOption = False,
     name: NameOption = None,
@@ -575,7 +577,9 @@ def _print_tune(summary: TuneSummary) -> None:
             m,
             f"{d['current']:.4f}",
             f"{d['tuned']:.4f}",
-            f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]",
+            f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
+            if d["ci_low"] is not None
+            else f"{d['mean']:+.4f} (n={d['n']}, no CI)",
             f"{d['p_value']:.3g}",
         )
     Console().print(table)

@@ -44,6 +44,8 @@ from tasks.eval import (
 )
 
 Share = Annotated[float, Field(gt=0, lt=1)]
+# Results ranked per query: the deepest metric cutoff (recall@10, NDCG@10) or more.
+Depth = Annotated[int, Field(ge=10)]
 
 
 def _from_form(config_path: str | None, **values: Any) -> RagpipeConfig:
@@ -71,7 +73,7 @@ def eval_retrieval_flow(
     alpha: Annotated[float, Field(ge=0, le=1)] | None = None,
     dense_weight: NonNegativeFloat | None = None,
     sparse_weight: NonNegativeFloat | None = None,
-    depth: PositiveInt | None = None,
+    depth: Depth | None = None,
     rerank: bool | None = None,
     granularity: Granularity | None = None,
     skip_unmatched: bool | None = None,
@@ -202,7 +204,7 @@ def eval_compare_flow(
     baseline: VariantForm = CURRENT,
     golden: str | None = None,
     granularity: Granularity | None = None,
-    depth: PositiveInt | None = None,
+    depth: Depth | None = None,
     gate_metric: MetricName | None = None,
     gate_threshold: float = 0.0,
     skip_unmatched: bool | None = None,

@@ -262,3 +262,29 @@ def test_citation_scores_duplicates_count_once() -> None:
     assert precision == pytest.approx(1 / 2)
     assert recall == 1.0
     assert cited == [2, 2, 3, 2]
+
+
+def test_an_answers_citations_are_no_words_of_it() -> None:
+    # "The cat sat on the mat [1]." against "A cat sat on a red mat": the answer's tokens
+    # are cat, sat, on, mat (articles dropped), the expected cat, sat, on, red, mat: F1 =
+    # 2 * 4/4 * 4/5 / (4/4 + 4/5) = 8/9. Scored with the marker as a token ("1"), it was 0.8.
+    from ragpipe.evaluation.golden import ChunkTarget, GoldenItem
+    from ragpipe.evaluation.rag import score_answer
+    from ragpipe.query.generate import Answer, Source
+    from ragpipe.query.results import Retrieved
+
+    payload = {"file_path": "pets.md", "heading_path": "Cats", "text": "The cat sat."}
+    hit = Retrieved("p1", 1.0, payload)
+    source = Source(1, "p1", "pets.md", None, "Cats", "The cat sat.")
+    target = ChunkTarget("pets.md", heading="Cats")
+    item = GoldenItem("cat", "Where?", {"pets.md": 1}, (target,), "A cat sat on a red mat")
+    reply = Answer(item.query, "The cat sat on the mat [1].", [source], [source])
+    scores, _, cited, _ = score_answer(item, reply, [hit], None)
+    assert token_f1(reply.text, item.expected_answer or "") == pytest.approx(0.8)
+    assert scores["answer_f1"].value == pytest.approx(8 / 9)
+    # ROUGE-L: the longest common subsequence (cat, sat, on, mat) is 4 of the answer's 6
+    # tokens (the, cat, sat, on, the, mat) and of the expected's 7: F1 = 2*4/6*4/7/(4/6+4/7)
+    # = 8/13. With the marker a 7th token of the answer, it was 4/7.
+    assert scores["answer_rouge_l"].value == pytest.approx(8 / 13)
+    assert rouge_l(reply.text, item.expected_answer or "") == pytest.approx(4 / 7)
+    assert cited == [1] and scores["citation_precision"].value == 1.0

@@ -75,10 +75,12 @@ def test_rows_and_metric_values_follow_the_retrieved_ranks(eval_config: RagpipeC
     variants = [Variant("dense", {"mode": "dense"}),
                 Variant("nothing", {"mode": "dense", "filter_file": "no/such.md"})]  # fmt: skip
     with Retriever(eval_config) as r:
-        result = run_retrieval_eval(eval_config, golden, variants, depth=5, retriever=r)
+        with pytest.raises(ConfigError, match=r"depth 5 .* is below 10, the deepest cutoff"):
+            run_retrieval_eval(eval_config, golden, variants, depth=5, retriever=r)  # @10 of 5
+        result = run_retrieval_eval(eval_config, golden, variants, depth=10, retriever=r)
         for row in (x for x in result.rows if x.variant == "dense"):
             item = next(i for i in golden.items if i.id == row.item_id)
-            hits = r.search(item.query, mode="dense", top_k=5).hits
+            hits = r.search(item.query, mode="dense", top_k=10).hits
             target = item.chunks[0]
             ranks = [n for n, h in enumerate(hits, start=1) if target.matches(h.payload)]
             assert row.retrieved[ranks[0] - 1] == target.key  # the target counts once, first
@@ -210,10 +212,10 @@ def test_flows_publish_artifacts_and_cli_reports(
     settings["retrieve"]["mode"] = "sparse"
     base.write_text(yaml.safe_dump(settings), encoding="utf-8")
     summary = eval_retrieval_flow(
-        config_path=str(base), mode=RetrievalMode.DENSE, depth=7, name="flow run"
+        config_path=str(base), mode=RetrievalMode.DENSE, depth=12, name="flow run"
     )
     assert Path(summary.report_dir, "report.html").is_file()
-    assert summary.depth == 7 and summary.variants["default"]["mode"] == "dense"
+    assert summary.depth == 12 and summary.variants["default"]["mode"] == "dense"
     from prefect.artifacts import Artifact
 
     link = Artifact.get("eval-retrieval-report")

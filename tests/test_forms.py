@@ -42,7 +42,7 @@ def test_a_bad_form_value_is_named_as_the_forms(tmp_path: Path) -> None:
         form_config(None, {"depth": 0})
     message = str(err.value)
     assert message.startswith("invalid configuration (from the run's parameters):")
-    assert "eval.depth: Input should be greater than 0 (got 0)" in message
+    assert "eval.depth: Input should be greater than or equal to 10 (got 0)" in message
     assert "RAGPIPE_" not in message  # the fix is in the form, not the environment
     with pytest.raises(ConfigError, match=r"config file .*nope\.yaml not found"):
         form_config(str(tmp_path / "nope.yaml"), {})
@@ -89,10 +89,10 @@ def test_form_defaults_and_golden_choices(tmp_path: Path) -> None:
     from flows.cli_deploy import _with_choices
     from ragpipe.evaluation.forms import form_defaults, golden_choices
 
-    cfg = load_config(None, {"eval": {"golden": "eval/golden/b.yaml", "depth": 7},
+    cfg = load_config(None, {"eval": {"golden": "eval/golden/b.yaml", "depth": 17},
                              "retrieve": {"mode": "dense"}})  # fmt: skip
     shown = form_defaults(cfg, ["golden", "depth", "mode", "sample", "config_path"])
-    assert shown == {"golden": "eval/golden/b.yaml", "depth": 7, "mode": "dense"}  # sample None
+    assert shown == {"golden": "eval/golden/b.yaml", "depth": 17, "mode": "dense"}  # sample None
     (tmp_path / "eval" / "golden" / "team").mkdir(parents=True)
     for name in ("b.yaml", "a.yml", "team/c.yaml", "notes.txt"):
         (tmp_path / "eval" / "golden" / name).write_text("x", encoding="utf-8")

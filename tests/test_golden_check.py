@@ -98,6 +98,32 @@ def test_each_unmatched_target_is_named_with_its_closest_match(
         store.close()
 
 
+def test_a_file_named_twice_is_named_as_never_scoring(
+    indexed_edge: RagpipeConfig, tmp_path: Path
+) -> None:
+    # File granularity credits a file to the first name it matches: the second name of
+    # the same file could never score, and would cap the item's recall at 1/2.
+    twice = _write(tmp_path, "twice", """
+items:
+  - id: twice
+    query: How does the Calvin cycle fix carbon dioxide?
+    relevance: {science/photosynthesis.md: 1, photosynthesis.md: 3}
+""")  # fmt: skip
+    golden = load_golden(twice)
+    store, view = _view(indexed_edge)
+    try:
+        check = check_golden(golden, view, "file")
+        assert check.unmatched_items == ["twice"]
+        assert (
+            'twice: file "photosynthesis.md" matches only files that an earlier file name'
+            in (check.lines()[0])
+        )
+        assert check_golden(golden, view, "all").unmatched_items == ["twice"]
+        assert check_golden(golden, view, "answer").ok  # a citation counts for any name
+    finally:
+        store.close()
+
+
 def test_a_set_for_another_corpus_fails_naming_where_it_came_from(
     indexed_edge: RagpipeConfig, tmp_path: Path
 ) -> None:

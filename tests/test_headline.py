@@ -15,6 +15,8 @@ def test_cells() -> None:
     one = stats(bootstrap_ci([0.883], 200, 0), failed=8, not_applicable=3)
     assert headline_cell(one) == "0.883 (n=1, no CI, 8 failed, 3 n/a)"
     assert headline_cell(stats(bootstrap_ci([], 200, 0), failed=4)) == "no value (n=0, 4 failed)"
+    equal = stats(bootstrap_ci([1.0, 1.0, 1.0], 200, 0), not_applicable=1)
+    assert headline_cell(equal) == "1.000 (n=3, no CI: all values equal, 1 n/a)"
     flagged = stats(bootstrap_ci([0.5, 1.0], 200, 0), flag="judge not calibrated")
     assert headline_cell(flagged).endswith("(n=2); judge not calibrated")
     withheld = stats(

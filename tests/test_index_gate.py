@@ -189,6 +189,20 @@ def test_a_first_version_is_checked_on_itself_and_unreadable_until_it_passes(
         Retriever(cfg)
 
 
+def test_a_gate_set_with_no_answerable_item_is_refused_not_passed(tmp_path: Path) -> None:
+    # Its mean is of nothing (NaN), and NaN < min_score is false: it once promoted.
+    corpus = write_topics(tmp_path / "corpus", 2, ".txt")
+    moon = tmp_path / "moon.yaml"
+    moon.write_text(
+        'items:\n  - {id: moon, query: "What is beyond the moon?", answerable: false}\n',
+        encoding="utf-8",
+    )
+    cfg = _config(corpus, tmp_path, golden=[moon], min_score=0.99)
+    with pytest.raises(ConfigError, match=r"moon.yaml has no answerable item, and the gate"):
+        run_ingest(cfg)
+    assert index_versions.current(cfg.store) is None
+
+
 def test_without_a_gate_every_version_is_published(tmp_path: Path) -> None:
     corpus = write_topics(tmp_path / "corpus", 3, ".txt")
     cfg = make_config(corpus, tmp_path)

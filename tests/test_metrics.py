@@ -87,6 +87,10 @@ def test_bootstrap_is_seeded_and_covers_the_mean() -> None:
     assert a.high - a.low == pytest.approx(2 * 1.96 * se, rel=0.15)
     constant = bootstrap_ci([0.5] * 10)
     assert (constant.low, constant.mean, constant.high) == (0.5, 0.5, 0.5)
+    # Equal values resample to one mean: a zero-width CI, which reports show as none.
+    assert constant.zero_width and not a.zero_width
+    shown = constant.as_dict()
+    assert shown["mean"] == 0.5 and shown["ci_low"] is None and shown["ci_high"] is None
 
 
 def test_paired_delta_detects_a_real_difference_and_not_a_null_one() -> None:
@@ -99,6 +103,10 @@ def test_paired_delta_detects_a_real_difference_and_not_a_null_one() -> None:
     assert same.interval.low < 0 < same.interval.high and same.p_value > 0.05
     identical = paired_delta(base, base)
     assert identical.interval.mean == 0 and identical.p_value == 1.0
+    assert identical.as_dict()["ci_low"] is None  # every delta 0: no CI, not [0, 0]
+    # The gate still reads the bounds: a drop on every query is a drop.
+    dropped = paired_delta([1.0] * 5, [0.5] * 5)
+    assert (dropped.interval.low, dropped.interval.high) == (-0.5, -0.5)
     with pytest.raises(ValueError, match="same queries"):
         paired_delta(base, base[:10])
 

@@ -176,7 +176,7 @@ def test_cache_keys_follow_exactly_the_settings_each_stage_reads(tmp_path: Path)
     assert changed("convert", timeout_s=5.0) == []  # a limit refuses; it changes no output
     assert changed("embed", batch_size=4) == ["embed"]
     assert changed("index", max_delete_share=0.5) == ["upsert"]
-    assert changed("eval", depth=7) == []
+    assert changed("eval", depth=12) == []
 
     # A write to the store (a new generation) re-keys the stages that read it.
     (cfg.store.path / "ragpipe-generation").write_text("g2")

@@ -1291,7 +1291,13 @@ class EvalConfig(_Section):
         description="chunk: relevance by the golden set's chunk targets; file: by file "
         "(retrieved chunks de-duplicated by file).",
     )
-    depth: int = Field(default=10, gt=0, description="Results retrieved per query (top_k).")
+    depth: int = Field(
+        default=10,
+        ge=10,
+        description="Results retrieved and scored per query: at least 10, the deepest cutoff "
+        "reported (recall@10, NDCG@10), which fewer results would compute on fewer ranks "
+        "under the @10 name.",
+    )
     resamples: int = Field(default=1000, ge=100, description="Bootstrap resamples per CI.")
     seed: int = Field(default=0, description="Seed of the bootstrap and permutation tests.")
     judge: LLMConfig | None = Field(

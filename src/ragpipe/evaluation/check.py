@@ -200,6 +200,13 @@ def _scored_targets(item: GoldenItem, scope: str) -> tuple[list[str], list[Chunk
     return [s for s in files if s not in chunk_files], chunks
 
 
+def _claimed_before(item: GoldenItem, suffix: str, view: IndexView) -> set[str]:
+    """Index files matched by the names listed before ``suffix`` in the item's relevance
+    (file granularity credits a file to the first name it matches, whatever its grade)."""
+    names = list(item.relevance)
+    return {f for name in names[: names.index(suffix)] for f in view.matching(name)}
+
+
 def check_golden(golden: GoldenSet, view: IndexView, scope: str = "all") -> GoldenCheck:
     """Match the targets a run of ``scope`` scores against the index; nothing is scored.
 
@@ -215,13 +222,24 @@ def check_golden(golden: GoldenSet, view: IndexView, scope: str = "all") -> Gold
         files, chunks = _scored_targets(item, scope)
         for suffix in files:
             targets += 1
-            if not view.matching(suffix):
+            matched = view.matching(suffix)
+            if not matched:
                 unmatched.append(
                     Unmatched(
                         item.id,
                         f'file "{suffix}"',
                         "matches no file in the index",
                         _closest_files(suffix, view.files),
+                    )
+                )
+            elif scope != "answer" and set(matched) <= _claimed_before(item, suffix, view):
+                unmatched.append(
+                    Unmatched(
+                        item.id,
+                        f'file "{suffix}"',
+                        "matches only files that an earlier file name of the item already "
+                        "claims (a file counts for the first name it matches), so it can "
+                        "never score: remove the duplicate name",
                     )
                 )
         for target in chunks:

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ragpipe.config import GateConfig, RagpipeConfig
+from ragpipe.errors import ConfigError
 from ragpipe.evaluation.check import IndexView, check_golden, golden_for_index
 from ragpipe.evaluation.golden import GoldenSet, file_matches, load_golden
 from ragpipe.evaluation.metrics import bootstrap_ci, paired_delta
@@ -190,6 +191,12 @@ def evaluate_gate(config: RagpipeConfig, staged: str, live: str | None) -> GateV
         for path in gate.golden:
             loaded = load_golden(path)
             loaded.refuse_drafts(config.eval.allow_draft)
+            if not loaded.answerable:  # else its mean is of nothing (NaN), and passes
+                raise ConfigError(
+                    f"index.gate.golden: {path} has no answerable item, and the gate scores "
+                    f"{gate.metric} on answerable items only, so it could judge nothing: "
+                    "add answerable items to it, or remove it from index.gate.golden"
+                )
             # Items written for files only the staged version has are new labels: scored
             # there (the floor), not compared. Targets that match nothing in either version
             # are the golden set's fault, as for any eval; those the staged version lost

@@ -76,12 +76,20 @@ class Interval:
         """A CI needs at least two values: one value's bootstrap is the value itself."""
         return self.n >= 2 and not math.isnan(self.low)
 
+    @property
+    def zero_width(self) -> bool:
+        """Every resample gave the same mean (all values equal): an interval of no width
+        would claim certainty that a handful of equal scores does not give."""
+        return self.has_ci and self.low == self.high
+
     def as_dict(self) -> dict[str, float | int | str | None]:
-        """As summary.json holds it: a missing mean or CI (n = 0, or n = 1) is null."""
+        """As summary.json holds it: a missing mean or CI (n = 0, or n = 1, or a CI of zero
+        width) is null."""
+        shown = not self.zero_width
         return {
             "mean": _finite(self.mean),
-            "ci_low": _finite(self.low),
-            "ci_high": _finite(self.high),
+            "ci_low": _finite(self.low) if shown else None,
+            "ci_high": _finite(self.high) if shown else None,
             "n": self.n,
             "resamples": self.resamples,
             "seed": self.seed,

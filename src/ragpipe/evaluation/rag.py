@@ -325,10 +325,11 @@ def score_answer(
     scores: dict[str, Judged] = {}
     expected = item.expected_answer
     if expected and item.answerable:
-        scores["answer_f1"] = Judged(answers.token_f1(reply.text, expected), OK)
-        scores["answer_rouge_l"] = Judged(answers.rouge_l(reply.text, expected), OK)
+        prose = _CITATIONS.sub(" ", reply.text)  # a "[1]" is no word of the answer
+        scores["answer_f1"] = Judged(answers.token_f1(prose, expected), OK)
+        scores["answer_rouge_l"] = Judged(answers.rouge_l(prose, expected), OK)
         if embedder is not None:
-            cos = answers.cosine(embedder.embed_query(reply.text), embedder.embed_query(expected))
+            cos = answers.cosine(embedder.embed_query(prose), embedder.embed_query(expected))
             scores["answer_cosine"] = Judged(cos, OK)
         else:
             scores["answer_cosine"] = Judged(None, na, "no embedder")

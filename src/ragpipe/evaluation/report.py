@@ -25,9 +25,9 @@ def headline_cell(st: dict[str, Any]) -> str:
     """One metric as every headline shows it (terminal, report.md, report.html, Prefect).
 
     The value with its 95% CI when at least two items were scored, the value alone
-    (``no CI``) for one, none for zero; then how many items it scored, failed on and did
-    not apply to; a withheld metric (an unreliable judge, too many judge failures)
-    shows why instead of a value.
+    (``no CI``) for one or when every value is the same, none for zero; then how many
+    items it scored, failed on and did not apply to; a withheld metric (an unreliable
+    judge, too many judge failures) shows why instead of a value.
     """
     n = int(st.get("n") or 0)
     failed = int(st.get("n_failed") or 0)
@@ -39,7 +39,8 @@ def headline_cell(st: dict[str, Any]) -> str:
     if n == 0 or st.get("mean") is None:
         cell = f"no value (n=0{extra})"
     elif n == 1 or st.get("ci_low") is None:
-        cell = f"{st['mean']:.3f} (n=1, no CI{extra})"
+        why = "" if n == 1 else ": all values equal"  # a zero-width CI claims certainty
+        cell = f"{st['mean']:.3f} (n={n}, no CI{why}{extra})"
     else:
         cell = f"{st['mean']:.3f} [{st['ci_low']:.3f}, {st['ci_high']:.3f}] (n={n}{extra})"
     return f"{cell}; {flag}" if flag else cell
@@ -539,7 +540,8 @@ def render_trend(golden: str, rows: list[dict[str, Any]]) -> str:
     lines = [
         f"# Trend: {golden}",
         "",
-        f"- {len(runs)} runs, oldest first; whiskers: 95% CI; a hollow point has no CI (n < 2)",
+        f"- {len(runs)} runs, oldest first; whiskers: 95% CI; a hollow point has no CI "
+        "(n < 2, or all values equal)",
         "- only metrics shown as values in their run: withheld or flagged judge metrics are "
         "not trend points",
         "",

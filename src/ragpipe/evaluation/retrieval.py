@@ -34,6 +34,8 @@ from ragpipe.query.retrieve import Retriever
 logger = logging.getLogger(__name__)
 
 SMALL_N = 50
+# The deepest rank cutoff of the metrics (recall@10, NDCG@10): a run must rank this many.
+DEEPEST_CUTOFF = 10
 
 
 class Granularity(StrEnum):
@@ -214,6 +216,13 @@ def run_retrieval_eval(
         raise ConfigError(f"retrievers given for no variant: {', '.join(unknown)}")
     if gate is not None and gate.metric not in METRICS:
         raise ConfigError(f"gate metric {gate.metric!r} is not one of {', '.join(METRICS)}")
+    if depth < DEEPEST_CUTOFF:
+        raise ConfigError(
+            f"depth {depth} (eval.depth, --depth) is below {DEEPEST_CUTOFF}, the deepest "
+            f"cutoff scored (recall@{DEEPEST_CUTOFF}, NDCG@{DEEPEST_CUTOFF}): those would be "
+            f"computed on {depth} results under the @{DEEPEST_CUTOFF} name; use a depth of "
+            f"{DEEPEST_CUTOFF} or more"
+        )
     settings: dict[str, dict[str, Any]] = {}
     for variant in variants:  # validate every variant before any search runs
         merged = {**config.retrieve.model_dump(mode="json"), **variant.overrides, "top_k": depth}
