@@ -658,9 +658,11 @@ def report(
     for g in sorted({r["golden"] for r in rows}):
         mine = [r for r in rows if r["golden"] == g]
         groups: dict[str, list[dict[str, Any]]] = {}
-        for r in mine:  # never one trend across kinds of run or granularities
+        for r in mine:  # never one trend across kinds of run, granularities or sizes
             what = "rag runs" if r["kind"] == "rag" else f"retrieval runs, {r['granularity']} level"
-            groups.setdefault(what, []).append(r)
+            # A --limit 3 run is not the 75-question run it is named like (as the HTML trend).
+            size = f", {r['queries']} queries" if r.get("queries") else ""
+            groups.setdefault(what + size, []).append(r)
         for what, group in groups.items():
             _print_history(group, last, metric, f"{g}, {what}")
         slug = "".join(

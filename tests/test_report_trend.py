@@ -57,3 +57,18 @@ def test_history_from_before_the_kind_column(tmp_path: Path) -> None:
         del r["kind"]
     pq.write_table(pa.Table.from_pylist(rows, schema=old_schema), tmp_path / "history.parquet")
     assert [r["kind"] for r in read_history(tmp_path)] == ["rag", "retrieval"]
+
+
+def test_runs_of_other_sizes_are_not_one_trend(tmp_path: Path) -> None:
+    # A --limit 3 run is named like the 20-question run: the terminal keeps them apart, as
+    # the HTML trend does, rather than drawing 0.95 -> 0.40 as a regression.
+    sized = [("20261101T000000Z-faq", 0.95, 20), ("20261102T000000Z-faq", 0.40, 3),
+             ("20261103T000000Z-faq", 0.93, 20)]  # fmt: skip
+    rows = [{**_row(run, "faq", "retrieval", "mrr", mean), "queries": n} for run, mean, n in sized]
+    pq.write_table(pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA), tmp_path / "history.parquet")
+    shown = CliRunner().invoke(app, ["report", "--reports-dir", str(tmp_path)], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.split())  # the table titles wrap
+    assert "faq, retrieval runs, chunk level, 20 queries: latest 2 of 2 runs" in text
+    assert "faq, retrieval runs, chunk level, 3 queries: latest 1 of 1 runs" in text
+    assert "bars span 0.930 to 0.950" in text
