@@ -181,6 +181,16 @@ def test_ppi_mean_without_variance_has_no_ci() -> None:
     assert est.as_dict()["ci_low"] is None
 
 
+def test_ppi_mean_with_one_unlabelled_item_takes_the_judges_spread() -> None:
+    est = ppi_mean("faithfulness", {**LABELS, "a": 0.9, "b": 0.8, "c": 0.7, "d": 0.2}, LABELS)
+    # theta = 0.2 (d's score) - 0.1 (the rectifiers 0.2, 0.0, 0.1) = 0.1.
+    assert est.mean == pytest.approx(0.1)
+    # One unlabelled score has no variance: var_f over all four judge scores 0.9, 0.8, 0.7,
+    # 0.2 (mean 0.65; squares 0.0625 + 0.0225 + 0.0025 + 0.2025 = 0.29; / 3), var_rect 0.01:
+    # half = z * sqrt(0.29/3 / 1 + 0.01 / 3) = z * sqrt(0.1), not z * sqrt(0.01 / 3).
+    assert est.ci_high - est.mean == pytest.approx(Z95 * math.sqrt(0.1))
+
+
 def test_ppi_mean_level_changes_the_width() -> None:
     est = ppi_mean("faithfulness", PREDICTIONS, LABELS, level=0.9)
     z90 = NormalDist().inv_cdf(0.95)  # 1.6449

@@ -252,10 +252,11 @@ def ppi_mean(
     ``theta = mean_U(f) - mean_n(f - y)``, with ``f`` the judge's score, U the judged
     items without a label and ``y`` the human value of the n labelled ones; the CI is
     ``theta ± z * sqrt(var_f / |U| + var_rect / n)`` (sample variances, ddof=1;
-    ``var_f = 0`` when |U| < 2). The labelled items are kept out of the first term so
-    that the two terms are independent, as the variance assumes (Angelopoulos et al.,
-    Science 2023). With every item labelled it is the labels' own mean and CI. A
-    zero-width interval (no variance at all) is reported as no CI, never as certainty.
+    ``var_f`` over every judged item when |U| = 1). The labelled items are kept out of
+    the first term so that the two terms are independent, as the variance assumes
+    (Angelopoulos et al., Science 2023). With every item labelled it is the labels' own
+    mean and CI. A zero-width interval (no variance at all) is reported as no CI, never
+    as certainty.
 
     Args:
         metric: Metric name, carried into the result.
@@ -308,7 +309,10 @@ def ppi_mean(
         theta, half = human_mean, human_half
     else:
         theta = float(f_unlabeled.mean()) - float(rectifier.mean())
-        var_f = float(f_unlabeled.var(ddof=1)) if f_unlabeled.size >= 2 else 0.0
+        # One unlabelled score has no variance of its own to estimate: the judge's spread
+        # over every judged item stands in (0 would narrow the CI to the rectifier's alone).
+        spread = f_unlabeled if f_unlabeled.size >= 2 else f_all
+        var_f = float(spread.var(ddof=1))
         var_rect = float(rectifier.var(ddof=1)) if n >= 2 else _NAN
         half = z * math.sqrt(var_f / f_unlabeled.size + var_rect / n)
         if not half > 0:
