@@ -48,8 +48,9 @@ def test_always_yes_judge_on_balanced_probe_has_kappa_zero() -> None:
     assert result.accuracy == 0.5
     assert result.kappa == 0.0
     assert result.yes_share == 1.0
-    # Every resample has constant verdicts: kappa 0 (or undefined when truth is constant too).
-    assert (result.kappa_low, result.kappa_high) == (0.0, 0.0)
+    # Every resample has constant verdicts: kappa 0 (or undefined when truth is constant
+    # too), a zero-width interval: shown as no CI, not as a certain 0.
+    assert math.isnan(result.kappa_low) and math.isnan(result.kappa_high)
 
 
 def test_perfect_judge_has_kappa_one() -> None:
@@ -57,8 +58,9 @@ def test_perfect_judge_has_kappa_one() -> None:
     assert cohen_kappa(truth, truth) == 1.0
     result = agreement(truth, truth, resamples=200)
     assert (result.accuracy, result.kappa, result.failed) == (1.0, 1.0, 0)
-    assert (result.accuracy_low, result.accuracy_high) == (1.0, 1.0)
-    assert (result.kappa_low, result.kappa_high) == (1.0, 1.0)  # undefined resamples dropped
+    # Every resample agrees fully (undefined kappas dropped): no CI rather than [1, 1].
+    assert math.isnan(result.accuracy_low) and math.isnan(result.accuracy_high)
+    assert math.isnan(result.kappa_low) and math.isnan(result.kappa_high)
 
 
 def test_constant_equal_labels_give_nan_kappa() -> None:

@@ -128,10 +128,15 @@ def _paired(truth: Sequence[int], verdicts: Sequence[int | None], per: str) -> N
 
 
 def _percentile_ci(values: npt.NDArray[np.float64]) -> tuple[float, float]:
+    """The 95% percentile interval of the defined values; none (NaN) when no value is
+    defined or every resample gave the same one (a zero-width interval claims certainty
+    that a constant judge or a handful of pairs does not give)."""
     kept = values[~np.isnan(values)]
     if kept.size == 0:
         return _NAN, _NAN
     low, high = np.quantile(kept, [0.025, 0.975])
+    if low == high:
+        return _NAN, _NAN
     return float(low), float(high)
 
 
@@ -177,7 +182,7 @@ def agreement(
     index = rng.integers(0, n, size=(resamples, n))
     t_boot, v_boot = t[index], v[index]
     accuracies = (t_boot == v_boot).mean(axis=1)
-    acc_low, acc_high = np.quantile(accuracies, [0.025, 0.975])
+    acc_low, acc_high = _percentile_ci(accuracies)
     kappa_low, kappa_high = _percentile_ci(_kappas(t_boot, v_boot))
     return Agreement(
         n=n,
