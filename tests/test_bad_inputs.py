@@ -274,3 +274,43 @@ def test_an_unreadable_file_and_directory_get_failure_rows(tmp_path: Path) -> No
         (base / "private").chmod(0o755)
         if as_root:
             shutil.rmtree(base)
+
+
+def test_a_folder_that_cannot_be_listed_keeps_its_indexed_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A second root gone (an unmounted share) and a directory that cannot be read this run
+    # are failure rows; the files indexed below them stay, as an unreadable file's do.
+    from tests.support.corpora import TOPICS, make_config, stored, topic_doc
+
+    main, sub, other = tmp_path / "main", tmp_path / "main" / "sub", tmp_path / "other"
+    for folder, topics in ((main, TOPICS[:2]), (sub, TOPICS[2:3]), (other, TOPICS[3:4])):
+        folder.mkdir(parents=True, exist_ok=True)
+        for topic in topics:
+            (folder / f"{topic}.md").write_text(topic_doc(topic), encoding="utf-8")
+    cfg = make_config(main, tmp_path, discover={"roots": [main, other]})
+    assert run_ingest(cfg).added == 4
+    files = {p["file_path"] for p in stored(cfg).values()}
+    assert f"{sub.as_posix()}/statistics.md" in files
+
+    other.rename(tmp_path / "unmounted")
+    real_scandir = os.scandir
+
+    def refused(path: Any = ".") -> Any:
+        if Path(path) == sub:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refused)
+    again = run_ingest(cfg)
+    assert again.failures_by_category == {"discover:missing_root": 1, "discover:unreadable": 1}
+    assert (again.removed, again.chunks_deleted) == (0, 0)
+    assert {p["file_path"] for p in stored(cfg).values()} == files
+    failures = checkpoint.read_records(cfg.paths.work_dir / "failures.parquet", Failure)
+    assert sorted((f.file_path, f.category) for f in failures) == [
+        (sub.as_posix(), "unreadable"), (other.as_posix(), "missing_root")
+    ]  # fmt: skip
+
+    monkeypatch.setattr(os, "scandir", real_scandir)
+    cfg = make_config(main, tmp_path)  # the second root taken out of the config: its files go
+    assert run_ingest(cfg, allow_mass_delete=True).removed == 1  # 1 of 4: over the 20 % guard

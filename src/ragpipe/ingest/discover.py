@@ -195,13 +195,14 @@ def file_kind(path: str, file_path: str, root: str, config: DiscoverConfig) -> s
 
 
 def _walk(
-    root: str, rules: IgnoreRules, follow: bool, on_error: Callable[[OSError], None]
+    root: str, rules: IgnoreRules, follow: bool, on_error: Callable[[OSError, str], None]
 ) -> Iterator[tuple[os.DirEntry[str], str]]:
     """Depth-first, name-sorted: (entry, root-relative path) of everything but directories.
 
     Symbolic links to directories are yielded (not entered) unless ``follow``;
     followed directories already visited (a link loop) are not entered again.
-    Directories an ignore glob covers entirely are not entered at all.
+    Directories an ignore glob covers entirely are not entered at all. A directory that
+    cannot be read is passed to ``on_error`` with its root-relative path ("" the root).
     """
     seen_dirs: set[tuple[int, int]] = set()
     stack = [(root, "")]
@@ -210,7 +211,8 @@ def _walk(
         if follow:
             try:
                 st = os.stat(dirpath)
-            except OSError:
+            except OSError as exc:
+                on_error(exc, rel_dir)
                 continue
             if (st.st_dev, st.st_ino) in seen_dirs:
                 continue
@@ -219,7 +221,7 @@ def _walk(
             with os.scandir(dirpath) as it:
                 entries = sorted(it, key=lambda e: e.name)
         except OSError as exc:
-            on_error(exc)
+            on_error(exc, rel_dir)
             continue
         subdirs = []
         for entry in entries:
@@ -270,10 +272,11 @@ def discover(
                 )
             continue
 
-        def on_error(exc: OSError, label: str = root_label) -> None:
-            result.failures.append(
-                Failure(exc.filename or label, STAGE, "unreadable", exc.strerror or str(exc))
-            )
+        def on_error(exc: OSError, rel_dir: str, label: str = root_label) -> None:
+            # Named as the files below it are (the plan keeps those indexed: a directory
+            # that cannot be read this run is not a directory that was deleted).
+            where = (rel_dir or label) if label == "." else f"{label}/{rel_dir}".rstrip("/")
+            result.failures.append(Failure(where, STAGE, "unreadable", exc.strerror or str(exc)))
 
         # Without following links every directory below the root is a real one.
         real_root = os.path.realpath(root)

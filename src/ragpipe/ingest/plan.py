@@ -50,6 +50,10 @@ from ragpipe.web.pages import GONE_CATEGORIES
 logger = logging.getLogger(__name__)
 
 
+# Discovery failures of a folder: files indexed below a missing root or an unreadable
+# directory are kept (the run says why, and exits 1), never removed as if deleted.
+UNLISTED = frozenset({"missing_root", "unreadable"})
+
 POINT_NAMESPACE = uuid.UUID("5d1f0c9e-3b7a-4c2e-9a61-0f8e2b4d7c13")
 
 
@@ -190,10 +194,15 @@ def run_plan(
     unreadable = {
         f.file_path for f in failures if f.category not in GONE_CATEGORIES | {"bad_records"}
     }
-    # An object root that could not be listed keeps everything indexed below it; a records
-    # file with a failure row keeps its records (FILE#ID) that did not come out this run.
+    # A root that is missing or could not be listed, and a directory that could not be
+    # read, keep everything indexed below them; a records file with a failure row keeps
+    # its records (FILE#ID) that did not come out this run.
     held = tuple(
-        [f.file_path + "/" for f in failures if f.category in HOLDING_CATEGORIES]
+        [
+            "" if f.file_path == "." else f.file_path + "/"
+            for f in failures
+            if f.category in HOLDING_CATEGORIES | UNLISTED
+        ]
         + [f.file_path + "#" for f in failures if f.category not in GONE_CATEGORIES]
     )
     index_fp = index_fingerprint(config)
