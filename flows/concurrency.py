@@ -40,6 +40,7 @@ from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
 from ragpipe.config import RagpipeConfig
+from ragpipe.errors import StageError
 from ragpipe.locking import WAIT_NOTICE_S, holder_alive, index_identity, process_identity
 
 log = logging.getLogger("ragpipe.flows")
@@ -123,16 +124,38 @@ def _gone(name: str, unrecorded_since: float | None) -> tuple[str | None, float 
     return None, None
 
 
+class _SlotTimeouts(logging.Filter):
+    """Drops Prefect's "service failed to process item" error for a slot request that
+    timed out: ``writer_slot`` asked with a timeout and handles it (any other failure
+    still reaches it as the exception), so it is no error for cron mail."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.msg == "Service %r failed to process item %r"
+            and isinstance(record.args, tuple)
+            and record.args[:1] == ("ConcurrencySlotAcquisitionWithLeaseService",)
+        )
+
+
 @contextmanager
-def writer_slot(config: RagpipeConfig) -> Iterator[str]:
+def writer_slot(config: RagpipeConfig, wait_s: float | None = None) -> Iterator[str]:
     """Hold the index's writer slot for the body; wait (saying so) while a live writer
-    holds it; free it from a holder that is gone."""
+    holds it; free it from a holder that is gone.
+
+    Args:
+        wait_s: How long to wait for a live holder, then refuse (StageError, exit 2);
+            None waits until it finishes (a deployment run queues behind the nightly).
+    """
     name = writer_limit_name(config)
     _ensure_limit(name)
     started = time.monotonic()
     told = 0.0
     unrecorded: float | None = None
+    quiet = _SlotTimeouts()
+    prefect_log = logging.getLogger("prefect._internal.concurrency")
     with ExitStack() as stack:
+        prefect_log.addFilter(quiet)
+        stack.callback(prefect_log.removeFilter, quiet)
         timeout = FIRST_TRY_S
         while True:
             try:
@@ -147,15 +170,22 @@ def writer_slot(config: RagpipeConfig) -> Iterator[str]:
                     unrecorded = None
                     continue
                 waited = time.monotonic() - started
+                if wait_s is not None and waited >= wait_s and unrecorded is None:
+                    raise StageError(
+                        f"another ingest of this index holds its writer slot {name} "
+                        f"({describe_holder(read_holder(name))}). Waited {waited:.0f} s "
+                        "(index.lock_timeout_s). Runs never interleave: try again when it "
+                        "has finished (a run of a deployment queues for the slot instead)."
+                    ) from None
                 if not told or waited - told >= WAIT_NOTICE_S:
                     told = waited
-                    log.info(
+                    log.warning(
                         "ingest: waiting for the writer slot %s of %s: another ingest of this "
                         "index is running (%s; %.0f s so far)",
                         name, index_identity(config), describe_holder(read_holder(name)),
                         waited,
                     )  # fmt: skip
-                timeout = CHECK_S
+                timeout = CHECK_S if wait_s is None else min(CHECK_S, max(wait_s - waited, 1.0))
         # Released before the slot (LIFO): a recorded holder always holds the slot.
         _record_holder(name)
         stack.callback(_clear_holder, name)

@@ -21,6 +21,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 from prefect.futures import wait
+from prefect.runtime import deployment
 from pydantic import PositiveInt
 
 from flows.concurrency import writer_slot
@@ -82,11 +83,17 @@ def ingest_flow(
     progress = cast(
         UUID, create_progress_artifact(0.0, key="ingest-progress", description="stages done (%)")
     )
-    # One writer per index: across deployments a second run queues for the slot; a
-    # writer outside this Prefect server meets the file lock (waits, then refuses).
+    # One writer per index: across deployments a second run queues for the slot; a run
+    # from the CLI or the library waits index.lock_timeout_s for it, then refuses, as a
+    # writer outside this Prefect server does at the file lock.
     # The stage tasks run in this process (only the batches go to the task runner), so
     # they share one store, opened once.
-    with writer_slot(cfg), ingest_lock(cfg), RunStore(cfg) as store:
+    queued = deployment.id is not None  # a deployment run; the CLI and library run none
+    with (
+        writer_slot(cfg, None if queued else cfg.index.lock_timeout_s),
+        ingest_lock(cfg),
+        RunStore(cfg) as store,
+    ):
         done: list[StageSummary[Any]] = []
         for stage in STAGES:
             update_progress_artifact(progress, 100 * len(done) / len(STAGES))

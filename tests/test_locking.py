@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ragpipe.config import RagpipeConfig
-from ragpipe.errors import StageError
+from ragpipe.errors import ConfigError, StageError
 from ragpipe.ingest.pipeline import run_ingest
 from ragpipe.locking import ingest_lock, lock_path
 
@@ -38,6 +38,19 @@ def test_a_second_ingest_refuses_while_one_runs(tmp_path: Path) -> None:
             run_ingest(cfg)
         assert not (tmp_path / "work" / "discover").exists()  # refused before any work
     assert run_ingest(cfg).added == 1  # free again once the holder is done
+
+
+def test_a_work_dir_or_store_under_a_file_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("not a folder\n", encoding="utf-8")
+    cfg = _config(tmp_path)
+    under = cfg.model_copy(update={"paths": cfg.paths.model_copy(
+        update={"work_dir": tmp_path / "afile" / "work"})})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"cannot create the work dir lock .* set paths.work_dir"):
+        run_ingest(under)  # was a NotADirectoryError traceback (exit 1)
+    under = cfg.model_copy(update={"store": cfg.store.model_copy(
+        update={"path": tmp_path / "afile" / "store"})})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"cannot create the index lock .* set store.path"):
+        run_ingest(under)
 
 
 def test_a_second_ingest_waits_when_asked(tmp_path: Path) -> None:

@@ -884,7 +884,8 @@ class IndexConfig(_Section):
         default=0.0,
         ge=0,
         description="A second ingest against the same index waits this long for the first to "
-        "finish, then refuses (exit 2). 0 refuses at once.",
+        "finish, then refuses (exit 2). 0 refuses at once. A run of a Prefect deployment "
+        "queues for the index's writer slot instead.",
     )
     gate: GateConfig | None = Field(
         default=None,

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ragpipe.config import RagpipeConfig, StoreBackend
-from ragpipe.errors import StageError
+from ragpipe.errors import ConfigError, StageError
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +79,16 @@ def ingest_lock(config: RagpipeConfig, timeout_s: float | None = None) -> Iterat
 
 @contextmanager
 def _flock(path: Path, what: str, deadline: float, wait: float) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # a part of the path is a file, or cannot be written
+        field = "paths.work_dir" if what == "work dir" else "store.path (or paths.work_dir)"
+        raise ConfigError(
+            f"cannot create the {what} lock {path}: {exc.strerror or exc}. A part of that "
+            f"path is a file or cannot be written to: set {field} to a directory this "
+            "user can write"
+        ) from exc
     try:
         said = 0.0
         while True:
