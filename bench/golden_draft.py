@@ -130,8 +130,9 @@ def main() -> None:
           + (f"; {len(unreviewed)} not reviewed" if unreviewed else ""))  # fmt: skip
     for name, s in scores.items():
         n, m = s["ndcg@10"], s["mrr"]
-        print(f"  {name:13s} n={n['n']:3d}  NDCG@10 {n['mean']:.3f} [{n['ci_low']:.3f}, "
-              f"{n['ci_high']:.3f}]  MRR {m['mean']:.3f}")  # fmt: skip
+        ci = (f"[{n['ci_low']:.3f}, {n['ci_high']:.3f}]" if n["ci_low"] is not None
+              else "(no CI)")  # fmt: skip
+        print(f"  {name:13s} n={n['n']:3d}  NDCG@10 {n['mean']:.3f} {ci}  MRR {m['mean']:.3f}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 

@@ -288,3 +288,7 @@ def test_an_answers_citations_are_no_words_of_it() -> None:
     assert scores["answer_rouge_l"].value == pytest.approx(8 / 13)
     assert rouge_l(reply.text, item.expected_answer or "") == pytest.approx(4 / 7)
     assert cited == [1] and scores["citation_precision"].value == 1.0
+    # Code is not a citation: "x[1]" stays, as in the expected answer (F1 1, not lower).
+    code = GoldenItem("x", "First element?", {"pets.md": 1}, (target,), "Use x[1] in R.")
+    reply = Answer(code.query, "Use x[1] in R [1].", [source], [source])
+    assert score_answer(code, reply, [hit], None)[0]["answer_f1"].value == 1.0

@@ -55,8 +55,6 @@ items:
         ("- {id: x, query: q, relevance: {a.md: 0}}", r"no relevant file \(grade > 0\)"),
         ("- {id: x, query: q, expected_files: [a], colour: red}", r"unknown keys \['colour'\]"),
         ("- {id: x, query: q, chunks: [{file: a.md}]}", r"one of 'contains' or 'heading'"),
-        ("- {id: x, query: q, relevance: {a.md: 3}, chunks: [{file: a.md, heading: H, grade: 0}]}",
-         r"every chunk target has grade 0, so at chunk granularity nothing is relevant"),
         ("- {id: x, query: q, chunks: [{file: a.md, heading: 2.7}]}",
          r"'heading' must be text, got 2\.7; quote it \(heading: \"2\.7\"\)"),
         ("- {id: x, query: q, chunks: [{file: a.md, contains: 2020}]}", r"'contains' must be text"),

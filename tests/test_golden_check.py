@@ -120,6 +120,19 @@ items:
         )
         assert check_golden(golden, view, "all").unmatched_items == ["twice"]
         assert check_golden(golden, view, "answer").ok  # a citation counts for any name
+        # Chunk targets all at grade 0: nothing relevant at chunk level or for citations;
+        # the file grade still scores at file granularity.
+        zero = load_golden(_write(tmp_path, "zero", """
+items:
+  - id: zero
+    query: How does the Calvin cycle fix carbon dioxide?
+    relevance: {science/photosynthesis.md: 3}
+    chunks: [{file: science/photosynthesis.md, heading: Calvin cycle, grade: 0}]
+"""))  # fmt: skip
+        for scope in ("chunk", "answer", "all"):
+            (line,) = check_golden(zero, view, scope).lines()
+            assert line.startswith("zero: chunk targets all have grade 0"), scope
+        assert check_golden(zero, view, "file").ok
     finally:
         store.close()
 

@@ -200,6 +200,7 @@ def test_a_gate_set_with_no_answerable_item_is_refused_not_passed(tmp_path: Path
     cfg = _config(corpus, tmp_path, golden=[moon], min_score=0.99)
     with pytest.raises(ConfigError, match=r"moon.yaml has no answerable item, and the gate"):
         run_ingest(cfg)
+    assert not (cfg.paths.work_dir / "discover").exists()  # refused before building anything
     assert index_versions.current(cfg.store) is None
 
 

@@ -220,6 +220,19 @@ def check_golden(golden: GoldenSet, view: IndexView, scope: str = "all") -> Gold
     targets = 0
     for item in golden.items:
         files, chunks = _scored_targets(item, scope)
+        if scope != "file" and item.chunks and not chunks:
+            # Chunks (and citations) are scored by the chunk targets alone: with every
+            # one at grade 0 nothing could count as relevant, and the item would score 0.
+            targets += 1
+            unmatched.append(
+                Unmatched(
+                    item.id,
+                    "chunk targets",
+                    "all have grade 0, so at chunk granularity (and for citations) nothing "
+                    "is relevant and the item would score 0 whatever is retrieved: give the "
+                    "target that answers the question a grade of 1..3, or remove 'chunks'",
+                )
+            )
         for suffix in files:
             targets += 1
             matched = view.matching(suffix)
@@ -232,14 +245,17 @@ def check_golden(golden: GoldenSet, view: IndexView, scope: str = "all") -> Gold
                         _closest_files(suffix, view.files),
                     )
                 )
-            elif scope != "answer" and set(matched) <= _claimed_before(item, suffix, view):
+        graded = [s for s, g in item.relevance.items() if g > 0] if scope in ("file", "all") else []
+        for suffix in graded:  # at file granularity, every graded name (chunk files too)
+            matched = view.matching(suffix)
+            if matched and set(matched) <= _claimed_before(item, suffix, view):
                 unmatched.append(
                     Unmatched(
                         item.id,
                         f'file "{suffix}"',
                         "matches only files that an earlier file name of the item already "
-                        "claims (a file counts for the first name it matches), so it can "
-                        "never score: remove the duplicate name",
+                        "claims (a file counts for the first name it matches at file "
+                        "granularity), so it can never score: remove the duplicate name",
                     )
                 )
         for target in chunks:

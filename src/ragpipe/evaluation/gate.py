@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from ragpipe.config import GateConfig, RagpipeConfig
@@ -154,6 +155,17 @@ def _golden_verdict(
     )  # fmt: skip
 
 
+def refuse_unjudgeable(golden: GoldenSet, path: Path, metric: str) -> None:
+    """A gate set with no answerable item could judge nothing: its mean is of nothing
+    (NaN), which no floor refuses, so it is refused instead."""
+    if not golden.answerable:
+        raise ConfigError(
+            f"index.gate.golden: {path} has no answerable item, and the gate scores "
+            f"{metric} on answerable items only, so it could judge nothing: add answerable "
+            "items to it, or remove it from index.gate.golden"
+        )
+
+
 def _canary(retriever: Retriever, query: str, files: Sequence[str], k: int) -> CanaryVerdict:
     hits = retriever.search(query, top_k=k).hits
     found = [str(h.payload.get("file_path", "")) for h in hits[:k]]
@@ -191,12 +203,7 @@ def evaluate_gate(config: RagpipeConfig, staged: str, live: str | None) -> GateV
         for path in gate.golden:
             loaded = load_golden(path)
             loaded.refuse_drafts(config.eval.allow_draft)
-            if not loaded.answerable:  # else its mean is of nothing (NaN), and passes
-                raise ConfigError(
-                    f"index.gate.golden: {path} has no answerable item, and the gate scores "
-                    f"{gate.metric} on answerable items only, so it could judge nothing: "
-                    "add answerable items to it, or remove it from index.gate.golden"
-                )
+            refuse_unjudgeable(loaded, path, gate.metric)  # also checked before the ingest
             # Items written for files only the staged version has are new labels: scored
             # there (the floor), not compared. Targets that match nothing in either version
             # are the golden set's fault, as for any eval; those the staged version lost

@@ -204,14 +204,6 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
             ChunkTarget(str(target["file"]), target.get("contains"), target.get("heading"), grade)
         )
         relevance.setdefault(str(target["file"]), grade)
-    if chunks and not any(c.grade > 0 for c in chunks):
-        # Chunks are scored by the chunk targets alone (file grades only where an item
-        # has none): with every target at grade 0 nothing could ever count as relevant.
-        raise ConfigError(
-            f"{where}: every chunk target has grade 0, so at chunk granularity nothing is "
-            "relevant and the item would score 0 whatever is retrieved: give the target "
-            "that answers the question a grade of 1..3, or remove 'chunks'"
-        )
     if not any(g > 0 for g in relevance.values()):
         raise ConfigError(
             f"{where}: no relevant file (grade > 0): add 'relevance', 'expected_files' or "

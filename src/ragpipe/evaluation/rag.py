@@ -63,6 +63,9 @@ ANSWER_METRICS = (
 )
 ALL_RAG_METRICS = ANSWER_METRICS + RAG_METRICS
 _CITATIONS = re.compile(r"\[\d+(?:\s*,\s*\d+)*\]")
+# A citation marker as the scoring takes it out of an answer: not one straight after a
+# word character, which is code ("x[1]" in an R answer), not a citation.
+_MARKERS = re.compile(r"(?<!\w)\[\d+(?:\s*,\s*\d+)*\]")
 # What each metric can score. Outside it, the judge's output broke the metric's arithmetic
 # (a small model's context-precision verdicts of 2 or -1 instead of 0/1 gave 5e14).
 # Answer relevancy is a mean cosine similarity.
@@ -325,7 +328,7 @@ def score_answer(
     scores: dict[str, Judged] = {}
     expected = item.expected_answer
     if expected and item.answerable:
-        prose = _CITATIONS.sub(" ", reply.text)  # a "[1]" is no word of the answer
+        prose = _MARKERS.sub(" ", reply.text)  # a "[1]" is no word of the answer
         scores["answer_f1"] = Judged(answers.token_f1(prose, expected), OK)
         scores["answer_rouge_l"] = Judged(answers.rouge_l(prose, expected), OK)
         if embedder is not None:

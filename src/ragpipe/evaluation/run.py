@@ -607,8 +607,10 @@ def _history_table(path: Path) -> pa.Table:
     if "queries" not in table.column_names:
         table = table.append_column("queries", pa.nulls(table.num_rows, pa.int64()))
     table = table.select(HISTORY_SCHEMA.names).cast(HISTORY_SCHEMA)
-    # Rows written before n < 2 meant "no CI" hold a zero-width interval: drop it.
-    one = pc.less(table["n"], 2)
+    # Rows written before n < 2 (or all values equal) meant "no CI" hold a zero-width
+    # interval: drop it.
+    flat = pc.fill_null(pc.equal(table["ci_low"], table["ci_high"]), False)
+    one = pc.or_(pc.less(table["n"], 2), flat)
     for name in ("ci_low", "ci_high"):
         column = pc.if_else(one, pa.scalar(None, pa.float64()), table[name])
         table = table.set_column(table.schema.get_field_index(name), name, column)

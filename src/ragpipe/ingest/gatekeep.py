@@ -48,14 +48,18 @@ def check_golden_sets(config: RagpipeConfig) -> None:
     refuse to judge it.
 
     Raises:
-        ConfigError: a golden set that is missing, malformed, or holds drafts.
+        ConfigError: a golden set that is missing, malformed, holds drafts, or has no
+            answerable item (the gate would judge nothing).
     """
     if config.index.gate is None:
         return
+    from ragpipe.evaluation.gate import refuse_unjudgeable
     from ragpipe.evaluation.golden import load_golden
 
     for path in config.index.gate.golden:
-        load_golden(path).refuse_drafts(config.eval.allow_draft)
+        loaded = load_golden(path)
+        loaded.refuse_drafts(config.eval.allow_draft)
+        refuse_unjudgeable(loaded, path, config.index.gate.metric)
 
 
 def decide(config: RagpipeConfig) -> Decision | None:

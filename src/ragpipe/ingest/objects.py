@@ -10,8 +10,8 @@ through fsspec, downloaded into the work dir only when they changed.
 * A listing that fails for a reason that may pass (timeout, 5xx, dropped connection) is
   retried with backoff, then the root gets an ``unavailable`` failure row and the plan keeps
   every indexed object below it: nothing is deleted because a server was down. A bucket that
-  does not exist is a ``missing_root``, like a folder that is gone, and its objects fall
-  under the same mass-deletion guard.
+  does not exist is a ``missing_root``, like a folder that is gone, and the plan keeps its
+  objects indexed too (a root taken out of the config is what removes them).
 * Credentials come from the protocol's own environment or a Prefect Secret block
   (``object_storage.credentials_block``); they are never part of the config or the logs.
 """
