@@ -32,6 +32,7 @@ from ragpipe.config import (
 )
 from ragpipe.errors import ConfigError, GateFailed
 from ragpipe.evaluation.forms import CURRENT, Granularity, MetricName, VariantForm, form_config
+from ragpipe.evaluation.names import DEEPEST_CUTOFF
 from ragpipe.evaluation.retrieval import Gate, Variant
 from ragpipe.evaluation.run import RunSummary
 from ragpipe.evaluation.tune import TuneSummary
@@ -45,7 +46,7 @@ from tasks.eval import (
 
 Share = Annotated[float, Field(gt=0, lt=1)]
 # Results ranked per query: the deepest metric cutoff (recall@10, NDCG@10) or more.
-Depth = Annotated[int, Field(ge=10)]
+Depth = Annotated[int, Field(ge=DEEPEST_CUTOFF)]
 
 
 def _from_form(config_path: str | None, **values: Any) -> RagpipeConfig:

@@ -34,7 +34,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from ragpipe import yamlio
 from ragpipe.errors import ConfigError
-from ragpipe.evaluation.names import METRICS
+from ragpipe.evaluation.names import DEEPEST_CUTOFF, METRICS
 
 DEFAULT_CONFIG_FILE = Path("ragpipe.yaml")
 
@@ -1294,7 +1294,7 @@ class EvalConfig(_Section):
     )
     depth: int = Field(
         default=10,
-        ge=10,
+        ge=DEEPEST_CUTOFF,
         description="Results retrieved and scored per query: at least 10, the deepest cutoff "
         "reported (recall@10, NDCG@10), which fewer results would compute on fewer ranks "
         "under the @10 name.",

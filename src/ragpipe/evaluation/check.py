@@ -200,13 +200,6 @@ def _scored_targets(item: GoldenItem, scope: str) -> tuple[list[str], list[Chunk
     return [s for s in files if s not in chunk_files], chunks
 
 
-def _claimed_before(item: GoldenItem, suffix: str, view: IndexView) -> set[str]:
-    """Index files matched by the names listed before ``suffix`` in the item's relevance
-    (file granularity credits a file to the first name it matches, whatever its grade)."""
-    names = list(item.relevance)
-    return {f for name in names[: names.index(suffix)] for f in view.matching(name)}
-
-
 def check_golden(golden: GoldenSet, view: IndexView, scope: str = "all") -> GoldenCheck:
     """Match the targets a run of ``scope`` scores against the index; nothing is scored.
 
@@ -235,8 +228,7 @@ def check_golden(golden: GoldenSet, view: IndexView, scope: str = "all") -> Gold
             )
         for suffix in files:
             targets += 1
-            matched = view.matching(suffix)
-            if not matched:
+            if not view.matching(suffix):
                 unmatched.append(
                     Unmatched(
                         item.id,
@@ -245,10 +237,12 @@ def check_golden(golden: GoldenSet, view: IndexView, scope: str = "all") -> Gold
                         _closest_files(suffix, view.files),
                     )
                 )
-        graded = [s for s, g in item.relevance.items() if g > 0] if scope in ("file", "all") else []
-        for suffix in graded:  # at file granularity, every graded name (chunk files too)
-            matched = view.matching(suffix)
-            if matched and set(matched) <= _claimed_before(item, suffix, view):
+        # File granularity credits a file to the first name of the item it matches, whatever
+        # its grade: a graded name (chunk files too) whose files are all claimed never scores.
+        claimed: set[str] = set()
+        for suffix, grade in item.relevance.items() if scope in ("file", "all") else ():
+            found = set(view.matching(suffix))
+            if grade > 0 and found and found <= claimed:
                 unmatched.append(
                     Unmatched(
                         item.id,
@@ -258,6 +252,7 @@ def check_golden(golden: GoldenSet, view: IndexView, scope: str = "all") -> Gold
                         "granularity), so it can never score: remove the duplicate name",
                     )
                 )
+            claimed |= found
         for target in chunks:
             targets += 1
             problem = _check_chunk(item, target, view)

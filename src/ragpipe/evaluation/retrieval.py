@@ -28,14 +28,13 @@ from ragpipe.evaluation.metrics import (
     paired_delta,
     query_metrics,
 )
+from ragpipe.evaluation.names import DEEPEST_CUTOFF
 from ragpipe.query.results import Retrieved
 from ragpipe.query.retrieve import Retriever
 
 logger = logging.getLogger(__name__)
 
 SMALL_N = 50
-# The deepest rank cutoff of the metrics (recall@10, NDCG@10): a run must rank this many.
-DEEPEST_CUTOFF = 10
 
 
 class Granularity(StrEnum):
