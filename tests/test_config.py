@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from ragpipe import yamlio
 from ragpipe.config import ChunkerKind, PdfMode, RagpipeConfig, fingerprint, load_config
 from ragpipe.errors import ConfigError
 
@@ -74,6 +75,17 @@ def test_missing_and_unparsable_files(tmp_path: Path) -> None:
     scalar.write_text("42\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):
         load_config(scalar)
+
+
+def test_a_key_written_twice_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"  # PyYAML alone keeps the second block: chunk.size 1000 again
+    path.write_text("chunk:\n  size: 500\nembed:\n  batch_size: 8\nchunk:\n  overlap: 50\n")
+    with pytest.raises(ConfigError, match=r"r.yaml: key 'chunk' is written twice in one mapping "
+                       r"\(lines 1 and 5\)"):  # fmt: skip
+        load_config(path)
+    merged = "base: &base {size: 500, overlap: 50}\nchunk:\n  <<: *base\n  size: 800\n"
+    loaded = yamlio.load(merged, "config", yamlio.CONFIG_LIMIT)  # a merged key may be overridden
+    assert loaded["chunk"] == {"size": 800, "overlap": 50}
 
 
 def test_fingerprint_tracks_config_and_version() -> None:

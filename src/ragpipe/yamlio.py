@@ -6,6 +6,10 @@ whatever walks the result afterwards (validation, a golden set's items) that
 runs for minutes and takes gigabytes. ``load`` counts the values the document
 stands for, every alias reference again, and refuses it past ``limit`` before
 anyone walks it.
+
+A key written twice in one mapping is refused too: PyYAML keeps the last one
+without a word, so a second ``chunk:`` block silently replaces the first.
+Keys brought in by a merge (``<<: *defaults``) may be overridden, as YAML means.
 """
 
 from __future__ import annotations
@@ -20,6 +24,31 @@ from ragpipe.errors import ConfigError
 CONFIG_LIMIT = 100_000
 # A golden set of 50,000 items with graded targets and reference answers stays under it.
 DATA_LIMIT = 5_000_000
+
+
+class DuplicateKey(yaml.YAMLError):
+    """A mapping that names one key twice."""
+
+
+class _Loader(yaml.SafeLoader):
+    """``SafeLoader`` that refuses a key written twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(
+                key_node, yaml.ScalarNode
+            ):
+                continue
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DuplicateKey(
+                    f"key {key!r} is written twice in one mapping (lines {seen[key]} and "
+                    f"{line}); YAML would keep only the second: merge them into one"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def expanded_size(data: Any, limit: int) -> int:
@@ -38,9 +67,11 @@ def expanded_size(data: Any, limit: int) -> int:
 
 def load(text: str, what: str, limit: int) -> Any:
     """``yaml.safe_load(text)``, refused with a ``ConfigError`` naming ``what`` when it is not
-    YAML or expands to more than ``limit`` values."""
+    YAML, names a key twice in one mapping or expands to more than ``limit`` values."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
+    except DuplicateKey as exc:
+        raise ConfigError(f"{what}: {exc}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{what} is not valid YAML: {exc}") from exc
     if expanded_size(data, limit) > limit:
