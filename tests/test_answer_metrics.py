@@ -292,3 +292,29 @@ def test_an_answers_citations_are_no_words_of_it() -> None:
     code = GoldenItem("x", "First element?", {"pets.md": 1}, (target,), "Use x[1] in R.")
     reply = Answer(code.query, "Use x[1] in R [1].", [source], [source])
     assert score_answer(code, reply, [hit], None)[0]["answer_f1"].value == 1.0
+
+
+def test_a_grade_0_chunk_target_is_no_support_for_a_citation() -> None:
+    # Two sources: [1] the graded target (Cats), [2] a distractor graded 0 (Dogs). The
+    # answer cites [2] alone: precision 0/1 (the cited source holds no target), recall 0/1
+    # (the one supporting source is not cited). Counting the grade-0 target as support,
+    # both were 1/1 and 1/2.
+    from ragpipe.evaluation.golden import ChunkTarget, GoldenItem
+    from ragpipe.evaluation.rag import score_answer
+    from ragpipe.query.generate import Answer, Source
+    from ragpipe.query.results import Retrieved
+
+    cats = {"file_path": "pets.md", "heading_path": ["Cats"], "text": "Cats purr."}
+    dogs = {"file_path": "pets.md", "heading_path": ["Dogs"], "text": "Dogs bark."}
+    hits = [Retrieved("p1", 1.0, cats), Retrieved("p2", 0.9, dogs)]
+    one = Source(1, "p1", "pets.md", None, "Cats", "Cats purr.")
+    two = Source(2, "p2", "pets.md", None, "Dogs", "Dogs bark.")
+    targets = (ChunkTarget("pets.md", heading="Cats"), ChunkTarget("pets.md", heading="Dogs",
+                                                                    grade=0))  # fmt: skip
+    item = GoldenItem("purr", "What purrs?", {"pets.md": 1}, targets, "Cats purr.")
+    reply = Answer(item.query, "Dogs bark [2].", [one, two], [two])
+    scores, sources, cited, _ = score_answer(item, reply, hits, None)
+    assert cited == [2]
+    assert [s["holds_target"] for s in sources] == [True, False]
+    assert scores["citation_precision"].value == 0.0
+    assert scores["citation_recall"].value == 0.0

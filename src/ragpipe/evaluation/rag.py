@@ -289,10 +289,12 @@ def is_refusal(text: str) -> bool:
 
 
 def supporting(source_payloads: dict[int, dict[str, Any]], item: GoldenItem) -> set[int]:
-    """Numbers of the given sources that hold a golden target: a chunk target when the
-    item has any, else a relevant file (grade > 0)."""
+    """Numbers of the given sources that hold a golden target: a chunk target of grade > 0
+    when the item has chunk targets (a grade-0 one marks a distractor, never support), else
+    a relevant file (grade > 0)."""
     if item.chunks:
-        return {n for n, p in source_payloads.items() if any(t.matches(p) for t in item.chunks)}
+        graded = [t for t in item.chunks if t.grade > 0]
+        return {n for n, p in source_payloads.items() if any(t.matches(p) for t in graded)}
     files = [s for s, g in item.relevance.items() if g > 0]
     return {
         n
