@@ -3,8 +3,8 @@ a CI only from n >= 2, the counts, and no number for a withheld metric."""
 
 from __future__ import annotations
 
-from ragpipe.evaluation.metrics import bootstrap_ci
-from ragpipe.evaluation.report import headline_cell
+from ragpipe.evaluation.metrics import bootstrap_ci, paired_delta
+from ragpipe.evaluation.report import delta_cell, headline_cell
 from ragpipe.evaluation.run import stats
 
 
@@ -30,3 +30,16 @@ def test_cells() -> None:
 def test_cells_of_summaries_written_before_the_counts() -> None:
     old = {"mean": 0.5, "ci_low": 0.25, "ci_high": 0.75, "n": 10}
     assert headline_cell(old) == "0.500 [0.250, 0.750] (n=10)"
+
+
+def test_delta_cells() -> None:
+    # Deltas +1, 0, +1, +1: mean +0.750; a sign flip reaches |mean| 0.75 only when the three
+    # non-zero deltas keep one sign, 2 of 8 patterns: p about 0.25.
+    moved = paired_delta([0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], 200, 0, 10000).as_dict()
+    low, high, p = moved["ci_low"], moved["ci_high"], moved["p_value"]
+    assert abs(p - 0.25) < 0.02 and low < 0.75 < high
+    assert delta_cell(moved) == f"+0.750 [{low:+.3f}, {high:+.3f}] p={p:.3f}"
+    same = paired_delta([0.5, 0.2, 0.9], [0.5, 0.2, 0.9], 200, 0).as_dict()  # every delta 0
+    assert delta_cell(same) == "+0.000 (n=3, no CI: every delta equal)"
+    one = paired_delta([0.25], [1.0], 200, 0).as_dict()
+    assert delta_cell(one) == "+0.750 (n=1, no CI)"

@@ -158,6 +158,13 @@ def test_verdicts() -> None:
     assert verdict == "recommend" and "not significant" in message
     verdict, message = decide(change, _delta(0.01, 0.03, 0.05), "ndcg@10")
     assert verdict == "recommend" and "not significant" not in message
+    # Every held-out query moved by 0: a CI of zero width, said as none, never [+0, +0].
+    verdict, message = decide(change, _delta(0, 0, 0), "ndcg@10")
+    assert verdict == "no change" and "[+0.0000, +0.0000]" not in message
+    assert "ndcg@10 +0.0000 on the held-out queries, no CI: every held-out query has the " \
+           "same delta, p=0.04" in message  # fmt: skip
+    one = PairedDelta(Interval(0.2, float("nan"), float("nan"), 1, 1000, 0), float("nan"), 0)
+    assert "no CI: 1 held-out query," in decide(change, one, "ndcg@10")[1]
 
 
 # -- end to end on the indexed query corpus -----------------------------------------------

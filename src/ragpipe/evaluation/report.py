@@ -46,6 +46,15 @@ def headline_cell(st: dict[str, Any]) -> str:
     return f"{cell}; {flag}" if flag else cell
 
 
+def delta_cell(d: dict[str, Any]) -> str:
+    """A paired delta (variant - baseline) as report.md shows it: with its 95% CI and
+    p-value, or why there is no CI (one paired query; every query's delta the same)."""
+    if d.get("ci_low") is None:  # n < 2, or a CI of zero width (summary.json holds null)
+        why = ": every delta equal" if d["n"] >= 2 else ""
+        return f"{d['mean']:+.3f} (n={d['n']}, no CI{why})"
+    return f"{d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] p={d['p_value']:.3f}"
+
+
 def _names(summary: RunSummary) -> list[str]:
     return summary.metric_names or list(METRICS)
 
@@ -175,12 +184,7 @@ def render_markdown(summary: RunSummary) -> str:
         for m in names:
             cells = []
             for v in others:
-                d = summary.deltas[v][m]
-                if d.get("ci_low") is None:
-                    cells.append(f"{d['mean']:+.3f} (n={d['n']}, no CI)")
-                    continue
-                ci = f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
-                cells.append(f"{d['mean']:+.3f} {ci} p={d['p_value']:.3f}")
+                cells.append(delta_cell(summary.deltas[v][m]))
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
     if summary.gate:
         gate = summary.gate

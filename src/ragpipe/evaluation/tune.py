@@ -37,7 +37,7 @@ from ragpipe.config import FusionMethod, RagpipeConfig, RetrievalMode, RetrieveC
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.check import IndexView, check_golden
 from ragpipe.evaluation.golden import GoldenSet
-from ragpipe.evaluation.metrics import METRICS, PairedDelta
+from ragpipe.evaluation.metrics import METRICS, Interval, PairedDelta
 from ragpipe.evaluation.report import html_page
 from ragpipe.evaluation.retrieval import EvalResult, Granularity, Variant, run_retrieval_eval
 from ragpipe.evaluation.run import checked_golden, run_dir
@@ -482,14 +482,23 @@ def changed_settings(overrides: dict[str, Any], ingest: dict[str, Any]) -> dict[
     return {**overrides, **{f"chunk.{k}": v for k, v in ingest.items()}}
 
 
+def delta_ci(ci: Interval) -> str:
+    """A held-out delta's 95% CI as tune prints it, or why it has none: a CI of zero width
+    (every held-out query moved by the same amount, most often 0) would claim certainty."""
+    if ci.zero_width:
+        return "no CI: every held-out query has the same delta"
+    if not ci.has_ci:
+        return f"no CI: {ci.n} held-out quer{'y' if ci.n == 1 else 'ies'}"
+    return f"95% CI [{ci.low:+.4f}, {ci.high:+.4f}]"
+
+
 def decide(changes: dict[str, Any], delta: PairedDelta, metric: str) -> tuple[str, str]:
     """recommend / refused / no change, and a sentence saying why."""
     if not changes:
         return "no change", "no change: the current settings scored best on the tuning queries"
     ci = delta.interval
     stated = (
-        f"{metric} {ci.mean:+.4f} on the held-out queries, 95% CI "
-        f"[{ci.low:+.4f}, {ci.high:+.4f}], p={delta.p_value:.3g}"
+        f"{metric} {ci.mean:+.4f} on the held-out queries, {delta_ci(ci)}, p={delta.p_value:.3g}"
     )
     if ci.high < 0:
         return (
@@ -537,8 +546,7 @@ def tuned_yaml(outcome: TuneOutcome, base: Path | None) -> str:
         f"{len(outcome.split.tuning)} tuning queries (seed {outcome.seed}),",
         f"# confirmed on {len(outcome.split.confirmation)} held-out queries: "
         f"{outcome.metric} {before:.4f} -> {after:.4f} "
-        f"(delta {d.interval.mean:+.4f}, 95% CI [{d.interval.low:+.4f}, "
-        f"{d.interval.high:+.4f}], p={d.p_value:.3g}).",
+        f"(delta {d.interval.mean:+.4f}, {delta_ci(d.interval)}, p={d.p_value:.3g}).",
         f"# Changed: {json.dumps(outcome.changes, sort_keys=True)}",
     ]
     if outcome.ingest:
@@ -638,7 +646,7 @@ def markdown(outcome: TuneOutcome) -> str:
         before, after = outcome.means(m)
         lines.append(
             f"| {m} | {before:.4f} | {after:.4f} | {ci.mean:+.4f} | "
-            f"[{ci.low:+.4f}, {ci.high:+.4f}] | {delta.p_value:.3g} |"
+            f"{delta_ci(ci).removeprefix('95% CI ')} | {delta.p_value:.3g} |"
         )
     lines += ["", "## What was tried, on the tuning queries", ""]
     lines += ["| setting | verdict |", "|---|---|"]
@@ -660,11 +668,18 @@ def tune_plot(outcome: TuneOutcome) -> str:
     from ragpipe.evaluation.report import svg
 
     names = list(outcome.deltas)
-    means = [outcome.deltas[m].interval.mean for m in names]
-    low = [means[i] - outcome.deltas[m].interval.low for i, m in enumerate(names)]
-    high = [outcome.deltas[m].interval.high - means[i] for i, m in enumerate(names)]
+    cis = [outcome.deltas[m].interval for m in names]
+    means = [ci.mean for ci in cis]
+    shown = [ci.has_ci and not ci.zero_width for ci in cis]
+    low = [ci.mean - ci.low if ok else 0.0 for ci, ok in zip(cis, shown, strict=True)]
+    high = [ci.high - ci.mean if ok else 0.0 for ci, ok in zip(cis, shown, strict=True)]
     fig, ax = plt.subplots(figsize=(10, 4))
-    ax.bar(range(len(names)), means, yerr=[low, high], capsize=3)
+    bars = ax.bar(range(len(names)), means, yerr=[low, high], capsize=3)
+    for bar, ok in zip(bars, shown, strict=True):
+        if not ok:  # no whisker of zero width: say there is no CI
+            bar.set_hatch("//")
+            ax.annotate("no CI", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=8)  # fmt: skip
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(names)), names)
     ax.tick_params(axis="x", rotation=30)
