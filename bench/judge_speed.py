@@ -60,6 +60,9 @@ def main() -> None:
     parser.add_argument("mode", choices=["none", "ngram", "par"])
     parser.add_argument("n", type=int, nargs="?", default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--ngram-n", type=int, default=12, help="ngram: lookup n-gram length")
+    parser.add_argument("--ngram-m", type=int, default=48, help="ngram: drafted m-gram length")
+    parser.add_argument("--draft-max", type=int, default=None, help="ngram: most tokens drafted")
     args = parser.parse_args()
     par = args.mode == "par"
 
@@ -74,6 +77,10 @@ def main() -> None:
         if args.mode == "ngram":
             ngram = xlc.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE
             params.speculative.types = [ngram]
+            params.speculative.ngram_simple.size_n = args.ngram_n
+            params.speculative.ngram_simple.size_m = args.ngram_m
+            if args.draft_max is not None:
+                params.speculative.draft.n_max = args.draft_max
         return Timed(xlc.Server(params)), threading.Semaphore(SLOTS if par else 1)
 
     llm_module._load_gguf = load  # type: ignore[assignment]
