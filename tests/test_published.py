@@ -43,9 +43,14 @@ def test_an_ingest_publishes_what_it_wrote_and_a_no_op_publishes_nothing(
     assert version is not None
     assert (version.points, version.files) == (first.points_total, 3)
     assert version.bytes > 0 and version.publish_seconds >= 0
+    # A run killed while removing a superseded version leaves it renamed to a temp copy
+    # (a whole index at scale): the next night, a no-op, removes it.
+    doomed = published.root(cfg.store.path) / f".{'0' * 16}.deadbeef.tmp"
+    (doomed / "segments").mkdir(parents=True)
     again = run_ingest(cfg)
     assert again.stages["upsert"]["published"] == 0
     assert published.current(cfg.store.path) == generation
+    assert not doomed.exists()
     (corpus / "wings.txt").write_text(topic_doc("wings", version=2), encoding="utf-8")
     changed = run_ingest(cfg)
     assert changed.stages["upsert"]["published"] == 1

@@ -160,9 +160,11 @@ def publish(
     store_path: Path, generation: str, points: int, files: int, index_fingerprint: str
 ) -> IndexVersion | None:
     """Publish the working shard as ``generation`` (the caller holds the ingest lock and
-    has closed the store). Returns the new version, or None when it was current already."""
+    has closed the store). Returns the new version, or None when it was current already
+    (what a run killed while removing a version left, a temp copy, is removed then too)."""
     base = root(store_path)
     if current(store_path) == generation and (base / generation).is_dir():
+        remove_unused(store_path)
         return None
     started = time.perf_counter()
     version = _materialize(store_path, generation, points, files, index_fingerprint)
@@ -182,6 +184,7 @@ def stage(
     status (a no-op night does not re-judge a held version)."""
     base = root(store_path)
     if current(store_path) == generation and (base / generation).is_dir():
+        remove_unused(store_path)  # what a killed run left, as publish does
         return None
     recorded = statuses(store_path).get(generation, {})
     if recorded.get("status") == DISCARDED:
