@@ -12,6 +12,7 @@ deleted (behind the mass-deletion guard).
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, cast
 from uuid import UUID
@@ -89,9 +90,10 @@ def ingest_flow(
     # The stage tasks run in this process (only the batches go to the task runner), so
     # they share one store, opened once.
     queued = deployment.id is not None  # a deployment run; the CLI and library run none
+    waiting_since = time.monotonic()  # lock_timeout_s in all: the slot's wait counts
     with (
         writer_slot(cfg, None if queued else cfg.index.lock_timeout_s),
-        ingest_lock(cfg),
+        ingest_lock(cfg, since=None if queued else waiting_since),
         RunStore(cfg) as store,
     ):
         done: list[StageSummary[Any]] = []

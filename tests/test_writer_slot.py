@@ -100,6 +100,46 @@ def test_a_run_outside_a_deployment_waits_lock_timeout_s_then_refuses(
         pass
 
 
+def test_a_cli_ingest_waits_lock_timeout_s_in_all_not_once_per_lock(
+    prefect_harness: None, tmp_path: Path
+) -> None:
+    # Another writer holds the writer slot for 4 s and the file lock for longer. With
+    # lock_timeout_s 5 the run waits 5 s in all: 4 for the slot, then 1 at the file lock.
+    # It waited lock_timeout_s again at the file lock: 4 + 5 = 9 s.
+    from flows.concurrency import writer_slot
+    from flows.ingest import ingest_flow
+    from ragpipe.errors import StageError
+    from ragpipe.locking import ingest_lock
+
+    cfg = RagpipeConfig.model_validate(
+        {"store": {"path": str(tmp_path / "store")}, "paths": {"work_dir": str(tmp_path / "w")},
+         "index": {"lock_timeout_s": 5}}
+    )  # fmt: skip
+    holding, done = threading.Event(), threading.Event()
+
+    def other_writer() -> None:
+        with ingest_lock(cfg, timeout_s=0):
+            with writer_slot(cfg):
+                holding.set()
+                time.sleep(4)
+            done.wait(60)
+
+    other = threading.Thread(target=other_writer)
+    other.start()
+    try:
+        assert holding.wait(60)
+        started = time.monotonic()
+        refused = (
+            r"another ingest is writing to this index .*Waited [56]s \(index.lock_timeout_s 5\)"
+        )
+        with pytest.raises(StageError, match=refused):
+            ingest_flow(config=cfg)
+        assert time.monotonic() - started < 8
+    finally:
+        done.set()
+        other.join(60)
+
+
 def _leftover(name: str, holder: dict[str, object] | None) -> None:
     """The slot as a killed ephemeral-mode run leaves it: taken in the database, its lease
     gone with the server's memory, and its holder record (if it got to write one)."""

@@ -61,24 +61,27 @@ def work_dir_lock_path(config: RagpipeConfig) -> Path:
 
 
 @contextmanager
-def ingest_lock(config: RagpipeConfig, timeout_s: float | None = None) -> Iterator[Path]:
+def ingest_lock(
+    config: RagpipeConfig, timeout_s: float | None = None, since: float | None = None
+) -> Iterator[Path]:
     """Hold the index's and then the work dir's writer locks for the body.
 
-    Always in this order, so two runs never wait on each other. Each is waited for
-    up to ``index.lock_timeout_s`` (or ``timeout_s``); a lock still taken then
-    raises StageError naming its holder.
+    Always in this order, so two runs never wait on each other. Both are waited for
+    up to ``index.lock_timeout_s`` (or ``timeout_s``) in all, counted from ``since``
+    (a ``time.monotonic()`` value: when the caller began waiting, for the writer slot
+    say; default now); a lock still taken then raises StageError naming its holder.
     """
     wait = config.index.lock_timeout_s if timeout_s is None else timeout_s
-    deadline = time.monotonic() + wait
+    start = time.monotonic() if since is None else since
     with ExitStack() as stack:
         path = lock_path(config)
-        stack.enter_context(_flock(path, "index", deadline, wait))
-        stack.enter_context(_flock(work_dir_lock_path(config), "work dir", deadline, wait))
+        stack.enter_context(_flock(path, "index", start, wait))
+        stack.enter_context(_flock(work_dir_lock_path(config), "work dir", start, wait))
         yield path
 
 
 @contextmanager
-def _flock(path: Path, what: str, deadline: float, wait: float) -> Iterator[None]:
+def _flock(path: Path, what: str, start: float, wait: float) -> Iterator[None]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -89,6 +92,7 @@ def _flock(path: Path, what: str, deadline: float, wait: float) -> Iterator[None
             f"path is a file or cannot be written to: set {field} to a directory this "
             "user can write"
         ) from exc
+    deadline = start + wait
     try:
         said = 0.0
         while True:
@@ -101,8 +105,8 @@ def _flock(path: Path, what: str, deadline: float, wait: float) -> Iterator[None
                 if now >= deadline:
                     raise StageError(
                         f"another ingest is writing to this {what} ({holder}; lock {path}). "
-                        f"Waited {wait:.0f}s (index.lock_timeout_s). Runs never interleave: "
-                        "try again when it has finished."
+                        f"Waited {now - start:.0f}s (index.lock_timeout_s {wait:g}). Runs "
+                        "never interleave: try again when it has finished."
                     ) from None
                 if now - said >= WAIT_NOTICE_S or not said:
                     logger.warning(
