@@ -86,6 +86,11 @@ def test_a_key_written_twice_is_refused_naming_both_lines(tmp_path: Path) -> Non
     merged = "base: &base {size: 500, overlap: 50}\nchunk:\n  <<: *base\n  size: 800\n"
     loaded = yamlio.load(merged, "config", yamlio.CONFIG_LIMIT)  # a merged key may be overridden
     assert loaded["chunk"] == {"size": 800, "overlap": 50}
+    # A merge source that itself merges and overrides is flattened before it is built:
+    # its inherited 'size' beside its own is no duplicate; nor is a bare '=' key.
+    nested = "d: &d {size: 500}\nenvs:\n  dev: &dev\n    <<: *d\n    size: 800\nprod: {<<: *dev}\n"
+    assert yamlio.load(nested, "config", yamlio.CONFIG_LIMIT)["prod"] == {"size": 800}
+    assert yamlio.load("=: a\nb: c\n", "config", yamlio.CONFIG_LIMIT) == {"=": "a", "b": "c"}
 
 
 def test_fingerprint_tracks_config_and_version() -> None:

@@ -31,15 +31,31 @@ class DuplicateKey(yaml.YAMLError):
 
 
 class _Loader(yaml.SafeLoader):
-    """``SafeLoader`` that refuses a key written twice in one mapping."""
+    """``SafeLoader`` that refuses a key written twice in one mapping.
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    Checked when a mapping is first flattened (merge keys resolved), on the keys written
+    in it: PyYAML pastes merged keys into a node's key list, and a mapping used as a merge
+    source is flattened before it is built, so checking later would see an inherited key
+    beside the one that overrides it.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._checked: set[int] = set()
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        own: list[yaml.Node] = []
+        if id(node) not in self._checked:
+            self._checked.add(id(node))
+            own = [
+                key_node
+                for key_node, _ in node.value
+                if key_node.tag != "tag:yaml.org,2002:merge"
+                and isinstance(key_node, yaml.ScalarNode)
+            ]
+        super().flatten_mapping(node)  # also makes a bare '=' key a string
         seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(
-                key_node, yaml.ScalarNode
-            ):
-                continue
+        for key_node in own:
             key = self.construct_object(key_node)
             line = key_node.start_mark.line + 1
             if key in seen:
@@ -48,7 +64,6 @@ class _Loader(yaml.SafeLoader):
                     f"{line}); YAML would keep only the second: merge them into one"
                 )
             seen[key] = line
-        return super().construct_mapping(node, deep=deep)
 
 
 def expanded_size(data: Any, limit: int) -> int:
