@@ -318,3 +318,28 @@ def test_a_grade_0_chunk_target_is_no_support_for_a_citation() -> None:
     assert [s["holds_target"] for s in sources] == [True, False]
     assert scores["citation_precision"].value == 0.0
     assert scores["citation_recall"].value == 0.0
+
+
+def test_the_calibration_probe_never_takes_a_distractor_for_an_answer() -> None:
+    # The probe's "matching answer" pairs come from an item's target chunks; a grade-0
+    # target (Dogs) was taken too, so a judge saying "no" to "What purrs? Dogs bark." was
+    # scored wrong.
+    from ragpipe.evaluation.calibration import _target_chunks
+    from ragpipe.evaluation.golden import ChunkTarget, GoldenItem
+
+    cats = {"file_path": "pets.md", "heading_path": ["Cats"], "text": "Cats purr."}
+    dogs = {"file_path": "pets.md", "heading_path": ["Dogs"], "text": "Dogs bark."}
+
+    class View:
+        def matching(self, suffix: str) -> list[str]:
+            return ["pets.md"]
+
+        def payloads(self, path: str) -> list[dict[str, object]]:
+            return [cats, dogs]
+
+    graded = (ChunkTarget("pets.md", heading="Cats"), ChunkTarget("pets.md", heading="Dogs",
+                                                                   grade=0))  # fmt: skip
+    item = GoldenItem("purr", "What purrs?", {"pets.md": 1}, graded)
+    assert _target_chunks(item, View()) == [cats]  # type: ignore[arg-type]
+    only_0 = GoldenItem("purr", "What purrs?", {"pets.md": 1}, graded[1:])
+    assert _target_chunks(only_0, View()) == []  # type: ignore[arg-type]  # not the file's

@@ -218,12 +218,13 @@ def alter(sentence: str) -> str | None:
 
 
 def _target_chunks(item: GoldenItem, view: IndexView) -> list[dict[str, Any]]:
-    """Chunks that answer the item: its chunk targets' matches, else its files' chunks."""
+    """Chunks that answer the item: its graded chunk targets' matches (a grade-0 target is
+    a distractor, never an answer), else, with no chunk targets, its files' chunks."""
     found = []
-    for target in item.chunks:
+    for target in (t for t in item.chunks if t.grade > 0):
         for path in view.matching(target.file):
             found += [p for p in view.payloads(path) if target.matches(p)]
-    if found:
+    if found or item.chunks:
         return found
     files = [s for s, g in sorted(item.relevance.items(), key=lambda kv: -kv[1]) if g > 0]
     for suffix in files[:1]:
