@@ -21,7 +21,7 @@ from flows.cli import app
 from ragpipe.config import ChunkerKind, EmbedProvider, RagpipeConfig, load_config
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.golden import ChunkTarget, GoldenItem, GoldenSet, save_golden
-from ragpipe.evaluation.metrics import Interval, PairedDelta
+from ragpipe.evaluation.metrics import Interval, PairedDelta, paired_delta
 from ragpipe.evaluation.retrieval import Granularity
 from ragpipe.evaluation.sibling import INGEST_SPACE
 from ragpipe.evaluation.tune import (
@@ -165,6 +165,16 @@ def test_verdicts() -> None:
            "same delta, p=0.04" in message  # fmt: skip
     one = PairedDelta(Interval(0.2, float("nan"), float("nan"), 1, 1000, 0), float("nan"), 0)
     assert "no CI: 1 held-out query," in decide(change, one, "ndcg@10")[1]
+    # Every one of 2 held-out queries up by 0.1: a zero-width CI is no proof; the sign-flip
+    # p (2 of 4 patterns reach |mean| 0.1: about 0.5) says not significant. With 8 such
+    # queries p is about 2/256: significant.
+    two = paired_delta([0.5, 0.6], [0.6, 0.7])
+    verdict, message = decide(change, two, "ndcg@10")
+    assert verdict == "recommend" and "not significant" in message and "no CI" in message
+    eight = paired_delta([0.5] * 8, [0.6] * 8)
+    assert eight.p_value < 0.05
+    verdict, message = decide(change, eight, "ndcg@10")
+    assert verdict == "recommend" and "not significant" not in message
 
 
 # -- end to end on the indexed query corpus -----------------------------------------------

@@ -512,6 +512,14 @@ def decide(changes: dict[str, Any], delta: PairedDelta, metric: str) -> tuple[st
             f"no change: the tuned settings are no better on the held-out queries ({stated}). "
             "Keep the current settings.",
         )
+    if not ci.has_ci or ci.zero_width:  # no interval to read: the permutation test decides
+        if delta.p_value < 0.05:
+            return "recommend", f"recommend: better on the held-out queries ({stated})"
+        return (
+            "recommend",
+            f"recommend, not significant: {stated}; with no CI and p >= 0.05 the gain may be "
+            "noise (a larger golden set tells)",
+        )
     if ci.low > 0:
         return "recommend", f"recommend: better on the held-out queries ({stated})"
     return (
