@@ -29,8 +29,13 @@ costs about 1 ms a request more here, is measured too (1 client, interleaved wit
 rest, and 4 clients) and printed beside it.
 
 Queries are the R-FAQ dev questions and the debfaq questions, each made
-unique per request (a numbered prefix) so no request hits a query-vector
-cache: every request embeds its query, on both sides. The semantic cache is
+unique per request (a numbered prefix) so no whole query hits a query-vector
+cache: every request embeds its query, on both sides. Two known biases:
+``retrieve.split_fragments`` also embeds each sentence of the 17 questions
+of several sentences, and the later sentences repeat unnumbered, so they can
+hit the cache (more often on the server, which sees each question from both
+clients); and the httpx client's 1-client texts carry 5-digit numbers
+(19.4 word-pieces on average against 17.8), about 0.4 ms more embedding. The semantic cache is
 off for /search (its default). Results: bench/results/serve.json.
 
 Usage: python bench/serve.py [--work DIR] [--requests 300] [--json OUT]
