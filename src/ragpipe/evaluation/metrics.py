@@ -82,10 +82,15 @@ class Interval:
         would claim certainty that a handful of equal scores does not give."""
         return self.has_ci and self.low == self.high
 
+    @property
+    def shown(self) -> bool:
+        """A CI worth showing: there is one, and it has a width."""
+        return self.has_ci and not self.zero_width
+
     def as_dict(self) -> dict[str, float | int | str | None]:
         """As summary.json holds it: a missing mean or CI (n = 0, or n = 1, or a CI of zero
         width) is null."""
-        shown = not self.zero_width
+        shown = self.shown
         return {
             "mean": _finite(self.mean),
             "ci_low": _finite(self.low) if shown else None,

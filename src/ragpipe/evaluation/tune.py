@@ -512,7 +512,7 @@ def decide(changes: dict[str, Any], delta: PairedDelta, metric: str) -> tuple[st
             f"no change: the tuned settings are no better on the held-out queries ({stated}). "
             "Keep the current settings.",
         )
-    if not ci.has_ci or ci.zero_width:  # no interval to read: the permutation test decides
+    if not ci.shown:  # no interval to read: the permutation test decides
         if delta.p_value < 0.05:
             return "recommend", f"recommend: better on the held-out queries ({stated})"
         return (
@@ -678,7 +678,7 @@ def tune_plot(outcome: TuneOutcome) -> str:
     names = list(outcome.deltas)
     cis = [outcome.deltas[m].interval for m in names]
     means = [ci.mean for ci in cis]
-    shown = [ci.has_ci and not ci.zero_width for ci in cis]
+    shown = [ci.shown for ci in cis]
     low = [ci.mean - ci.low if ok else 0.0 for ci, ok in zip(cis, shown, strict=True)]
     high = [ci.high - ci.mean if ok else 0.0 for ci, ok in zip(cis, shown, strict=True)]
     fig, ax = plt.subplots(figsize=(10, 4))
