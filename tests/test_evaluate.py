@@ -294,6 +294,20 @@ def _cli(eval_config: RagpipeConfig, *args: str) -> Any:
     )  # fmt: skip
 
 
+def test_a_gate_on_equal_deltas_shows_no_interval(eval_config: RagpipeConfig) -> None:
+    """Two identical variants: every query's delta is 0, so there is no CI to show, and a
+    gate asking for +0.05 fails on the mean, saying so."""
+    variants = [Variant("dense", {"mode": "dense"}), Variant("same", {"mode": "dense"})]
+    result, _ = run_retrieval(eval_config, variants, name="same", gate=Gate("mrr", 0.05))
+    assert not result.passed
+    n = result.deltas["same"]["mrr"].interval.n
+    assert n == len(load_golden(eval_config.eval.golden).answerable) and n >= 2
+    assert result.gate_failures == [
+        f"same: mrr delta is +0.0000 on every one of the {n} paired queries (no CI: every "
+        "delta equal), below +0.0500 (baseline dense)"
+    ]
+
+
 @pytest.mark.slow
 def test_cli_eval_commands(prefect_harness: None, eval_config: RagpipeConfig) -> None:
     from prefect.artifacts import Artifact

@@ -100,6 +100,7 @@ def test_a_version_that_loses_half_its_answers_is_held_and_readers_keep_the_live
     golden = summary["gate"]["verdict"]["golden"][0]
     # Hand-computed: each item scores 1 (its file first) or 0 (its file gone).
     assert (golden["staged"], golden["live"], golden["delta"]) == (0.5, 1.0, -0.5)
+    assert golden["delta_low"] < -0.5 < golden["delta_high"]  # deltas 0 x 3 and -1 x 3
     assert golden["lost"] == ["gardening", "astronomy", "cooking"]
     assert len(golden["unmatched_staged"]) == 3
     assert _points(cfg, staged[:10]) == summary["points_total"] < first.points_total
@@ -112,7 +113,9 @@ def test_a_version_that_loses_half_its_answers_is_held_and_readers_keep_the_live
         (corpus / f"{topic}.txt").write_text(topic_doc(topic, version=2), encoding="utf-8")
     good = run_ingest(cfg)
     assert good.gate["outcome"] == "promoted" and good.gate["live_before"] == live
-    assert good.gate["verdict"]["golden"][0]["delta"] == 0.0
+    judged = good.gate["verdict"]["golden"][0]
+    assert judged["delta"] == 0.0  # every item's delta 0: no CI, not [0, 0]
+    assert judged["delta_low"] is None and judged["delta_high"] is None
     assert index_versions.current(cfg.store) == good.gate["generation"]
     versions = {v.generation: v for v in index_versions.list_versions(cfg.store)}
     assert staged not in versions  # a held version older than the live one: superseded

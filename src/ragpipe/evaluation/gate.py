@@ -149,7 +149,7 @@ def _golden_verdict(
     live_mean = sum(old[i] for i in ids) / len(ids)
     return GoldenVerdict(
         golden.name, len(ids), staged_mean.mean, live_mean, d.mean,
-        d.low if d.has_ci else None, d.high if d.has_ci else None,
+        d.low if d.shown else None, d.high if d.shown else None,  # none: no CI, or all deltas equal
         delta.p_value if delta.p_value == delta.p_value else None,
         not reasons, "; ".join(reasons), lost, new_items=sorted(extra),
     )  # fmt: skip

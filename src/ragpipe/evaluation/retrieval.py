@@ -296,6 +296,12 @@ def run_retrieval_eval(
                     f"{candidate}: {gate.metric} delta has no CI ({delta.n} paired queries): "
                     "the gate cannot hold on fewer than 2"
                 )
+            elif delta.zero_width and delta.high < gate.threshold:  # every query alike
+                gate_failures.append(
+                    f"{candidate}: {gate.metric} delta is {delta.mean:+.4f} on every one of "
+                    f"the {delta.n} paired queries (no CI: every delta equal), below "
+                    f"{gate.threshold:+.4f} (baseline {variants[0].name})"
+                )
             elif delta.high < gate.threshold:
                 gate_failures.append(
                     f"{candidate}: {gate.metric} delta CI [{delta.low:+.4f}, {delta.high:+.4f}] "
