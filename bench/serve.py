@@ -15,9 +15,13 @@ runtime (``embed.query_runtime`` onnx, then torch; the index is the same):
    ratios of p50s. Targets: in-process ≤ 1.5× the raw floor; HTTP ≤ 1.2×
    in-process.
 2. **4 and 16 clients**: threads sending ``POST /search`` back to back
-   (keep-alive connections), p50/p95 and requests/s. The server searches one
-   request at a time (one open store), so latency grows with the queue.
-   Target: ONNX throughput at 4 clients ≥ 2.5× torch's.
+   (keep-alive connections), p50/p95 and requests/s. Both servers (onnx and
+   torch) are up for this phase, and each load goes to each in turn, for
+   ``--rounds`` rounds (the runtimes taking turns to go first), so a noisy
+   moment of the machine falls on one round of one side, not on a whole side:
+   requests/s is each side's median round, latencies are pooled. The server
+   searches one request at a time (one open store), so latency grows with the
+   queue. Target: ONNX throughput at 4 clients ≥ 2.5× torch's.
 3. **Same rankings**: every question's top 10 from both in-process paths,
    compared (the dev sets' NDCG on both paths: bench/retrieval_quality.py
    --query-runtime).
@@ -28,23 +32,23 @@ client's own CPU (on the same 2 cores) is not counted as the server's; httpx, wh
 costs about 1 ms a request more here, is measured too (1 client, interleaved with the
 rest, and 4 clients) and printed beside it.
 
-Queries are the R-FAQ dev questions and the debfaq questions, each made
-unique per request (a numbered prefix) so no whole query hits a query-vector
-cache: every request embeds its query, on both sides. Two known biases:
-``retrieve.split_fragments`` also embeds each sentence of the 17 questions
-of several sentences, and the later sentences repeat unnumbered, so they can
-hit the cache (more often on the server, which sees each question from both
-clients); and the httpx client's 1-client texts carry 5-digit numbers
-(19.4 word-pieces on average against 17.8), about 0.4 ms more embedding. The semantic cache is
-off for /search (its default). Results: bench/results/serve.json.
+Queries are the R-FAQ dev questions and the debfaq questions, each sentence of
+each made unique per request (the request's number before it), so no query and
+no sentence ``retrieve.split_fragments`` embeds on its own hits a query-vector
+cache: every request embeds all of its texts, on every side (checked before the
+run). The httpx client's texts carry the same numbers in other marks (``[n]``
+for ``(n)``), so they are as long in word-pieces. The semantic cache is off for
+/search (its default). Results: bench/results/serve.json.
 
-Usage: python bench/serve.py [--work DIR] [--requests 300] [--json OUT]
+Usage: python bench/serve.py [--work DIR] [--requests 300] [--rounds 5] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
+import itertools
 import json
 import os
 import signal
@@ -69,7 +73,7 @@ import yaml  # noqa: E402
 from ragpipe.config import load_config  # noqa: E402
 from ragpipe.evaluation.golden import load_golden  # noqa: E402
 from ragpipe.ingest.pipeline import run_ingest  # noqa: E402
-from ragpipe.query.retrieve import Retriever  # noqa: E402
+from ragpipe.query.retrieve import Retriever, split_fragments  # noqa: E402
 
 
 def questions() -> list[str]:
@@ -79,9 +83,37 @@ def questions() -> list[str]:
     return rfaq + debfaq
 
 
-def unique(base: list[str], n: int, offset: int = 0) -> list[str]:
-    """``n`` distinct query texts: the questions in turn, each with a numbered prefix."""
-    return [f"({offset + i}) {base[i % len(base)]}" for i in range(n)]
+def unique(base: list[str], n: int, offset: int = 0, marks: str = "()") -> list[str]:
+    """``n`` distinct query texts: the questions in turn, each of their sentences with the
+    request's number in ``marks`` before it, so that neither a whole query nor one of its
+    sentences (``retrieve.split_fragments`` also embeds each sentence of a question of
+    several) repeats: every request embeds all of its texts, on every side. Clients given
+    other ``marks`` send texts of the same length in word-pieces that are still distinct."""
+    opening, closing = marks[0], marks[1]
+    texts = []
+    for i in range(n):
+        question, tag = base[i % len(base)], f"{opening}{offset + i}{closing} "
+        cuts = [0, *sentence_starts(question)[1:], len(question)]
+        texts.append("".join(tag + question[a:b] for a, b in itertools.pairwise(cuts)))
+    return texts
+
+
+@functools.cache
+def sentence_starts(question: str) -> list[int]:
+    import nupunkt  # the splitter retrieve.split_fragments uses
+
+    return [start for start, _ in nupunkt.sent_spans(question)] or [0]
+
+
+def check_unique(texts: list[str]) -> None:
+    """Refuse a run whose texts would hit a query-vector cache: a text or one of the
+    fragments ragpipe would embed for it, twice."""
+    seen: set[str] = set()
+    for text in texts:
+        for part in [text.strip(), *split_fragments(text)]:
+            if part in seen:
+                raise SystemExit(f"bench/serve.py: {part!r} would be embedded twice")
+            seen.add(part)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -276,26 +308,23 @@ def stats(latencies: list[float], wall: float | None = None) -> dict[str, float]
     }
 
 
-def measure(work: Path, runtime: str, base: list[str], requests: int) -> dict[str, Any]:
-    """One query path: raw floor (onnx only), in-process, HTTP at 1, 4 and 16 clients."""
-    config_file = write_config(work, runtime)
-    cfg = load_config(config_file)
-    port = free_port()
-    server = start_server(config_file, port, work / f"serve-{runtime}.log")
-    url = f"http://127.0.0.1:{port}"
+def measure(work: Path, runtime: str, base: list[str], requests: int, url: str) -> dict[str, Any]:
+    """One query path at 1 client: raw floor (onnx only), in-process, HTTP (both clients)."""
+    cfg = load_config(write_config(work, runtime))
     out: dict[str, Any] = {}
     texts = unique(base, requests)
-    texts_httpx = unique(base, requests, offset=50_000)
+    texts_httpx = unique(base, requests, marks="[]")  # same numbers, other marks
     plain, other = Plain(url), Httpx(url)
     try:
         with Retriever(cfg) as retriever:
             floor = (
                 RawFloor(retriever, texts + unique(base, 20, 10_000)) if runtime == "onnx" else None
             )
-            for text in unique(base, 20, offset=10_000):  # warm every side up
-                retriever.search(text)
+            warm = unique(base, 20, offset=10_000)
+            for text, text_x in zip(warm, unique(base, 20, 10_000, "[]"), strict=True):
+                retriever.search(text)  # warm every side up
                 plain.search(text)
-                other.search(text + "?")
+                other.search(text_x)
                 if floor:
                     floor.search(text)
             raw: list[float] = []
@@ -324,24 +353,54 @@ def measure(work: Path, runtime: str, base: list[str], requests: int) -> dict[st
             out["top10"] = {
                 q: [h.point_id for h in retriever.search(q, top_k=10).hits] for q in base
             }
-        if raw:
-            out["raw_floor"] = stats(raw)
-        out["in_process"] = stats(local)
-        out["http"] = {"1": stats(remote)}
-        out["http_httpx"] = {"1": stats(remote_httpx)}
-        for clients in (4, 16):
-            latencies, wall = load(url, unique(base, requests, offset=clients * 100_000), clients)
-            out["http"][str(clients)] = stats(latencies, wall)
-        latencies, wall = load(url, unique(base, requests, offset=900_000), 4, "httpx")
-        out["http_httpx"]["4"] = stats(latencies, wall)
     finally:
         plain.close()
         other.close()
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    if raw:
+        out["raw_floor"] = stats(raw)
+    out["in_process"] = stats(local)
+    out["http"] = {"1": stats(remote)}
+    out["http_httpx"] = {"1": stats(remote_httpx)}
+    return out
+
+
+# The loads of phase 2, each sent to both servers in every round: (client, clients).
+LOADS = (("http.client", 4), ("http.client", 16), ("httpx", 4))
+
+
+def load_texts(base: list[str], requests: int, rounds: int) -> dict[tuple[int, int], list[str]]:
+    """Each (round, load)'s texts, distinct from each other and from phase 1's."""
+    return {
+        (r, n): unique(base, requests, offset=1_000_000 + (r * len(LOADS) + n) * requests)
+        for r in range(rounds)
+        for n in range(len(LOADS))
+    }
+
+
+def load_phase(
+    urls: dict[str, str], base: list[str], requests: int, rounds: int
+) -> dict[str, dict[str, Any]]:
+    """Every load on both servers, round after round, the runtimes taking turns to go
+    first, so that both see the same machine; per load and runtime, the latencies of all
+    rounds pooled and each round's requests/s (the median is reported)."""
+    texts = load_texts(base, requests, rounds)
+    latencies: dict[tuple[str, int], list[float]] = {}
+    rates: dict[tuple[str, int], list[float]] = {}
+    order = list(urls)
+    for r in range(rounds):
+        print(f"  load round {r + 1} of {rounds}", flush=True)
+        for n, (kind, clients) in enumerate(LOADS):
+            for runtime in order if r % 2 == 0 else order[::-1]:
+                got, wall = load(urls[runtime], texts[r, n], clients, kind)
+                latencies.setdefault((runtime, n), []).extend(got)
+                rates.setdefault((runtime, n), []).append(len(got) / wall)
+    out: dict[str, dict[str, Any]] = {runtime: {"http": {}, "http_httpx": {}} for runtime in urls}
+    for (runtime, n), pooled in latencies.items():
+        kind, clients = LOADS[n]
+        row: dict[str, Any] = stats(pooled)
+        row["requests_per_s"] = statistics.median(rates[runtime, n])
+        row["requests_per_s_rounds"] = [round(x, 1) for x in rates[runtime, n]]
+        out[runtime]["http" if kind == "http.client" else "http_httpx"][str(clients)] = row
     return out
 
 
@@ -349,16 +408,42 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, default=REPO / "bench" / ".cache" / "serve")
     parser.add_argument("--requests", type=int, default=300, help="requests per measurement")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the load phase")
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "serve.json")
     args = parser.parse_args()
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     print(run_ingest(load_config(write_config(work, "torch"))).line(), flush=True)
     base = questions()
-    results: dict[str, Any] = {"queries": len(base), "requests": args.requests}
-    for runtime in ("onnx", "torch"):
-        print(f"measuring the {runtime} query path ...", flush=True)
-        results[runtime] = measure(work, runtime, base, args.requests)
+    n = args.requests
+    check_unique(  # everything each server is sent
+        [*unique(base, 20, 10_000), *unique(base, 20, 10_000, "[]"), *unique(base, n),
+         *unique(base, n, marks="[]"), *itertools.chain(*load_texts(base, n, args.rounds).values())]
+    )  # fmt: skip
+    results: dict[str, Any] = {"queries": len(base), "requests": n, "rounds": args.rounds}
+    runtimes = ("onnx", "torch")
+    urls, servers = {}, []
+    try:
+        for runtime in runtimes:  # both up: the load phase sends to each in turn
+            port = free_port()
+            log = work / f"serve-{runtime}.log"
+            servers.append(start_server(write_config(work, runtime), port, log))
+            urls[runtime] = f"http://127.0.0.1:{port}"
+        for runtime in runtimes:
+            print(f"measuring the {runtime} query path at 1 client ...", flush=True)
+            results[runtime] = measure(work, runtime, base, n, urls[runtime])
+        print(f"both servers under load, {args.rounds} rounds ...", flush=True)
+        for runtime, loaded in load_phase(urls, base, n, args.rounds).items():
+            for kind, rows in loaded.items():
+                results[runtime][kind].update(rows)
+    finally:
+        for server in servers:
+            server.send_signal(signal.SIGINT)
+        for server in servers:
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                server.kill()
     onnx, torch = results["onnx"], results["torch"]
     same = sum(onnx["top10"][q] == torch["top10"][q] for q in base)
     results["same_top10"] = same
@@ -402,8 +487,20 @@ def main() -> None:
         f"HTTP p50 ÷ in-process p50 at 1 client (onnx): {http:.2f} (target ≤ 1.2); "
         f"with the httpx client {http_x:.2f}"
     )
+    per_round = [
+        a / b
+        for a, b in zip(
+            onnx["http"]["4"]["requests_per_s_rounds"],
+            torch["http"]["4"]["requests_per_s_rounds"],
+            strict=True,
+        )
+    ]
+    results["ratios"]["throughput_4_clients_onnx_to_torch_rounds"] = [
+        round(x, 2) for x in per_round
+    ]
     print(
-        f"throughput at 4 clients, onnx ÷ torch: {gain:.2f} (target ≥ 2.5); "
+        f"throughput at 4 clients, onnx ÷ torch: {gain:.2f} (target ≥ 2.5; medians of "
+        f"{args.rounds} rounds; round by round {min(per_round):.2f}-{max(per_round):.2f}); "
         f"with httpx clients {gain_x:.2f}"
     )
     print(f"same top 10 on both paths: {same} of {len(base)} questions")
