@@ -76,8 +76,9 @@ def unlock(
             )
         if alive is None and not force:
             raise ConfigError(
-                f"the writer slot {name} is held by {who}, which cannot be checked from this "
-                "host: pass --force if you know that run is gone"
+                f"the writer slot {name} is held by {who}, which cannot be checked from here "
+                "(another host, or another container): pass --force if you know that run "
+                "is gone"
             )
         state = {True: "still running", None: "not checkable from here", False: "gone"}[alive]
         free_slot(name, f"ragpipe index unlock ({who}, {state})")

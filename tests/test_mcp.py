@@ -26,6 +26,7 @@ from ragpipe.serve.app import create_app
 from ragpipe.serve.server import running
 from ragpipe.store import published
 from tests.support.paths import QUERY_CORPUS, REPO
+from tests.support.readers import reader_copies
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -210,7 +211,7 @@ def test_stdio_writes_only_protocol_and_sigterm_cleans_up(
         reply = json.loads(line)  # every line of stdout is a JSON-RPC message
         if "id" in reply:
             replies[reply["id"]] = reply
-    assert len(set(readers.iterdir()) - before) == 1  # its own copy of the version
+    assert len(reader_copies(readers) - before) == 1  # its own copy of the version
     found = json.loads(replies[2]["result"]["content"][0]["text"])
     assert found["hits"][0]["file_path"].endswith("bread.md") and len(found["hits"]) == 2
     assert json.loads(replies[3]["result"]["content"][0]["text"])["question"] == BREAD

@@ -107,9 +107,63 @@ def test_a_killed_readers_copy_is_removed_by_the_next_publish(corpus: Path, tmp_
     )
     child = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
     left = Path(child.stdout.strip())
-    assert left.is_dir(), child.stderr  # exited without closing: its copy is still there
+    owner = left.with_name(left.name + published.OWNER)
+    assert left.is_dir() and owner.is_file(), child.stderr  # exited without closing
     published.remove_unused(cfg.store.path)
-    assert not left.exists()
+    assert not left.exists() and not owner.exists()
+
+
+def _dead_pid() -> int:
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    return int(child.stdout)
+
+
+def test_a_readers_copy_is_judged_by_the_owner_it_recorded(corpus: Path, tmp_path: Path) -> None:
+    """A reader in another container or on another host shares the store's volume but not
+    this pid namespace: its pid means nothing here, so its copy is kept, not removed under
+    it; a reader of this host and namespace whose process is gone loses its copy."""
+    import json
+
+    from ragpipe.locking import process_identity
+
+    cfg = make_config(corpus, tmp_path)
+    run_ingest(cfg)
+    readers = published.root(cfg.store.path) / published.READERS
+    me, dead = process_identity(), _dead_pid()
+
+    def owned(name: str, owner: dict[str, object] | None, copy: bool = True) -> Path:
+        path = readers / name
+        if copy:
+            path.mkdir(parents=True)
+        if owner is not None:
+            path.with_name(name + published.OWNER).write_text(json.dumps(owner), "utf-8")
+        return path
+
+    kept = [
+        owned(f"{dead}-0000000a", {**me, "host": "elsewhere", "pid": dead}),
+        owned(f"{dead}-0000000b", {**me, "pid_ns": "pid:[1]", "pid": dead}),  # a container
+        owned(f"{os.getpid()}-0000000c", me),
+        owned(f"{os.getpid()}-0000000d", me, copy=False),  # recorded, copy not begun yet
+    ]
+    gone = [
+        owned(f"{os.getpid()}-0000000e", {**me, "pid": dead, "start_ticks": ""}),
+        owned(f"{os.getpid()}-0000000f", {**me, "start_ticks": "1"}),  # this pid, reused
+        owned(f"{dead}-00000010", None),  # made before owners were recorded
+        owned(f"{os.getpid()}-00000011", {**me, "pid": dead}, copy=False),  # killed first
+    ]
+    with Retriever(cfg) as reader:  # a live reader of this process, with its own record
+        assert reader.search("astronomy").hits
+        live = {p for p in readers.iterdir() if p.is_dir()} - set(kept) - set(gone)
+        assert len(live) == 1
+        published.remove_unused(cfg.store.path)
+        assert reader.search("astronomy").hits
+        left = {p.name for p in readers.iterdir()}
+    owner = published.OWNER
+    expected = {p.name for p in [*kept, *live]} | {p.name + owner for p in [*kept, *live]}
+    assert left == expected - {kept[3].name}
+    assert not (readers / next(iter(live)).name).exists()  # closed: copy and owner removed
+    assert not (readers / (next(iter(live)).name + owner)).exists()
 
 
 def test_search_works_while_the_working_shard_is_held_by_a_writer(

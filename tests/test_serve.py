@@ -40,6 +40,7 @@ from ragpipe.serve.server import is_loopback, running
 from ragpipe.store import published
 from tests.support.loopback import free_port
 from tests.support.paths import QUERY_CORPUS
+from tests.support.readers import reader_copies
 
 BREAD = "How long should bread bake?"
 
@@ -467,8 +468,8 @@ def test_a_request_in_flight_keeps_its_version_across_a_switch(
             assert new != version and index.refresh() and index.version == new
             hits = retriever.search("prune roses", top_k=3).hits  # still answers, on the old one
             assert hits and not any("roses" in h.file_path for h in hits)
-            assert len(list(readers.iterdir())) == 2  # the old copy is held, the new one open
-        assert len(list(readers.iterdir())) == 1  # the old copy went with its last request
+            assert len(reader_copies(readers)) == 2  # the old copy is held, the new one open
+        assert len(reader_copies(readers)) == 1  # the old copy went with its last request
         with index.reader() as (retriever, version):
             assert version == new
             assert retriever.search("prune roses", top_k=1).hits[0].file_path.endswith("roses.md")
@@ -552,7 +553,8 @@ def test_a_broken_version_is_reported_and_not_copied_again_and_again(
         for now, tries in ((100.5, 1), (101.1, 2), (102.9, 2), (103.2, 3), (106.0, 3)):
             index.poll_once(now=now)  # backoff 1 s, then 2 s, then 4 s
             assert len(copies) == tries, now
-        served_copies = list((base / published.READERS).glob(f"{os.getpid()}-*"))
+        served_copies = [p for p in reader_copies(base / published.READERS)
+                         if p.name.startswith(f"{os.getpid()}-")]  # fmt: skip
         assert len(served_copies) == 1  # the good version's; each failed copy was removed
 
         def silent(store_path: Path, version: str | None = None) -> Any:
@@ -634,8 +636,8 @@ def test_a_published_copy_is_removed_when_the_server_stops(
     readers = published.root(cfg.store.path) / published.READERS
     with running(create_app(cfg, onnx_embedder)) as url:
         assert httpx.get(url + "/healthz").status_code == 200
-        assert len(list(readers.iterdir())) == 1
-    assert not list(readers.iterdir())
+        assert len(reader_copies(readers)) == 1
+    assert not list(readers.iterdir())  # the copy and its owner's record
 
 
 @contextlib.contextmanager
@@ -680,7 +682,7 @@ def test_the_cli_serves_until_interrupted_and_cleans_up(
         auth = {"Authorization": "Bearer cli-token"}
         got = httpx.post(f"{url}/search", json={"query": "bread"}, headers=auth)
         assert got.status_code == 200 and got.json()["hits"][0]["file_path"].endswith("bread.md")
-        assert len(set(readers.iterdir()) - before) == 1  # its own copy of the version
+        assert len(reader_copies(readers) - before) == 1  # its own copy of the version
         process.send_signal(stop)  # Ctrl-C, or `systemctl stop` / `timeout`
         started = time.monotonic()
         process.wait(timeout=60)

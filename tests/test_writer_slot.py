@@ -220,7 +220,9 @@ def test_a_holder_on_another_host_is_waited_for_and_unlock_frees_it(
     args = ["index", "unlock", "--store-path", str(cfg.store.path)]
     refused = CliRunner().invoke(app, args)
     assert refused.exit_code == 2
-    assert "cannot be checked from this host: pass --force" in " ".join(refused.output.split())
+    assert "cannot be checked from here (another host, or another container): pass --force" in (
+        " ".join(refused.output.split())
+    )
     freed = CliRunner().invoke(app, [*args, "--force"])
     assert freed.exit_code == 0, freed.output
     assert "freed the writer slot" in freed.output and "on elsewhere" in freed.output
@@ -238,6 +240,10 @@ def test_holder_alive() -> None:
     assert holder_alive({**me, "pid": _dead_pid(), "start_ticks": ""}) is False
     assert holder_alive({**me, "start_ticks": "1"}) is False  # a reused pid
     assert holder_alive({**me, "boot_id": "another-boot"}) is False
+    # Another container on this host (its own pid namespace): its pid means nothing here.
+    assert holder_alive({**me, "pid_ns": "pid:[1]"}) is None
+    assert holder_alive({**me, "pid_ns": "pid:[1]", "pid": _dead_pid()}) is None
+    assert holder_alive({k: v for k, v in me.items() if k != "pid_ns"}) is True  # older records
     assert holder_alive({**me, "host": "elsewhere"}) is None
 
 

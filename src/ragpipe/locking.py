@@ -149,11 +149,23 @@ def _start_ticks(pid: int) -> str:
     return stat.rsplit(")", 1)[-1].split()[19]  # field 22; the name may hold spaces
 
 
+def _pid_namespace() -> str:
+    """This process's pid namespace (Linux: ``pid:[inode]``), "" when unknown. A pid means
+    something only inside its namespace, and containers on one host may share its name
+    (Kubernetes pods on the host network do)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
 def process_identity() -> dict[str, str | int]:
-    """This process as a lock holder: host, pid, and what tells a reused pid apart."""
+    """This process as a lock holder: host, pid namespace, pid, and what tells a reused
+    pid apart."""
     pid = os.getpid()
     return {
         "host": socket.gethostname(),
+        "pid_ns": _pid_namespace(),
         "pid": pid,
         "boot_id": _boot_id(),
         "start_ticks": _start_ticks(pid),
@@ -163,8 +175,12 @@ def process_identity() -> dict[str, str | int]:
 
 def holder_alive(holder: dict[str, object]) -> bool | None:
     """Whether the process ``process_identity`` described is still running: None when it
-    ran on another host (it cannot be checked from here)."""
+    ran on another host or in another pid namespace (a container: its pid means nothing
+    here), so it cannot be checked from here."""
     if holder.get("host") != socket.gethostname():
+        return None
+    here = _pid_namespace()
+    if holder.get("pid_ns") and here and holder.get("pid_ns") != here:
         return None
     if holder.get("boot_id") and holder.get("boot_id") != _boot_id():
         return False  # the machine restarted since

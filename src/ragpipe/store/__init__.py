@@ -15,7 +15,6 @@ another embedder or dimension is a ``ConfigError`` before any work starts.
 
 from __future__ import annotations
 
-import shutil
 from typing import Any
 
 from ragpipe.config import StoreBackend, StoreConfig
@@ -118,7 +117,7 @@ def open_reader(
                 config.min_free_mb,
             )  # fmt: skip
         except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
+            published.drop_copy(path)
             raise
         store.owned_copy = True
         store.version = opened

@@ -46,6 +46,7 @@ from ragpipe.store.base import (
     ensure_space,
     read_meta,
 )
+from ragpipe.store.published import drop_copy
 from ragpipe.store.sparse import SparseEncoder
 
 if TYPE_CHECKING:
@@ -628,4 +629,4 @@ class EdgeStore(_Scrolling):
             self._shard.flush()
         self._shard.close()
         if self.owned_copy:
-            shutil.rmtree(self.path, ignore_errors=True)
+            drop_copy(self.path)

@@ -15,7 +15,9 @@ way round. Instead:
   or waits for the writer; a reader opened after a publish sees the new version.
 * the writer removes a superseded generation when no reader is copying it
   (an exclusive lock it does not wait for), and private copies whose process
-  is gone.
+  is gone (each copy records its owner's host, pid namespace and pid; a reader
+  on another host or in another container cannot be checked, and its copy is
+  kept).
 
 With a quality gate (``index.gate``) publishing becomes a decision: the ingest
 **stages** the version (copied as above, ``CURRENT`` untouched), the gate
@@ -48,12 +50,15 @@ from typing import Any
 
 from ragpipe.checkpoint import atomic_write_bytes, disk_full, fsync_dir, is_no_space
 from ragpipe.errors import StageError
+from ragpipe.locking import process_identity
 
 logger = logging.getLogger(__name__)
 
 CURRENT = "CURRENT"
 VERSION_FILE = "ragpipe-version.json"
 READERS = "readers"
+# Beside each reader's copy <pid>-<hex>: who made it (host, pid namespace, pid, start).
+OWNER = ".owner.json"
 STATUS_FILE = "versions.json"
 KEEP_HELD = 3  # held or staged versions kept on disk (the newest), besides the live one
 
@@ -412,11 +417,36 @@ def remove_unused(store_path: Path) -> int:
                                                           sort_keys=True).encode())  # fmt: skip
     readers = base / READERS
     if readers.is_dir():
-        for copy in readers.iterdir():
-            pid = copy.name.split("-", 1)[0]
-            if pid.isdigit() and not _alive(int(pid)):
-                shutil.rmtree(copy, ignore_errors=True)
+        for entry in readers.iterdir():
+            name = entry.name.removesuffix(OWNER)
+            if entry.name.endswith(OWNER) and (readers / name).exists():
+                continue  # judged with its copy
+            if _reader_gone(readers, name):
+                drop_copy(readers / name)
     return removed
+
+
+def drop_copy(copy: Path) -> None:
+    """Remove a reader's private copy and the record of its owner."""
+    shutil.rmtree(copy, ignore_errors=True)
+    copy.with_name(copy.name + OWNER).unlink(missing_ok=True)
+
+
+def _reader_gone(readers: Path, name: str) -> bool:
+    """Whether the process that made the copy ``name`` is gone, by the identity it recorded
+    (``locking.process_identity``). A reader on another host or in another container,
+    sharing the store's volume, cannot be checked from here, and its copy is kept. A copy
+    made before owners were recorded is judged by the pid in its name."""
+    from ragpipe.locking import holder_alive
+
+    try:
+        owner = json.loads((readers / (name + OWNER)).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        pid = name.split("-", 1)[0]
+        return pid.isdigit() and not _alive(int(pid))
+    except (OSError, ValueError):
+        return False  # unreadable: kept rather than removed under a reader
+    return isinstance(owner, dict) and holder_alive(owner) is False
 
 
 def _alive(pid: int) -> bool:
@@ -471,10 +501,12 @@ def reader_copy(
             readers = base / READERS
             readers.mkdir(exist_ok=True)
             target = readers / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            try:
+            try:  # the owner first: a copy is never without one a cleanup can check
+                owner = json.dumps(process_identity()).encode()
+                atomic_write_bytes(target.with_name(target.name + OWNER), owner)
                 _copy_tree(source, target)
             except BaseException:
-                shutil.rmtree(target, ignore_errors=True)
+                drop_copy(target)
                 raise
         return target, IndexVersion.read(target)
     raise StageError(
