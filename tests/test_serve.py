@@ -505,7 +505,9 @@ def test_the_server_switches_versions_under_load_and_empties_the_cache(
         try:
             new = _add_document(cfg)
             _wait_for_version(client, new)
-            time.sleep(0.3)  # a few searches on the new version
+            deadline = time.monotonic() + 30  # until a search has answered on the new version
+            while not any(v == new for _, v in seen) and time.monotonic() < deadline:
+                time.sleep(0.05)
         finally:
             stop.set()
             worker.join()

@@ -202,19 +202,19 @@ class LiveIndex:
             held = self._open(self._current.retriever.rerankers)
         else:  # the same client reads the new state: only the token moves
             held = _Held(self._current.retriever, token, search=self._current.search)
-        with self._lock:
+        with self._lock:  # /healthz and /metrics never see the new version with the old count
             old, self._current = self._current, held
             old.retired = reopen
             close = old.retired and old.users == 0
+            self.switches += 1
+            if self._on_switch is not None:
+                self._on_switch(held.version)  # quick: counts the switch, empties the cache
         if close:
             old.retriever.close()
-        self.switches += 1
         logger.info(
             "serving index version %s (was %s; opened in %.2fs)",
             held.version[:12], old.version[:12], time.perf_counter() - started,
         )  # fmt: skip
-        if self._on_switch is not None:
-            self._on_switch(held.version)
         return True
 
     def start(self) -> None:
