@@ -47,7 +47,7 @@ import retrieval_quality as rq
 
 from ragpipe.evaluation.retrieval import Variant
 from ragpipe.evaluation.sibling import INGEST_SPACE, build_siblings
-from ragpipe.evaluation.tune import run_tune
+from ragpipe.evaluation.tune import delta_ci, run_tune
 from ragpipe.ingest.chunk import TokenCounter, whole_section_fits
 from ragpipe.models.embedders import contextual_text, make_embedder
 from ragpipe.query.results import Retrieved, ranked
@@ -143,7 +143,7 @@ def tune(dev: rq.DevSet) -> dict[str, Any]:
         "decision": outcome.decision,
         "changes": outcome.changes,
         "chunk.whole_sections": outcome.options["chunk.whole_sections"],
-        "held_out": f"{outcome.metric} {ci.mean:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}]",
+        "held_out": f"{outcome.metric} {ci.mean:+.4f} ({delta_ci(ci)})",
         "trials": len(outcome.trials),
     }
 
