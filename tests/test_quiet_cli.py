@@ -109,7 +109,9 @@ def test_gate_failed(site: Path) -> None:
     rc, lines = _run("eval", "compare", "--variant", "a:mode=dense", "--variant", "b:mode=dense",
                      "--gate-metric", "mrr", "--gate-threshold", "0.5", cwd=site)  # fmt: skip
     assert rc == 4
-    assert "b: mrr delta CI" in _one_error(lines, "gate failed:")
+    assert "b: mrr delta is +0.0000 on every one of the 2 paired queries (no CI" in _one_error(
+        lines, "gate failed:"
+    )
 
 
 def test_mass_deletion_held(site: Path) -> None:
