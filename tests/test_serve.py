@@ -479,6 +479,34 @@ def test_a_request_in_flight_keeps_its_version_across_a_switch(
     assert not readers.exists() or not list(readers.iterdir())
 
 
+def test_a_failing_switch_hook_still_closes_the_old_version(
+    tmp_path: Path, onnx_embedder: Any
+) -> None:
+    """The hook ran under the lock before the old copy was closed: when it raised, the old
+    retriever (and its private copy of the index) was never closed."""
+    cfg = _index(tmp_path)
+    calls: list[tuple[str, int]] = []
+
+    def hook(version: str, points: int) -> None:
+        calls.append((version, points))
+        raise RuntimeError("the hook failed")
+
+    index = LiveIndex(cfg, onnx_embedder, on_switch=hook)
+    readers = published.root(cfg.store.path) / published.READERS
+    try:
+        before = index.describe()["points"]
+        new = _add_document(cfg)
+        with pytest.raises(RuntimeError, match="the hook failed"):
+            index.refresh()
+        info = index.describe()
+        assert info["version"] == new and info["switches"] == 1
+        assert calls == [(new, info["points"])] and info["points"] > before
+        assert len(reader_copies(readers)) == 1  # the old copy is gone, the new one open
+    finally:
+        index.close()
+    assert not readers.exists() or not list(readers.iterdir())
+
+
 def test_the_server_switches_versions_under_load_and_empties_the_cache(
     tmp_path: Path, onnx_embedder: Any
 ) -> None:

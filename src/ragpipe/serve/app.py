@@ -364,10 +364,11 @@ class Service:
         with self._answers_lock:
             self._answers -= 1
 
-    def _switched(self, version: str) -> None:
+    def _switched(self, version: str, points: int) -> None:
+        """Under the index's lock: quick, and never back into the index."""
         self.cache.clear(version)
         self.metrics.switches.inc()
-        self.metrics.index_points.set(self.index.describe()["points"])
+        self.metrics.index_points.set(points)
 
     def check(self, text: str, k: int | None, field: str = "query") -> str:
         """The stripped query, or 422 with the limit it breaks. The request models state

@@ -76,6 +76,7 @@ class _Held:
 
     retriever: Retriever
     version: str
+    points: int  # counted when opened: a version does not change while it is served
     users: int = 0
     retired: bool = False
     search: threading.Lock = field(default_factory=threading.Lock)  # one search at a time
@@ -89,7 +90,7 @@ class LiveIndex:
         config: RagpipeConfig,
         embedder: Embedder | None = None,
         llm: LLM | None = None,
-        on_switch: Callable[[str], None] | None = None,
+        on_switch: Callable[[str, int], None] | None = None,
     ) -> None:
         self.config = config
         self.embedder = embedder or make_embedder(config.embed, query_side=True)
@@ -121,7 +122,11 @@ class LiveIndex:
             where = self.config.store.url or self.config.store.path
             raise StageError(f"no index at {where}: run `ragpipe ingest` first")
         retriever = Retriever(self.config, self.embedder, store, self.llm, rerankers)
-        return _Held(retriever, self._probe(retriever))
+        try:
+            return _Held(retriever, self._probe(retriever), retriever.store.count())
+        except BaseException:
+            retriever.close()
+            raise
 
     def _probe(self, retriever: Retriever | None = None) -> str:
         """The version token of what is published (Edge), live behind the alias (a Qdrant
@@ -148,19 +153,20 @@ class LiveIndex:
         return self._current.version
 
     def describe(self) -> dict[str, Any]:
-        """What /healthz reports about the version being served."""
-        held = self._current
+        """What /healthz reports about the version being served: read in one step with the
+        switch count, and with no call to the store (a Qdrant server's count could wait on a
+        search, and this is the health check)."""
+        with self._lock:
+            held, switches = self._current, self.switches
         info = dict(held.retriever.index_version)
-        with held.search:
-            points = held.retriever.store.count()
         return {
             "version": held.version,
-            "points": points,
+            "points": held.points,
             "published_at": info.get("published_at"),
             "files": info.get("files"),
             "store": getattr(held.retriever.store, "location", None)
             or (self.config.store.url or str(self.config.store.path)),
-            "switches": self.switches,
+            "switches": switches,
             "last_reload_error": self.last_error,
             "failed_version": self.failed_version,
         }
@@ -201,16 +207,24 @@ class LiveIndex:
         if reopen:
             held = self._open(self._current.retriever.rerankers)
         else:  # the same client reads the new state: only the token moves
-            held = _Held(self._current.retriever, token, search=self._current.search)
-        with self._lock:  # /healthz and /metrics never see the new version with the old count
-            old, self._current = self._current, held
-            old.retired = reopen
-            close = old.retired and old.users == 0
-            self.switches += 1
-            if self._on_switch is not None:
-                self._on_switch(held.version)  # quick: counts the switch, empties the cache
-        if close:
-            old.retriever.close()
+            points = int(token.removeprefix("points:"))  # the token is the count (_probe)
+            held = _Held(self._current.retriever, token, points, search=self._current.search)
+        close = False
+        try:
+            # One step: /healthz and /metrics never see the new version with the old count.
+            # The hook must be quick and must not call back into this index (the lock is
+            # not reentrant); whatever it does, the old version is closed after its last
+            # request.
+            with self._lock:
+                old, self._current = self._current, held
+                old.retired = reopen
+                close = old.retired and old.users == 0
+                self.switches += 1
+                if self._on_switch is not None:
+                    self._on_switch(held.version, held.points)
+        finally:
+            if close:
+                old.retriever.close()
         logger.info(
             "serving index version %s (was %s; opened in %.2fs)",
             held.version[:12], old.version[:12], time.perf_counter() - started,
