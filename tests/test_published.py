@@ -6,11 +6,13 @@ import fcntl
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from ragpipe.ingest.pipeline import run_ingest
+from ragpipe.locking import _pid_namespace
 from ragpipe.query.retrieve import Retriever
 from ragpipe.store import EdgeStore, open_reader, open_store, published
 from tests.support.corpora import make_config, topic_doc, write_topics
@@ -19,6 +21,10 @@ from tests.support.paths import REPO
 pytestmark = pytest.mark.integration
 
 ONNX = "paraphrase-MiniLM-L3-v2"
+# Records "from another pid namespace" differ from this one only where it is known.
+needs_pid_ns = pytest.mark.skipif(
+    not _pid_namespace(), reason="/proc/self/ns/pid is not readable here"
+)
 
 
 @pytest.fixture
@@ -119,6 +125,7 @@ def _dead_pid() -> int:
     return int(child.stdout)
 
 
+@needs_pid_ns
 def test_a_readers_copy_is_judged_by_the_owner_it_recorded(corpus: Path, tmp_path: Path) -> None:
     """A reader in another container or on another host shares the store's volume but not
     this pid namespace: its pid means nothing here, so its copy is kept, not removed under
@@ -164,6 +171,117 @@ def test_a_readers_copy_is_judged_by_the_owner_it_recorded(corpus: Path, tmp_pat
     assert left == expected - {kept[3].name}
     assert not (readers / next(iter(live)).name).exists()  # closed: copy and owner removed
     assert not (readers / (next(iter(live)).name + owner)).exists()
+
+
+def test_an_uncheckable_owner_is_gone_when_its_record_is_unlocked_and_quiet(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """A reader in another container or on another host cannot be checked by pid: its copy
+    was kept for good, so a pod restarted in a new pid namespace leaked a copy of the index
+    each time. Its record is now locked and touched while it lives: unlocked and untouched
+    for STALE_S, it is gone; locked or touched, it is kept."""
+    import json
+
+    from ragpipe.locking import process_identity
+    from ragpipe.store import owners
+
+    cfg = make_config(corpus, tmp_path)
+    run_ingest(cfg)
+    readers = published.root(cfg.store.path) / published.READERS
+    readers.mkdir(exist_ok=True)
+    quiet = time.time() - owners.STALE_S - 60
+    elsewhere = {**process_identity(), "host": "elsewhere", "pid": 12345}
+
+    def owned(name: str, owner: dict[str, object], touched: float) -> Path:
+        (readers / name).mkdir()
+        record = readers / (name + published.OWNER)
+        record.write_text(json.dumps(owner), "utf-8")
+        os.utime(record, (touched, touched))
+        return readers / name
+
+    beating = {**elsewhere, "heartbeat_s": owners.HEARTBEAT_S}
+    dead = owned("12345-000000a1", beating, quiet)
+    beats = owned("12345-000000a2", beating, time.time())  # touched a minute ago
+    holding = owned("12345-000000a3", beating, quiet)  # quiet, but its lock is held
+    older = owned("12345-000000a4", elsewhere, quiet)  # a record from before the heartbeat
+    temp_old = readers / f"12345-000000a5{published.OWNER}.0badcafe.tmp"
+    temp_new = readers / f"12345-000000a6{published.OWNER}.0badcafe.tmp"
+    for temp, touched in ((temp_old, time.time() - owners.TEMP_STALE_S - 60),
+                          (temp_new, time.time())):  # fmt: skip
+        temp.write_text("{", "utf-8")
+        os.utime(temp, (touched, touched))
+    fd = os.open(holding.with_name(holding.name + published.OWNER), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # as its owner does, from another open of the file
+        published.remove_unused(cfg.store.path)
+    finally:
+        os.close(fd)
+    left = {p.name for p in readers.iterdir()}
+    assert left == {
+        *(c.name for c in (beats, holding, older)),
+        *(c.name + published.OWNER for c in (beats, holding, older)),
+        temp_new.name,
+    }
+    published.remove_unused(cfg.store.path)  # the lock is gone now: so is that copy
+    assert not holding.exists() and not holding.with_name(holding.name + ".owner.json").exists()
+    assert dead.name not in left and temp_old.name not in left
+
+
+@needs_pid_ns
+def test_a_reader_in_another_namespace_is_judged_by_its_lock(corpus: Path, tmp_path: Path) -> None:
+    """A real reader process: its record stays locked while it lives, even when quiet (a
+    stalled heartbeat), and the kernel drops the lock when it is killed. The records are
+    rewritten as if from another pid namespace, where the pid says nothing."""
+    import json
+
+    from ragpipe.store import owners
+
+    cfg = make_config(corpus, tmp_path)
+    run_ingest(cfg)
+    script = (
+        "import sys\nfrom pathlib import Path\nfrom ragpipe.config import StoreConfig\n"
+        "from ragpipe.store import open_reader\n"
+        f"s = open_reader(StoreConfig(path=Path({str(cfg.store.path)!r})), {ONNX!r})\n"
+        "print(s.path, flush=True)\nsys.stdin.read()\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert child.stdout is not None
+        copy = Path(child.stdout.readline().strip())
+        record = copy.with_name(copy.name + published.OWNER)
+        owner = json.loads(record.read_text("utf-8"))
+        assert owner["heartbeat_s"] == owners.HEARTBEAT_S
+        # Rewritten in place (the same inode, so the child's lock stays on it).
+        with record.open("r+", encoding="utf-8") as f:
+            f.write(json.dumps({**owner, "pid_ns": "pid:[1]"}))
+            f.truncate()
+        quiet = time.time() - owners.STALE_S - 60
+        os.utime(record, (quiet, quiet))
+        published.remove_unused(cfg.store.path)
+        assert copy.is_dir() and record.is_file()  # alive: its lock is held
+        child.kill()
+        child.wait(30)
+        published.remove_unused(cfg.store.path)
+        assert not copy.exists() and not record.exists()  # killed: lock dropped, quiet
+    finally:
+        child.kill()
+        child.wait(30)
+
+
+def test_a_live_reader_touches_and_locks_its_record(corpus: Path, tmp_path: Path) -> None:
+    from ragpipe.store import owners
+
+    cfg = make_config(corpus, tmp_path)
+    run_ingest(cfg)
+    readers = published.root(cfg.store.path) / published.READERS
+    with Retriever(cfg) as reader:
+        assert reader.search("astronomy").hits
+        (record,) = [p for p in readers.iterdir() if p.name.endswith(published.OWNER)]
+        os.utime(record, (1.0, 1.0))
+        assert owners.beat() == 1 and time.time() - record.stat().st_mtime < 60
+        assert owners._locked(record)
+    assert not record.exists() and owners.beat() == 0  # closed: released, nothing to touch
 
 
 def test_search_works_while_the_working_shard_is_held_by_a_writer(

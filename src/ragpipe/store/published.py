@@ -14,10 +14,9 @@ way round. Instead:
   which it removes again when it closes. It never touches the working shard
   or waits for the writer; a reader opened after a publish sees the new version.
 * the writer removes a superseded generation when no reader is copying it
-  (an exclusive lock it does not wait for), and private copies whose process
-  is gone (each copy records its owner's host, pid namespace and pid; a reader
-  on another host or in another container cannot be checked, and its copy is
-  kept).
+  (an exclusive lock it does not wait for), and private copies whose owner is
+  gone (each copy has its owner's record beside it, locked and touched while
+  the owner lives: ``owners``).
 
 With a quality gate (``index.gate``) publishing becomes a decision: the ingest
 **stages** the version (copied as above, ``CURRENT`` untouched), the gate
@@ -50,14 +49,15 @@ from typing import Any
 
 from ragpipe.checkpoint import atomic_write_bytes, disk_full, fsync_dir, is_no_space
 from ragpipe.errors import StageError
-from ragpipe.locking import process_identity
+from ragpipe.store import owners
 
 logger = logging.getLogger(__name__)
 
 CURRENT = "CURRENT"
 VERSION_FILE = "ragpipe-version.json"
 READERS = "readers"
-# Beside each reader's copy <pid>-<hex>: who made it (host, pid namespace, pid, start).
+# Beside each reader's copy <pid>-<hex>: who made it (host, pid namespace, pid, start),
+# locked and touched by its owner while the copy is open (``owners``).
 OWNER = ".owner.json"
 STATUS_FILE = "versions.json"
 KEEP_HELD = 3  # held or staged versions kept on disk (the newest), besides the live one
@@ -418,6 +418,10 @@ def remove_unused(store_path: Path) -> int:
     readers = base / READERS
     if readers.is_dir():
         for entry in readers.iterdir():
+            if entry.name.endswith(".tmp") and not entry.is_dir():  # a half-written record
+                if owners.stale_temp(entry):
+                    entry.unlink(missing_ok=True)
+                continue
             name = entry.name.removesuffix(OWNER)
             if entry.name.endswith(OWNER) and (readers / name).exists():
                 continue  # judged with its copy
@@ -427,26 +431,22 @@ def remove_unused(store_path: Path) -> int:
 
 
 def drop_copy(copy: Path) -> None:
-    """Remove a reader's private copy and the record of its owner."""
+    """Remove a reader's private copy and the record of its owner (the record last: the
+    copy is never without one a cleanup can check)."""
+    record = copy.with_name(copy.name + OWNER)
     shutil.rmtree(copy, ignore_errors=True)
-    copy.with_name(copy.name + OWNER).unlink(missing_ok=True)
+    owners.release(record)
+    record.unlink(missing_ok=True)
 
 
 def _reader_gone(readers: Path, name: str) -> bool:
-    """Whether the process that made the copy ``name`` is gone, by the identity it recorded
-    (``locking.process_identity``). A reader on another host or in another container,
-    sharing the store's volume, cannot be checked from here, and its copy is kept. A copy
-    made before owners were recorded is judged by the pid in its name."""
-    from ragpipe.locking import holder_alive
-
-    try:
-        owner = json.loads((readers / (name + OWNER)).read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    """Whether the owner of the copy ``name`` is gone, by its record (``owners.gone``). A
+    copy made before owners were recorded is judged by the pid in its name."""
+    record = readers / (name + OWNER)
+    if not record.exists():
         pid = name.split("-", 1)[0]
         return pid.isdigit() and not _alive(int(pid))
-    except (OSError, ValueError):
-        return False  # unreadable: kept rather than removed under a reader
-    return isinstance(owner, dict) and holder_alive(owner) is False
+    return owners.gone(record)
 
 
 def _alive(pid: int) -> bool:
@@ -502,8 +502,7 @@ def reader_copy(
             readers.mkdir(exist_ok=True)
             target = readers / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
             try:  # the owner first: a copy is never without one a cleanup can check
-                owner = json.dumps(process_identity()).encode()
-                atomic_write_bytes(target.with_name(target.name + OWNER), owner)
+                owners.claim(target.with_name(target.name + OWNER))
                 _copy_tree(source, target)
             except BaseException:
                 drop_copy(target)
