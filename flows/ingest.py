@@ -45,6 +45,7 @@ from tasks.ingest import (
     gate_task,
     publish_ingest_task,
     summary_task,
+    tidy_task,
 )
 
 
@@ -105,6 +106,7 @@ def ingest_flow(
             if batch_size and stage.name == "embed":
                 wait(embed_batch_task.map(unmapped(cfg), embed_batches(cfg, batch_size * 20)))
             done.append(_run_stage(cfg, stage, done, store))
+        tidy_task(cfg)  # under the lock, as a publish does it
         update_progress_artifact(progress, 100.0)
         summary = summary_task(cfg, done)
         decision = gate_task(cfg)  # under the lock: no other run stages or promotes meanwhile

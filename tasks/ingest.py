@@ -24,6 +24,7 @@ from ragpipe.ingest.pipeline import STAGE_BY_NAME, STAGES, Stage, cache_key
 from ragpipe.ingest.runner import RunStore, StageSummary, WorkDir
 from ragpipe.ingest.summary import IngestSummary, read_failures, write_summary
 from ragpipe.schemas import Chunk, SourceFile
+from ragpipe.store import remove_leftovers
 
 
 @dataclass
@@ -59,6 +60,13 @@ def _stage_task(stage: Stage) -> Task[..., StageSummary[Any]]:
 
 # One task per stage of the library's one stage list, named after it.
 STAGE_TASKS = {stage.name: _stage_task(stage) for stage in STAGES}
+
+
+@task(name="tidy-store", cache_policy=NO_CACHE)
+def tidy_task(config: RagpipeConfig) -> int:
+    """Remove dead readers' copies and unused versions; never cached, so that a night on
+    which every stage is Cached removes them too."""
+    return remove_leftovers(config.store)
 
 
 @task(name="summarise", cache_policy=NO_CACHE)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,8 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from ragpipe.config import RagpipeConfig
+from ragpipe.locking import process_identity
+from ragpipe.store import published
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -161,10 +165,23 @@ def test_an_unchanged_night_shows_its_stage_tasks_cached_and_a_setting_reruns_it
     # (reusing its checkpoints); from the next one on, the stages after discover are Cached.
     night = ingest_flow(cfg, return_state=True)
     assert _task_states(night)["plan"] == ["Completed"]
+    # A reader killed meanwhile left its copy; a night whose upsert is Cached publishes
+    # nothing, and removed nothing until the flow's own uncached tidy step.
+    readers = published.root(cfg.store.path) / published.READERS
+    readers.mkdir(exist_ok=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    left = readers / f"{dead}-0000dead"
+    left.mkdir()
+    (left.with_name(left.name + published.OWNER)).write_text(
+        json.dumps({**process_identity(), "pid": int(dead), "start_ticks": ""}), "utf-8"
+    )
     night = ingest_flow(cfg, return_state=True)
     states = _task_states(night)
     assert states["discover"] == ["Completed"]  # the walk and the hashing always run
     assert {stage: states[stage] for stage in CACHEABLE} == {s: ["Cached"] for s in CACHEABLE}
+    assert states["tidy-store"] == ["Completed"] and not left.exists()
+    assert not left.with_name(left.name + published.OWNER).exists()
     summary = night.result()
     assert (summary.seen, summary.skipped_unchanged, summary.converted) == (3, 3, 0)
     assert (summary.chunks_written, summary.points_total) == (0, first.points_total)

@@ -176,6 +176,15 @@ def check_store_settings(config: StoreConfig) -> None:
         check_on_disk(config.path, config.on_disk)
 
 
+def remove_leftovers(config: StoreConfig) -> int:
+    """Remove what killed readers and runs left among an Edge index's published versions
+    (``published.remove_unused``): every ingest does, a no-op one too, whose cached upsert
+    publishes nothing. The number of versions removed; 0 for a Qdrant server."""
+    if config.backend != StoreBackend.EDGE:
+        return 0
+    return published.remove_unused(config.path)
+
+
 def store_generation(config: StoreConfig) -> str | None:
     """The token of an Edge store's last writing session (see ``GENERATION_FILE``).
 
