@@ -298,3 +298,29 @@ def test_search_works_while_the_working_shard_is_held_by_a_writer(
         reader.close()
     finally:
         writer.close()
+
+
+def test_the_heartbeat_touches_held_records_and_stops_when_none_is_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ragpipe.store import owners
+
+    monkeypatch.setattr(owners, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(owners, "_held", {})  # this test's records alone, its own thread
+    monkeypatch.setattr(owners, "_beating", None)
+    record = tmp_path / f"1-00000001{published.OWNER}"
+    owners.claim(record)
+    try:
+        assert owners._locked(record) and not list(tmp_path.glob("*.tmp"))
+        os.utime(record, (1.0, 1.0))
+        deadline = time.monotonic() + 10
+        while record.stat().st_mtime < 2.0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert time.time() - record.stat().st_mtime < 60  # touched by the thread
+    finally:
+        owners.release(record)
+    assert not owners._locked(record)
+    deadline = time.monotonic() + 10
+    while owners._beating is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert owners._beating is None  # nothing held: the thread ended

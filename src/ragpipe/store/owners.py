@@ -77,6 +77,7 @@ def release(record: Path) -> None:
 
 
 def _start_beating() -> None:
+    """Under ``_guard``: a heartbeat thread, unless one runs (a forked child has none)."""
     global _beating
     if _beating is None or not _beating.is_alive():
         _beating = threading.Thread(target=_beat_forever, name="ragpipe-reader-heartbeat",
@@ -85,10 +86,14 @@ def _start_beating() -> None:
 
 
 def _beat_forever() -> None:
+    global _beating
     while True:
         time.sleep(HEARTBEAT_S)
-        if not beat():
-            return  # nothing held: the next claim starts another
+        beat()
+        with _guard:  # decided under the guard: a claim meanwhile finds no thread, starts one
+            if not _held:
+                _beating = None
+                return
 
 
 def beat() -> int:
