@@ -60,7 +60,19 @@ def emit_index_decision(
         "reasons": verdict.get("reasons", []),
         "metric": verdict.get("metric"),
         "golden": [
-            {k: g.get(k) for k in ("golden", "items", "staged", "live", "delta", "passed")}
+            {
+                k: g.get(k)
+                for k in (
+                    "golden",
+                    "items",
+                    "staged",
+                    "live",
+                    "delta",
+                    "delta_low",
+                    "delta_high",
+                    "passed",
+                )
+            }
             for g in verdict.get("golden", [])
         ],
         "reports_url": config.eval.reports_url

@@ -264,6 +264,8 @@ def test_the_flow_emits_promoted_and_held_events(prefect_harness: None, tmp_path
     held = by_name["ragpipe.index.held"]["payload"]
     assert held["outcome"] == "held" and held["live_before"] == first.gate["generation"]
     assert held["golden"][0]["delta"] == -0.5 and "fell by 0.5000" in held["reasons"][0]
+    low, high = held["golden"][0]["delta_low"], held["golden"][0]["delta_high"]
+    assert low < -0.5 < high  # the lost items' deltas (-1) and the others' (0) spread
     assert by_name["ragpipe.index.promoted"]["payload"]["version"] == first.gate["generation"]
     # Discarded by hand: the next nights say so and succeed, and tell no one it is held.
     gatekeep.discard_by_hand(cfg, held["version"][:12])
