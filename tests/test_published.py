@@ -192,10 +192,10 @@ def test_an_uncheckable_owner_is_gone_when_its_record_is_unlocked_and_quiet(
     quiet = time.time() - owners.STALE_S - 60
     elsewhere = {**process_identity(), "host": "elsewhere", "pid": 12345}
 
-    def owned(name: str, owner: dict[str, object], touched: float) -> Path:
+    def owned(name: str, owner: dict[str, object] | str, touched: float) -> Path:
         (readers / name).mkdir()
         record = readers / (name + published.OWNER)
-        record.write_text(json.dumps(owner), "utf-8")
+        record.write_text(owner if isinstance(owner, str) else json.dumps(owner), "utf-8")
         os.utime(record, (touched, touched))
         return readers / name
 
@@ -204,6 +204,8 @@ def test_an_uncheckable_owner_is_gone_when_its_record_is_unlocked_and_quiet(
     beats = owned("12345-000000a2", beating, time.time())  # touched a minute ago
     holding = owned("12345-000000a3", beating, quiet)  # quiet, but its lock is held
     older = owned("12345-000000a4", elsewhere, quiet)  # a record from before the heartbeat
+    garbled = owned("12345-000000a7", '{"host": "elsew', quiet)  # a disk error: the lock and
+    garbled_new = owned("12345-000000a8", '{"host": "elsew', time.time())  # heartbeat judge
     temp_old = readers / f"12345-000000a5{published.OWNER}.0badcafe.tmp"
     temp_new = readers / f"12345-000000a6{published.OWNER}.0badcafe.tmp"
     for temp, touched in ((temp_old, time.time() - owners.TEMP_STALE_S - 60),
@@ -217,14 +219,15 @@ def test_an_uncheckable_owner_is_gone_when_its_record_is_unlocked_and_quiet(
     finally:
         os.close(fd)
     left = {p.name for p in readers.iterdir()}
+    kept = (beats, holding, older, garbled_new)
     assert left == {
-        *(c.name for c in (beats, holding, older)),
-        *(c.name + published.OWNER for c in (beats, holding, older)),
+        *(c.name for c in kept),
+        *(c.name + published.OWNER for c in kept),
         temp_new.name,
     }
     published.remove_unused(cfg.store.path)  # the lock is gone now: so is that copy
     assert not holding.exists() and not holding.with_name(holding.name + ".owner.json").exists()
-    assert dead.name not in left and temp_old.name not in left
+    assert dead.name not in left and temp_old.name not in left and garbled.name not in left
 
 
 @needs_pid_ns

@@ -18,7 +18,9 @@ A cleanup (every ingest) judges a copy by its record:
   removed by hand.
 
 Records written before the lock and the heartbeat (no ``heartbeat_s`` field) cannot be
-judged this way and are kept (``kept_unverifiable`` names them).
+judged this way and are kept: their copies are removed by hand once those readers have
+stopped. A record that cannot be read at all (a disk error) is judged by the lock and the
+heartbeat alone, which need no content.
 """
 
 from __future__ import annotations
@@ -112,14 +114,16 @@ def beat() -> int:
 
 
 def gone(record: Path, now: float | None = None) -> bool:
-    """Whether the owner of ``record`` is gone (its copy may be removed). Unreadable or
-    unverifiable: False, kept rather than removed under a reader."""
+    """Whether the owner of ``record`` is gone (its copy may be removed); when in doubt,
+    False: kept rather than removed under a reader."""
     try:
         owner = json.loads(record.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return False  # removed meanwhile, by its owner
     except (OSError, ValueError):
-        return False
-    if not isinstance(owner, dict):
-        return False
+        owner = None
+    if not isinstance(owner, dict):  # unreadable: the lock and the heartbeat need no content
+        return _quiet(record, now) and not _locked(record)
     alive = holder_alive(owner)
     if alive is not None:
         return not alive
@@ -138,7 +142,8 @@ def _quiet(path: Path, now: float | None) -> bool:
 
 
 def _locked(path: Path) -> bool:
-    """Whether someone holds a lock on ``path``; True when that cannot be found out."""
+    """Whether someone holds a lock on ``path``: True when it cannot be opened; False on a
+    filesystem without locks (the heartbeat alone decides there)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -147,7 +152,7 @@ def _locked(path: Path) -> bool:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
-    except OSError:  # no locks on this filesystem: the heartbeat alone decides
+    except OSError:  # ENOLCK, EOPNOTSUPP: no locks on this filesystem
         return False
     finally:
         os.close(fd)  # the probe's own lock, if it got one, goes with it
