@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from ragpipe.config import RagpipeConfig
-from ragpipe.locking import process_identity
 from ragpipe.store import published
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -169,13 +169,14 @@ def test_an_unchanged_night_shows_its_stage_tasks_cached_and_a_setting_reruns_it
     # nothing, and removed nothing until the flow's own uncached tidy step.
     readers = published.root(cfg.store.path) / published.READERS
     readers.mkdir(exist_ok=True)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    left = readers / f"{dead}-0000dead"
+    dead = subprocess.run(  # its own identity, start time included: a reused pid differs
+        [sys.executable, "-c", "import json; from ragpipe.locking import process_identity; "
+         "print(json.dumps(process_identity()))"],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    ).stdout.strip()  # fmt: skip
+    left = readers / f"{json.loads(dead)['pid']}-0000dead"
     left.mkdir()
-    (left.with_name(left.name + published.OWNER)).write_text(
-        json.dumps({**process_identity(), "pid": int(dead), "start_ticks": ""}), "utf-8"
-    )
+    (left.with_name(left.name + published.OWNER)).write_text(dead, "utf-8")
     night = ingest_flow(cfg, return_state=True)
     states = _task_states(night)
     assert states["discover"] == ["Completed"]  # the walk and the hashing always run

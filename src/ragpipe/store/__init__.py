@@ -15,6 +15,7 @@ another embedder or dimension is a ``ConfigError`` before any work starts.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ragpipe.config import StoreBackend, StoreConfig
@@ -48,6 +49,8 @@ from ragpipe.store.qdrant import RETRY_STATUS as RETRY_STATUS
 from ragpipe.store.qdrant import WORK_SUFFIX
 from ragpipe.store.qdrant import QdrantStore as QdrantStore
 from ragpipe.store.sparse import SparseEncoder as SparseEncoder
+
+logger = logging.getLogger(__name__)
 
 
 def open_store(
@@ -179,10 +182,19 @@ def check_store_settings(config: StoreConfig) -> None:
 def remove_leftovers(config: StoreConfig) -> int:
     """Remove what killed readers and runs left among an Edge index's published versions
     (``published.remove_unused``): every ingest does, a no-op one too, whose cached upsert
-    publishes nothing. The number of versions removed; 0 for a Qdrant server."""
+    publishes nothing. The number of versions removed; 0 for a Qdrant server. Best effort:
+    a failure is logged, and the night that did its work is not failed for it (the next
+    ingest tries again)."""
     if config.backend != StoreBackend.EDGE:
         return 0
-    return published.remove_unused(config.path)
+    try:
+        return published.remove_unused(config.path)
+    except (StageError, OSError) as exc:
+        logger.warning(
+            "could not remove what killed readers and runs left under %s (the next ingest "
+            "tries again): %s", published.root(config.path), exc,
+        )  # fmt: skip
+        return 0
 
 
 def store_generation(config: StoreConfig) -> str | None:

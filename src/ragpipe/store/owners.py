@@ -44,6 +44,9 @@ HEARTBEAT_S = 300.0  # how often an owner touches its record
 STALE_S = 3600.0  # untouched this long, and unlocked: the owner is gone
 TEMP_STALE_S = 3600.0  # a record half-written this long ago was left by a killed process
 
+# flock's errors on a filesystem that has no locks
+NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
+
 _held: dict[Path, int] = {}  # record -> the open descriptor that holds its lock
 _guard = threading.Lock()
 _beating: threading.Thread | None = None
@@ -87,11 +90,30 @@ def _start_beating() -> None:
         _beating.start()
 
 
+def _forked() -> None:
+    """In a forked child: no heartbeat thread, a fresh guard (the parent's may have been
+    held at the fork), and none of the parent's records. Closing the child's duplicates
+    leaves the parent's locks held: a lock belongs to the open file, which the parent
+    still has open."""
+    global _guard, _beating
+    _guard, _beating = threading.Lock(), None
+    for fd in _held.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def _beat_forever() -> None:
     global _beating
     while True:
         time.sleep(HEARTBEAT_S)
-        beat()
+        try:
+            beat()
+        except Exception:  # never end silently: the records would go quiet
+            logger.exception("the reader heartbeat failed; trying again in %.0f s", HEARTBEAT_S)
         with _guard:  # decided under the guard: a claim meanwhile finds no thread, starts one
             if not _held:
                 _beating = None
@@ -99,17 +121,16 @@ def _beat_forever() -> None:
 
 
 def beat() -> int:
-    """Touch every record this process holds; the number touched."""
-    with _guard:
-        held = list(_held.values())
+    """Touch every record this process holds; the number touched. Under the guard: a
+    descriptor released meanwhile could be reused for another file."""
     touched = 0
-    for fd in held:
-        try:
-            os.utime(fd)
-            touched += 1
-        except OSError as exc:  # released meanwhile (EBADF), or the volume went away
-            if exc.errno != errno.EBADF:
-                logger.warning("could not touch a reader's owner record: %s", exc)
+    with _guard:
+        for record, fd in _held.items():
+            try:
+                os.utime(fd)
+                touched += 1
+            except OSError as exc:  # the volume went away, say
+                logger.warning("could not touch the owner record %s: %s", record, exc)
     return touched
 
 
@@ -142,18 +163,23 @@ def _quiet(path: Path, now: float | None) -> bool:
 
 
 def _locked(path: Path) -> bool:
-    """Whether someone holds a lock on ``path``: True when it cannot be opened; False on a
-    filesystem without locks (the heartbeat alone decides there)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
+    """Whether someone holds a lock on ``path``: True when that cannot be found out; False
+    on a filesystem without locks (the heartbeat alone decides there)."""
+    try:  # writable: NFS emulates flock with byte-range locks, and LOCK_EX needs it
+        fd = os.open(path, os.O_RDWR)
+    except PermissionError:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return True
     except OSError:
         return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
-    except OSError:  # ENOLCK, EOPNOTSUPP: no locks on this filesystem
-        return False
+    except OSError as exc:
+        return exc.errno not in NO_LOCKS  # any other failure: kept, as if locked
     finally:
         os.close(fd)  # the probe's own lock, if it got one, goes with it
     return False
