@@ -68,12 +68,12 @@ def _index(base: Path, **serve: Any) -> RagpipeConfig:
     return cfg
 
 
-def _add_document(cfg: RagpipeConfig) -> str:
+def _add_document(cfg: RagpipeConfig, name: str = "roses") -> str:
     """A new file, ingested and published; returns the new version."""
     root = Path(cfg.discover.roots[0])
-    (root / "garden" / "roses.md").parent.mkdir(parents=True, exist_ok=True)
-    (root / "garden" / "roses.md").write_text(
-        "# Roses\n\nPrune roses in late winter, just above an outward-facing bud.\n",
+    (root / "garden" / f"{name}.md").parent.mkdir(parents=True, exist_ok=True)
+    (root / "garden" / f"{name}.md").write_text(
+        f"# {name.title()}\n\nPrune {name} in late winter, just above an outward-facing bud.\n",
         encoding="utf-8",
     )
     assert run_ingest(cfg).failed == 0
@@ -502,6 +502,13 @@ def test_a_failing_switch_hook_still_closes_the_old_version(
         assert info["version"] == new and info["switches"] == 1
         assert calls == [(new, info["points"])] and info["points"] > before
         assert len(reader_copies(readers)) == 1  # the old copy is gone, the new one open
+        # From the poller: the version now served is not "failed", the error is shown.
+        newer = _add_document(cfg, "tulips")
+        index.poll_once(now=1.0)
+        info = index.describe()
+        assert info["version"] == newer and info["failed_version"] is None
+        assert info["last_reload_error"] == f"version {newer}: after the switch: the hook failed"
+        assert len(reader_copies(readers)) == 1
     finally:
         index.close()
     assert not readers.exists() or not list(readers.iterdir())

@@ -123,7 +123,10 @@ class LiveIndex:
             raise StageError(f"no index at {where}: run `ragpipe ingest` first")
         retriever = Retriever(self.config, self.embedder, store, self.llm, rerankers)
         try:
-            return _Held(retriever, self._probe(retriever), retriever.store.count())
+            token = self._probe(retriever)
+            points = (int(token.removeprefix("points:")) if token.startswith("points:")
+                      else retriever.store.count())  # fmt: skip
+            return _Held(retriever, token, points)
         except BaseException:
             retriever.close()
             raise
@@ -261,8 +264,13 @@ class LiveIndex:
             return
         try:
             self.refresh()
-        except Exception as exc:  # keep serving the version that works
-            self._failed(token, exc, now)
+        except Exception as exc:
+            if self._current.version == token:  # switched: what failed came after
+                logger.exception("switched to index version %s, then:", token[:12])
+                self.last_error = f"version {token}: after the switch: {exc}"
+                self.failed_version = None
+            else:  # keep serving the version that works
+                self._failed(token, exc, now)
         else:
             self.last_error = self.failed_version = None
 
