@@ -402,7 +402,7 @@ def load_phase(
         kind, clients = LOADS[n]
         row: dict[str, Any] = stats(pooled)
         row["requests_per_s"] = statistics.median(rates[runtime, n])
-        row["requests_per_s_rounds"] = [round(x, 1) for x in rates[runtime, n]]
+        row["requests_per_s_rounds"] = [round(x, 3) for x in rates[runtime, n]]  # for ratios
         out[runtime]["http" if kind == "http.client" else "http_httpx"][str(clients)] = row
     return out
 
