@@ -82,6 +82,14 @@ class _Held:
     search: threading.Lock = field(default_factory=threading.Lock)  # one search at a time
 
 
+def _points(token: str, retriever: Retriever) -> int:
+    """A version's point count: a gateless Qdrant server's token is its count (``_probe``),
+    so the two agree; other versions are counted once, when opened."""
+    if token.startswith("points:"):
+        return int(token.removeprefix("points:"))
+    return retriever.store.count()
+
+
 class LiveIndex:
     """The current index version, its retriever, and the switch to the next version."""
 
@@ -124,9 +132,7 @@ class LiveIndex:
         retriever = Retriever(self.config, self.embedder, store, self.llm, rerankers)
         try:
             token = self._probe(retriever)
-            points = (int(token.removeprefix("points:")) if token.startswith("points:")
-                      else retriever.store.count())  # fmt: skip
-            return _Held(retriever, token, points)
+            return _Held(retriever, token, _points(token, retriever))
         except BaseException:
             retriever.close()
             raise
@@ -210,8 +216,8 @@ class LiveIndex:
         if reopen:
             held = self._open(self._current.retriever.rerankers)
         else:  # the same client reads the new state: only the token moves
-            points = int(token.removeprefix("points:"))  # the token is the count (_probe)
-            held = _Held(self._current.retriever, token, points, search=self._current.search)
+            held = _Held(self._current.retriever, token, _points(token, self._current.retriever),
+                         search=self._current.search)  # fmt: skip
         close = False
         try:
             # One step: /healthz and /metrics never see the new version with the old count.

@@ -144,22 +144,22 @@ def gone(record: Path, now: float | None = None) -> bool:
     except (OSError, ValueError):
         owner = None
     if not isinstance(owner, dict):  # unreadable: the lock and the heartbeat need no content
-        return _quiet(record, now) and not _locked(record)
+        return _untouched(record, STALE_S, now) and not _locked(record)
     alive = holder_alive(owner)
     if alive is not None:
         return not alive
     if not owner.get("heartbeat_s"):
         return False  # an older record: nothing else to judge it by
-    return _quiet(record, now) and not _locked(record)
+    return _untouched(record, STALE_S, now) and not _locked(record)
 
 
-def _quiet(path: Path, now: float | None) -> bool:
-    """Untouched for ``STALE_S``."""
+def _untouched(path: Path, seconds: float, now: float | None) -> bool:
+    """Not modified for ``seconds`` (False when it cannot be found out)."""
     try:
         touched = path.stat().st_mtime
     except OSError:
         return False
-    return (time.time() if now is None else now) - touched > STALE_S
+    return (time.time() if now is None else now) - touched > seconds
 
 
 def _locked(path: Path) -> bool:
@@ -188,8 +188,4 @@ def _locked(path: Path) -> bool:
 def stale_temp(path: Path, now: float | None = None) -> bool:
     """A half-written record (``*.tmp``) a killed process left, old enough that no live
     writer is between creating and renaming it."""
-    try:
-        touched = path.stat().st_mtime
-    except OSError:
-        return False
-    return (time.time() if now is None else now) - touched > TEMP_STALE_S
+    return _untouched(path, TEMP_STALE_S, now)
