@@ -32,8 +32,8 @@ from ragpipe.config import RagpipeConfig
 from ragpipe.errors import StageError
 from ragpipe.ingest.pipeline import run_ingest
 from ragpipe.query.render import search_json
-from ragpipe.query.retrieve import Retriever
-from ragpipe.serve.app import create_app
+from ragpipe.query.retrieve import Retriever, split_fragments
+from ragpipe.serve.app import create_app, request_models
 from ragpipe.serve.cache import SemanticCache
 from ragpipe.serve.index import LiveIndex
 from ragpipe.serve.server import is_loopback, running
@@ -477,6 +477,43 @@ def test_a_request_in_flight_keeps_its_version_across_a_switch(
     finally:
         index.close()
     assert not readers.exists() or not list(readers.iterdir())
+
+
+def test_a_search_embeds_all_its_sentences_before_it_waits_for_the_store(
+    tmp_path: Path, onnx_embedder: Any
+) -> None:
+    """A query of several sentences is searched by each of them too: their embeddings were
+    made under the store's lock, one request at a time, instead of side by side."""
+    cfg = _index(tmp_path)
+    service = create_app(cfg, onnx_embedder).state.service
+    search_request, _ = request_models(cfg.serve)
+    query = "How long should bread bake? Which roses need pruning in early spring?"
+    fragments = split_fragments(query)
+    assert len(fragments) == 2
+    answers: list[Any] = []
+    try:
+        with service.index.holding() as held:
+            embedded = held.retriever._query_vectors  # the retriever's query-vector cache
+            with held.search:  # another request is searching the store
+                worker = threading.Thread(
+                    target=lambda: answers.append(
+                        service._retrieve("search", query, search_request(query=query), {})
+                    )
+                )
+                worker.start()
+                deadline = time.monotonic() + 60
+                while not all(f in embedded for f in [query, *fragments]):
+                    assert time.monotonic() < deadline, sorted(embedded)
+                    time.sleep(0.01)
+                assert worker.is_alive()  # its texts embedded, it waits for the store
+            worker.join(timeout=60)
+        version, vector, _, hit, result = answers[0]
+        assert version == service.index.version and hit is None and result is not None
+        assert result.trace["fragments"] == fragments
+        assert np.array_equal(vector, embedded[query]) and result.hits
+    finally:
+        service.worker.shutdown(wait=True)
+        service.index.close()
 
 
 def test_a_failing_switch_hook_still_closes_the_old_version(

@@ -184,10 +184,25 @@ class Retriever:
             self._llm = LazyLLM(self.config.llm)
         return self._llm
 
-    def query_vector(self, query: str) -> npt.NDArray[np.float32]:
-        """The embedding ``search`` uses for ``query`` (cut to the embedder's window), cached."""
-        query = query.strip()
-        return self._embed_query(cut_query(query, self.embedder.max_tokens * QUERY_CHARS_PER_TOKEN))
+    def query_vector(
+        self, query: str, overrides: dict[str, Any] | None = None, fragments: bool = False
+    ) -> npt.NDArray[np.float32]:
+        """The embedding ``search`` uses for ``query`` (cut to the embedder's window), cached;
+        with ``fragments``, those of the sentences ``search(query, **overrides)`` also
+        searches are cached first. A server embeds a query's texts here, side by side with
+        other requests, and holds its store's lock only for the searches."""
+        searched = cut_query(query.strip(), self.embedder.max_tokens * QUERY_CHARS_PER_TOKEN)
+        vector = self._embed_query(searched)
+        cfg = self._retrieve_config(overrides or {})
+        if fragments and cfg.split_fragments:
+            for fragment in split_fragments(searched, cfg.max_fragments):
+                self._embed_query(fragment)
+        return vector
+
+    def _retrieve_config(self, overrides: dict[str, Any]) -> RetrieveConfig:
+        if not overrides:
+            return self.config.retrieve
+        return RetrieveConfig.model_validate({**self.config.retrieve.model_dump(), **overrides})
 
     def _embed_query(self, text: str) -> npt.NDArray[np.float32]:
         vector = self._query_vectors.get(text)
@@ -233,11 +248,7 @@ class Retriever:
 
     def search(self, query: str, **overrides: Any) -> RetrievalResult:
         """Ranked chunks for ``query``; keyword arguments override ``retrieve.*`` fields."""
-        cfg = (
-            RetrieveConfig.model_validate({**self.config.retrieve.model_dump(), **overrides})
-            if overrides
-            else self.config.retrieve
-        )
+        cfg = self._retrieve_config(overrides)
         started = time.perf_counter()
         query = query.strip()
         if not query:

@@ -449,7 +449,10 @@ class Service:
         try:
             with self.index.holding() as held:
                 retriever, version = held.retriever, held.version
-                vector = retriever.query_vector(text)  # side by side: no lock
+                # Embedded side by side, with no lock: the query, and the sentences it is
+                # also searched by unless a cached answer may make them needless.
+                cached = self.caches(endpoint)
+                vector = retriever.query_vector(text, overrides, fragments=not cached)
                 with held.search:
                     hit = self.lookup(endpoint, vector, scope, version, text)
                     result = None if hit else retriever.search(text, **overrides)
