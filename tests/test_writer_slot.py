@@ -260,9 +260,10 @@ def test_holder_alive() -> None:
     assert holder_alive({**me, "pid": _dead_pid(), "start_ticks": ""}) is False
     assert holder_alive({**me, "start_ticks": "1"}) is False  # a reused pid
     assert holder_alive({**me, "boot_id": "another-boot"}) is False
-    if me["pid_ns"]:  # another container on this host (its own pid namespace)
-        assert holder_alive({**me, "pid_ns": "pid:[1]"}) is None  # its pid means nothing here
-        assert holder_alive({**me, "pid_ns": "pid:[1]", "pid": _dead_pid()}) is None
+    assert me["pid_ns"].startswith("pid:[")  # read from /proc/self/ns/pid
+    # another container on this host (its own pid namespace): its pid means nothing here
+    assert holder_alive({**me, "pid_ns": "pid:[1]"}) is None
+    assert holder_alive({**me, "pid_ns": "pid:[1]", "pid": _dead_pid()}) is None
     assert holder_alive({k: v for k, v in me.items() if k != "pid_ns"}) is True  # older records
     assert holder_alive({**me, "host": "elsewhere"}) is None
 
