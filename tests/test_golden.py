@@ -41,9 +41,41 @@ items:
 """))  # fmt: skip
     a, b = golden.items
     assert a.relevance == {"math/trig.md": 3, "math/algebra.md": 0}
-    assert b.relevance == {"bread.md": 1, "oven.md": 1}
+    assert b.relevance == {"bread.md": 2, "oven.md": 1}  # a chunk target's higher grade
     assert b.chunks == (ChunkTarget("bread.md", heading="Oven", grade=2),)
     assert b.expected_answer == "Bake it."
+
+
+def test_a_file_takes_the_highest_grade_of_its_targets_unless_relevance_grades_it(
+    tmp_path: Path,
+) -> None:
+    """A grade-0 distractor first in a file used to give the file grade 0 (the first
+    target's): file-level scores called the answer's file irrelevant."""
+    golden = load_golden(_write(tmp_path, """
+items:
+  - id: q1
+    query: How should I cite R?
+    chunks:
+      - {file: a.md, contains: see also, grade: 0}
+      - {file: a.md, heading: Citing R, grade: 3}
+      - {file: b.md, heading: Other, grade: 1}
+  - id: q2
+    query: Only one file
+    chunks:
+      - {file: a.md, contains: see also, grade: 0}
+      - {file: a.md, heading: Citing R, grade: 3}
+  - id: q3
+    query: Graded by hand
+    relevance: {a.md: 1}
+    expected_files: [b.md]
+    chunks:
+      - {file: a.md, heading: Citing R, grade: 3}
+      - {file: b.md, heading: Other, grade: 0}
+"""))  # fmt: skip
+    q1, q2, q3 = golden.items
+    assert q1.relevance == {"a.md": 3, "b.md": 1}
+    assert q2.relevance == {"a.md": 3}  # loads: its file is relevant
+    assert q3.relevance == {"a.md": 1, "b.md": 1}  # relevance is the user's word
 
 
 @pytest.mark.parametrize(

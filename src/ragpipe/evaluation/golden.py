@@ -184,8 +184,15 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
         raise ConfigError(f"{where}: 'relevance' must map file suffixes to grades 0..3")
     for file, grade in graded.items():
         relevance[str(file)] = _grade(grade, f"{where}, relevance of {file!r}")
+    explicit = set(relevance)
+
+    def implied(file: str, grade: int) -> None:
+        """A file ``relevance`` does not grade takes the highest grade given to it."""
+        if file not in explicit:
+            relevance[file] = max(relevance.get(file, grade), grade)
+
     for file in raw.get("expected_files") or []:
-        relevance.setdefault(str(file), 1)
+        implied(str(file), 1)
     chunks = []
     for j, target in enumerate(raw.get("chunks") or []):
         cw = f"{where}, chunk target {j + 1}"
@@ -203,7 +210,7 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
         chunks.append(
             ChunkTarget(str(target["file"]), target.get("contains"), target.get("heading"), grade)
         )
-        relevance.setdefault(str(target["file"]), grade)
+        implied(str(target["file"]), grade)
     if not any(g > 0 for g in relevance.values()):
         raise ConfigError(
             f"{where}: no relevant file (grade > 0): add 'relevance', 'expected_files' or "
