@@ -292,6 +292,19 @@ def test_an_answers_citations_are_no_words_of_it() -> None:
     code = GoldenItem("x", "First element?", {"pets.md": 1}, (target,), "Use x[1] in R.")
     reply = Answer(code.query, "Use x[1] in R [1].", [source], [source])
     assert score_answer(code, reply, [hit], None)[0]["answer_f1"].value == 1.0
+    # Nor when the answer's citations are read: with "x[2]" in it and [1] its only citation,
+    # source 2 (the target) is not cited: precision and recall 0 (they were 0.5 and 1).
+    from ragpipe.query.generate import check_citations
+
+    dogs = Retrieved("p2", 0.9, {"file_path": "pets.md", "heading_path": "Dogs", "text": "d"})
+    two = [Source(1, "p2", "pets.md", None, "Dogs", "d"), source]
+    two[1] = Source(2, "p1", "pets.md", None, "Cats", "The cat sat.")
+    text = "Use x[2] for the second element [1]."
+    cited_sources, invalid = check_citations(text, two)
+    reply = Answer(item.query, text, two, cited_sources, invalid)
+    scores, _, cited, _ = score_answer(item, reply, [dogs, hit], None)
+    assert cited == [1] and invalid == []
+    assert scores["citation_precision"].value == scores["citation_recall"].value == 0.0
 
 
 def test_a_grade_0_chunk_target_is_no_support_for_a_citation() -> None:

@@ -71,6 +71,19 @@ def test_citations_are_checked_against_the_sources() -> None:
     assert not is_not_found("It was found in [1].")
 
 
+def test_code_subscripts_are_not_citations() -> None:
+    """An R answer's "x[7]" was read as a citation of source 7 (and taken out of the answer
+    as invalid), its "x[2]" as one of source 2: citation precision and recall moved with it."""
+    sources = [Source(n, f"p{n}", f"f{n}.md", None, "", "t") for n in (1, 2, 3)]
+    cited, invalid = check_citations("Use x[2], x[[3]] or m[1, 2] [1]. B [3][2].", sources)
+    assert [s.number for s in cited] == [1, 3, 2] and invalid == []
+    given = _scored(0.5, 0.5, 0.5)
+    reply = answer("q", given, Streamer(["Use x[7] to get the seventh element [1]."]))
+    assert reply.text == "Use x[7] to get the seventh element [1]."
+    assert [s.number for s in reply.cited] == [1] and reply.flags == []
+    assert strip_citations("x[7] and y [7].", [7]) == "x[7] and y."
+
+
 def test_system_prompt_demands_citations_and_the_not_found_answer() -> None:
     messages = build_messages("Why?", select_sources(_hits(2), 10_000, _words)[0])
     assert NOT_FOUND in messages[0]["content"] and "[1]" in messages[0]["content"]
@@ -213,7 +226,7 @@ def test_the_citation_grammar_is_what_llama_cpp_is_given() -> None:
     assert citation_grammar(3).splitlines() == [
         'root ::= "Not found in the provided documents." | body',
         'body ::= [^\\x00]* cite "."?',
-        'cite ::= " "? "[" number "]" ("[" number "]")*',
+        'cite ::= " " "[" number "]" ("[" number "]")*',
         'number ::= "3" | "2" | "1"',
     ]
     with pytest.raises(ValueError, match="at least one source"):

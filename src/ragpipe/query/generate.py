@@ -15,8 +15,11 @@ from ragpipe.query.fusion import lost_in_the_middle
 from ragpipe.query.results import Retrieved
 
 NOT_FOUND = "Not found in the provided documents."
-_CITATION = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
-_SPACED_CITATION = re.compile(r"(\s*)\[(\d+(?:\s*,\s*\d+)*)\]")
+# A citation: [2], [1, 3] or [1][3], but not code: not straight after a word character or
+# a bracket ("x[7]" and "x[[2]]" in an R answer), nor with a bracket after it.
+CITATION_MARK = r"(?<![\w\[])\[(\d+(?:\s*,\s*\d+)*)\](?!\])"
+_CITATION = re.compile(CITATION_MARK)
+_SPACED_CITATION = re.compile(r"(\s*)" + CITATION_MARK)
 
 SYSTEM_PROMPT = f"""You answer questions using only the numbered sources you are given.
 Rules:
@@ -235,7 +238,8 @@ def strip_citations(text: str, numbers: Sequence[int]) -> str:
 def citation_grammar(count: int) -> str:
     """A llama.cpp GBNF grammar for an answer over ``count`` numbered sources: the exact
     not-found reply, or any text that ends with citations of given sources (``[2]``,
-    ``[1][3]``; an optional full stop after them). The model still chooses what to write
+    ``[1][3]``, after a space, so that no final citation reads as code such as ``x[2]``; an
+    optional full stop after them). The model still chooses what to write
     and which source to cite; it cannot end uncited or cite a number it was not given at
     the end (citations inside the text are checked as before)."""
     if count < 1:
@@ -245,7 +249,7 @@ def citation_grammar(count: int) -> str:
         [
             f'root ::= "{NOT_FOUND}" | body',
             'body ::= [^\\x00]* cite "."?',
-            'cite ::= " "? "[" number "]" ("[" number "]")*',
+            'cite ::= " " "[" number "]" ("[" number "]")*',
             f"number ::= {numbers}",
         ]
     )
