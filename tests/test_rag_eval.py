@@ -412,8 +412,10 @@ def test_probe_and_calibration_of_a_perfect_judge(
             assert pair.shown not in pair.prompt.split("Statement:")[0]
     oracle = Oracle({p.prompt: p.truth for p in probe})
     measured = calibrate(oracle, probe, min_kappa=0.4, timeout_s=10)
-    assert measured.reliable and measured.agreement.kappa == 1.0
-    assert measured.agreement.accuracy == 1.0 and measured.label().startswith("judge reliable")
+    assert not measured.failed and measured.agreement.kappa == 1.0
+    assert measured.reliable is (not measured.uncalibrated)  # each judgement asked 4 pairs
+    state = "judge reliable" if measured.reliable else "judge not calibrated on "
+    assert measured.agreement.accuracy == 1.0 and measured.label().startswith(state)
     from ragpipe.evaluation.calibration import METRIC_JUDGEMENT
 
     for m in RAG_METRICS:  # a judgement asked fewer than 4 pairs calibrates nothing
@@ -442,6 +444,18 @@ def test_probe_and_calibration_of_a_perfect_judge(
     # Too few pairs of a judgement: not calibrated, unless the whole probe failed.
     few = calibrate(half, pairs[:6], min_kappa=0.4, timeout_s=10)
     assert few.by_judgement["answers"].n == 2 and few.reliable_for("answer_relevancy") is None
+    # Every verdict right, but two pairs of each judgement: every metric is "judge not
+    # calibrated", so the judge as a whole is not vouched for (it was "reliable", and a
+    # run's judge.usable_for_gates true, beside four metrics marked not calibrated).
+    small = [pairs[0], pairs[1], pairs[4], pairs[5]]
+    right = calibrate(Oracle({p.prompt: p.truth for p in small}), small, min_kappa=0.4,
+                      timeout_s=10)  # fmt: skip
+    assert right.agreement.kappa == 1.0 and not right.failed and not right.reliable
+    assert all(right.reliable_for(m) is None for m in RAG_METRICS)
+    assert right.label().startswith(
+        "judge not calibrated on statements, answers (fewer than 4 pairs) (kappa 1.00"
+    )
+    assert right.as_dict()["reliable"] is False
 
 
 def test_human_labels_give_a_ppi_estimate_beside_the_judge(

@@ -109,12 +109,23 @@ class Calibration:
         return not np.isnan(a.kappa) and a.kappa >= self.min_kappa
 
     @property
-    def reliable(self) -> bool:
-        """Kappa at or above the bar overall and for every judgement measured (an undefined
-        kappa is not)."""
-        return self._passes(self.agreement) and all(
-            self._passes(a) for a in self.by_judgement.values() if a.n >= MIN_PAIRS
+    def failed(self) -> bool:
+        """Kappa under the bar (or undefined) overall or for a judgement asked enough pairs."""
+        return not self._passes(self.agreement) or any(
+            not self._passes(a) for a in self.by_judgement.values() if a.n >= MIN_PAIRS
         )
+
+    @property
+    def uncalibrated(self) -> list[str]:
+        """The judgements asked too few pairs to say anything (their metrics are "judge not
+        calibrated", so the judge as a whole is not vouched for)."""
+        return [j for j, a in self.by_judgement.items() if a.n < MIN_PAIRS]
+
+    @property
+    def reliable(self) -> bool:
+        """Kappa at or above the bar overall and for every judgement, each asked at least
+        MIN_PAIRS pairs (an undefined kappa is not)."""
+        return not self.failed and not self.uncalibrated
 
     def _deciding(self, metric: str) -> Agreement | None:
         """The agreement that decides ``metric``: its judgement's when it had MIN_PAIRS
@@ -134,7 +145,9 @@ class Calibration:
 
     def label(self) -> str:
         a = self.agreement
-        state = "reliable" if self.reliable else "unreliable"
+        state = "reliable" if self.reliable else "unreliable" if self.failed else (
+            f"not calibrated on {', '.join(self.uncalibrated)} (fewer than {MIN_PAIRS} pairs)"
+        )  # fmt: skip
         parts = [f"{j} {_kappa(b)}" for j, b in self.by_judgement.items()]
         per = f"; {', '.join(parts)}" if parts else ""
         return (
