@@ -379,6 +379,23 @@ def test_golden_items_for_a_new_document_are_not_a_mismatch(tmp_path: Path) -> N
     (verdict,) = added.gate["verdict"]["golden"]
     assert verdict["new_items"] == ["cooking"] and verdict["items"] == 5  # compared: 5
     assert verdict["staged"] == 1.0 and verdict["delta"] == 0.0  # the new item scores 1 too
+    assert verdict["staged_compared"] == 1.0  # the 5 compared items alone
+
+
+def test_the_gate_line_sets_staged_against_live_on_the_same_items() -> None:
+    """Four compared items score 0.75 on both versions, a new one 0 on the staged: the line
+    read 'ndcg@10 0.6000 vs live 0.7500 (+0.0000)', a drop of 0.15 shown as none."""
+    from ragpipe.evaluation.gate import GateVerdict, GoldenVerdict
+
+    golden = GoldenVerdict("faq", 4, 0.6, 0.75, 0.0, None, None, None, True,
+                           new_items=["new-doc"], staged_compared=0.75)  # fmt: skip
+    first = GoldenVerdict("first", 5, 0.8, None, None, None, None, None, True)
+    line = GateVerdict("abcdef1234567", "live", "ndcg@10", 0.02, True, [], [golden, first], [],
+                       1.0).line()  # fmt: skip
+    assert line == (
+        "version abcdef123456 promoted: faq: ndcg@10 0.7500 vs live 0.7500 (+0.0000) on the "
+        "same 4 items, 0.6000 with the 1 new; first: ndcg@10 0.8000"
+    )
 
 
 def test_a_qdrant_index_keeps_other_collections_and_a_promotion_killed_before_its_switch(

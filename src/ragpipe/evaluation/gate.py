@@ -52,6 +52,8 @@ class GoldenVerdict:
     # Items whose targets only the staged version has (labels for what it adds): scored
     # there towards the floor, not compared.
     new_items: list[str] = field(default_factory=list)
+    # The staged mean over the compared items alone: what live and delta are set against.
+    staged_compared: float | None = None
 
 
 @dataclass(frozen=True)
@@ -88,15 +90,26 @@ class GateVerdict:
     def line(self) -> str:
         """One line for logs and event summaries."""
         verdict = "promoted" if self.passed else "held"
-        parts = [
-            f"{g.golden}: {self.metric} {g.staged:.4f}"
-            + (f" vs live {g.live:.4f} ({g.delta:+.4f})" if g.live is not None else "")
-            for g in self.golden
-        ]
+        parts = [_golden_line(g, self.metric) for g in self.golden]
         if self.canaries:
             ok = sum(c.passed for c in self.canaries)
             parts.append(f"canaries {ok}/{len(self.canaries)}")
         return f"version {self.staged[:12]} {verdict}: " + "; ".join(parts)
+
+
+def _golden_line(g: GoldenVerdict, metric: str) -> str:
+    """Staged against live on the same items; the mean with the new items, which only
+    the floor reads, apart."""
+    if g.live is None or g.delta is None:
+        return f"{g.golden}: {metric} {g.staged:.4f}"
+    compared = g.staged if g.staged_compared is None else g.staged_compared
+    line = (
+        f"{g.golden}: {metric} {compared:.4f} vs live {g.live:.4f} ({g.delta:+.4f}) "
+        f"on the same {g.items} items"
+    )
+    if g.new_items:
+        line += f", {g.staged:.4f} with the {len(g.new_items)} new"
+    return line
 
 
 def _scores(
@@ -152,6 +165,7 @@ def _golden_verdict(
         d.low if d.shown else None, d.high if d.shown else None,  # none: no CI, or all deltas equal
         delta.p_value if delta.p_value == delta.p_value else None,
         not reasons, "; ".join(reasons), lost, new_items=sorted(extra),
+        staged_compared=sum(new[i] for i in ids) / len(ids),
     )  # fmt: skip
 
 
