@@ -558,13 +558,14 @@ def eval_tune(
 def _print_tune(summary: TuneSummary) -> None:
     split = summary.split
     tuning = summary.tuning
+    from ragpipe.evaluation.tune import changed_settings, scores_said
+
+    said = scores_said(summary.metric, tuning["current"], tuning["best"], tuning["highest"])
     print(
         f"split (seed {summary.seed}): {len(split.tuning)} tuning queries, "
         f"{len(split.confirmation)} held-out; {len(tuning['trials'])} configurations "
-        f"scored on the tuning queries ({summary.metric}: current {tuning['current']:.4f}, "
-        f"best {tuning['best']:.4f})"
+        f"scored on the tuning queries ({said})"
     )
-    from ragpipe.evaluation.tune import changed_settings
 
     print("changed settings: " + json.dumps(changed_settings(summary.overrides, summary.ingest)))
     for setting, verdict in tuning.get("options", {}).items():

@@ -107,6 +107,15 @@ def test_coordinate_search_climbs_and_keeps_the_incumbent_on_small_gains() -> No
     # Settings that change nothing in the current mode are not tried: alpha only for convex.
     assert not any("rrf_k" in t.overrides and t.overrides.get("fusion_method") != "rrf"
                    for t in trials)  # fmt: skip
+    # The report and the CLI set the pick's 0.6800 beside the higher 0.6830 not taken.
+    from ragpipe.evaluation.tune import scores_said
+
+    highest = max(t.score for t in trials)
+    assert scores_said("ndcg@10", 0.63, 0.68, highest) == (
+        "ndcg@10: current 0.6300, picked 0.6800; the highest tried, 0.6830, gained less than "
+        "+0.005 on its step"
+    )
+    assert scores_said("ndcg@10", 0.63, 0.683, highest) == "ndcg@10: current 0.6300, picked 0.6830"
 
 
 def test_a_setting_the_pick_makes_moot_says_so_not_what_it_once_kept() -> None:
@@ -563,6 +572,18 @@ def test_a_second_index_that_loses_on_the_tuning_queries_is_refused(
     assert outcome.ingest == {} and outcome.index == "" and outcome.overrides == {}
     assert outcome.decision == "no change"
     assert any(t.overrides == {"chunk.whole_sections": True} for t in outcome.trials)
+    # The report's "picked" is the pick's score; a higher one not taken is said as such (it
+    # was reported as the "best" beside "the current settings scored best").
+    from ragpipe.evaluation.tune import markdown
+
+    assert outcome.tuning_best == mine
+    assert outcome.message.startswith("no change: nothing beat the current settings by +0.005")
+    report = markdown(outcome)
+    assert f"current {mine:.4f}, picked {mine:.4f}" in report
+    highest = max(t.score for t in outcome.trials)
+    assert (f"the highest tried, {highest:.4f}, gained less than +0.005" in report) is (
+        highest > mine
+    )
 
 
 def test_a_second_index_of_other_sources_is_refused_not_compared(

@@ -105,7 +105,7 @@ class TuneOutcome:
     overrides: dict[str, Any]  # what the pick changes
     trials: list[Trial]
     tuning_current: float
-    tuning_best: float
+    tuning_best: float  # the pick's score (the current one's when nothing cleared MIN_GAIN)
     confirmation: EvalResult
     decision: str  # recommend | refused | no change
     message: str
@@ -430,7 +430,7 @@ def run_tune(
         overrides=overrides,
         trials=trials,
         tuning_current=trials[0].score,
-        tuning_best=max(t.score for t in trials),
+        tuning_best=best_score,
         confirmation=confirmation,
         decision=decision,
         message=message,
@@ -492,10 +492,21 @@ def delta_ci(ci: Interval) -> str:
     return f"95% CI [{ci.low:+.4f}, {ci.high:+.4f}]"
 
 
+def scores_said(metric: str, current: float, picked: float, highest: float) -> str:
+    """The tuning queries' scores as the report and the CLI say them: the pick's, and a
+    higher one tried and not taken (a change needs MIN_GAIN over what it would replace)."""
+    said = f"{metric}: current {current:.4f}, picked {picked:.4f}"
+    if highest > picked:
+        said += f"; the highest tried, {highest:.4f}, gained less than +{MIN_GAIN:g} on its step"
+    return said
+
+
 def decide(changes: dict[str, Any], delta: PairedDelta, metric: str) -> tuple[str, str]:
     """recommend / refused / no change, and a sentence saying why."""
     if not changes:
-        return "no change", "no change: the current settings scored best on the tuning queries"
+        return "no change", (
+            f"no change: nothing beat the current settings by +{MIN_GAIN:g} on the tuning queries"
+        )
     ci = delta.interval
     stated = (
         f"{metric} {ci.mean:+.4f} on the held-out queries, {delta_ci(ci)}, p={delta.p_value:.3g}"
@@ -610,6 +621,7 @@ def tune_summary(outcome: TuneOutcome, config: RagpipeConfig, golden: str) -> Tu
         tuning={
             "current": outcome.tuning_current,
             "best": outcome.tuning_best,
+            "highest": max(t.score for t in outcome.trials),
             "trials": [{"overrides": t.overrides, "score": t.score} for t in outcome.trials],
             "options": outcome.options,
         },
@@ -626,6 +638,7 @@ def tune_summary(outcome: TuneOutcome, config: RagpipeConfig, golden: str) -> Tu
 
 
 def markdown(outcome: TuneOutcome) -> str:
+    highest = max(t.score for t in outcome.trials)
     """A readable account: the split, the search, the pick, the held-out verdict."""
     lines = [
         f"# Retrieval tuning: {outcome.confirmation.golden.name.removesuffix('-confirmation')}",
@@ -635,8 +648,7 @@ def markdown(outcome: TuneOutcome) -> str:
         f"- Split (seed {outcome.seed}): {len(outcome.split.tuning)} tuning queries, "
         f"{len(outcome.split.confirmation)} held-out confirmation queries.",
         f"- Search: {len(outcome.trials)} configurations scored on the tuning queries "
-        f"({outcome.metric}: current {outcome.tuning_current:.4f}, best "
-        f"{outcome.tuning_best:.4f}).",
+        f"({scores_said(outcome.metric, outcome.tuning_current, outcome.tuning_best, highest)}).",
         f"- Changed settings: `{json.dumps(outcome.changes, sort_keys=True)}`",
         *(
             [f"- The pick's chunk settings are another index: tune built it at `{outcome.index}`."]
