@@ -413,7 +413,8 @@ def test_probe_and_calibration_of_a_perfect_judge(
     oracle = Oracle({p.prompt: p.truth for p in probe})
     measured = calibrate(oracle, probe, min_kappa=0.4, timeout_s=10)
     assert not measured.failed and measured.agreement.kappa == 1.0
-    assert measured.reliable is (not measured.uncalibrated)  # each judgement asked 4 pairs
+    asked = {j: a.n for j, a in measured.by_judgement.items()}
+    assert measured.reliable is (min(asked.get("statements", 0), asked.get("answers", 0)) >= 4)
     state = "judge reliable" if measured.reliable else "judge not calibrated on "
     assert measured.agreement.accuracy == 1.0 and measured.label().startswith(state)
     from ragpipe.evaluation.calibration import METRIC_JUDGEMENT
@@ -456,6 +457,14 @@ def test_probe_and_calibration_of_a_perfect_judge(
         "judge not calibrated on statements, answers (fewer than 4 pairs) (kappa 1.00"
     )
     assert right.as_dict()["reliable"] is False
+    # No pair at all of a judgement (a golden set with one answerable item has no answer to
+    # mismatch): not calibrated either; it was "reliable" on the statements alone.
+    statements = pairs[:4]
+    alone = calibrate(Oracle({p.prompt: p.truth for p in statements}), statements,
+                      min_kappa=0.4, timeout_s=10)  # fmt: skip
+    assert "answers" not in alone.by_judgement and alone.uncalibrated == ["answers"]
+    assert not alone.reliable and alone.reliable_for("faithfulness") is True
+    assert alone.label().startswith("judge not calibrated on answers (fewer than 4 pairs)")
 
 
 def test_human_labels_give_a_ppi_estimate_beside_the_judge(

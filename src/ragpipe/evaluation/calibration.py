@@ -119,7 +119,10 @@ class Calibration:
     def uncalibrated(self) -> list[str]:
         """The judgements asked too few pairs to say anything (their metrics are "judge not
         calibrated", so the judge as a whole is not vouched for)."""
-        return [j for j, a in self.by_judgement.items() if a.n < MIN_PAIRS]
+        return [
+            j for j in (STATEMENTS, ANSWERS)
+            if (a := self.by_judgement.get(j)) is None or a.n < MIN_PAIRS
+        ]  # fmt: skip
 
     @property
     def reliable(self) -> bool:

@@ -638,8 +638,8 @@ def tune_summary(outcome: TuneOutcome, config: RagpipeConfig, golden: str) -> Tu
 
 
 def markdown(outcome: TuneOutcome) -> str:
-    highest = max(t.score for t in outcome.trials)
     """A readable account: the split, the search, the pick, the held-out verdict."""
+    highest = max(t.score for t in outcome.trials)
     lines = [
         f"# Retrieval tuning: {outcome.confirmation.golden.name.removesuffix('-confirmation')}",
         "",
