@@ -82,6 +82,19 @@ def test_code_subscripts_are_not_citations() -> None:
     assert reply.text == "Use x[7] to get the seventh element [1]."
     assert [s.number for s in reply.cited] == [1] and reply.flags == []
     assert strip_citations("x[7] and y [7].", [7]) == "x[7] and y."
+    # Straight after a word that is no code, it is a citation, in any script; in backticks
+    # or after a name with a digit, an underscore or an inner dot, it is code.
+    for text, numbers in [
+        ("Paris is the capital of France[1].", [1]),
+        ("巴黎是法国的首都[1]。", [1]),
+        ("To cite R[2], use citation().", [2]),
+        ("It ends here.[3] And [1, 2].", [3, 1, 2]),
+        ("Use `x[2]` or ```\nl[[3]]\ny[1]\n``` with x1[2], my_list[3], obj.items[2] [1].", [1]),
+    ]:
+        assert [s.number for s in check_citations(text, sources)[0]] == numbers, text
+    invented = answer("q", given, Streamer(["Paris[1] and Lyon[9]. Both are cities [1]."]))
+    assert invented.text == "Paris[1] and Lyon. Both are cities [1]."
+    assert invented.invalid_citations == [9] and invented.flags == [INVALID_CITATIONS]
 
 
 def test_system_prompt_demands_citations_and_the_not_found_answer() -> None:

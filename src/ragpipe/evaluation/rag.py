@@ -43,7 +43,7 @@ from ragpipe.evaluation.golden import GoldenItem, GoldenSet, file_matches, strat
 from ragpipe.evaluation.metrics import Interval, bootstrap_ci
 from ragpipe.models.embedders import Embedder, embedder_name, make_embedder
 from ragpipe.models.llm import LLM, make_llm
-from ragpipe.query.generate import CITATION_MARK, NOT_FOUND, Answer, configured_answer
+from ragpipe.query.generate import NOT_FOUND, Answer, configured_answer, without_citation_marks
 from ragpipe.query.results import Retrieved
 from ragpipe.query.retrieve import Retriever
 
@@ -63,9 +63,6 @@ ANSWER_METRICS = (
 )
 ALL_RAG_METRICS = ANSWER_METRICS + RAG_METRICS
 _CITATIONS = re.compile(r"\[\d+(?:\s*,\s*\d+)*\]")
-# The citation markers the scoring takes out of an answer: those generate reads as
-# citations, not code ("x[1]" in an R answer).
-_MARKERS = re.compile(CITATION_MARK)
 # What each metric can score. Outside it, the judge's output broke the metric's arithmetic
 # (a small model's context-precision verdicts of 2 or -1 instead of 0/1 gave 5e14).
 # Answer relevancy is a mean cosine similarity.
@@ -330,7 +327,8 @@ def score_answer(
     scores: dict[str, Judged] = {}
     expected = item.expected_answer
     if expected and item.answerable:
-        prose = _MARKERS.sub(" ", reply.text)  # a "[1]" is no word of the answer
+        # A "[1]" is no word of the answer (code such as "x[1]" is, as generate reads it).
+        prose = without_citation_marks(reply.text)
         scores["answer_f1"] = Judged(answers.token_f1(prose, expected), OK)
         scores["answer_rouge_l"] = Judged(answers.rouge_l(prose, expected), OK)
         if embedder is not None:

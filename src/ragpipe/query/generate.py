@@ -15,11 +15,51 @@ from ragpipe.query.fusion import lost_in_the_middle
 from ragpipe.query.results import Retrieved
 
 NOT_FOUND = "Not found in the provided documents."
-# A citation: [2], [1, 3] or [1][3], but not code: not straight after a word character or
-# a bracket ("x[7]" and "x[[2]]" in an R answer), nor with a bracket after it.
-CITATION_MARK = r"(?<![\w\[])\[(\d+(?:\s*,\s*\d+)*)\](?!\])"
-_CITATION = re.compile(CITATION_MARK)
-_SPACED_CITATION = re.compile(r"(\s*)" + CITATION_MARK)
+# A citation: [2], [1, 3] or [1][3], after a space or not ("France[1]", "首都[1]"). Not
+# code (``is_code``): in `backticks` or a fenced block, in [[ ]], or straight after a
+# code-like name ("x[7]", "my_list[2]", "x1[3]" in an R answer).
+_MARK = r"(?<!\[)\[(\d+(?:\s*,\s*\d+)*)\](?!\])"
+_CITATION = re.compile(_MARK)
+_SPACED_CITATION = re.compile(r"(\s*)" + _MARK)
+_CODE_SPAN = re.compile(r"```.*?(?:```|\Z)|`[^`\n]+`", re.DOTALL)
+_NAME_BEFORE = re.compile(r"[\w.]+\Z")
+
+
+def _code_spans(text: str) -> list[tuple[int, int]]:
+    return [m.span() for m in _CODE_SPAN.finditer(text)]
+
+
+def is_code(text: str, bracket: int, spans: Sequence[tuple[int, int]]) -> bool:
+    """Whether the ``[`` at ``bracket`` opens an index in code rather than a citation: it
+    is inside a code span, or straight after a code-like name: one lowercase ASCII letter
+    (``x[7]``; "R[1]" is R cited), or a name with a digit, an underscore or an inner dot
+    (``x1[2]``, ``my_list[2]``, ``obj.items[1]``; "sentence.[1]" is a citation)."""
+    if any(a <= bracket < b for a, b in spans):
+        return True
+    found = _NAME_BEFORE.search(text, max(0, bracket - 80), bracket)
+    if found is None or found.group().endswith("."):
+        return False
+    name = found.group()
+    if len(name) == 1:
+        return name.isascii() and name.islower()
+    head = name[0]
+    return (head.isascii() and (head.isalpha() or head == "_")
+            and any(c in "_." or c.isdigit() for c in name))  # fmt: skip
+
+
+def citation_marks(text: str) -> list[re.Match[str]]:
+    """The citation markers in ``text`` (group 1: the numbers), code left out."""
+    spans = _code_spans(text)
+    return [m for m in _CITATION.finditer(text) if not is_code(text, m.start(), spans)]
+
+
+def without_citation_marks(text: str, replacement: str = " ") -> str:
+    """``text`` with every citation marker replaced (code kept as written)."""
+    spans = _code_spans(text)
+    return _CITATION.sub(
+        lambda m: m.group(0) if is_code(text, m.start(), spans) else replacement, text
+    )
+
 
 SYSTEM_PROMPT = f"""You answer questions using only the numbered sources you are given.
 Rules:
@@ -161,7 +201,7 @@ def check_citations(text: str, sources: Sequence[Source]) -> tuple[list[Source],
     by_number = {s.number: s for s in sources}
     cited: list[Source] = []
     invalid: list[int] = []
-    for match in _CITATION.finditer(text):
+    for match in citation_marks(text):
         for part in match.group(1).split(","):
             n = int(part)
             if n in by_number:
@@ -227,8 +267,11 @@ def strip_citations(text: str, numbers: Sequence[int]) -> str:
     """``text`` without the citations of ``numbers`` (``[7]``, or 7 inside ``[2, 7]``); a
     bracket left empty goes with the space before it."""
     drop = set(numbers)
+    spans = _code_spans(text)
 
     def keep(match: re.Match[str]) -> str:
+        if is_code(text, match.start(2) - 1, spans):
+            return match.group(0)
         kept = [p.strip() for p in match.group(2).split(",") if int(p) not in drop]
         return f"{match.group(1)}[{', '.join(kept)}]" if kept else ""
 
