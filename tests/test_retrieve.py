@@ -596,3 +596,23 @@ def test_llm_rerank_orders_by_the_real_models_yes_probability(
         assert again.trace["llm_rerank"]["cached"] == 6
     assert (tmp_path / "llm_rerank.sqlite").is_file()
     assert "llm rerank (" in to_text(again) and "6 cached" in to_text(again)
+
+
+def test_a_full_query_cache_drops_its_oldest_vectors_not_a_query_just_embedded(
+    indexed_edge: RagpipeConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache was emptied whole when full: the sentences a server embedded for a query
+    outside the store's lock could be gone by its search, and embedded again under it."""
+    from ragpipe.query import retrieve
+
+    monkeypatch.setattr(retrieve, "QUERY_CACHE_SIZE", 4)
+    query = "How long should bread bake? Which roses need pruning in early spring?"
+    with Retriever(indexed_edge) as r:
+        for old in ("one old query", "another old query", "a third old query"):
+            r.query_vector(old)
+        r.query_vector(query, fragments=True)
+        assert (
+            list(r._query_vectors)
+            == ["a third old query", query, *retrieve.split_fragments(query)][-4:]
+        )
+        assert len(r._query_vectors) == 4

@@ -21,6 +21,7 @@ score in ``scores`` so reports can show where a chunk rose or fell.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -208,7 +209,10 @@ class Retriever:
         vector = self._query_vectors.get(text)
         if vector is None:
             if len(self._query_vectors) >= QUERY_CACHE_SIZE:
-                self._query_vectors.clear()
+                # The oldest goes, not the lot: a query's texts embedded just now stay
+                # (another search thread may have changed the dict first: then it did).
+                with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                    del self._query_vectors[next(iter(self._query_vectors))]
             vector = self._query_vectors[text] = self.embedder.embed_query(text)
         return vector
 
