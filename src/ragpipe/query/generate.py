@@ -53,12 +53,10 @@ def citation_marks(text: str) -> list[re.Match[str]]:
     return [m for m in _CITATION.finditer(text) if not is_code(text, m.start(), spans)]
 
 
-def without_citation_marks(text: str, replacement: str = " ") -> str:
-    """``text`` with every citation marker replaced (code kept as written)."""
+def without_citation_marks(text: str) -> str:
+    """``text`` with every citation marker a space (code kept as written)."""
     spans = _code_spans(text)
-    return _CITATION.sub(
-        lambda m: m.group(0) if is_code(text, m.start(), spans) else replacement, text
-    )
+    return _CITATION.sub(lambda m: m.group(0) if is_code(text, m.start(), spans) else " ", text)
 
 
 SYSTEM_PROMPT = f"""You answer questions using only the numbered sources you are given.

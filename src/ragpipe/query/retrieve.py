@@ -194,8 +194,8 @@ class Retriever:
         other requests, and holds its store's lock only for the searches."""
         searched = cut_query(query.strip(), self.embedder.max_tokens * QUERY_CHARS_PER_TOKEN)
         vector = self._embed_query(searched)
-        cfg = self._retrieve_config(overrides or {})
-        if fragments and cfg.split_fragments:
+        cfg = self._retrieve_config(overrides or {}) if fragments else None
+        if cfg is not None and cfg.split_fragments:
             for fragment in split_fragments(searched, cfg.max_fragments):
                 self._embed_query(fragment)
         return vector
