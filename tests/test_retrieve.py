@@ -239,7 +239,7 @@ class _FixedEmbedder:
 
 @pytest.mark.parametrize("backend", ["edge", "qdrant"])
 def test_a_hit_only_bm25_found_gets_its_payload(backend: str, tmp_path: Any) -> None:
-    # The default hybrid's BM25 leg runs without payloads; a kept hit that it alone found
+    # The default hybrid's legs run without payloads; a kept hit that BM25 alone found
     # gets its payload after fusion, as the store holds it.
     cfg = RagpipeConfig(store={"backend": backend, "path": tmp_path / "store"})
     store = open_store(cfg.store, "test-embedder", DIM)

@@ -80,6 +80,22 @@ def test_dense_query_ranks_by_cosine(store: VectorStore) -> None:
     assert hits[0].payload["text"] == target.payload["text"]
 
 
+def test_dense_query_reads_only_the_payload_fields_asked_for(store: VectorStore) -> None:
+    points = make_points()
+    store.upsert(points)
+    target = points[2]
+    full = store.query_dense(target.dense, limit=4)
+    some = store.query_dense(target.dense, limit=4, fields=["file_path", "chunk_index"])
+    bare = store.query_dense(target.dense, limit=4, fields=[])
+    for hits in (some, bare):  # the same ranking (local mode's float sums vary in the 7th place)
+        assert [h.point_id for h in hits] == [h.point_id for h in full]
+        assert [h.score for h in hits] == pytest.approx([h.score for h in full], abs=1e-6)
+    assert "text" in full[0].payload
+    for hit, whole in zip(some, full, strict=True):
+        assert hit.payload == {k: whole.payload[k] for k in ("file_path", "chunk_index")}
+    assert all(h.payload == {} for h in bare)
+
+
 def test_sparse_query_finds_the_words(store: VectorStore) -> None:
     store.upsert(make_points())
     hits = store.query_sparse("aircraft wings", limit=5)

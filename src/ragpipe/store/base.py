@@ -237,10 +237,12 @@ class VectorStore(Protocol):
         limit: int,
         where: Where | None = None,
         exact: bool = False,
+        fields: list[str] | None = None,
     ) -> list[Hit]:
         """Nearest points by cosine similarity. ``exact``: score every point the filter
         lets through with the full vectors, no index and no quantisation (for a filter
-        that leaves a handful of points)."""
+        that leaves a handful of points). ``fields``: only these payload fields (``[]``:
+        none; reading whole payloads is most of a query's cost beyond the search)."""
         ...
 
     def query_sparse(

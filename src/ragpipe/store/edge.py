@@ -535,6 +535,7 @@ class EdgeStore(_Scrolling):
         limit: int,
         where: Where | None = None,
         exact: bool = False,
+        fields: list[str] | None = None,
     ) -> list[Hit]:
         qe = self._qe
         return self._query(
@@ -542,7 +543,7 @@ class EdgeStore(_Scrolling):
                 limit=limit,
                 query=qe.Query.Nearest(vector.tolist(), using=DENSE),
                 filter=self._filter(where),
-                with_payload=True,
+                with_payload=True if fields is None else (fields or False),
                 params=qe.SearchParams(exact=True) if exact else self._dense_params(),
             )
         )

@@ -422,7 +422,7 @@ class QdrantStore(_Scrolling):
             if offset is None:
                 return
 
-    def _points(self, payload: bool = True, **kwargs: Any) -> list[Hit]:
+    def _points(self, payload: bool | list[str] = True, **kwargs: Any) -> list[Hit]:
         response = self.client.query_points(self.collection, with_payload=payload, **kwargs)
         return [_hit(p.id, p.score, p.payload) for p in response.points]
 
@@ -432,8 +432,10 @@ class QdrantStore(_Scrolling):
         limit: int,
         where: Where | None = None,
         exact: bool = False,
+        fields: list[str] | None = None,
     ) -> list[Hit]:
         return self._points(
+            True if fields is None else (fields or False),
             query=vector.tolist(),
             using=DENSE,
             limit=limit,
