@@ -119,7 +119,8 @@ def _print_eval(summary: RunSummary) -> None:
     from ragpipe.evaluation.rag import ANSWER_METRICS, RAG_METRICS
 
     names = summary.metric_names
-    head = f"{summary.name}: {summary.golden.queries} queries"
+    g = summary.golden
+    head = f"{summary.name}: {g.queries} queries" + (f" ({g.selection})" if g.selection else "")
     if summary.kind == "rag":
         judge = summary.judge or {}
         label = (judge.get("calibration") or {}).get("label", "judge not calibrated")
@@ -275,8 +276,9 @@ def eval_rag(
     sample: Annotated[
         int | None,
         typer.Option(
-            help="Judge a stratified sample of N questions (answerable or not, target files), "
-            "the same for the same eval.seed (eval.rag_sample)."
+            help="Judge a sample of N questions: every one equally likely, strata (answerable "
+            "or not, target files) in proportion, the same for the same eval.seed "
+            "(eval.rag_sample)."
         ),
     ] = None,
     llm: Annotated[
@@ -621,7 +623,7 @@ def report(
     """
     from ragpipe.evaluation.metrics import METRICS
     from ragpipe.evaluation.rag import ALL_RAG_METRICS
-    from ragpipe.evaluation.report import render_trend
+    from ragpipe.evaluation.report import render_trend, trend_scope
     from ragpipe.evaluation.run import read_history
 
     try:
@@ -661,8 +663,9 @@ def report(
         groups: dict[str, list[dict[str, Any]]] = {}
         for r in mine:  # never one trend across kinds of run, granularities or sizes
             what = "rag runs" if r["kind"] == "rag" else f"retrieval runs, {r['granularity']} level"
-            # A --limit 3 run is not the 75-question run it is named like (as the HTML trend).
-            size = f", {r['queries']} queries" if r.get("queries") else ""
+            # A --limit 3 run or a sample is not the 75-question run it is named like, nor a
+            # run at another depth (as the HTML trend).
+            size = f", {trend_scope(r)}" if trend_scope(r) else ""
             groups.setdefault(what + size, []).append(r)
         for what, group in groups.items():
             _print_history(group, last, metric, f"{g}, {what}")

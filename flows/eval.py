@@ -146,8 +146,9 @@ def eval_rag_flow(
 
     Args:
         golden: Golden set YAML, e.g. eval/golden/r-faq-dev.yaml (eval.golden).
-        sample: Judge a stratified sample of N questions, the same for the same seed
-            (eval.rag_sample). The run logs its expected duration after the judge's probe.
+        sample: Judge a sample of N questions (every one equally likely, strata in
+            proportion), the same for the same seed (eval.rag_sample). The run logs its
+            expected duration after the judge's probe.
         mode: dense, sparse (BM25) or hybrid (retrieve.mode).
         fusion_method: How hybrid fuses the dense and BM25 lists (retrieve.fusion_method).
         dense_weight: Weight of the dense list in rrf/dbsf fusion (retrieve.dense_weight).

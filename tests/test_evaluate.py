@@ -261,25 +261,30 @@ def test_flows_publish_artifacts_and_cli_reports(
     assert shown.exit_code == 0, shown.output
     assert "flow run" in shown.output or "flow-run" in shown.output
     assert "trend of ndcg@10" in shown.output
-    # --last counts runs, not variants: the last two are "from file" and the 2-variant compare.
+    # --last counts runs, not variants: of the runs at depth 10, "from file" and the
+    # 2-variant compare. The first run looked 12 deep: its mrr counts hits that depth 10
+    # does not, so it is never on their trend (it has its own table).
     history = read_history(eval_config.eval.reports_dir)
     runs = list(dict.fromkeys(r["run_id"] for r in history))
-    two = runs[-2:]
     latest = runner.invoke(app, ["report", "--reports-dir", str(eval_config.eval.reports_dir),
-                                 "--last", "2", "--metric", "mrr"], terminal_width=200)  # fmt: skip
+                                 "--last", "1", "--metric", "mrr"], terminal_width=200)  # fmt: skip
     assert latest.exit_code == 0, latest.output
-    assert f"latest 2 of {len(runs)} runs" in latest.output
-    for run_id in two:  # whole headers, folded rather than cut
+    text = " ".join(latest.output.split())
+    assert "all 4 items, depth 10: latest 1 of 2 runs" in text
+    assert "all 4 items, depth 12: latest 1 of 1 runs" in text
+    for run_id in (runs[0], runs[-1]):  # whole headers, folded rather than cut
         stamp, _, name = run_id.partition("-")
         assert stamp in latest.output and name in latest.output
-    assert (
-        "…" not in latest.output
-        and runs[0].partition("-")[0] not in latest.output.split("trend of")[0]
-    )
-    # Trend bars span the shown range, so the lowest gets 1 block and the highest 40.
-    bars = {line.split()[-1].count("█") for line in latest.output.splitlines()
+    assert "…" not in latest.output
+    assert runs[1].partition("-")[0] not in latest.output.split("trend of")[0]  # not the last
+    two = runner.invoke(app, ["report", "--reports-dir", str(eval_config.eval.reports_dir),
+                              "--last", "2", "--metric", "mrr"], terminal_width=200)  # fmt: skip
+    assert "all 4 items, depth 10: latest 2 of 2 runs" in " ".join(two.output.split())
+    # Trend bars span the shown range, so the lowest gets 1 block and the highest 40 (a
+    # table of one run: 40).
+    bars = {line.split()[-1].count("█") for line in two.output.splitlines()
             if line.startswith("  ") and "█" in line}  # fmt: skip
-    means = {r["mean"] for r in history if r["metric"] == "mrr"}
+    means = {r["mean"] for r in history if r["metric"] == "mrr" and r["run_id"] != runs[0]}
     assert (min(bars), max(bars)) == ((1, 40) if len(means) > 1 else (40, 40))
     empty = runner.invoke(app, ["report", "--reports-dir", str(tmp_path / "none")])
     assert "no evaluation runs" in empty.output

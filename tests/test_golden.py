@@ -183,20 +183,45 @@ def test_the_shipped_dev_set_is_the_faq_and_rebuilds_identically(tmp_path: Path)
     assert out.read_text(encoding="utf-8") == shipped.read_text(encoding="utf-8")
 
 
-def test_a_stratified_sample_takes_each_stratum_in_turn_and_is_the_same_per_seed() -> None:
+def test_a_sample_gives_every_item_the_same_chance_and_each_stratum_its_share() -> None:
     from ragpipe.evaluation.golden import GoldenItem, stratified_sample
 
     items = [GoldenItem(f"a{i}", "q", {"a.md": 1}) for i in range(6)]
     items += [GoldenItem(f"b{i}", "q", {"b.md": 1}) for i in range(3)]
     items += [GoldenItem(f"x{i}", "q", {}, answerable=False) for i in range(2)]
+    order = [i.id for i in items]
+    chosen: dict[str, int] = dict.fromkeys(order, 0)
+    for seed in range(2000):
+        ids = [item.id for item in stratified_sample(items, 5, seed=seed)]
+        assert len(set(ids)) == 5 and ids == sorted(ids, key=order.index)  # golden order
+        # Each stratum gets its share of 5 of 11, rounded down or up: a 6 x 5/11 = 2.7,
+        # b 1.4, unanswerable 0.9.
+        counts = {k: [i[0] for i in ids].count(k) for k in "abx"}
+        assert counts["a"] in (2, 3) and counts["b"] in (1, 2) and counts["x"] in (0, 1)
+        for i in ids:
+            chosen[i] += 1
+    # Every item is in 5 of 11 samples (0.455; binomial sd over 2000 seeds: 0.011).
+    assert all(abs(c / 2000 - 5 / 11) < 0.04 for c in chosen.values()), chosen
     sample = stratified_sample(items, 5, seed=7)
-    ids = [item.id for item in sample]
-    # Strata in order (False, ""), (True, "a.md"), (True, "b.md"): two rounds of three,
-    # cut at five: two unanswerable, two from a.md, one from b.md; in the golden order.
-    assert len(ids) == 5 and ids == sorted(ids, key=[i.id for i in items].index)
-    assert [i[0] for i in ids].count("x") == 2 and [i[0] for i in ids].count("a") == 2
-    assert [i[0] for i in ids].count("b") == 1
     assert stratified_sample(items, 5, seed=7) == sample  # the same items for the same seed
-    others = [stratified_sample(items, 5, seed=s) for s in range(20)]
-    assert len({tuple(i.id for i in o) for o in others}) > 1  # the seed does choose
     assert stratified_sample(items, 50, seed=7) == items  # asking for more keeps all
+
+
+def test_a_sample_mean_estimates_the_sets_mean_not_the_strata_count() -> None:
+    # The attack review's set: 30 questions on one file (F1 0.8 each), 5 on five small
+    # files (0.2 each), 5 unanswerable. One item per stratum in turn took 2 of the 30 and
+    # all 5 small ones: a mean of 0.371 for a set whose answerable mean is 0.714.
+    from ragpipe.evaluation.golden import GoldenItem, stratified_sample
+
+    items = [GoldenItem(f"big{i}", "q", {"big.md": 1}) for i in range(30)]
+    items += [GoldenItem(f"small{i}", "q", {f"s{i}.md": 1}) for i in range(5)]
+    items += [GoldenItem(f"none{i}", "q", {}, answerable=False) for i in range(5)]
+    f1 = {i.id: 0.8 if i.id.startswith("big") else 0.2 for i in items if i.answerable}
+    means = []
+    for seed in range(400):
+        sample = stratified_sample(items, 10, seed=seed)
+        assert sum(i.id.startswith("big") for i in sample) in (7, 8)  # 30 x 10/40 = 7.5
+        scored = [f1[i.id] for i in sample if i.answerable]
+        means.append(sum(scored) / len(scored))
+    hand = (30 * 0.8 + 5 * 0.2) / 35  # 0.714
+    assert abs(sum(means) / len(means) - hand) < 0.02

@@ -340,12 +340,15 @@ def test_answer_metrics_refusals_and_an_unreliable_judge_end_to_end(
     assert f"calibration: **{label}**" in md
     stored = json.loads((out / "summary.json").read_text())
     assert stored["metrics"]["rag"]["faithfulness"]["withheld"] is True
+    assert stored["golden"]["selection"] == "all 6 items"
+    assert "(6 queries: all 6 items; `" in md
     assert stored["judge"]["calibration"]["kappa"] == 0.0
     # Withheld numbers do not become trend points.
     from ragpipe.evaluation.run import read_history
 
     history = {r["metric"] for r in read_history(tmp_path / "reports")}
     assert "correct_refusal" in history and not history & set(RAG_METRICS)
+    assert {r["scope"] for r in read_history(tmp_path / "reports")} == {"all 6 items, top_k 2"}
     # The drill-down: sources by file and heading, what held a target, what was cited.
     page = (out / "report.html").read_text()
     drill = page[page.index("<h2>Worst 6 of 6 questions") :]
@@ -580,3 +583,33 @@ def test_llama_cpp_holds_the_judges_lists_to_their_bound(
     bound = json.loads(smollm.chat(prompt, schema=rag.bounded_reasons(schema),
                                    max_tokens=400).text)["statements"]  # fmt: skip
     assert 0 < len(bound) <= 2 and all(len(s) <= 30 for s in bound)
+
+
+def test_a_runs_item_selection_is_said_in_words() -> None:
+    from ragpipe.evaluation.rag import item_selection
+
+    assert item_selection(40, 40, None, 7) == "all 40 items"
+    assert item_selection(40, 10, None, 7) == "the first 10 of 40 items (--limit)"
+    assert item_selection(40, None, 10, 7) == (
+        "a sample of 10 of 40 items (seed 7; every item equally likely, strata in proportion)"
+    )
+    assert item_selection(40, 20, 10, 3) == (
+        "a sample of 10 of the first 20 of 40 items (seed 3; every item equally likely, "
+        "strata in proportion)"
+    )
+
+
+def test_a_withheld_metric_has_no_mean_in_summary_json() -> None:
+    # The attack review: report.md said "judge unreliable" while summary.json's .mean held
+    # the judge's 0.925 for any script to read.
+    from ragpipe.evaluation.metrics import bootstrap_ci
+    from ragpipe.evaluation.run import stats
+
+    ci = bootstrap_ci([0.85, 0.9, 0.95, 1.0], 200, 0)
+    assert ci.mean == pytest.approx(0.925) and ci.has_ci
+    shown = stats(ci, failed=1, flag="judge unreliable (kappa 0.10)", withheld=True)
+    assert (shown["mean"], shown["ci_low"], shown["ci_high"]) == (None, None, None)
+    assert (shown["n"], shown["n_failed"], shown["withheld"]) == (4, 1, True)
+    assert shown["flag"] == "judge unreliable (kappa 0.10)"
+    kept = stats(ci)
+    assert kept["mean"] == pytest.approx(0.925) and kept["ci_low"] is not None

@@ -69,6 +69,48 @@ def test_runs_of_other_sizes_are_not_one_trend(tmp_path: Path) -> None:
     shown = CliRunner().invoke(app, ["report", "--reports-dir", str(tmp_path)], terminal_width=200)
     assert shown.exit_code == 0, shown.output
     text = " ".join(shown.output.split())  # the table titles wrap
-    assert "faq, retrieval runs, chunk level, 20 queries: latest 2 of 2 runs" in text
-    assert "faq, retrieval runs, chunk level, 3 queries: latest 1 of 1 runs" in text
+    assert "faq, retrieval runs, chunk level, 20 items: latest 2 of 2 runs" in text
+    assert "faq, retrieval runs, chunk level, 3 items: latest 1 of 1 runs" in text
     assert "bars span 0.930 to 0.950" in text
+
+
+def test_a_sample_a_limit_and_another_depth_are_not_one_trend(tmp_path: Path) -> None:
+    # The attack review: a --sample 10 run (0.371) and a --limit 10 run (0.800) of one set
+    # were one "10 queries" trend; mrr at depth 20 counts hits that depth 10 does not.
+    scoped = [
+        (
+            "20261101T000000Z-faq",
+            0.37,
+            "a sample of 10 of 40 items (seed 7; every item "
+            "equally likely, strata in proportion), top_k 5",
+        ),
+        ("20261102T000000Z-faq", 0.80, "the first 10 of 40 items (--limit), top_k 5"),
+        ("20261103T000000Z-faq", 0.79, "the first 10 of 40 items (--limit), top_k 5"),
+    ]
+    rows = [{**_row(run, "faq", "rag", "answer_f1", mean), "queries": 10, "scope": scope}
+            for run, mean, scope in scoped]  # fmt: skip
+    depths = [("20261104T000000Z-deb", 0.50, 10), ("20261105T000000Z-deb", 0.52, 20)]
+    rows += [{**_row(run, "deb", "retrieval", "mrr", mean), "queries": 40,
+              "scope": f"all 40 items, depth {depth}"} for run, mean, depth in depths]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA), tmp_path / "history.parquet")
+    shown = CliRunner().invoke(app, ["report", "--reports-dir", str(tmp_path)], terminal_width=250)
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.split())
+    assert (
+        "faq, rag runs, a sample of 10 of 40 items (seed 7; every item equally likely, "
+        "strata in proportion), top_k 5: latest 1 of 1 runs" in text
+    )
+    assert "faq, rag runs, the first 10 of 40 items (--limit), top_k 5: latest 2 of 2 runs" in text
+    assert "retrieval runs, chunk level, all 40 items, depth 10: latest 1 of 1 runs" in text
+    assert "retrieval runs, chunk level, all 40 items, depth 20: latest 1 of 1 runs" in text
+    page = (tmp_path / "trend-faq.html").read_text()
+    assert "rag: faq / rag, the first 10 of 40 items (" in page  # the SVG writes "- -limit"
+    assert "rag: faq / rag, a sample of 10 of 40 items" in page
+
+
+def test_history_from_before_the_scope_column(tmp_path: Path) -> None:
+    old_schema = pa.schema([f for f in HISTORY_SCHEMA if f.name != "scope"])
+    rows = [{**_row("20261101T000000Z-a", "faq", "rag", "faithfulness", 0.5), "queries": 7}]
+    pq.write_table(pa.Table.from_pylist(rows, schema=old_schema), tmp_path / "history.parquet")
+    (row,) = read_history(tmp_path)
+    assert row["scope"] is None and row["queries"] == 7

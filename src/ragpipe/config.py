@@ -1325,9 +1325,9 @@ class EvalConfig(_Section):
     rag_sample: int | None = Field(
         default=None,
         gt=0,
-        description="RAG eval: judge a stratified sample of N golden items instead of all: "
-        "one from each stratum in turn (answerable or not, and the target file), the same "
-        "items for the same eval.seed (the judge is slow on CPU).",
+        description="RAG eval: judge a sample of N golden items instead of all: every item "
+        "equally likely, the strata (answerable or not, and the target file) in proportion, "
+        "the same items for the same eval.seed (the judge is slow on CPU).",
     )
     skip_unmatched: bool = Field(
         default=False,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -325,8 +326,15 @@ def import_beir(directory: Path, out_corpus: Path, split: str = "test") -> Golde
 
 
 def stratified_sample(items: Sequence[GoldenItem], n: int, seed: int) -> list[GoldenItem]:
-    """``n`` items spread over their strata (answerable or not, and the first target file):
-    one from each stratum in turn, each stratum shuffled by ``seed``; in the golden order."""
+    """``n`` items, every one equally likely (``n / len(items)``), its strata (answerable or
+    not, and the first target file) in proportion; in the golden order, the same for the
+    same ``seed``.
+
+    Systematic sampling over the items ordered by stratum (each stratum shuffled by
+    ``seed``, a random start): an equal-probability design, so a plain mean over the sample
+    estimates the whole set's mean. Taking one item per stratum in turn did not: a file with
+    30 questions weighed as much as one with 1, and a sample's mean fell outside its own
+    95% CI of the set's (0.371 [0.200, 0.543] where the set's was 0.714)."""
     if n >= len(items):
         return list(items)
     strata: dict[tuple[bool, str], list[int]] = {}
@@ -334,14 +342,12 @@ def stratified_sample(items: Sequence[GoldenItem], n: int, seed: int) -> list[Go
         target = item.chunks[0].file if item.chunks else next(iter(item.relevance), "")
         strata.setdefault((item.answerable, target), []).append(index)
     rng = random.Random(seed)
-    queues = []
+    ordered: list[int] = []
     for key in sorted(strata):
         members = strata[key]
         rng.shuffle(members)
-        queues.append(members)
-    chosen: list[int] = []
-    while len(chosen) < n:
-        for queue in queues:
-            if queue and len(chosen) < n:
-                chosen.append(queue.pop())
+        ordered += members
+    step = len(items) / n  # > 1
+    start = rng.random() * step
+    chosen = [ordered[min(math.floor(start + k * step), len(items) - 1)] for k in range(n)]
     return [items[i] for i in sorted(chosen)]

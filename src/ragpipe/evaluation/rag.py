@@ -119,6 +119,7 @@ class RagEvalResult:
     withheld: set[str] = field(default_factory=set)  # flagged metrics shown without a value
     calibration: Calibration | None = None
     ppi: dict[str, PPIEstimate] = field(default_factory=dict)
+    selection: str = ""  # which items were scored (item_selection)
 
 
 # The judge's replies are bounded in the schema the model is constrained by (llama.cpp
@@ -397,8 +398,10 @@ def run_rag_eval(
             built from it (from the retriever's store when None).
     """
     items: Sequence[GoldenItem] = golden.items[:limit] if limit else golden.items
-    if sample:
+    selection = item_selection(len(golden.items), len(items), None, config.eval.seed)
+    if sample and sample < len(items):
         items = stratified_sample(items, sample, config.eval.seed)
+        selection = item_selection(len(golden.items), limit, len(items), config.eval.seed)
     embedder = embedder or make_embedder(config.embed, query_side=True)
     own = retriever is None
     retriever = retriever or Retriever(config, embedder=embedder, llm=generator)
@@ -476,8 +479,21 @@ def run_rag_eval(
     finally:
         if own:
             retriever.close()
-    return _result(config, golden, name, rows, judge, judge_model, generator, calibration,
-                   notes, labels)  # fmt: skip
+    result = _result(config, golden, name, rows, judge, judge_model, generator, calibration,
+                     notes, labels)  # fmt: skip
+    result.selection = selection
+    return result
+
+
+def item_selection(total: int, first: int | None, sampled: int | None, seed: int) -> str:
+    """Which of a golden set's ``total`` items a run scored, in words: all of them, the
+    ``first`` (``--limit``), or a sample of ``sampled`` of those (``--sample``, by ``seed``)."""
+    pool = f"the first {first} of {total} items" if first and first < total else ""
+    if sampled:
+        among = pool or f"{total} items"
+        return (f"a sample of {sampled} of {among} (seed {seed}; every item equally likely, "
+                "strata in proportion)")  # fmt: skip
+    return pool + " (--limit)" if pool else f"all {total} items"
 
 
 def _duration(seconds: float) -> str:

@@ -21,6 +21,12 @@ if TYPE_CHECKING:
     from ragpipe.evaluation.run import RunSummary
 
 
+def trend_scope(row: dict[str, Any]) -> str:
+    """A history row's scope (which items, what depth); rows from before the column: their
+    number of items."""
+    return str(row.get("scope") or (f"{row['queries']} items" if row.get("queries") else ""))
+
+
 def headline_cell(st: dict[str, Any]) -> str:
     """One metric as every headline shows it (terminal, report.md, report.html, Prefect).
 
@@ -156,7 +162,8 @@ def render_markdown(summary: RunSummary) -> str:
         else ""
     )
     lines += [
-        f"- golden set: **{g.name}** ({g.queries} queries, `{g.source}`){checked}",
+        f"- golden set: **{g.name}** ({g.queries} queries: {g.selection or 'all'}; "
+        f"`{g.source}`){checked}",
         f"- granularity: {summary.granularity}, depth {summary.depth}",
         f"- corpus: {summary.corpus['files']} files, {summary.corpus['points']} chunks "
         f"(fingerprint {summary.corpus['sha256']})",
@@ -557,7 +564,7 @@ def render_trend(golden: str, rows: list[dict[str, Any]]) -> str:
                 # Runs of a different kind, granularity or size never share a line (a
                 # --limit 3 run is not the 75-question run it is named like).
                 kind = "rag" if r["kind"] == "rag" else f"{r['kind']} ({r['granularity']})"
-                size = f", {r['queries']} queries" if r.get("queries") else ""
+                size = f", {trend_scope(r)}" if trend_scope(r) else ""
                 series.setdefault(f"{kind}: {r['name']} / {r['variant']}{size}", []).append(r)
         fig, ax = plt.subplots(figsize=(10, 3.5))
         for label, points in sorted(series.items()):

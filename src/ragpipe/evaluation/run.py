@@ -74,6 +74,8 @@ HISTORY_SCHEMA = pa.schema(
         ("variant", pa.string()),
         ("kind", pa.string()),  # retrieval, compare, rag
         ("queries", pa.int64()),  # golden items scored (a --limit or skipped run has fewer)
+        # Which items, at what depth (scope()): runs of another scope share no trend line.
+        ("scope", pa.string()),
         ("metric", pa.string()),
         ("mean", pa.float64()),
         ("ci_low", pa.float64()),
@@ -164,6 +166,7 @@ class GoldenInfo:
     name: str
     source: str
     queries: int
+    selection: str = ""  # which items were scored: all, the first N, a sample (rag.item_selection)
 
 
 @dataclass
@@ -188,9 +191,14 @@ def stats(
     withheld: bool = False,
 ) -> Stats:  # fmt: skip
     """A metric as summary.json holds it: the CI, how many items it scored, failed and did
-    not apply to, and why it is not to be read as a value (``flag``, ``withheld``)."""
+    not apply to, and why it is not to be read as a value (``flag``, ``withheld``). A
+    withheld metric has no mean and no CI here either (a reader of ``.mean`` got the
+    unreliable judge's number); its per-item scores stay in per_query.parquet."""
+    values = ci.as_dict()
+    if withheld:
+        values.update(mean=None, ci_low=None, ci_high=None)
     return {
-        **ci.as_dict(),
+        **values,
         "n_failed": failed,
         "n_not_applicable": not_applicable,
         "flag": flag,
@@ -265,7 +273,12 @@ def retrieval_summary(
         kind="retrieval" if len(result.variants) == 1 else "compare",
         metric_names=list(METRICS),
         finished_at=datetime.now(UTC).isoformat(),
-        golden=GoldenInfo(result.golden.name, result.golden.source, len(result.golden.items)),
+        golden=GoldenInfo(
+            result.golden.name,
+            result.golden.source,
+            len(result.golden.items),
+            f"all {len(result.golden.items)} items",
+        ),
         granularity=result.granularity.value,
         depth=result.depth,
         corpus=corpus,
@@ -332,7 +345,8 @@ def rag_summary(result: RagEvalResult, config: RagpipeConfig, corpus: dict[str, 
         kind="rag",
         metric_names=list(ALL_RAG_METRICS),
         finished_at=datetime.now(UTC).isoformat(),
-        golden=GoldenInfo(result.golden.name, result.golden.source, len(result.rows)),
+        golden=GoldenInfo(result.golden.name, result.golden.source, len(result.rows),
+                          result.selection),
         granularity="answer",
         depth=config.retrieve.top_k,
         corpus=corpus,
@@ -566,6 +580,14 @@ def _store_identity(config: dict[str, Any]) -> tuple[Any, ...]:
     return (store.get("backend"), store.get("path"), store.get("url"), store.get("collection"))
 
 
+def scope(summary: RunSummary) -> str:
+    """Which items a run scored and how deep it looked: mrr and map count a hit down to
+    the depth, and a sample or the first N items are not the whole set."""
+    g = summary.golden
+    depth = "top_k" if summary.kind == "rag" else "depth"
+    return f"{g.selection or f'{g.queries} items'}, {depth} {summary.depth}"
+
+
 def append_history(root: Path, summary: RunSummary) -> None:
     """One row per (variant, metric) with a mean: the trend ``ragpipe report`` shows."""
     rows = [
@@ -578,6 +600,7 @@ def append_history(root: Path, summary: RunSummary) -> None:
             "variant": variant,
             "kind": summary.kind,
             "queries": summary.golden.queries,
+            "scope": scope(summary),
             "metric": metric,
             "mean": ci["mean"],
             "ci_low": ci["ci_low"],
@@ -604,8 +627,9 @@ def _history_table(path: Path) -> pa.Table:
     if "kind" not in table.column_names:
         kinds = ["rag" if g == "answer" else "retrieval" for g in table["granularity"].to_pylist()]
         table = table.append_column("kind", pa.array(kinds, pa.string()))
-    if "queries" not in table.column_names:
-        table = table.append_column("queries", pa.nulls(table.num_rows, pa.int64()))
+    for name, kind in (("queries", pa.int64()), ("scope", pa.string())):
+        if name not in table.column_names:  # files from before the column
+            table = table.append_column(name, pa.nulls(table.num_rows, kind))
     table = table.select(HISTORY_SCHEMA.names).cast(HISTORY_SCHEMA)
     # Rows written before n < 2 (or all values equal) meant "no CI" hold a zero-width
     # interval: drop it.
