@@ -131,3 +131,28 @@ def test_an_absolute_path_is_never_joined_outside(tmp_path: Path) -> None:
     assert inside(tmp_path / "r", "../x.txt") is None
     assert inside(tmp_path / "r", "") is None  # the folder itself is no file
     assert inside(tmp_path / "r", "a.html\x00") is None
+
+
+def test_the_index_heads_every_kind_of_run_with_real_metric_names(tmp_path: Path) -> None:
+    # The index headed RAG runs by "answer_correctness_f1", a metric no run writes: a RAG
+    # run's row showed no number at all.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ragpipe.evaluation.metrics import METRICS
+    from ragpipe.evaluation.rag import ALL_RAG_METRICS
+    from ragpipe.evaluation.run import HISTORY_SCHEMA
+    from ragpipe.serve.reports import HEADLINE, index_page
+
+    assert set(HEADLINE) <= {*METRICS, *ALL_RAG_METRICS}
+    row = {"run_id": "20261101T000000Z-faq-rag", "finished_at": "2026-11-01", "name": "faq-rag",
+           "golden": "faq", "granularity": "answer", "variant": "rag", "kind": "rag",
+           "queries": 20, "scope": "the first 20 of 75 items (--limit), top_k 5", "ci_low": None,
+           "ci_high": None, "n": 20, "git_revision": ""}  # fmt: skip
+    rows = [{**row, "metric": "answer_f1", "mean": 0.4321},
+            {**row, "metric": "citation_precision", "mean": 0.8765}]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA), tmp_path / "history.parquet")
+    page = index_page(tmp_path)
+    assert "<th>answer_f1</th><th>citation_precision</th></tr>" in page
+    scope = "the first 20 of 75 items (--limit), top_k 5"
+    assert f"<td>{scope}</td><td>0.4321</td><td>0.8765</td>" in page

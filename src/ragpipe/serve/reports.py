@@ -1,9 +1,10 @@
 """The reports directory over HTTP (``ragpipe serve``'s ``/reports/``), read-only.
 
 An index page lists the evaluation runs by golden set (newest first, each linked to
-its report.html) with a trend page per golden set; any file under
-``eval.reports_dir`` is served as is. Nothing outside the directory is: a path
-that leaves it (``..``, an absolute path, a symlink pointing out) is not found.
+its report.html, with its scope: which items, what depth) with a trend page per
+golden set; any file under ``eval.reports_dir`` is served as is. Nothing outside the
+directory is: a path that leaves it (``..``, an absolute path, a symlink pointing out)
+is not found.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from ragpipe.evaluation.report import render_trend
+from ragpipe.evaluation.report import render_trend, trend_scope
 from ragpipe.evaluation.run import read_history
 
-HEADLINE = ("ndcg@10", "mrr", "recall@10", "faithfulness", "answer_correctness_f1")
+# The index page's columns: retrieval metrics (METRICS) and RAG ones (ALL_RAG_METRICS).
+HEADLINE = ("ndcg@10", "mrr", "recall@10", "answer_f1", "citation_precision", "faithfulness")
 
 
 def inside(root: Path, relative: str) -> Path | None:
@@ -59,13 +61,13 @@ def index_page(root: Path) -> str:
         body.append(f"<h2>{html.escape(golden)} <small><a href='trend/{quote(golden, safe='')}'>"
                     "trend of every metric</a></small></h2>")  # fmt: skip
         head = "".join(f"<th>{html.escape(h)}</th>" for h in ("run", "kind", "finished",
-                                                                 "queries", *shown))  # fmt: skip
+                                                                 "scope", *shown))  # fmt: skip
         rows = []
         for r in runs:
             link = f"<a href='{quote(r['run_id'])}/report.html'>{html.escape(r['run_id'])}</a>"
             kind = r["kind"] if r["kind"] == "rag" else f"{r['kind']} ({r['granularity']})"
             cells = [link, html.escape(kind), html.escape(str(r["finished_at"])[:19]),
-                     str(r["queries"] or "")]  # fmt: skip
+                     html.escape(trend_scope(r))]  # fmt: skip
             cells += [f"{r['means'][m]:.4f}" if m in r["means"] else "" for m in shown]
             rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
         body.append(f"<table><tr>{head}</tr>{''.join(rows)}</table>")
