@@ -95,6 +95,12 @@ items:
          r"'answerable: false' means the corpus holds no answer; remove expected_files"),
         ("- {id: x, query: q, expected_files: [a]}\n- {id: x, query: r, expected_files: [a]}",
          r"item 2 \(id x\): duplicate id"),
+        # Every answer scored F1 0 against it, as a value (the attack review).
+        ("- {id: x, query: q, expected_files: [a], expected_answer: '   '}",
+         r"'expected_answer' '   ' has no word to score an answer against \(blank, or only "
+         r"punctuation and articles\); write the answer or remove the key"),
+        ("- {id: x, query: q, expected_files: [a], expected_answer: 'The.'}",
+         r"'expected_answer' 'The\.' has no word"),
     ],
 )  # fmt: skip
 def test_validation_names_the_item_and_the_fix(tmp_path: Path, items: str, message: str) -> None:
@@ -225,3 +231,9 @@ def test_a_sample_mean_estimates_the_sets_mean_not_the_strata_count() -> None:
         means.append(sum(scored) / len(scored))
     hand = (30 * 0.8 + 5 * 0.2) / 35  # 0.714
     assert abs(sum(means) / len(means) - hand) < 0.02
+
+
+def test_an_expected_answer_is_stripped(tmp_path: Path) -> None:
+    golden = load_golden(_write(tmp_path, "items:\n- {id: x, query: q, expected_files: [a], "
+                                          "expected_answer: '  In 1998.  '}\n"))  # fmt: skip
+    assert golden.items[0].expected_answer == "In 1998."

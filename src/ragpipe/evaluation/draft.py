@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ragpipe.errors import RagpipeError
+from ragpipe.evaluation.answers import normalize_answer
 from ragpipe.evaluation.golden import file_matches
 from ragpipe.models.llm import LLM
 from ragpipe.store.base import VectorStore
@@ -217,7 +218,7 @@ def heading_items(chunks: Sequence[Passage], drafted: Drafted) -> None:
                 "draft": True,
             }
             answer = " ".join(sentences(chunk.text)[:EXPECTED_SENTENCES])
-            if answer:
+            if normalize_answer(answer):  # words to score against (the golden loader's rule)
                 item["expected_answer"] = answer
             item["provenance"] = _provenance("heading", chunk)
         target = {"file": chunk.target, "heading": heading, "grade": 3}
@@ -339,7 +340,7 @@ def llm_items(
             "draft": True,
         }
         expected = expected_from(chunk, answer)
-        if expected:
+        if expected and normalize_answer(expected):
             item["expected_answer"] = expected
         item["provenance"] = _provenance("llm", chunk, model=llm.name)
         drafted.items.append(item)

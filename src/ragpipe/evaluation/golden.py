@@ -38,6 +38,7 @@ import yaml
 
 from ragpipe import yamlio
 from ragpipe.errors import ConfigError
+from ragpipe.evaluation.answers import normalize_answer
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +168,14 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
     answer = raw.get("expected_answer")
     if answer is not None and not isinstance(answer, str):
         raise ConfigError(f"{where}: 'expected_answer' must be a string")
+    if answer is not None:
+        answer = answer.strip()
+        if not normalize_answer(answer):  # every answer would score F1 0 against it
+            raise ConfigError(
+                f"{where}: 'expected_answer' {raw.get('expected_answer')!r} has no word to "
+                "score an answer against (blank, or only punctuation and articles); write "
+                "the answer or remove the key"
+            )
     draft = raw.get("draft", False)
     if not isinstance(draft, bool):
         raise ConfigError(f"{where}: 'draft' must be true or false, got {draft!r}")
