@@ -223,3 +223,44 @@ def test_eval_check_command(indexed_edge: RagpipeConfig, tmp_path: Path) -> None
         app, ["eval", "check", str(typos), "--store-path", str(tmp_path / "none")]
     )
     assert missing.exit_code == 2 and "run `ragpipe ingest` first" in missing.output
+
+
+def test_a_target_naming_several_files_is_refused(tmp_path: Path) -> None:
+    # The attack review: "README.md" matched the README of three packages; the check
+    # passed and a run retrieving only the wrong packages' READMEs scored MRR 1 and NDCG 1.
+    from ragpipe.config import StoreConfig
+    from ragpipe.store import open_store
+    from tests.support.points import DIM, make_points
+
+    store = open_store(StoreConfig(path=tmp_path / "store"), "test-embedder", DIM)
+    assert store is not None
+    files = {f"pkg-{p}/README.md": [f"Install pkg-{p} with pip."] for p in "abc"}
+    store.upsert(make_points(files=files))
+    golden = load_golden(_write(tmp_path, "readmes", """
+items:
+  - id: bare
+    query: How do I install pkg-b?
+    relevance: {README.md: 3}
+  - id: chunk
+    query: How do I install pkg-b?
+    chunks: [{file: README.md, heading: H, grade: 3}]
+  - id: named
+    query: How do I install pkg-b?
+    chunks: [{file: pkg-b/README.md, heading: H, grade: 3}]
+"""))  # fmt: skip
+    try:
+        view = IndexView(store)
+        check = check_golden(golden, view)
+        assert check.unmatched_items == ["bare", "chunk"]
+        assert check.lines() == [
+            'bare: file "README.md" matches 3 files in the index (pkg-a/README.md, '
+            "pkg-b/README.md, pkg-c/README.md), and a hit on any of them would score as the "
+            "answer: give a longer path that names one",
+            'chunk: chunk target file "README.md" matches 3 files in the index '
+            "(pkg-a/README.md, pkg-b/README.md, pkg-c/README.md), and a hit on any of them "
+            "would score as the answer: give a longer path that names one",
+        ]
+        kept, _ = golden_for_index(golden, view, skip_unmatched=True, origin="a test")
+        assert [i.id for i in kept.items] == ["named"]
+    finally:
+        store.close()

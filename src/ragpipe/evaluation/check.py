@@ -6,8 +6,9 @@ in silence, and a golden set meant for another corpus would score 0 everywhere.
 ``check_golden`` matches the targets a run scores against what the index holds
 (``scope``: ``file`` and ``chunk`` granularity, ``answer`` for RAG, ``all``):
 
-- a file target (``relevance`` / ``expected_files`` with grade > 0) must match a
-  file in the index by path suffix;
+- a file target (``relevance`` / ``expected_files`` with grade > 0) must match
+  one file in the index by path suffix (one that matches several, ``README.md``
+  in a tree of packages, would score a hit on any of them as the answer);
 - a chunk target (grade > 0) must match a point (``heading`` on its heading path,
   ``contains`` in its text, whitespace-normalised) that scoring can credit to it:
   scoring gives a chunk to the first of the item's targets it satisfies, so a
@@ -148,6 +149,17 @@ def _closest_passage(text: str, payloads: list[dict[str, Any]]) -> tuple[str, ..
     return (f'"…{best[1]}…"{where}',)
 
 
+def _ambiguous(item: GoldenItem, what: str, files: list[str]) -> Unmatched:
+    """A target naming several indexed files: any of them would score as the answer."""
+    shown = ", ".join(files[:CLOSEST]) + (", ..." if len(files) > CLOSEST else "")
+    return Unmatched(
+        item.id,
+        what,
+        f"matches {len(files)} files in the index ({shown}), and a hit on any of them would "
+        "score as the answer: give a longer path that names one",
+    )
+
+
 def _check_chunk(item: GoldenItem, target: ChunkTarget, view: IndexView) -> Unmatched | None:
     files = view.matching(target.file)
     if not files:
@@ -157,6 +169,8 @@ def _check_chunk(item: GoldenItem, target: ChunkTarget, view: IndexView) -> Unma
             "matches no file in the index",
             _closest_files(target.file, view.files),
         )
+    if len(files) > 1:
+        return _ambiguous(item, f'chunk target file "{target.file}"', files)
     if target.heading is not None and not any(target.heading in view.headings[f] for f in files):
         return Unmatched(
             item.id,
@@ -228,7 +242,8 @@ def check_golden(golden: GoldenSet, view: IndexView, scope: str = "all") -> Gold
             )
         for suffix in files:
             targets += 1
-            if not view.matching(suffix):
+            found = view.matching(suffix)
+            if not found:
                 unmatched.append(
                     Unmatched(
                         item.id,
@@ -237,6 +252,8 @@ def check_golden(golden: GoldenSet, view: IndexView, scope: str = "all") -> Gold
                         _closest_files(suffix, view.files),
                     )
                 )
+            elif len(found) > 1:
+                unmatched.append(_ambiguous(item, f'file "{suffix}"', found))
         # File granularity credits a file to the first name of the item it matches, whatever
         # its grade: a graded name (chunk files too) whose files are all claimed never scores.
         claimed: set[str] = set()
