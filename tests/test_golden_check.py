@@ -264,3 +264,34 @@ items:
         assert [i.id for i in kept.items] == ["named"]
     finally:
         store.close()
+
+
+def test_targets_that_need_the_same_chunk_are_named(
+    indexed_edge: RagpipeConfig, tmp_path: Path
+) -> None:
+    # The Calvin cycle section is one chunk: a heading target and a contains target in it
+    # cannot both be credited (a chunk counts for one target), so the item's recall could
+    # never reach 1; the lower grade is the one left without a chunk.
+    golden = load_golden(_write(tmp_path, "crowded", """
+items:
+  - id: crowded
+    query: How does the Calvin cycle fix carbon dioxide?
+    chunks:
+      - {file: science/photosynthesis.md, contains: RuBisCO, grade: 2}
+      - {file: science/photosynthesis.md, heading: Calvin cycle, grade: 3}
+  - id: apart
+    query: How does the Calvin cycle fix carbon dioxide?
+    chunks:
+      - {file: science/photosynthesis.md, contains: RuBisCO, grade: 2}
+      - {file: science/photosynthesis.md, heading: Light reactions, grade: 1}
+"""))  # fmt: skip
+    store, view = _view(indexed_edge)
+    try:
+        check = check_golden(golden, view, "chunk")
+        assert check.lines() == [
+            'crowded: chunk target "science/photosynthesis.md#contains=RuBisCO" matches only '
+            "chunks that the item's other targets need (a chunk counts for one target), so "
+            "its targets can never all score: merge them, or point this one at another chunk"
+        ]
+    finally:
+        store.close()

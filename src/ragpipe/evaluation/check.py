@@ -11,8 +11,8 @@ in silence, and a golden set meant for another corpus would score 0 everywhere.
   in a tree of packages, would score a hit on any of them as the answer);
 - a chunk target (grade > 0) must match a point (``heading`` on its heading path,
   ``contains`` in its text, whitespace-normalised) that scoring can credit to it:
-  scoring gives a chunk to the first of the item's targets it satisfies, so a
-  target whose only chunks an earlier target claims could never score.
+  a chunk counts for one target (``retrieval.credit_chunks``), so a target whose
+  only chunks the item's other targets need could never score beside them.
 
 Each unmatched target is reported with its closest matches (file paths by
 suffix similarity, headings by similarity, the passage sharing the longest run
@@ -29,6 +29,7 @@ from typing import Any
 
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.golden import ChunkTarget, GoldenItem, GoldenSet, file_matches
+from ragpipe.evaluation.retrieval import credit_chunks
 from ragpipe.store.base import VectorStore, Where
 
 CLOSEST = 3
@@ -179,25 +180,36 @@ def _check_chunk(item: GoldenItem, target: ChunkTarget, view: IndexView) -> Unma
             _closest_headings(target.heading, (h for f in files for h in view.headings[f])),
         )
     payloads = [p for f in files for p in view.payloads(f)]
-
-    def credited(payload: dict[str, Any]) -> bool:
-        return next((t for t in item.chunks if t.matches(payload)), None) is target
-
-    if any(credited(p) for p in payloads):
-        return None
     if any(target.matches(p) for p in payloads):
-        return Unmatched(
-            item.id,
-            f'chunk target "{target.key}"',
-            "matches only chunks that an earlier target of the item already claims (a chunk "
-            "counts for the first target it satisfies), so it can never score",
-        )
+        return None
     return Unmatched(
         item.id,
         f'text "{target.contains}"',
         f"is in no chunk of {', '.join(files)}",
         _closest_passage(str(target.contains), payloads),
     )
+
+
+def _crowded(item: GoldenItem, found: list[ChunkTarget], view: IndexView) -> list[Unmatched]:
+    """Targets that match chunks, yet could never score beside the item's others: a chunk
+    counts for one target (``credit_chunks``), and with every chunk of their files
+    retrieved no chunk is left for them."""
+    if len(found) < 2:
+        return []
+    files = sorted({f for t in found for f in view.matching(t.file)})
+    payloads = [p for f in files for p in view.payloads(f)]
+    credited = {t for t in credit_chunks(payloads, item) if t is not None}
+    return [
+        Unmatched(
+            item.id,
+            f'chunk target "{target.key}"',
+            "matches only chunks that the item's other targets need (a chunk counts for one "
+            "target), so its targets can never all score: merge them, or point this one at "
+            "another chunk",
+        )
+        for t, target in enumerate(item.chunks)
+        if target in found and t not in credited
+    ]
 
 
 def _scored_targets(item: GoldenItem, scope: str) -> tuple[list[str], list[ChunkTarget]]:
@@ -242,8 +254,8 @@ def check_golden(golden: GoldenSet, view: IndexView, scope: str = "all") -> Gold
             )
         for suffix in files:
             targets += 1
-            found = view.matching(suffix)
-            if not found:
+            named = view.matching(suffix)
+            if not named:
                 unmatched.append(
                     Unmatched(
                         item.id,
@@ -252,8 +264,8 @@ def check_golden(golden: GoldenSet, view: IndexView, scope: str = "all") -> Gold
                         _closest_files(suffix, view.files),
                     )
                 )
-            elif len(found) > 1:
-                unmatched.append(_ambiguous(item, f'file "{suffix}"', found))
+            elif len(named) > 1:
+                unmatched.append(_ambiguous(item, f'file "{suffix}"', named))
         # File granularity credits a file to the first name of the item it matches, whatever
         # its grade: a graded name (chunk files too) whose files are all claimed never scores.
         claimed: set[str] = set()
@@ -270,11 +282,15 @@ def check_golden(golden: GoldenSet, view: IndexView, scope: str = "all") -> Gold
                     )
                 )
             claimed |= found
+        located: list[ChunkTarget] = []
         for target in chunks:
             targets += 1
             problem = _check_chunk(item, target, view)
             if problem is not None:
                 unmatched.append(problem)
+            else:
+                located.append(target)
+        unmatched += _crowded(item, located, view)
     return GoldenCheck(
         golden.name, golden.source, len(golden.items), targets, len(view.files), unmatched
     )
