@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from statistics import NormalDist
 
 import numpy as np
 import pytest
+from scipy.stats import t as T
 
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.agreement import (
@@ -21,7 +21,7 @@ from ragpipe.evaluation.agreement import (
     ppi_mean,
 )
 
-Z95 = NormalDist().inv_cdf(0.975)  # 1.959963984540054
+T_975_2 = 4.302652729749464  # Student's t, 97.5th percentile, 2 degrees of freedom (tables)
 
 
 # --------------------------------------------------------------------------- kappa
@@ -151,18 +151,20 @@ def test_ppi_mean_by_hand() -> None:
     assert est.mean == pytest.approx(0.3)
     # var_f over d, e, f: deviations 0.2, 0.1, -0.3 -> squares sum 0.14; / (3 - 1) = 0.07.
     # var_rect: deviations 0.1, -0.1, 0 -> squares sum 0.02; / (3 - 1) = 0.01.
-    # half-width = z * sqrt(0.07 / 3 + 0.01 / 3) = z * sqrt(0.08 / 3) = z * sqrt(2/75).
-    half = Z95 * math.sqrt(2 / 75)  # ≈ 0.3201
+    # half-width = t * sqrt(0.07 / 3 + 0.01 / 3) = t * sqrt(0.08 / 3) = t * sqrt(2/75), t
+    # at Welch-Satterthwaite's df = (0.08/3)^2 / ((0.07/3)^2 / 2 + (0.01/3)^2 / 2) = 2.56.
+    assert pytest.approx(2.56) == (0.08 / 3) ** 2 / ((0.07 / 3) ** 2 / 2 + (0.01 / 3) ** 2 / 2)
+    half = T.ppf(0.975, 2.56) * math.sqrt(2 / 75)  # ≈ 3.62 x 0.1633 ≈ 0.591
     assert est.ci_low == pytest.approx(0.3 - half)
     assert est.ci_high == pytest.approx(0.3 + half)
     # Humans alone: mean (0.7 + 0.8 + 0.6) / 3 = 0.7; sd = sqrt(0.02 / 2) = 0.1.
     assert est.human_mean == pytest.approx(0.7)
-    human_half = Z95 * 0.1 / math.sqrt(3)  # ≈ 0.1132
+    human_half = T_975_2 * 0.1 / math.sqrt(3)  # ≈ 0.2484 (z gave 0.1132)
     assert est.human_ci_low == pytest.approx(0.7 - human_half)
     assert est.human_ci_high == pytest.approx(0.7 + human_half)
     assert (est.n_judged, est.n_labeled, est.metric) == (6, 3, "faithfulness")
     assert est.as_dict()["mean"] == pytest.approx(0.3)
-    # Clipped to the metric's range: [0.3 - 0.32, 0.3 + 0.32] -> [0, 0.62].
+    # Clipped to the metric's range: [0.3 - 0.59, 0.3 + 0.59] -> [0, 0.89].
     clipped = ppi_mean("faithfulness", PREDICTIONS, LABELS, bounds=(0.0, 1.0))
     assert clipped.ci_low == 0.0 and clipped.ci_high == pytest.approx(0.3 + half)
 
@@ -172,7 +174,7 @@ def test_ppi_mean_with_every_item_labelled_is_the_labels_mean() -> None:
     # No unlabelled item: theta = the labels' mean 2/3, with the labels' own CI:
     # sd = sqrt(((1/3)^2 + (2/3)^2 + (1/3)^2) / 2) = sqrt(1/3).
     assert est.mean == pytest.approx(2 / 3) == est.human_mean
-    assert est.ci_high - est.mean == pytest.approx(Z95 * math.sqrt(1 / 3) / math.sqrt(3))
+    assert est.ci_high - est.mean == pytest.approx(T_975_2 * math.sqrt(1 / 3) / math.sqrt(3))
     assert (est.ci_low, est.ci_high) == (est.human_ci_low, est.human_ci_high)
 
 
@@ -189,14 +191,16 @@ def test_ppi_mean_with_one_unlabelled_item_takes_the_judges_spread() -> None:
     assert est.mean == pytest.approx(0.1)
     # One unlabelled score has no variance: var_f over all four judge scores 0.9, 0.8, 0.7,
     # 0.2 (mean 0.65; squares 0.0625 + 0.0225 + 0.0025 + 0.2025 = 0.29; / 3), var_rect 0.01:
-    # half = z * sqrt(0.29/3 / 1 + 0.01 / 3) = z * sqrt(0.1), not z * sqrt(0.01 / 3).
-    assert est.ci_high - est.mean == pytest.approx(Z95 * math.sqrt(0.1))
+    # half = t * sqrt(0.29/3 / 1 + 0.01 / 3) = t * sqrt(0.1), not t * sqrt(0.01 / 3); df
+    # = 0.1^2 / ((0.29/3)^2 / 3 + (0.01/3)^2 / 2) = 3.2 (the judge's spread has 4 - 1).
+    df = 0.1**2 / ((0.29 / 3) ** 2 / 3 + (0.01 / 3) ** 2 / 2)
+    assert df == pytest.approx(3.2, abs=0.01)
+    assert est.ci_high - est.mean == pytest.approx(T.ppf(0.975, df) * math.sqrt(0.1))
 
 
 def test_ppi_mean_level_changes_the_width() -> None:
     est = ppi_mean("faithfulness", PREDICTIONS, LABELS, level=0.9)
-    z90 = NormalDist().inv_cdf(0.95)  # 1.6449
-    assert est.ci_high - est.mean == pytest.approx(z90 * math.sqrt(2 / 75))
+    assert est.ci_high - est.mean == pytest.approx(T.ppf(0.95, 2.56) * math.sqrt(2 / 75))
 
 
 def test_ppi_mean_with_one_label_has_no_ci() -> None:
@@ -345,3 +349,23 @@ def test_labels_by_metric_rejects_duplicates() -> None:
     twice = [Label("q1", "m", 1.0), Label("q1", "m", 0.0)]
     with pytest.raises(ConfigError, match="two labels for item 'q1' and metric 'm'"):
         labels_by_metric(twice)
+
+
+def test_a_few_labels_give_a_t_interval_that_covers() -> None:
+    # The attack review: labels 0.9, 0.5, 1.0 gave [0.501, 1.000] with a normal z; by hand,
+    # mean 0.8, sd sqrt((0.01 + 0.09 + 0.04) / 2) = sqrt(0.07), t(0.975, 2) = 4.3027:
+    # 0.8 +- 4.3027 x 0.26458 / sqrt(3) = 0.8 +- 0.6572 -> [0.1428, 1.4572], clipped at 1.
+    labels = {"a": 0.9, "b": 0.5, "c": 1.0}
+    est = ppi_mean("faithfulness", {**labels, "d": 0.7}, labels, bounds=(0.0, 1.0))
+    assert est.human_ci_low == pytest.approx(0.8 - T_975_2 * math.sqrt(0.07) / math.sqrt(3))
+    assert est.human_ci_low == pytest.approx(0.1428, abs=1e-4) and est.human_ci_high == 1.0
+    # Coverage of the labels' 95% interval over 4000 draws of 3 labels from a known
+    # distribution: about 95% (a normal z covered 79%).
+    rng = np.random.default_rng(7)
+    truth, covered = 0.6, 0
+    for _ in range(4000):
+        y = np.clip(rng.normal(truth, 0.2, size=3), -1, 1)
+        drawn = {f"q{i}": float(v) for i, v in enumerate(y)}
+        e = ppi_mean("faithfulness", {**drawn, "u": 0.5}, drawn)
+        covered += e.human_ci_low <= truth <= e.human_ci_high
+    assert 0.93 <= covered / 4000 <= 0.97

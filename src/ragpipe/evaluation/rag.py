@@ -68,6 +68,7 @@ _CITATIONS = re.compile(r"\[\d+(?:\s*,\s*\d+)*\]")
 # Answer relevancy is a mean cosine similarity.
 SCORE_RANGE = {"answer_relevancy": (-1.0, 1.0)}
 OK, FAILED, NOT_APPLICABLE = "ok", "failed", "not_applicable"
+FEW_LABELS = 10  # fewer human labels of a metric than this: a warning says its CI is wide
 
 M = TypeVar("M")
 
@@ -568,6 +569,11 @@ def _result(
                          "did not judge (not in the run, or not applicable); left out")  # fmt: skip
         if known:
             ppi[m] = ppi_mean(m, predictions, known, bounds=(low, high))
+            if len(known) < FEW_LABELS:
+                notes.append(
+                    f"only {len(known)} human label(s) of {m}: its intervals are wide "
+                    f"(Student's t); label {FEW_LABELS}+ items, ideally 30-100"
+                )
     warnings = []
     if len(rows) < 50:
         warnings.append(f"only {len(rows)} queries (< 50): confidence intervals are wide")
