@@ -383,6 +383,8 @@ def import_beir_command(
     files = sum(1 for _ in corpus_out.glob("*.md"))
     print(f"wrote {files} documents to {corpus_out} and {len(golden.items)} queries to "
           f"{golden_out}")  # fmt: skip
+    for note in golden.notes:
+        console.print(f"[yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)
 
 
 @eval_app.command("compare")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -237,3 +238,54 @@ def test_an_expected_answer_is_stripped(tmp_path: Path) -> None:
     golden = load_golden(_write(tmp_path, "items:\n- {id: x, query: q, expected_files: [a], "
                                           "expected_answer: '  In 1998.  '}\n"))  # fmt: skip
     assert golden.items[0].expected_answer == "In 1998."
+
+
+def test_beir_import_never_overwrites_a_document_and_counts_what_it_drops(tmp_path: Path) -> None:
+    # The attack review: "doc:1" and "doc_1" both became doc_1.md (the cats text lost under
+    # the rockets one), and qrels naming a missing document vanished in silence, shrinking
+    # a query's relevant set (its recall rose).
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    docs = [{"_id": "doc_1", "title": "Rockets", "text": "Rockets burn fuel."},
+            {"_id": "doc:1", "title": "Cats", "text": "Cats purr."},
+            {"_id": "Doc_1", "title": "Moons", "text": "Moons orbit."}]  # fmt: skip
+    (beir / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+    (beir / "queries.jsonl").write_text("\n".join(json.dumps({"_id": q, "text": t}) for q, t in [
+        ("q1", "why do cats purr"), ("q2", "how do rockets fly"), ("q3", "moons and cats"),
+        ("q4", "unjudged")]) + "\n")  # fmt: skip
+    (beir / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\nq1\tdoc:1\t1\nq2\tdoc_1\t1\nq3\tDoc_1\t1\nq3\tgone\t2\n"
+        "q3\tgone-too\t0\nq9\tdoc_1\t1\n"
+    )
+    golden = import_beir(beir, tmp_path / "docs")
+    cats = "doc_1-" + hashlib.sha256(b"doc:1").hexdigest()[:10] + ".md"
+    moons = "Doc_1-" + hashlib.sha256(b"Doc_1").hexdigest()[:10] + ".md"  # case-blind clash
+    by_id = {i.id: i.relevance for i in golden.items}
+    assert by_id == {"q1": {cats: 1}, "q2": {"doc_1.md": 1}, "q3": {moons: 1}}
+    assert (tmp_path / "docs" / "doc_1.md").read_text() == "# Rockets\n\nRockets burn fuel.\n"
+    assert (tmp_path / "docs" / cats).read_text() == "# Cats\n\nCats purr.\n"
+    assert golden.notes == [
+        "2 document id(s) would have shared a file name with another (after replacing "
+        "characters a file name cannot hold): their files end in a hash of the id",
+        "1 relevant qrel(s) of 1 query(ies) name documents not in corpus.jsonl: left out, so 1 "
+        "kept query(ies) have fewer relevant documents than the dataset says (their recall is "
+        "not comparable with published numbers)",
+        "1 qrel(s) name queries not in queries.jsonl: left out",
+        "1 of 4 queries have no relevant document in test.tsv (or none left): not in the "
+        "golden set",
+    ]
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    args = ["eval", "import-beir", str(beir), "--corpus-out", str(tmp_path / "cli"),
+            "--golden-out", str(tmp_path / "beir.yaml")]  # fmt: skip
+    shown = CliRunner().invoke(app, args, terminal_width=400)
+    assert shown.exit_code == 0, shown.output
+    assert "wrote 3 documents" in shown.output
+    assert "note: 1 relevant qrel(s) of 1 query(ies) name documents not in corpus.jsonl" in (
+        shown.output
+    )
+    (beir / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in [*docs, docs[0]]) + "\n")
+    with pytest.raises(ConfigError, match=r"corpus\.jsonl:4: document id 'doc_1' repeats"):
+        import_beir(beir, tmp_path / "again")

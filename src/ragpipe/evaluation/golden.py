@@ -25,6 +25,7 @@ matches ``docs/math/trig.md`` but not ``docs/xmath/trig.md``.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import logging
 import math
@@ -99,6 +100,8 @@ class GoldenSet:
     description: str = ""
     source: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    # What an import left out or changed, one line each (import_beir); not saved.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def answerable(self) -> list[GoldenItem]:
@@ -284,8 +287,17 @@ def import_beir(directory: Path, out_corpus: Path, split: str = "test") -> Golde
     """Turn a BEIR dataset into documents under ``out_corpus`` and a golden set.
 
     Each corpus entry becomes ``<out_corpus>/<doc id>.md`` (title as heading,
-    then the text), so the normal ingest indexes it; qrels of ``split``
-    become file-level graded relevance.
+    then the text; characters other than letters, digits, ``-_.`` become ``_``,
+    and an id whose name another id already took, ``doc:1`` after ``doc_1``,
+    gets its hash appended), so the normal ingest indexes it; qrels of
+    ``split`` become file-level graded relevance. What the import leaves out
+    (qrels naming a document or query the dataset lacks, queries with no
+    relevant document) is counted in ``notes``: a relevant document dropped
+    shrinks its query's relevant set, and recall rises with it.
+
+    Raises:
+        ConfigError: A file is missing or malformed, a document id repeats, or no
+            query has a relevant document.
     """
     corpus_file = directory / "corpus.jsonl"
     queries_file = directory / "queries.jsonl"
@@ -295,6 +307,8 @@ def import_beir(directory: Path, out_corpus: Path, split: str = "test") -> Golde
             raise ConfigError(f"BEIR import: {required} is missing")
     out_corpus.mkdir(parents=True, exist_ok=True)
     names: dict[str, str] = {}
+    taken: dict[str, str] = {}  # lower-cased file name -> its id (case-blind file systems)
+    renamed = 0
     with corpus_file.open(encoding="utf-8") as fh:
         for line_no, line in enumerate(fh, start=1):
             if not line.strip():
@@ -304,11 +318,21 @@ def import_beir(directory: Path, out_corpus: Path, split: str = "test") -> Golde
                 doc_id = str(doc["_id"])
             except (json.JSONDecodeError, KeyError) as exc:
                 raise ConfigError(f"{corpus_file}:{line_no}: not a BEIR corpus line") from exc
-            name = "".join(c if c.isalnum() or c in "-_." else "_" for c in doc_id) + ".md"
+            if doc_id in names:
+                raise ConfigError(f"{corpus_file}:{line_no}: document id {doc_id!r} repeats")
+            stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in doc_id)
+            name = stem + ".md"
+            if name.lower() in taken:  # another id's name: never write over its document
+                name = f"{stem}-{hashlib.sha256(doc_id.encode()).hexdigest()[:10]}.md"
+                renamed += 1
+                if name.lower() in taken:
+                    raise ConfigError(f"{corpus_file}:{line_no}: no file name left for document "
+                                      f"id {doc_id!r} ({name} is taken)")  # fmt: skip
             title = str(doc.get("title") or "").strip()
             body = (f"# {title}\n\n" if title else "") + str(doc.get("text", "")) + "\n"
             (out_corpus / name).write_text(body, encoding="utf-8")
             names[doc_id] = name
+            taken[name.lower()] = doc_id
     queries: dict[str, str] = {}
     with queries_file.open(encoding="utf-8") as fh:
         for line in fh:
@@ -316,13 +340,20 @@ def import_beir(directory: Path, out_corpus: Path, split: str = "test") -> Golde
                 q = json.loads(line)
                 queries[str(q["_id"])] = str(q["text"])
     graded: dict[str, dict[str, int]] = {}
+    no_doc: dict[str, int] = {}  # query -> its relevant qrels whose document is missing
+    no_query = 0
     with qrels_file.open(encoding="utf-8") as fh:
         rows = csv.reader(fh, delimiter="\t")
         for row in rows:
             if len(row) < 3 or row[0] == "query-id":
                 continue
             qid, doc_id, score = row[0], row[1], int(row[2])
-            if doc_id in names and qid in queries:
+            if qid not in queries:
+                no_query += 1
+            elif doc_id not in names:
+                if score > 0:
+                    no_doc[qid] = no_doc.get(qid, 0) + 1
+            else:
                 graded.setdefault(qid, {})[names[doc_id]] = min(max(score, 0), MAX_GRADE)
     items = [
         GoldenItem(qid, queries[qid], rel)
@@ -331,7 +362,28 @@ def import_beir(directory: Path, out_corpus: Path, split: str = "test") -> Golde
     ]
     if not items:
         raise ConfigError(f"BEIR import: no query in {qrels_file} has a relevant document")
-    return GoldenSet(directory.name, items, f"BEIR {directory.name} ({split})", str(directory))
+    notes = []
+    if renamed:
+        notes.append(f"{renamed} document id(s) would have shared a file name with another "
+                     "(after replacing characters a file name cannot hold): their files end "
+                     "in a hash of the id")  # fmt: skip
+    if no_doc:
+        kept = {i.id for i in items}
+        shrunk = sum(1 for q in no_doc if q in kept)
+        notes.append(
+            f"{sum(no_doc.values())} relevant qrel(s) of {len(no_doc)} query(ies) name documents "
+            f"not in {corpus_file.name}: left out, so {shrunk} kept query(ies) have fewer "
+            "relevant documents than the dataset says (their recall is not comparable with "
+            "published numbers)"
+        )
+    if no_query:
+        notes.append(f"{no_query} qrel(s) name queries not in {queries_file.name}: left out")
+    unjudged = len(queries) - len(items)
+    if unjudged:
+        notes.append(f"{unjudged} of {len(queries)} queries have no relevant document in "
+                     f"{qrels_file.name} (or none left): not in the golden set")  # fmt: skip
+    return GoldenSet(directory.name, items, f"BEIR {directory.name} ({split})", str(directory),
+                     notes=notes)  # fmt: skip
 
 
 def stratified_sample(items: Sequence[GoldenItem], n: int, seed: int) -> list[GoldenItem]:
