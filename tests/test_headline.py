@@ -17,10 +17,6 @@ def test_cells() -> None:
     assert headline_cell(stats(bootstrap_ci([], 200, 0), failed=4)) == "no value (n=0, 4 failed)"
     equal = stats(bootstrap_ci([1.0, 1.0, 1.0], 200, 0), not_applicable=1)
     assert headline_cell(equal) == "1.000 (n=3, no CI: all values equal, 1 n/a)"
-    # With the metric's range known, all-equal values still bound the mean: 0.025^(1/3) =
-    # 0.2924 of the items at least score 1.0, so the mean is at least 0.292.
-    bounded = stats(bootstrap_ci([1.0, 1.0, 1.0], 200, 0, bounds=(0.0, 1.0)), not_applicable=1)
-    assert headline_cell(bounded) == ("1.000 [0.292, 1.000] (n=3, all equal: range bound, 1 n/a)")
     flagged = stats(bootstrap_ci([0.5, 1.0], 200, 0), flag="judge not calibrated")
     assert headline_cell(flagged).endswith("(n=2); judge not calibrated")
     withheld = stats(
@@ -47,29 +43,3 @@ def test_delta_cells() -> None:
     assert delta_cell(same) == "+0.000 (n=3, no CI: every delta equal)"
     one = paired_delta([0.25], [1.0], 200, 0).as_dict()
     assert delta_cell(one) == "+0.750 (n=1, no CI)"
-
-
-def test_all_equal_values_bound_the_mean_by_hand() -> None:
-    import math
-
-    import pytest
-
-    from ragpipe.evaluation.metrics import EQUAL_BOUND
-
-    # 75 items all at 1.0 (the demo's recall@5): the share at 1.0 is at least
-    # 0.025^(1/75) = exp(ln 0.025 / 75) = 0.95201 (Clopper-Pearson, 75 of 75).
-    full = bootstrap_ci([1.0] * 75, 200, 0, bounds=(0.0, 1.0))
-    assert (full.mean, full.high, full.method) == (1.0, 1.0, EQUAL_BOUND)
-    assert full.low == pytest.approx(math.exp(math.log(0.025) / 75))
-    assert full.low == pytest.approx(0.95201, abs=1e-5)
-    # All at 0 (degenerate on every answer): [0, 1 - 0.952].
-    none = bootstrap_ci([0.0] * 75, 200, 0, bounds=(0.0, 1.0))
-    assert (none.low, none.high) == (0.0, pytest.approx(1 - 0.95201, abs=1e-5))
-    # All 0.8 in [-1, 1] (answer relevancy), n = 4: L = 0.025^(1/4) = 0.39764;
-    # [-1 + 1.8 L, 1 - 0.2 L] = [-0.28425, 0.92047].
-    mid = bootstrap_ci([0.8] * 4, 200, 0, bounds=(-1.0, 1.0))
-    assert mid.low == pytest.approx(-0.28425, abs=1e-5)
-    assert mid.high == pytest.approx(0.92047, abs=1e-5)
-    assert mid.shown and not mid.zero_width
-    # Without a range: no CI, as before (a delta of 0 on every query).
-    assert bootstrap_ci([0.0] * 4, 200, 0).zero_width

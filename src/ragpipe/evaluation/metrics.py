@@ -103,37 +103,19 @@ class Interval:
         }
 
 
-EQUAL_BOUND = "distribution-free bound: all values equal"
-
-
 def bootstrap_ci(
-    values: npt.ArrayLike,
-    resamples: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
-    bounds: tuple[float, float] | None = None,
+    values: npt.ArrayLike, resamples: int = 1000, seed: int = 0, level: float = 0.95
 ) -> Interval:
     """Percentile bootstrap CI of the mean (seeded ``numpy.random.Generator``).
 
     No values: mean and CI are NaN. One value: the mean, and no CI (NaN bounds), since
     resampling one value gives that value every time, a zero-width interval that would
-    claim certainty. Every value the same, ``c``, with the metric's range ``bounds``
-    known: the bootstrap says nothing (zero width), but the values do: the share ``p`` of
-    items scoring ``c`` is at least ``L = ((1 - level) / 2) ** (1 / n)`` (Clopper-Pearson,
-    n of n), and the mean lies in ``[lo + (c - lo) L, hi - (hi - c) L]`` whatever the other
-    items score (method ``EQUAL_BOUND``): 75 items all at 1.0 give [0.952, 1]. Without
-    ``bounds``, such an interval has zero width (``Interval.zero_width``: no CI).
+    claim certainty.
     """
     x = np.asarray(values, dtype=np.float64)
     if x.size < 2:
         mean = float(x[0]) if x.size else float("nan")
         return Interval(mean, float("nan"), float("nan"), int(x.size), resamples, seed, level)
-    if bounds is not None and bool(np.all(x == x[0])):
-        lo, hi = bounds
-        c = float(x[0])
-        share = ((1 - level) / 2) ** (1 / x.size)
-        return Interval(c, lo + (c - lo) * share, hi - (hi - c) * share, int(x.size), resamples,
-                        seed, level, EQUAL_BOUND)  # fmt: skip
     rng = np.random.default_rng(seed)
     means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
     alpha = (1 - level) / 2

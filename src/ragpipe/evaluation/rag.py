@@ -519,8 +519,7 @@ def _result(
     counts: dict[str, dict[str, int]] = {}
     for m in ALL_RAG_METRICS:
         scored = [r.judged[m].value for r in rows if r.judged[m].status == OK]
-        summary[m] = bootstrap_ci([v for v in scored if v is not None], ev.resamples, ev.seed,
-                                  bounds=SCORE_RANGE.get(m, (0.0, 1.0)))  # fmt: skip
+        summary[m] = bootstrap_ci([v for v in scored if v is not None], ev.resamples, ev.seed)
         counts[m] = {s: sum(1 for r in rows if r.judged[m].status == s)
                      for s in (OK, FAILED, NOT_APPLICABLE)}  # fmt: skip
     flags: dict[str, str] = {}

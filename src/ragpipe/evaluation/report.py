@@ -14,7 +14,7 @@ from urllib.parse import quote
 import pyarrow as pa
 
 from ragpipe.config import RagpipeConfig
-from ragpipe.evaluation.metrics import EQUAL_BOUND, METRICS
+from ragpipe.evaluation.metrics import METRICS
 from ragpipe.evaluation.rag import ANSWER_METRICS, RAG_METRICS
 
 if TYPE_CHECKING:
@@ -48,10 +48,7 @@ def headline_cell(st: dict[str, Any]) -> str:
         why = "" if n == 1 else ": all values equal"  # a zero-width CI claims certainty
         cell = f"{st['mean']:.3f} (n={n}, no CI{why}{extra})"
     else:
-        # Every item scored the same: the interval is a bound from the metric's range.
-        equal = ", all equal: range bound" if st.get("method") == (
-            EQUAL_BOUND) else ""  # fmt: skip
-        cell = f"{st['mean']:.3f} [{st['ci_low']:.3f}, {st['ci_high']:.3f}] (n={n}{equal}{extra})"
+        cell = f"{st['mean']:.3f} [{st['ci_low']:.3f}, {st['ci_high']:.3f}] (n={n}{extra})"
     return f"{cell}; {flag}" if flag else cell
 
 

@@ -316,9 +316,7 @@ def run_retrieval_eval(
     for variant in variants:
         values = {m: [r.metrics[m] for r in rows if r.variant == variant.name] for m in METRICS}
         per_variant[variant.name] = values
-        summary[variant.name] = {
-            m: bootstrap_ci(v, resamples, seed, bounds=(0.0, 1.0)) for m, v in values.items()
-        }
+        summary[variant.name] = {m: bootstrap_ci(v, resamples, seed) for m, v in values.items()}
     deltas: dict[str, dict[str, PairedDelta]] = {}
     base = per_variant[variants[0].name]
     for variant in variants[1:]:
