@@ -1,6 +1,7 @@
-"""Chunk granularity: every retrieved chunk keeps its rank, and which chunk a target is
-credited to does not depend on the order the golden file lists its targets in (both
-found by an attack review, each checked against values computed by hand)."""
+"""Chunk granularity: every retrieved chunk keeps its rank, which chunk a target is
+credited to does not depend on the order the golden file lists its targets in, and one
+more relevant chunk never lowers a score (found by reviews, each checked against values
+computed by hand)."""
 
 from __future__ import annotations
 
@@ -50,12 +51,28 @@ def test_credit_does_not_depend_on_the_order_of_the_targets() -> None:
     for order in ((a, b), (b, a)):
         item = GoldenItem("q", "docs?", {"r.md": 3}, order)
         ranked, qrels = judged(hits, item, Granularity.CHUNK)
-        # Both ranks credited: c1 to A (grade 1), c3 to B (grade 3).
-        assert ranked == [a.key, b.key]
+        # c1 takes B, the higher grade; c3 satisfies only B, already found: not relevant.
+        assert ranked == [b.key, "c3"]
         m = query_metrics(ranked, qrels)
-        assert m["recall@5"] == 1.0
-        # DCG 1 + 3/log2(3); ideal 3 + 1/log2(3).
-        assert m["ndcg@10"] == pytest.approx((1 + 3 / math.log2(3)) / (3 + 1 / math.log2(3)))
+        assert m["recall@5"] == 0.5
+        # DCG 3; ideal 3 + 1/log2(3).
+        assert m["ndcg@10"] == pytest.approx(3 / (3 + 1 / math.log2(3)))
+
+
+def test_one_more_relevant_chunk_never_lowers_the_score() -> None:
+    # The review of the first fix: a matching that moved c1 from A to B when c2 came scored
+    # [c1, c2] NDCG 0.797 below [c1, other] 0.826.
+    a = ChunkTarget("r.md", heading="Install", grade=3)
+    b = ChunkTarget("r.md", contains="pip", grade=1)
+    item = GoldenItem("q", "install?", {"r.md": 3}, (a, b))
+    c1 = _hit("c1", "r.md", ("Install",), "Run pip install ragpipe.")
+    c2 = _hit("c2", "r.md", ("Install",), "Then sign in.")
+    other = _hit("o", "x.md")
+    alone = query_metrics(*judged([c1, other], item, Granularity.CHUNK))
+    more = query_metrics(*judged([c1, c2], item, Granularity.CHUNK))
+    assert judged([c1, c2], item, Granularity.CHUNK)[0] == [a.key, "c2"]  # c1 keeps A
+    for metric, value in alone.items():
+        assert more[metric] >= value, metric
 
 
 def test_a_chunk_of_a_target_already_found_is_not_relevant_again() -> None:

@@ -29,7 +29,6 @@ from typing import Any
 
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.golden import ChunkTarget, GoldenItem, GoldenSet, file_matches
-from ragpipe.evaluation.retrieval import credit_chunks
 from ragpipe.store.base import VectorStore, Where
 
 CLOSEST = 3
@@ -190,15 +189,38 @@ def _check_chunk(item: GoldenItem, target: ChunkTarget, view: IndexView) -> Unma
     )
 
 
+def _most_targets(payloads: list[dict[str, Any]], item: GoldenItem) -> set[int]:
+    """The item's targets (indexes, grade > 0) that one assignment of chunks to targets
+    (each chunk one target, each target one chunk) credits at once, as many as any can: a
+    maximum matching, by augmenting paths."""
+    graded = [t for t, target in enumerate(item.chunks) if target.grade > 0]
+    graded.sort(key=lambda t: (-item.chunks[t].grade, item.chunks[t].key))  # as scoring
+    satisfied = [[t for t in graded if item.chunks[t].matches(p)] for p in payloads]
+    owner: dict[int, int] = {}  # target -> chunk
+
+    def augment(chunk: int, seen: set[int]) -> bool:
+        for t in satisfied[chunk]:
+            if t not in seen:
+                seen.add(t)
+                if t not in owner or augment(owner[t], seen):
+                    owner[t] = chunk
+                    return True
+        return False
+
+    for chunk in range(len(payloads)):
+        augment(chunk, set())
+    return set(owner)
+
+
 def _crowded(item: GoldenItem, found: list[ChunkTarget], view: IndexView) -> list[Unmatched]:
     """Targets that match chunks, yet could never score beside the item's others: a chunk
-    counts for one target (``credit_chunks``), and with every chunk of their files
-    retrieved no chunk is left for them."""
+    counts for one target (``retrieval.credit_chunks``), and no assignment of their files'
+    chunks leaves one for them."""
     if len(found) < 2:
         return []
     files = sorted({f for t in found for f in view.matching(t.file)})
     payloads = [p for f in files for p in view.payloads(f)]
-    credited = {t for t in credit_chunks(payloads, item) if t is not None}
+    credited = _most_targets(payloads, item)
     return [
         Unmatched(
             item.id,
