@@ -494,10 +494,8 @@ def test_human_labels_give_a_ppi_estimate_beside_the_judge(
     assert (ppi.n_judged, ppi.n_labeled) == (4, 2)
     assert ppi.mean == pytest.approx(0.5) and ppi.judge_mean == 0.0 and ppi.human_mean == 0.5
     assert (ppi.ci_low, ppi.ci_high) == (-1.0, 1.0)
-    assert (
-        "only 2 human label(s) of answer_relevancy: its intervals are wide (Student's t); "
-        "label 10+ items, ideally 30-100" in result.warnings
-    )
+    assert any(w.startswith("only 2 human label(s) of answer_relevancy: its intervals are wide "
+                            "and cover less than 95%") for w in result.warnings)  # fmt: skip
     # capital is answerable: false (faithfulness not applicable): its label is left out.
     assert "faithfulness" not in result.ppi
     assert any("label(s) of faithfulness" in w for w in result.warnings)

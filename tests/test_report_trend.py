@@ -69,8 +69,12 @@ def test_runs_of_other_sizes_are_not_one_trend(tmp_path: Path) -> None:
     shown = CliRunner().invoke(app, ["report", "--reports-dir", str(tmp_path)], terminal_width=200)
     assert shown.exit_code == 0, shown.output
     text = " ".join(shown.output.split())  # the table titles wrap
-    assert "faq, retrieval runs, chunk level, 20 items: latest 2 of 2 runs" in text
-    assert "faq, retrieval runs, chunk level, 3 items: latest 1 of 1 runs" in text
+    assert (
+        "faq, retrieval runs, chunk level, 20 items, scope not recorded: latest 2 of 2 runs" in text
+    )
+    assert (
+        "faq, retrieval runs, chunk level, 3 items, scope not recorded: latest 1 of 1 runs" in text
+    )
     assert "bars span 0.930 to 0.950" in text
 
 

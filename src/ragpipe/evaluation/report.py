@@ -22,9 +22,12 @@ if TYPE_CHECKING:
 
 
 def trend_scope(row: dict[str, Any]) -> str:
-    """A history row's scope (which items, what depth); rows from before the column: their
-    number of items."""
-    return str(row.get("scope") or (f"{row['queries']} items" if row.get("queries") else ""))
+    """A history row's scope (which items, what depth). Rows from before the column hold
+    their number of items only: their own series, since their depth and selection are
+    unknown."""
+    if row.get("scope"):
+        return str(row["scope"])
+    return f"{row['queries']} items, scope not recorded" if row.get("queries") else ""
 
 
 def headline_cell(st: dict[str, Any]) -> str:
