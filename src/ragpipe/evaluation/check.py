@@ -29,6 +29,7 @@ from typing import Any
 
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.golden import ChunkTarget, GoldenItem, GoldenSet, file_matches
+from ragpipe.evaluation.retrieval import graded_targets
 from ragpipe.store.base import VectorStore, Where
 
 CLOSEST = 3
@@ -193,8 +194,7 @@ def _most_targets(payloads: list[dict[str, Any]], item: GoldenItem) -> set[int]:
     """The item's targets (indexes, grade > 0) that one assignment of chunks to targets
     (each chunk one target, each target one chunk) credits at once, as many as any can: a
     maximum matching, by augmenting paths."""
-    graded = [t for t, target in enumerate(item.chunks) if target.grade > 0]
-    graded.sort(key=lambda t: (-item.chunks[t].grade, item.chunks[t].key))  # as scoring
+    graded = graded_targets(item)  # tried in scoring's order
     satisfied = [[t for t in graded if item.chunks[t].matches(p)] for p in payloads]
     owner: dict[int, int] = {}  # target -> chunk
 

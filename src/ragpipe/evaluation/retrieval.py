@@ -113,6 +113,13 @@ def describe_hit(hit: Retrieved) -> dict[str, str]:
     return {"file": hit.file_path, "heading": hit.heading, "snippet": snippet}
 
 
+def graded_targets(item: GoldenItem) -> list[int]:
+    """Indexes of ``item.chunks`` that can be credited (grade > 0), in the order a chunk
+    tries them: highest grade first, then by key (never the golden file's order)."""
+    graded = [t for t, target in enumerate(item.chunks) if target.grade > 0]
+    return sorted(graded, key=lambda t: (-item.chunks[t].grade, item.chunks[t].key))
+
+
 def credit_chunks(payloads: Sequence[dict[str, Any]], item: GoldenItem) -> list[int | None]:
     """Per chunk (best first), the index in ``item.chunks`` of the target it is credited
     to, or None: each chunk takes the highest-grade target (grade > 0; ties by key) it
@@ -123,8 +130,7 @@ def credit_chunks(payloads: Sequence[dict[str, Any]], item: GoldenItem) -> list[
     B] and [B, A] scored one ranking NDCG 0.797 and 0.826), and an earlier chunk's credit
     never changes, so one more relevant chunk retrieved never lowers a score (a matching
     that moved an earlier chunk to another target could: NDCG 0.826 -> 0.797)."""
-    graded = [t for t, target in enumerate(item.chunks) if target.grade > 0]
-    graded.sort(key=lambda t: (-item.chunks[t].grade, item.chunks[t].key))
+    graded = graded_targets(item)
     taken: set[int] = set()
     credited: list[int | None] = []
     for payload in payloads:
