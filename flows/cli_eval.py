@@ -70,7 +70,8 @@ SkipUnmatchedOption = Annotated[
     bool | None,
     typer.Option(
         "--skip-unmatched/--no-skip-unmatched",
-        help="Golden items whose targets match nothing in the index: leave them out (the "
+        help="Golden items whose targets cannot be scored on the index (they match nothing, or "
+        "name several files): leave them out (the "
         "report counts and names them) instead of stopping with exit 2 (eval.skip_unmatched).",
         show_default=False,
     ),
@@ -199,7 +200,7 @@ def eval_check(
         console.print(f"[red]unmatched:[/red] {escape(line)}", highlight=False, soft_wrap=True)
     console.print(
         f"[red]error:[/red] {len(check.unmatched)} target(s) of {len(check.unmatched_items)} "
-        "item(s) match nothing; fix them, or score the rest with --skip-unmatched",
+        "item(s) cannot be scored on this index; fix them, or score the rest with --skip-unmatched",
         highlight=False,
     )
     raise typer.Exit(2)

@@ -96,7 +96,7 @@ def eval_retrieval_flow(
         depth: Results retrieved and scored per query (eval.depth, default 10).
         rerank: Rerank with retrieve.reranker (a cross-encoder, or llm).
         granularity: chunk scores the golden set's chunk targets; file de-duplicates by file.
-        skip_unmatched: Leave out golden items whose targets match nothing in the index
+        skip_unmatched: Leave out golden items whose targets cannot be scored on the index
             (the report counts them) instead of failing the run (eval.skip_unmatched).
         name: Run name, the report folder's suffix (default: the golden set's name).
         config_path: YAML config used as the base (default: ragpipe.yaml in the worker's
@@ -155,7 +155,7 @@ def eval_rag_flow(
         sparse_weight: Weight of the BM25 list in rrf/dbsf fusion (retrieve.sparse_weight).
         top_k: Chunks handed to the generator as numbered sources (retrieve.top_k).
         rerank: Rerank with retrieve.reranker (a cross-encoder, or llm).
-        skip_unmatched: Leave out golden items whose targets match nothing in the index
+        skip_unmatched: Leave out golden items whose targets cannot be scored on the index
             (the report counts them) instead of failing the run (eval.skip_unmatched).
         labels: Human labels file (CSV item_id,metric,value) for prediction-powered
             estimates of the judged metrics (eval.labels).
@@ -232,7 +232,7 @@ def eval_compare_flow(
             gate_threshold for any variant (with no CI: when every query's equal
             delta is below it, or fewer than 2 queries are paired). Empty: no gate.
         gate_threshold: The gate's bound on the delta, e.g. -0.02 tolerates a small loss.
-        skip_unmatched: Leave out golden items whose targets match nothing in the index
+        skip_unmatched: Leave out golden items whose targets cannot be scored on the index
             (the report counts them) instead of failing the run (eval.skip_unmatched).
         name: Run name, the report folder's suffix.
         config_path: YAML config used as the base (default: ragpipe.yaml in the worker's
@@ -312,7 +312,7 @@ def eval_tune_flow(
         share: Share of the golden queries that tune (0 to 1); the rest only confirm.
         write_config: Also write the tuned config YAML to this path when the verdict is
             recommend (it is always in the run folder as tuned.yaml).
-        skip_unmatched: Leave out golden items whose targets match nothing in the index
+        skip_unmatched: Leave out golden items whose targets cannot be scored on the index
             (the report counts them) instead of failing the run (eval.skip_unmatched).
         name: Run name, the report folder's suffix (default: the golden set's name + -tune).
         config_path: YAML config used as the base (default: ragpipe.yaml in the worker's

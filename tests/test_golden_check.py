@@ -89,7 +89,8 @@ def test_each_unmatched_target_is_named_with_its_closest_match(
         with pytest.raises(GoldenMismatch) as caught:
             golden_for_index(golden, view, skip_unmatched=False, origin="a test")
         message = str(caught.value)
-        assert "3 target(s) of 3 item(s) match nothing" in message and "--skip-unmatched" in message
+        assert "3 target(s) of 3 item(s) cannot be scored" in message
+        assert "--skip-unmatched" in message
         assert all(line in message for line in lines)
         kept, skipped = golden_for_index(golden, view, skip_unmatched=True, origin="a test")
         assert [i.id for i in kept.items] == ["calvin", "capital"]
@@ -190,7 +191,7 @@ def test_skip_unmatched_scores_the_rest_and_the_report_counts_them(
     report = Path(run.report_dir, "report.md").read_text()
     assert "3 of 5 golden items skipped (--skip-unmatched)" in report
     assert "checked against the index: 4 targets, 3 items skipped" in report
-    assert "## Golden targets that match nothing (skipped)" in report
+    assert "## Golden targets that cannot be scored (skipped)" in report
     assert '- oven-typo: heading "Ovens" matches nothing' in report
     assert "| mrr | 1.000 (n=1, no CI, 1 n/a) |" in report
 
@@ -209,7 +210,7 @@ def test_eval_check_command(indexed_edge: RagpipeConfig, tmp_path: Path) -> None
     flat = "".join(bad.output.split("\n"))  # the console may wrap long lines
     assert 'oven-typo: heading "Ovens" matches nothing in' in flat
     assert 'kitchen/bread.md; closest: "Oven"' in flat
-    assert "3 target(s) of 3 item(s) match nothing" in bad.output
+    assert "3 target(s) of 3 item(s) cannot be scored" in bad.output
     good = _write(tmp_path, "good", TYPOS.split("  - id: oven-typo")[0])
     ok = _cli(indexed_edge, "eval", "check", str(good))
     assert ok.exit_code == 0, ok.output

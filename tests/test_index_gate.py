@@ -174,7 +174,7 @@ def test_a_first_version_is_checked_on_itself_and_unreadable_until_it_passes(
 ) -> None:
     corpus = write_topics(tmp_path / "corpus", 2, ".txt")  # 2 of the 6 golden topics
     cfg = _config(corpus, tmp_path, backend)
-    with pytest.raises(GoldenMismatch, match=r"4 target.* of 4 item.* match nothing"):
+    with pytest.raises(GoldenMismatch, match=r"4 target.* of 4 item.* cannot be scored"):
         run_ingest(cfg)  # as any eval: labels that match nothing are refused, not scored 0
     assert index_versions.current(cfg.store) is None
     assert [v.status for v in index_versions.list_versions(cfg.store)] == ["staged"]
@@ -380,6 +380,60 @@ def test_golden_items_for_a_new_document_are_not_a_mismatch(tmp_path: Path) -> N
     assert verdict["new_items"] == ["cooking"] and verdict["items"] == 5  # compared: 5
     assert verdict["staged"] == 1.0 and verdict["delta"] == 0.0  # the new item scores 1 too
     assert verdict["staged_compared"] == 1.0  # the 5 compared items alone
+
+
+def test_a_target_that_names_several_staged_files_holds_the_version_not_scores_it(
+    tmp_path: Path,
+) -> None:
+    """The staged version rewrites cooking.txt about gardening and adds old/cooking.txt with
+    the cooking notes. 'cooking.txt' now names both, and old/cooking.txt at rank 1 scored the
+    item 1: the gate promoted a version whose labelled file lost its answer (delta 0 on 6
+    items). Now the item is left out and the version held, or (eval.skip_unmatched) judged
+    on the other 5 and the item listed."""
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    cfg = _config(corpus, tmp_path)
+    first = run_ingest(cfg)
+    assert first.gate["outcome"] == "promoted"
+    live = index_versions.current(cfg.store)
+    (corpus / "old").mkdir()
+    (corpus / "old" / "cooking.txt").write_text(topic_doc("cooking"), encoding="utf-8")
+    (corpus / "cooking.txt").write_text(topic_doc("gardening", version=3), encoding="utf-8")
+    with pytest.raises(IndexHeld, match=r"1 item\(s\) have a target that names several files"):
+        run_ingest(cfg)
+    assert index_versions.current(cfg.store) == live
+    summary = json.loads((cfg.paths.work_dir / "summary.json").read_text(encoding="utf-8"))
+    (golden,) = summary["gate"]["verdict"]["golden"]
+    assert golden["items"] == 5 and golden["delta"] == 0.0  # the other 5, as before
+    (line,) = golden["ambiguous_staged"]
+    assert line.startswith('cooking: file "cooking.txt" matches 2 files in the index')
+
+    lenient = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"skip_unmatched": True})})
+    (corpus / "cooking.txt").write_text(topic_doc("gardening", version=4), encoding="utf-8")
+    judged = run_ingest(lenient)
+    assert judged.gate["outcome"] == "promoted"
+    (golden,) = judged.gate["verdict"]["golden"]
+    assert (golden["items"], golden["staged"], golden["live"]) == (5, 1.0, 1.0)
+    assert golden["new_items"] == [] and len(golden["ambiguous_staged"]) == 1
+
+
+def test_a_gate_set_left_with_nothing_to_judge_holds_even_when_skipping(tmp_path: Path) -> None:
+    """Its one item's target names two staged files: with the item left out, no mean (not a
+    NaN that no floor refuses) and the version held."""
+    corpus = write_topics(tmp_path / "corpus", 2, ".txt")
+    golden = tmp_path / "one.yaml"
+    golden.write_text("name: one\nitems:\n  - id: wings\n    query: notes that explain wings\n"
+                      "    relevance: {wings.txt: 1}\n", encoding="utf-8")  # fmt: skip
+    gate = {"golden": [golden], "min_score": 0.5}
+    lenient = {"granularity": "file", "resamples": 200, "skip_unmatched": True}
+    cfg = make_config(corpus, tmp_path, index={"gate": gate}, eval=lenient)
+    assert run_ingest(cfg).gate["outcome"] == "promoted"
+    (corpus / "old").mkdir()
+    (corpus / "old" / "wings.txt").write_text(topic_doc("wings", version=2), encoding="utf-8")
+    with pytest.raises(IndexHeld, match=r"one: no answerable item is left to judge"):
+        run_ingest(cfg)
+    summary = json.loads((cfg.paths.work_dir / "summary.json").read_text(encoding="utf-8"))
+    (verdict,) = summary["gate"]["verdict"]["golden"]
+    assert verdict["staged"] is None and verdict["items"] == 0
 
 
 def test_the_gate_line_sets_staged_against_live_on_the_same_items() -> None:

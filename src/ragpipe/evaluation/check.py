@@ -48,6 +48,9 @@ class Unmatched:
     target: str  # e.g. 'heading "2. Enabling ..." in sqlite/foreignkeys.html'
     problem: str  # e.g. "matches nothing in sqlite/foreignkeys.html"
     closest: tuple[str, ...] = ()
+    # The target names several indexed files: it matches, but a hit on the wrong one would
+    # score as the answer, so a score of the item is no evidence (``_ambiguous``).
+    ambiguous: bool = False
 
     def line(self) -> str:
         near = "; closest: " + ", ".join(self.closest) if self.closest else ""
@@ -73,6 +76,11 @@ class GoldenCheck:
     @property
     def unmatched_items(self) -> list[str]:
         return list(dict.fromkeys(u.item_id for u in self.unmatched))
+
+    @property
+    def ambiguous_items(self) -> list[str]:
+        """Items with a target that names several indexed files."""
+        return list(dict.fromkeys(u.item_id for u in self.unmatched if u.ambiguous))
 
     def lines(self) -> list[str]:
         return [u.line() for u in self.unmatched]
@@ -158,6 +166,7 @@ def _ambiguous(item: GoldenItem, what: str, files: list[str]) -> Unmatched:
         what,
         f"matches {len(files)} files in the index ({shown}), and a hit on any of them would "
         "score as the answer: give a longer path that names one",
+        ambiguous=True,
     )
 
 
@@ -337,7 +346,8 @@ def golden_for_index(
         scope: What the run scores (see ``check_golden``).
 
     Raises:
-        GoldenMismatch: A target matches nothing (and ``skip_unmatched`` is off), or
+        GoldenMismatch: A target cannot be scored here, as it matches nothing or names
+            several files (and ``skip_unmatched`` is off), or
             no file the set names is in the index at all (always: that set belongs to
             another corpus), or nothing would be left to score.
     """
@@ -357,8 +367,8 @@ def golden_for_index(
     if not skip_unmatched:
         raise GoldenMismatch(
             f"golden set {golden.name!r} ({golden.source}): {len(check.unmatched)} target(s) of "
-            f"{len(check.unmatched_items)} item(s) match nothing in the index; fix them, or pass "
-            "--skip-unmatched (eval.skip_unmatched) to score the rest:\n  "
+            f"{len(check.unmatched_items)} item(s) cannot be scored on this index; fix them, or "
+            "pass --skip-unmatched (eval.skip_unmatched) to score the rest:\n  "
             + "\n  ".join(check.lines())
         )
     dropped = set(check.unmatched_items)

@@ -11,7 +11,9 @@ floors and the canaries apply.
 A golden item whose targets no longer exist in the staged version scores 0
 there: that is the signal (a corpus that lost its answers), not an error.
 Each golden set is checked against the *live* version, where its targets
-must match as for any eval.
+must match as for any eval. A target that names several files in the staged
+version is not scored there (a hit on the wrong file would count as the
+answer): its item is left out and the version held, unless eval.skip_unmatched.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class GoldenVerdict:
 
     golden: str
     items: int
-    staged: float  # the mean over the compared items and the new ones
+    staged: float | None  # the mean over the compared items and the new ones; None: none
     live: float | None  # None: no live version (the first one)
     delta: float | None
     delta_low: float | None
@@ -49,11 +51,16 @@ class GoldenVerdict:
     reason: str = ""
     lost: list[str] = field(default_factory=list)  # items scoring 0 staged, > 0 live
     unmatched_staged: list[str] = field(default_factory=list)  # targets gone from the staged
-    # Items whose targets only the staged version has (labels for what it adds): scored
-    # there towards the floor, not compared.
+    # Items only the staged version can score (labels for files it adds, or a target that
+    # names several files in the live version alone): scored there towards the floor, not
+    # compared.
     new_items: list[str] = field(default_factory=list)
     # The staged mean over the compared items alone: what live and delta are set against.
     staged_compared: float | None = None
+    # Targets that name several files in the staged version: a hit on the wrong one would
+    # score there, so their items are left out of the comparison and the floor, and hold the
+    # version unless eval.skip_unmatched.
+    ambiguous_staged: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,8 @@ class GateVerdict:
 def _golden_line(g: GoldenVerdict, metric: str) -> str:
     """Staged against live on the same items; the mean with the new items, which only
     the floor reads, apart."""
+    if g.staged is None:
+        return f"{g.golden}: {g.reason}"
     if g.live is None or g.delta is None:
         return f"{g.golden}: {metric} {g.staged:.4f}"
     compared = g.staged if g.staged_compared is None else g.staged_compared
@@ -221,11 +230,18 @@ def evaluate_gate(config: RagpipeConfig, staged: str, live: str | None) -> GateV
             # Items written for files only the staged version has are new labels: scored
             # there (the floor), not compared. Targets that match nothing in either version
             # are the golden set's fault, as for any eval; those the staged version lost
-            # are the signal (they score 0 there).
+            # are the signal (they score 0 there). A target naming several files in the
+            # staged version matches, but a hit on the wrong file would score as the answer:
+            # the item's staged score is no evidence, so it is left out (and holds the
+            # version unless eval.skip_unmatched).
+            on_staged = check_golden(loaded, staged_view, scope)
+            unsure = [u for u in on_staged.unmatched if u.ambiguous]
+            left_out = set(on_staged.ambiguous_items)
+            loaded = replace(loaded, items=[i for i in loaded.items if i.id not in left_out])
             added: list[str] = []
             if live_view is not None:
                 off_live = set(check_golden(loaded, live_view, scope).unmatched_items)
-                off_staged = set(check_golden(loaded, staged_view, scope).unmatched_items)
+                off_staged = set(on_staged.unmatched_items)
                 added = sorted(off_live - off_staged)
             golden, _ = golden_for_index(
                 replace(loaded, items=[i for i in loaded.items if i.id not in added]),
@@ -233,9 +249,24 @@ def evaluate_gate(config: RagpipeConfig, staged: str, live: str | None) -> GateV
                 origin="index.gate.golden", scope=scope,
             )  # fmt: skip
             new_set = replace(loaded, items=[i for i in loaded.items if i.id in added])
-            verdict = _golden_verdict(gate, config, golden, new, old, new_set)
+            if not golden.answerable and not new_set.answerable:
+                verdict = GoldenVerdict(loaded.name, 0, None, None, None, None, None, None,
+                                        False, "no answerable item is left to judge")  # fmt: skip
+            else:
+                verdict = _golden_verdict(gate, config, golden, new, old, new_set)
             gone = check_golden(golden, staged_view, scope)
-            goldens.append(replace(verdict, unmatched_staged=gone.lines()))
+            verdict = replace(verdict, unmatched_staged=gone.lines(),
+                              ambiguous_staged=[u.line() for u in unsure])  # fmt: skip
+            if unsure and not config.eval.skip_unmatched:
+                why = (
+                    f"{len(left_out)} item(s) have a target that names several files in the "
+                    "staged version, so a hit on the wrong file would score as the answer: "
+                    "give those targets a longer path in the golden set, or set "
+                    "eval.skip_unmatched to judge without them"
+                )
+                reason = "; ".join(r for r in (verdict.reason, why) if r)
+                verdict = replace(verdict, passed=False, reason=reason)
+            goldens.append(verdict)
         canaries = [_canary(new, c.query, c.files, c.k) for c in gate.canaries]
     finally:
         for reader in readers:

@@ -214,7 +214,7 @@ def render_markdown(summary: RunSummary) -> str:
                   ""]  # fmt: skip
         lines += [f"- {item}: {why}" for item, why in sorted(summary.evidence_changed.items())]
     if check.get("unmatched"):
-        lines += ["", "## Golden targets that match nothing (skipped)", ""]
+        lines += ["", "## Golden targets that cannot be scored (skipped)", ""]
         lines += [f"- {u}" for u in check["unmatched"]]
     lines += ["", "## Settings", ""]
     for v, s in summary.variants.items():

@@ -528,7 +528,7 @@ def with_check(summary: RunSummary, check: GoldenCheck) -> RunSummary:
         summary.warnings.insert(
             0,
             f"{len(check.skipped)} of {check.items} golden items skipped (--skip-unmatched): "
-            f"their targets match nothing in the index ({shown}); see golden_check in "
+            f"their targets cannot be scored on the index ({shown}); see golden_check in "
             "summary.json",
         )
     return summary

@@ -471,7 +471,7 @@ def incomparable(
     check = check_golden(golden, theirs, granularity.value)
     if not check.ok:
         return (
-            f"{len(check.unmatched_items)} golden item(s) match nothing in its index "
+            f"{len(check.unmatched_items)} golden item(s) cannot be scored on its index "
             f"(first: {check.lines()[0]})"
         )
     return ""
@@ -779,7 +779,7 @@ def tune_and_report(
     if check.skipped:
         md += (
             f"\n> **warning:** {len(check.skipped)} golden items skipped (--skip-unmatched): "
-            f"their targets match nothing in the index ({', '.join(check.skipped)})\n"
+            f"their targets cannot be scored on the index ({', '.join(check.skipped)})\n"
         )
     atomic_write_bytes(out / "report.md", md.encode())
     atomic_write_bytes(out / "report.html", render_tune_html(outcome, md).encode())
