@@ -77,8 +77,15 @@ import yaml  # noqa: E402
 
 from ragpipe.config import RagpipeConfig  # noqa: E402
 from ragpipe.evaluation.golden import GoldenSet, import_beir, load_golden  # noqa: E402
-from ragpipe.evaluation.retrieval import Granularity, Variant, parse_variant, run_retrieval_eval  # noqa: E402
+from ragpipe.evaluation.retrieval import (  # noqa: E402
+    Granularity,
+    Variant,
+    judged,
+    parse_variant,
+    run_retrieval_eval,
+)
 from ragpipe.ingest.pipeline import run_ingest  # noqa: E402
+from ragpipe.query.results import Retrieved  # noqa: E402
 from ragpipe.query.retrieve import Retriever  # noqa: E402
 from ragpipe.store import VectorStore  # noqa: E402
 
@@ -176,7 +183,7 @@ def peers(dev: DevSet, store: VectorStore) -> dict[str, Run]:
 
     from ragpipe.models.embedders import local_model_dir
 
-    ids, texts = _documents(dev, store)
+    ids, texts, chunks = _documents(dev, store)
     queries = [item.query for item in dev.golden.items]
 
     def cosine(name: str | None) -> np.ndarray:
@@ -207,14 +214,21 @@ def peers(dev: DevSet, store: VectorStore) -> dict[str, Run]:
         ranked = {}
         for row, item in zip(matrix, dev.golden.items, strict=True):
             order = sorted(range(len(ids)), key=lambda j: (-row[j], ids[j], j))
-            # An id counts once, at its best rank (several chunks can share a target).
-            ranked[item.id] = list(dict.fromkeys(ids[j] for j in order))[:100]
+            if chunks:  # r-faq: scored by ragpipe's own rule, every chunk at its own rank
+                ranked[item.id], _ = judged(
+                    [chunks[j] for j in order[:100]], item, Granularity.CHUNK
+                )
+            else:  # debfaq: whole documents, each once
+                ranked[item.id] = list(dict.fromkeys(ids[j] for j in order))[:100]
         out[name] = as_run(ranked)
     return out
 
 
-def _documents(dev: DevSet, store: VectorStore) -> tuple[list[str], list[str]]:
-    """debfaq: the BEIR corpus as given. r-faq: the indexed chunks, keyed by golden target."""
+def _documents(dev: DevSet, store: VectorStore) -> tuple[list[str], list[str], list[Retrieved]]:
+    """Ids, texts and (r-faq) the chunks themselves. debfaq: the BEIR corpus as given, no
+    chunks. r-faq: the indexed chunks, scored as ragpipe's rows are (``retrieval.judged``:
+    each chunk keeps its rank, credited to the highest-grade target it satisfies that no
+    better-ranked chunk took)."""
     if dev.name == "debfaq":
         ids, texts = [], []
         with (SHARED / "debfaq" / "corpus.jsonl").open(encoding="utf-8") as fh:
@@ -224,14 +238,17 @@ def _documents(dev: DevSet, store: VectorStore) -> tuple[list[str], list[str]]:
                 ids.append(name + ".md")
                 title = str(doc.get("title") or "").strip()
                 texts.append((title + "\n" if title else "") + doc["text"])
-        return ids, texts
-    targets = {t.key: t for item in dev.golden.items for t in item.chunks}
-    ids, texts = [], []
-    for hit in sorted(store.scroll(), key=lambda h: h.point_id):
-        key = next((k for k, t in targets.items() if t.matches(hit.payload)), hit.point_id)
-        ids.append(key)
-        texts.append(str(hit.payload["text"]))
-    return ids, texts
+        # The names import_beir gave the documents (it hashes a name another id took; none
+        # does in debfaq): a peer's ranked id must be the file the golden set names.
+        imported = {f.name for f in (dev.config.discover.roots[0]).glob("*.md")}
+        if set(ids) != imported or len(ids) != len(imported):
+            raise SystemExit("bench: debfaq ids differ from the files import_beir wrote")
+        return ids, texts, []
+    chunks = [
+        Retrieved(hit.point_id, 0.0, hit.payload)
+        for hit in sorted(store.scroll(), key=lambda h: h.point_id)
+    ]
+    return [c.point_id for c in chunks], [c.text for c in chunks], chunks
 
 
 def _short(model: str | None) -> str:
