@@ -356,3 +356,150 @@ def test_the_calibration_probe_never_takes_a_distractor_for_an_answer() -> None:
     assert _target_chunks(item, View()) == [cats]  # type: ignore[arg-type]
     only_0 = GoldenItem("purr", "What purrs?", {"pets.md": 1}, graded[1:])
     assert _target_chunks(only_0, View()) == []  # type: ignore[arg-type]  # not the file's
+
+
+# --- how an answer is scored: refusals, the floor, cut sources, loops, file targets ---------
+
+
+def _bread() -> tuple[object, list[object]]:
+    from ragpipe.evaluation.golden import ChunkTarget, GoldenItem
+    from ragpipe.query.results import Retrieved
+
+    oven = {"file_path": "kitchen/bread.md", "heading_path": ["Oven"],
+            "text": "Bake the loaf at 230 degrees Celsius for thirty-five minutes."}  # fmt: skip
+    soup = {"file_path": "kitchen/soup.md", "heading_path": ["Soup"], "text": "Soup simmers."}
+    hits = [Retrieved("p1", 1.0, oven, {"chunk_cosine": 0.22}),
+            Retrieved("p2", 0.9, soup, {"chunk_cosine": 0.2})]  # fmt: skip
+    item = GoldenItem("oven", "How long should bread bake?", {"kitchen/bread.md": 3},
+                      (ChunkTarget("kitchen/bread.md", heading="Oven"),),
+                      "Bake the loaf at 230 degrees Celsius for thirty-five minutes.")  # fmt: skip
+    return item, hits
+
+
+class _Scripted:
+    """A model that writes the given pieces (no model file)."""
+
+    name, takes_grammar = "scripted", False
+
+    def __init__(self, *pieces: str) -> None:
+        self.pieces, self.asked = pieces, 0
+
+    def chat(self, messages: object, on_token: object = None, **options: object) -> object:
+        from ragpipe.models.llm import Completion
+
+        self.asked += 1
+        for piece in self.pieces:
+            if callable(on_token):
+                on_token(piece)
+        return Completion("".join(self.pieces), 50, len(self.pieces), self.name, 0.01, "stop")
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 4
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The provided documents do not contain this information [1].",
+        "Not found in the sources.",
+        "The answer is not in the provided documents [2].",
+    ],
+)
+def test_a_refusal_in_other_words_is_no_answer_and_no_refusal_score(text: str) -> None:
+    # With the target given as [1], "The provided documents do not contain this information
+    # [1]." scored false_refusal 0 and citation precision 1 (a trusted answer), and 0 as a
+    # correct refusal of an unanswerable item. It is neither: the refusal metrics fail
+    # (null, counted), and its citation backs no claim.
+    from dataclasses import replace
+
+    from ragpipe.evaluation.rag import FAILED, NOT_APPLICABLE, score_answer
+    from ragpipe.query.generate import answer
+
+    item, hits = _bread()
+    reply = answer(item.query, hits, _Scripted(text))  # type: ignore[arg-type]
+    scores = score_answer(item, reply, hits, None)[0]  # type: ignore[arg-type]
+    assert scores["false_refusal"].status == FAILED and scores["false_refusal"].value is None
+    assert "not with the not-found sentence" in str(scores["false_refusal"].reason)
+    assert scores["citation_precision"].status == NOT_APPLICABLE
+    unanswerable = replace(item, answerable=False, relevance={}, chunks=(), expected_answer=None)
+    scores = score_answer(unanswerable, reply, hits, None)[0]  # type: ignore[arg-type]
+    assert scores["correct_refusal"].status == FAILED
+
+
+def test_a_partial_answer_that_says_what_the_sources_lack_is_an_answer() -> None:
+    from ragpipe.evaluation.rag import reads_as_refusal
+
+    assert not reads_as_refusal("Bake it at 230 C [1]. The documents do not say how long.")
+    assert not reads_as_refusal("R does not contain a GUI; use RStudio [1].")
+    assert not reads_as_refusal("Not found in the provided documents.")  # the sentence itself
+    assert reads_as_refusal("The sources don't mention a baking time [1].")
+
+
+def test_a_refusal_by_the_relevance_floor_with_the_target_retrieved_is_a_false_one() -> None:
+    # Best cosine 0.22 under a floor of 0.25: "not found" without asking the model, though
+    # the target chunk was hit 1. false_refusal was n/a ("no given source holds a golden
+    # target": none was given), so 5 such refusals of 10 read 0.000 (n=5); by hand 1 each.
+    from ragpipe.evaluation.rag import OK, score_answer
+    from ragpipe.query.generate import BELOW_FLOOR, answer
+
+    item, hits = _bread()
+    model = _Scripted("unused [1].")
+    reply = answer(item.query, hits, model, min_relevance=0.25)  # type: ignore[arg-type]
+    assert model.asked == 0 and BELOW_FLOOR in reply.flags
+    scores = score_answer(item, reply, hits, None)[0]  # type: ignore[arg-type]
+    assert (scores["false_refusal"].value, scores["false_refusal"].status) == (1.0, OK)
+    below = [hits[1]]  # only the soup retrieved: the refusal is right, not applicable
+    reply = answer(item.query, below, model, min_relevance=0.25)  # type: ignore[arg-type]
+    scores = score_answer(item, reply, below, None)[0]  # type: ignore[arg-type]
+    assert scores["false_refusal"].reason == "no retrieved hit holds a golden target"
+
+
+def test_a_target_cut_from_its_source_by_the_budget_is_not_given() -> None:
+    # The source the model read holds the chunk's first sentence only; the target's text
+    # ("thirty-five minutes") was cut. A refusal scored false_refusal 1 from the whole
+    # chunk's text; the model never saw the answer: not applicable.
+    from ragpipe.evaluation.golden import ChunkTarget
+    from ragpipe.evaluation.rag import NOT_APPLICABLE, score_answer
+    from ragpipe.query.generate import NOT_FOUND, Answer, Source
+
+    item, hits = _bread()
+    item = type(item)(item.id, item.query, item.relevance,
+                      (ChunkTarget("kitchen/bread.md", contains="thirty-five minutes"),),
+                      item.expected_answer)  # fmt: skip
+    cut = Source(1, "p1", "kitchen/bread.md", None, "Oven", "Bake the loaf at 230 degrees")
+    reply = Answer(item.query, NOT_FOUND, [cut], [], not_found=True)
+    scores, sources, _, _ = score_answer(item, reply, hits, None)  # type: ignore[arg-type]
+    assert sources[0]["holds_target"] is False
+    assert scores["false_refusal"].status == NOT_APPLICABLE
+
+
+def test_a_loop_withdrawn_as_not_found_is_still_degenerate() -> None:
+    from ragpipe.evaluation.rag import score_answer
+    from ragpipe.query.generate import DEGENERATE, WITHDRAWN, answer
+
+    item, hits = _bread()
+    looping = _Scripted(*["Not found in the provided documents. "] * 200)
+    reply = answer(item.query, hits, looping)  # type: ignore[arg-type]
+    assert {DEGENERATE, WITHDRAWN} <= set(reply.flags)
+    scores = score_answer(item, reply, hits, None)[0]  # type: ignore[arg-type]
+    assert scores["degenerate"].value == 1.0  # it read 0.0: the shown text is one sentence
+
+
+def test_citation_recall_with_file_targets_counts_files_not_chunks() -> None:
+    # Three chunks of ops/backups.md given; the answer cites the one that answers. Recall
+    # was 1/3 (every chunk of the file counted as needed); by hand 1/1, one file cited.
+    from ragpipe.evaluation.golden import GoldenItem
+    from ragpipe.evaluation.rag import score_answer
+    from ragpipe.query.generate import Answer, Source
+    from ragpipe.query.results import Retrieved
+
+    heads = ["Schedule", "Retention", "Restore"]
+    hits = [Retrieved(f"p{i}", 1.0 - i / 10, {"file_path": "ops/backups.md",
+                                              "heading_path": [h], "text": h})
+            for i, h in enumerate(heads)]  # fmt: skip
+    sources = [Source(i + 1, f"p{i}", "ops/backups.md", None, h, h) for i, h in enumerate(heads)]
+    item = GoldenItem("when", "When do backups run?", {"backups.md": 1}, (), "Nightly.")
+    reply = Answer(item.query, "Every night at 02:00 [1].", sources, [sources[0]])
+    scores = score_answer(item, reply, hits, None)[0]  # type: ignore[arg-type]
+    assert scores["citation_precision"].value == 1.0
+    assert scores["citation_recall"].value == 1.0

@@ -90,6 +90,8 @@ def test_code_subscripts_are_not_citations() -> None:
         ("To cite R[2], use citation().", [2]),
         ("It ends here.[3] And [1, 2].", [3, 1, 2]),
         ("Use `x[2]` or ```\nl[[3]]\ny[1]\n``` with x1[2], my_list[3], obj.items[2] [1].", [1]),
+        # A capitalised name of letters and digits is a product's in prose: S3[1] cites.
+        ("Backups go to Amazon S3[1] over IPv6[2], as EC2[3] does.", [1, 2, 3]),
     ]:
         assert [s.number for s in check_citations(text, sources)[0]] == numbers, text
     invented = answer("q", given, Streamer(["Paris[1] and Lyon[9]. Both are cities [1]."]))

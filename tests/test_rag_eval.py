@@ -3,6 +3,7 @@ the real SmolLM2; judge failures are null with a reason, never 0."""
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import logging
@@ -358,6 +359,27 @@ def test_answer_metrics_refusals_and_an_unreliable_judge_end_to_end(
     table = pq.read_table(out / "per_query.parquet").to_pylist()
     assert table[0]["source_files"][0].endswith("kitchen/bread.md")
     assert table[0]["cited_numbers"] == [1, 5] and table[0]["source_holds_target"][0] is True
+    # The answer's flags and what a withdrawn answer said are kept beside it, and shown.
+    by_item = {r["item_id"]: r for r in table}
+    assert "degenerate" in by_item["lovelace"]["flags"] and by_item["oven"]["withdrawn"] is None
+    assert by_item["miss"]["withdrawn"] == "Not found in the provided documents. [2]"
+    assert "answer_withdrawn" in by_item["miss"]["flags"]
+    assert "flags: degenerate" in drill and "written before the model said not found" in drill
+
+
+def test_the_judge_says_the_floor_refused_not_that_nothing_was_retrieved(
+    onnx_embedder: Any,
+) -> None:
+    from ragpipe.evaluation.golden import GoldenItem
+    from ragpipe.evaluation.rag import Judge, RagRow
+    from ragpipe.query.generate import BELOW_FLOOR, NOT_FOUND
+
+    judge = Judge(YES, onnx_embedder, timeout_s=5, max_tokens=64)
+    item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
+    row = RagRow("oven", item.query, NOT_FOUND, True, [], 0, [], 0, 0, 0.0, flags=[BELOW_FLOOR])
+    asyncio.run(judge.judge(row, item))
+    reasons = {row.judged[m].reason for m in RAG_METRICS}
+    assert reasons == {"below the relevance floor: the model was not asked"}
 
 
 class Oracle:

@@ -43,7 +43,14 @@ from ragpipe.evaluation.golden import GoldenItem, GoldenSet, file_matches, strat
 from ragpipe.evaluation.metrics import Interval, bootstrap_ci
 from ragpipe.models.embedders import Embedder, embedder_name, make_embedder
 from ragpipe.models.llm import LLM, make_llm
-from ragpipe.query.generate import NOT_FOUND, Answer, configured_answer, without_citation_marks
+from ragpipe.query.generate import (
+    BELOW_FLOOR,
+    DEGENERATE,
+    NOT_FOUND,
+    Answer,
+    configured_answer,
+    without_citation_marks,
+)
 from ragpipe.query.results import Retrieved
 from ragpipe.query.retrieve import Retriever
 
@@ -102,6 +109,8 @@ class RagRow:
     sources: list[dict[str, Any]] = field(default_factory=list)  # number, file, heading, ...
     cited_numbers: list[int] = field(default_factory=list)  # valid and invalid, in order
     repetition: float = 0.0
+    flags: list[str] = field(default_factory=list)  # the answer's (generate's flags)
+    withdrawn: str | None = None  # what the model wrote before saying "not found"
 
 
 @dataclass
@@ -239,7 +248,11 @@ class Judge:
             row.judged.update({m: Judged(None, NOT_APPLICABLE, reason) for m in RAG_METRICS})
             return
         if not ctx:
-            reason = "nothing was retrieved"
+            reason = (
+                "below the relevance floor: the model was not asked"
+                if BELOW_FLOOR in row.flags
+                else "nothing was retrieved"
+            )
             row.judged.update({m: Judged(None, NOT_APPLICABLE, reason) for m in RAG_METRICS})
             return
         if row.not_found:
@@ -287,6 +300,34 @@ def is_refusal(text: str) -> bool:
     return answers.normalize_answer(_CITATIONS.sub(" ", text)) == _REFUSAL
 
 
+# A reply that says the sources lack the answer in other words than the not-found sentence
+# ("The provided documents do not contain this information [1].", "Not found in the
+# sources."): a negation, then, within a few words, what it says lacks the answer.
+_NEGATION = (
+    r"(?:not\s+(?:be\s+)?found|(?:do|does|did)\s*n[o']t\s+(?:contain|mention|include|provide|"
+    r"cover|say|state|specify|give|answer)|(?:is|are)\s*n[o']t\s+(?:in|mentioned|covered|given|"
+    r"provided|stated|specified|answered)|no\s+information|cannot\s+(?:be\s+)?(?:found|answered)|"
+    r"unable\s+to\s+find)"
+)
+_SOURCES = r"(?:documents?|sources?|context|passages?|provided|given\s+(?:text|information))"
+_LACKS = re.compile(
+    rf"\b(?:{_NEGATION}\b(?:\W+\w+){{0,6}}?\W+{_SOURCES}"
+    rf"|{_SOURCES}\b(?:\W+\w+){{0,3}}?\W+{_NEGATION})\b",
+    re.IGNORECASE,
+)
+
+
+def reads_as_refusal(text: str) -> bool:
+    """A one-sentence reply (citations aside) that says the sources lack the answer without
+    being the not-found sentence: neither an answer nor a refusal in the required form, so
+    the refusal metrics cannot score it (``score_answer``). A reply of more sentences may
+    answer in part ("Bake at 230 C [1]. The documents do not say how long."): an answer."""
+    prose = " ".join(_CITATIONS.sub(" ", text).split())
+    if is_refusal(text) or not prose or len(re.findall(r"[.!?](?:\s|$)", prose)) > 1:
+        return False
+    return _LACKS.search(prose) is not None
+
+
 def supporting(source_payloads: dict[int, dict[str, Any]], item: GoldenItem) -> set[int]:
     """Numbers of the given sources that hold a golden target: a chunk target of grade > 0
     when the item has chunk targets (a grade-0 one marks a distractor, never support), else
@@ -309,17 +350,30 @@ def score_answer(
     cited numbers and the answer's repetition share.
 
     A refusal is an answer that is the not-found sentence and nothing else (citations
-    aside); an answer that adds the sentence to claims is an answer. Not applicable
-    (null, with the reason): correctness without ``expected_answer``; citations on
-    refusals and on ``answerable: false`` items; precision with nothing cited, recall with
-    no given source holding a target; ``false_refusal`` on unanswerable items and where no
-    given source holds a target (refusing is then right: the miss is retrieval's);
-    ``correct_refusal`` on answerable items.
+    aside); ``answer`` shows one that adds the sentence to claims as the sentence alone
+    (``answer_withdrawn``), so it is scored as the refusal the user saw. A short reply that
+    says the sources lack the answer in other words (``reads_as_refusal``) is neither:
+    its refusal metric fails (null, counted, with the reason), never a 0 or 1. Not
+    applicable (null, with the reason): correctness without ``expected_answer``; citations
+    on refusals, such replies and ``answerable: false`` items; precision with nothing
+    cited, recall with no given source holding a target; ``false_refusal`` on unanswerable
+    items and where no given source holds a target (refusing is then right: the miss is
+    retrieval's); ``correct_refusal`` on answerable items.
+
+    A target is held by a source when the text the model was given holds it (a source cut
+    to the context budget may not). When the relevance floor answered "not found" without
+    asking the model, the retrieved hits stand for the sources: a target among them makes
+    the refusal a false one. Items whose targets are files only (no chunk targets) count
+    citation recall by file: citing one chunk of each relevant file given is all of it.
     """
     na = NOT_APPLICABLE
     payloads = {h.point_id: h.payload for h in hits}
-    by_number = {s.number: payloads[s.point_id] for s in reply.sources}  # sources are hits
+    # What the model read: each source's own text (cut to the budget), not the whole chunk.
+    by_number = {s.number: {**payloads[s.point_id], "text": s.text} for s in reply.sources}
     support = supporting(by_number, item) if item.answerable else set()
+    unasked = BELOW_FLOOR in reply.flags
+    if unasked and item.answerable:  # the floor refused before any source was given
+        support = supporting({n: h.payload for n, h in enumerate(hits, start=1)}, item)
     cited = [s.number for s in reply.cited] + list(reply.invalid_citations)
     sources = [
         {"number": s.number, "file": s.file_path, "heading": s.heading, "page": s.page,
@@ -343,13 +397,22 @@ def score_answer(
         for m in ("answer_f1", "answer_rouge_l", "answer_cosine"):
             scores[m] = Judged(None, na, why)
     refused = is_refusal(reply.text)
-    if not item.answerable or refused:
-        why = "answerable: false" if not item.answerable else "the answer is a refusal"
+    hedged = reads_as_refusal(reply.text)
+    if not item.answerable or refused or hedged:
+        why = (
+            "answerable: false" if not item.answerable
+            else "the answer is a refusal" if refused
+            else "the reply says the sources lack the answer: its citations back no claim"
+        )  # fmt: skip
         scores["citation_precision"] = Judged(None, na, why)
         scores["citation_recall"] = Judged(None, na, why)
     else:
         given = [s.number for s in reply.sources]
         precision, recall = answers.citation_scores(cited, support, given)
+        if not item.chunks and support:  # file targets: one cited chunk of a file is it
+            files = {n: str(by_number[n].get("file_path", "")) for n in by_number}
+            needed = {files[n] for n in support}
+            recall = len({files[n] for n in cited if n in support}) / len(needed)
         scores["citation_precision"] = (
             Judged(precision, OK) if precision is not None else Judged(None, na, "nothing cited")
         )
@@ -358,17 +421,23 @@ def score_answer(
             if recall is not None
             else Judged(None, na, "no given source holds a golden target")
         )
+    unformed = Judged(
+        None, FAILED, "the reply says the sources lack the answer, but not with the "
+        f"not-found sentence ({NOT_FOUND!r}): neither an answer nor a refusal to score",
+    )  # fmt: skip
     if item.answerable:
         scores["correct_refusal"] = Judged(None, na, "answerable item")
-        scores["false_refusal"] = (
-            Judged(1.0 if refused else 0.0, OK)
-            if support
-            else Judged(None, na, "no given source holds a golden target")
-        )
+        if not support:
+            held = "retrieved hit" if unasked else "given source"
+            scores["false_refusal"] = Judged(None, na, f"no {held} holds a golden target")
+        else:
+            scores["false_refusal"] = unformed if hedged else Judged(float(refused), OK)
     else:
-        scores["correct_refusal"] = Judged(1.0 if refused else 0.0, OK)
+        scores["correct_refusal"] = unformed if hedged else Judged(float(refused), OK)
         scores["false_refusal"] = Judged(None, na, "answerable: false")
-    scores["degenerate"] = Judged(1.0 if answers.is_degenerate(reply.text) else 0.0, OK)
+    # A loop the answer was withdrawn from is still the model's loop.
+    looped = DEGENERATE in reply.flags or answers.is_degenerate(reply.withdrawn or reply.text)
+    scores["degenerate"] = Judged(float(looped), OK)
     return scores, sources, cited, answers.repetition_share(reply.text)
 
 
@@ -448,7 +517,7 @@ def run_rag_eval(
                 item.id,
                 item.query,
                 reply.text,
-                is_refusal(reply.text),  # the not-found sentence alone; a hedge is an answer
+                is_refusal(reply.text),  # the not-found sentence alone (as shown)
                 [s.text for s in reply.sources],
                 len(reply.cited),
                 reply.invalid_citations,
@@ -456,6 +525,8 @@ def run_rag_eval(
                 reply.tokens_out,
                 time.perf_counter() - started,
                 answerable=item.answerable,
+                flags=list(reply.flags),
+                withdrawn=reply.withdrawn,
             )
             scores, row.sources, row.cited_numbers, row.repetition = score_answer(
                 item, reply, hits, embedder

@@ -435,7 +435,7 @@ def _worst_rag(table: pa.Table, shown: int, withheld: set[str] | None = None) ->
             contexts.append(
                 f"<li>{where} <span class='grade'>{marks}</span><pre>{html.escape(text)}</pre></li>"
             )
-        invalid = [n for n in cited if n > len(files)]
+        invalid = [n for n in cited if not 1 <= n <= len(files)]
         expected = r.get("expected_answer")
         kind = (
             "" if r.get("answerable", True) else " <span class='grade'>(answerable: false)</span>"
@@ -446,6 +446,17 @@ def _worst_rag(table: pa.Table, shown: int, withheld: set[str] | None = None) ->
             + (f"<p>expected: {html.escape(expected)}</p>" if expected else "")
             + f"<p>answer{' (not found)' if r['not_found'] else ''}: "
             f"{html.escape(r['answer'])}</p>"
+            + (
+                "<p class='warn'>flags: " + html.escape(", ".join(r["flags"])) + "</p>"
+                if r.get("flags")
+                else ""
+            )
+            + (
+                "<p>written before the model said not found (withdrawn, not shown to the "
+                f"user): {html.escape(r['withdrawn'])}</p>"
+                if r.get("withdrawn")
+                else ""
+            )
             + (f"<p class='warn'>cites sources never given: {invalid}</p>" if invalid else "")
             + f"<div>scored without a judge:<ul>{scored}</ul></div>"
             f"<div>judge:<ul>{judged}</ul></div>"

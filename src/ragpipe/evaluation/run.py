@@ -122,6 +122,8 @@ RAG_QUERY_SCHEMA = pa.schema(
         pa.field("source_holds_target", pa.list_(pa.bool_()), False),
         pa.field("cited_numbers", pa.list_(pa.int64()), False),  # valid and invalid
         pa.field("repetition_share", pa.float64(), False),
+        pa.field("flags", pa.list_(pa.string()), False),  # the answer's, as ask shows them
+        pa.field("withdrawn", pa.string()),  # written before "not found" (answer_withdrawn)
         pa.field("expected_answer", pa.string()),
         *(
             f
@@ -393,6 +395,8 @@ def rag_table(result: RagEvalResult) -> pa.Table:
             "source_holds_target": [x["holds_target"] for x in r.sources],
             "cited_numbers": r.cited_numbers,
             "repetition_share": r.repetition,
+            "flags": r.flags,
+            "withdrawn": r.withdrawn,
             "expected_answer": expected.get(r.item_id),
             **{
                 key: value
