@@ -160,15 +160,24 @@ def ask(
         )
         with Retriever(cfg) as retriever:
             result = retriever.search(question)
-            stream = None if as_json else (lambda s: print(terminal_safe(s), end="", flush=True))
+            streamed: list[str] = []
+
+            def stream(piece: str) -> None:
+                streamed.append(piece)
+                print(terminal_safe(piece), end="", flush=True)
+
             reply = configured_answer(question, result.hits, retriever.llm, cfg.generate,
-                                      embedder_name(cfg.embed), stream)  # fmt: skip
+                                      embedder_name(cfg.embed),
+                                      None if as_json else stream)  # fmt: skip
     except RagpipeError as exc:
         fail(exc, 2)
     if as_json:
         print(json.dumps({**reply.as_dict(), "retrieval": result.trace}, indent=2))
         return
     if not result.hits or BELOW_FLOOR in reply.flags:  # nothing was streamed
+        print(terminal_safe(reply.text), end="")
+    elif "".join(streamed).strip() != reply.text:  # citations taken out, withdrawn, stopped
+        print("\n\nthe answer, as checked (it replaces the text above):")
         print(terminal_safe(reply.text), end="")
     print("\n")
     shown = reply.cited or ([] if reply.not_found else reply.sources)

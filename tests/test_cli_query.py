@@ -60,3 +60,32 @@ def test_version_prints_the_installed_package_version() -> None:
 
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.strip() == f"ragpipe {version('ragpipe')}"
+
+
+def test_ask_reprints_the_checked_answer_when_it_differs_from_the_stream(
+    indexed_edge: RagpipeConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An invented [9] was streamed to the terminal and the checked answer (without it)
+    never shown; the warning said the citation was removed from a text still showing it."""
+    from ragpipe.models.llm import Completion
+    from ragpipe.query.retrieve import Retriever
+
+    class Inventing:
+        name, takes_grammar = "inventing", False
+
+        def chat(self, messages: Any, on_token: Any = None, **options: Any) -> Completion:
+            text = "Bake it for 35 minutes [1] on a rack [9]."
+            if on_token is not None:
+                on_token(text)
+            return Completion(text, 10, 10, self.name, 0.01, "stop")
+
+        def count_tokens(self, text: str) -> int:
+            return len(text) // 4
+
+    monkeypatch.setattr(Retriever, "llm", property(lambda self: Inventing()))
+    args = ["ask", "How long should bread bake?", *_index(indexed_edge), "-k", "2"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    streamed, checked = result.output.split("the answer, as checked (it replaces the text above):")
+    assert "[9]" in streamed and checked.strip().startswith("Bake it for 35 minutes [1] on a rack.")
+    assert "[9]" not in checked.split("cited sources")[0]

@@ -92,6 +92,7 @@ def test_code_subscripts_are_not_citations() -> None:
         ("Use `x[2]` or ```\nl[[3]]\ny[1]\n``` with x1[2], my_list[3], obj.items[2] [1].", [1]),
         # A capitalised name of letters and digits is a product's in prose: S3[1] cites.
         ("Backups go to Amazon S3[1] over IPv6[2], as EC2[3] does.", [1, 2, 3]),
+        ("The baker's[2] notes and the bakers\u2019[3] say so.", [2, 3]),  # no "s" variable
     ]:
         assert [s.number for s in check_citations(text, sources)[0]] == numbers, text
     invented = answer("q", given, Streamer(["Paris[1] and Lyon[9]. Both are cities [1]."]))

@@ -35,11 +35,14 @@ def is_code(text: str, bracket: int, spans: Sequence[tuple[int, int]]) -> bool:
     (``x[7]``; "R[1]" is R cited), or a name with a digit, an underscore or an inner dot
     (``x1[2]``, ``my_list[2]``, ``obj.items[1]``; "sentence.[1]" is a citation). A
     capitalised name of letters and digits is a product or standard's name in prose
-    ("Amazon S3[1]", "IPv6[1]", "Python3[1]"): a citation."""
+    ("Amazon S3[1]", "IPv6[1]", "Python3[1]"), and a possessive's "s" no variable ("the
+    baker's[9]"): a citation."""
     if any(a <= bracket < b for a, b in spans):
         return True
     found = _NAME_BEFORE.search(text, max(0, bracket - 80), bracket)
     if found is None or found.group().endswith("."):
+        return False
+    if found.start() > 0 and text[found.start() - 1] in "'\u2019":  # "the baker's[9]"
         return False
     name = found.group()
     if len(name) == 1:
@@ -109,7 +112,9 @@ class Answer:
     seconds: float = 0.0
     dropped_sources: int = 0  # retrieved chunks left out by the token budget
     flags: list[str] = field(default_factory=list)  # BELOW_FLOOR, UNCITED, ...
-    first_token_s: float | None = None  # from the request to the model's first text
+    # From the start of the answer (after retrieval) to the model's first text; None when
+    # the model was not asked.
+    first_token_s: float | None = None
     best_relevance: float | None = None  # the best hit's own cosine, what the floor reads
     withdrawn: str | None = None  # what the model wrote beside its "not found" (WITHDRAWN)
 

@@ -974,18 +974,23 @@ def _generate(
             service.answer_done()
 
     threading.Thread(target=work, name="ragpipe-generate", daemon=True).start()
+    streamed: list[str] = []
     while True:
         kind, value = tokens.get()
         if kind == "token":
+            streamed.append(value)
             yield "token", {"text": value}
         elif kind == "error":
             yield "error", {"detail": f"generation failed: {value}"}
             return
         else:
             data = {**value.as_dict(), "retrieval": result.trace, "index_version": version}
-            if value.trusted:  # a flagged answer is shown with its flags, never served again
+            if not value.flags:  # a flagged answer is shown with its flags, never served again
                 service.store("ask", vector, scope, version, question, data)
-            yield "answer", {**data, "cache": {"hit": False}}
+            # The checked answer, when it is not what was streamed (an invalid citation taken
+            # out, an answer withdrawn as not found, a loop stopped): show it instead.
+            replaces = "".join(streamed).strip() != value.text
+            yield "answer", {**data, "cache": {"hit": False}, "replaces_stream": replaces}
             return
 
 
@@ -1003,7 +1008,12 @@ def _replay(
         },
     )
     yield "token", {"text": cached["answer"]}
-    yield "answer", {**cached, "question": question, "cache": info}
+    # No model ran: the generation's own times and tokens are the cached answer's, kept
+    # under cache.generated, not this reply's.
+    generated = {k: cached.get(k) for k in ("seconds", "first_token_s", "tokens_in", "tokens_out")}
+    yield "answer", {**cached, "question": question, "seconds": 0.0, "first_token_s": None,
+                     "tokens_in": 0, "tokens_out": 0, "cache": {**info, "generated": generated},
+                     "replaces_stream": False}  # fmt: skip
 
 
 def _last(events: Iterator[Event]) -> Event:
