@@ -315,6 +315,10 @@ def test_ask_answers_as_json_sse_and_ndjson(served: tuple[RagpipeConfig, Any]) -
         names = [name for name, _ in events]
         assert names[0] == "retrieval" and names[-1] == "answer" and "token" in names
         assert events[0][1]["hits"][0]["file_path"].endswith("photosynthesis.md")
+        # The numbered sources come before the first token: [n] resolves while streaming
+        # (the retrieval hits are by rank, which the sources' order need not follow).
+        assert names.index("sources") < names.index("token")
+        assert events[names.index("sources")][1]["sources"] == events[-1][1]["sources"]
         streamed = "".join(e["text"] for name, e in events if name == "token")
         assert streamed.strip() == events[-1][1]["answer"] != ""
 
@@ -361,8 +365,11 @@ def test_a_rephrased_question_is_served_from_the_cache(tmp_path: Path, onnx_embe
         assert narrower["cache"] == {"hit": False}
         with client.stream("POST", "/ask", json={"question": BREAD, "stream": "sse"}) as got:
             events = _events(got, "sse")
-        assert [n for n, _ in events] == ["retrieval", "token", "answer"]
+        assert [n for n, _ in events] == ["retrieval", "sources", "token", "answer"]
         assert events[0][1]["cache"]["hit"] and events[-1][1]["answer"] == first["answer"]
+        assert events[1][1]["sources"] == first["sources"]  # as numbered when it was made
+        assert events[0][1]["hits"][0]["rank"] == 1  # the hits as a fresh answer lists them
+        assert "_hits" not in events[-1][1]
         # No model ran for a hit: its time to first token is none, the cached answer's own
         # times are under cache.generated (a hit in 0.03 s said first_token_s 1.0).
         replayed = events[-1][1]

@@ -87,6 +87,17 @@ class Source:
     text: str
 
 
+def source_json(s: Source) -> dict[str, Any]:
+    """A numbered source as the answer object lists it."""
+    return {
+        "number": s.number,
+        "file_path": s.file_path,
+        "page": s.page,
+        "heading": s.heading,
+        "point_id": s.point_id,
+    }
+
+
 # Why an answer is not to be shown (or cached) as it stands.
 BELOW_FLOOR = "below_relevance_floor"  # not found without asking the model
 INVALID_CITATIONS = "invalid_citations_removed"  # [n] with no source n, taken out
@@ -125,15 +136,7 @@ class Answer:
         return not set(self.flags) - {BELOW_FLOOR, WITHDRAWN}
 
     def as_dict(self) -> dict[str, Any]:
-        def source(s: Source) -> dict[str, Any]:
-            return {
-                "number": s.number,
-                "file_path": s.file_path,
-                "page": s.page,
-                "heading": s.heading,
-                "point_id": s.point_id,
-            }
-
+        source = source_json
         return {
             "question": self.question,
             "answer": self.text,
@@ -246,6 +249,7 @@ def configured_answer(
     config: GenerateConfig,
     embedder: str,
     on_token: Callable[[str], None] | None = None,
+    on_sources: Callable[[list[Source]], None] | None = None,
 ) -> Answer:
     """``answer`` under the ``generate:`` settings, for an index embedded by ``embedder``
     (its name): the context budget, the relevance floor, the loop stop and the citation
@@ -259,6 +263,7 @@ def configured_answer(
         min_relevance=relevance_floor(config, embedder),
         stop_looping=config.stop_looping,
         cite_grammar=config.cite_grammar,
+        on_sources=on_sources,
     )
 
 
@@ -324,6 +329,7 @@ def answer(
     min_relevance: float | None = None,
     stop_looping: bool = True,
     cite_grammar: bool = True,
+    on_sources: Callable[[list[Source]], None] | None = None,
 ) -> Answer:
     """A cited answer to ``question`` from the retrieved ``hits`` (best first).
 
@@ -334,6 +340,8 @@ def answer(
     max_tokens is ``truncated``. With ``cite_grammar``, a model that takes a grammar must
     end its answer with a citation of a given source (``citation_grammar``).
     ``Answer.trusted`` says whether it may be shown and cached as it stands.
+    ``on_sources`` gets the numbered sources before the model writes, so that a client
+    can resolve ``[n]`` while the answer streams.
     """
     started = time.perf_counter()
     if not hits:  # nothing retrieved: nothing to ground an answer in
@@ -344,6 +352,8 @@ def answer(
                       flags=[BELOW_FLOOR], best_relevance=relevance,
                       seconds=time.perf_counter() - started)  # fmt: skip
     sources, dropped = select_sources(hits, context_tokens, llm.count_tokens)
+    if on_sources is not None:
+        on_sources(sources)
     pieces: list[str] = []
     first: list[float] = []
 

@@ -73,7 +73,7 @@ from ragpipe.config import LLM_RERANKER, RagpipeConfig, RetrievalMode, ServeConf
 from ragpipe.errors import ConfigError, RagpipeError
 from ragpipe.models.embedders import embedder_name, known_dim, runtime_of
 from ragpipe.models.llm import GenerationCancelled
-from ragpipe.query.generate import configured_answer
+from ragpipe.query.generate import Source, configured_answer, source_json
 from ragpipe.query.render import search_json, to_text, to_xml
 from ragpipe.serve.cache import SemanticCache
 from ragpipe.serve.index import LiveIndex
@@ -773,7 +773,7 @@ _SEARCH_MEDIA = {
     "application/xml": {"schema": {"type": "string"}},
     "text/plain": {"schema": {"type": "string"}},
 }
-_EVENTS = ["retrieval", "token", "answer", "error"]
+_EVENTS = ["retrieval", "sources", "token", "answer", "error"]
 _ASK_MEDIA = {
     "application/json": {"schema": {"type": "object"}},
     "text/event-stream": {  # before OpenAPI 3.2's itemSchema, the schema of one event
@@ -951,13 +951,17 @@ def _generate(
             raise GenerationCancelled("the client went away")
         tokens.put(("token", text))
 
+    def on_sources(given: list[Source]) -> None:
+        tokens.put(("sources", [source_json(s) for s in given]))
+
     def work() -> None:
         try:
             if cancelled.is_set():  # left while waiting for the model
                 raise GenerationCancelled("the client went away")
             reply = configured_answer(question, result.hits, service.index.llm,
                                       service.config.generate,
-                                      embedder_name(service.config.embed), on_token)  # fmt: skip
+                                      embedder_name(service.config.embed), on_token,
+                                      on_sources)  # fmt: skip
             if reply.first_token_s is not None:
                 service.metrics.first_token.observe(reply.first_token_s)
             for flag in reply.flags:
@@ -980,13 +984,16 @@ def _generate(
         if kind == "token":
             streamed.append(value)
             yield "token", {"text": value}
+        elif kind == "sources":
+            yield "sources", {"sources": value}
         elif kind == "error":
             yield "error", {"detail": f"generation failed: {value}"}
             return
         else:
             data = {**value.as_dict(), "retrieval": result.trace, "index_version": version}
             if not value.flags:  # a flagged answer is shown with its flags, never served again
-                service.store("ask", vector, scope, version, question, data)
+                service.store("ask", vector, scope, version, question,
+                              {**data, "_hits": _sources(result)})  # fmt: skip
             # The checked answer, when it is not what was streamed (an invalid citation taken
             # out, an answer withdrawn as not found, a loop stopped): show it instead.
             replaces = "".join(streamed).strip() != value.text
@@ -997,16 +1004,19 @@ def _generate(
 def _replay(
     cached: dict[str, Any], question: str, version: str, info: dict[str, Any]
 ) -> Iterator[Event]:
-    """A cached answer as the same events: retrieval, its text as one token, the answer."""
+    """A cached answer as the same events: retrieval, the sources, its text as one token,
+    the answer."""
+    hits = cached.pop("_hits", [])
     yield (
         "retrieval",
         {
             "index_version": version,
             "cache": info,
-            "hits": cached["sources"],
+            "hits": hits,
             "trace": cached.get("retrieval", {}),
         },
     )
+    yield "sources", {"sources": cached["sources"]}
     yield "token", {"text": cached["answer"]}
     # No model ran: the generation's own times and tokens are the cached answer's, kept
     # under cache.generated, not this reply's.
