@@ -461,3 +461,58 @@ def test_int8_on_a_qdrant_collection_is_fixed_at_creation(corpus: Path, tmp_path
         store.close()
     with pytest.raises(ConfigError, match=r"store.quantization int8 \(configured: none\)"):
         run_ingest(make_config(corpus, tmp_path, "qdrant"))
+
+
+def test_dedupe_never_skips_a_text_whose_only_other_copy_this_run_deletes(
+    tmp_path: Path,
+) -> None:
+    """With embed.dedupe_chunks, a new file repeating a paragraph of a file removed in the
+    same run had that chunk skipped (counted as indexed, from the removed file's point),
+    then the removed file's points were deleted: the paragraph was nowhere, the run said
+    success, and later runs called the file unchanged."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    shared = " ".join(["Lighthouse keepers lived through long winters on the rock."] * 6)
+    own = " ".join(["Beetles keep their own notes about bark and leaves."] * 6)
+    (corpus / "b.md").write_text(
+        f"## Beetles\n\n{own}\n\n## Lights\n\n{shared}\n", encoding="utf-8"
+    )
+    cfg = make_config(corpus, tmp_path, embed={"dedupe_chunks": True},
+                      index={"allow_mass_delete": True})  # fmt: skip
+    run_ingest(cfg)
+    (corpus / "b.md").unlink()
+    ants = " ".join(["Ants keep colonies of their own in the soil."] * 6)
+    (corpus / "a.md").write_text(f"## Ants\n\n{ants}\n\n## Lights\n\n{shared}\n", encoding="utf-8")
+    run_ingest(cfg)
+    points = list(stored(cfg).values())
+    assert {p["file_path"].rsplit("/", 1)[-1] for p in points} == {"a.md"}
+    assert len(points) == points[0]["chunk_total"]  # every chunk of a.md, the shared one too
+    assert any("Lighthouse keepers" in p["text"] for p in points)
+
+
+def test_dedupe_counts_only_the_versions_a_run_keeps() -> None:
+    """After a kill mid-upsert the changed file's new version is stored beside its old one
+    (the plan says cleanup); the old one's texts were counted as indexed, so a new file
+    repeating one of them skipped it, and the cleanup then deleted its only copy."""
+    from ragpipe.ingest.embed import _indexed_text_shas
+    from ragpipe.schemas import PlanEntry
+
+    def point(path: str, sha: str, text: str, fp: str = "fp") -> Any:
+        payload = {"file_path": path, "source_sha": sha, "config_fingerprint": fp,
+                   "text_sha": text}  # fmt: skip
+        return type("Hit", (), {"payload": payload})()
+
+    class Store:
+        def scroll(self, fields: Any = None) -> list[Any]:
+            return [point("aa.md", "old", "X"), point("aa.md", "new", "A"),
+                    point("gone.md", "g", "G"), point("kept.md", "k", "K"),
+                    point("kept.md", "k", "OLDFP", fp="other"),
+                    point("under-missing-root/m.md", "m", "M")]  # fmt: skip
+
+    entries = [
+        PlanEntry("aa.md", "cleanup", "new", 2),
+        PlanEntry("gone.md", "removed", None, 1),
+        PlanEntry("kept.md", "unchanged", "k", 1),
+        PlanEntry("zz.md", "added", "z", 0),
+    ]
+    assert _indexed_text_shas(Store(), [], entries, "fp") == {"A", "K", "M"}  # type: ignore[arg-type]

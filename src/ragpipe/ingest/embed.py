@@ -33,7 +33,7 @@ from ragpipe.models.embedders import (
     make_embedder,
 )
 from ragpipe.progress import reporter
-from ragpipe.schemas import Chunk
+from ragpipe.schemas import Chunk, PlanEntry
 from ragpipe.store import SparseEncoder, VectorStore
 
 logger = logging.getLogger(__name__)
@@ -220,8 +220,10 @@ def run_embed(
     chunks = runner.read_input(config, chunked, "chunks.parquet", Chunk)
     kept, duplicates = chunks, 0
     if config.embed.dedupe_chunks:
+        entries = runner.read_output(config, "plan", "plan.parquet", PlanEntry, plan_id)
         with runner.stage_store(config, store) as stores:
-            kept, duplicates = _dedupe(chunks, _indexed_text_shas(stores.existing(), chunks))
+            indexed = _indexed_text_shas(stores.existing(), chunks, entries, index_fp)
+            kept, duplicates = _dedupe(chunks, indexed)
 
     # Vectors already computed under this fingerprint: the last finished run, then parts.
     parts_dir = work.embed_parts
@@ -270,16 +272,36 @@ def run_embed(
     return summary
 
 
-def _indexed_text_shas(store: VectorStore | None, chunks: Sequence[Chunk]) -> set[str]:
-    """Text SHA-256s already indexed for files other than the ones being re-indexed."""
+def _indexed_text_shas(
+    store: VectorStore | None,
+    chunks: Sequence[Chunk],
+    entries: Sequence[PlanEntry],
+    index_fp: str,
+) -> set[str]:
+    """Text SHA-256s of the points this run keeps: not those of files it re-indexes or
+    removes, nor stale versions of the files it keeps (upsert deletes them once the new
+    points are in). A text counted from a point the run then deletes was skipped for the
+    file that holds it now, and lost: a new file repeating a removed file's paragraph, or
+    a rerun after a kill with the old version of a changed file still stored."""
     if store is None:
         return set()
     redone = {c.file_path for c in chunks}
-    return {
-        str(hit.payload.get("text_sha"))
-        for hit in store.scroll(fields=["file_path", "text_sha"])
-        if hit.payload.get("file_path") not in redone
-    }
+    plan = {e.file_path: e for e in entries}
+    kept: set[str] = set()
+    fields = ["file_path", "text_sha", "source_sha", "config_fingerprint"]
+    for hit in store.scroll(fields=fields):
+        path = hit.payload.get("file_path")
+        if path in redone:
+            continue
+        entry = plan.get(str(path))
+        if entry is not None:  # files with no entry (under a missing root) keep every point
+            if entry.action == "removed":
+                continue
+            version = (hit.payload.get("source_sha"), hit.payload.get("config_fingerprint"))
+            if version != (entry.source_sha256, index_fp):
+                continue
+        kept.add(str(hit.payload.get("text_sha")))
+    return kept
 
 
 def _dedupe(chunks: Sequence[Chunk], indexed: set[str]) -> tuple[list[Chunk], int]:
