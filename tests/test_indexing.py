@@ -358,6 +358,29 @@ def test_ingest_builds_the_hnsw_index_once_enough_points_are_outside_it(
     assert third.stages["upsert"]["hnsw_indexed"] == waiting and _unindexed(cfg) == 0
 
 
+def test_a_build_a_killed_run_left_undone_is_done_by_the_next_run_with_nothing_to_write(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """Killed during the HNSW build, the store keeps its record of points outside the
+    index; the rerun had nothing to write, never opened the store, and published it
+    unindexed, night after night, until the corpus changed."""
+    import json as _json
+
+    from ragpipe.store import UNINDEXED_FILE
+
+    cfg = make_config(corpus, tmp_path, store={"hnsw_min_unindexed": 20})
+    first = run_ingest(cfg)
+    assert first.stages["upsert"]["hnsw_indexed"] == first.points_total
+    record = cfg.store.path / UNINDEXED_FILE
+    record.write_text(_json.dumps({"points": first.points_total}), encoding="utf-8")  # killed
+    again = run_ingest(cfg)
+    assert again.chunks_written == 0  # nothing changed
+    assert again.stages["upsert"]["hnsw_indexed"] == first.points_total
+    assert _unindexed(cfg) == 0 and _unindexed(cfg, reader=True) == 0  # published with it
+    quiet = run_ingest(cfg)  # and a no-op night after it opens nothing to build
+    assert "hnsw_indexed" not in quiet.stages["upsert"]
+
+
 def test_int8_quantisation_is_fixed_at_creation_and_searches_like_full_vectors(
     corpus: Path, tmp_path: Path
 ) -> None:

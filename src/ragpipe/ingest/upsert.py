@@ -45,6 +45,7 @@ from ragpipe.store import (
     Where,
     published,
     store_generation,
+    unbuilt_index,
     versions,
 )
 from ragpipe.web.pages import detect_language, iter_metadata
@@ -224,6 +225,8 @@ def run_upsert(
             store = stores.for_writing(dim)
         elif cleanup or (removed and not hold):
             before = {} if _edge_absent(config) else saved_versions(config)
+            store = stores.existing()
+        elif unbuilt_index(config.store):  # a build a killed run left undone: do it now
             store = stores.existing()
         else:  # nothing to write or delete: the plan's scroll counted the points
             counts.points_total = planned.points_total if planned else 0

@@ -15,6 +15,7 @@ another embedder or dimension is a ``ConfigError`` before any work starts.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -29,6 +30,7 @@ from ragpipe.store.base import KEYWORD_FIELDS as KEYWORD_FIELDS
 from ragpipe.store.base import META_FILE as META_FILE
 from ragpipe.store.base import SPARSE as SPARSE
 from ragpipe.store.base import STORE_SCHEMA as STORE_SCHEMA
+from ragpipe.store.base import UNINDEXED_FILE as UNINDEXED_FILE
 from ragpipe.store.base import VERSION_FIELDS as VERSION_FIELDS
 from ragpipe.store.base import FileVersions as FileVersions
 from ragpipe.store.base import Hit as Hit
@@ -195,6 +197,21 @@ def remove_leftovers(config: StoreConfig) -> int:
             "tries again): %s", published.root(config.path), exc,
         )  # fmt: skip
         return 0
+
+
+def unbuilt_index(config: StoreConfig) -> bool:
+    """Whether the Edge store's own record (``UNINDEXED_FILE``) says at least
+    ``store.hnsw_min_unindexed`` points are outside its HNSW index: a build that a killed
+    run never finished, which a run with nothing to write must still do. Read without
+    opening the store; False for the qdrant backend (its optimizer builds) and a store
+    with no record."""
+    if config.backend != StoreBackend.EDGE:
+        return False
+    try:
+        data = json.loads((config.path / UNINDEXED_FILE).read_text(encoding="utf-8"))
+        return int(data["points"]) >= config.hnsw_min_unindexed
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return False
 
 
 def store_generation(config: StoreConfig) -> str | None:
