@@ -426,13 +426,46 @@ def test_a_refusal_in_other_words_is_no_answer_and_no_refusal_score(text: str) -
     assert scores["correct_refusal"].status == FAILED
 
 
-def test_a_partial_answer_that_says_what_the_sources_lack_is_an_answer() -> None:
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Bake it at 230 C [1]. The documents do not say how long.",  # answers in part
+        "R does not contain a GUI; use RStudio [1].",
+        "Not found in the provided documents.",  # the sentence itself: a refusal proper
+        # Answers about files not found, code built from source, or what a package
+        # provides (read as refusals by the first rule, which matched the bare words).
+        "The function is not in base R; it is provided by the MASS package [1].",
+        "If the file is not found, source() signals an error [1].",
+        "Packages not found on CRAN can be installed from source [1].",
+        "If the key is not found, the function returns the context default [1].",
+        "The API returns 404 when the document is not found [2].",
+        "Open source licenses do not cover trademarks [1].",
+        "No information is sent to external sources [1].",
+    ],
+)
+def test_answers_that_mention_sources_or_absence_are_answers(text: str) -> None:
     from ragpipe.evaluation.rag import reads_as_refusal
 
-    assert not reads_as_refusal("Bake it at 230 C [1]. The documents do not say how long.")
-    assert not reads_as_refusal("R does not contain a GUI; use RStudio [1].")
-    assert not reads_as_refusal("Not found in the provided documents.")  # the sentence itself
-    assert reads_as_refusal("The sources don't mention a baking time [1].")
+    assert not reads_as_refusal(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The sources don't mention a baking time [1].",
+        "The context does not specify the version [3].",
+        "I could not find this in the documents.",
+        "None of the sources mention this.",
+        "I cannot answer this from the given sources.",
+        "There is no information about this in the provided documents.",
+        "I don't know.",
+        "No relevant information was found.",
+    ],
+)
+def test_refusals_in_other_words_are_recognised(text: str) -> None:
+    from ragpipe.evaluation.rag import reads_as_refusal
+
+    assert reads_as_refusal(text)
 
 
 def test_a_refusal_by_the_relevance_floor_with_the_target_retrieved_is_a_false_one() -> None:

@@ -90,8 +90,8 @@ def test_code_subscripts_are_not_citations() -> None:
         ("To cite R[2], use citation().", [2]),
         ("It ends here.[3] And [1, 2].", [3, 1, 2]),
         ("Use `x[2]` or ```\nl[[3]]\ny[1]\n``` with x1[2], my_list[3], obj.items[2] [1].", [1]),
-        # A capitalised name of letters and digits is a product's in prose: S3[1] cites.
-        ("Backups go to Amazon S3[1] over IPv6[2], as EC2[3] does.", [1, 2, 3]),
+        # R code with a capitalised name stays code (a product's "S3[1]" reads so too).
+        ("In R, M2[2] and X1[3] are elements [1].", [1]),
         ("The baker's[2] notes and the bakers\u2019[3] say so.", [2, 3]),  # no "s" variable
     ]:
         assert [s.number for s in check_citations(text, sources)[0]] == numbers, text

@@ -379,6 +379,15 @@ def test_a_build_a_killed_run_left_undone_is_done_by_the_next_run_with_nothing_t
     assert _unindexed(cfg) == 0 and _unindexed(cfg, reader=True) == 0  # published with it
     quiet = run_ingest(cfg)  # and a no-op night after it opens nothing to build
     assert "hnsw_indexed" not in quiet.stages["upsert"]
+    # Under the engine's own threshold, fixed at creation (here 20 points): nothing to build,
+    # so a lowered store.hnsw_min_unindexed does not open the store every night for nothing.
+    from ragpipe.store import unbuilt_index
+
+    record.write_text(_json.dumps({"points": 10}), encoding="utf-8")
+    lowered = cfg.store.model_copy(update={"hnsw_min_unindexed": 5})
+    assert not unbuilt_index(lowered) and unbuilt_index(cfg.store) is False
+    record.write_text(_json.dumps({"points": 20}), encoding="utf-8")
+    assert unbuilt_index(lowered) and unbuilt_index(cfg.store)
 
 
 def test_int8_quantisation_is_fixed_at_creation_and_searches_like_full_vectors(

@@ -302,19 +302,35 @@ def is_refusal(text: str) -> bool:
 
 # A reply that says the sources lack the answer in other words than the not-found sentence
 # ("The provided documents do not contain this information [1].", "Not found in the
-# sources."): a negation, then, within a few words, what it says lacks the answer.
-_NEGATION = (
-    r"(?:not\s+(?:be\s+)?found|(?:do|does|did)\s*n[o']t\s+(?:contain|mention|include|provide|"
-    r"cover|say|state|specify|give|answer)|(?:is|are)\s*n[o']t\s+(?:in|mentioned|covered|given|"
-    r"provided|stated|specified|answered)|no\s+information|cannot\s+(?:be\s+)?(?:found|answered)|"
-    r"unable\s+to\s+find)"
+# sources.", "None of the sources mention this."). The sources are named as such, with an
+# article ("the sources", not "open source", "source()" or "provided by"), next to the
+# negation, so that answers about files not found or packages built from source are not
+# taken for refusals.
+_THE_SOURCES = (
+    r"(?:the|these|those|your|my)\s+(?:provided\s+|given\s+|retrieved\s+|available\s+)?"
+    r"(?:documents?|sources?|context|passages?|texts?|excerpts?)(?:\s+provided|\s+given)?"
 )
-_SOURCES = r"(?:documents?|sources?|context|passages?|provided|given\s+(?:text|information))"
+_SAYS = r"(?:contain|mention|include|provide|cover|say|state|specify|give|answer|address|discuss)"
 _LACKS = re.compile(
-    rf"\b(?:{_NEGATION}\b(?:\W+\w+){{0,6}}?\W+{_SOURCES}"
-    rf"|{_SOURCES}\b(?:\W+\w+){{0,3}}?\W+{_NEGATION})\b",
+    "|".join(
+        [
+            rf"\b{_THE_SOURCES}\s+(?:do|does|did)\s*(?:n[o']t|not)\s+{_SAYS}",
+            rf"\bnone\s+of\s+{_THE_SOURCES}\s+{_SAYS}s?\b",
+            rf"\bno\s+(?:provided\s+|given\s+)?(?:documents?|sources?|passages?)\s+{_SAYS}s?\b",
+            r"\bnot\s+(?:be\s+)?(?:found|mentioned|given|provided|stated|covered|specified|"
+            rf"addressed|answered)\s+(?:in|by|within|among)\s+{_THE_SOURCES}",
+            rf"\b(?:is|are)\s*(?:n[o']t|not)\s+(?:in|among)\s+{_THE_SOURCES}",
+            r"\b(?:could|can|cannot|can't|couldn't)\s*(?:not\s+)?(?:find|answer|determine)\b"
+            rf".{{0,60}}?\b(?:in|from|using)\s+{_THE_SOURCES}",
+            rf"\bno\s+(?:relevant\s+)?information\b.{{0,60}}?\b(?:in|from)\s+{_THE_SOURCES}",
+            r"^no\s+(?:relevant\s+)?information\s+(?:was|is)\s+(?:found|available|given)\b",
+            r"^i\s+(?:do\s*(?:n[o']t|not)|don't)\s+know\b",
+        ]
+    ),
     re.IGNORECASE,
 )
+# A sentence ends at . ! ? before a capital letter or the end ("e.g. the FAQ" goes on).
+_SENTENCE_END = re.compile(r"[.!?](?=\s+[A-Z]|\s*$)")
 
 
 def reads_as_refusal(text: str) -> bool:
@@ -323,7 +339,7 @@ def reads_as_refusal(text: str) -> bool:
     the refusal metrics cannot score it (``score_answer``). A reply of more sentences may
     answer in part ("Bake at 230 C [1]. The documents do not say how long."): an answer."""
     prose = " ".join(_CITATIONS.sub(" ", text).split())
-    if is_refusal(text) or not prose or len(re.findall(r"[.!?](?:\s|$)", prose)) > 1:
+    if is_refusal(text) or not prose or len(_SENTENCE_END.findall(prose)) > 1:
         return False
     return _LACKS.search(prose) is not None
 

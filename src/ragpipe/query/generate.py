@@ -33,10 +33,10 @@ def is_code(text: str, bracket: int, spans: Sequence[tuple[int, int]]) -> bool:
     """Whether the ``[`` at ``bracket`` opens an index in code rather than a citation: it
     is inside a code span, or straight after a code-like name: one lowercase ASCII letter
     (``x[7]``; "R[1]" is R cited), or a name with a digit, an underscore or an inner dot
-    (``x1[2]``, ``my_list[2]``, ``obj.items[1]``; "sentence.[1]" is a citation). A
-    capitalised name of letters and digits is a product or standard's name in prose
-    ("Amazon S3[1]", "IPv6[1]", "Python3[1]"), and a possessive's "s" no variable ("the
-    baker's[9]"): a citation."""
+    (``x1[2]``, ``my_list[2]``, ``obj.items[1]``, ``X1[2]``; "sentence.[1]" is a citation),
+    unless it follows an apostrophe: a possessive's "s" is no variable ("the baker's[9]").
+    So a product's name straight before a citation ("Amazon S3[1]") reads as code; the
+    citation grammar puts the final citation after a space."""
     if any(a <= bracket < b for a, b in spans):
         return True
     found = _NAME_BEFORE.search(text, max(0, bracket - 80), bracket)
@@ -48,8 +48,6 @@ def is_code(text: str, bracket: int, spans: Sequence[tuple[int, int]]) -> bool:
     if len(name) == 1:
         return name.isascii() and name.islower()
     head = name[0]
-    if head.isupper() and name.isalnum():
-        return False
     return (head.isascii() and (head.isalpha() or head == "_")
             and any(c in "_." or c.isdigit() for c in name))  # fmt: skip
 

@@ -1016,7 +1016,8 @@ def _replay(
             "trace": cached.get("retrieval", {}),
         },
     )
-    yield "sources", {"sources": cached["sources"]}
+    if cached["sources"]:  # as a fresh answer: none when the model was not asked
+        yield "sources", {"sources": cached["sources"]}
     yield "token", {"text": cached["answer"]}
     # No model ran: the generation's own times and tokens are the cached answer's, kept
     # under cache.generated, not this reply's.

@@ -46,7 +46,7 @@ from ragpipe.store.base import check_store_space as check_store_space
 from ragpipe.store.base import ensure_space as ensure_space
 from ragpipe.store.base import read_meta as read_meta
 from ragpipe.store.edge import EdgeStore as EdgeStore
-from ragpipe.store.edge import check_on_disk, check_quantization
+from ragpipe.store.edge import check_on_disk, check_quantization, engine_threshold
 from ragpipe.store.qdrant import RETRY_STATUS as RETRY_STATUS
 from ragpipe.store.qdrant import WORK_SUFFIX
 from ragpipe.store.qdrant import QdrantStore as QdrantStore
@@ -209,9 +209,12 @@ def unbuilt_index(config: StoreConfig) -> bool:
         return False
     try:
         data = json.loads((config.path / UNINDEXED_FILE).read_text(encoding="utf-8"))
-        return int(data["points"]) >= config.hnsw_min_unindexed
+        unindexed = int(data["points"])
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return False
+    # As EdgeStore.build_index decides: the engine's own threshold too, fixed at creation
+    # (a store.hnsw_min_unindexed lowered since would open the store each night for nothing).
+    return unindexed >= max(config.hnsw_min_unindexed, engine_threshold(config.path))
 
 
 def store_generation(config: StoreConfig) -> str | None:

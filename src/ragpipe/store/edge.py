@@ -69,6 +69,15 @@ def edge_config(path: Path) -> dict[str, Any] | None:
     return stored
 
 
+def engine_threshold(path: Path) -> int:
+    """The Edge store's indexing_threshold (fixed at creation), in points of its
+    dimension: the engine builds no index for fewer points than this."""
+    stored = edge_config(path) or {}
+    kb = (stored.get("optimizers") or {}).get("indexing_threshold") or 10_000
+    size = (stored.get("vectors") or {}).get(DENSE, {}).get("size") or 1
+    return int(kb) * 1024 // (int(size) * 4)
+
+
 def _wait_beating(child: subprocess.Popen[bytes], waiting: Callable[[float], None] | None) -> None:
     """Wait for ``child``; tell ``waiting`` the seconds so far every ``BUILD_HEARTBEAT_S``."""
     started = time.perf_counter()
@@ -346,10 +355,7 @@ class EdgeStore(_Scrolling):
 
     def _engine_threshold(self) -> int:
         """The store's indexing_threshold, in points of its dimension."""
-        stored = edge_config(self.path) or {}
-        kb = (stored.get("optimizers") or {}).get("indexing_threshold") or 10_000
-        dim = self._stored_dim() or 1
-        return int(kb) * 1024 // (dim * 4)
+        return engine_threshold(self.path)
 
     def _set_unindexed(self, points: int) -> None:
         atomic_write_bytes(self.path / UNINDEXED_FILE, json.dumps({"points": points}).encode())
