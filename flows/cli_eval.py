@@ -589,6 +589,8 @@ def _print_tune(summary: TuneSummary) -> None:
             f"{d['p_value']:.3g}",
         )
     Console().print(table)
+    for warning in summary.warnings:
+        console.print(f"[yellow]warning (held-out queries):[/yellow] {warning}", highlight=False)
     colour = {"recommend": "green", "refused": "red"}.get(summary.decision, "yellow")
     console.print(f"[{colour}]{summary.message}[/{colour}]", highlight=False, soft_wrap=True)
     if summary.tuned_config:

@@ -43,3 +43,7 @@ def test_delta_cells() -> None:
     assert delta_cell(same) == "+0.000 (n=3, no CI: every delta equal)"
     one = paired_delta([0.25], [1.0], 200, 0).as_dict()
     assert delta_cell(one) == "+0.750 (n=1, no CI)"
+    # 40 deltas all +0.25 or +0.5: no sign flip reaches the mean, p = 1/(N+1), never 0. It
+    # read "p=0.000".
+    tiny = paired_delta([0.0] * 40, [0.25, 0.5] * 20, 200, 0, 10000).as_dict()
+    assert 0 < tiny["p_value"] < 0.001 and delta_cell(tiny).endswith(" p<0.001")

@@ -167,6 +167,16 @@ def test_verdicts() -> None:
     assert verdict == "recommend" and "not significant" in message
     verdict, message = decide(change, _delta(0.01, 0.03, 0.05), "ndcg@10")
     assert verdict == "recommend" and "not significant" not in message
+    # 2 held-out queries up by 0.1 and 0.3: the percentile CI [+0.1, +0.3] excludes 0, yet
+    # the sign-flip p is 2/4 = 0.5 (by hand). It said "better on the held-out queries".
+    verdict, message = decide(change, paired_delta([0.5, 0.5], [0.6, 0.8], 1000, 0), "mrr")
+    assert verdict == "recommend" and "not significant" in message and "p=0.5" in message
+    # A mean just under 0 with a CI reaching +0.33 said "no better": not better, and the
+    # gain the CI allows is said.
+    loss = paired_delta([0.5] * 6, [0.0, 1.0, 0.0, 0.95, 0.9, 0.1], 1000, 0)
+    verdict, message = decide(change, loss, "mrr")
+    assert verdict == "no change" and "no better" not in message
+    assert f"allows a gain of up to {loss.interval.high:+.4f}" in message
     # Every held-out query moved by 0: a CI of zero width, said as none, never [+0, +0].
     verdict, message = decide(change, _delta(0, 0, 0), "ndcg@10")
     assert verdict == "no change" and "[+0.0000, +0.0000]" not in message
@@ -321,6 +331,10 @@ def test_a_recommended_pick_is_written_as_a_config_that_loads(
     assert outcome.delta.interval.mean > 0
     assert written.read_text() == (out / "tuned.yaml").read_text()
     assert written.read_text().startswith("# Written by `ragpipe eval tune`")
+    # The held-out part is small: its warning is in the report and tune.json (it was in
+    # neither, nor on the terminal).
+    assert "> **warning (held-out queries):** only" in (out / "report.md").read_text()
+    assert report.warnings and report.warnings[0].startswith("only ")
     tuned = load_config(written)
     assert tuned.retrieve.mode == "sparse" and tuned.retrieve.top_k == 7  # merged, kept
     assert tuned.embed.provider == "onnx" and tuned.store.path == cfg.store.path

@@ -61,7 +61,9 @@ def delta_cell(d: dict[str, Any]) -> str:
     if d.get("ci_low") is None:  # n < 2, or a CI of zero width (summary.json holds null)
         why = ": every delta equal" if d["n"] >= 2 else ""
         return f"{d['mean']:+.3f} (n={d['n']}, no CI{why})"
-    return f"{d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] p={d['p_value']:.3f}"
+    p = d["p_value"]
+    shown = "p<0.001" if p < 0.001 else f"p={p:.3f}"  # the test's smallest p is 1/(N+1), not 0
+    return f"{d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] {shown}"
 
 
 def _names(summary: RunSummary) -> list[str]:

@@ -518,10 +518,15 @@ def decide(changes: dict[str, Any], delta: PairedDelta, metric: str) -> tuple[st
             "they were fitted to the tuning queries. Keep the current settings.",
         )
     if ci.mean <= 0:
+        allows = (
+            f"; the CI allows a gain of up to {ci.high:+.4f}, so a larger golden set could tell"
+            if ci.shown and ci.high > 0
+            else ""
+        )
         return (
             "no change",
-            f"no change: the tuned settings are no better on the held-out queries ({stated}). "
-            "Keep the current settings.",
+            f"no change: the tuned settings are not better on the held-out queries ({stated})"
+            f"{allows}. Keep the current settings.",
         )
     if not ci.shown:  # no interval to read: the permutation test decides
         if delta.p_value < 0.05:
@@ -531,8 +536,15 @@ def decide(changes: dict[str, Any], delta: PairedDelta, metric: str) -> tuple[st
             f"recommend, not significant: {stated}; with no CI and p >= 0.05 the gain may be "
             "noise (a larger golden set tells)",
         )
-    if ci.low > 0:
+    if ci.low > 0 and delta.p_value < 0.05:
         return "recommend", f"recommend: better on the held-out queries ({stated})"
+    if ci.low > 0:  # a percentile CI of few queries is too narrow; the exact-ish test is not
+        return (
+            "recommend",
+            f"recommend, not significant: {stated}; the CI excludes 0, but with {ci.n} "
+            "held-out queries a bootstrap CI is too narrow and the sign-flip test finds no "
+            "effect (p >= 0.05): the gain may be noise (a larger golden set tells)",
+        )
     return (
         "recommend",
         f"recommend, not significant: {stated}; the CI includes 0, so the gain may be noise "
@@ -598,6 +610,7 @@ class TuneSummary:
     report_dir: str = ""
     ingest: dict[str, Any] = field(default_factory=dict)  # chunk settings the pick changes
     index: str = ""  # the store of the pick's index, when it is not the current one
+    warnings: list[str] = field(default_factory=list)  # of the held-out confirmation
 
     def as_json(self) -> dict[str, Any]:
         """tune.json's content (everything but ``report_dir``; no tuned_config unless
@@ -630,6 +643,7 @@ def tune_summary(outcome: TuneOutcome, config: RagpipeConfig, golden: str) -> Tu
             for m, d in outcome.deltas.items()
         },
         golden={"name": golden, "path": str(config.eval.golden)},
+        warnings=list(outcome.confirmation.warnings),
         granularity=config.eval.granularity,
         depth=config.eval.depth,
         ingest=outcome.ingest,
@@ -645,6 +659,8 @@ def markdown(outcome: TuneOutcome) -> str:
         "",
         f"**{outcome.message}**",
         "",
+        *[f"> **warning (held-out queries):** {w}" for w in outcome.confirmation.warnings],
+        *([""] if outcome.confirmation.warnings else []),
         f"- Split (seed {outcome.seed}): {len(outcome.split.tuning)} tuning queries, "
         f"{len(outcome.split.confirmation)} held-out confirmation queries.",
         f"- Search: {len(outcome.trials)} configurations scored on the tuning queries "
