@@ -176,7 +176,7 @@ def ask(
         return
     if not result.hits or BELOW_FLOOR in reply.flags:  # nothing was streamed
         print(terminal_safe(reply.text), end="")
-    elif "".join(streamed).strip() != reply.text:  # citations taken out, withdrawn, stopped
+    elif "".join(streamed).strip() != reply.text:  # citations taken out, or withdrawn
         print("\n\nthe answer, as checked (it replaces the text above):")
         print(terminal_safe(reply.text), end="")
     print("\n")

@@ -129,8 +129,9 @@ class Answer:
 
     @property
     def trusted(self) -> bool:
-        """Whether the answer may be shown and cached as it stands: no flag but a refusal's
-        (below the floor, or withdrawn by the model: both a plain "not found")."""
+        """Whether the answer may be shown as it stands: no flag but a refusal's (below the
+        floor, or withdrawn by the model: both a plain "not found"). ``serve`` caches only
+        answers with no flag at all (a withdrawn one kept the first asker's text)."""
         return not set(self.flags) - {BELOW_FLOOR, WITHDRAWN}
 
     def as_dict(self) -> dict[str, Any]:
@@ -337,7 +338,8 @@ def answer(
     ``uncited``; a reply that starts looping is stopped and ``degenerate``; one cut at
     max_tokens is ``truncated``. With ``cite_grammar``, a model that takes a grammar must
     end its answer with a citation of a given source (``citation_grammar``).
-    ``Answer.trusted`` says whether it may be shown and cached as it stands.
+    ``Answer.trusted`` says whether it may be shown as it stands (``serve`` caches only an
+    answer with no flag at all).
     ``on_sources`` gets the numbered sources before the model writes, so that a client
     can resolve ``[n]`` while the answer streams.
     """
@@ -359,6 +361,8 @@ def answer(
         if not first:
             first.append(time.perf_counter() - started)
         pieces.append(piece)
+        if on_token is not None:  # before the loop check: the answer keeps what was shown
+            on_token(piece)
         if (
             stop_looping
             and len(pieces) % LOOP_CHECK_EVERY == 0
@@ -366,8 +370,6 @@ def answer(
             and is_degenerate(" ".join(text_so_far))
         ):
             raise _Looping(f"stopped after {len(pieces)} pieces: the answer repeats itself")
-        if on_token is not None:
-            on_token(piece)
 
     flags: list[str] = []
     try:

@@ -995,7 +995,7 @@ def _generate(
                 service.store("ask", vector, scope, version, question,
                               {**data, "_hits": _sources(result)})  # fmt: skip
             # The checked answer, when it is not what was streamed (an invalid citation taken
-            # out, an answer withdrawn as not found, a loop stopped): show it instead.
+            # out, an answer withdrawn as not found): show it instead.
             replaces = "".join(streamed).strip() != value.text
             yield "answer", {**data, "cache": {"hit": False}, "replaces_stream": replaces}
             return
