@@ -50,7 +50,15 @@ class Stack:
                               capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
     def post(self, path: str, body: dict[str, Any]) -> Any:
-        response = httpx.post(f"{self.api}{path}", json=body, timeout=30)
+        """A read of the server's API (filters), tried again when a loaded server (a flow
+        running on the worker, the whole suite on 2 cores) takes over 30 s to answer."""
+        for attempt in range(3):
+            try:
+                response = httpx.post(f"{self.api}{path}", json=body, timeout=30)
+                break
+            except httpx.TimeoutException:
+                if attempt == 2:
+                    raise
         response.raise_for_status()
         return response.json()
 
