@@ -830,3 +830,31 @@ def main():
         assert done.returncode == 1
         assert "StageError: the converter process did not start" in done.stderr
         assert 'if __name__ == "__main__":' in done.stderr
+
+
+def test_a_client_that_leaves_after_the_sources_event_stops_the_model(
+    tmp_path: Path, onnx_embedder: Any
+) -> None:
+    """/ask streams the numbered sources before the first token (new this round): a client
+    that reads them and hangs up before any token must not leave the model writing."""
+    import httpx
+
+    from ragpipe.serve.app import create_app
+    from ragpipe.serve.server import running
+    from tests.test_serve import Dripper, _index
+
+    cfg = _index(tmp_path, cache=False)
+    dripper = Dripper()
+    with (
+        running(create_app(cfg, onnx_embedder, dripper)) as url,
+        httpx.Client(base_url=url, timeout=60) as client,
+    ):
+        body = {"question": "How long should bread bake?", "stream": "sse"}
+        with client.stream("POST", "/ask", json=body) as got:
+            lines = got.iter_lines()
+            while "event: sources" not in next(lines):
+                pass
+            assert next(lines).startswith('data: {"sources": [{"number": 1')
+        assert dripper.finished.wait(10)
+        assert dripper.written < 200  # it stops at its next token or two, not after 1,000
+        assert "ragpipe_answers_cancelled_total 1.0" in client.get("/metrics").text
