@@ -13,7 +13,13 @@ under one of three llama.cpp settings:
 - ``par``: four slots with a unified KV cache and the four metrics judged
   concurrently (batched decoding), in case decoding is bound by memory, not compute.
 
-Usage: python bench/judge_speed.py {none,ngram,par} [N] [--json FILE]
+``--verdicts one-reply --questions 3`` replays the judge as it was before 2026-11-29
+(faithfulness's verdicts all in one reply; answer relevancy asking 3 questions, one
+question three times at temperature 0); ``--reason-chars 0`` forbids the rationale
+before each verdict.
+
+Usage: python bench/judge_speed.py {none,ngram,par} [N] [--verdicts {prefilled,one-reply}]
+       [--questions N] [--reason-chars N] [--json FILE]
 """
 
 from __future__ import annotations
@@ -63,7 +69,23 @@ def main() -> None:
     parser.add_argument("--ngram-n", type=int, default=12, help="ngram: lookup n-gram length")
     parser.add_argument("--ngram-m", type=int, default=48, help="ngram: drafted m-gram length")
     parser.add_argument("--draft-max", type=int, default=None, help="ngram: most tokens drafted")
+    parser.add_argument(
+        "--verdicts", choices=["prefilled", "one-reply"], default="prefilled",
+        help="faithfulness's verdicts: one prefilled call per statement (the default since "
+        "2026-11-29), or all in one reply, the statements written again by the model",
+    )  # fmt: skip
+    parser.add_argument(
+        "--reason-chars", type=int, default=None,
+        help="longest rationale the judge may write before a verdict (default: the eval's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--questions", type=int, default=None,
+        help="answer relevancy's generated questions (default: the Judge's, 1 at "
+        "temperature 0; 3 before 2026-11-29)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.reason_chars is not None:
+        rag.REASON_MAX_CHARS = args.reason_chars
     par = args.mode == "par"
 
     def load(path: str, context: int, threads: int | None) -> tuple[Any, Any]:
@@ -102,7 +124,8 @@ def main() -> None:
         return reply
 
     model.chat = recorded  # type: ignore[method-assign]
-    judge = rag.Judge(model, embedder, 600, config.eval.judge_max_tokens)
+    judge = rag.Judge(model, embedder, 600, config.eval.judge_max_tokens,
+                      prefill=args.verdicts == "prefilled", questions=args.questions)  # fmt: skip
     if par:
 
         async def concurrent(row: rag.RagRow, item: Any) -> None:
@@ -146,7 +169,10 @@ def main() -> None:
     total = sum(r["judge_seconds"] for r in results)
     print(f"{args.mode}: {total:.0f} s judging {len(results)} answers")
     if args.json:
-        args.json.write_text(json.dumps({"mode": args.mode, "results": results}, indent=1))
+        args.json.write_text(json.dumps({"mode": args.mode, "verdicts": args.verdicts,
+                                         "reason_chars": rag.REASON_MAX_CHARS,
+                                         "questions": judge.questions, "results": results},
+                                        indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":

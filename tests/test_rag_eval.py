@@ -128,7 +128,12 @@ def test_rag_eval_with_the_real_model_as_generator_and_judge(
         update={"llm": rag_config.llm.model_copy(update={"max_tokens": 64})}))  # fmt: skip
     out = Path(run.report_dir)
     assert len(result.rows) == 2 and result.judge["model"] == "SmolLM2-135M-Instruct.Q4_1"
-    assert result.judge["ragas"] == "0.4.3" and "Faithfulness" in result.judge["metric_classes"]
+    assert result.judge["ragas"] == "0.4.3"
+    # a model that continues the reply it is given writes only each verdict's reason and
+    # verdict; a greedy one asks one question for answer relevancy
+    assert "CheckedFaithfulness" in result.judge["metric_classes"]
+    assert result.judge["faithfulness_verdicts"] == "prefilled"
+    assert result.judge["answer_relevancy_questions"] == 1
     for row in result.rows:
         assert row.contexts and row.tokens_out > 0
         for m in RAG_METRICS:
@@ -609,6 +614,124 @@ def test_llama_cpp_holds_the_judges_lists_to_their_bound(
     bound = json.loads(smollm.chat(prompt, schema=rag.bounded_reasons(schema),
                                    max_tokens=400).text)["statements"]  # fmt: skip
     assert 0 < len(bound) <= 2 and all(len(s) <= 30 for s in bound)
+
+
+def test_faithfulness_verdicts_copy_each_statement_into_the_reply(smollm: Any) -> None:
+    """The real model is handed each statement inside the reply and writes only the reason
+    and the verdict: ragas's verdicts JSON, one verdict per statement, each statement word
+    for word (quotes and non-ASCII included), every verdict 0 or 1."""
+    from ragas.metrics.collections.faithfulness.util import (
+        NLIStatementInput,
+        NLIStatementOutput,
+        NLIStatementPrompt,
+    )
+
+    from ragpipe.evaluation.rag import REASON_MAX_CHARS, verdict_reply
+
+    statements = ["Bread bakes at 230 °C.", 'The loaf is called a "boule".', "Rye has no gluten."]
+    context = "Bake the loaf at 230 degrees Celsius for 35 minutes. A round loaf is a boule."
+    prompt = NLIStatementPrompt().to_string(NLIStatementInput(context=context,
+                                                              statements=statements))  # fmt: skip
+    text = verdict_reply(smollm, prompt, statements)
+    verdicts = NLIStatementOutput.model_validate_json(text).statements
+    assert [v.statement for v in verdicts] == statements
+    assert all(v.verdict in (0, 1) and len(v.reason) <= REASON_MAX_CHARS for v in verdicts)
+    assert json.loads(text)["statements"][1]["statement"] == 'The loaf is called a "boule".'
+
+
+class Scripted:
+    """A greedy judge that continues replies: statements for the statement prompt, a reply
+    cut at its token limit for every verdict, one question for answer relevancy."""
+
+    name = "scripted"
+    takes_grammar = True
+    continues_reply = True
+    temperature = 0.0
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    def chat(self, messages: Any, **kwargs: Any) -> Completion:
+        self.prompts.append(messages[0]["content"])
+        if messages[-1]["role"] == "assistant":  # a verdict, cut short
+            return Completion(messages[-1]["content"] + "The context", 9, 2, self.name, 0.0,
+                              "length")  # fmt: skip
+        if '"noncommittal"' in messages[0]["content"]:
+            reply = '{"question": "How long should bread bake?", "noncommittal": 0}'
+        else:
+            reply = '{"statements": ["Bread bakes for 35 minutes."]}'
+        return Completion(reply, 9, 9, self.name, 0.0)
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 4
+
+
+def test_a_verdict_cut_at_its_limit_fails_faithfulness_and_a_greedy_judge_asks_once(
+    onnx_embedder: Any,
+) -> None:
+    from ragpipe.evaluation.golden import GoldenItem
+    from ragpipe.evaluation.rag import Judge, RagRow
+
+    scripted = Scripted()
+    judge = Judge(scripted, onnx_embedder, timeout_s=5, max_tokens=64)
+    assert (judge.prefill, judge.questions) == (True, 1)
+    item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
+    row = RagRow("oven", item.query, "Bake it for 35 minutes [1].", False,
+                 ["Bake the loaf for thirty-five minutes."], 1, [], 0, 0, 0.0)  # fmt: skip
+    asyncio.run(judge.judge(row, item))
+    faithfulness = row.judged["faithfulness"]
+    assert (faithfulness.value, faithfulness.status) == (None, FAILED)
+    assert faithfulness.reason == "ValueError: verdict 1 cut at 192 tokens"
+    # at temperature 0, ragas's three questions would be one question three times
+    assert sum('"noncommittal"' in p for p in scripted.prompts) == 1
+    assert row.judged["answer_relevancy"].status == OK
+    hot = Scripted()
+    hot.temperature = 0.7
+    assert Judge(hot, onnx_embedder, timeout_s=5, max_tokens=64).questions == 3
+
+
+class Short:
+    """A judge writing all verdicts in one reply, as the 1.5B did: two statements, one
+    verdict."""
+
+    name = "short"
+    takes_grammar = False
+    temperature = 0.0
+
+    def chat(self, messages: Any, **kwargs: Any) -> Completion:
+        prompt = messages[0]["content"]
+        if '"noncommittal"' in prompt:
+            reply = '{"question": "How long should bread bake?", "noncommittal": 0}'
+        elif "verdict" in prompt and "Bread bakes for 35 minutes." in prompt.split("--")[-1]:
+            reply = ('{"statements": [{"statement": "Bread bakes for 35 minutes.", '
+                     '"reason": "said", "verdict": 1}]}')  # fmt: skip
+        else:
+            reply = '{"statements": ["Bread bakes for 35 minutes.", "It rises twice."]}'
+        return Completion(reply, 9, 9, self.name, 0.0)
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 4
+
+
+def test_fewer_verdicts_than_statements_fail_faithfulness_not_score_a_subset(
+    onnx_embedder: Any,
+) -> None:
+    """ragas scores whatever verdicts come back: 1 verdict of 1 for 2 statements scored
+    faithfulness 1.0, said of an answer half unjudged."""
+    from ragpipe.evaluation.golden import GoldenItem
+    from ragpipe.evaluation.rag import Judge, RagRow
+
+    judge = Judge(Short(), onnx_embedder, timeout_s=5, max_tokens=64)
+    assert judge.prefill is False
+    item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
+    row = RagRow("oven", item.query, "Bake it for 35 minutes; it rises twice [1].", False,
+                 ["Bake the loaf for thirty-five minutes."], 1, [], 0, 0, 0.0)  # fmt: skip
+    asyncio.run(judge.judge(row, item))
+    faithfulness = row.judged["faithfulness"]
+    assert (faithfulness.value, faithfulness.status) == (None, FAILED)
+    assert faithfulness.reason == (
+        "ValueError: 1 verdicts for 2 statements: a score over some of them is not the answer's"
+    )
 
 
 def test_a_runs_item_selection_is_said_in_words() -> None:

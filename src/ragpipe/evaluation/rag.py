@@ -23,6 +23,7 @@ recorded as null with its reason, never as 0.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import os
@@ -166,6 +167,48 @@ def bounded_reasons(schema: Any) -> Any:
     return bounded
 
 
+# Faithfulness's verdicts repeat every statement word for word before judging it
+# (ragas's NLIStatementOutput: statement, reason, verdict), and ragas scores whatever
+# verdicts come back: the 1.5B judge, writing them all in one reply, gave 6 verdicts for 10
+# statements (faithfulness over the 6, said of the answer; bench/judge_speed.py). A model
+# that continues a reply it is given (llama.cpp's assistant prefill) is handed each
+# statement inside the reply instead, read at prompt speed rather than written at ~10
+# tokens/s, and writes only that statement's reason and verdict, one call per statement,
+# under a grammar for just that: the same prompt, the same JSON, reason before verdict,
+# one verdict per statement, and every verdict 0 or 1.
+_VERDICTS_OPEN = '{\n    "statements": ['
+_VERDICT_OPEN = '\n        {\n            "statement": %s,\n            "reason": "'
+_VERDICTS_CLOSE = "\n    ]\n}"
+
+
+def verdict_grammar(reason_chars: int) -> str:
+    """GBNF for the rest of one verdict after its opening (``_VERDICT_OPEN``): a JSON
+    string's characters, at most ``reason_chars``, then the verdict, 0 or 1."""
+    string = r'char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})'
+    verdict = r'"\",\n            \"verdict\": " [01] "\n        }"'
+    return f"root ::= char{{0,{reason_chars}}} {verdict}\n{string}\n"
+
+
+def verdict_reply(llm: LLM, prompt: str, statements: Sequence[str]) -> str:
+    """Faithfulness's verdicts JSON for ``statements``, each statement copied into the
+    reply and only its reason and verdict written by ``llm`` (one that continues a reply
+    it is given). Raises ValueError if a verdict is cut at its token limit."""
+    messages: list[dict[str, str]] = [{"role": "user", "content": prompt}]
+    grammar = verdict_grammar(REASON_MAX_CHARS)
+    most = REASON_MAX_CHARS + 32  # a reason's characters as tokens, and the rest
+    reply = _VERDICTS_OPEN
+    for number, statement in enumerate(statements):
+        opened = reply + ("," if number else "")
+        opened += _VERDICT_OPEN % json.dumps(statement, ensure_ascii=False)
+        done = llm.chat([*messages, {"role": "assistant", "content": opened}],
+                        grammar=grammar, max_tokens=most)  # fmt: skip
+        if done.finish_reason == "length":
+            raise ValueError(f"verdict {number + 1} cut at {most} tokens")
+        written = done.text[len(opened) :] if done.text.startswith(opened) else done.text
+        reply = opened + written
+    return reply + _VERDICTS_CLOSE
+
+
 def _adapters(llm: LLM, embedder: Embedder, max_tokens: int) -> tuple[Any, Any]:
     """ragpipe's LLM and Embedder behind ragas's InstructorBaseRagasLLM / BaseRagasEmbedding."""
     from ragas.embeddings.base import BaseRagasEmbedding
@@ -182,6 +225,10 @@ def _adapters(llm: LLM, embedder: Embedder, max_tokens: int) -> tuple[Any, Any]:
         async def agenerate(self, prompt: str, response_model: type[M]) -> M:
             return await asyncio.to_thread(self.generate, prompt, response_model)
 
+        async def averdicts(self, prompt: str, statements: list[str], response_model: Any) -> Any:
+            text = await asyncio.to_thread(verdict_reply, llm, prompt, statements)
+            return response_model.model_validate_json(text)
+
     class JudgeEmbeddings(BaseRagasEmbedding):
         def embed_text(self, text: str, **kwargs: Any) -> list[float]:
             return [float(x) for x in embedder.embed_query(text)]
@@ -193,9 +240,26 @@ def _adapters(llm: LLM, embedder: Embedder, max_tokens: int) -> tuple[Any, Any]:
 
 
 class Judge:
-    """The four RAGAS metrics on one (question, answer, contexts, reference)."""
+    """The four RAGAS metrics on one (question, answer, contexts, reference).
 
-    def __init__(self, llm: LLM, embedder: Embedder, timeout_s: float, max_tokens: int) -> None:
+    Args:
+        prefill: Faithfulness's verdicts with each statement copied into the reply
+            (``verdict_reply``); None: where the judge continues a reply it is given.
+        questions: Questions answer relevancy generates from the answer (ragas's
+            ``strictness``); None: 1 for a judge at temperature 0, whose questions are one
+            question repeated, else ragas's 3.
+    """
+
+    def __init__(
+        self,
+        llm: LLM,
+        embedder: Embedder,
+        timeout_s: float,
+        max_tokens: int,
+        *,
+        prefill: bool | None = None,
+        questions: int | None = None,
+    ) -> None:
         from ragas.metrics.collections import (
             AnswerRelevancy,
             ContextPrecision,
@@ -203,11 +267,44 @@ class Judge:
             ContextRecall,
             Faithfulness,
         )
+        from ragas.metrics.collections.faithfulness.util import (
+            NLIStatementInput,
+            NLIStatementOutput,
+        )
+
+        prefill = getattr(llm, "continues_reply", False) if prefill is None else prefill
+
+        class CheckedFaithfulness(Faithfulness):
+            """ragas's faithfulness with one verdict per statement, or a failure; the
+            verdicts written by ``verdict_reply`` where ``prefill``."""
+
+            async def _create_verdicts(
+                self, statements: list[str], context: str
+            ) -> NLIStatementOutput:
+                if prefill:
+                    data = NLIStatementInput(context=context, statements=statements)
+                    prompt = self.nli_statement_prompt.to_string(data)
+                    verdicts: NLIStatementOutput = await judge_llm.averdicts(
+                        prompt, statements, NLIStatementOutput
+                    )
+                else:
+                    verdicts = await super()._create_verdicts(statements, context)
+                if len(verdicts.statements) != len(statements):
+                    raise ValueError(
+                        f"{len(verdicts.statements)} verdicts for {len(statements)} "
+                        "statements: a score over some of them is not the answer's"
+                    )
+                return verdicts
 
         judge_llm, judge_embeddings = _adapters(llm, embedder, max_tokens)
         self.timeout_s = timeout_s
-        self.faithfulness = Faithfulness(llm=judge_llm)
-        self.answer_relevancy = AnswerRelevancy(llm=judge_llm, embeddings=judge_embeddings)
+        self.prefill = prefill
+        greedy = getattr(llm, "temperature", None) == 0
+        self.questions = questions or (1 if greedy else 3)
+        self.faithfulness = CheckedFaithfulness(llm=judge_llm)
+        self.answer_relevancy = AnswerRelevancy(
+            llm=judge_llm, embeddings=judge_embeddings, strictness=self.questions
+        )
         self.context_precision = ContextPrecision(llm=judge_llm)
         self.context_precision_free = ContextPrecisionWithoutReference(llm=judge_llm)
         self.context_recall = ContextRecall(llm=judge_llm)
@@ -680,6 +777,8 @@ def _result(
         "temperature": (ev.judge or config.llm).temperature,
         "ragas": metadata.version("ragas"),
         "metric_classes": judge.classes,
+        "faithfulness_verdicts": "prefilled" if judge.prefill else "one reply",
+        "answer_relevancy_questions": judge.questions,
         "timeout_s": ev.judge_timeout_s,
         "max_tokens": ev.judge_max_tokens,
         "counts": {m: counts[m] for m in RAG_METRICS},

@@ -114,6 +114,9 @@ class LlamaCppLLM:
     """A GGUF model in-process through xllamacpp (llama.cpp's server core, no HTTP)."""
 
     takes_grammar = True
+    # A chat ending in an assistant message is continued, not answered (llama.cpp's
+    # prefill_assistant, on by default): the reply's text starts with that message.
+    continues_reply = True
 
     def __init__(
         self,
@@ -565,6 +568,8 @@ class LazyLLM:
         self.name = model_name(config)
         self.identity = model_identity(config)
         self.takes_grammar = takes_grammar(config)
+        self.continues_reply = config.provider == LLMProvider.LLAMACPP
+        self.temperature = config.temperature
 
     def model(self) -> LLM:
         with self._loading:  # threads asking at once load it once
