@@ -13,6 +13,7 @@ from ragpipe.query.generate import (
     DEGENERATE,
     INVALID_CITATIONS,
     NOT_FOUND,
+    NOT_FOUND_DROPPED,
     TRUNCATED,
     UNCITED,
     WITHDRAWN,
@@ -23,6 +24,7 @@ from ragpipe.query.generate import (
     citation_grammar,
     is_not_found,
     select_sources,
+    sourced_share,
     strip_citations,
 )
 from ragpipe.query.results import Retrieved
@@ -206,6 +208,42 @@ def test_citations_to_sources_not_given_are_removed_and_uncited_answers_flagged(
     cut = answer("q", given, Streamer(["Bake it [1] for"], finish="length"))
     assert cut.flags == [TRUNCATED]
     assert strip_citations("A [1][7]. B [2, 7] c [7, 3] [7].", [7]) == "A [1]. B [2] c [3]."
+
+
+NAMES = (
+    "Syntactic names are strings the parser interprets as this type of expression. They "
+    "consist of letters, numbers, and the dot and underscore characters, and start with "
+    "either a letter or a dot not followed by a number. Reserved words are not syntactic "
+    "names."
+)
+
+
+def test_a_sourced_answer_ended_with_the_not_found_sentence_is_kept_without_it() -> None:
+    """Measured (qwen2.5-coder-1.5b, `eval rag --sample 20`, faq-7.14): under the citation
+    grammar, which makes an answer end with [n], the model wrote the FAQ's answer, then
+    "Not found in the provided documents. [5]" to end it, and the answer was withdrawn
+    as not found: 2 of the sample's 20 questions were false refusals that way."""
+    given = _hits(2)
+    given[1].payload["text"] = NAMES
+    ended = ("Valid names in R consist of letters, numbers, and the dot and underscore "
+             "characters. Reserved words are not syntactic names. ")  # fmt: skip
+    kept = answer("What are valid names?", given,
+                  Streamer([ended, NOT_FOUND, " [2]"]))  # fmt: skip
+    assert kept.text == ended + "[2]" and not kept.not_found and kept.withdrawn is None
+    assert [s.number for s in kept.cited] == [2] and kept.flags == [NOT_FOUND_DROPPED]
+    assert not kept.trusted  # flagged: serve does not cache it
+    # 14 of its 19 word pairs are the source's; not: valid names, names in, in r, r consist,
+    # characters reserved (across the full stop)
+    assert sourced_share(ended, [NAMES]) == 14 / 19
+    # Not taken from the sources (0 of its 5 pairs), so it is withdrawn as before.
+    known = answer("q", given, Streamer(["The capital of France is Paris. ", NOT_FOUND, " [1]"]))
+    assert known.flags == [WITHDRAWN] and known.text == NOT_FOUND
+    # Text after the not-found sentence: the model's answer is unclear, withdrawn.
+    after = answer("q", given, Streamer([ended, NOT_FOUND, " Try ?make.names [2]"]))
+    assert after.flags == [WITHDRAWN]
+    # A sourced answer that looped into the not-found sentence stays withdrawn.
+    looped = answer("q", given, Streamer([ended, (NOT_FOUND + " ") * 30, "[2]"]))
+    assert DEGENERATE in looped.flags and WITHDRAWN in looped.flags and looped.not_found
 
 
 def test_a_looping_answer_is_stopped_as_it_starts_and_flagged() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -103,6 +104,14 @@ UNCITED = "uncited"  # an answer that cites no given source
 DEGENERATE = "degenerate"  # the model looped; stopped and marked
 TRUNCATED = "truncated"  # stopped at max_tokens
 WITHDRAWN = "answer_withdrawn"  # wrote an answer, then said not found: shown as not found
+# A sourced answer the model ended with the not-found sentence: shown without it.
+NOT_FOUND_DROPPED = "not_found_dropped"
+# An answer "taken from the sources": more than half of its word pairs occur in them.
+# Measured on 2026-11-29 (qwen2.5-coder-1.5b over the sample index): the two R-FAQ
+# answers it ended with "Not found in the provided documents. [n]" had 0.72 and 0.88 of
+# their word pairs in their sources; its general-knowledge answers to out-of-corpus
+# questions (Paris, Kilimanjaro, sourdough, a bicycle chain, eggs) 0.00-0.25.
+SOURCED_SHARE = 0.5
 
 
 @dataclass
@@ -224,6 +233,45 @@ def check_citations(text: str, sources: Sequence[Source]) -> tuple[list[Source],
 def is_not_found(text: str) -> bool:
     """Whether the model gave the explicit not-found answer."""
     return NOT_FOUND.lower().rstrip(".") in " ".join(text.lower().split())
+
+
+_NOT_FOUND_RE = re.compile(r"\s+".join(map(re.escape, NOT_FOUND.rstrip(".").split())) + r"\.?",
+                           re.IGNORECASE)  # fmt: skip
+_WORD = re.compile(r"\w+")
+
+
+def sourced_share(text: str, sources: Sequence[str]) -> float:
+    """Share of ``text``'s word pairs (lowercased ``\\w+`` words, side by side) that occur
+    side by side in one of ``sources``; 0 for a text of fewer than two words."""
+    words = _WORD.findall(text.lower())
+    pairs = list(itertools.pairwise(words))
+    if not pairs:
+        return 0.0
+    known: set[tuple[str, str]] = set()
+    for source in sources:
+        theirs = _WORD.findall(source.lower())
+        known.update(itertools.pairwise(theirs))
+    return sum(pair in known for pair in pairs) / len(pairs)
+
+
+def sourced_before_not_found(text: str, sources: Sequence[str]) -> str | None:
+    """The answer before a trailing not-found sentence, with the citations that follow
+    it, when the rest of the reply is only that sentence (repeated or not) and citations,
+    and the answer is taken from the sources (``SOURCED_SHARE``); else None.
+
+    The citation grammar makes an answer end with ``[n]``: measured, the 1.5B model wrote
+    a sourced answer, then "Not found in the provided documents. [5]" to end it.
+    """
+    found = _NOT_FOUND_RE.search(text)
+    if found is None:
+        return None
+    before, after = text[: found.start()].strip(), _NOT_FOUND_RE.sub(" ", text[found.start() :])
+    if not before or not re.fullmatch(r"[\s\[\],;.\d]*", after):
+        return None
+    if sourced_share(before, sources) <= SOURCED_SHARE:
+        return None
+    citations = "".join(re.findall(r"\[\d+(?:\s*,\s*\d+)*\]", after))
+    return f"{before} {citations}" if citations else before
 
 
 # generate.min_relevance "auto": the floor measured for an embedder (bench/llm_choice.py
@@ -386,10 +434,17 @@ def answer(
     not_found = is_not_found(text)
     withdrawn = None
     if not_found and " ".join(text.split()) != NOT_FOUND:
-        # The model said the sources do not hold the answer, after or around text of its
-        # own: that text is not shown as an answer (it is kept in ``withdrawn``).
-        withdrawn, text = text, NOT_FOUND
-        flags.append(WITHDRAWN)
+        kept = None
+        if DEGENERATE not in flags:  # a sourced answer, ended with the not-found sentence
+            kept = sourced_before_not_found(text, [s.text for s in sources])
+        if kept is not None:
+            text, not_found = kept, False
+            flags.append(NOT_FOUND_DROPPED)
+        else:
+            # The model said the sources do not hold the answer, after or around text of
+            # its own: that text is not shown as an answer (it is kept in ``withdrawn``).
+            withdrawn, text = text, NOT_FOUND
+            flags.append(WITHDRAWN)
     cited, invalid = ([], []) if not_found else check_citations(text, sources)
     if invalid:
         text = strip_citations(text, invalid)
@@ -428,5 +483,7 @@ def flag_warnings(reply: Answer) -> list[str]:
         TRUNCATED: "the answer was cut at llm.max_tokens",
         WITHDRAWN: "the model wrote text of its own, then said the sources do not contain the "
         "answer: not found (its text is kept under 'withdrawn' in --json)",
+        NOT_FOUND_DROPPED: "the model ended an answer taken from the sources (most of its "
+        "word pairs are theirs) with the not-found sentence; that sentence was taken out",
     }
     return [said[flag] for flag in reply.flags if flag in said]
