@@ -265,8 +265,8 @@ def test_answer_metrics_refusals_and_an_unreliable_judge_end_to_end(
                               embedder=onnx_embedder)  # fmt: skip
     said = [r.getMessage() for r in caplog.records if r.name == "ragpipe.evaluation.rag"]
     # Before the first question, from the probe; after it, from what it took.
-    assert re.fullmatch(r"expected duration: about \d+ s for 6 question\(s\): each is one "
-                        r"answer and about 8 judge calls, .*", said[0])  # fmt: skip
+    assert re.fullmatch(r"expected duration: more than \d+ s for 6 question\(s\): each is "
+                        r"one answer and about 8 judge calls, .*", said[0])  # fmt: skip
     assert re.fullmatch(r"the first question took \d+ s \(answer \d+ s, judge \d+ s\): "
                         r"about \d+ s more for the other 5", said[1])  # fmt: skip
     rows = {r.item_id: r for r in result.rows}

@@ -555,7 +555,8 @@ def score_answer(
 
 
 # Structured judge calls RAGAS makes for one question: faithfulness (statements, then
-# verdicts), answer relevancy (questions), context precision (one per context) and recall.
+# verdicts: one call, or one short prefilled call per statement), answer relevancy (one
+# question at temperature 0), context precision (one per context) and recall.
 JUDGE_CALLS_PER_ITEM = 8
 
 
@@ -609,9 +610,11 @@ def run_rag_eval(
                 per_call = (time.perf_counter() - probed) / len(probe)
                 expected = len(items) * (1 + JUDGE_CALLS_PER_ITEM) * per_call
                 logger.warning(  # shown by the CLI too: the run may take long
-                    "expected duration: about %s for %d question(s): each is one answer and "
-                    "about %d judge calls, and a model call took %.1f s on the calibration "
-                    "probe (answers take longer: they read the sources)",
+                    "expected duration: more than %s for %d question(s): each is one answer "
+                    "and about %d judge calls, and a model call took %.1f s on the "
+                    "calibration probe, whose calls read a short passage (answers and judge "
+                    "calls read the sources: on the sample index, 6 min was said of a run "
+                    "of 37 min); an estimate from the first question follows it",
                     _duration(expected),
                     len(items), JUDGE_CALLS_PER_ITEM, per_call,
                 )  # fmt: skip
