@@ -422,12 +422,16 @@ def answer(
     flags: list[str] = []
     try:
         grammar = citation_grammar(len(sources)) if cite_grammar and llm.takes_grammar else None
-        reply = llm.chat(build_messages(question, sources), on_token=guarded, grammar=grammar)
+        messages = build_messages(question, sources)
+        reply = llm.chat(messages, on_token=guarded, grammar=grammar)
         text, tokens_in, tokens_out = reply.text.strip(), reply.tokens_in, reply.tokens_out
         if reply.finish_reason == "length":
             flags.append(TRUNCATED)
-    except _Looping:
-        text, tokens_in, tokens_out = "".join(pieces).strip(), 0, len(pieces)
+    except _Looping:  # the stopped stream reports no usage: the prompt counted here
+        # (by the model's own tokenizer where it has one; the chat template's own tokens
+        # left out), never 0 for a prompt the model read
+        text, tokens_out = "".join(pieces).strip(), len(pieces)
+        tokens_in = sum(llm.count_tokens(str(m["content"])) for m in messages)
         flags.append(DEGENERATE)
     if DEGENERATE not in flags and is_degenerate(text):
         flags.append(DEGENERATE)
