@@ -230,13 +230,16 @@ def check_citations(text: str, sources: Sequence[Source]) -> tuple[list[Source],
     return cited, invalid
 
 
-def is_not_found(text: str) -> bool:
-    """Whether the model gave the explicit not-found answer."""
-    return NOT_FOUND.lower().rstrip(".") in " ".join(text.lower().split())
-
-
+# The not-found sentence anywhere in a reply, in any case and spacing.
 _NOT_FOUND_RE = re.compile(r"\s+".join(map(re.escape, NOT_FOUND.rstrip(".").split())) + r"\.?",
                            re.IGNORECASE)  # fmt: skip
+
+
+def is_not_found(text: str) -> bool:
+    """Whether the model gave the explicit not-found answer."""
+    return _NOT_FOUND_RE.search(text) is not None
+
+
 _WORD = re.compile(r"\w+")
 
 
