@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -69,6 +70,28 @@ def _terminated(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def stopped_by_signal(exc: BaseException) -> bool:
+    """Whether Ctrl-C or SIGTERM is what stopped a run, even when another error hides it.
+
+    While a flow runs, Prefect's own SIGTERM handler raises its ``TerminationSignal``
+    instead of ours. When that lands while Prefect's engine is still creating a task run,
+    Prefect's crash handling itself fails (``ValueError('Task run is not set')``) and the
+    flow ends with that error, the signal only in its context."""
+    prefect_exceptions = sys.modules.get("prefect.exceptions")  # never imported here
+    termination = getattr(prefect_exceptions, "TerminationSignal", KeyboardInterrupt)
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        if isinstance(current, (KeyboardInterrupt, termination)):
+            return True
+        seen.add(id(current))
+        pending += [current.__cause__, current.__context__]
+    return False
+
+
 def fail(exc: BaseException, code: int, label: str = "error") -> NoReturn:
     """Print an expected error as one line (never wrapped, never read as markup); exit."""
     console.print(f"[red]{label}:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
@@ -81,13 +104,13 @@ def error_names(cls: type[BaseException] = RagpipeError) -> set[str]:
 
 class HideExpectedErrors(logging.Filter):
     """Drop Prefect's tracebacks of ragpipe's own errors (bad config, a held store, a full
-    disk, ...): the CLI prints the one line that matters. Unexpected errors keep theirs;
-    ``--verbose`` keeps everything."""
+    disk, ...) and of a run stopped by a signal: the CLI prints the one line that matters.
+    Unexpected errors keep theirs; ``--verbose`` keeps everything."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, RagpipeError):
-            return False
+        if isinstance(exc, RagpipeError) or (exc is not None and stopped_by_signal(exc)):
+            return False  # the CLI's one line says it (an error, or "interrupted")
         if record.levelno < logging.ERROR:
             return True
         message = record.getMessage()

@@ -17,6 +17,7 @@ from flows.cli_common import (
     console,
     fail,
     prefect_env,
+    stopped_by_signal,
 )
 from ragpipe.config import (
     ChunkerKind,
@@ -159,7 +160,9 @@ def ingest(
             fail(exc, 4, "version held")
         except RagpipeError as exc:
             fail(exc, 2)
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (see cli_common.prefect_env)
+        except (KeyboardInterrupt, Exception) as exc:  # Ctrl-C, or SIGTERM (cli_common)
+            if not stopped_by_signal(exc):
+                raise
             fail(
                 RuntimeError(
                     "the ingest stopped; the writer slot and locks are released and the next "

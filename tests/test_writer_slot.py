@@ -331,3 +331,58 @@ def test_a_killed_cli_ingest_never_blocks_the_next(tmp_path: Path, sig: signal.S
     assert "seen=40" in output and "failed=0" in output
     if sig == signal.SIGKILL:
         assert "freeing the writer slot" in output and "is no longer running" in output
+
+
+@pytest.mark.slow
+def test_sigterm_while_prefect_creates_a_task_run_is_an_interrupt(
+    prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI on 2026-11-29: SIGTERM landed while Prefect's engine was creating a stage's task
+    run. Prefect's handler raised its TerminationSignal there, its crash handling then failed
+    (ValueError 'Task run is not set'), and the ingest ended in that traceback instead of the
+    one-line interrupt. The real signal is sent at that very point here."""
+    import prefect.task_engine as task_engine
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from flows.concurrency import writer_slot
+    from ragpipe.locking import ingest_lock
+    from tests.support.corpora import TOPICS, topic_doc
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for topic in TOPICS[:3]:
+        (docs / f"{topic}.md").write_text(topic_doc(topic), encoding="utf-8")
+    cfg = _config(tmp_path, "store")  # the slot's and the locks' keys: store and work dir
+    config = tmp_path / "ragpipe.yaml"
+    config.write_text(
+        f"discover: {{roots: [{docs}]}}\nembed: {{provider: onnx}}\n"
+        f"store: {{path: {cfg.store.path}}}\npaths: {{work_dir: {cfg.paths.work_dir}}}\n",
+        encoding="utf-8",
+    )
+    real = task_engine._create_task_run_locally
+    sent: list[int] = []
+
+    def signalled(*args: object, **kwargs: object) -> object:
+        if not sent:  # the first stage's task run: the flow holds the slot and the locks
+            sent.append(os.getpid())
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(task_engine, "_create_task_run_locally", signalled)
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        result = CliRunner().invoke(app, ["ingest", "--config", str(config)])
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert sent, "the signal was never sent: Prefect no longer creates task runs there"
+    assert result.exit_code == 130, result.output
+    assert "interrupted: the ingest stopped" in result.output
+    assert "Traceback" not in result.output
+    with writer_slot(cfg, wait_s=0.0), ingest_lock(cfg, timeout_s=0):
+        pass  # both given back
+
+    monkeypatch.setattr(task_engine, "_create_task_run_locally", real)
+    again = CliRunner().invoke(app, ["ingest", "--config", str(config)])
+    assert again.exit_code == 0, again.output
+    assert "seen=3" in again.output and "failed=0" in again.output
