@@ -563,14 +563,14 @@ def test_the_judges_replies_are_bounded_in_the_schema_it_is_constrained_by() -> 
         "statement"]  # fmt: skip
     assert answer["verdict"] == schema["$defs"]["StatementFaithfulnessAnswer"]["properties"][
         "verdict"]  # fmt: skip
-    assert bounded["properties"]["statements"]["maxItems"] == 10
+    assert bounded["properties"]["statements"]["maxItems"] == 16
     assert "maxLength" not in json.dumps(schema)  # the original is not changed
     text = json.dumps(bounded)
     assert (text.count("maxLength"), text.count("maxItems")) == (1, 1)
     generated = bounded_reasons(StatementGeneratorOutput.model_json_schema())
     statements = generated["properties"]["statements"]
     assert (statements["maxItems"], statements["items"]) == (
-        10, {"type": "string", "maxLength": 240})  # fmt: skip
+        16, {"type": "string", "maxLength": 240})  # fmt: skip
     precision = bounded_reasons(ContextPrecisionOutput.model_json_schema())
     assert precision["properties"]["reason"]["maxLength"] == 160
     assert "maxItems" not in json.dumps(precision)
@@ -732,6 +732,73 @@ def test_fewer_verdicts_than_statements_fail_faithfulness_not_score_a_subset(
     assert faithfulness.reason == (
         "ValueError: 1 verdicts for 2 statements: a score over some of them is not the answer's"
     )
+
+
+class Listing:
+    """A one-reply judge that splits the answer into ``claims`` statements (all supported)
+    and the reference into ``claims`` sentences (all attributed), as a judge writing under
+    the grammar's item bound would at that bound."""
+
+    name = "listing"
+    takes_grammar = False
+    temperature = 0.0
+
+    def __init__(self, claims: int) -> None:
+        self.claims = claims
+
+    def chat(self, messages: Any, **kwargs: Any) -> Completion:
+        prompt = messages[0]["content"]
+        items = [f"Bread fact {i}." for i in range(self.claims)]
+        if '"noncommittal"' in prompt:
+            reply: Any = {"question": "How long should bread bake?", "noncommittal": 0}
+        elif prompt.startswith("Given a context and an answer"):  # context recall
+            reply = {"classifications": [{"statement": s, "reason": "said", "attributed": 1}
+                                         for s in items]}  # fmt: skip
+        elif prompt.startswith("Your task is to judge the faithfulness"):
+            reply = {"statements": [{"statement": s, "reason": "said", "verdict": 1}
+                                    for s in items]}  # fmt: skip
+        elif prompt.startswith("Given a question and an answer"):  # the statements
+            reply = {"statements": items}
+        else:  # context precision
+            reply = {"reason": "useful", "verdict": 1}
+        return Completion(json.dumps(reply), 9, 9, self.name, 0.0)
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 4
+
+
+@pytest.mark.parametrize("claims", [2, 3, 4])
+def test_a_list_at_the_grammars_item_bound_fails_not_scores_the_first_items(
+    onnx_embedder: Any, monkeypatch: pytest.MonkeyPatch, claims: int
+) -> None:
+    """The grammar closes every list the judge writes at MAX_STATEMENTS items: an answer of
+    more claims (or a reference of more sentences) was scored on its first ones, in silence.
+    A list at the bound is a failure with the reason; under it, or past it (a judge that
+    ignores the bound wrote every item), the score stands. The bound is 3 here."""
+    import ragpipe.evaluation.rag as rag
+    from ragpipe.evaluation.golden import GoldenItem
+    from ragpipe.evaluation.rag import Judge, RagRow
+
+    monkeypatch.setattr(rag, "MAX_STATEMENTS", 3)
+    judge = Judge(Listing(claims), onnx_embedder, timeout_s=5, max_tokens=64)
+    item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1},
+                      expected_answer="Bake it for 35 minutes. Let it rise twice.")  # fmt: skip
+    row = RagRow("oven", item.query, "Bake it for 35 minutes; it rises twice [1].", False,
+                 ["Bake the loaf for thirty-five minutes."], 1, [], 0, 0, 0.0)  # fmt: skip
+    asyncio.run(judge.judge(row, item))
+    faithfulness, recall = row.judged["faithfulness"], row.judged["context_recall"]
+    if claims == 3:
+        for judged, key in ((faithfulness, "statements"), (recall, "classifications")):
+            assert (judged.value, judged.status) == (None, FAILED)
+            assert judged.reason == (
+                f"ValueError: the judge's {key!r} list holds 3 items, the most its grammar "
+                "allows: it may be cut there, and a score over those items would be said of "
+                "more than was judged"
+            )
+    else:
+        assert (faithfulness.value, faithfulness.status) == (1.0, OK)
+        assert (recall.value, recall.status) == (1.0, OK)
+    assert row.judged["context_precision"].status == OK
 
 
 def test_a_runs_item_selection_is_said_in_words() -> None:

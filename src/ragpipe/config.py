@@ -1310,12 +1310,13 @@ class EvalConfig(_Section):
         default=300.0, gt=0, description="Seconds per judged metric before it counts as failed."
     )
     judge_max_tokens: int = Field(
-        default=1024,
+        default=1536,
         gt=0,
         description="Tokens the judge may write per structured reply. RAGAS's faithfulness "
-        "verdicts repeat every statement of the answer (at most 10, bounded in the grammar); "
-        "at 384 the 1.5B judge's JSON was cut on 9 of 16 answers (lost as failures), and at "
-        "768 a verdict list of 10 statements took 762 tokens (bench/judge_speed.py).",
+        "verdicts repeat every statement of the answer (at most 16, bounded in the grammar); "
+        "at 384 the 1.5B judge's JSON was cut on 9 of 16 answers (lost as failures), and a "
+        "verdict list of 10 statements took 762 tokens (bench/judge_speed.py), so one of 16 "
+        "takes about 1,220.",
     )
     rag_limit: int | None = Field(
         default=None,

@@ -142,9 +142,34 @@ class RagEvalResult:
 #   collection of sites ..." until 768 tokens) on 1 answer in 3, and faithfulness was lost.
 # The statement a verdict echoes is not bounded: cut, the judge judged the cut statement
 # ("... are examples of U": verdict 0; faithfulness 1.0 -> 0.5 and 1.0 -> 0.11).
+# A list the grammar closed at MAX_STATEMENTS items may have been cut there: an answer's
+# later claims (or a reference's later sentences) unjudged, a score over the first ones
+# said of the whole. A reply that holds exactly that many is a failure (``at_the_cap``);
+# the cap is above what the generator's answers (384 tokens) were split into.
 REASON_MAX_CHARS = 160
-MAX_STATEMENTS = 10
+MAX_STATEMENTS = 16
 STATEMENT_MAX_CHARS = 240
+
+
+def at_the_cap(reply: Any) -> str | None:
+    """Why a judge's parsed JSON reply cannot be scored whole: a list in it holds exactly
+    MAX_STATEMENTS items, the most the grammar allows, so it may have been cut there. None
+    when no list is at the cap (a judge that ignores the bound and writes more is whole)."""
+    pending = [reply]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(item, list) and len(item) == MAX_STATEMENTS:
+                    return (
+                        f"the judge's {key!r} list holds {MAX_STATEMENTS} items, the most its "
+                        "grammar allows: it may be cut there, and a score over those items "
+                        "would be said of more than was judged"
+                    )
+                pending.append(item)
+        elif isinstance(value, list):
+            pending += value
+    return None
 
 
 def bounded_reasons(schema: Any) -> Any:
@@ -220,6 +245,9 @@ def _adapters(llm: LLM, embedder: Embedder, max_tokens: int) -> tuple[Any, Any]:
             reply = llm.chat([{"role": "user", "content": prompt}], schema=schema,
                              max_tokens=max_tokens)  # fmt: skip
             parsed: M = response_model.model_validate_json(reply.text)  # type: ignore[attr-defined]
+            cut = at_the_cap(json.loads(reply.text))
+            if cut is not None:
+                raise ValueError(cut)
             return parsed
 
         async def agenerate(self, prompt: str, response_model: type[M]) -> M:
