@@ -240,7 +240,27 @@ SCRIPT = Scripted(
         "Moon": "Not found in the provided documents.",
     }
 )
-YES = Canned("yes-man", '{"verdict": 1}')  # says "yes" to everything, RAGAS prompts included
+_NLI_INPUT = "Now perform the same with the following input\ninput: "
+
+
+def verdicts_json(prompt: str, verdict: int) -> str:
+    """The same verdict on every statement of ragas's faithfulness prompt (the statements
+    read back from its input), as ragas's verdicts JSON; else ``{"verdict": ...}``."""
+    if _NLI_INPUT not in prompt:
+        return json.dumps({"verdict": verdict})
+    given = json.loads(prompt.rsplit(_NLI_INPUT, 1)[1].rsplit("Output:", 1)[0])["statements"]
+    said = [{"statement": s, "reason": "", "verdict": verdict} for s in given]
+    return json.dumps({"statements": said})
+
+
+class YesMan(Canned):
+    """Says "yes" to everything, RAGAS prompts included."""
+
+    def chat(self, messages: Any, **kwargs: Any) -> Completion:
+        return Completion(verdicts_json(messages[0]["content"], 1), 5, 5, self.name, 0.0)
+
+
+YES = YesMan("yes-man", "")
 
 
 @pytest.fixture
@@ -388,17 +408,24 @@ def test_the_judge_says_the_floor_refused_not_that_nothing_was_retrieved(
 
 
 class Oracle:
-    """A judge that knows every probe pair's truth: kappa 1."""
+    """A judge that knows every probe pair's truth (kappa 1), or says ``verdict(pair)``."""
 
     name = "oracle"
     takes_grammar = False  # a scripted reply: nothing to constrain
 
-    def __init__(self, truths: dict[str, int]) -> None:
-        self.truths = truths
+    def __init__(self, pairs: Any, verdict: Any = lambda pair: pair.truth) -> None:
+        self.pairs = {p.prompt: p for p in pairs}
+        self.verdict = verdict
 
     def chat(self, messages: Any, **kwargs: Any) -> Completion:
-        return Completion(f'{{"verdict": {self.truths[messages[0]["content"]]}}}', 5, 1,
-                          self.name, 0.0)  # fmt: skip
+        from ragpipe.evaluation.calibration import JUDGEMENT, STATEMENTS
+
+        pair = self.pairs[messages[0]["content"]]
+        verdict = self.verdict(pair)
+        if JUDGEMENT[pair.kind] == STATEMENTS:  # ragas's verdicts JSON about the statement
+            said = [{"statement": pair.shown, "reason": "", "verdict": verdict}]
+            return Completion(json.dumps({"statements": said}), 5, 1, self.name, 0.0)
+        return Completion(json.dumps({"verdict": verdict}), 5, 1, self.name, 0.0)
 
     def count_tokens(self, text: str) -> int:
         return len(text) // 4
@@ -416,6 +443,7 @@ def test_probe_and_calibration_of_a_perfect_judge(
         ProbePair,
         build_probe,
         calibrate,
+        nli_prompt,
     )
     from ragpipe.evaluation.check import IndexView
     from ragpipe.models.embedders import embedder_name
@@ -437,10 +465,13 @@ def test_probe_and_calibration_of_a_perfect_judge(
     assert kinds.count(MATCHING) == kinds.count(MISMATCHED) >= 1
     for pair in probe:
         if pair.kind == SUPPORTED:  # the statement is in the passage shown
-            assert pair.shown in pair.prompt.split("Statement:")[0]
+            assert pair.shown in pair.passage
         if pair.kind in (UNRELATED, ALTERED):
-            assert pair.shown not in pair.prompt.split("Statement:")[0]
-    oracle = Oracle({p.prompt: p.truth for p in probe})
+            assert pair.shown not in pair.passage
+        if pair.kind in (SUPPORTED, UNRELATED, ALTERED):  # asked as faithfulness asks
+            assert pair.prompt == nli_prompt(pair.passage, pair.shown)
+            assert pair.prompt.startswith("Your task is to judge the faithfulness")
+    oracle = Oracle(probe)
     measured = calibrate(oracle, probe, min_kappa=0.4, timeout_s=10)
     assert not measured.failed and measured.agreement.kappa == 1.0
     asked = {j: a.n for j, a in measured.by_judgement.items()}
@@ -462,8 +493,7 @@ def test_probe_and_calibration_of_a_perfect_judge(
              (MATCHING, 1), (MISMATCHED, 0), (MATCHING, 1), (MISMATCHED, 0)]
         )
     ]  # fmt: skip
-    half = Oracle({p.prompt: p.truth if p.kind in (SUPPORTED, UNRELATED, ALTERED) else 1
-                   for p in pairs})  # fmt: skip
+    half = Oracle(pairs, lambda p: p.truth if p.kind in (SUPPORTED, UNRELATED, ALTERED) else 1)
     split = calibrate(half, pairs, min_kappa=0.4, timeout_s=10)
     # Pooled: p_o = 6/8, p_yes(truth) = 1/2, p_yes(judge) = 6/8: p_e = 1/2 * 6/8 + 1/2 * 2/8
     # = 1/2; kappa = (3/4 - 1/2) / (1 - 1/2) = 0.5.
@@ -479,7 +509,7 @@ def test_probe_and_calibration_of_a_perfect_judge(
     # calibrated", so the judge as a whole is not vouched for (it was "reliable", and a
     # run's judge.usable_for_gates true, beside four metrics marked not calibrated).
     small = [pairs[0], pairs[1], pairs[4], pairs[5]]
-    right = calibrate(Oracle({p.prompt: p.truth for p in small}), small, min_kappa=0.4,
+    right = calibrate(Oracle(small), small, min_kappa=0.4,
                       timeout_s=10)  # fmt: skip
     assert right.agreement.kappa == 1.0 and not right.failed and not right.reliable
     assert all(right.reliable_for(m) is None for m in RAG_METRICS)
@@ -490,7 +520,7 @@ def test_probe_and_calibration_of_a_perfect_judge(
     # No pair at all of a judgement (a golden set with one answerable item has no answer to
     # mismatch): not calibrated either; it was "reliable" on the statements alone.
     statements = pairs[:4]
-    alone = calibrate(Oracle({p.prompt: p.truth for p in statements}), statements,
+    alone = calibrate(Oracle(statements), statements,
                       min_kappa=0.4, timeout_s=10)  # fmt: skip
     assert "answers" not in alone.by_judgement and alone.uncalibrated == ["answers"]
     assert not alone.reliable and alone.reliable_for("faithfulness") is True
@@ -637,6 +667,42 @@ def test_faithfulness_verdicts_copy_each_statement_into_the_reply(smollm: Any) -
     assert [v.statement for v in verdicts] == statements
     assert all(v.verdict in (0, 1) and len(v.reason) <= REASON_MAX_CHARS for v in verdicts)
     assert json.loads(text)["statements"][1]["statement"] == 'The loaf is called a "boule".'
+
+
+def test_the_probe_asks_a_statement_pair_as_faithfulness_asks(smollm: Any) -> None:
+    """The probe's statement pairs are ragas's faithfulness prompt about one statement, and
+    a judge that continues replies gets the statement prefilled (the real model writes only
+    the reason and the verdict). It asked a short prompt of its own for a bare verdict: the
+    1.5B scored kappa 0.75 on 24 statement pairs there and 0.58 on ragas's prompt
+    (bench/probe_prompt.py), a judgement the metrics never make."""
+    from ragpipe.evaluation.calibration import (
+        SUPPORTED,
+        ProbePair,
+        _ask,
+        nli_prompt,
+        parse_statement_verdict,
+        statement_verdict,
+    )
+
+    passage = "Bake the loaf at 230 degrees Celsius for 35 minutes."
+    statement = 'The loaf is baked at "230 degrees" Celsius.'
+    pair = ProbePair(SUPPORTED, 1, nli_prompt(passage, statement), "oven", statement, passage)
+    reply = json.loads(statement_verdict(smollm, pair, 64))
+    assert [v["statement"] for v in reply["statements"]] == [statement]
+    verdict, failure = asyncio.run(_ask(smollm, pair, 60, 64))
+    assert verdict in (0, 1) and failure is None
+    # Anything but one verdict, 0 or 1, about this very statement is no verdict.
+    said = {"statement": statement, "reason": "", "verdict": 1}
+    assert parse_statement_verdict(json.dumps({"statements": [said]}), statement) == 1
+    for bad in (
+        {"statements": [{**said, "statement": "Rye has no gluten."}]},
+        {"statements": [said, said]},
+        {"statements": [{**said, "verdict": 2}]},
+        {"statements": [{**said, "verdict": True}]},
+        {"verdict": 1},
+    ):
+        assert parse_statement_verdict(json.dumps(bad), statement) is None
+    assert parse_statement_verdict('{"statements": [', statement) is None
 
 
 class Scripted:

@@ -14,6 +14,14 @@ golden set and index:
   its target chunk);
 - **mismatched answer**: the question with another item's answer.
 
+A statement pair is asked the way faithfulness asks about each statement: ragas's NLI
+prompt with the passage as context, a reason, then the verdict (``statement_verdict``).
+A short prompt of the probe's own for a bare verdict (until 2026-12-01) measured the 1.5B
+judge at kappa 0.75 on 24 statement pairs where ragas's prompt measured 0.58
+(``bench/probe_prompt.py``): it vouched for a judgement the metrics do not make.
+Answer relevancy has no verdict to copy (ragas compares generated questions), so answer
+pairs keep the short prompt.
+
 Half the pairs are true, half false. The judge's accuracy and Cohen's kappa, with
 bootstrap CIs (``ragpipe.evaluation.agreement``), say whether its verdicts carry
 information: a judge that says "yes" to everything scores kappa 0. Kappa is also
@@ -56,16 +64,6 @@ VERDICT_SCHEMA: dict[str, Any] = {
     "properties": {"verdict": {"type": "integer", "enum": [0, 1]}},
     "required": ["verdict"],
 }
-STATEMENT_PROMPT = """Is the statement supported by the passage?
-Answer 1 if the passage states it or directly implies it; answer 0 if the passage does not \
-say it or contradicts it.
-
-Passage:
-{passage}
-
-Statement: {statement}
-
-Reply with JSON only: {{"verdict": 1}} or {{"verdict": 0}}."""
 ANSWER_PROMPT = """Does the answer address the question?
 Answer 1 if it answers this question; answer 0 if it is about something else.
 
@@ -90,6 +88,7 @@ class ProbePair:
     prompt: str
     item_id: str
     shown: str  # the statement or answer, for the report
+    passage: str = ""  # a statement pair's passage
 
 
 @dataclass
@@ -330,9 +329,16 @@ def _unrelated(
     return None
 
 
+def nli_prompt(passage: str, statement: str) -> str:
+    """ragas's faithfulness prompt about one statement, with ``passage`` as its context."""
+    from ragas.metrics.collections.faithfulness.util import NLIStatementInput, NLIStatementPrompt
+
+    data = NLIStatementInput(context=passage, statements=[statement])
+    return str(NLIStatementPrompt().to_string(data))
+
+
 def _statement(kind: str, truth: int, item: GoldenItem, passage: str, text: str) -> ProbePair:
-    prompt = STATEMENT_PROMPT.format(passage=passage, statement=text)
-    return ProbePair(kind, truth, prompt, item.id, text)
+    return ProbePair(kind, truth, nli_prompt(passage, text), item.id, text, passage)
 
 
 def _answer(kind: str, truth: int, item: GoldenItem, text: str) -> ProbePair:
@@ -350,19 +356,55 @@ def parse_verdict(text: str) -> int | None:
     return verdict if verdict in (0, 1) and not isinstance(verdict, bool) else None
 
 
-async def _ask(judge: LLM, pair: ProbePair, timeout_s: float) -> tuple[int | None, str | None]:
+def statement_verdict(judge: LLM, pair: ProbePair, max_tokens: int) -> str:
+    """The judge's reply to a statement pair's ``prompt`` (``nli_prompt``), as faithfulness
+    gets it: the statement prefilled and only its reason and verdict written where the judge
+    continues a reply it is given (``rag.verdict_reply``), else one reply held to ragas's
+    verdicts schema with the reason bounded (``rag.bounded_reasons``)."""
+    from ragas.metrics.collections.faithfulness.util import NLIStatementOutput
+
+    from ragpipe.evaluation.rag import bounded_reasons, verdict_reply
+
+    if getattr(judge, "continues_reply", False):
+        return verdict_reply(judge, pair.prompt, [pair.shown])
+    schema = bounded_reasons(NLIStatementOutput.model_json_schema())
+    messages = [{"role": "user", "content": pair.prompt}]
+    return judge.chat(messages, schema=schema, max_tokens=max_tokens).text
+
+
+def parse_statement_verdict(text: str, statement: str) -> int | None:
+    """The one verdict of ragas's verdicts JSON about ``statement``, 0 or 1, or None."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    verdicts = data.get("statements") if isinstance(data, dict) else None
+    if not isinstance(verdicts, list) or len(verdicts) != 1 or not isinstance(verdicts[0], dict):
+        return None
+    if verdicts[0].get("statement") != statement:
+        return None  # a verdict about another statement is none about this one
+    verdict = verdicts[0].get("verdict")
+    return verdict if verdict in (0, 1) and not isinstance(verdict, bool) else None
+
+
+async def _ask(
+    judge: LLM, pair: ProbePair, timeout_s: float, max_tokens: int
+) -> tuple[int | None, str | None]:
+    statement = JUDGEMENT[pair.kind] == STATEMENTS
     messages = [{"role": "user", "content": pair.prompt}]
     try:
-        reply = await asyncio.wait_for(
-            asyncio.to_thread(judge.chat, messages, schema=VERDICT_SCHEMA, max_tokens=16),
-            timeout_s,
-        )
+        if statement:
+            asked = asyncio.to_thread(statement_verdict, judge, pair, max_tokens)
+            text = await asyncio.wait_for(asked, timeout_s)
+        else:
+            chat = asyncio.to_thread(judge.chat, messages, schema=VERDICT_SCHEMA, max_tokens=16)
+            text = (await asyncio.wait_for(chat, timeout_s)).text
     except TimeoutError:
         return None, f"timeout after {timeout_s:.0f}s"
     except Exception as exc:  # a model error is a failed verdict, not a crash
         return None, f"{type(exc).__name__}: {str(exc)[:200]}"
-    verdict = parse_verdict(reply.text)
-    return verdict, None if verdict is not None else f"no verdict in {reply.text[:80]!r}"
+    verdict = parse_statement_verdict(text, pair.shown) if statement else parse_verdict(text)
+    return verdict, None if verdict is not None else f"no verdict in {text[:80]!r}"
 
 
 def calibrate(
@@ -371,14 +413,20 @@ def calibrate(
     *,
     min_kappa: float,
     timeout_s: float,
+    max_tokens: int = 1536,
     resamples: int = 1000,
     seed: int = 0,
 ) -> Calibration:
-    """Ask the judge every probe pair; score its verdicts against the truth."""
+    """Ask the judge every probe pair; score its verdicts against the truth.
+
+    Args:
+        max_tokens: Most tokens of a statement pair's reply written in one (a reason and
+            a verdict; ``eval.judge_max_tokens``).
+    """
     verdicts: list[int | None] = []
     reasons: list[str | None] = []
     for pair in pairs:
-        verdict, reason = asyncio.run(_ask(judge, pair, timeout_s))
+        verdict, reason = asyncio.run(_ask(judge, pair, timeout_s, max_tokens))
         verdicts.append(verdict)
         reasons.append(reason)
     truth = [p.truth for p in pairs]

@@ -634,6 +634,7 @@ def run_rag_eval(
                 probed = time.perf_counter()
                 calibration = calibrate(judge_model, probe, min_kappa=ev.judge_min_kappa,
                                         timeout_s=ev.judge_timeout_s,
+                                        max_tokens=ev.judge_max_tokens,
                                         resamples=ev.resamples, seed=ev.seed)  # fmt: skip
                 per_call = (time.perf_counter() - probed) / len(probe)
                 expected = len(items) * (1 + JUDGE_CALLS_PER_ITEM) * per_call
