@@ -144,8 +144,9 @@ class RagEvalResult:
 # ("... are examples of U": verdict 0; faithfulness 1.0 -> 0.5 and 1.0 -> 0.11).
 # A list the grammar closed at MAX_STATEMENTS items may have been cut there: an answer's
 # later claims (or a reference's later sentences) unjudged, a score over the first ones
-# said of the whole. A reply that holds exactly that many is a failure (``at_the_cap``);
-# the cap is above what the generator's answers (384 tokens) were split into.
+# said of the whole. A reply that holds exactly that many is a failure (``at_the_cap``).
+# The cap was 10, and 3 of the 5 answers bench/judge_speed.py recorded filled it (one cut,
+# one a loop); 16 leaves room above that.
 REASON_MAX_CHARS = 160
 MAX_STATEMENTS = 16
 STATEMENT_MAX_CHARS = 240
@@ -642,8 +643,8 @@ def run_rag_eval(
                     "expected duration: more than %s for %d question(s): each is one answer "
                     "and about %d judge calls, and a model call took %.1f s on the "
                     "calibration probe, whose calls read a short passage (answers and judge "
-                    "calls read the sources: on the sample index, 6 min was said of a run "
-                    "of 37 min); an estimate from the first question follows it",
+                    "calls read the sources: on the sample index, 13 min was said of a run "
+                    "of 45 min); an estimate from the first question follows it",
                     _duration(expected),
                     len(items), JUDGE_CALLS_PER_ITEM, per_call,
                 )  # fmt: skip
