@@ -71,21 +71,29 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def stopped_by_signal(exc: BaseException) -> bool:
-    """Whether Ctrl-C or SIGTERM is what stopped a run, even when another error hides it.
+    """Whether Ctrl-C or SIGTERM is what stopped a run: ``exc`` is the signal itself, or
+    Prefect's own failure to handle it.
 
     While a flow runs, Prefect's own SIGTERM handler raises its ``TerminationSignal``
     instead of ours. When that lands while Prefect's engine is still creating a task run,
     Prefect's crash handling itself fails (``ValueError('Task run is not set')``) and the
-    flow ends with that error, the signal only in its context."""
+    flow ends with that error, the signal only in its context. Any other error raised
+    while a signal unwinds (giving the writer slot back failed, say) is not the signal:
+    it is shown as the error it is."""
     prefect_exceptions = sys.modules.get("prefect.exceptions")  # never imported here
     termination = getattr(prefect_exceptions, "TerminationSignal", KeyboardInterrupt)
+    signals = (KeyboardInterrupt, termination)
+    if isinstance(exc, signals):
+        return True
+    if not (isinstance(exc, ValueError) and str(exc) == "Task run is not set"):
+        return False
     seen: set[int] = set()
-    pending: list[BaseException | None] = [exc]
+    pending: list[BaseException | None] = [exc.__cause__, exc.__context__]
     while pending:
         current = pending.pop()
         if current is None or id(current) in seen:
             continue
-        if isinstance(current, (KeyboardInterrupt, termination)):
+        if isinstance(current, signals):
             return True
         seen.add(id(current))
         pending += [current.__cause__, current.__context__]
@@ -110,7 +118,7 @@ class HideExpectedErrors(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, RagpipeError) or (exc is not None and stopped_by_signal(exc)):
-            return False  # the CLI's one line says it (an error, or "interrupted")
+            return False  # the CLI says it (ingest: "interrupted"; others: typer's "Aborted")
         if record.levelno < logging.ERROR:
             return True
         message = record.getMessage()

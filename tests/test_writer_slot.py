@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -386,3 +387,38 @@ def test_sigterm_while_prefect_creates_a_task_run_is_an_interrupt(
     again = CliRunner().invoke(app, ["ingest", "--config", str(config)])
     assert again.exit_code == 0, again.output
     assert "seen=3" in again.output and "failed=0" in again.output
+
+
+def test_only_the_signal_or_prefects_failure_to_handle_it_is_an_interrupt() -> None:
+    """An error raised while a signal unwinds (giving the writer slot back failed, say)
+    has the signal in its context too, but it is that error, not an interrupt: the CLI
+    must not say the slot was given back."""
+    from prefect.exceptions import TerminationSignal
+
+    from flows.cli_common import stopped_by_signal
+
+    def raised(make: Any) -> BaseException:
+        try:
+            make()
+        except BaseException as exc:
+            return exc
+        raise AssertionError("nothing raised")
+
+    def prefects_failure() -> None:
+        try:
+            raise TerminationSignal(signal=signal.SIGTERM)
+        except TerminationSignal:
+            raise ValueError("Task run is not set")  # noqa: B904 - as Prefect raises it
+
+    def cleanup_failure() -> None:
+        try:
+            raise KeyboardInterrupt("signal 15")
+        finally:
+            raise OSError("the server did not answer")
+
+    assert stopped_by_signal(KeyboardInterrupt("signal 15"))
+    assert stopped_by_signal(TerminationSignal(signal=signal.SIGTERM))
+    failure = raised(prefects_failure)
+    assert isinstance(failure.__context__, TerminationSignal) and stopped_by_signal(failure)
+    assert not stopped_by_signal(raised(cleanup_failure))
+    assert not stopped_by_signal(ValueError("Task run is not set"))  # no signal: a bug
