@@ -694,6 +694,12 @@ def test_the_probe_asks_a_statement_pair_as_faithfulness_asks(smollm: Any) -> No
     # Anything but one verdict, 0 or 1, about this very statement is no verdict.
     said = {"statement": statement, "reason": "", "verdict": 1}
     assert parse_statement_verdict(json.dumps({"statements": [said]}), statement) == 1
+    # A judge that writes the statement again may change quotes, case, spacing or the
+    # final stop: still this statement. A changed number is another statement.
+    near = {**said, "statement": "the loaf is  baked at \u201c230 degrees\u201d Celsius"}
+    assert parse_statement_verdict(json.dumps({"statements": [near]}), statement) == 1
+    other = {**said, "statement": 'The loaf is baked at "250 degrees" Celsius.'}
+    assert parse_statement_verdict(json.dumps({"statements": [other]}), statement) is None
     for bad in (
         {"statements": [{**said, "statement": "Rye has no gluten."}]},
         {"statements": [said, said]},

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -372,6 +373,16 @@ def statement_verdict(judge: LLM, pair: ProbePair, max_tokens: int) -> str:
     return judge.chat(messages, schema=schema, max_tokens=max_tokens).text
 
 
+_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
+
+
+def _echo(statement: str) -> str:
+    """A statement as its echo is compared: a judge that writes the statement again (not
+    prefilled) may change quotes, case, spacing or the final full stop, not its words."""
+    text = unicodedata.normalize("NFKC", statement).translate(_QUOTES).casefold()
+    return " ".join(text.split()).rstrip(" .!?")
+
+
 def parse_statement_verdict(text: str, statement: str) -> int | None:
     """The one verdict of ragas's verdicts JSON about ``statement``, 0 or 1, or None."""
     try:
@@ -381,7 +392,7 @@ def parse_statement_verdict(text: str, statement: str) -> int | None:
     verdicts = data.get("statements") if isinstance(data, dict) else None
     if not isinstance(verdicts, list) or len(verdicts) != 1 or not isinstance(verdicts[0], dict):
         return None
-    if verdicts[0].get("statement") != statement:
+    if _echo(str(verdicts[0].get("statement", ""))) != _echo(statement):
         return None  # a verdict about another statement is none about this one
     verdict = verdicts[0].get("verdict")
     return verdict if verdict in (0, 1) and not isinstance(verdict, bool) else None
