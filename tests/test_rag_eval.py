@@ -593,14 +593,14 @@ def test_the_judges_replies_are_bounded_in_the_schema_it_is_constrained_by() -> 
         "statement"]  # fmt: skip
     assert answer["verdict"] == schema["$defs"]["StatementFaithfulnessAnswer"]["properties"][
         "verdict"]  # fmt: skip
-    assert bounded["properties"]["statements"]["maxItems"] == 16
+    assert bounded["properties"]["statements"]["maxItems"] == 24
     assert "maxLength" not in json.dumps(schema)  # the original is not changed
     text = json.dumps(bounded)
     assert (text.count("maxLength"), text.count("maxItems")) == (1, 1)
     generated = bounded_reasons(StatementGeneratorOutput.model_json_schema())
     statements = generated["properties"]["statements"]
     assert (statements["maxItems"], statements["items"]) == (
-        16, {"type": "string", "maxLength": 240})  # fmt: skip
+        24, {"type": "string", "maxLength": 240})  # fmt: skip
     precision = bounded_reasons(ContextPrecisionOutput.model_json_schema())
     assert precision["properties"]["reason"]["maxLength"] == 160
     assert "maxItems" not in json.dumps(precision)

@@ -1313,10 +1313,11 @@ class EvalConfig(_Section):
         default=1536,
         gt=0,
         description="Tokens the judge may write per structured reply. RAGAS's faithfulness "
-        "verdicts repeat every statement of the answer (at most 16, bounded in the grammar); "
+        "verdicts repeat every statement of the answer (at most 24, bounded in the grammar); "
         "at 384 the 1.5B judge's JSON was cut on 9 of 16 answers (lost as failures), and a "
-        "verdict list of 10 statements took 762 tokens (bench/judge_speed.py), so one of 16 "
-        "takes about 1,220.",
+        "verdict list of 10 statements took 762 tokens (bench/judge_speed.py), so 1536 holds "
+        "about 20 in one reply (the embedded judge writes one a call; its 4,096-token context "
+        "leaves about 1,600 beside a judge prompt).",
     )
     rag_limit: int | None = Field(
         default=None,
