@@ -183,11 +183,13 @@ def test_an_unchanged_night_shows_its_stage_tasks_cached_and_a_setting_reruns_it
     assert {stage: states[stage] for stage in CACHEABLE} == {s: ["Cached"] for s in CACHEABLE}
     assert states["tidy-store"] == ["Completed"] and not left.exists()
     assert not left.with_name(left.name + published.OWNER).exists()
-    summary = night.result()
-    assert (summary.seen, summary.skipped_unchanged, summary.converted) == (3, 3, 0)
-    assert (summary.chunks_written, summary.points_total) == (0, first.points_total)
-    assert set(summary.seconds) == {"discover", *CACHEABLE}
-    assert all(summary.seconds[stage] == 0.0 for stage in CACHEABLE)
+    # The night's summary as written (summary.json, last): the state Prefect returned came
+    # back once without its data in the full suite (MissingResult from night.result()).
+    summary = json.loads((cfg.paths.work_dir / "summary.json").read_text(encoding="utf-8"))
+    assert (summary["seen"], summary["skipped_unchanged"], summary["converted"]) == (3, 3, 0)
+    assert (summary["chunks_written"], summary["points_total"]) == (0, first.points_total)
+    assert set(summary["seconds"]) == {"discover", *CACHEABLE}
+    assert all(summary["seconds"][stage] == 0.0 for stage in CACHEABLE)
 
     # A setting that only the embed stage reads re-runs that stage alone (twice: the first
     # run caches it under the new setting).

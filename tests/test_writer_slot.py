@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -379,7 +380,12 @@ def test_sigterm_while_prefect_creates_a_task_run_is_an_interrupt(
     assert sent, "the signal was never sent: Prefect no longer creates task runs there"
     assert result.exit_code == 130, result.output
     assert "interrupted: the ingest stopped" in result.output
-    assert "Traceback" not in result.output
+    # In the full suite, Prefect's console handler may hold a stream an earlier CliRunner
+    # closed: each of its records then prints logging's own "--- Logging error ---" block
+    # (a traceback of the closed file, ending with "Arguments: ..."). Those are not ours.
+    printed = re.sub(r"--- Logging error ---\n.*?\nArguments: [^\n]*\n?", "", result.output,
+                     flags=re.DOTALL)  # fmt: skip
+    assert "Traceback" not in printed, printed
     with writer_slot(cfg, wait_s=0.0), ingest_lock(cfg, timeout_s=0):
         pass  # both given back
 
