@@ -793,7 +793,7 @@ def test_fewer_verdicts_than_statements_fail_faithfulness_not_score_a_subset(
     from ragpipe.evaluation.golden import GoldenItem
     from ragpipe.evaluation.rag import Judge, RagRow
 
-    judge = Judge(Short(), onnx_embedder, timeout_s=5, max_tokens=64)
+    judge = Judge(Short(), onnx_embedder, timeout_s=5, max_tokens=1536)
     assert judge.prefill is False
     item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
     row = RagRow("oven", item.query, "Bake it for 35 minutes; it rises twice [1].", False,
@@ -852,7 +852,7 @@ def test_a_list_at_the_grammars_item_bound_fails_not_scores_the_first_items(
     from ragpipe.evaluation.rag import Judge, RagRow
 
     monkeypatch.setattr(rag, "MAX_STATEMENTS", 3)
-    judge = Judge(Listing(claims), onnx_embedder, timeout_s=5, max_tokens=64)
+    judge = Judge(Listing(claims), onnx_embedder, timeout_s=5, max_tokens=1536)
     item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1},
                       expected_answer="Bake it for 35 minutes. Let it rise twice.")  # fmt: skip
     row = RagRow("oven", item.query, "Bake it for 35 minutes; it rises twice [1].", False,
@@ -871,6 +871,71 @@ def test_a_list_at_the_grammars_item_bound_fails_not_scores_the_first_items(
         assert (faithfulness.value, faithfulness.status) == (1.0, OK)
         assert (recall.value, recall.status) == (1.0, OK)
     assert row.judged["context_precision"].status == OK
+
+
+class Budgeted:
+    """A served judge (one reply, no prefill) that splits the answer into ``claims``
+    statements, every fourth one unsupported, and writes ``per_verdict`` tokens a verdict:
+    a reply that would run past its ``max_tokens`` is cut there, as a server cuts it."""
+
+    name = "budgeted"
+    takes_grammar = False
+    temperature = 0.0
+
+    def __init__(self, claims: int, per_verdict: int) -> None:
+        self.claims, self.per_verdict = claims, per_verdict
+        self.groups: list[int] = []
+
+    def chat(self, messages: Any, **kwargs: Any) -> Completion:
+        prompt = messages[0]["content"]
+        if prompt.startswith("Your task is to judge the faithfulness"):
+            asked = json.loads(verdicts_json(prompt, 1))["statements"]
+            self.groups.append(len(asked))
+            said = [{**v, "verdict": int(int(v["statement"][11:-1]) % 4 != 0)} for v in asked]
+            reply = json.dumps({"statements": said})
+            if len(asked) * self.per_verdict > kwargs["max_tokens"]:
+                return Completion(reply[: len(reply) // 2], 9, kwargs["max_tokens"],
+                                  self.name, 0.0, "length")  # fmt: skip
+            return Completion(reply, 9, len(asked) * self.per_verdict, self.name, 0.0, "stop")
+        if '"noncommittal"' in prompt:
+            reply = json.dumps({"question": "How long should bread bake?", "noncommittal": 0})
+        else:  # the statements
+            reply = json.dumps({"statements": [f"Bread fact {i}." for i in range(self.claims)]})
+        return Completion(reply, 9, 9, self.name, 0.0, "stop")
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 4
+
+
+def test_a_served_judge_is_asked_its_verdicts_in_groups_that_fit_one_reply(
+    onnx_embedder: Any,
+) -> None:
+    """An answer of 20 statements at 77 tokens a verdict (the 1.5B's rate) ran past
+    judge_max_tokens (1536) in one reply, and its faithfulness was lost as cut JSON. Asked
+    10 at a time, it is scored: 15 of 20 supported. A reply cut anyway says so."""
+    from ragpipe.evaluation.golden import GoldenItem
+    from ragpipe.evaluation.rag import Judge, RagRow, verdicts_per_reply
+
+    assert (verdicts_per_reply(1536), verdicts_per_reply(300), verdicts_per_reply(64)) == (
+        10, 2, 1
+    )  # fmt: skip
+    item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
+    row = RagRow("oven", item.query, "Bake it for 35 minutes; it rises twice [1].", False,
+                 ["Bake the loaf for thirty-five minutes."], 1, [], 0, 0, 0.0)  # fmt: skip
+    served = Budgeted(claims=20, per_verdict=77)
+    asyncio.run(Judge(served, onnx_embedder, timeout_s=5, max_tokens=1536).judge(row, item))
+    assert served.groups == [10, 10]
+    assert (row.judged["faithfulness"].value, row.judged["faithfulness"].status) == (0.75, OK)
+
+    wordy = Budgeted(claims=3, per_verdict=200)
+    asyncio.run(Judge(wordy, onnx_embedder, timeout_s=5, max_tokens=160).judge(row, item))
+    assert wordy.groups == [1]
+    faithfulness = row.judged["faithfulness"]
+    assert (faithfulness.value, faithfulness.status) == (None, FAILED)
+    assert faithfulness.reason == (
+        "ValueError: the judge's reply was cut at 160 tokens (eval.judge_max_tokens): raise "
+        "it, or judge with a model that writes less"
+    )
 
 
 def test_a_runs_item_selection_is_said_in_words() -> None:

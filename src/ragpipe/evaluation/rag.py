@@ -153,6 +153,20 @@ REASON_MAX_CHARS = 160
 MAX_STATEMENTS = 24
 STATEMENT_MAX_CHARS = 240
 
+# A judge that writes all of faithfulness's verdicts in one reply (a served one: it does
+# not continue a reply it is given) writes each statement again, its reason and its
+# verdict: at most STATEMENT_MAX_CHARS + REASON_MAX_CHARS characters and about 60 of JSON,
+# at most about 150 tokens at 3 characters a token (the 1.5B wrote about 77 a verdict,
+# bench/judge_speed.py). An answer of 20 statements (MAX_STATEMENTS allows 24) ran past
+# eval.judge_max_tokens (1536) in one reply and was lost as cut JSON; its statements are
+# asked in groups that fit one reply (``verdicts_per_reply``), each with the whole context.
+VERDICT_TOKENS_MOST = 150
+
+
+def verdicts_per_reply(max_tokens: int) -> int:
+    """How many statements one reply of ``max_tokens`` is asked to judge."""
+    return max(1, max_tokens // VERDICT_TOKENS_MOST)
+
 
 def at_the_cap(reply: Any) -> str | None:
     """Why a judge's parsed JSON reply cannot be scored whole: a list in it holds exactly
@@ -247,6 +261,11 @@ def _adapters(llm: LLM, embedder: Embedder, max_tokens: int) -> tuple[Any, Any]:
             schema = bounded_reasons(response_model.model_json_schema())  # type: ignore[attr-defined]
             reply = llm.chat([{"role": "user", "content": prompt}], schema=schema,
                              max_tokens=max_tokens)  # fmt: skip
+            if reply.finish_reason == "length":
+                raise ValueError(
+                    f"the judge's reply was cut at {max_tokens} tokens (eval.judge_max_tokens): "
+                    "raise it, or judge with a model that writes less"
+                )
             parsed: M = response_model.model_validate_json(reply.text)  # type: ignore[attr-defined]
             cut = at_the_cap(json.loads(reply.text))
             if cut is not None:
@@ -304,6 +323,7 @@ class Judge:
         )
 
         prefill = getattr(llm, "continues_reply", False) if prefill is None else prefill
+        per_reply = verdicts_per_reply(max_tokens)
 
         class CheckedFaithfulness(Faithfulness):
             """ragas's faithfulness with one verdict per statement, or a failure; the
@@ -318,14 +338,19 @@ class Judge:
                     verdicts: NLIStatementOutput = await judge_llm.averdicts(
                         prompt, statements, NLIStatementOutput
                     )
-                else:
-                    verdicts = await super()._create_verdicts(statements, context)
-                if len(verdicts.statements) != len(statements):
-                    raise ValueError(
-                        f"{len(verdicts.statements)} verdicts for {len(statements)} "
-                        "statements: a score over some of them is not the answer's"
-                    )
-                return verdicts
+                    groups = [(statements, verdicts)]
+                else:  # in groups that fit one reply (VERDICT_TOKENS_MOST)
+                    groups = []
+                    for start in range(0, len(statements), per_reply):
+                        group = statements[start : start + per_reply]
+                        groups.append((group, await super()._create_verdicts(group, context)))
+                for asked, said in groups:
+                    if len(said.statements) != len(asked):
+                        raise ValueError(
+                            f"{len(said.statements)} verdicts for {len(asked)} "
+                            "statements: a score over some of them is not the answer's"
+                        )
+                return NLIStatementOutput(statements=[v for _, s in groups for v in s.statements])
 
         judge_llm, judge_embeddings = _adapters(llm, embedder, max_tokens)
         self.timeout_s = timeout_s
