@@ -18,7 +18,7 @@ under one of three llama.cpp settings:
 question three times at temperature 0); ``--reason-chars 0`` forbids the rationale
 before each verdict.
 
-Usage: python bench/judge_speed.py {none,ngram,par} [N] [--verdicts {prefilled,one-reply}]
+Usage: python bench/judge_speed.py {none,ngram,par} [N] [--verdicts {statement,prefilled,one-reply}]
        [--questions N] [--reason-chars N] [--json FILE]
 """
 
@@ -70,9 +70,11 @@ def main() -> None:
     parser.add_argument("--ngram-m", type=int, default=48, help="ngram: drafted m-gram length")
     parser.add_argument("--draft-max", type=int, default=None, help="ngram: most tokens drafted")
     parser.add_argument(
-        "--verdicts", choices=["prefilled", "one-reply"], default="prefilled",
-        help="faithfulness's verdicts: one prefilled call per statement (the default since "
-        "2026-11-29), or all in one reply, the statements written again by the model",
+        "--verdicts", choices=["statement", "prefilled", "one-reply"], default="statement",
+        help="faithfulness's verdicts: one short call per statement for a bare verdict (the "
+        "default since 2026-12-02, eval.judge_verdicts: statement); ragas's prompt with one "
+        "prefilled call per statement (2026-11-29 to 12-01); or ragas's prompt, all in one "
+        "reply, the statements written again by the model",
     )  # fmt: skip
     parser.add_argument(
         "--reason-chars", type=int, default=None,
@@ -125,6 +127,7 @@ def main() -> None:
 
     model.chat = recorded  # type: ignore[method-assign]
     judge = rag.Judge(model, embedder, 600, config.eval.judge_max_tokens,
+                      verdicts="statement" if args.verdicts == "statement" else "ragas",
                       prefill=args.verdicts == "prefilled", questions=args.questions)  # fmt: skip
     if par:
 

@@ -1,19 +1,21 @@
-"""Which prompt the calibration probe should ask its statement pairs with (issue 32).
+"""Which prompt faithfulness and the calibration probe should ask about a statement (issue 32).
 
 The probe's statement pairs (a sentence of a target chunk with that chunk, a sentence of
 another file, a sentence with a number changed or a negation added) have a known truth.
-Until 2026-12-01 the probe asked them with its own short prompt for a bare verdict,
-while faithfulness asks ragas's NLI prompt, a reason before each verdict. This asks the
-same pairs three ways with the default judge (the packaged 1.5B) and prints each way's
-accuracy, Cohen's kappa and seconds per pair:
+This asks the same pairs three ways with the default judge (the packaged 1.5B) and
+prints each way's accuracy, Cohen's kappa and seconds per pair:
 
-- ``short``: the probe's own prompt, ``{"verdict": 0|1}`` only;
+- ``short``: ``calibration.STATEMENT_PROMPT``, the passage then the statement,
+  ``{"verdict": 0|1}`` only (``eval.judge_verdicts: statement``, faithfulness's way since
+  2026-12-02; the probe's own until 2026-12-01);
 - ``ragas``: ragas's NLI prompt with the statement prefilled in the reply and a reason of
-  at most 160 characters before the verdict (faithfulness's own call);
+  at most 160 characters before the verdict (``eval.judge_verdicts: ragas``,
+  faithfulness's way until 2026-12-01);
 - ``ragas-no-reason``: the same with the reason bounded at 0 characters.
 
 Then it calibrates the judge on the probe ``eval rag`` asks (``eval.judge_probe_size``
-pairs, statement pairs the ``ragas`` way) and prints its label, the README's kappa.
+pairs, statement pairs asked the ``eval.judge_verdicts`` way) and prints its label, the
+README's kappa.
 
 Usage: python bench/probe_prompt.py [--size 48] [--json bench/results/probe_prompt.json]
 Needs the sample index (``ragpipe ingest``).
@@ -37,33 +39,19 @@ from ragpipe.models.embedders import make_embedder
 from ragpipe.models.llm import LlamaCppLLM
 from ragpipe.query.retrieve import Retriever
 
-# The probe's own prompt for statement pairs until 2026-12-01.
-STATEMENT_PROMPT = """Is the statement supported by the passage?
-Answer 1 if the passage states it or directly implies it; answer 0 if the passage does not \
-say it or contradicts it.
-
-Passage:
-{passage}
-
-Statement: {statement}
-
-Reply with JSON only: {{"verdict": 1}} or {{"verdict": 0}}."""
-
 
 def ragas_verdict(model: LlamaCppLLM, pair: calibration.ProbePair, reason_chars: int) -> int | None:
-    """The probe's own way since 2026-12-01 (``calibration._ask``), reasons bounded here."""
+    """``eval.judge_verdicts: ragas`` (``calibration._ask``), reasons bounded here."""
     rag.REASON_MAX_CHARS = reason_chars
-    verdict, failure = asyncio.run(calibration._ask(model, pair, 600, 1536))
+    verdict, failure = asyncio.run(calibration._ask(model, pair, 600, 1536, "ragas"))
     if failure:
         print(f"  {pair.item_id}: {failure}")
     return verdict
 
 
 def short_verdict(model: LlamaCppLLM, pair: calibration.ProbePair) -> int | None:
-    prompt = STATEMENT_PROMPT.format(passage=pair.passage, statement=pair.shown)
-    reply = model.chat([{"role": "user", "content": prompt}],
-                       schema=calibration.VERDICT_SCHEMA, max_tokens=16)  # fmt: skip
-    return calibration.parse_verdict(reply.text)
+    """``eval.judge_verdicts: statement``, faithfulness's own call (``ask_statement``)."""
+    return calibration.ask_statement(model, pair.passage, pair.shown)[0]
 
 
 def main() -> None:
@@ -120,6 +108,7 @@ def main() -> None:
     measured_default = calibration.calibrate(
         model, default, min_kappa=ev.judge_min_kappa, timeout_s=600,
         max_tokens=ev.judge_max_tokens, resamples=ev.resamples, seed=ev.seed,
+        way=ev.judge_verdicts,
     )  # fmt: skip
     took = time.perf_counter() - started
     print(f"eval rag's probe ({len(default)} pairs, {took:.0f} s): {measured_default.label()}")

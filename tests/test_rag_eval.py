@@ -129,10 +129,10 @@ def test_rag_eval_with_the_real_model_as_generator_and_judge(
     out = Path(run.report_dir)
     assert len(result.rows) == 2 and result.judge["model"] == "SmolLM2-135M-Instruct.Q4_1"
     assert result.judge["ragas"] == "0.4.3"
-    # a model that continues the reply it is given writes only each verdict's reason and
-    # verdict; a greedy one asks one question for answer relevancy
+    # faithfulness asks one short call a statement; a greedy judge asks one question for
+    # answer relevancy
     assert "CheckedFaithfulness" in result.judge["metric_classes"]
-    assert result.judge["faithfulness_verdicts"] == "prefilled"
+    assert result.judge["faithfulness_verdicts"] == "statement prompt, one call a statement"
     assert result.judge["answer_relevancy_questions"] == 1
     for row in result.rows:
         assert row.contexts and row.tokens_out > 0
@@ -418,14 +418,8 @@ class Oracle:
         self.verdict = verdict
 
     def chat(self, messages: Any, **kwargs: Any) -> Completion:
-        from ragpipe.evaluation.calibration import JUDGEMENT, STATEMENTS
-
         pair = self.pairs[messages[0]["content"]]
-        verdict = self.verdict(pair)
-        if JUDGEMENT[pair.kind] == STATEMENTS:  # ragas's verdicts JSON about the statement
-            said = [{"statement": pair.shown, "reason": "", "verdict": verdict}]
-            return Completion(json.dumps({"statements": said}), 5, 1, self.name, 0.0)
-        return Completion(json.dumps({"verdict": verdict}), 5, 1, self.name, 0.0)
+        return Completion(json.dumps({"verdict": self.verdict(pair)}), 5, 1, self.name, 0.0)
 
     def count_tokens(self, text: str) -> int:
         return len(text) // 4
@@ -443,7 +437,7 @@ def test_probe_and_calibration_of_a_perfect_judge(
         ProbePair,
         build_probe,
         calibrate,
-        nli_prompt,
+        statement_prompt,
     )
     from ragpipe.evaluation.check import IndexView
     from ragpipe.models.embedders import embedder_name
@@ -469,8 +463,8 @@ def test_probe_and_calibration_of_a_perfect_judge(
         if pair.kind in (UNRELATED, ALTERED):
             assert pair.shown not in pair.passage
         if pair.kind in (SUPPORTED, UNRELATED, ALTERED):  # asked as faithfulness asks
-            assert pair.prompt == nli_prompt(pair.passage, pair.shown)
-            assert pair.prompt.startswith("Your task is to judge the faithfulness")
+            assert pair.prompt == statement_prompt(pair.passage, pair.shown)
+            assert pair.prompt.startswith("Is the statement supported by the passage?")
     oracle = Oracle(probe)
     measured = calibrate(oracle, probe, min_kappa=0.4, timeout_s=10)
     assert not measured.failed and measured.agreement.kappa == 1.0
@@ -483,11 +477,17 @@ def test_probe_and_calibration_of_a_perfect_judge(
     for m in RAG_METRICS:  # a judgement asked fewer than 4 pairs calibrates nothing
         enough = measured.by_judgement[METRIC_JUDGEMENT[m]].n >= 4
         assert measured.reliable_for(m) is (True if enough else None)
+
     # Reads passages perfectly, calls every answer relevant: trusted for the statement
     # metrics only, though its pooled kappa, 0.5, would pass. Four pairs of each kind:
     # statements all right; answers 2 right (the true ones), 2 wrong.
+    def pair(kind: str, truth: int, shown: str) -> ProbePair:  # asked as the probe asks
+        statement = kind in (SUPPORTED, UNRELATED, ALTERED)
+        return ProbePair(kind, truth, statement_prompt("x", shown) if statement else shown,
+                         "x", shown, "x" if statement else "")  # fmt: skip
+
     pairs = [
-        ProbePair(kind, truth, f"{kind} {n}", "x", "")
+        pair(kind, truth, f"{kind} {n}")
         for n, (kind, truth) in enumerate(
             [(SUPPORTED, 1), (UNRELATED, 0), (SUPPORTED, 1), (ALTERED, 0),
              (MATCHING, 1), (MISMATCHED, 0), (MATCHING, 1), (MISMATCHED, 0)]
@@ -670,27 +670,31 @@ def test_faithfulness_verdicts_copy_each_statement_into_the_reply(smollm: Any) -
 
 
 def test_the_probe_asks_a_statement_pair_as_faithfulness_asks(smollm: Any) -> None:
-    """The probe's statement pairs are ragas's faithfulness prompt about one statement, and
-    a judge that continues replies gets the statement prefilled (the real model writes only
-    the reason and the verdict). It asked a short prompt of its own for a bare verdict: the
-    1.5B scored kappa 0.75 on 24 statement pairs there and 0.58 on ragas's prompt
-    (bench/probe_prompt.py), a judgement the metrics never make."""
+    """With eval.judge_verdicts: ragas, the probe's statement pairs are ragas's faithfulness
+    prompt about one statement, and a judge that continues replies gets the statement
+    prefilled (the real model writes only the reason and the verdict); by default, the
+    statement prompt for a bare verdict, held to {"verdict": 0|1}, as faithfulness asks."""
     from ragpipe.evaluation.calibration import (
         SUPPORTED,
         ProbePair,
         _ask,
-        nli_prompt,
+        ask_statement,
         parse_statement_verdict,
+        statement_prompt,
         statement_verdict,
     )
 
     passage = "Bake the loaf at 230 degrees Celsius for 35 minutes."
     statement = 'The loaf is baked at "230 degrees" Celsius.'
-    pair = ProbePair(SUPPORTED, 1, nli_prompt(passage, statement), "oven", statement, passage)
+    pair = ProbePair(SUPPORTED, 1, statement_prompt(passage, statement), "oven", statement,
+                     passage)  # fmt: skip
     reply = json.loads(statement_verdict(smollm, pair, 64))
     assert [v["statement"] for v in reply["statements"]] == [statement]
-    verdict, failure = asyncio.run(_ask(smollm, pair, 60, 64))
+    verdict, failure = asyncio.run(_ask(smollm, pair, 60, 64, "ragas"))
     assert verdict in (0, 1) and failure is None
+    bare, text = ask_statement(smollm, passage, statement)
+    assert bare in (0, 1) and json.loads(text) == {"verdict": bare}
+    assert asyncio.run(_ask(smollm, pair, 60, 64)) == (bare, None)
     # Anything but one verdict, 0 or 1, about this very statement is no verdict.
     said = {"statement": statement, "reason": "", "verdict": 1}
     assert parse_statement_verdict(json.dumps({"statements": [said]}), statement) == 1
@@ -709,6 +713,80 @@ def test_the_probe_asks_a_statement_pair_as_faithfulness_asks(smollm: Any) -> No
     ):
         assert parse_statement_verdict(json.dumps(bad), statement) is None
     assert parse_statement_verdict('{"statements": [', statement) is None
+
+
+class Verdicts:
+    """A judge that splits the answer into three statements and says ``said[statement]``
+    (a JSON reply) about each, recording every prompt."""
+
+    name = "verdicts"
+    takes_grammar = False
+    temperature = 0.0
+
+    def __init__(self, said: dict[str, str]) -> None:
+        self.said = said
+        self.prompts: list[str] = []
+
+    def chat(self, messages: Any, **kwargs: Any) -> Completion:
+        prompt = messages[0]["content"]
+        self.prompts.append(prompt)
+        if prompt.startswith("Is the statement supported by the passage?"):
+            statement = prompt.rsplit("Statement: ", 1)[1].split("\n")[0]
+            return Completion(self.said[statement], 9, 5, self.name, 0.0, "stop")
+        if '"noncommittal"' in prompt:
+            reply = '{"question": "How long should bread bake?", "noncommittal": 0}'
+        elif prompt.startswith("Given a question and an answer"):  # the statements
+            reply = json.dumps({"statements": list(self.said)})
+        else:  # context precision and recall
+            reply = '{"reason": "useful", "verdict": 1}'
+        return Completion(reply, 9, 9, self.name, 0.0, "stop")
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 4
+
+
+def test_faithfulness_asks_each_statement_as_the_probe_asks_a_statement_pair(
+    onnx_embedder: Any,
+) -> None:
+    """By default (eval.judge_verdicts: statement) faithfulness asks one call a statement,
+    the probe's statement prompt with the contexts as passage, for a bare verdict: 2 of 3
+    supported is 2/3. The probe asks its statement pairs with the very same prompt. A reply
+    with no verdict fails the metric with the reason, never a score over the others."""
+    from ragpipe.evaluation.calibration import SUPPORTED, ProbePair, calibrate, statement_prompt
+    from ragpipe.evaluation.golden import GoldenItem
+    from ragpipe.evaluation.rag import Judge, RagRow
+
+    said = {"Bread bakes for 35 minutes.": '{"verdict": 1}', "It rises twice.": '{"verdict": 0}',
+            "The oven is hot.": '{"verdict": 1}'}  # fmt: skip
+    contexts = ["Bake the loaf for thirty-five minutes.", "Preheat the oven to 230 degrees."]
+    item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
+    row = RagRow("oven", item.query, "Bake it for 35 minutes; it rises twice [1].", False,
+                 contexts, 1, [], 0, 0, 0.0)  # fmt: skip
+    judge = Verdicts(said)
+    scorer = Judge(judge, onnx_embedder, timeout_s=5, max_tokens=1536)
+    assert scorer.way == "statement prompt, one call a statement"
+    asyncio.run(scorer.judge(row, item))
+    assert row.judged["faithfulness"].value == pytest.approx(2 / 3)
+    asked = [p for p in judge.prompts if p.startswith("Is the statement supported")]
+    passage = "\n".join(contexts)  # ragas's faithfulness joins the contexts so
+    assert asked == [statement_prompt(passage, s) for s in said]
+    # The probe, about the same passage and statement, sends the same prompt.
+    judge.prompts.clear()
+    pair = ProbePair(SUPPORTED, 1, statement_prompt(passage, "It rises twice."), "oven",
+                     "It rises twice.", passage)  # fmt: skip
+    probed = calibrate(judge, [pair], min_kappa=0.4, timeout_s=5)
+    assert judge.prompts == [asked[1]] and probed.verdicts == [0]
+
+    said["It rises twice."] = '{"verdict": "maybe"}'
+    asyncio.run(Judge(Verdicts(said), onnx_embedder, timeout_s=5, max_tokens=1536)
+                .judge(row, item))  # fmt: skip
+    faithfulness = row.judged["faithfulness"]
+    assert (faithfulness.value, faithfulness.status) == (None, FAILED)
+    assert faithfulness.reason == (
+        'ValueError: no verdict for statement 2 of 3 in \'{"verdict": "maybe"}\''
+    )
+    with pytest.raises(ValueError, match="verdicts must be one of"):
+        Judge(judge, onnx_embedder, timeout_s=5, max_tokens=1536, verdicts="nli")
 
 
 class Scripted:
@@ -745,8 +823,8 @@ def test_a_verdict_cut_at_its_limit_fails_faithfulness_and_a_greedy_judge_asks_o
     from ragpipe.evaluation.rag import Judge, RagRow
 
     scripted = Scripted()
-    judge = Judge(scripted, onnx_embedder, timeout_s=5, max_tokens=64)
-    assert (judge.prefill, judge.questions) == (True, 1)
+    judge = Judge(scripted, onnx_embedder, timeout_s=5, max_tokens=64, verdicts="ragas")
+    assert (judge.prefill, judge.questions, judge.way) == (True, 1, "ragas, prefilled")
     item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
     row = RagRow("oven", item.query, "Bake it for 35 minutes [1].", False,
                  ["Bake the loaf for thirty-five minutes."], 1, [], 0, 0, 0.0)  # fmt: skip
@@ -793,8 +871,8 @@ def test_fewer_verdicts_than_statements_fail_faithfulness_not_score_a_subset(
     from ragpipe.evaluation.golden import GoldenItem
     from ragpipe.evaluation.rag import Judge, RagRow
 
-    judge = Judge(Short(), onnx_embedder, timeout_s=5, max_tokens=1536)
-    assert judge.prefill is False
+    judge = Judge(Short(), onnx_embedder, timeout_s=5, max_tokens=1536, verdicts="ragas")
+    assert judge.prefill is False and judge.way == "ragas, one reply"
     item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
     row = RagRow("oven", item.query, "Bake it for 35 minutes; it rises twice [1].", False,
                  ["Bake the loaf for thirty-five minutes."], 1, [], 0, 0, 0.0)  # fmt: skip
@@ -923,12 +1001,14 @@ def test_a_served_judge_is_asked_its_verdicts_in_groups_that_fit_one_reply(
     row = RagRow("oven", item.query, "Bake it for 35 minutes; it rises twice [1].", False,
                  ["Bake the loaf for thirty-five minutes."], 1, [], 0, 0, 0.0)  # fmt: skip
     served = Budgeted(claims=20, per_verdict=77)
-    asyncio.run(Judge(served, onnx_embedder, timeout_s=5, max_tokens=1536).judge(row, item))
+    asyncio.run(Judge(served, onnx_embedder, timeout_s=5, max_tokens=1536,
+                      verdicts="ragas").judge(row, item))  # fmt: skip
     assert served.groups == [10, 10]
     assert (row.judged["faithfulness"].value, row.judged["faithfulness"].status) == (0.75, OK)
 
     wordy = Budgeted(claims=3, per_verdict=200)
-    asyncio.run(Judge(wordy, onnx_embedder, timeout_s=5, max_tokens=160).judge(row, item))
+    asyncio.run(Judge(wordy, onnx_embedder, timeout_s=5, max_tokens=160,
+                      verdicts="ragas").judge(row, item))  # fmt: skip
     assert wordy.groups == [1]
     faithfulness = row.judged["faithfulness"]
     assert (faithfulness.value, faithfulness.status) == (None, FAILED)

@@ -38,7 +38,13 @@ from ragpipe.config import RagpipeConfig
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation import answers
 from ragpipe.evaluation.agreement import PPIEstimate, labels_by_metric, load_labels, ppi_mean
-from ragpipe.evaluation.calibration import Calibration, build_probe, calibrate
+from ragpipe.evaluation.calibration import (
+    VERDICTS,
+    Calibration,
+    ask_statement,
+    build_probe,
+    calibrate,
+)
 from ragpipe.evaluation.check import IndexView
 from ragpipe.evaluation.golden import GoldenItem, GoldenSet, file_matches, stratified_sample
 from ragpipe.evaluation.metrics import Interval, bootstrap_ci
@@ -293,7 +299,11 @@ class Judge:
     """The four RAGAS metrics on one (question, answer, contexts, reference).
 
     Args:
-        prefill: Faithfulness's verdicts with each statement copied into the reply
+        verdicts: How faithfulness asks for a verdict on each statement of the answer
+            (``eval.judge_verdicts``): ``statement``, one call a statement with the
+            calibration probe's ``STATEMENT_PROMPT`` for a bare verdict; ``ragas``, ragas's
+            NLI prompt, a reason before each verdict.
+        prefill: With ``ragas`` verdicts, each statement copied into the reply
             (``verdict_reply``); None: where the judge continues a reply it is given.
         questions: Questions answer relevancy generates from the answer (ragas's
             ``strictness``); None: 1 for a judge at temperature 0, whose questions are one
@@ -307,6 +317,7 @@ class Judge:
         timeout_s: float,
         max_tokens: int,
         *,
+        verdicts: str = "statement",
         prefill: bool | None = None,
         questions: int | None = None,
     ) -> None:
@@ -320,41 +331,59 @@ class Judge:
         from ragas.metrics.collections.faithfulness.util import (
             NLIStatementInput,
             NLIStatementOutput,
+            StatementFaithfulnessAnswer,
         )
 
+        if verdicts not in VERDICTS:
+            raise ValueError(f"verdicts must be one of {VERDICTS}, not {verdicts!r}")
         prefill = getattr(llm, "continues_reply", False) if prefill is None else prefill
         per_reply = verdicts_per_reply(max_tokens)
+        way = verdicts
 
         class CheckedFaithfulness(Faithfulness):
-            """ragas's faithfulness with one verdict per statement, or a failure; the
-            verdicts written by ``verdict_reply`` where ``prefill``."""
+            """ragas's faithfulness with one verdict per statement, or a failure: asked
+            one statement a call (``ask_statement``), or ragas's way, the verdicts written
+            by ``verdict_reply`` where ``prefill``."""
 
             async def _create_verdicts(
                 self, statements: list[str], context: str
             ) -> NLIStatementOutput:
+                if way == "statement":
+                    said = []
+                    for number, statement in enumerate(statements, start=1):
+                        verdict, text = await asyncio.to_thread(
+                            ask_statement, llm, context, statement
+                        )
+                        if verdict is None:
+                            raise ValueError(
+                                f"no verdict for statement {number} of {len(statements)} in "
+                                f"{text[:80]!r}"
+                            )
+                        said.append(StatementFaithfulnessAnswer(
+                            statement=statement, reason="", verdict=verdict))  # fmt: skip
+                    return NLIStatementOutput(statements=said)
+                groups: list[tuple[list[str], NLIStatementOutput]] = []
                 if prefill:
                     data = NLIStatementInput(context=context, statements=statements)
                     prompt = self.nli_statement_prompt.to_string(data)
-                    verdicts: NLIStatementOutput = await judge_llm.averdicts(
-                        prompt, statements, NLIStatementOutput
-                    )
-                    groups = [(statements, verdicts)]
+                    written = await judge_llm.averdicts(prompt, statements, NLIStatementOutput)
+                    groups.append((statements, written))
                 else:  # in groups that fit one reply (VERDICT_TOKENS_MOST)
-                    groups = []
                     for start in range(0, len(statements), per_reply):
                         group = statements[start : start + per_reply]
                         groups.append((group, await super()._create_verdicts(group, context)))
-                for asked, said in groups:
-                    if len(said.statements) != len(asked):
+                for asked, got in groups:
+                    if len(got.statements) != len(asked):
                         raise ValueError(
-                            f"{len(said.statements)} verdicts for {len(asked)} "
+                            f"{len(got.statements)} verdicts for {len(asked)} "
                             "statements: a score over some of them is not the answer's"
                         )
-                return NLIStatementOutput(statements=[v for _, s in groups for v in s.statements])
+                return NLIStatementOutput(statements=[v for _, g in groups for v in g.statements])
 
         judge_llm, judge_embeddings = _adapters(llm, embedder, max_tokens)
         self.timeout_s = timeout_s
         self.prefill = prefill
+        self.verdicts = verdicts
         greedy = getattr(llm, "temperature", None) == 0
         self.questions = questions or (1 if greedy else 3)
         self.faithfulness = CheckedFaithfulness(llm=judge_llm)
@@ -372,6 +401,13 @@ class Judge:
             self.context_recall,
         )
         self.classes = [type(m).__name__ for m in metrics]
+
+    @property
+    def way(self) -> str:
+        """How faithfulness's verdicts are asked, as summary.json says it."""
+        if self.verdicts == "statement":
+            return "statement prompt, one call a statement"
+        return "ragas, prefilled" if self.prefill else "ragas, one reply"
 
     async def _one(self, metric: Any, name: str, **kwargs: Any) -> Judged:
         try:
@@ -611,8 +647,8 @@ def score_answer(
 
 
 # Structured judge calls RAGAS makes for one question: faithfulness (statements, then
-# verdicts: one call, or one short prefilled call per statement), answer relevancy (one
-# question at temperature 0), context precision (one per context) and recall.
+# verdicts: one short call per statement), answer relevancy (one question at temperature
+# 0), context precision (one per context) and recall.
 JUDGE_CALLS_PER_ITEM = 8
 
 
@@ -649,7 +685,8 @@ def run_rag_eval(
     ev = config.eval
     judge_config = ev.judge
     judge_model = judge_llm or (make_llm(judge_config) if judge_config else generator)
-    judge = Judge(judge_model, embedder, ev.judge_timeout_s, ev.judge_max_tokens)
+    judge = Judge(judge_model, embedder, ev.judge_timeout_s, ev.judge_max_tokens,
+                  verdicts=ev.judge_verdicts)  # fmt: skip
     labels = labels_by_metric(load_labels(ev.labels)) if ev.labels else {}
     rows: list[RagRow] = []
     calibration: Calibration | None = None
@@ -663,7 +700,8 @@ def run_rag_eval(
                 calibration = calibrate(judge_model, probe, min_kappa=ev.judge_min_kappa,
                                         timeout_s=ev.judge_timeout_s,
                                         max_tokens=ev.judge_max_tokens,
-                                        resamples=ev.resamples, seed=ev.seed)  # fmt: skip
+                                        resamples=ev.resamples, seed=ev.seed,
+                                        way=ev.judge_verdicts)  # fmt: skip
                 per_call = (time.perf_counter() - probed) / len(probe)
                 expected = len(items) * (1 + JUDGE_CALLS_PER_ITEM) * per_call
                 logger.warning(  # shown by the CLI too: the run may take long
@@ -837,7 +875,7 @@ def _result(
         "temperature": (ev.judge or config.llm).temperature,
         "ragas": metadata.version("ragas"),
         "metric_classes": judge.classes,
-        "faithfulness_verdicts": "prefilled" if judge.prefill else "one reply",
+        "faithfulness_verdicts": judge.way,
         "answer_relevancy_questions": judge.questions,
         "timeout_s": ev.judge_timeout_s,
         "max_tokens": ev.judge_max_tokens,
