@@ -13,10 +13,13 @@ under one of three llama.cpp settings:
 - ``par``: four slots with a unified KV cache and the four metrics judged
   concurrently (batched decoding), in case decoding is bound by memory, not compute.
 
-``--verdicts one-reply --questions 3`` replays the judge as it was before 2026-11-29
-(faithfulness's verdicts all in one reply; answer relevancy asking 3 questions, one
-question three times at temperature 0); ``--reason-chars 0`` forbids the rationale
-before each verdict.
+``--verdicts`` chooses how faithfulness's verdicts are asked: ``statement`` (the
+default since 2026-12-02: one short call a statement, a bare verdict), ``prefilled``
+(ragas's prompt, each statement prefilled, 2026-11-29 to 12-01) or ``one-reply``
+(ragas's prompt, the verdicts written in one reply, in groups of ``judge_max_tokens`` /
+150 statements since 2026-12-02; before 2026-11-29 all in one). ``--questions 3``
+asks answer relevancy 3 questions, as before 2026-11-29 (one question three times at
+temperature 0); ``--reason-chars 0`` forbids the rationale before each ragas verdict.
 
 Usage: python bench/judge_speed.py {none,ngram,par} [N] [--verdicts {statement,prefilled,one-reply}]
        [--questions N] [--reason-chars N] [--json FILE]

@@ -392,6 +392,57 @@ def test_answer_metrics_refusals_and_an_unreliable_judge_end_to_end(
     assert "flags: degenerate" in drill and "written before the model said not found" in drill
 
 
+def test_the_verdict_way_reaches_faithfulness_the_probe_and_the_report(
+    scored_config: RagpipeConfig, onnx_embedder: Any
+) -> None:
+    """eval.judge_verdicts decides how faithfulness and the probe's statement pairs are
+    asked, both, and summary.json and report.md say which (kappas of the two ways are not
+    comparable)."""
+    import typing
+
+    from ragpipe.config import EvalConfig
+    from ragpipe.evaluation.calibration import VERDICTS
+    from ragpipe.evaluation.report import _judge_lines
+
+    assert typing.get_args(EvalConfig.model_fields["judge_verdicts"].annotation) == VERDICTS
+    golden = load_golden(scored_config.eval.golden)
+    said = {}
+    for way in VERDICTS:
+        evaluation = scored_config.eval.model_copy(update={"judge_verdicts": way})
+        config = scored_config.model_copy(update={"eval": evaluation})
+        result = run_rag_eval(config, golden, generator=SCRIPT, judge_llm=YES,
+                              embedder=onnx_embedder, limit=1)  # fmt: skip
+        calibration = result.judge["calibration"]
+        said[way] = (result.judge["faithfulness_verdicts"], calibration["statement_pairs_asked"])
+        assert f"- faithfulness's verdicts: {said[way][0]}" in _judge_lines(result.judge)
+        assert calibration["by_judgement"]["statements"]["n"] >= 4
+    assert said == {"statement": ("statement prompt, one call a statement", "statement"),
+                    "ragas": ("ragas, one reply", "ragas")}  # fmt: skip
+
+
+def test_a_bare_verdict_is_read_from_a_fence_and_a_cut_reply_says_so() -> None:
+    """A served model that ignores the schema and fences {"verdict": 1} still gave its
+    verdict; two verdicts are none. A reply cut at its 16 tokens before any verdict (a
+    model that reasons first) is an error saying so, not a silent 'no verdict'."""
+    from ragpipe.evaluation.calibration import ask_statement, parse_verdict
+
+    assert parse_verdict('```json\n{"verdict": 1}\n```') == 1
+    assert parse_verdict('Sure. { "verdict" : 0 }') == 0
+    assert parse_verdict('{"verdict": 1} or {"verdict": 0}') is None
+    assert parse_verdict('{"verdict": 2}') is None and parse_verdict("") is None
+    assert ask_statement(Canned("fenced", '```json\n{"verdict": 0}\n```'), "P.", "S.") == (
+        0, '```json\n{"verdict": 0}\n```'
+    )  # fmt: skip
+
+    class Thinker(Canned):
+        def chat(self, messages: Any, **kwargs: Any) -> Completion:
+            assert kwargs["max_tokens"] == 16
+            return Completion("<think>Let me read the passage", 9, 16, self.name, 0.0, "length")
+
+    with pytest.raises(ValueError, match=r"cut at 16 tokens before a verdict \('<think>Let"):
+        ask_statement(Thinker("thinker", ""), "P.", "S.")
+
+
 def test_the_judge_says_the_floor_refused_not_that_nothing_was_retrieved(
     onnx_embedder: Any,
 ) -> None:
@@ -764,7 +815,7 @@ def test_faithfulness_asks_each_statement_as_the_probe_asks_a_statement_pair(
                  contexts, 1, [], 0, 0, 0.0)  # fmt: skip
     judge = Verdicts(said)
     scorer = Judge(judge, onnx_embedder, timeout_s=5, max_tokens=1536)
-    assert scorer.way == "statement prompt, one call a statement"
+    assert scorer.faithfulness_verdicts == "statement prompt, one call a statement"
     asyncio.run(scorer.judge(row, item))
     assert row.judged["faithfulness"].value == pytest.approx(2 / 3)
     asked = [p for p in judge.prompts if p.startswith("Is the statement supported")]
@@ -824,7 +875,8 @@ def test_a_verdict_cut_at_its_limit_fails_faithfulness_and_a_greedy_judge_asks_o
 
     scripted = Scripted()
     judge = Judge(scripted, onnx_embedder, timeout_s=5, max_tokens=64, verdicts="ragas")
-    assert (judge.prefill, judge.questions, judge.way) == (True, 1, "ragas, prefilled")
+    assert (judge.prefill, judge.questions) == (True, 1)
+    assert judge.faithfulness_verdicts == "ragas, prefilled"
     item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
     row = RagRow("oven", item.query, "Bake it for 35 minutes [1].", False,
                  ["Bake the loaf for thirty-five minutes."], 1, [], 0, 0, 0.0)  # fmt: skip
@@ -872,7 +924,7 @@ def test_fewer_verdicts_than_statements_fail_faithfulness_not_score_a_subset(
     from ragpipe.evaluation.rag import Judge, RagRow
 
     judge = Judge(Short(), onnx_embedder, timeout_s=5, max_tokens=1536, verdicts="ragas")
-    assert judge.prefill is False and judge.way == "ragas, one reply"
+    assert judge.prefill is False and judge.faithfulness_verdicts == "ragas, one reply"
     item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
     row = RagRow("oven", item.query, "Bake it for 35 minutes; it rises twice [1].", False,
                  ["Bake the loaf for thirty-five minutes."], 1, [], 0, 0, 0.0)  # fmt: skip
@@ -904,9 +956,8 @@ class Listing:
         elif prompt.startswith("Given a context and an answer"):  # context recall
             reply = {"classifications": [{"statement": s, "reason": "said", "attributed": 1}
                                          for s in items]}  # fmt: skip
-        elif prompt.startswith("Your task is to judge the faithfulness"):
-            reply = {"statements": [{"statement": s, "reason": "said", "verdict": 1}
-                                    for s in items]}  # fmt: skip
+        elif prompt.startswith("Is the statement supported by the passage?"):  # a verdict
+            reply = {"verdict": 1}
         elif prompt.startswith("Given a question and an answer"):  # the statements
             reply = {"statements": items}
         else:  # context precision

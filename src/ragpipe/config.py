@@ -1312,12 +1312,13 @@ class EvalConfig(_Section):
     judge_max_tokens: int = Field(
         default=1536,
         gt=0,
-        description="Tokens the judge may write per structured reply. RAGAS's faithfulness "
-        "verdicts repeat every statement of the answer (at most 24, bounded in the grammar); "
-        "at 384 the 1.5B judge's JSON was cut on 9 of 16 answers (lost as failures), and a "
-        "verdict list of 10 statements took 762 tokens (bench/judge_speed.py), so 1536 holds "
-        "about 20 in one reply (the embedded judge writes one a call; its 4,096-token context "
-        "leaves about 1,600 beside a judge prompt).",
+        description="Tokens the judge may write per structured reply of ragas's prompts "
+        "(faithfulness's statements, context recall's classifications, and with "
+        "judge_verdicts: ragas the verdicts, which repeat every statement: a list of 10 took "
+        "762 tokens with the 1.5B, bench/judge_speed.py, so a served judge is asked them in "
+        "groups of judge_max_tokens / 150). At 384 the 1.5B judge's JSON was cut on 9 of 16 "
+        "answers (lost as failures); its 4,096-token context leaves about 1,600 beside a "
+        "judge prompt. A bare verdict (judge_verdicts: statement, the probe) takes 16.",
     )
     judge_verdicts: Literal["statement", "ragas"] = Field(
         default="statement",

@@ -88,6 +88,8 @@ Statement: {statement}
 
 Reply with JSON only: {{"verdict": 1}} or {{"verdict": 0}}."""
 VERDICTS = ("statement", "ragas")  # the ways of eval.judge_verdicts
+VERDICT_TOKENS = 16  # a bare verdict's reply: {"verdict": 1} is about 6 tokens
+_VERDICT_OBJECT = re.compile(r'\{\s*"verdict"\s*:\s*([01])\s*\}')
 ANSWER_PROMPT = """Does the answer address the question?
 Answer 1 if it answers this question; answer 0 if it is about something else.
 
@@ -127,6 +129,7 @@ class Calibration:
     model: str
     notes: list[str] = field(default_factory=list)
     by_judgement: dict[str, Agreement] = field(default_factory=dict)
+    way: str = "statement"  # how statement pairs were asked (eval.judge_verdicts)
 
     def _passes(self, a: Agreement) -> bool:
         return not np.isnan(a.kappa) and a.kappa >= self.min_kappa
@@ -192,6 +195,7 @@ class Calibration:
     def as_dict(self) -> dict[str, Any]:
         return {
             "model": self.model,
+            "statement_pairs_asked": self.way,
             "reliable": self.reliable,
             "min_kappa": self.min_kappa,
             "label": self.label(),
@@ -368,10 +372,22 @@ def statement_prompt(passage: str, statement: str) -> str:
 
 def ask_statement(judge: LLM, passage: str, statement: str) -> tuple[int | None, str]:
     """The judge's verdict on ``statement`` against ``passage`` (``STATEMENT_PROMPT``, held
-    to ``{"verdict": 0|1}``), None when its reply holds none, and the reply's text."""
+    to ``{"verdict": 0|1}``), None when its reply holds none, and the reply's text. Raises
+    ValueError when the reply was cut at its VERDICT_TOKENS (a model that thinks first)."""
     messages = [{"role": "user", "content": statement_prompt(passage, statement)}]
-    text = judge.chat(messages, schema=VERDICT_SCHEMA, max_tokens=16).text
-    return parse_verdict(text), text
+    return _bare_verdict(judge, messages)
+
+
+def _bare_verdict(judge: LLM, messages: list[dict[str, str]]) -> tuple[int | None, str]:
+    reply = judge.chat(messages, schema=VERDICT_SCHEMA, max_tokens=VERDICT_TOKENS)
+    verdict = parse_verdict(reply.text)
+    if verdict is None and reply.finish_reason == "length":
+        raise ValueError(
+            f"the judge's reply was cut at {VERDICT_TOKENS} tokens before a verdict "
+            f'({reply.text[:60]!r}): judge with a model that answers {{"verdict": 0|1}} '
+            "at once (not one that reasons first)"
+        )
+    return verdict, reply.text
 
 
 def _statement(kind: str, truth: int, item: GoldenItem, passage: str, text: str) -> ProbePair:
@@ -384,11 +400,14 @@ def _answer(kind: str, truth: int, item: GoldenItem, text: str) -> ProbePair:
 
 
 def parse_verdict(text: str) -> int | None:
-    """``{"verdict": 0|1}`` (the schema the judge is held to) or None."""
+    """``{"verdict": 0|1}`` (the schema the judge is held to) or None. A served model that
+    ignores the schema and wraps that object in a code fence or words is read too, when
+    the reply holds it exactly once."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
-        return None
+        found = _VERDICT_OBJECT.findall(text)
+        return int(found[0]) if len(found) == 1 else None
     verdict = data.get("verdict") if isinstance(data, dict) else None
     return verdict if verdict in (0, 1) and not isinstance(verdict, bool) else None
 
@@ -440,9 +459,7 @@ def _verdict(judge: LLM, pair: ProbePair, max_tokens: int, verdicts: str) -> tup
     """The judge's verdict on ``pair`` and its reply's text: a statement pair asked as
     faithfulness asks (``verdicts``), an answer pair with its own prompt."""
     if JUDGEMENT[pair.kind] == ANSWERS:
-        messages = [{"role": "user", "content": pair.prompt}]
-        text = judge.chat(messages, schema=VERDICT_SCHEMA, max_tokens=16).text
-        return parse_verdict(text), text
+        return _bare_verdict(judge, [{"role": "user", "content": pair.prompt}])
     if verdicts == "ragas":
         text = statement_verdict(judge, pair, max_tokens)
         return parse_statement_verdict(text, pair.shown), text
@@ -499,4 +516,4 @@ def calibrate(
                 [truth[i] for i in mine], [verdicts[i] for i in mine], resamples, seed
             )
     return Calibration(list(pairs), verdicts, reasons, measured, min_kappa, judge.name,
-                       by_judgement=by_judgement)  # fmt: skip
+                       by_judgement=by_judgement, way=way)  # fmt: skip

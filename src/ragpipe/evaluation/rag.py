@@ -13,7 +13,9 @@ metric into a prediction-powered estimate (``ragpipe.evaluation.agreement``).
 
 The judge is the ``ragas`` library's own metrics (faithfulness, answer
 relevancy, context precision, context recall) driven by ragpipe's ``LLM`` and
-``Embedder`` through ragas's custom-LLM interface. Context recall needs a
+``Embedder`` through ragas's custom-LLM interface; faithfulness's verdict on each
+statement is asked with the calibration probe's short prompt by default
+(``eval.judge_verdicts``, ``Judge``), ragas's NLI prompt on request. Context recall needs a
 reference answer: items without ``expected_answer`` record it as not
 applicable, and context precision then uses ragas's reference-free variant
 (recorded per row). A judge failure (timeout, unparseable output, NaN) is
@@ -403,8 +405,8 @@ class Judge:
         self.classes = [type(m).__name__ for m in metrics]
 
     @property
-    def way(self) -> str:
-        """How faithfulness's verdicts are asked, as summary.json says it."""
+    def faithfulness_verdicts(self) -> str:
+        """How faithfulness's verdicts are asked, in words (summary.json and report.md)."""
         if self.verdicts == "statement":
             return "statement prompt, one call a statement"
         return "ragas, prefilled" if self.prefill else "ragas, one reply"
@@ -646,9 +648,11 @@ def score_answer(
     return scores, sources, cited, answers.repetition_share(reply.text)
 
 
-# Structured judge calls RAGAS makes for one question: faithfulness (statements, then
-# verdicts: one short call per statement), answer relevancy (one question at temperature
-# 0), context precision (one per context) and recall.
+# Structured judge calls RAGAS makes for one question, besides faithfulness's verdicts:
+# faithfulness's statements, answer relevancy (one question at temperature 0), context
+# precision (one per context) and recall. The verdicts (one short call a statement, read
+# mostly from the prompt cache: 1.5-2.5 s each with the 1.5B) come on top, so the
+# estimate printed from this count is a floor.
 JUDGE_CALLS_PER_ITEM = 8
 
 
@@ -875,7 +879,7 @@ def _result(
         "temperature": (ev.judge or config.llm).temperature,
         "ragas": metadata.version("ragas"),
         "metric_classes": judge.classes,
-        "faithfulness_verdicts": judge.way,
+        "faithfulness_verdicts": judge.faithfulness_verdicts,
         "answer_relevancy_questions": judge.questions,
         "timeout_s": ev.judge_timeout_s,
         "max_tokens": ev.judge_max_tokens,
