@@ -1,8 +1,11 @@
 """Which prompt faithfulness and the calibration probe should ask about a statement (issue 32).
 
-The probe's statement pairs (a sentence of a target chunk with that chunk, a sentence of
-another file, a sentence with a number changed or a negation added) have a known truth.
-This asks the same pairs three ways with the default judge (the packaged 1.5B) and
+The probe's statement pairs (a sentence of a target chunk with that chunk; not supported:
+a sentence of another section of the same file since 2026-12-02, of another file before
+and where the file has no other section, or the sentence with a number changed or a
+negation added) have a known truth. The probe's third is context pairs since 2026-12-02,
+so ``--size 144`` gives 48 statement pairs (``--size 96`` gave 48 before). This asks the
+statement pairs the ways of ``--ways`` with the default judge (the packaged 1.5B) and
 prints each way's accuracy, Cohen's kappa and seconds per pair:
 
 - ``short``: ``calibration.STATEMENT_PROMPT``, the passage then the statement,
@@ -17,7 +20,8 @@ Then it calibrates the judge on the probe ``eval rag`` asks (``eval.judge_probe_
 pairs, statement pairs asked the ``eval.judge_verdicts`` way) and prints its label, the
 README's kappa.
 
-Usage: python bench/probe_prompt.py [--size 48] [--json bench/results/probe_prompt.json]
+Usage: python bench/probe_prompt.py [--size 48] [--ways short,ragas,ragas-no-reason]
+       [--json bench/results/probe_prompt.json]
 Needs the sample index (``ragpipe ingest``).
 """
 
@@ -59,6 +63,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=48, help="probe pairs built (about half "
                         "are statement pairs)")  # fmt: skip
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--ways", default="short,ragas,ragas-no-reason")
     args = parser.parse_args()
     config = load_config(None)
     golden = load_golden(Path("eval/golden/r-faq-dev.yaml"))
@@ -77,7 +82,7 @@ def main() -> None:
         "ragas-no-reason": lambda p: ragas_verdict(model, p, 0),
     }
     results: dict[str, Any] = {}
-    for way, ask in ways.items():
+    for way, ask in ((w, ways[w]) for w in args.ways.split(",")):
         verdicts: list[int | None] = []
         started = time.perf_counter()
         for pair in pairs:
@@ -92,7 +97,12 @@ def main() -> None:
         by_kind = {
             kind: f"{sum(v == p.truth for p, v in answered if p.kind == kind)}"
             f"/{sum(p.kind == kind for p in pairs)}"
-            for kind in (calibration.SUPPORTED, calibration.UNRELATED, calibration.ALTERED)
+            for kind in (
+                calibration.SUPPORTED,
+                calibration.OTHER_SECTION,
+                calibration.UNRELATED,
+                calibration.ALTERED,
+            )
         }
         results[way] = {**measured.as_dict(), "seconds_per_pair": round(seconds / len(pairs), 2),
                         "correct_by_kind": by_kind, "verdicts": verdicts}  # fmt: skip

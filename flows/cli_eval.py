@@ -307,7 +307,7 @@ def eval_rag(
     ] = None,
     probe_size: Annotated[
         int | None,
-        typer.Option(help="Judge calibration probe pairs (eval.judge_probe_size, default 16)."),
+        typer.Option(help="Judge calibration probe pairs (eval.judge_probe_size, default 24)."),
     ] = None,
     mode: ModeOption = None,
     k: KOption = None,

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -109,13 +110,22 @@ def test_judge_failures_are_null_with_reasons_not_zero(
 def test_a_score_outside_the_metrics_range_is_a_failure_not_a_value(
     rag_config: RagpipeConfig, smollm: Any
 ) -> None:
+    """With ragas's prompt (eval.judge_verdicts: ragas) ragas averages whatever verdicts come
+    back: verdicts of 2 give an average precision of 2.0, a failure by its range. A bare
+    verdict (the default) of 2 is no verdict at all, and says so."""
     golden = load_golden(rag_config.eval.golden)
-    result = run_rag_eval(rag_config, golden, generator=smollm, judge_llm=TWOS)
-    for row in result.rows:  # average precision over verdicts of 2 comes to 2.0
-        judged = row.judged["context_precision"]
-        assert (judged.value, judged.status) == (None, FAILED)
-        assert judged.reason == "score 2 outside [0, 1]: malformed verdicts"
-    assert result.counts["context_precision"] == {OK: 0, FAILED: 2, NOT_APPLICABLE: 0}
+    for way, reason in (
+        ("ragas", "score 2 outside [0, 1]: malformed verdicts"),
+        ("statement", "ValueError: no verdict for context 1 of 2 in "
+                      "'{\"reason\": \"useful\", \"verdict\": 2}'"),
+    ):  # fmt: skip
+        evaluation = rag_config.eval.model_copy(update={"judge_verdicts": way})
+        config = rag_config.model_copy(update={"eval": evaluation})
+        result = run_rag_eval(config, golden, generator=smollm, judge_llm=TWOS)
+        for row in result.rows:
+            judged = row.judged["context_precision"]
+            assert (judged.value, judged.status, judged.reason) == (None, FAILED, reason)
+        assert result.counts["context_precision"] == {OK: 0, FAILED: 2, NOT_APPLICABLE: 0}
 
 
 @pytest.mark.slow
@@ -413,11 +423,18 @@ def test_the_verdict_way_reaches_faithfulness_the_probe_and_the_report(
         result = run_rag_eval(config, golden, generator=SCRIPT, judge_llm=YES,
                               embedder=onnx_embedder, limit=1)  # fmt: skip
         calibration = result.judge["calibration"]
-        said[way] = (result.judge["faithfulness_verdicts"], calibration["statement_pairs_asked"])
-        assert f"- faithfulness's verdicts: {said[way][0]}" in _judge_lines(result.judge)
+        said[way] = (result.judge["faithfulness_verdicts"], calibration["statement_pairs_asked"],
+                     result.judge["context_verdicts"])  # fmt: skip
+        lines = _judge_lines(result.judge)
+        assert f"- faithfulness's verdicts: {said[way][0]}" in lines
+        assert f"- context recall's and precision's verdicts: {said[way][2]}" in lines
         assert calibration["by_judgement"]["statements"]["n"] >= 4
-    assert said == {"statement": ("statement prompt, one call a statement", "statement"),
-                    "ragas": ("ragas, one reply", "ragas")}  # fmt: skip
+    assert said == {
+        "statement": ("statement prompt, one call a statement", "statement",
+                      "recall: statement prompt, one call a sentence of the reference; "
+                      "precision: context prompt, one call a context"),
+        "ragas": ("ragas, one reply", "ragas", "ragas's prompts"),
+    }  # fmt: skip
 
 
 def test_a_bare_verdict_is_read_from_a_fence_and_a_cut_reply_says_so() -> None:
@@ -481,13 +498,21 @@ def test_probe_and_calibration_of_a_perfect_judge(
 ) -> None:
     from ragpipe.evaluation.calibration import (
         ALTERED,
+        JUDGEMENTS,
         MATCHING,
         MISMATCHED,
+        NEIGHBOUR,
+        OTHER_SECTION,
         SUPPORTED,
         UNRELATED,
+        UNRELATED_CONTEXT,
+        USEFUL,
         ProbePair,
+        _other_section,
+        _target_chunks,
         build_probe,
         calibrate,
+        context_prompt,
         statement_prompt,
     )
     from ragpipe.evaluation.check import IndexView
@@ -500,27 +525,49 @@ def test_probe_and_calibration_of_a_perfect_judge(
     try:
         probe = build_probe(golden, IndexView(store), 16, seed=0)
         again = build_probe(golden, IndexView(store), 16, seed=0)
+        view = IndexView(store)
+        targets = {i.id: {str(c["text"]) for c in _target_chunks(i, view)}
+                   for i in golden.items}  # fmt: skip
+        # An "other section" statement: the Oven section's file, from its Dough section (a
+        # sentence run into its heading, "## Dough Mix flour ...", is no sentence).
+        oven = _target_chunks(golden.items[0], view)
+        assert _other_section(oven, view, np.random.default_rng(0)) == (
+            "Knead the dough for ten minutes until it is smooth and elastic, then let it rise "
+            "for an hour in a warm place."
+        )
+        lovelace = _target_chunks(golden.items[1], view)  # Alan Turing's one sentence is run
+        assert _other_section(lovelace, view, np.random.default_rng(0)) is None  # into it
     finally:
         store.close()
     assert probe == again  # seeded
     kinds = [p.kind for p in probe]
-    # Three answerable items: enough for pairs of each kind, half of them true.
-    assert set(kinds) <= {SUPPORTED, UNRELATED, ALTERED, MATCHING, MISMATCHED}
-    assert kinds.count(SUPPORTED) == kinds.count(UNRELATED) + kinds.count(ALTERED) >= 1
+    # Three answerable items: enough for pairs of each kind, half of them true; a third of
+    # 16, rounded down to even, are context pairs.
+    assert set(kinds) <= {SUPPORTED, UNRELATED, OTHER_SECTION, ALTERED, MATCHING, MISMATCHED,
+                          USEFUL, UNRELATED_CONTEXT, NEIGHBOUR}  # fmt: skip
+    false_statements = kinds.count(UNRELATED) + kinds.count(OTHER_SECTION) + kinds.count(ALTERED)
+    assert kinds.count(SUPPORTED) == false_statements >= 1
     assert kinds.count(MATCHING) == kinds.count(MISMATCHED) >= 1
+    assert kinds.count(USEFUL) == kinds.count(UNRELATED_CONTEXT) + kinds.count(NEIGHBOUR) == 2
+    items = {i.id: i for i in golden.items}
+    for pair in (p for p in probe if p.kind in (USEFUL, UNRELATED_CONTEXT, NEIGHBOUR)):
+        item = items[pair.item_id]  # asked as context precision asks
+        assert (pair.question, pair.answer) == (item.query, item.expected_answer)
+        assert pair.prompt == context_prompt(item.query, pair.answer, pair.passage)
+        assert (pair.passage in targets[item.id]) is (pair.kind == USEFUL)
     for pair in probe:
         if pair.kind == SUPPORTED:  # the statement is in the passage shown
             assert pair.shown in pair.passage
-        if pair.kind in (UNRELATED, ALTERED):
+        if pair.kind in (UNRELATED, OTHER_SECTION, ALTERED):
             assert pair.shown not in pair.passage
-        if pair.kind in (SUPPORTED, UNRELATED, ALTERED):  # asked as faithfulness asks
+        if pair.kind in (SUPPORTED, UNRELATED, OTHER_SECTION, ALTERED):  # as faithfulness asks
             assert pair.prompt == statement_prompt(pair.passage, pair.shown)
             assert pair.prompt.startswith("Is the statement supported by the passage?")
     oracle = Oracle(probe)
     measured = calibrate(oracle, probe, min_kappa=0.4, timeout_s=10)
     assert not measured.failed and measured.agreement.kappa == 1.0
     asked = {j: a.n for j, a in measured.by_judgement.items()}
-    assert measured.reliable is (min(asked.get("statements", 0), asked.get("answers", 0)) >= 4)
+    assert measured.reliable is (min(asked.get(j, 0) for j in JUDGEMENTS) >= 4)
     state = "judge reliable" if measured.reliable else "judge not calibrated on "
     assert measured.agreement.accuracy == 1.0 and measured.label().startswith(state)
     from ragpipe.evaluation.calibration import METRIC_JUDGEMENT
@@ -565,7 +612,7 @@ def test_probe_and_calibration_of_a_perfect_judge(
     assert right.agreement.kappa == 1.0 and not right.failed and not right.reliable
     assert all(right.reliable_for(m) is None for m in RAG_METRICS)
     assert right.label().startswith(
-        "judge not calibrated on statements, answers (fewer than 4 pairs) (kappa 1.00"
+        "judge not calibrated on statements, answers, contexts (fewer than 4 pairs) (kappa 1.00"
     )
     assert right.as_dict()["reliable"] is False
     # No pair at all of a judgement (a golden set with one answerable item has no answer to
@@ -573,9 +620,13 @@ def test_probe_and_calibration_of_a_perfect_judge(
     statements = pairs[:4]
     alone = calibrate(Oracle(statements), statements,
                       min_kappa=0.4, timeout_s=10)  # fmt: skip
-    assert "answers" not in alone.by_judgement and alone.uncalibrated == ["answers"]
+    assert "answers" not in alone.by_judgement
+    assert alone.uncalibrated == ["answers", "contexts"]
     assert not alone.reliable and alone.reliable_for("faithfulness") is True
-    assert alone.label().startswith("judge not calibrated on answers (fewer than 4 pairs)")
+    assert alone.reliable_for("context_precision") is None
+    assert alone.label().startswith(
+        "judge not calibrated on answers, contexts (fewer than 4 pairs)"
+    )
 
 
 def test_human_labels_give_a_ppi_estimate_beside_the_judge(
@@ -840,6 +891,107 @@ def test_faithfulness_asks_each_statement_as_the_probe_asks_a_statement_pair(
         Judge(judge, onnx_embedder, timeout_s=5, max_tokens=1536, verdicts="nli")
 
 
+class Contexts(Verdicts):
+    """``Verdicts``, and ``useful[passage]`` (a JSON reply) to context precision's short
+    prompt about each context."""
+
+    def __init__(self, said: dict[str, str], useful: dict[str, str]) -> None:
+        super().__init__(said)
+        self.useful = useful
+
+    def chat(self, messages: Any, **kwargs: Any) -> Completion:
+        prompt = messages[0]["content"]
+        if prompt.startswith("Does the passage contain any of the information"):
+            self.prompts.append(prompt)
+            passage = prompt.split("Passage:\n", 1)[1].rsplit("\n\nReply with JSON", 1)[0]
+            return Completion(self.useful[passage], 9, 5, self.name, 0.0, "stop")
+        return super().chat(messages, **kwargs)
+
+
+def test_context_precision_and_recall_ask_short_calls_as_the_probe_asks(
+    onnx_embedder: Any,
+) -> None:
+    """By default context precision asks each context CONTEXT_PROMPT (the question and
+    the reference, then the passage) for a bare verdict, and context recall asks each of
+    the reference's sentences as faithfulness asks a statement, against the contexts
+    joined as faithfulness joins them, right after faithfulness (one passage for the prompt
+    cache). By hand: verdicts 0, 1, 1 over three contexts give average precision
+    (1/2 + 2/3) / 2 = 7/12; 2 of the reference's 3 sentences supported give 2/3. The
+    probe's context pair sends the prompt context precision sends."""
+    from ragpipe.evaluation.calibration import (
+        USEFUL,
+        ProbePair,
+        calibrate,
+        context_prompt,
+        statement_prompt,
+    )
+    from ragpipe.evaluation.golden import GoldenItem
+    from ragpipe.evaluation.rag import Judge, RagRow, reference_sentences
+
+    contexts = ["Preheat the oven to 230 degrees.", "Bake the loaf for thirty-five minutes.",
+                "Let the dough rise twice, an hour each time."]  # fmt: skip
+    reference = "Bake the loaf for 35 minutes. Let it rise twice. Serve it with butter."
+    sentences = ["Bake the loaf for 35 minutes.", "Let it rise twice.", "Serve it with butter."]
+    assert reference_sentences(reference) == sentences
+    said = dict.fromkeys(sentences[:2], '{"verdict": 1}') | {sentences[2]: '{"verdict": 0}'}
+    useful = {contexts[0]: '{"verdict": 0}', contexts[1]: '{"verdict": 1}',
+              contexts[2]: '{"verdict": 1}'}  # fmt: skip
+    item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1},
+                      expected_answer=reference)  # fmt: skip
+    row = RagRow("oven", item.query, "Bake it for 35 minutes [2].", False, contexts, 1, [],
+                 0, 0, 0.0)  # fmt: skip
+    judge = Contexts(said, useful)
+    asyncio.run(Judge(judge, onnx_embedder, timeout_s=5, max_tokens=1536).judge(row, item))
+    assert row.judged["context_precision"].value == pytest.approx(7 / 12)
+    assert row.judged["context_recall"].value == pytest.approx(2 / 3)
+    passage = "\n".join(contexts)
+    statements = [statement_prompt(passage, s) for s in said]
+    # Faithfulness's three statements (the scripted split), then recall's three sentences,
+    # one passage; answer relevancy's question; then the three contexts, in rank order.
+    assert judge.prompts[1:7] == statements + statements
+    assert judge.prompts[-3:] == [context_prompt(item.query, reference, c) for c in contexts]
+    pair = ProbePair(USEFUL, 1, context_prompt(item.query, reference, contexts[1]), "oven",
+                     contexts[1], contexts[1], item.query, reference)  # fmt: skip
+    judge.prompts.clear()
+    probed = calibrate(judge, [pair], min_kappa=0.4, timeout_s=5)
+    assert judge.prompts == [pair.prompt] and probed.verdicts == [1]
+
+    useful[contexts[1]] = '{"verdict": "maybe"}'
+    said[sentences[2]] = "Yes."
+    asyncio.run(Judge(Contexts(said, useful), onnx_embedder, timeout_s=5, max_tokens=1536)
+                .judge(row, item))  # fmt: skip
+    precision, recall = row.judged["context_precision"], row.judged["context_recall"]
+    assert (precision.value, precision.status, recall.value, recall.status) == (
+        None, FAILED, None, FAILED)  # fmt: skip
+    assert precision.reason == (
+        'ValueError: no verdict for context 2 of 3 in \'{"verdict": "maybe"}\''
+    )
+    assert recall.reason == "ValueError: no verdict for the reference's sentence 3 of 3 in 'Yes.'"
+
+    # eval.judge_verdicts: ragas: ragas's prompt, a reason before the verdict, in the metric
+    # and in the probe alike.
+    ragas_way = Contexts(said, useful)
+    asyncio.run(Judge(ragas_way, onnx_embedder, timeout_s=5, max_tokens=1536,
+                      verdicts="ragas").judge(row, item))  # fmt: skip
+    assert row.judged["context_precision"].value == pytest.approx(1.0)
+    sent = [p for p in ragas_way.prompts if "verify if the context was useful" in p]
+    assert len(sent) == 3 and not any(p.startswith("Does the passage") for p in ragas_way.prompts)
+    ragas_way.prompts.clear()
+    calibrate(ragas_way, [pair], min_kappa=0.4, timeout_s=5, way="ragas")
+    assert ragas_way.prompts == [sent[1]]
+
+
+def test_reference_sentences_keep_short_pieces_with_a_neighbour() -> None:
+    from ragpipe.evaluation.rag import reference_sentences
+
+    assert reference_sentences("Yes. R runs on Unix. See e.g. CRAN for binaries.") == [
+        "Yes. R runs on Unix.", "See e.g. CRAN for binaries."]  # fmt: skip
+    assert reference_sentences("Call install.packages() there.\nIt is  in utils.") == [
+        "Call install.packages() there.", "It is in utils."]  # fmt: skip
+    assert reference_sentences("It is 3.2.1.") == ["It is 3.2.1."]
+    assert reference_sentences("Done. Ok.") == ["Done. Ok."]
+
+
 class Scripted:
     """A greedy judge that continues replies: statements for the statement prompt, a reply
     cut at its token limit for every verdict, one question for answer relevancy."""
@@ -987,7 +1139,15 @@ def test_a_list_at_the_grammars_item_bound_fails_not_scores_the_first_items(
     row = RagRow("oven", item.query, "Bake it for 35 minutes; it rises twice [1].", False,
                  ["Bake the loaf for thirty-five minutes."], 1, [], 0, 0, 0.0)  # fmt: skip
     asyncio.run(judge.judge(row, item))
-    faithfulness, recall = row.judged["faithfulness"], row.judged["context_recall"]
+    faithfulness = row.judged["faithfulness"]
+    # By default the reference's two sentences are asked one call each: no list to cut.
+    assert (row.judged["context_recall"].value, row.judged["context_recall"].status) == (1.0, OK)
+    # ragas's context recall classifies the reference's sentences in one list.
+    ragas_way = Judge(Listing(claims), onnx_embedder, timeout_s=5, max_tokens=1536,
+                      verdicts="ragas")  # fmt: skip
+    recall = asyncio.run(ragas_way._one(ragas_way.context_recall, "context_recall",
+                                        user_input=item.query, retrieved_contexts=row.contexts,
+                                        reference=item.expected_answer))  # fmt: skip
     if claims == 3:
         for judged, key in ((faithfulness, "statements"), (recall, "classifications")):
             assert (judged.value, judged.status) == (None, FAILED)

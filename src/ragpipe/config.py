@@ -1313,21 +1313,25 @@ class EvalConfig(_Section):
         default=1536,
         gt=0,
         description="Tokens the judge may write per structured reply of ragas's prompts "
-        "(faithfulness's statements, context recall's classifications, and with "
-        "judge_verdicts: ragas the verdicts, which repeat every statement: a list of 10 took "
-        "762 tokens with the 1.5B, bench/judge_speed.py, so a served judge is asked them in "
+        "(faithfulness's statements, and with judge_verdicts: ragas context recall's "
+        "classifications, context precision's reasons and faithfulness's verdicts, which "
+        "repeat every statement: a list of 10 took 762 tokens with the 1.5B, "
+        "bench/judge_speed.py, so a served judge is asked them in "
         "groups of judge_max_tokens / 150). At 384 the 1.5B judge's JSON was cut on 9 of 16 "
         "answers (lost as failures); its 4,096-token context leaves about 1,600 beside a "
         "judge prompt. A bare verdict (judge_verdicts: statement, the probe) takes 16.",
     )
     judge_verdicts: Literal["statement", "ragas"] = Field(
         default="statement",
-        description="How faithfulness asks the judge about each statement of an answer, and "
-        "the calibration probe about its statement pairs: 'statement', one call a "
-        "statement, a short prompt (the passage, then the statement) for a bare verdict; "
-        "'ragas', ragas's NLI prompt, a reason before each verdict. Measured with the "
-        "packaged 1.5B judge on 48 statement pairs with known truth (bench/probe_prompt.py): "
-        "kappa 0.88 at 2.5 s a pair against 0.67 at 6.2 s.",
+        description="How the judge is asked for its verdicts, by the metrics and by the "
+        "calibration probe alike: 'statement', one call a verdict with a short prompt and a "
+        'bare {"verdict": 0|1} (faithfulness: each statement against the contexts; context '
+        "recall: each sentence of the reference, the same call; context precision: each "
+        "context, whether it states any of the reference); 'ragas', ragas's prompts, a reason "
+        "before each verdict. Measured with the packaged 1.5B judge on pairs with known truth: "
+        "statements kappa 0.88 at 2.5 s a pair against 0.67 at 6.2 s (bench/probe_prompt.py); "
+        "contexts accuracy 0.75 and 0.84 on the two dev sets at 3.5 s against 0.78 and 0.78 "
+        "at 9.2 s (bench/context_prompt.py).",
     )
     rag_limit: int | None = Field(
         default=None,
@@ -1369,10 +1373,13 @@ class EvalConfig(_Section):
         "unreliable' and never feed a gate (0.4: 'moderate' agreement, Landis and Koch).",
     )
     judge_probe_size: int = Field(
-        default=16,
+        default=24,
         ge=0,
-        description="Calibration probe pairs (half supported, half not); 0 skips the probe, and "
-        "the judge's metrics are then headlined 'judge not calibrated'.",
+        description="Calibration probe pairs, half true: a third (rounded down to even) about "
+        "contexts (context precision's judgement), the rest about statements (faithfulness, "
+        "context recall) and answers (answer relevancy); each judgement needs 4 pairs to be "
+        "calibrated. 0 skips the probe, and the judge's metrics are then headlined 'judge not "
+        "calibrated'.",
     )
     labels: Path | None = Field(
         default=None,

@@ -1,18 +1,26 @@
 """Measure the judge before believing it: a calibration probe from the golden set and index.
 
-The RAGAS metrics rest on two judgements the judge model makes over and over:
-*is this statement supported by this passage?* (faithfulness, context recall,
-context precision) and *does this answer address this question?* (answer
-relevancy). Before a RAG run scores anything, the judge answers both kinds of
-question on pairs whose truth is known by construction, built from the run's own
-golden set and index:
+The RAGAS metrics rest on three judgements the judge model makes over and over:
+*is this statement supported by this passage?* (faithfulness, context recall),
+*was this passage useful for this answer?* (context precision) and *does this
+answer address this question?* (answer relevancy). Before a RAG run scores
+anything, the judge answers each kind of question on pairs whose truth is known by
+construction, built from the run's own golden set and index:
 
 - **supported**: a sentence taken from a target chunk, with that chunk as passage;
-- **unrelated**: a sentence from a chunk of another file, with the same passage;
+- **other section**: a sentence from another section of the same file, with the same
+  passage: on its topic, in its words, not stated by it (since 2026-12-02; the
+  judge lets such claims through more often than the others);
+- **unrelated**: a sentence from a chunk of another file, with the same passage, where
+  the file has no other section;
 - **altered**: the supported sentence with a number changed or a negation added;
 - **matching answer**: a question with its own expected answer (or the opening of
   its target chunk);
-- **mismatched answer**: the question with another item's answer.
+- **mismatched answer**: the question with another item's answer;
+- **useful context**: a question and its reference answer with the target chunk the
+  answer was written from (context precision's judgement: was this context useful?);
+- **unrelated / neighbour context**: the same with a chunk of another file, or of the
+  same file outside the target's section.
 
 A statement pair is asked the way faithfulness asks about each statement
 (``eval.judge_verdicts``): by default ``STATEMENT_PROMPT``, the passage then the statement,
@@ -21,7 +29,9 @@ as context, a reason, then the verdict (``statement_verdict``). Until 2026-12-01
 asked its own short prompt while faithfulness asked ragas's, and so vouched for a
 judgement the metrics did not make; since 2026-12-02 faithfulness asks the short prompt
 too, which the 1.5B judge answers better and faster (``STATEMENT_PROMPT``).
-Answer relevancy has no verdict to copy (ragas compares generated questions), so answer
+A context pair is asked the way context precision asks about each context
+(``ask_context``): ``CONTEXT_PROMPT`` for a bare verdict, or ragas's prompt with
+``ragas``. Answer relevancy has no verdict to copy (ragas compares generated questions), so answer
 pairs keep a short prompt of their own.
 
 Half the pairs are true, half false. The judge's accuracy and Cohen's kappa, with
@@ -50,15 +60,21 @@ from ragpipe.evaluation.golden import GoldenItem, GoldenSet
 from ragpipe.models.llm import LLM
 
 SUPPORTED, UNRELATED, ALTERED = "supported", "unrelated", "altered"
+OTHER_SECTION = "other_section"
 MATCHING, MISMATCHED = "matching_answer", "mismatched_answer"
-STATEMENTS, ANSWERS = "statements", "answers"
+USEFUL, UNRELATED_CONTEXT, NEIGHBOUR = "useful_context", "unrelated_context", "neighbour_context"
+
+STATEMENTS, ANSWERS, CONTEXTS = "statements", "answers", "contexts"
+JUDGEMENTS = (STATEMENTS, ANSWERS, CONTEXTS)
 JUDGEMENT = {SUPPORTED: STATEMENTS, UNRELATED: STATEMENTS, ALTERED: STATEMENTS,
-             MATCHING: ANSWERS, MISMATCHED: ANSWERS}  # fmt: skip
+             OTHER_SECTION: STATEMENTS,
+             MATCHING: ANSWERS, MISMATCHED: ANSWERS,
+             USEFUL: CONTEXTS, UNRELATED_CONTEXT: CONTEXTS, NEIGHBOUR: CONTEXTS}  # fmt: skip
 # The judgement each RAGAS metric's verdicts are made of.
 METRIC_JUDGEMENT = {
     "faithfulness": STATEMENTS,
     "context_recall": STATEMENTS,
-    "context_precision": STATEMENTS,
+    "context_precision": CONTEXTS,
     "answer_relevancy": ANSWERS,
 }
 MIN_PAIRS = 4  # fewer pairs of a judgement calibrate nothing
@@ -90,6 +106,35 @@ Reply with JSON only: {{"verdict": 1}} or {{"verdict": 0}}."""
 VERDICTS = ("statement", "ragas")  # the ways of eval.judge_verdicts
 VERDICT_TOKENS = 16  # a bare verdict's reply: {"verdict": 1} is about 6 tokens
 _VERDICT_OBJECT = re.compile(r'\{\s*"verdict"\s*:\s*([01])\s*\}')
+# Context precision's verdict on one retrieved context, where eval.judge_verdicts is
+# "statement": this prompt, one call a context, {"verdict": 0|1} only. The question and
+# the reference answer come before the passage, so the contexts of one question share all
+# of a prompt but the passage and the last line (llama.cpp's prompt cache reads them once).
+# With eval.judge_verdicts: ragas, ragas's ContextPrecisionPrompt (three worked examples,
+# the context between question and answer, a reason before the verdict). Measured with
+# bench/context_prompt.py, the packaged 1.5B judge on 32 context pairs of known truth from
+# each dev set (``build_context_pairs``; 2026-12-02), accuracy and kappa, r-faq / debfaq:
+# this prompt 0.750, 0.50 / 0.844, 0.69 at 3.5 s a pair; ragas's prompt 0.781, 0.56 /
+# 0.781, 0.56 at 9.2 s; ragas's prompt with the reason bounded at 0 characters 0.562 /
+# 0.594 (it called 2 and 3 of 16 useful contexts useful); asked whether the passage was
+# "useful for arriving at the answer" with a bare verdict, 0.594 / 0.781 (it called 7 of 8
+# unrelated r-faq passages useful). The two ways err in opposite directions: ragas's
+# prompt called 6 of 16 contexts holding the reference word for word not useful (on each
+# set), this prompt 6 of 8 r-faq passages of another file useful (lorem ipsum among them)
+# but 19 of 24 same-topic passages (a neighbouring section, another debfaq answer) right,
+# against 22 of 24 for ragas's. Equal accuracy within the noise, 2.6 times faster, and no
+# reason to sway the verdict: this one. The probe's context pairs say how far to trust it.
+CONTEXT_PROMPT = """Does the passage contain any of the information given in the answer?
+Answer 1 if at least one fact of the answer is stated in the passage; answer 0 if none is.
+
+Question: {question}
+
+Answer: {answer}
+
+Passage:
+{passage}
+
+Reply with JSON only: {{"verdict": 1}} or {{"verdict": 0}}."""
 ANSWER_PROMPT = """Does the answer address the question?
 Answer 1 if it answers this question; answer 0 if it is about something else.
 
@@ -102,6 +147,7 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _NUMBER = re.compile(r"\b\d+(?:\.\d+)?\b")
 _AUXILIARY = re.compile(r"\b(is|are|was|were|can|does|do|should|will|must|has|have)\b")
 PASSAGE_CHARS = 1200
+CONTEXT_MIN_WORDS = 12  # a context pair's passage: a heading alone is useful to nothing
 PROBE_ROUNDS = 4  # passes over the golden items while the probe has room
 
 
@@ -113,8 +159,10 @@ class ProbePair:
     truth: int  # 1: supported / addresses the question
     prompt: str
     item_id: str
-    shown: str  # the statement or answer, for the report
-    passage: str = ""  # a statement pair's passage
+    shown: str  # the statement, answer or passage, for the report
+    passage: str = ""  # a statement or context pair's passage
+    question: str = ""  # a context pair's question
+    answer: str = ""  # a context pair's reference answer
 
 
 @dataclass
@@ -146,7 +194,7 @@ class Calibration:
         """The judgements asked too few pairs to say anything (their metrics are "judge not
         calibrated", so the judge as a whole is not vouched for)."""
         return [
-            j for j in (STATEMENTS, ANSWERS)
+            j for j in JUDGEMENTS
             if (a := self.by_judgement.get(j)) is None or a.n < MIN_PAIRS
         ]  # fmt: skip
 
@@ -279,11 +327,14 @@ def _target_chunks(item: GoldenItem, view: IndexView) -> list[dict[str, Any]]:
 def build_probe(golden: GoldenSet, view: IndexView, size: int, seed: int) -> list[ProbePair]:
     """``size`` pairs (rounded down to a multiple of 4), half true, seeded.
 
-    Statement pairs and answer pairs alternate over the items in a seeded order, for up
+    A third of them, rounded down to even, are context pairs (``build_context_pairs``);
+    of the rest, statement pairs and answer pairs alternate over the items in a seeded order, for up
     to PROBE_ROUNDS passes, never asking the same statement or answer twice; an item that
     gives no usable sentence is passed over. Fewer pairs come back when the golden set
     and index cannot supply enough.
     """
+    contexts = build_context_pairs(golden, view, 2 * (size // 6), seed)
+    size -= len(contexts)
     rng = np.random.default_rng(seed)
     items = [i for i in golden.items if i.answerable]
     order = [items[j] for j in rng.permutation(len(items))]
@@ -310,18 +361,23 @@ def build_probe(golden: GoldenSet, view: IndexView, size: int, seed: int) -> lis
             if statement in seen:
                 continue
             false_kind = UNRELATED if quota[UNRELATED] > 0 else ALTERED
-            false = _unrelated(item, view, files, rng) if false_kind == UNRELATED else None
+            false = None
+            if false_kind == UNRELATED:  # another section of the file first: on topic
+                false, false_kind = _other_section(chunks, view, rng), OTHER_SECTION
+                if false is None:
+                    false, false_kind = _unrelated(item, view, files, rng), UNRELATED
             if false is None:  # altered instead: the first sentence that can be made false
                 false_kind = ALTERED
                 statement, false = next(
                     ((s, alter(s)) for s in said if s not in seen and alter(s) is not None),
                     (statement, None),
                 )
-            if false is None or quota[false_kind] == 0:
+            quota_kind = UNRELATED if false_kind == OTHER_SECTION else false_kind
+            if false is None or quota[quota_kind] == 0:
                 continue  # the pair's false half cannot be made: keep the probe balanced
             seen.add(statement)
             quota[SUPPORTED] -= 1
-            quota[false_kind] -= 1
+            quota[quota_kind] -= 1
             pairs.append(_statement(SUPPORTED, 1, item, passage, statement))
             pairs.append(_statement(false_kind, 0, item, passage, false))
         elif quota[MATCHING] > 0:
@@ -342,7 +398,26 @@ def build_probe(golden: GoldenSet, view: IndexView, size: int, seed: int) -> lis
             pairs.append(_answer(MISMATCHED, 0, item, wrong))
         if not any(quota.values()):
             break
-    return pairs
+    return pairs + contexts
+
+
+def _other_section(
+    chunks: list[dict[str, Any]], view: IndexView, rng: np.random.Generator
+) -> str | None:
+    """A sentence of the target chunks' file from outside their sections: on the topic of
+    the passage, in its words, and not stated by it (the claim a judge lets through)."""
+    sections = {str(c.get("heading_path")) for c in chunks}
+    texts = {str(c.get("text")) for c in chunks}
+    stated = " ".join(" ".join(t.split()) for t in texts)  # chunks may overlap
+    said = [
+        s
+        for path in sorted({str(c.get("file_path")) for c in chunks})
+        for p in view.payloads(path)
+        if str(p.get("heading_path")) not in sections and str(p.get("text")) not in texts
+        for s in sentences(str(p.get("text", "")))
+        if s not in stated
+    ]
+    return said[int(rng.integers(len(said)))] if said else None
 
 
 def _unrelated(
@@ -355,6 +430,116 @@ def _unrelated(
         if said:
             return said[int(rng.integers(len(said)))]
     return None
+
+
+def build_context_pairs(
+    golden: GoldenSet, view: IndexView, size: int, seed: int
+) -> list[ProbePair]:
+    """``size`` context pairs (rounded down to even), half useful, seeded.
+
+    Each is an answerable item's question and reference answer (``expected_answer``, else
+    the opening of the useful chunk) with one passage: the target chunk sharing the most
+    words with the answer (USEFUL, truth 1), or a chunk of another file
+    (UNRELATED_CONTEXT) or of the same file outside the target sections (NEIGHBOUR),
+    truth 0, the two false kinds taking turns. An item with no target chunk of
+    CONTEXT_MIN_WORDS words is passed over.
+    """
+    rng = np.random.default_rng(seed)
+    items = [i for i in golden.items if i.answerable]
+    order = [items[j] for j in rng.permutation(len(items))]
+    pairs: list[ProbePair] = []
+    for item in order:
+        if len(pairs) + 2 > size:
+            break
+        targets = [c for c in _target_chunks(item, view) if _words(c) >= CONTEXT_MIN_WORDS]
+        if not targets:
+            continue
+        useful = max(targets, key=lambda c: _shared(c, item.expected_answer or ""))
+        answer = item.expected_answer or " ".join(sentences(str(useful.get("text", "")))[:2])
+        if not answer:
+            continue
+        kinds = (UNRELATED_CONTEXT, NEIGHBOUR) if len(pairs) % 4 == 0 else (
+            NEIGHBOUR, UNRELATED_CONTEXT)  # fmt: skip
+        for false_kind in kinds:  # the other false kind where this one has no chunk
+            wrong = _other_chunk(item, view, targets, false_kind, rng)
+            if wrong is not None:
+                for kind, truth, chunk in ((USEFUL, 1, useful), (false_kind, 0, wrong)):
+                    text = str(chunk.get("text", ""))
+                    pairs.append(_context(kind, truth, item, answer, text))
+                break
+    return pairs
+
+
+def _shared(chunk: dict[str, Any], answer: str) -> int:
+    """Words of ``answer`` the chunk holds: the target chunk the answer was written from
+    holds the most (a later chunk of a long section may hold none of it)."""
+    return len(set(str(chunk.get("text", "")).lower().split()) & set(answer.lower().split()))
+
+
+def _words(chunk: dict[str, Any]) -> int:
+    return len(str(chunk.get("text", "")).split())
+
+
+def _other_chunk(
+    item: GoldenItem,
+    view: IndexView,
+    targets: list[dict[str, Any]],
+    kind: str,
+    rng: np.random.Generator,
+) -> dict[str, Any] | None:
+    """A chunk of another file (UNRELATED_CONTEXT) or of a target's file outside the item's
+    target chunks and their sections (NEIGHBOUR), with CONTEXT_MIN_WORDS words or more."""
+    own = {str(c.get("file_path")) for c in targets}
+    if kind == UNRELATED_CONTEXT:
+        candidates = [c for f in view.files if f not in own for c in view.payloads(f)]
+    else:
+        sections = {str(c.get("heading_path")) for c in targets}
+        candidates = [
+            c for f in sorted(own) for c in view.payloads(f)
+            if str(c.get("heading_path")) not in sections and c not in targets
+        ]  # fmt: skip
+    candidates = [c for c in candidates if _words(c) >= CONTEXT_MIN_WORDS]
+    return candidates[int(rng.integers(len(candidates)))] if candidates else None
+
+
+def _context(kind: str, truth: int, item: GoldenItem, answer: str, passage: str) -> ProbePair:
+    prompt = context_prompt(item.query, answer, passage)
+    return ProbePair(kind, truth, prompt, item.id, passage, passage, item.query, answer)
+
+
+def context_prompt(question: str, answer: str, passage: str) -> str:
+    """``CONTEXT_PROMPT`` about ``passage`` for ``question`` and its ``answer``."""
+    return CONTEXT_PROMPT.format(question=question, answer=answer, passage=passage)
+
+
+def ask_context(
+    judge: LLM,
+    question: str,
+    answer: str,
+    passage: str,
+    way: str = "statement",
+    max_tokens: int = 1536,
+) -> tuple[int | None, str]:
+    """The judge's verdict on whether ``passage`` was useful for ``answer`` to ``question``
+    (context precision's verdict on one context), None when its reply holds none, and the
+    reply's text: ``CONTEXT_PROMPT`` held to ``{"verdict": 0|1}`` (way ``statement``), or
+    ragas's ContextPrecisionPrompt, a reason (bounded) then the verdict (way ``ragas``)."""
+    if way == "statement":
+        messages = [{"role": "user", "content": context_prompt(question, answer, passage)}]
+        return _bare_verdict(judge, messages)
+    from ragas.metrics.collections.context_precision.util import (
+        ContextPrecisionInput,
+        ContextPrecisionOutput,
+        ContextPrecisionPrompt,
+    )
+
+    from ragpipe.evaluation.rag import bounded_reasons
+
+    data = ContextPrecisionInput(question=question, context=passage, answer=answer)
+    messages = [{"role": "user", "content": ContextPrecisionPrompt().to_string(data)}]
+    schema = bounded_reasons(ContextPrecisionOutput.model_json_schema())
+    reply = judge.chat(messages, schema=schema, max_tokens=max_tokens)
+    return parse_verdict(reply.text), reply.text
 
 
 def nli_prompt(passage: str, statement: str) -> str:
@@ -457,9 +642,12 @@ def parse_statement_verdict(text: str, statement: str) -> int | None:
 
 def _verdict(judge: LLM, pair: ProbePair, max_tokens: int, verdicts: str) -> tuple[int | None, str]:
     """The judge's verdict on ``pair`` and its reply's text: a statement pair asked as
-    faithfulness asks (``verdicts``), an answer pair with its own prompt."""
+    faithfulness asks and a context pair as context precision asks (``verdicts``), an
+    answer pair with its own prompt."""
     if JUDGEMENT[pair.kind] == ANSWERS:
         return _bare_verdict(judge, [{"role": "user", "content": pair.prompt}])
+    if JUDGEMENT[pair.kind] == CONTEXTS:  # asked as context precision asks
+        return ask_context(judge, pair.question, pair.answer, pair.passage, verdicts, max_tokens)
     if verdicts == "ragas":
         text = statement_verdict(judge, pair, max_tokens)
         return parse_statement_verdict(text, pair.shown), text
@@ -509,7 +697,7 @@ def calibrate(
     truth = [p.truth for p in pairs]
     measured = agreement(truth, verdicts, resamples, seed)
     by_judgement = {}
-    for judgement in (STATEMENTS, ANSWERS):
+    for judgement in JUDGEMENTS:
         mine = [i for i, p in enumerate(pairs) if JUDGEMENT[p.kind] == judgement]
         if mine:
             by_judgement[judgement] = agreement(

@@ -13,9 +13,11 @@ metric into a prediction-powered estimate (``ragpipe.evaluation.agreement``).
 
 The judge is the ``ragas`` library's own metrics (faithfulness, answer
 relevancy, context precision, context recall) driven by ragpipe's ``LLM`` and
-``Embedder`` through ragas's custom-LLM interface; faithfulness's verdict on each
-statement is asked with the calibration probe's short prompt by default
-(``eval.judge_verdicts``, ``Judge``), ragas's NLI prompt on request. Context recall needs a
+``Embedder`` through ragas's custom-LLM interface. By default (``eval.judge_verdicts:
+statement``, ``Judge``) each verdict is one short call for a bare verdict, asked as the
+calibration probe asks it: faithfulness's on each statement and context recall's on each
+sentence of the reference (``ask_statement``), context precision's on each context
+(``ask_context``); ragas's own prompts on request. Context recall needs a
 reference answer: items without ``expected_answer`` record it as not
 applicable, and context precision then uses ragas's reference-free variant
 (recorded per row). A judge failure (timeout, unparseable output, NaN) is
@@ -43,6 +45,7 @@ from ragpipe.evaluation.agreement import PPIEstimate, labels_by_metric, load_lab
 from ragpipe.evaluation.calibration import (
     VERDICTS,
     Calibration,
+    ask_context,
     ask_statement,
     build_probe,
     calibrate,
@@ -160,6 +163,30 @@ class RagEvalResult:
 REASON_MAX_CHARS = 160
 MAX_STATEMENTS = 24
 STATEMENT_MAX_CHARS = 240
+
+# Context recall with eval.judge_verdicts: statement judges the reference answer sentence
+# by sentence, as ragas's prompt asks ("analyze each sentence in the answer"), each asked
+# as faithfulness asks a statement. A piece shorter than REFERENCE_MIN_WORDS words (a
+# "Yes.", an "e.g." split off) joins its neighbour.
+_REFERENCE_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[`]?[A-Z0-9])")
+REFERENCE_MIN_WORDS = 3
+
+
+def reference_sentences(reference: str) -> list[str]:
+    """``reference``'s sentences (split after . ! or ? before a capital or a digit)."""
+    out: list[str] = []
+    pending = ""
+    for part in _REFERENCE_SENTENCE.split(" ".join(reference.split())):
+        pending = f"{pending} {part}".strip()
+        if len(pending.split()) >= REFERENCE_MIN_WORDS:
+            out.append(pending)
+            pending = ""
+    if pending and out:
+        out[-1] += " " + pending
+    elif pending:
+        out.append(pending)
+    return out
+
 
 # A judge that writes all of faithfulness's verdicts in one reply (a served one: it does
 # not continue a reply it is given) writes each statement again, its reason and its
@@ -301,10 +328,10 @@ class Judge:
     """The four RAGAS metrics on one (question, answer, contexts, reference).
 
     Args:
-        verdicts: How faithfulness asks for a verdict on each statement of the answer
-            (``eval.judge_verdicts``): ``statement``, one call a statement with the
-            calibration probe's ``STATEMENT_PROMPT`` for a bare verdict; ``ragas``, ragas's
-            NLI prompt, a reason before each verdict.
+        verdicts: How verdicts are asked (``eval.judge_verdicts``): ``statement``, one
+            call a verdict for a bare verdict, as the calibration probe asks (faithfulness
+            and context recall ``STATEMENT_PROMPT``, context precision ``CONTEXT_PROMPT``);
+            ``ragas``, ragas's prompts, a reason before each verdict.
         prefill: With ``ragas`` verdicts, each statement copied into the reply
             (``verdict_reply``); None: where the judge continues a reply it is given.
         questions: Questions answer relevancy generates from the answer (ragas's
@@ -335,6 +362,7 @@ class Judge:
             NLIStatementOutput,
             StatementFaithfulnessAnswer,
         )
+        from ragas.metrics.result import MetricResult
 
         if verdicts not in VERDICTS:
             raise ValueError(f"verdicts must be one of {VERDICTS}, not {verdicts!r}")
@@ -382,6 +410,67 @@ class Judge:
                         )
                 return NLIStatementOutput(statements=[v for _, g in groups for v in g.statements])
 
+        async def context_verdicts(question: str, answer: str, contexts: list[str]) -> list[int]:
+            """Context precision's verdicts, one short call a context (``ask_context``)."""
+            said = []
+            for number, context in enumerate(contexts, start=1):
+                verdict, text = await asyncio.to_thread(ask_context, llm, question, answer, context)
+                if verdict is None:
+                    raise ValueError(
+                        f"no verdict for context {number} of {len(contexts)} in {text[:80]!r}"
+                    )
+                said.append(verdict)
+            return said
+
+        class CheckedContextPrecision(ContextPrecision):
+            """ragas's context precision (average precision over the contexts' usefulness
+            to the reference), each context asked ``CONTEXT_PROMPT`` for a bare verdict
+            with ``statement`` verdicts; ragas's prompt with ``ragas``."""
+
+            async def ascore(  # type: ignore[override]
+                self, user_input: str, reference: str, retrieved_contexts: list[str]
+            ) -> MetricResult:
+                if way != "statement":
+                    return await super().ascore(user_input, reference, retrieved_contexts)
+                said = await context_verdicts(user_input, reference, retrieved_contexts)
+                return MetricResult(value=float(self._calculate_average_precision(said)))
+
+        class CheckedContextPrecisionFree(ContextPrecisionWithoutReference):
+            """The same, usefulness judged against the answer (no reference)."""
+
+            async def ascore(  # type: ignore[override]
+                self, user_input: str, response: str, retrieved_contexts: list[str]
+            ) -> MetricResult:
+                if way != "statement":
+                    return await super().ascore(user_input, response, retrieved_contexts)
+                said = await context_verdicts(user_input, response, retrieved_contexts)
+                return MetricResult(value=float(self._calculate_average_precision(said)))
+
+        class CheckedContextRecall(ContextRecall):
+            """ragas's context recall (the share of the reference's sentences the contexts
+            support), each sentence asked as faithfulness asks a statement, against the
+            contexts joined as faithfulness joins them, with ``statement`` verdicts (the
+            passage is then read once for both, from llama.cpp's prompt cache); ragas's
+            one-reply classification with ``ragas``."""
+
+            async def ascore(  # type: ignore[override]
+                self, user_input: str, retrieved_contexts: list[str], reference: str
+            ) -> MetricResult:
+                if way != "statement":
+                    return await super().ascore(user_input, retrieved_contexts, reference)
+                context = "\n".join(retrieved_contexts)  # as ragas's faithfulness joins them
+                said = reference_sentences(reference)
+                verdicts = []
+                for number, sentence in enumerate(said, start=1):
+                    verdict, text = await asyncio.to_thread(ask_statement, llm, context, sentence)
+                    if verdict is None:
+                        raise ValueError(
+                            f"no verdict for the reference's sentence {number} of {len(said)} "
+                            f"in {text[:80]!r}"
+                        )
+                    verdicts.append(verdict)
+                return MetricResult(value=sum(verdicts) / len(verdicts))
+
         judge_llm, judge_embeddings = _adapters(llm, embedder, max_tokens)
         self.timeout_s = timeout_s
         self.prefill = prefill
@@ -392,9 +481,9 @@ class Judge:
         self.answer_relevancy = AnswerRelevancy(
             llm=judge_llm, embeddings=judge_embeddings, strictness=self.questions
         )
-        self.context_precision = ContextPrecision(llm=judge_llm)
-        self.context_precision_free = ContextPrecisionWithoutReference(llm=judge_llm)
-        self.context_recall = ContextRecall(llm=judge_llm)
+        self.context_precision = CheckedContextPrecision(llm=judge_llm)
+        self.context_precision_free = CheckedContextPrecisionFree(llm=judge_llm)
+        self.context_recall = CheckedContextRecall(llm=judge_llm)
         metrics = (
             self.faithfulness,
             self.answer_relevancy,
@@ -406,10 +495,21 @@ class Judge:
 
     @property
     def faithfulness_verdicts(self) -> str:
-        """How faithfulness's verdicts are asked, in words (summary.json and report.md)."""
+        """How faithfulness's verdicts are asked, in words (summary.json and report.md);
+        context recall and precision ask the same way (``verdicts``)."""
         if self.verdicts == "statement":
             return "statement prompt, one call a statement"
         return "ragas, prefilled" if self.prefill else "ragas, one reply"
+
+    @property
+    def context_verdicts(self) -> str:
+        """How context recall's and context precision's verdicts are asked, in words."""
+        if self.verdicts == "statement":
+            return (
+                "recall: statement prompt, one call a sentence of the reference; precision: "
+                "context prompt, one call a context"
+            )
+        return "ragas's prompts"
 
     async def _one(self, metric: Any, name: str, **kwargs: Any) -> Judged:
         try:
@@ -452,6 +552,14 @@ class Judge:
             row.judged["faithfulness"] = await self._one(
                 self.faithfulness, "faithfulness", user_input=q, response=a, retrieved_contexts=ctx
             )
+        if ref:  # right after faithfulness: the same passage, read from the prompt cache
+            row.judged["context_recall"] = await self._one(
+                self.context_recall,
+                "context_recall",
+                user_input=q,
+                retrieved_contexts=ctx,
+                reference=ref,
+            )
         row.judged["answer_relevancy"] = await self._one(
             self.answer_relevancy, "answer_relevancy", user_input=q, response=a
         )
@@ -463,13 +571,6 @@ class Judge:
                 user_input=q,
                 reference=ref,
                 retrieved_contexts=ctx,
-            )
-            row.judged["context_recall"] = await self._one(
-                self.context_recall,
-                "context_recall",
-                user_input=q,
-                retrieved_contexts=ctx,
-                reference=ref,
             )
         else:
             row.context_precision_kind = "without_reference"
@@ -880,6 +981,7 @@ def _result(
         "ragas": metadata.version("ragas"),
         "metric_classes": judge.classes,
         "faithfulness_verdicts": judge.faithfulness_verdicts,
+        "context_verdicts": judge.context_verdicts,
         "answer_relevancy_questions": judge.questions,
         "timeout_s": ev.judge_timeout_s,
         "max_tokens": ev.judge_max_tokens,

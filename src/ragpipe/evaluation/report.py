@@ -97,6 +97,8 @@ def _judge_lines(judge: dict[str, Any]) -> list[str]:
         f"- model: {judge['model']}, temperature {judge['temperature']}, ragas "
         f"{judge['ragas']}; metrics: {', '.join(judge['metric_classes'])}",
         f"- faithfulness's verdicts: {judge.get('faithfulness_verdicts', 'not recorded')}",
+        f"- context recall's and precision's verdicts: "
+        f"{judge.get('context_verdicts', 'not recorded')}",
         "- a judge failure is recorded as null with its reason (never as 0); "
         "not applicable: context_recall without expected_answer, faithfulness of a "
         "'not found' answer, every judged metric of an answerable: false item",
