@@ -498,7 +498,6 @@ def test_probe_and_calibration_of_a_perfect_judge(
 ) -> None:
     from ragpipe.evaluation.calibration import (
         ALTERED,
-        JUDGEMENTS,
         MATCHING,
         MISMATCHED,
         NEIGHBOUR,
@@ -509,6 +508,7 @@ def test_probe_and_calibration_of_a_perfect_judge(
         USEFUL,
         ProbePair,
         _other_section,
+        _share,
         _target_chunks,
         build_probe,
         calibrate,
@@ -552,9 +552,15 @@ def test_probe_and_calibration_of_a_perfect_judge(
     items = {i.id: i for i in golden.items}
     for pair in (p for p in probe if p.kind in (USEFUL, UNRELATED_CONTEXT, NEIGHBOUR)):
         item = items[pair.item_id]  # asked as context precision asks
-        assert (pair.question, pair.answer) == (item.query, item.expected_answer)
+        assert pair.question == item.query and pair.answer
+        assert pair.answer == item.expected_answer or pair.answer in " ".join(
+            pair.passage.split())  # no reference: the useful chunk's opening  # fmt: skip
         assert pair.prompt == context_prompt(item.query, pair.answer, pair.passage)
         assert (pair.passage in targets[item.id]) is (pair.kind == USEFUL)
+        # A false context holds under half the answer's words: never a copied target
+        # (backups-copy.md repeats backups.md's Schedule section word for word).
+        held = _share({"text": pair.passage}, pair.answer)
+        assert held >= 0.5 if pair.kind == USEFUL else held < 0.5
     for pair in probe:
         if pair.kind == SUPPORTED:  # the statement is in the passage shown
             assert pair.shown in pair.passage
@@ -567,9 +573,12 @@ def test_probe_and_calibration_of_a_perfect_judge(
     measured = calibrate(oracle, probe, min_kappa=0.4, timeout_s=10)
     assert not measured.failed and measured.agreement.kappa == 1.0
     asked = {j: a.n for j, a in measured.by_judgement.items()}
-    assert measured.reliable is (min(asked.get(j, 0) for j in JUDGEMENTS) >= 4)
-    state = "judge reliable" if measured.reliable else "judge not calibrated on "
-    assert measured.agreement.accuracy == 1.0 and measured.label().startswith(state)
+    # Four answerable items, two with a reference: a 16-pair probe gets 4 context pairs, 2
+    # statement and 2 answer pairs; every verdict right, and still not vouched for.
+    assert asked == {"statements": 2, "answers": 2, "contexts": 4} and not measured.reliable
+    assert measured.agreement.accuracy == 1.0 and measured.label().startswith(
+        "judge not calibrated on statements, answers (fewer than 4 pairs)"
+    )
     from ragpipe.evaluation.calibration import METRIC_JUDGEMENT
 
     for m in RAG_METRICS:  # a judgement asked fewer than 4 pairs calibrates nothing
@@ -979,6 +988,43 @@ def test_context_precision_and_recall_ask_short_calls_as_the_probe_asks(
     ragas_way.prompts.clear()
     calibrate(ragas_way, [pair], min_kappa=0.4, timeout_s=5, way="ragas")
     assert ragas_way.prompts == [sent[1]]
+
+
+def test_too_few_context_pairs_say_why_and_a_blank_reference_is_none(
+    scored_config: RagpipeConfig, onnx_embedder: Any
+) -> None:
+    """A probe of 8 pairs has 2 context pairs: context precision is not calibrated, and the
+    run's warnings say what the pairs need. A blank expected_answer is no reference: context
+    recall is not applicable (it divided by zero sentences)."""
+    from ragpipe.evaluation.golden import GoldenItem
+    from ragpipe.evaluation.rag import Judge, RagRow
+
+    golden = load_golden(scored_config.eval.golden)
+    evaluation = scored_config.eval.model_copy(update={"judge_probe_size": 8})
+    config = scored_config.model_copy(update={"eval": evaluation})
+    result = run_rag_eval(config, golden, generator=SCRIPT, judge_llm=YES,
+                          embedder=onnx_embedder, limit=1)  # fmt: skip
+    assert result.calibration is not None
+    assert result.calibration.by_judgement["contexts"].n == 2
+    # Too few of its own pairs to decide; the yes-man failed the probe as a whole, which
+    # withholds it (distrust carries over, trust does not).
+    assert result.calibration.reliable_for("context_precision") is False
+    assert "contexts" in result.calibration.uncalibrated
+    said = [w for w in result.warnings if "context pair(s), fewer than 4" in w]
+    assert said == [
+        "the calibration probe has 2 context pair(s), fewer than 4: context precision is not "
+        "calibrated (each pair needs an answerable item whose target chunk of 12+ words holds "
+        "half its expected_answer's words, and a third of eval.judge_probe_size 8, rounded "
+        "down to even, must be 4 or more: 12 pairs or more)"
+    ]
+    item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1},
+                      expected_answer="  \n ")  # fmt: skip
+    row = RagRow("oven", item.query, "Bake it for 35 minutes [1].", False,
+                 ["Bake the loaf for thirty-five minutes."], 1, [], 0, 0, 0.0)  # fmt: skip
+    asyncio.run(Judge(YES, onnx_embedder, timeout_s=5, max_tokens=1536).judge(row, item))
+    recall = row.judged["context_recall"]
+    assert (recall.status, recall.reason) == (NOT_APPLICABLE, "no expected_answer")
+    assert row.context_precision_kind == "without_reference"
 
 
 def test_reference_sentences_keep_short_pieces_with_a_neighbour() -> None:

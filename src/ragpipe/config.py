@@ -1403,7 +1403,10 @@ class EvalConfig(_Section):
     @classmethod
     def _probe_size(cls, value: int) -> int:
         if 0 < value < 4:
-            raise ValueError("must be 0 (no probe) or at least 4 (pairs come in fours)")
+            raise ValueError(
+                "must be 0 (no probe) or at least 4 (pairs come in fours; 12 or more for the 4 "
+                "context pairs that calibrate context precision)"
+            )
         return value
 
     @field_validator("reports_url")

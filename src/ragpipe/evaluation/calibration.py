@@ -2,25 +2,28 @@
 
 The RAGAS metrics rest on three judgements the judge model makes over and over:
 *is this statement supported by this passage?* (faithfulness, context recall),
-*was this passage useful for this answer?* (context precision) and *does this
+*does this passage state any of this answer?* (context precision) and *does this
 answer address this question?* (answer relevancy). Before a RAG run scores
 anything, the judge answers each kind of question on pairs whose truth is known by
 construction, built from the run's own golden set and index:
 
 - **supported**: a sentence taken from a target chunk, with that chunk as passage;
 - **other section**: a sentence from another section of the same file, with the same
-  passage: on its topic, in its words, not stated by it (since 2026-12-02; the
-  judge lets such claims through more often than the others);
+  passage: the document's vocabulary and domain, not stated by the passage (since
+  2026-12-02; the judge lets such claims through more often than other files');
 - **unrelated**: a sentence from a chunk of another file, with the same passage, where
   the file has no other section;
 - **altered**: the supported sentence with a number changed or a negation added;
 - **matching answer**: a question with its own expected answer (or the opening of
   its target chunk);
 - **mismatched answer**: the question with another item's answer;
-- **useful context**: a question and its reference answer with the target chunk the
-  answer was written from (context precision's judgement: was this context useful?);
-- **unrelated / neighbour context**: the same with a chunk of another file, or of the
-  same file outside the target's section.
+- **useful context**: a question and its reference answer with the target chunk that
+  holds the most of the answer's words, at least half (context precision's judgement);
+- **unrelated / neighbour context**: the same with a chunk of a file the item does not
+  name, or of the target's file outside the target's sections, holding under half of
+  the answer's words. A context pair's answer is always a reference (or a chunk's
+  opening): the reference-free context precision, which judges against the generated
+  answer, is calibrated by them only as far as the judgement is the same.
 
 A statement pair is asked the way faithfulness asks about each statement
 (``eval.judge_verdicts``): by default ``STATEMENT_PROMPT``, the passage then the statement,
@@ -148,6 +151,7 @@ _NUMBER = re.compile(r"\b\d+(?:\.\d+)?\b")
 _AUXILIARY = re.compile(r"\b(is|are|was|were|can|does|do|should|will|must|has|have)\b")
 PASSAGE_CHARS = 1200
 CONTEXT_MIN_WORDS = 12  # a context pair's passage: a heading alone is useful to nothing
+USEFUL_SHARE = 0.5  # a useful context holds at least half the answer's words, a false one less
 PROBE_ROUNDS = 4  # passes over the golden items while the probe has room
 
 
@@ -177,7 +181,7 @@ class Calibration:
     model: str
     notes: list[str] = field(default_factory=list)
     by_judgement: dict[str, Agreement] = field(default_factory=dict)
-    way: str = "statement"  # how statement pairs were asked (eval.judge_verdicts)
+    way: str = "statement"  # how statement and context pairs were asked (eval.judge_verdicts)
 
     def _passes(self, a: Agreement) -> bool:
         return not np.isnan(a.kappa) and a.kappa >= self.min_kappa
@@ -325,10 +329,11 @@ def _target_chunks(item: GoldenItem, view: IndexView) -> list[dict[str, Any]]:
 
 
 def build_probe(golden: GoldenSet, view: IndexView, size: int, seed: int) -> list[ProbePair]:
-    """``size`` pairs (rounded down to a multiple of 4), half true, seeded.
+    """About ``size`` pairs, half true, seeded.
 
     A third of them, rounded down to even, are context pairs (``build_context_pairs``);
-    of the rest, statement pairs and answer pairs alternate over the items in a seeded order, for up
+    of the rest, rounded down to a multiple of 4, statement pairs and answer pairs
+    alternate over the items in a seeded order, for up
     to PROBE_ROUNDS passes, never asking the same statement or answer twice; an item that
     gives no usable sentence is passed over. Fewer pairs come back when the golden set
     and index cannot supply enough.
@@ -438,10 +443,12 @@ def build_context_pairs(
     """``size`` context pairs (rounded down to even), half useful, seeded.
 
     Each is an answerable item's question and reference answer (``expected_answer``, else
-    the opening of the useful chunk) with one passage: the target chunk sharing the most
-    words with the answer (USEFUL, truth 1), or a chunk of another file
-    (UNRELATED_CONTEXT) or of the same file outside the target sections (NEIGHBOUR),
-    truth 0, the two false kinds taking turns. An item with no target chunk of
+    the first two sentences of the useful chunk) with one passage: the target chunk holding
+    the most of the answer's words, and at least USEFUL_SHARE of them (USEFUL, truth 1); or,
+    truth 0, a chunk of a file the item does not name (UNRELATED_CONTEXT) or, for an item
+    with chunk targets, of a target's file outside the target sections (NEIGHBOUR), the
+    two false kinds taking turns. A false chunk holding USEFUL_SHARE of the answer's words,
+    or a target's text (a copied file), is never drawn. An item with no target chunk of
     CONTEXT_MIN_WORDS words is passed over.
     """
     rng = np.random.default_rng(seed)
@@ -451,17 +458,18 @@ def build_context_pairs(
     for item in order:
         if len(pairs) + 2 > size:
             break
-        targets = [c for c in _target_chunks(item, view) if _words(c) >= CONTEXT_MIN_WORDS]
+        found = _target_chunks(item, view)
+        targets = [c for c in found if _words(c) >= CONTEXT_MIN_WORDS]
         if not targets:
             continue
-        useful = max(targets, key=lambda c: _shared(c, item.expected_answer or ""))
+        useful = max(targets, key=lambda c: _share(c, item.expected_answer or ""))
         answer = item.expected_answer or " ".join(sentences(str(useful.get("text", "")))[:2])
-        if not answer:
-            continue
+        if not answer or _share(useful, answer) < USEFUL_SHARE:
+            continue  # no target chunk holds the reference: no useful pair to be sure of
         kinds = (UNRELATED_CONTEXT, NEIGHBOUR) if len(pairs) % 4 == 0 else (
             NEIGHBOUR, UNRELATED_CONTEXT)  # fmt: skip
         for false_kind in kinds:  # the other false kind where this one has no chunk
-            wrong = _other_chunk(item, view, targets, false_kind, rng)
+            wrong = _other_chunk(item, view, found, answer, false_kind, rng)
             if wrong is not None:
                 for kind, truth, chunk in ((USEFUL, 1, useful), (false_kind, 0, wrong)):
                     text = str(chunk.get("text", ""))
@@ -470,10 +478,14 @@ def build_context_pairs(
     return pairs
 
 
-def _shared(chunk: dict[str, Any], answer: str) -> int:
-    """Words of ``answer`` the chunk holds: the target chunk the answer was written from
-    holds the most (a later chunk of a long section may hold none of it)."""
-    return len(set(str(chunk.get("text", "")).lower().split()) & set(answer.lower().split()))
+_WORD = re.compile(r"[a-z0-9]{4,}")
+
+
+def _share(chunk: dict[str, Any], answer: str) -> float:
+    """The share of ``answer``'s words of 4+ letters the chunk holds (0 with none)."""
+    wanted = set(_WORD.findall(answer.lower()))
+    held = set(_WORD.findall(str(chunk.get("text", "")).lower()))
+    return len(wanted & held) / len(wanted) if wanted else 0.0
 
 
 def _words(chunk: dict[str, Any]) -> int:
@@ -483,22 +495,33 @@ def _words(chunk: dict[str, Any]) -> int:
 def _other_chunk(
     item: GoldenItem,
     view: IndexView,
-    targets: list[dict[str, Any]],
+    found: list[dict[str, Any]],
+    answer: str,
     kind: str,
     rng: np.random.Generator,
 ) -> dict[str, Any] | None:
-    """A chunk of another file (UNRELATED_CONTEXT) or of a target's file outside the item's
-    target chunks and their sections (NEIGHBOUR), with CONTEXT_MIN_WORDS words or more."""
-    own = {str(c.get("file_path")) for c in targets}
+    """A chunk of a file neither the item's targets nor its relevance name
+    (UNRELATED_CONTEXT), or, for an item with chunk targets, of a target's file outside
+    the target chunks' sections (NEIGHBOUR); CONTEXT_MIN_WORDS words or more, not a
+    target's text, and holding less than USEFUL_SHARE of the answer's words."""
+    own = {str(c.get("file_path")) for c in found}
+    named = own | {f for suffix in item.relevance for f in view.matching(suffix)}
     if kind == UNRELATED_CONTEXT:
-        candidates = [c for f in view.files if f not in own for c in view.payloads(f)]
-    else:
-        sections = {str(c.get("heading_path")) for c in targets}
+        candidates = [c for f in view.files if f not in named for c in view.payloads(f)]
+    elif item.chunks:
+        sections = {str(c.get("heading_path")) for c in found}
         candidates = [
             c for f in sorted(own) for c in view.payloads(f)
-            if str(c.get("heading_path")) not in sections and c not in targets
+            if str(c.get("heading_path")) not in sections
         ]  # fmt: skip
-    candidates = [c for c in candidates if _words(c) >= CONTEXT_MIN_WORDS]
+    else:  # a file-level target: any chunk of the file may hold the answer
+        return None
+    texts = {str(c.get("text")) for c in found}
+    candidates = [
+        c for c in candidates
+        if _words(c) >= CONTEXT_MIN_WORDS and str(c.get("text")) not in texts
+        and _share(c, answer) < USEFUL_SHARE
+    ]  # fmt: skip
     return candidates[int(rng.integers(len(candidates)))] if candidates else None
 
 

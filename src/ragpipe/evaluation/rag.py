@@ -43,6 +43,7 @@ from ragpipe.errors import ConfigError
 from ragpipe.evaluation import answers
 from ragpipe.evaluation.agreement import PPIEstimate, labels_by_metric, load_labels, ppi_mean
 from ragpipe.evaluation.calibration import (
+    CONTEXTS,
     VERDICTS,
     Calibration,
     ask_context,
@@ -533,7 +534,8 @@ class Judge:
         return Judged(score, OK)
 
     async def judge(self, row: RagRow, item: GoldenItem) -> None:
-        q, a, ctx, ref = item.query, row.answer, row.contexts, item.expected_answer
+        q, a, ctx = item.query, row.answer, row.contexts
+        ref = (item.expected_answer or "").strip() or None  # blank: no reference
         if not item.answerable:
             reason = "answerable: false (scored by refusal)"
             row.judged.update({m: Judged(None, NOT_APPLICABLE, reason) for m in RAG_METRICS})
@@ -749,11 +751,12 @@ def score_answer(
     return scores, sources, cited, answers.repetition_share(reply.text)
 
 
-# Structured judge calls RAGAS makes for one question, besides faithfulness's verdicts:
-# faithfulness's statements, answer relevancy (one question at temperature 0), context
-# precision (one per context) and recall. The verdicts (one short call a statement, read
-# mostly from the prompt cache: 1.5-2.5 s each with the 1.5B) come on top, so the
-# estimate printed from this count is a floor.
+# Judge calls for one question besides the short verdicts: faithfulness's statements,
+# answer relevancy (one question at temperature 0), context precision (one per context;
+# with judge_verdicts: ragas a reason each) and, with ragas, context recall's one reply.
+# The bare verdicts on each statement and on each sentence of the reference (read mostly
+# from the prompt cache: 1.5-2.5 s each with the 1.5B) come on top, so the estimate
+# printed from this count is a floor.
 JUDGE_CALLS_PER_ITEM = 8
 
 
@@ -812,12 +815,22 @@ def run_rag_eval(
                 logger.warning(  # shown by the CLI too: the run may take long
                     "expected duration: more than %s for %d question(s): each is one answer "
                     "and about %d judge calls, and a model call took %.1f s on the "
-                    "calibration probe, whose calls read a short passage (answers and judge "
+                    "calibration probe, whose calls read one chunk at most (answers and judge "
                     "calls read the sources: on the sample index, 13 min was said of a run "
                     "of 45 min); an estimate from the first question follows it",
                     _duration(expected),
                     len(items), JUDGE_CALLS_PER_ITEM, per_call,
                 )  # fmt: skip
+                contexts = calibration.by_judgement.get(CONTEXTS)
+                if contexts is None or contexts.n < 4:
+                    notes.append(
+                        f"the calibration probe has {contexts.n if contexts else 0} context "
+                        "pair(s), fewer than 4: context precision is not calibrated (each pair "
+                        "needs an answerable item whose target chunk of 12+ words holds half "
+                        "its expected_answer's words, and a third of "
+                        f"eval.judge_probe_size {ev.judge_probe_size}, rounded down to even, "
+                        "must be 4 or more: 12 pairs or more)"
+                    )
             else:
                 notes.append(
                     f"the calibration probe needs at least 4 pairs; the golden set and index "
