@@ -348,11 +348,12 @@ def test_a_killed_ingest_does_not_leave_prefects_server_running(tmp_path: Path) 
     )  # fmt: skip
     server = None
     deadline = time.monotonic() + 120
+    # The server is the child running uvicorn: another child may come and go first (it did,
+    # and its /proc entry was gone before its command line was read).
     while server is None and time.monotonic() < deadline and parent.poll() is None:
-        server = next(iter(_children(parent.pid)), None)
+        server = next((c for c in _children(parent.pid) if "uvicorn" in _cmdline(c)), None)
         time.sleep(0.2)
-    assert server is not None, "the ingest never started Prefect's ephemeral server"
-    assert "uvicorn" in Path(f"/proc/{server}/cmdline").read_text()
+    assert server is not None, "the ingest never started Prefect's ephemeral server (uvicorn)"
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     deadline = time.monotonic() + 20
@@ -372,6 +373,13 @@ def _children(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(stat.parent.name))
     return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:  # gone already
+        return ""
 
 
 def _state(pid: int) -> str:
