@@ -325,6 +325,21 @@ def _adapters(llm: LLM, embedder: Embedder, max_tokens: int) -> tuple[Any, Any]:
     return JudgeLLM(), JudgeEmbeddings()
 
 
+async def each_verdict(
+    ask: Callable[[str], tuple[int | None, str]], items: Sequence[str], what: str
+) -> list[int]:
+    """``ask``'s bare verdict on every one of ``items``, one call each, in order. Raises
+    ValueError naming the first with none ("no verdict for <what> 2 of 3 in ..."): a
+    score over the others would be said of all of them."""
+    said = []
+    for number, item in enumerate(items, start=1):
+        verdict, text = await asyncio.to_thread(ask, item)
+        if verdict is None:
+            raise ValueError(f"no verdict for {what} {number} of {len(items)} in {text[:80]!r}")
+        said.append(verdict)
+    return said
+
+
 class Judge:
     """The four RAGAS metrics on one (question, answer, contexts, reference).
 
@@ -380,19 +395,13 @@ class Judge:
                 self, statements: list[str], context: str
             ) -> NLIStatementOutput:
                 if way == "statement":
-                    said = []
-                    for number, statement in enumerate(statements, start=1):
-                        verdict, text = await asyncio.to_thread(
-                            ask_statement, llm, context, statement
-                        )
-                        if verdict is None:
-                            raise ValueError(
-                                f"no verdict for statement {number} of {len(statements)} in "
-                                f"{text[:80]!r}"
-                            )
-                        said.append(StatementFaithfulnessAnswer(
-                            statement=statement, reason="", verdict=verdict))  # fmt: skip
-                    return NLIStatementOutput(statements=said)
+                    verdicts = await each_verdict(
+                        lambda s: ask_statement(llm, context, s), statements, "statement"
+                    )
+                    return NLIStatementOutput(statements=[
+                        StatementFaithfulnessAnswer(statement=s, reason="", verdict=v)
+                        for s, v in zip(statements, verdicts, strict=True)
+                    ])  # fmt: skip
                 groups: list[tuple[list[str], NLIStatementOutput]] = []
                 if prefill:
                     data = NLIStatementInput(context=context, statements=statements)
@@ -413,15 +422,9 @@ class Judge:
 
         async def context_verdicts(question: str, answer: str, contexts: list[str]) -> list[int]:
             """Context precision's verdicts, one short call a context (``ask_context``)."""
-            said = []
-            for number, context in enumerate(contexts, start=1):
-                verdict, text = await asyncio.to_thread(ask_context, llm, question, answer, context)
-                if verdict is None:
-                    raise ValueError(
-                        f"no verdict for context {number} of {len(contexts)} in {text[:80]!r}"
-                    )
-                said.append(verdict)
-            return said
+            return await each_verdict(
+                lambda c: ask_context(llm, question, answer, c), contexts, "context"
+            )
 
         class CheckedContextPrecision(ContextPrecision):
             """ragas's context precision (average precision over the contexts' usefulness
@@ -460,16 +463,11 @@ class Judge:
                 if way != "statement":
                     return await super().ascore(user_input, retrieved_contexts, reference)
                 context = "\n".join(retrieved_contexts)  # as ragas's faithfulness joins them
-                said = reference_sentences(reference)
-                verdicts = []
-                for number, sentence in enumerate(said, start=1):
-                    verdict, text = await asyncio.to_thread(ask_statement, llm, context, sentence)
-                    if verdict is None:
-                        raise ValueError(
-                            f"no verdict for the reference's sentence {number} of {len(said)} "
-                            f"in {text[:80]!r}"
-                        )
-                    verdicts.append(verdict)
+                verdicts = await each_verdict(
+                    lambda s: ask_statement(llm, context, s),
+                    reference_sentences(reference),
+                    "the reference's sentence",
+                )
                 return MetricResult(value=sum(verdicts) / len(verdicts))
 
         judge_llm, judge_embeddings = _adapters(llm, embedder, max_tokens)
