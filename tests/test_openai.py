@@ -395,10 +395,12 @@ def test_the_first_tokens_log_probabilities_come_back_as_in_process(chat_server:
     local = LlamaCppLLM("smollm2-135m").chat(question, max_tokens=1, top_logprobs=10)
     assert served.top_logprobs is not None and local.top_logprobs is not None
     assert len(served.top_logprobs) == len(local.top_logprobs) == 10
-    # The same model: the same likeliest tokens, and the same P(yes) within llama.cpp's
-    # numeric drift (the tail of the ten can swap near-equal tokens).
+    # The same model: the same likeliest token, the next two among the served ten, and the
+    # same P(yes) within llama.cpp's numeric drift (near-equal tokens can swap places: the
+    # second and third did once in a loaded full run).
     top = sorted(local.top_logprobs, key=lambda t: -local.top_logprobs[t])[:3]
-    assert sorted(served.top_logprobs, key=lambda t: -served.top_logprobs[t])[:3] == top
+    assert max(served.top_logprobs, key=lambda t: served.top_logprobs[t]) == top[0]
+    assert set(top) <= set(served.top_logprobs)
     assert yes_probability(served.top_logprobs, served.text) == pytest.approx(
         yes_probability(local.top_logprobs, local.text), abs=0.02
     )
