@@ -142,7 +142,9 @@ def test_rag_eval_with_the_real_model_as_generator_and_judge(
     # faithfulness asks one short call a statement; a greedy judge asks one question for
     # answer relevancy
     assert "CheckedFaithfulness" in result.judge["metric_classes"]
-    assert result.judge["faithfulness_verdicts"] == "statement prompt, one call a statement"
+    assert result.judge["faithfulness_verdicts"] == (
+        "statement prompt, one call a claim; claims: the answer's sentences"
+    )
     assert result.judge["answer_relevancy_questions"] == 1
     for row in result.rows:
         assert row.contexts and row.tokens_out > 0
@@ -288,6 +290,7 @@ def test_answer_metrics_refusals_and_an_unreliable_judge_end_to_end(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     from ragpipe.evaluation.answers import repetition_share
+    from ragpipe.evaluation.rag import judge_calls
 
     golden = load_golden(scored_config.eval.golden)
     with caplog.at_level(logging.WARNING, logger="ragpipe.evaluation.rag"):
@@ -296,10 +299,12 @@ def test_answer_metrics_refusals_and_an_unreliable_judge_end_to_end(
     said = [r.getMessage() for r in caplog.records if r.name == "ragpipe.evaluation.rag"]
     # Before the first question, from the probe; after it, from what it took.
     assert re.fullmatch(r"expected duration: more than \d+ s for 6 question\(s\): each is "
-                        r"one answer and about 8 judge calls, .*", said[0])  # fmt: skip
+                        r"one answer and about 6 judge calls, .*", said[0])  # fmt: skip
     assert re.fullmatch(r"the first question took \d+ s \(answer \d+ s, judge \d+ s\): "
                         r"about \d+ s more for the other 5", said[1])  # fmt: skip
     rows = {r.item_id: r for r in result.rows}
+    # 8 besides the verdicts with ragas's statements and prompts, 6 by default
+    assert (judge_calls("ragas", "generated"), judge_calls("statement", "sentences")) == (8, 6)
 
     def value(item: str, metric: str) -> float | None:
         return rows[item].judged[metric].value
@@ -430,10 +435,12 @@ def test_the_verdict_way_reaches_faithfulness_the_probe_and_the_report(
         assert f"- context recall's and precision's verdicts: {said[way][2]}" in lines
         assert calibration["by_judgement"]["statements"]["n"] >= 4
     assert said == {
-        "statement": ("statement prompt, one call a statement", "statement",
+        "statement": ("statement prompt, one call a claim; claims: the answer's sentences",
+                      "statement",
                       "recall: statement prompt, one call a sentence of the reference; "
                       "precision: context prompt, one call a context"),
-        "ragas": ("ragas, one reply", "ragas", "ragas's prompts"),
+        "ragas": ("ragas, one reply; claims: the answer's sentences", "ragas",
+                  "ragas's prompts"),
     }  # fmt: skip
 
 
@@ -874,8 +881,10 @@ def test_faithfulness_asks_each_statement_as_the_probe_asks_a_statement_pair(
     row = RagRow("oven", item.query, "Bake it for 35 minutes; it rises twice [1].", False,
                  contexts, 1, [], 0, 0, 0.0)  # fmt: skip
     judge = Verdicts(said)
-    scorer = Judge(judge, onnx_embedder, timeout_s=5, max_tokens=1536)
-    assert scorer.faithfulness_verdicts == "statement prompt, one call a statement"
+    scorer = Judge(judge, onnx_embedder, timeout_s=5, max_tokens=1536, claims="generated")
+    assert scorer.faithfulness_verdicts == (
+        "statement prompt, one call a claim; claims: ragas's statements"
+    )
     asyncio.run(scorer.judge(row, item))
     assert row.judged["faithfulness"].value == pytest.approx(2 / 3)
     asked = [p for p in judge.prompts if p.startswith("Is the statement supported")]
@@ -889,8 +898,8 @@ def test_faithfulness_asks_each_statement_as_the_probe_asks_a_statement_pair(
     assert judge.prompts == [asked[1]] and probed.verdicts == [0]
 
     said["It rises twice."] = '{"verdict": "maybe"}'
-    asyncio.run(Judge(Verdicts(said), onnx_embedder, timeout_s=5, max_tokens=1536)
-                .judge(row, item))  # fmt: skip
+    asyncio.run(Judge(Verdicts(said), onnx_embedder, timeout_s=5, max_tokens=1536,
+                      claims="generated").judge(row, item))  # fmt: skip
     faithfulness = row.judged["faithfulness"]
     assert (faithfulness.value, faithfulness.status) == (None, FAILED)
     assert faithfulness.reason == (
@@ -898,6 +907,74 @@ def test_faithfulness_asks_each_statement_as_the_probe_asks_a_statement_pair(
     )
     with pytest.raises(ValueError, match="verdicts must be one of"):
         Judge(judge, onnx_embedder, timeout_s=5, max_tokens=1536, verdicts="nli")
+
+
+def test_an_answers_claims_are_its_own_sentences() -> None:
+    """eval.faithfulness_claims: sentences judges what the answer says, sentence by
+    sentence, as written: markdown's list markers, headings, emphasis and code marks and
+    the [n] citations out; a piece under 3 words joined to the next; a code block to the
+    sentence that shows it; a sentence a blank line broke mended; a repeat counted once."""
+    from ragpipe.evaluation.rag import answer_claims
+
+    answer = (
+        "## Installing\n\n"
+        'To install a package, type\n\n```\ninstall.packages("x")\n```\n\n'
+        "at the R prompt [1]. It needs **write access** to the library [2], [3].\n\n"
+        "1. *Windows*:\n   - Binaries come from CRAN [1].\n"
+        "2. Unix-like: build it from\n   source with R CMD INSTALL.\n\n"
+        "It needs write access to the library.\n"
+        "Ask an admin to grant it."
+    )
+    assert answer_claims(answer) == [
+        'Installing To install a package, type install.packages("x") at the R prompt.',
+        "It needs write access to the library.",
+        "Windows: Binaries come from CRAN.",
+        "Unix-like: build it from source with R CMD INSTALL.",
+        "Ask an admin to grant it.",
+    ]
+    assert answer_claims("Yes. R runs on Unix [1]. See CRAN for it. Done.") == [
+        "Yes. R runs on Unix.", "See CRAN for it. Done."
+    ]  # fmt: skip
+    # a code block the answer's end left open stands alone
+    assert answer_claims("Check it with this command:\n```\nR CMD check x\n") == [
+        "Check it with this command:", "R CMD check x"
+    ]  # fmt: skip
+    assert answer_claims("") == []
+
+
+def test_faithfulness_judges_the_answers_sentences_by_default(onnx_embedder: Any) -> None:
+    """By default each of the answer's sentences is asked the statement call, with no
+    statement generator call (the judge's longest): verdicts 1, 0, 1 are 2/3; the claims
+    "generated" (ragas's statements) are asked for in words; an unknown way is refused."""
+    import typing
+
+    from ragpipe.config import EvalConfig
+    from ragpipe.evaluation.calibration import statement_prompt
+    from ragpipe.evaluation.golden import GoldenItem
+    from ragpipe.evaluation.rag import CLAIMS, Judge, RagRow
+
+    said = {"Bake it for 35 minutes.": '{"verdict": 1}', "It rises twice.": '{"verdict": 0}',
+            "The oven is hot.": '{"verdict": 1}'}  # fmt: skip
+    contexts = ["Bake the loaf for thirty-five minutes.", "Preheat the oven to 230 degrees."]
+    item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
+    row = RagRow("oven", item.query, "Bake it for 35 minutes [1]. It rises twice.\n\n"
+                 "- **The oven** is hot [2].", False, contexts, 2, [], 0, 0, 0.0)  # fmt: skip
+    judge = Verdicts(said)
+    scorer = Judge(judge, onnx_embedder, timeout_s=5, max_tokens=1536)
+    assert scorer.faithfulness_verdicts == (
+        "statement prompt, one call a claim; claims: the answer's sentences"
+    )
+    asyncio.run(scorer.judge(row, item))
+    assert row.judged["faithfulness"].value == pytest.approx(2 / 3)
+    passage = "\n".join(contexts)
+    assert [p for p in judge.prompts if p.startswith("Is the statement supported")] == [
+        statement_prompt(passage, s) for s in said
+    ]
+    assert not [p for p in judge.prompts if p.startswith("Given a question and an answer")]
+    assert EvalConfig().faithfulness_claims == "sentences"
+    assert typing.get_args(EvalConfig.model_fields["faithfulness_claims"].annotation) == CLAIMS
+    with pytest.raises(ValueError, match="claims must be one of"):
+        Judge(judge, onnx_embedder, timeout_s=5, max_tokens=1536, claims="atoms")
 
 
 class Contexts(Verdicts):
@@ -947,17 +1024,17 @@ def test_context_precision_and_recall_ask_short_calls_as_the_probe_asks(
               contexts[2]: '{"verdict": 1}'}  # fmt: skip
     item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1},
                       expected_answer=reference)  # fmt: skip
-    row = RagRow("oven", item.query, "Bake it for 35 minutes [2].", False, contexts, 1, [],
-                 0, 0, 0.0)  # fmt: skip
+    row = RagRow("oven", item.query, "Bake the loaf for 35 minutes [2]. Let it rise twice. "
+                 "Serve it with butter.", False, contexts, 1, [], 0, 0, 0.0)  # fmt: skip
     judge = Contexts(said, useful)
     asyncio.run(Judge(judge, onnx_embedder, timeout_s=5, max_tokens=1536).judge(row, item))
     assert row.judged["context_precision"].value == pytest.approx(7 / 12)
     assert row.judged["context_recall"].value == pytest.approx(2 / 3)
     passage = "\n".join(contexts)
     statements = [statement_prompt(passage, s) for s in said]
-    # Faithfulness's three statements (the scripted split), then recall's three sentences,
+    # Faithfulness's three claims (the answer's sentences), then recall's three sentences,
     # one passage; answer relevancy's question; then the three contexts, in rank order.
-    assert judge.prompts[1:7] == statements + statements
+    assert judge.prompts[:6] == statements + statements
     assert judge.prompts[-3:] == [context_prompt(item.query, reference, c) for c in contexts]
     pair = ProbePair(USEFUL, 1, context_prompt(item.query, reference, contexts[1]), "oven",
                      contexts[1], contexts[1], item.query, reference)  # fmt: skip
@@ -1072,9 +1149,11 @@ def test_a_verdict_cut_at_its_limit_fails_faithfulness_and_a_greedy_judge_asks_o
     from ragpipe.evaluation.rag import Judge, RagRow
 
     scripted = Scripted()
-    judge = Judge(scripted, onnx_embedder, timeout_s=5, max_tokens=64, verdicts="ragas")
+    judge = Judge(
+        scripted, onnx_embedder, timeout_s=5, max_tokens=64, verdicts="ragas", claims="generated"
+    )
     assert (judge.prefill, judge.questions) == (True, 1)
-    assert judge.faithfulness_verdicts == "ragas, prefilled"
+    assert judge.faithfulness_verdicts == "ragas, prefilled; claims: ragas's statements"
     item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
     row = RagRow("oven", item.query, "Bake it for 35 minutes [1].", False,
                  ["Bake the loaf for thirty-five minutes."], 1, [], 0, 0, 0.0)  # fmt: skip
@@ -1121,8 +1200,11 @@ def test_fewer_verdicts_than_statements_fail_faithfulness_not_score_a_subset(
     from ragpipe.evaluation.golden import GoldenItem
     from ragpipe.evaluation.rag import Judge, RagRow
 
-    judge = Judge(Short(), onnx_embedder, timeout_s=5, max_tokens=1536, verdicts="ragas")
-    assert judge.prefill is False and judge.faithfulness_verdicts == "ragas, one reply"
+    judge = Judge(
+        Short(), onnx_embedder, timeout_s=5, max_tokens=1536, verdicts="ragas", claims="generated"
+    )
+    assert judge.prefill is False
+    assert judge.faithfulness_verdicts == "ragas, one reply; claims: ragas's statements"
     item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
     row = RagRow("oven", item.query, "Bake it for 35 minutes; it rises twice [1].", False,
                  ["Bake the loaf for thirty-five minutes."], 1, [], 0, 0, 0.0)  # fmt: skip
@@ -1179,7 +1261,7 @@ def test_a_list_at_the_grammars_item_bound_fails_not_scores_the_first_items(
     from ragpipe.evaluation.rag import Judge, RagRow
 
     monkeypatch.setattr(rag, "MAX_STATEMENTS", 3)
-    judge = Judge(Listing(claims), onnx_embedder, timeout_s=5, max_tokens=1536)
+    judge = Judge(Listing(claims), onnx_embedder, timeout_s=5, max_tokens=1536, claims="generated")
     item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1},
                       expected_answer="Bake it for 35 minutes. Let it rise twice.")  # fmt: skip
     row = RagRow("oven", item.query, "Bake it for 35 minutes; it rises twice [1].", False,
@@ -1259,13 +1341,13 @@ def test_a_served_judge_is_asked_its_verdicts_in_groups_that_fit_one_reply(
                  ["Bake the loaf for thirty-five minutes."], 1, [], 0, 0, 0.0)  # fmt: skip
     served = Budgeted(claims=20, per_verdict=77)
     asyncio.run(Judge(served, onnx_embedder, timeout_s=5, max_tokens=1536,
-                      verdicts="ragas").judge(row, item))  # fmt: skip
+                      verdicts="ragas", claims="generated").judge(row, item))  # fmt: skip
     assert served.groups == [10, 10]
     assert (row.judged["faithfulness"].value, row.judged["faithfulness"].status) == (0.75, OK)
 
     wordy = Budgeted(claims=3, per_verdict=200)
     asyncio.run(Judge(wordy, onnx_embedder, timeout_s=5, max_tokens=160,
-                      verdicts="ragas").judge(row, item))  # fmt: skip
+                      verdicts="ragas", claims="generated").judge(row, item))  # fmt: skip
     assert wordy.groups == [1]
     faithfulness = row.judged["faithfulness"]
     assert (faithfulness.value, faithfulness.status) == (None, FAILED)

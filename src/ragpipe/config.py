@@ -1333,6 +1333,15 @@ class EvalConfig(_Section):
         "contexts accuracy 0.75 and 0.84 on the two dev sets at 3.5 s against 0.78 and 0.78 "
         "at 9.2 s (bench/context_prompt.py).",
     )
+    faithfulness_claims: Literal["sentences", "generated"] = Field(
+        default="sentences",
+        description="What faithfulness judges against the contexts: 'sentences', the "
+        "answer's own sentences (split as context recall splits the reference, markdown and "
+        "[n] citations taken out, each once), or 'generated', the statements ragas's "
+        "generator writes from the answer (one more judge call a question, which took 30-55 "
+        "s with the packaged 1.5B and can drop or reword claims). The score is the share "
+        "judged supported either way.",
+    )
     rag_limit: int | None = Field(
         default=None,
         gt=0,

@@ -175,9 +175,15 @@ REFERENCE_MIN_WORDS = 3
 
 def reference_sentences(reference: str) -> list[str]:
     """``reference``'s sentences (split after . ! or ? before a capital or a digit)."""
+    return _joined(_REFERENCE_SENTENCE.split(" ".join(reference.split())))
+
+
+def _joined(pieces: Sequence[str]) -> list[str]:
+    """``pieces`` with each one shorter than REFERENCE_MIN_WORDS joined to the next (the
+    last to the one before it), blanks left out."""
     out: list[str] = []
     pending = ""
-    for part in _REFERENCE_SENTENCE.split(" ".join(reference.split())):
+    for part in pieces:
         pending = f"{pending} {part}".strip()
         if len(pending.split()) >= REFERENCE_MIN_WORDS:
             out.append(pending)
@@ -189,6 +195,76 @@ def reference_sentences(reference: str) -> list[str]:
     return out
 
 
+# Faithfulness with eval.faithfulness_claims: sentences (the default) judges the answer's
+# own sentences instead of the statements ragas's generator writes from it: the same
+# split as the reference's, on each paragraph or list item of the markdown the generator
+# writes, its list markers, headings, emphasis and [n] citations taken out. A piece under
+# REFERENCE_MIN_WORDS words ("Windows:", a list's heading) joins the next, a code block
+# the sentence before it (the "use this command:" it illustrates), and a sentence said
+# again (a looping answer) counts once. A paragraph that starts in lower case after one
+# that ends without a full stop continues its sentence (a blank line or a code block
+# broke it: "type ```library()``` at the R prompt."). The generator's call was the
+# judge's longest: 30-55 s a question with the 1.5B, writing up to 417 tokens
+# (bench/judge_speed.py); it could also drop or reword a claim.
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_BLOCK_START = re.compile(r"^\s*(?:#{1,6}\s|>|[-*+]\s|\d{1,3}[.)]\s)")
+_LINE_MARK = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+|\d{1,3}[.)]\s+)+")
+_EMPHASIS = re.compile(r"\*\*|__|(?<!\w)[*_](?=\S)|(?<=\S)[*_](?!\w)|`")
+_LOOSE_PUNCTUATION = re.compile(r"\s+(?=[.,;:!?](?:\s|$))|(?:\s*,)+\s*(?=[.!?]?$)")
+
+
+def answer_claims(answer: str) -> list[str]:
+    """``answer``'s sentences, as faithfulness judges them with
+    ``eval.faithfulness_claims: sentences``: each once, in the order written."""
+    blocks: list[str] = []  # paragraphs and list items, a code block joined to the one before
+    code: list[str] | None = None
+    joined_to_previous = False
+    for line in answer.splitlines():
+        if _FENCE.match(line):
+            if code is None:
+                code = []
+            else:
+                if blocks:
+                    blocks[-1] += " " + " ".join(code)
+                else:
+                    blocks.append(" ".join(code))
+                code = None
+                joined_to_previous = False
+            continue
+        if code is not None:
+            code.extend(line.split())
+            continue
+        if not line.strip():
+            joined_to_previous = False
+            continue
+        text = _EMPHASIS.sub("", _CITATIONS.sub("", _LINE_MARK.sub("", line))).strip()
+        broken = (  # a sentence a blank line or a code block broke
+            bool(blocks)
+            and text[:1].islower()
+            and not blocks[-1].rstrip().endswith((".", "!", "?", ":"))
+        )
+        continued = joined_to_previous or broken
+        if continued and blocks and not _BLOCK_START.match(line):
+            blocks[-1] += " " + text
+        else:
+            blocks.append(text)
+        joined_to_previous = True
+    if code:  # a block the answer's end left open
+        blocks.append(" ".join(code))
+    pieces: list[str] = []
+    for block in blocks:
+        text = _LOOSE_PUNCTUATION.sub("", " ".join(block.split()))
+        pieces.extend(_REFERENCE_SENTENCE.split(text))
+    seen: set[str] = set()
+    claims: list[str] = []
+    for claim in _joined(pieces):
+        key = claim.casefold()
+        if key not in seen:
+            seen.add(key)
+            claims.append(claim)
+    return claims
+
+
 # A judge that writes all of faithfulness's verdicts in one reply (a served one: it does
 # not continue a reply it is given) writes each statement again, its reason and its
 # verdict: at most STATEMENT_MAX_CHARS + REASON_MAX_CHARS characters and about 60 of JSON,
@@ -197,6 +273,8 @@ def reference_sentences(reference: str) -> list[str]:
 # eval.judge_max_tokens (1536) in one reply and was lost as cut JSON; its statements are
 # asked in groups that fit one reply (``verdicts_per_reply``), each with the whole context.
 VERDICT_TOKENS_MOST = 150
+
+CLAIMS = ("sentences", "generated")  # the ways of eval.faithfulness_claims
 
 
 def verdicts_per_reply(max_tokens: int) -> int:
@@ -348,6 +426,9 @@ class Judge:
             call a verdict for a bare verdict, as the calibration probe asks (faithfulness
             and context recall ``STATEMENT_PROMPT``, context precision ``CONTEXT_PROMPT``);
             ``ragas``, ragas's prompts, a reason before each verdict.
+        claims: What faithfulness judges (``eval.faithfulness_claims``): ``sentences``,
+            the answer's own (``answer_claims``); ``generated``, the statements ragas's
+            generator writes from it.
         prefill: With ``ragas`` verdicts, each statement copied into the reply
             (``verdict_reply``); None: where the judge continues a reply it is given.
         questions: Questions answer relevancy generates from the answer (ragas's
@@ -363,6 +444,7 @@ class Judge:
         max_tokens: int,
         *,
         verdicts: str = "statement",
+        claims: str = "sentences",
         prefill: bool | None = None,
         questions: int | None = None,
     ) -> None:
@@ -382,6 +464,8 @@ class Judge:
 
         if verdicts not in VERDICTS:
             raise ValueError(f"verdicts must be one of {VERDICTS}, not {verdicts!r}")
+        if claims not in CLAIMS:
+            raise ValueError(f"claims must be one of {CLAIMS}, not {claims!r}")
         prefill = getattr(llm, "continues_reply", False) if prefill is None else prefill
         per_reply = verdicts_per_reply(max_tokens)
         way = verdicts
@@ -389,7 +473,16 @@ class Judge:
         class CheckedFaithfulness(Faithfulness):
             """ragas's faithfulness with one verdict per statement, or a failure: asked
             one statement a call (``ask_statement``), or ragas's way, the verdicts written
-            by ``verdict_reply`` where ``prefill``."""
+            by ``verdict_reply`` where ``prefill``; the claims judged are the answer's
+            sentences (``answer_claims``) or ragas's generated statements (``claims``)."""
+
+            async def _create_statements(self, question: str, response: str) -> list[str]:
+                if claims == "sentences":
+                    sentences = answer_claims(response)
+                    if not sentences:
+                        raise ValueError("the answer holds no sentence to judge")
+                    return sentences
+                return list(await super()._create_statements(question, response))
 
             async def _create_verdicts(
                 self, statements: list[str], context: str
@@ -474,6 +567,7 @@ class Judge:
         self.timeout_s = timeout_s
         self.prefill = prefill
         self.verdicts = verdicts
+        self.claims = claims
         greedy = getattr(llm, "temperature", None) == 0
         self.questions = questions or (1 if greedy else 3)
         self.faithfulness = CheckedFaithfulness(llm=judge_llm)
@@ -496,9 +590,11 @@ class Judge:
     def faithfulness_verdicts(self) -> str:
         """How faithfulness's verdicts are asked, in words (summary.json and report.md);
         context recall and precision ask the same way (``verdicts``)."""
+        judged = "the answer's sentences" if self.claims == "sentences" else "ragas's statements"
         if self.verdicts == "statement":
-            return "statement prompt, one call a statement"
-        return "ragas, prefilled" if self.prefill else "ragas, one reply"
+            return f"statement prompt, one call a claim; claims: {judged}"
+        asked = "ragas, prefilled" if self.prefill else "ragas, one reply"
+        return f"{asked}; claims: {judged}"
 
     @property
     def context_verdicts(self) -> str:
@@ -749,13 +845,19 @@ def score_answer(
     return scores, sources, cited, answers.repetition_share(reply.text)
 
 
-# Judge calls for one question besides the short verdicts: faithfulness's statements,
-# answer relevancy (one question at temperature 0), context precision (one per context;
-# with judge_verdicts: ragas a reason each) and, with ragas, context recall's one reply.
-# The bare verdicts on each statement and on each sentence of the reference (read mostly
-# from the prompt cache: 1.5-2.5 s each with the 1.5B) come on top, so the estimate
-# printed from this count is a floor.
+# Judge calls for one question besides the short verdicts: faithfulness's statements
+# (with faithfulness_claims: generated), answer relevancy (one question at temperature
+# 0), context precision (one per context, 5; with judge_verdicts: ragas a reason each) and,
+# with ragas, context recall's one reply: 8 at most (``judge_calls``). The bare verdicts on
+# each claim and on each sentence of the reference (read mostly from the prompt cache:
+# 1.5-2.5 s each with the 1.5B) come on top, so the estimate printed from this count is a
+# floor.
 JUDGE_CALLS_PER_ITEM = 8
+
+
+def judge_calls(verdicts: str, claims: str) -> int:
+    """Judge calls for one question besides the short verdicts (``JUDGE_CALLS_PER_ITEM``)."""
+    return JUDGE_CALLS_PER_ITEM - (claims == "sentences") - (verdicts == "statement")
 
 
 def run_rag_eval(
@@ -792,7 +894,7 @@ def run_rag_eval(
     judge_config = ev.judge
     judge_model = judge_llm or (make_llm(judge_config) if judge_config else generator)
     judge = Judge(judge_model, embedder, ev.judge_timeout_s, ev.judge_max_tokens,
-                  verdicts=ev.judge_verdicts)  # fmt: skip
+                  verdicts=ev.judge_verdicts, claims=ev.faithfulness_claims)  # fmt: skip
     labels = labels_by_metric(load_labels(ev.labels)) if ev.labels else {}
     rows: list[RagRow] = []
     calibration: Calibration | None = None
@@ -809,7 +911,8 @@ def run_rag_eval(
                                         resamples=ev.resamples, seed=ev.seed,
                                         way=ev.judge_verdicts)  # fmt: skip
                 per_call = (time.perf_counter() - probed) / len(probe)
-                expected = len(items) * (1 + JUDGE_CALLS_PER_ITEM) * per_call
+                calls = judge_calls(ev.judge_verdicts, ev.faithfulness_claims)
+                expected = len(items) * (1 + calls) * per_call
                 logger.warning(  # shown by the CLI too: the run may take long
                     "expected duration: more than %s for %d question(s): each is one answer "
                     "and about %d judge calls, and a model call took %.1f s on the "
@@ -817,7 +920,7 @@ def run_rag_eval(
                     "calls read the sources: on the sample index, 13 min was said of a run "
                     "of 45 min); an estimate from the first question follows it",
                     _duration(expected),
-                    len(items), JUDGE_CALLS_PER_ITEM, per_call,
+                    len(items), calls, per_call,
                 )  # fmt: skip
                 contexts = calibration.by_judgement.get(CONTEXTS)
                 if contexts is None or contexts.n < 4:
