@@ -10,7 +10,10 @@ prints each way's accuracy, Cohen's kappa and seconds per pair:
 
 - ``short``: ``calibration.STATEMENT_PROMPT``, the passage then the statement,
   ``{"verdict": 0|1}`` only (``eval.judge_verdicts: statement``, faithfulness's way since
-  2026-12-02; the probe's own until 2026-12-01);
+  2026-12-02; the probe's own until 2026-12-01); since later on 2026-12-02 it asks whether the
+  statement adds anything the passage does not say;
+- ``lenient``: the short prompt until later on 2026-12-02 (is the statement stated or directly
+  implied?), ``faithfulness_claims.LENIENT_PROMPT``;
 - ``ragas``: ragas's NLI prompt with the statement prefilled in the reply and a reason of
   at most 160 characters before the verdict (``eval.judge_verdicts: ragas``,
   faithfulness's way until 2026-12-01);
@@ -20,7 +23,7 @@ Then it calibrates the judge on the probe ``eval rag`` asks (``eval.judge_probe_
 pairs, statement pairs asked the ``eval.judge_verdicts`` way) and prints its label, the
 README's kappa.
 
-Usage: python bench/probe_prompt.py [--size 48] [--ways short,ragas,ragas-no-reason]
+Usage: python bench/probe_prompt.py [--size 48] [--ways short,lenient,ragas,ragas-no-reason]
        [--json bench/results/probe_prompt.json]
 Needs the sample index (``ragpipe ingest``).
 """
@@ -33,6 +36,8 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+
+from faithfulness_claims import LENIENT_PROMPT
 
 from ragpipe.config import load_config
 from ragpipe.evaluation import calibration, rag
@@ -58,6 +63,14 @@ def short_verdict(model: LlamaCppLLM, pair: calibration.ProbePair) -> int | None
     return calibration.ask_statement(model, pair.passage, pair.shown)[0]
 
 
+def lenient_verdict(model: LlamaCppLLM, pair: calibration.ProbePair) -> int | None:
+    """The short prompt until later on 2026-12-02 (``faithfulness_claims.LENIENT_PROMPT``)."""
+    prompt = LENIENT_PROMPT.format(passage=pair.passage, statement=pair.shown)
+    reply = model.chat([{"role": "user", "content": prompt}], schema=calibration.VERDICT_SCHEMA,
+                       max_tokens=calibration.VERDICT_TOKENS)  # fmt: skip
+    return calibration.parse_verdict(reply.text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", type=int, default=48, help="probe pairs built (about half "
@@ -78,6 +91,7 @@ def main() -> None:
     model.chat([{"role": "user", "content": "Hi"}], max_tokens=1)  # loaded before timing
     ways: dict[str, Any] = {
         "short": lambda p: short_verdict(model, p),
+        "lenient": lambda p: lenient_verdict(model, p),
         "ragas": lambda p: ragas_verdict(model, p, 160),
         "ragas-no-reason": lambda p: ragas_verdict(model, p, 0),
     }

@@ -90,15 +90,19 @@ VERDICT_SCHEMA: dict[str, Any] = {
 # eval.judge_verdicts is "statement" (the default since 2026-12-02): this prompt, one call a
 # statement, {"verdict": 0|1} only. The passage comes before the statement, so the
 # statements of one answer share all of a prompt but their own line, which llama.cpp's
-# prompt cache (and vLLM's prefix cache) reads once. Measured with bench/probe_prompt.py,
-# the packaged 1.5B judge on 48 statement pairs with known truth (2026-12-02): accuracy
-# 0.938, kappa 0.88 [0.71, 1.00], 2.5 s a pair; ragas's NLI prompt with a reason before the
-# verdict ("ragas", faithfulness's way until then): 0.833, kappa 0.67 [0.42, 0.87], 6.2 s
-# (6 pairs right here and wrong there, 1 the other way); the same without the reason:
-# 0.833, 3.8 s. On 24 pairs on 2026-12-01: 0.875 against 0.792.
-STATEMENT_PROMPT = """Is the statement supported by the passage?
-Answer 1 if the passage states it or directly implies it; answer 0 if the passage does not \
-say it or contradicts it.
+# prompt cache (and vLLM's prefix cache) reads once. It asks whether the statement adds
+# anything, since later on 2026-12-02: asked only whether the passage "states it or directly
+# implies it" (LENIENT_PROMPT in bench/faithfulness_claims.py), the packaged 1.5B called
+# all 112 sentences of 19 real answers supported, the 10 a person found unsupported
+# among them (invented reasons, a contradicted "efficient", a wrong reference) too: kappa
+# 0.00, faithfulness 1.000 where the hand labels give 0.882. This prompt: kappa 0.40 [0.09,
+# 0.65], 5 of the 10 caught, 7 of the 102 supported ones called unsupported, faithfulness
+# 0.842, at the same 3.3 s a sentence (bench/faithfulness_claims.py hand). ragas's NLI
+# prompt with a reason: see that bench's results. On the probe's statement pairs of
+# 2026-12-02 (bench/probe_prompt.py, 48 pairs) the lenient prompt scored 0.875, kappa 0.75.
+STATEMENT_PROMPT = """Does the passage say everything the statement says?
+Answer 0 if the statement adds anything the passage does not say (a reason, a claim, a \
+recommendation, a source) or contradicts it; answer 1 if all of it is stated in the passage.
 
 Passage:
 {passage}
