@@ -7,8 +7,9 @@ own sentences instead (``rag.answer_claims``). Two measurements:
 
 - ``replay [RUN_DIR]``: a finished ``eval rag`` run's answers and contexts (its
   per_query.parquet, whose faithfulness was judged over ragas's statements) through
-  today's ``Judge`` with the answer's sentences, the configured judge: both scores, the
-  seconds, every sentence the judge called unsupported.
+  today's ``Judge`` with the answer's sentences, the configured judge, the statement
+  prompt of today (or of before 2026-12-02's change, ``--lenient``, as that run asked):
+  both scores, the seconds, every sentence the judge called unsupported.
 - ``hand``: the 112 sentences of 19 such answers labelled by hand
   (bench/results/faithfulness_hand_labels.json), each asked of the configured judge in
   each of ``--ways``: ``statement`` (``calibration.STATEMENT_PROMPT``, faithfulness's
@@ -19,7 +20,7 @@ own sentences instead (``rag.answer_claims``). Two measurements:
   the unsupported sentences it caught, faithfulness's mean against the hand mean, and the
   seconds.
 
-Usage: python bench/faithfulness_claims.py replay [RUN_DIR] [--json FILE]
+Usage: python bench/faithfulness_claims.py replay [RUN_DIR] [--lenient] [--json FILE]
        python bench/faithfulness_claims.py hand [--ways statement,lenient,ragas] [--json FILE]
 """
 
@@ -71,16 +72,23 @@ def _recorded(model: LLM) -> list[str]:
     return replies
 
 
-def replay(run: Path | None, out: Path | None) -> None:
-    run = run or sorted(Path("eval/reports").glob("*-rag"))[-1]
+def replay(run: Path | None, lenient: bool, out: Path | None) -> None:
+    runs = sorted(Path("eval/reports").glob("*-rag*"))
+    run = run or (runs[-1] if runs else None)
+    if run is None:
+        raise SystemExit("no eval rag run under eval/reports: run `ragpipe eval rag` first")
     rows = pd.read_parquet(run / "per_query.parquet")
     rows = rows[rows["faithfulness_status"] == "ok"]
+    if rows.empty:
+        raise SystemExit(f"{run}: no answer's faithfulness was judged")
+    if lenient:  # the statement prompt the run of 2026-12-02 04:46 asked
+        calibration.STATEMENT_PROMPT = LENIENT_PROMPT
     config = load_config(None)
     model = make_llm(config.eval.judge or config.llm)
     replies = _recorded(model)
     judge = rag.Judge(model, make_embedder(config.embed, query_side=True),
                       config.eval.judge_timeout_s, config.eval.judge_max_tokens,
-                      verdicts=config.eval.judge_verdicts, claims="sentences")  # fmt: skip
+                      verdicts="statement", claims="sentences")  # fmt: skip
     results: list[dict[str, Any]] = []
     for row in rows.itertuples():
         claims = rag.answer_claims(row.answer)
@@ -91,6 +99,8 @@ def replay(run: Path | None, out: Path | None) -> None:
         )  # fmt: skip
         took = round(time.perf_counter() - started, 1)
         verdicts = [parse_verdict(text) for text in replies[first:]]
+        if judged.value is not None and len(verdicts) != len(claims):
+            raise SystemExit(f"{row.item_id}: {len(verdicts)} replies for {len(claims)} claims")
         results.append({
             "id": row.item_id, "generated": row.faithfulness, "sentences": judged.value,
             "reason": judged.reason, "seconds": took,
@@ -116,19 +126,30 @@ def replay(run: Path | None, out: Path | None) -> None:
         f"{sum(gaps) / len(gaps):.3f}; {seconds:.0f} s judging ({seconds / len(results):.1f} s "
         "an answer)"
     )
-    if out:
-        out.write_text(json.dumps({"run": str(run), "results": results}, indent=1))
+    _record(out, "replay", {"run": str(run), "prompt": "lenient" if lenient else "statement",
+                            "results": results})  # fmt: skip
+
+
+def _record(out: Path | None, key: str, value: dict[str, Any]) -> None:
+    """``value`` under ``key`` of the JSON file ``out``, its other keys kept."""
+    if out is None:
+        return
+    kept = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {}
+    kept[key] = value
+    out.write_text(json.dumps(kept, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _verdict(way: str, model: LLM, passage: str, sentence: str) -> int | None:
-    if way == "statement":
-        return calibration.ask_statement(model, passage, sentence)[0]
-    if way == "lenient":
-        prompt = LENIENT_PROMPT.format(passage=passage, statement=sentence)
-        reply = model.chat([{"role": "user", "content": prompt}],
-                           schema=calibration.VERDICT_SCHEMA,
-                           max_tokens=calibration.VERDICT_TOKENS)  # fmt: skip
-        return parse_verdict(reply.text)
+    """The judge's verdict on ``sentence``, None when it gave none (a failed verdict)."""
+    if way in ("statement", "lenient"):
+        prompt = (LENIENT_PROMPT if way == "lenient" else calibration.STATEMENT_PROMPT).format(
+            passage=passage, statement=sentence
+        )
+        try:
+            return calibration._bare_verdict(model, [{"role": "user", "content": prompt}])[0]
+        except ValueError as exc:  # cut at its token limit
+            print(f"    {way}: {exc}", flush=True)
+            return None
     pair = calibration.ProbePair(calibration.SUPPORTED, 1, "", "hand", sentence, passage)
     verdict, failure = asyncio.run(calibration._ask(model, pair, 600, 1536, "ragas"))
     if failure:
@@ -140,7 +161,7 @@ def hand(ways: list[str], out: Path | None) -> None:
     labels = json.loads(HAND.read_text())
     config = load_config(None)
     model = make_llm(config.eval.judge or config.llm)
-    report: dict[str, Any] = {"labels": str(HAND.name), "ways": {}}
+    report: dict[str, Any] = {}
     truth = [s["supported"] for i in labels["items"] for s in i["sentences"]]
     hand_mean = sum(
         sum(s["supported"] for s in i["sentences"]) / len(i["sentences"]) for i in labels["items"]
@@ -169,7 +190,7 @@ def hand(ways: list[str], out: Path | None) -> None:
             for v, i in zip(per_answer, labels["items"], strict=True)
             if v is not None
         ]
-        report["ways"][way] = {
+        report[way] = {
             "agreement": agreed.as_dict(), "unsupported_caught": caught,
             "unsupported": truth.count(0), "supported_called_unsupported": wrongly,
             "faithfulness_mean": mean, "hand_mean": hand_mean,
@@ -186,8 +207,7 @@ def hand(ways: list[str], out: Path | None) -> None:
             f"by hand; {seconds:.0f} s ({seconds / len(truth):.1f} s a sentence)",
             flush=True,
         )
-    if out:
-        out.write_text(json.dumps(report, indent=1))
+    _record(out, "ways", report)
 
 
 def main() -> None:
@@ -195,10 +215,16 @@ def main() -> None:
     parser.add_argument("what", choices=["replay", "hand"])
     parser.add_argument("run", type=Path, nargs="?", help="replay: the run (the newest)")
     parser.add_argument("--ways", default="statement,lenient,ragas", help="hand: the ways")
-    parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--lenient",
+        action="store_true",
+        help="replay: ask LENIENT_PROMPT, the statement prompt before the change",
+    )
+    parser.add_argument("--json", type=Path, help="the results file: the measurement's key "
+                        "(ways, replay) is replaced, the others kept")  # fmt: skip
     args = parser.parse_args()
     if args.what == "replay":
-        replay(args.run, args.json)
+        replay(args.run, args.lenient, args.json)
     else:
         hand(args.ways.split(","), args.json)
 

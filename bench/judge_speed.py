@@ -21,7 +21,11 @@ default since 2026-12-02: one short call a statement, a bare verdict), ``prefill
 asks answer relevancy 3 questions, as before 2026-11-29 (one question three times at
 temperature 0); ``--reason-chars 0`` forbids the rationale before each ragas verdict.
 
+``--claims generated`` judges ragas's statements, as every mode recorded before the
+answer's own sentences became the default (later on 2026-12-02).
+
 Usage: python bench/judge_speed.py {none,ngram,par} [N] [--verdicts {statement,prefilled,one-reply}]
+       [--claims {sentences,generated}]
        [--questions N] [--reason-chars N] [--json FILE]
 """
 
@@ -80,6 +84,12 @@ def main() -> None:
         "reply, the statements written again by the model",
     )  # fmt: skip
     parser.add_argument(
+        "--claims", choices=["sentences", "generated"], default="sentences",
+        help="what faithfulness judges: the answer's sentences (the default since later on "
+        "2026-12-02, eval.faithfulness_claims) or ragas's generated statements (every run "
+        "recorded before)",
+    )  # fmt: skip
+    parser.add_argument(
         "--reason-chars", type=int, default=None,
         help="longest rationale the judge may write before a verdict (default: the eval's)",
     )  # fmt: skip
@@ -131,7 +141,8 @@ def main() -> None:
     model.chat = recorded  # type: ignore[method-assign]
     judge = rag.Judge(model, embedder, 600, config.eval.judge_max_tokens,
                       verdicts="statement" if args.verdicts == "statement" else "ragas",
-                      prefill=args.verdicts == "prefilled", questions=args.questions)  # fmt: skip
+                      claims=args.claims, prefill=args.verdicts == "prefilled",
+                      questions=args.questions)  # fmt: skip
     if par:
 
         async def concurrent(row: rag.RagRow, item: Any) -> None:
@@ -176,6 +187,7 @@ def main() -> None:
     print(f"{args.mode}: {total:.0f} s judging {len(results)} answers")
     if args.json:
         args.json.write_text(json.dumps({"mode": args.mode, "verdicts": args.verdicts,
+                                         "claims": args.claims,
                                          "reason_chars": rag.REASON_MAX_CHARS,
                                          "questions": judge.questions, "results": results},
                                         indent=1))  # fmt: skip

@@ -305,6 +305,7 @@ def test_answer_metrics_refusals_and_an_unreliable_judge_end_to_end(
     rows = {r.item_id: r for r in result.rows}
     # 8 besides the verdicts with ragas's statements and prompts, 6 by default
     assert (judge_calls("ragas", "generated"), judge_calls("statement", "sentences")) == (8, 6)
+    assert (judge_calls("ragas", "sentences"), judge_calls("statement", "generated")) == (7, 7)
 
     def value(item: str, metric: str) -> float | None:
         return rows[item].judged[metric].value
@@ -430,6 +431,9 @@ def test_the_verdict_way_reaches_faithfulness_the_probe_and_the_report(
         calibration = result.judge["calibration"]
         said[way] = (result.judge["faithfulness_verdicts"], calibration["statement_pairs_asked"],
                      result.judge["context_verdicts"])  # fmt: skip
+        assert result.judge["statement_prompt"] == (
+            "Does the passage say everything the statement says?" if way == "statement" else None
+        )
         lines = _judge_lines(result.judge)
         assert f"- faithfulness's verdicts: {said[way][0]}" in lines
         assert f"- context recall's and precision's verdicts: {said[way][2]}" in lines
@@ -911,8 +915,9 @@ def test_faithfulness_asks_each_statement_as_the_probe_asks_a_statement_pair(
 
 def test_an_answers_claims_are_its_own_sentences() -> None:
     """eval.faithfulness_claims: sentences judges what the answer says, sentence by
-    sentence, as written: markdown's list markers, headings, emphasis and code marks and
-    the [n] citations out; a piece under 3 words joined to the next; a code block to the
+    sentence, as written: markdown's list markers, emphasis and code marks and the [n]
+    citations out (not a code span's text, nor R's x[1]); headings, rules and a trailing
+    sources list left out; a piece under 3 words joined to the next; a code block to the
     sentence that shows it; a sentence a blank line broke mended; a repeat counted once."""
     from ragpipe.evaluation.rag import answer_claims
 
@@ -926,7 +931,7 @@ def test_an_answers_claims_are_its_own_sentences() -> None:
         "Ask an admin to grant it."
     )
     assert answer_claims(answer) == [
-        'Installing To install a package, type install.packages("x") at the R prompt.',
+        'To install a package, type install.packages("x") at the R prompt.',
         "It needs write access to the library.",
         "Windows: Binaries come from CRAN.",
         "Unix-like: build it from source with R CMD INSTALL.",
@@ -940,6 +945,33 @@ def test_an_answers_claims_are_its_own_sentences() -> None:
         "Check it with this command:", "R CMD check x"
     ]  # fmt: skip
     assert answer_claims("") == []
+    # Code spans keep their text: R's x[1] is indexing, ```x``` inline is no fence.
+    assert answer_claims(
+        "In R, `x[[1]]` and x[1] <- NULL differ [1][2].\n\n```library()``` lists packages.\n"
+        "It is in base R [3-4]."
+    ) == ["In R, x[[1]] and x[1] <- NULL differ.", "library() lists packages.",
+          "It is in base R."]  # fmt: skip
+    # Headings, rules and table delimiters make no claim; a table row is one; a quote's
+    # lines are one paragraph; a "2." inside a paragraph is no list; the sources listed
+    # after the answer are no claim.
+    assert answer_claims(
+        "## How to install R on Windows\nDownload the installer from CRAN.\n---\n"
+        "> R is a language and environment\n> for statistical computing.\n\n"
+        "| package | what it does |\n|---|---|\n| stats4 | S4 statistical functions |\n\n"
+        "The answer is\n2. That is all of them.\n\nSources:\n[1] R FAQ, section 2.1"
+    ) == [
+        "Download the installer from CRAN.",
+        "R is a language and environment for statistical computing.",
+        "package; what it does",
+        "stats4; S4 statistical functions",
+        "The answer is 2.",
+        "That is all of them.",
+    ]
+    # A label said twice heads both lists; a short sentence said twice in a row counts once.
+    assert answer_claims("1. **Win**:\n - Use the installer.\n2. **Win**:\n - Or the zip.") == [
+        "Win: Use the installer.", "Win: Or the zip."
+    ]  # fmt: skip
+    assert answer_claims("- Free software.\n- Free software.") == ["Free software."]
 
 
 def test_the_hand_labelled_answer_sentences_are_the_claims_faithfulness_judges() -> None:
@@ -996,6 +1028,27 @@ def test_faithfulness_judges_the_answers_sentences_by_default(onnx_embedder: Any
     assert typing.get_args(EvalConfig.model_fields["faithfulness_claims"].annotation) == CLAIMS
     with pytest.raises(ValueError, match="claims must be one of"):
         Judge(judge, onnx_embedder, timeout_s=5, max_tokens=1536, claims="atoms")
+    # An answer with no sentence (headings and citations only) is no score of 1 or 0.
+    row.answer = "## Bread\n\n[1] [2]"
+    asyncio.run(scorer.judge(row, item))
+    judged = row.judged["faithfulness"]
+    assert (judged.value, judged.status) == (None, FAILED)
+    assert judged.reason == "ValueError: the answer holds no sentence to judge"
+
+
+def test_a_served_judges_verdicts_are_grouped_by_the_claims_length() -> None:
+    """A served judge writes every verdict of a group in one reply, each repeating its
+    statement: an answer's sentence is not bounded as ragas's statements are (a code
+    listing ran to 766 characters), so a long one takes a bigger share of the reply. By
+    hand at 1536 tokens: 20 short claims go 10 and 10 (150 tokens each); 766 characters
+    cost 150 + 526 / 3 = 325.3 tokens, 4 fit (1301), then a short one (1451), then 2."""
+    from ragpipe.evaluation.rag import reply_groups
+
+    assert [len(g) for g in reply_groups(["Bread rises."] * 20, 1536)] == [10, 10]
+    long, short = "x" * 766, "Bread rises."
+    assert [len(g) for g in reply_groups([long] * 4 + [short] * 3, 1536)] == [5, 2]
+    assert reply_groups([long * 5], 300) == [[long * 5]]  # alone, whatever its size
+    assert reply_groups([], 1536) == []
 
 
 class Contexts(Verdicts):

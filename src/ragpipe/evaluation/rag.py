@@ -44,6 +44,7 @@ from ragpipe.evaluation import answers
 from ragpipe.evaluation.agreement import PPIEstimate, labels_by_metric, load_labels, ppi_mean
 from ragpipe.evaluation.calibration import (
     CONTEXTS,
+    STATEMENT_PROMPT,
     VERDICTS,
     Calibration,
     ask_context,
@@ -197,8 +198,10 @@ def _joined(pieces: Sequence[str]) -> list[str]:
 
 # Faithfulness with eval.faithfulness_claims: sentences (the default) judges the answer's
 # own sentences instead of the statements ragas's generator writes from it: the same
-# split as the reference's, on each paragraph or list item of the markdown the generator
-# writes, its list markers, headings, emphasis and [n] citations taken out. A piece under
+# split as the reference's, on each paragraph, list item, quote or table row of the
+# markdown the generator writes, its list markers, emphasis, code marks and [n] citations
+# taken out (outside code: x[1] is R's indexing, not a citation). Headings, rules, table
+# delimiters and a trailing "Sources:" list make no claim and are left out. A piece under
 # REFERENCE_MIN_WORDS words ("Windows:", a list's heading) joins the next, a code block
 # the sentence before it (the "use this command:" it illustrates), and a sentence said
 # again (a looping answer) counts once. A paragraph that starts in lower case after one
@@ -206,19 +209,39 @@ def _joined(pieces: Sequence[str]) -> list[str]:
 # broke it: "type ```library()``` at the R prompt."). The generator's call was the
 # judge's longest: 30-55 s a question with the 1.5B, writing up to 417 tokens
 # (bench/judge_speed.py); it could also drop or reword a claim.
-_FENCE = re.compile(r"^\s*(```|~~~)")
-_BLOCK_START = re.compile(r"^\s*(?:#{1,6}\s|>|[-*+]\s|\d{1,3}[.)]\s)")
-_LINE_MARK = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+|\d{1,3}[.)]\s+)+")
-_EMPHASIS = re.compile(r"\*\*|__|(?<!\w)[*_](?=\S)|(?<=\S)[*_](?!\w)|`")
+_FENCE = re.compile(r"^\s*(`{3,}|~{3,})[^`]*$")  # a fence line (```r), not ```x``` inline
+_HEADING = re.compile(r"^\s*#{1,6}(\s|$)")
+_RULE = re.compile(r"^\s*([-*_])(\s*\1){2,}\s*$")
+_TABLE_DELIMITER = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
+_QUOTE = re.compile(r"^\s*>\s?")
+_ITEM = re.compile(r"^\s*(?:[-*+]\s+|(\d{1,3})[.)]\s+)")
+_SOURCES_LABEL = re.compile(r"^(?:sources|references|citations)\s*:?[\s,;.]*$", re.IGNORECASE)
+_TRAILING_LABEL = re.compile(r"\s+(?:Sources|References|Citations):\s*$")
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+_CLAIM_CITATIONS = re.compile(r"(?<![\w\]\[])(?:\[\d+(?:\s*[,\u2013-]\s*\d+)*\])+")
+_EMPHASIS = re.compile(r"\*\*|__|(?<!\w)[*_](?=\S)|(?<=\S)[*_](?!\w)")
 _LOOSE_PUNCTUATION = re.compile(r"\s+(?=[.,;:!?](?:\s|$))|(?:\s*,)+\s*(?=[.!?]?$)")
+
+
+def _prose(text: str) -> str:
+    """``text`` with citations and emphasis taken out of its prose and the marks taken
+    off its code spans (whose text stays as written)."""
+    out: list[str] = []
+    last = 0
+    for span in _CODE_SPAN.finditer(text):
+        out.append(_EMPHASIS.sub("", _CLAIM_CITATIONS.sub("", text[last : span.start()])))
+        out.append(span.group(2).strip())
+        last = span.end()
+    out.append(_EMPHASIS.sub("", _CLAIM_CITATIONS.sub("", text[last:])))
+    return "".join(out)
 
 
 def answer_claims(answer: str) -> list[str]:
     """``answer``'s sentences, as faithfulness judges them with
     ``eval.faithfulness_claims: sentences``: each once, in the order written."""
-    blocks: list[str] = []  # paragraphs and list items, a code block joined to the one before
+    blocks: list[str] = []  # paragraphs, list items, quotes, table rows; code joins one
     code: list[str] | None = None
-    joined_to_previous = False
+    open_kind = ""  # what the last block is while a line may continue it: para, item, quote
     for line in answer.splitlines():
         if _FENCE.match(line):
             if code is None:
@@ -228,41 +251,72 @@ def answer_claims(answer: str) -> list[str]:
                     blocks[-1] += " " + " ".join(code)
                 else:
                     blocks.append(" ".join(code))
-                code = None
-                joined_to_previous = False
+                code, open_kind = None, ""
             continue
         if code is not None:
             code.extend(line.split())
             continue
-        if not line.strip():
-            joined_to_previous = False
+        if not line.strip() or _HEADING.match(line) or _RULE.match(line):
+            open_kind = ""
             continue
-        text = _EMPHASIS.sub("", _CITATIONS.sub("", _LINE_MARK.sub("", line))).strip()
+        if _TABLE_DELIMITER.match(line):
+            continue
+        if line.lstrip().startswith("|"):  # a table row: its cells, one claim
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            blocks.append(_prose("; ".join(c for c in cells if c)))
+            open_kind = ""
+            continue
+        quoted = _QUOTE.match(line)
+        item = None if quoted else _ITEM.match(line)
+        # A number other than 1 does not start a list inside a paragraph (CommonMark):
+        # "The answer is\n2. That is the count." is one paragraph.
+        if item and item.group(1) not in (None, "1") and open_kind == "para":
+            item = None
+        text = line[quoted.end() :] if quoted else line[item.end() :] if item else line
+        text = _prose(text).strip()
+        if _SOURCES_LABEL.match(text):  # the sources listed after the answer: no claim
+            break
+        text = _TRAILING_LABEL.sub("", text)
+        if not text:
+            continue
         broken = (  # a sentence a blank line or a code block broke
             bool(blocks)
+            and not (quoted or item)
             and text[:1].islower()
             and not blocks[-1].rstrip().endswith((".", "!", "?", ":"))
         )
-        continued = joined_to_previous or broken
-        if continued and blocks and not _BLOCK_START.match(line):
+        kind = "quote" if quoted else "item" if item else "para"
+        continues = open_kind != "" and not item and (kind == open_kind or kind == "para")
+        if blocks and (continues or broken):
             blocks[-1] += " " + text
         else:
             blocks.append(text)
-        joined_to_previous = True
+        open_kind = "quote" if quoted else ("item" if item else open_kind or "para")
     if code:  # a block the answer's end left open
         blocks.append(" ".join(code))
     pieces: list[str] = []
     for block in blocks:
         text = _LOOSE_PUNCTUATION.sub("", " ".join(block.split()))
         pieces.extend(_REFERENCE_SENTENCE.split(text))
+    return _once(_joined(_once(pieces, REFERENCE_MIN_WORDS)))
+
+
+def _once(texts: Sequence[str], min_words: int = 0) -> list[str]:
+    """``texts`` without repeats (case aside), in order; one shorter than ``min_words``
+    words is left out only right after itself (a label such as "Windows:" may head two
+    lists)."""
     seen: set[str] = set()
-    claims: list[str] = []
-    for claim in _joined(pieces):
-        key = claim.casefold()
-        if key not in seen:
-            seen.add(key)
-            claims.append(claim)
-    return claims
+    last = ""
+    out: list[str] = []
+    for text in texts:
+        key = " ".join(text.casefold().split())
+        short = len(key.split()) < min_words
+        if not key or (key in seen and not short) or (short and key == last):
+            continue
+        seen.add(key)
+        last = key
+        out.append(text)
+    return out
 
 
 # A judge that writes all of faithfulness's verdicts in one reply (a served one: it does
@@ -271,7 +325,7 @@ def answer_claims(answer: str) -> list[str]:
 # at most about 150 tokens at 3 characters a token (the 1.5B wrote about 77 a verdict,
 # bench/judge_speed.py). An answer of 20 statements (MAX_STATEMENTS allows 24) ran past
 # eval.judge_max_tokens (1536) in one reply and was lost as cut JSON; its statements are
-# asked in groups that fit one reply (``verdicts_per_reply``), each with the whole context.
+# asked in groups that fit one reply (``reply_groups``), each with the whole context.
 VERDICT_TOKENS_MOST = 150
 
 CLAIMS = ("sentences", "generated")  # the ways of eval.faithfulness_claims
@@ -280,6 +334,23 @@ CLAIMS = ("sentences", "generated")  # the ways of eval.faithfulness_claims
 def verdicts_per_reply(max_tokens: int) -> int:
     """How many statements one reply of ``max_tokens`` is asked to judge."""
     return max(1, max_tokens // VERDICT_TOKENS_MOST)
+
+
+def reply_groups(statements: Sequence[str], max_tokens: int) -> list[list[str]]:
+    """``statements`` in order, in groups whose verdicts fit one reply of ``max_tokens``:
+    VERDICT_TOKENS_MOST a statement, and a token for every 3 characters past
+    STATEMENT_MAX_CHARS (an answer's own sentence is not bounded as ragas's statements are:
+    a code listing ran to 766 characters); a statement alone is a group whatever its size."""
+    groups: list[list[str]] = []
+    room = 0.0
+    for statement in statements:
+        cost = VERDICT_TOKENS_MOST + max(0, len(statement) - STATEMENT_MAX_CHARS) / 3
+        if not groups or cost > room:
+            groups.append([])
+            room = float(max_tokens)
+        groups[-1].append(statement)
+        room -= cost
+    return groups
 
 
 def at_the_cap(reply: Any) -> str | None:
@@ -467,7 +538,6 @@ class Judge:
         if claims not in CLAIMS:
             raise ValueError(f"claims must be one of {CLAIMS}, not {claims!r}")
         prefill = getattr(llm, "continues_reply", False) if prefill is None else prefill
-        per_reply = verdicts_per_reply(max_tokens)
         way = verdicts
 
         class CheckedFaithfulness(Faithfulness):
@@ -502,8 +572,7 @@ class Judge:
                     written = await judge_llm.averdicts(prompt, statements, NLIStatementOutput)
                     groups.append((statements, written))
                 else:  # in groups that fit one reply (VERDICT_TOKENS_MOST)
-                    for start in range(0, len(statements), per_reply):
-                        group = statements[start : start + per_reply]
+                    for group in reply_groups(statements, max_tokens):
                         groups.append((group, await super()._create_verdicts(group, context)))
                 for asked, got in groups:
                     if len(got.statements) != len(asked):
@@ -1095,6 +1164,10 @@ def _result(
         "ragas": metadata.version("ragas"),
         "metric_classes": judge.classes,
         "faithfulness_verdicts": judge.faithfulness_verdicts,
+        # which statement prompt (its question): runs before and after a change differ
+        "statement_prompt": (
+            STATEMENT_PROMPT.splitlines()[0] if judge.verdicts == "statement" else None
+        ),
         "context_verdicts": judge.context_verdicts,
         "answer_relevancy_questions": judge.questions,
         "timeout_s": ev.judge_timeout_s,
