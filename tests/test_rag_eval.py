@@ -870,7 +870,8 @@ class Verdicts:
 def test_faithfulness_asks_each_statement_as_the_probe_asks_a_statement_pair(
     onnx_embedder: Any,
 ) -> None:
-    """By default (eval.judge_verdicts: statement) faithfulness asks one call a statement,
+    """With ragas's generated statements (claims="generated"; the default judges the
+    answer's sentences) faithfulness asks one call a statement,
     the probe's statement prompt with the contexts as passage, for a bare verdict: 2 of 3
     supported is 2/3. The probe asks its statement pairs with the very same prompt. A reply
     with no verdict fails the metric with the reason, never a score over the others."""
@@ -967,11 +968,21 @@ def test_an_answers_claims_are_its_own_sentences() -> None:
         "The answer is 2.",
         "That is all of them.",
     ]
-    # A label said twice heads both lists; a short sentence said twice in a row counts once.
+    # A label said twice heads both lists, even over the same sentence; a short sentence
+    # said twice in a row counts once.
     assert answer_claims("1. **Win**:\n - Use the installer.\n2. **Win**:\n - Or the zip.") == [
         "Win: Use the installer.", "Win: Or the zip."
     ]  # fmt: skip
+    twice = "On Windows:\n- Run the installer.\n\nOn macOS:\n- Run the installer."
+    assert answer_claims(twice) == [
+        "On Windows: Run the installer.", "On macOS: Run the installer."
+    ]  # fmt: skip
     assert answer_claims("- Free software.\n- Free software.") == ["Free software."]
+    # Code is not emphasis; a citation's emptied parentheses go; a heading ends a sentence.
+    assert answer_claims("Then 2**3 is 8 (see [1]).\n\n## Next\nlower case starts this one.") == [
+        "Then 2**3 is 8.", "lower case starts this one."
+    ]  # fmt: skip
+    assert answer_claims("R is free software.\n\nSource: [1]") == ["R is free software."]
 
 
 def test_the_hand_labelled_answer_sentences_are_the_claims_faithfulness_judges() -> None:
@@ -1049,6 +1060,8 @@ def test_a_served_judges_verdicts_are_grouped_by_the_claims_length() -> None:
     assert [len(g) for g in reply_groups([long] * 4 + [short] * 3, 1536)] == [5, 2]
     assert reply_groups([long * 5], 300) == [[long * 5]]  # alone, whatever its size
     assert reply_groups([], 1536) == []
+    # never a list at the grammar's bound (24): 30 claims at 4,000 tokens go 23 and 7
+    assert [len(g) for g in reply_groups([short] * 30, 4000)] == [23, 7]
 
 
 class Contexts(Verdicts):
@@ -1405,11 +1418,12 @@ def test_a_served_judge_is_asked_its_verdicts_in_groups_that_fit_one_reply(
     judge_max_tokens (1536) in one reply, and its faithfulness was lost as cut JSON. Asked
     10 at a time, it is scored: 15 of 20 supported. A reply cut anyway says so."""
     from ragpipe.evaluation.golden import GoldenItem
-    from ragpipe.evaluation.rag import Judge, RagRow, verdicts_per_reply
+    from ragpipe.evaluation.rag import Judge, RagRow, reply_groups
 
-    assert (verdicts_per_reply(1536), verdicts_per_reply(300), verdicts_per_reply(64)) == (
-        10, 2, 1
-    )  # fmt: skip
+    claims = [f"Bread fact {i}." for i in range(20)]
+    assert [len(g) for g in reply_groups(claims, 1536)] == [10, 10]
+    assert [len(g) for g in reply_groups(claims[:4], 300)] == [2, 2]
+    assert [len(g) for g in reply_groups(claims[:2], 64)] == [1, 1]
     item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
     row = RagRow("oven", item.query, "Bake it for 35 minutes; it rises twice [1].", False,
                  ["Bake the loaf for thirty-five minutes."], 1, [], 0, 0, 0.0)  # fmt: skip

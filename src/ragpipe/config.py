@@ -1317,9 +1317,10 @@ class EvalConfig(_Section):
         "classifications, context precision's reasons and faithfulness's verdicts, which "
         "repeat every statement: a list of 10 took 762 tokens with the 1.5B, "
         "bench/judge_speed.py, so a served judge is asked them in "
-        "groups of judge_max_tokens / 150). At 384 the 1.5B judge's JSON was cut on 9 of 16 "
-        "answers (lost as failures); its 4,096-token context leaves about 1,600 beside a "
-        "judge prompt. A bare verdict (judge_verdicts: statement, the probe) takes 16.",
+        "groups of about judge_max_tokens / 150, fewer for long claims). At 384 the 1.5B "
+        "judge's JSON was cut on 9 of 16 answers (lost as failures); its 4,096-token "
+        "context leaves about 1,600 beside a judge prompt. A bare verdict (judge_verdicts: "
+        "statement, the probe) takes 16.",
     )
     judge_verdicts: Literal["statement", "ragas"] = Field(
         default="statement",

@@ -215,12 +215,23 @@ _RULE = re.compile(r"^\s*([-*_])(\s*\1){2,}\s*$")
 _TABLE_DELIMITER = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
 _QUOTE = re.compile(r"^\s*>\s?")
 _ITEM = re.compile(r"^\s*(?:[-*+]\s+|(\d{1,3})[.)]\s+)")
-_SOURCES_LABEL = re.compile(r"^(?:sources|references|citations)\s*:?[\s,;.]*$", re.IGNORECASE)
-_TRAILING_LABEL = re.compile(r"\s+(?:Sources|References|Citations):\s*$")
+_SOURCES_LABEL = re.compile(r"^(?:sources?|references?|citations?)\s*:?[\s,;.]*$", re.IGNORECASE)
+_TRAILING_LABEL = re.compile(r"\s+(?:Sources?|References?|Citations?):\s*$")
 _CODE_SPAN = re.compile(r"(`+)(.+?)\1")
 _CLAIM_CITATIONS = re.compile(r"(?<![\w\]\[])(?:\[\d+(?:\s*[,\u2013-]\s*\d+)*\])+")
-_EMPHASIS = re.compile(r"\*\*|__|(?<!\w)[*_](?=\S)|(?<=\S)[*_](?!\w)")
+# Emphasis is a pair of marks around text on one line ("**write access**", "*Windows*");
+# a lone mark is text (2**3, *.R files).
+_STRONG = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
+_EMPHASIS = re.compile(r"(?<![\w*])([*_])(?=[^\s*_])(.+?)(?<=[^\s*_])\1(?![\w*])")
+_CITED_PARENTHESES = re.compile(  # "(see [1])": nothing but a citation in parentheses
+    r"\s*\(\s*(?:see\s+|cf\.?\s*)?(?:\[\d+(?:\s*[,\u2013-]\s*\d+)*\][\s,;]*)+\)"
+)
 _LOOSE_PUNCTUATION = re.compile(r"\s+(?=[.,;:!?](?:\s|$))|(?:\s*,)+\s*(?=[.!?]?$)")
+
+
+def _plain(text: str) -> str:
+    """``text``'s prose without its citations and emphasis marks."""
+    return _EMPHASIS.sub(r"\2", _STRONG.sub(r"\2", _CLAIM_CITATIONS.sub("", text)))
 
 
 def _prose(text: str) -> str:
@@ -228,11 +239,12 @@ def _prose(text: str) -> str:
     off its code spans (whose text stays as written)."""
     out: list[str] = []
     last = 0
+    text = _CITED_PARENTHESES.sub("", text)
     for span in _CODE_SPAN.finditer(text):
-        out.append(_EMPHASIS.sub("", _CLAIM_CITATIONS.sub("", text[last : span.start()])))
+        out.append(_plain(text[last : span.start()]))
         out.append(span.group(2).strip())
         last = span.end()
-    out.append(_EMPHASIS.sub("", _CLAIM_CITATIONS.sub("", text[last:])))
+    out.append(_plain(text[last:]))
     return "".join(out)
 
 
@@ -242,6 +254,7 @@ def answer_claims(answer: str) -> list[str]:
     blocks: list[str] = []  # paragraphs, list items, quotes, table rows; code joins one
     code: list[str] | None = None
     open_kind = ""  # what the last block is while a line may continue it: para, item, quote
+    after_heading = False  # a heading ends the sentence before it
     for line in answer.splitlines():
         if _FENCE.match(line):
             if code is None:
@@ -258,6 +271,7 @@ def answer_claims(answer: str) -> list[str]:
             continue
         if not line.strip() or _HEADING.match(line) or _RULE.match(line):
             open_kind = ""
+            after_heading = after_heading or bool(line.strip())
             continue
         if _TABLE_DELIMITER.match(line):
             continue
@@ -281,6 +295,7 @@ def answer_claims(answer: str) -> list[str]:
             continue
         broken = (  # a sentence a blank line or a code block broke
             bool(blocks)
+            and not after_heading
             and not (quoted or item)
             and text[:1].islower()
             and not blocks[-1].rstrip().endswith((".", "!", "?", ":"))
@@ -291,6 +306,7 @@ def answer_claims(answer: str) -> list[str]:
             blocks[-1] += " " + text
         else:
             blocks.append(text)
+        after_heading = False
         open_kind = "quote" if quoted else ("item" if item else open_kind or "para")
     if code:  # a block the answer's end left open
         blocks.append(" ".join(code))
@@ -298,20 +314,21 @@ def answer_claims(answer: str) -> list[str]:
     for block in blocks:
         text = _LOOSE_PUNCTUATION.sub("", " ".join(block.split()))
         pieces.extend(_REFERENCE_SENTENCE.split(text))
-    return _once(_joined(_once(pieces, REFERENCE_MIN_WORDS)))
+    # A piece said again right after itself goes before short ones are joined ("- Free
+    # software." twice); any other repeat after, so that a label said twice ("On macOS:")
+    # still heads its own sentence.
+    return _once(_joined(_once(pieces, in_a_row=True)))
 
 
-def _once(texts: Sequence[str], min_words: int = 0) -> list[str]:
-    """``texts`` without repeats (case aside), in order; one shorter than ``min_words``
-    words is left out only right after itself (a label such as "Windows:" may head two
-    lists)."""
+def _once(texts: Sequence[str], *, in_a_row: bool = False) -> list[str]:
+    """``texts`` without repeats (case aside), in order; with ``in_a_row``, only those
+    right after themselves."""
     seen: set[str] = set()
     last = ""
     out: list[str] = []
     for text in texts:
         key = " ".join(text.casefold().split())
-        short = len(key.split()) < min_words
-        if not key or (key in seen and not short) or (short and key == last):
+        if not key or key == last or (key in seen and not in_a_row):
             continue
         seen.add(key)
         last = key
@@ -331,21 +348,17 @@ VERDICT_TOKENS_MOST = 150
 CLAIMS = ("sentences", "generated")  # the ways of eval.faithfulness_claims
 
 
-def verdicts_per_reply(max_tokens: int) -> int:
-    """How many statements one reply of ``max_tokens`` is asked to judge."""
-    return max(1, max_tokens // VERDICT_TOKENS_MOST)
-
-
 def reply_groups(statements: Sequence[str], max_tokens: int) -> list[list[str]]:
     """``statements`` in order, in groups whose verdicts fit one reply of ``max_tokens``:
     VERDICT_TOKENS_MOST a statement, and a token for every 3 characters past
     STATEMENT_MAX_CHARS (an answer's own sentence is not bounded as ragas's statements are:
-    a code listing ran to 766 characters); a statement alone is a group whatever its size."""
+    a code listing ran to 766 characters), and fewer than MAX_STATEMENTS (a list at the
+    grammar's bound fails); a statement alone is a group whatever its size."""
     groups: list[list[str]] = []
     room = 0.0
     for statement in statements:
         cost = VERDICT_TOKENS_MOST + max(0, len(statement) - STATEMENT_MAX_CHARS) / 3
-        if not groups or cost > room:
+        if not groups or cost > room or len(groups[-1]) == MAX_STATEMENTS - 1:
             groups.append([])
             room = float(max_tokens)
         groups[-1].append(statement)
