@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from faithfulness_claims import LENIENT_PROMPT
+from faithfulness_claims import _verdict as faithfulness_verdict
 
 from ragpipe.config import load_config
 from ragpipe.evaluation import calibration, rag
@@ -63,14 +63,6 @@ def short_verdict(model: LlamaCppLLM, pair: calibration.ProbePair) -> int | None
     return calibration.ask_statement(model, pair.passage, pair.shown)[0]
 
 
-def lenient_verdict(model: LlamaCppLLM, pair: calibration.ProbePair) -> int | None:
-    """The short prompt until later on 2026-12-02 (``faithfulness_claims.LENIENT_PROMPT``)."""
-    prompt = LENIENT_PROMPT.format(passage=pair.passage, statement=pair.shown)
-    reply = model.chat([{"role": "user", "content": prompt}], schema=calibration.VERDICT_SCHEMA,
-                       max_tokens=calibration.VERDICT_TOKENS)  # fmt: skip
-    return calibration.parse_verdict(reply.text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", type=int, default=48, help="probe pairs built (about half "
@@ -91,7 +83,7 @@ def main() -> None:
     model.chat([{"role": "user", "content": "Hi"}], max_tokens=1)  # loaded before timing
     ways: dict[str, Any] = {
         "short": lambda p: short_verdict(model, p),
-        "lenient": lambda p: lenient_verdict(model, p),
+        "lenient": lambda p: faithfulness_verdict("lenient", model, p.passage, p.shown),
         "ragas": lambda p: ragas_verdict(model, p, 160),
         "ragas-no-reason": lambda p: ragas_verdict(model, p, 0),
     }
