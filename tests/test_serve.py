@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -25,6 +27,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from starlette.routing import Route
 from typer.testing import CliRunner
 
 from flows.cli import app as cli
@@ -534,7 +537,7 @@ def test_a_search_embeds_all_its_sentences_before_it_waits_for_the_store(
             with held.search:  # another request is searching the store
                 worker = threading.Thread(
                     target=lambda: answers.append(
-                        service._retrieve("search", query, search_request(query=query), {})
+                        service.retrieved("search", query, search_request(query=query), {})
                     )
                 )
                 worker.start()
@@ -955,6 +958,143 @@ def test_malformed_numbers_and_text_get_422_not_500(served: tuple[RagpipeConfig,
         assert got.status_code == 422, (raw, got.status_code, got.text)
         detail = got.json()["detail"]
         assert detail and (isinstance(detail, str) or {"loc", "msg", "type"} <= set(detail[0]))
+
+
+# What POST /search may be sent: (body, content type, token); a list is sent in chunks. The
+# fast path takes the first six as they are (the token-less one only with no token set) and
+# the last one (with no token set, the wrong token's too); FastAPI's route answers the rest,
+# each as it did before the fast path.
+_FAST_TAKES: list[tuple[str | list[str], str | None, str]] = [
+    ('{"query": "How long should bread bake?", "k": 2}', "application/json", "right"),
+    ('{"query": "bread", "mode": "dense", "k": 1, "format": "text"}', "application/json", "right"),
+    ('{"query": "backup", "format": "xml", "filters": {"file": "backups.md"}}', "Application/JSON",
+     "right"),
+    (['{"query": ', '"bread", "k": 1}'], "application/json", "right"),  # chunked
+    ('{"query": "bread"}', "application/json", "lower-case scheme"),
+    ('{"query": "bread"}', "application/json", "none"),  # no token set: taken; else 401
+]  # fmt: skip
+_FAST_PASSES_ON: list[tuple[str | list[str], str | None, str]] = [
+    ('{"query": "\\ud800 bread"}', "application/json", "right"),  # a lone surrogate
+    ('{"query": "bread", "k": 51}', "application/json", "right"),  # over serve.max_k
+    ('{"query": "   "}', "application/json", "right"),
+    ('{"query": "bread", "top_k": 3}', "application/json", "right"),
+    ('{"query": "bread", "k": NaN}', "application/json", "right"),
+    ('{"query": "bread"', "application/json", "right"),  # cut short
+    ('["bread"]', "application/json", "right"),
+    ("[" * 1500 + "]" * 1500, "application/json", "right"),  # deeper than json.loads goes
+    ("", "application/json", "right"),
+    ('{"query": "bread"}', "text/plain", "right"),
+    ('{"query": "bread"}', None, "right"),
+    ('{"query": "bread"}', "application/json; charset=utf-8", "right"),
+    ('{"query": "bread"}', "application/json", "wrong"),
+    ('{"query": "bread"}', "application/json", "padded"),
+]
+
+
+def _answer(got: httpx.Response) -> tuple[Any, ...]:
+    """What a client gets, less what differs between two searches: the date, the trace's
+    seconds (and so the length)."""
+    body = re.sub(r'"seconds":[0-9.e+-]+', '"seconds":0', got.text)
+    headers = sorted(
+        (k, v) for k, v in got.headers.multi_items() if k not in ("date", "content-length")
+    )
+    assert int(got.headers.get("content-length", len(got.content))) == len(got.content)
+    return got.status_code, headers, body
+
+
+@pytest.mark.parametrize(
+    "key", [None, "s3cret-t\u00f6ken", " s3cret"], ids=["open", "token", "token-with-a-space"]
+)
+def test_the_fast_search_path_answers_as_fastapi_does(
+    served: tuple[RagpipeConfig, Any], onnx_embedder: Any, key: str | None
+) -> None:
+    """/search's fast path (FastSearch) against FastAPI's own route, request by request:
+    the same status, headers and body for what the fast path takes and for what it passes on.
+    A token with a non-ASCII letter (FastAPI reads the header as Latin-1 and compares UTF-8),
+    and one starting with a space (FastAPI strips what it is sent: no request gets in)."""
+    cfg, _ = served
+    config = _config(Path(cfg.discover.roots[0]).parent, api_key=key)
+    app = create_app(config, onnx_embedder)
+    fast = app.state.fast_search
+    tokens = {"right": f"Bearer {key}", "wrong": "Bearer nope", "none": None,
+              "lower-case scheme": f"bearer {key}", "padded": f"Bearer  {key}"}  # fmt: skip
+    with running(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+
+        def send(body: str | list[str], content_type: str | None, token: str) -> httpx.Response:
+            headers: dict[bytes, bytes] = {}
+            if content_type:
+                headers[b"content-type"] = content_type.encode()
+            sent = tokens[token]
+            if key is not None and sent is not None:
+                headers[b"authorization"] = sent.encode("latin-1")  # as FastAPI reads
+            if isinstance(body, list):
+                return client.post(
+                    "/search", content=iter(p.encode() for p in body), headers=headers
+                )
+            return client.post("/search", content=body.encode("utf-8"), headers=headers)
+
+        cases = _FAST_TAKES + _FAST_PASSES_ON
+        fast_answers = [send(*case) for case in cases]
+        taken = {None: len(_FAST_TAKES) + 2, "s3cret-t\u00f6ken": len(_FAST_TAKES)}.get(key, 0)
+        assert (fast.served, fast.passed_on) == (taken, len(cases) - taken)
+        route = app.router.routes.pop(0)  # FastSearch: now FastAPI's route answers all
+        fastapi_answers = [send(*case) for case in cases]
+        assert (fast.served + fast.passed_on) == len(cases)  # not called again
+        assert isinstance(route, Route) and route.app is fast
+    for case, mine, theirs in zip(cases, fast_answers, fastapi_answers, strict=True):
+        assert _answer(mine) == _answer(theirs), case
+    statuses = [got.status_code for got in fast_answers]
+    if key == " s3cret":
+        assert statuses[:6] == [401] * 6
+        return
+    assert statuses[:5] == [200] * 5 and fast_answers[1].text.startswith("1. ")
+    opened = 200 if key is None else 401
+    # the token-less request; the lone surrogate and six more 422s; json.loads's recursion
+    # (400, as FastAPI says); no body, text/plain, no content type: not a JSON body (422);
+    # the charset parameter (FastAPI reads it as JSON); a wrong token; the right one after
+    # two spaces (FastAPI strips them)
+    assert statuses[5:] == [opened] + [422] * 7 + [400] + [422] * 3 + [200, opened, 200]
+
+
+def _data_segments_in(conn: socket.socket) -> int | None:
+    """Linux's count of TCP segments with data this socket has received (tcpi_data_segs_in,
+    at byte 152 of struct tcp_info since Linux 4.6); None where the kernel has none."""
+    info = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    return int(struct.unpack_from("I", info, 152)[0]) if len(info) >= 156 else None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads Linux's TCP_INFO")
+def test_a_response_goes_out_in_one_send(served: tuple[RagpipeConfig, Any]) -> None:
+    """Head and body in one write: uvicorn writes each ASGI message as it comes (two sends,
+    two wakes of the client: about 0.2 ms a search on 2 cores)."""
+    _, client = served
+    host, port = str(client.base_url).removeprefix("http://").rstrip("/").split(":")
+    body = b'{"query": "How long should bread bake?", "k": 1}'
+    request = (
+        b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+
+    def exchange(conn: socket.socket) -> bytes:
+        conn.sendall(request)
+        reply = b""
+        while b"\r\n\r\n" not in reply or len(reply.partition(b"\r\n\r\n")[2]) < int(
+            reply.lower().partition(b"content-length: ")[2].split(b"\r\n")[0] or 1 << 30
+        ):
+            reply += conn.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+        return reply
+
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        exchange(conn)
+        if not _data_segments_in(conn):  # an old kernel, or a sandbox that does not count
+            pytest.skip("this kernel does not count TCP data segments")
+        for _ in range(3):
+            before = _data_segments_in(conn)
+            reply = exchange(conn)
+            assert len(reply) < 60_000  # under loopback's segment size: one write, one segment
+            assert _data_segments_in(conn) - before == 1  # type: ignore[operator]
 
 
 def test_a_body_sent_a_byte_at_a_time_gets_408(tmp_path: Path, onnx_embedder: Any) -> None:
