@@ -11,7 +11,10 @@ runtime (``embed.query_runtime`` onnx, then torch; the index is the same):
    ragpipe code in the timed loop; the BM25 query vectors are computed before
    it), the in-process ``Retriever.search`` (this process, its own published
    copy and models) and ``POST /search`` to a ``ragpipe serve`` subprocess,
-   interleaved, so all see the same machine. Prints p50/p95 of each and the
+   interleaved, so all see the same machine, in every order in turn (each side
+   goes first as often and follows each other side as often; until 2026-12-02
+   the order was fixed, the in-process search right after the raw floor's in
+   the same process, which left it a warmer CPU cache than HTTP had). Prints p50/p95 of each and the
    ratios of p50s. Targets: in-process ≤ 1.5× the raw floor; HTTP ≤ 1.2×
    in-process.
 2. **4 and 16 clients**: threads sending ``POST /search`` back to back
@@ -61,6 +64,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -334,25 +338,30 @@ def measure(work: Path, runtime: str, base: list[str], requests: int, url: str) 
             local: list[float] = []
             remote: list[float] = []
             remote_httpx: list[float] = []
+
+            def over_http(sender: Plain | Httpx, sent: str) -> None:
+                status, body = sender.search(sent)
+                assert status == 200, body
+
+            # The sides run in every order in turn (all permutations, one a query), so each
+            # goes first as often and follows each other side as often: a search leaves the
+            # CPU's caches to whoever comes next (the embedder's weights are 90 MB), and a
+            # fixed order (the in-process search always right after the raw floor's, in the
+            # same process; HTTP after both) favoured some sides. Each HTTP client sends its
+            # own texts (the server caches query vectors by text).
+            orders = list(itertools.permutations(range(4 if floor else 3)))
             for i, text in enumerate(texts):
-                if floor:
-                    started = time.perf_counter()
-                    floor.search(text)
-                    raw.append(time.perf_counter() - started)
-                started = time.perf_counter()
-                retriever.search(text)
-                local.append(time.perf_counter() - started)
-                # Each client goes first in turn; each sends its own texts (the server
-                # caches query vectors by text).
-                turns: list[tuple[Plain | Httpx, list[float], str]] = [
-                    (plain, remote, text),
-                    (other, remote_httpx, texts_httpx[i]),
+                turns: list[tuple[Callable[[], Any], list[float]]] = [
+                    (functools.partial(retriever.search, text), local),
+                    (functools.partial(over_http, plain, text), remote),
+                    (functools.partial(over_http, other, texts_httpx[i]), remote_httpx),
                 ]
-                for sender, times, sent in turns if i % 2 else turns[::-1]:
+                if floor:
+                    turns.insert(0, (functools.partial(floor.search, text), raw))
+                for search, times in (turns[k] for k in orders[i % len(orders)]):
                     started = time.perf_counter()
-                    status, body = sender.search(sent)
+                    search()
                     times.append(time.perf_counter() - started)
-                    assert status == 200, body
             out["top10"] = {
                 q: [h.point_id for h in retriever.search(q, top_k=10).hits] for q in base
             }
