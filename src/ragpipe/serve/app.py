@@ -633,7 +633,12 @@ def create_app(
     # Ahead of FastAPI's route, which declares /search (the OpenAPI document) and answers
     # every request the fast path passes on.
     (declared,) = [r for r in app.router.routes if isinstance(r, APIRoute) and r.path == "/search"]
-    fast = FastSearch(search, search_body, config.serve.api_key, declared.handle)
+    # The fast path does what the route's dependencies do (the token check) and no more: a
+    # dependency added to the route must not be passed by unnoticed.
+    calls = [d.call for d in declared.dependant.dependencies]
+    if calls != [d.dependency for d in guarded]:
+        raise RuntimeError(f"FastSearch checks the token only; /search depends on {calls}")
+    fast = FastSearch(search, search_body, config.serve.api_key, declared, app)
     app.state.fast_search = fast
     app.router.routes.insert(0, Route("/search", fast, methods=["POST"]))
 
@@ -874,12 +879,13 @@ class FastSearch:
     whole body sent as ``application/json`` that the request model accepts, with the token
     FastAPI would accept when one is set, goes straight to the same endpoint function (its
     errors to the same exception handlers). Anything else goes on to FastAPI's route, body
-    replayed, so every refusal of a request (401, 400, 422, ...) is the one FastAPI writes.
-    ``served`` and ``passed_on`` count the two."""
+    replayed, so every refusal of a request (401, 400, 422, ...) is the one FastAPI writes;
+    so does every request while ``app.dependency_overrides`` is set. ``served`` and
+    ``passed_on`` count the two."""
 
     def __init__(self, endpoint: Callable[[Any], Awaitable[Response]], model: type[BaseModel],
-                 key: SecretStr | None, fallback: ASGIApp) -> None:  # fmt: skip
-        self.endpoint, self.model, self.fallback = endpoint, model, fallback
+                 key: SecretStr | None, route: APIRoute, app: FastAPI) -> None:  # fmt: skip
+        self.endpoint, self.model, self.route, self.app = endpoint, model, route, app
         self.expected = key.get_secret_value().encode() if key is not None else None
         self.served = self.passed_on = 0
 
@@ -908,9 +914,11 @@ class FastSearch:
         return self._authorised(authorization)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # What FastAPI's router would have set, for whatever reads it (instrumentation).
+        scope["route"], scope["endpoint"] = self.route, self.route.endpoint
         messages: list[Message] = []
         request = None
-        if self._takes(scope):
+        if self._takes(scope) and not self.app.dependency_overrides:
             body, whole = b"", False
             while True:  # the body limit has read it already: this is its replay
                 message = await receive()
@@ -933,7 +941,7 @@ class FastSearch:
             async def replay() -> Message:
                 return messages.pop(0) if messages else await receive()
 
-            await self.fallback(scope, replay, send)
+            await self.route.handle(scope, replay, send)
             return
         self.served += 1
         response = await self.endpoint(request)

@@ -32,7 +32,8 @@ class ServeMetrics:
         )
         self.latency = Histogram(
             "ragpipe_request_seconds",
-            "Seconds from request to the last byte of the response, by endpoint.",
+            "Seconds from request to the last byte of the response handed to the server (its "
+            "send to the client follows at the end of the event loop's turn), by endpoint.",
             ["endpoint"],
             buckets=BUCKETS,
             registry=self.registry,
