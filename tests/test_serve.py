@@ -1106,6 +1106,36 @@ def test_a_response_goes_out_in_one_send(served: tuple[RagpipeConfig, Any]) -> N
             assert _data_segments_in(conn) - before == 1  # type: ignore[operator]
 
 
+def test_a_client_gone_before_its_body_ends_gets_no_search(
+    served: tuple[RagpipeConfig, Any],
+) -> None:
+    """A valid JSON start, then the client goes: FastAPI's 400 (counted), never a search
+    answered to no one (the fast path took what had come, before it checked for the end)."""
+    _, client = served
+
+    def searches(status: str) -> float:
+        key = f'ragpipe_requests_total{{endpoint="/search",status="{status}"}} '
+        text = client.get("/metrics").text
+        line = next((li for li in text.splitlines() if li.startswith(key)), key + "0")
+        return float(line.split()[-1])
+
+    before = {status: searches(status) for status in ("200", "400")}
+    host, port = str(client.base_url).removeprefix("http://").rstrip("/").split(":")
+    body = b'{"query": "How long should bread bake?"}'
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(
+            b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body) + 10}\r\n\r\n".encode()
+            + body
+        )
+        time.sleep(0.3)  # the server has what was sent; then the connection goes
+    deadline = time.monotonic() + 30
+    while searches("400") == before["400"]:
+        assert time.monotonic() < deadline, "the cut request was never answered"
+        time.sleep(0.1)
+    assert searches("200") == before["200"]
+
+
 def test_a_body_sent_a_byte_at_a_time_gets_408(tmp_path: Path, onnx_embedder: Any) -> None:
     cfg = _index(tmp_path, body_timeout_s=1.0)
     with running(create_app(cfg, onnx_embedder, Dripper())) as url:
