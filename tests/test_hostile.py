@@ -589,6 +589,34 @@ def test_an_empty_api_key_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -
         assert "serve.api_key: is empty or blank" in " ".join(result.output.split())
 
 
+def test_an_api_key_no_header_can_carry_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server strips the Authorization header and reads it as Latin-1: a key with a
+    space at either end, or a letter outside Latin-1, never matched (every request got 401,
+    the server said nothing); one with "é" only when a client sent it as Latin-1."""
+    from pydantic import ValidationError
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from ragpipe.config import RagpipeConfig
+
+    monkeypatch.setenv("RAGPIPE_SERVE__API_KEY", " s3cret")
+    result = CliRunner().invoke(app, ["serve", "--port", "0"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "serve.api_key: holds a space or a character outside printable ASCII" in said
+    assert "token_urlsafe" in said and "s3cret" not in said  # the fix, never the key
+    monkeypatch.delenv("RAGPIPE_SERVE__API_KEY")
+    for bad in ("s3cret ", "s3cret-t\u00f6ken", "\u043a\u043b\u044e\u0447", "two words",
+                "tab\tkey", "nul\x00key"):  # fmt: skip
+        with pytest.raises(ValidationError, match="outside printable ASCII"):
+            RagpipeConfig.model_validate({"serve": {"api_key": bad}})
+    for good in ("s3cret", "A-b_c.d~e+f/g==", "!#$%&'*,:;<>?@[]^`{|}"):
+        key = RagpipeConfig.model_validate({"serve": {"api_key": good}}).serve.api_key
+        assert key is not None and key.get_secret_value() == good
+
+
 def _alias_bomb(leaf: str) -> list[str]:
     """Anchors a..i, each nine references to the one before: *i stands for 9^9 values."""
     lines, previous = ["a: &a [" + ", ".join([leaf] * 9) + "]"], "a"

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import (
     BaseModel,
@@ -1447,8 +1447,10 @@ class ServeConfig(_Section):
         default=None,
         description="Bearer token every request but /healthz and /docs must carry "
         "(Authorization: Bearer TOKEN). Set it from the environment, RAGPIPE_SERVE__API_KEY, "
-        "not in a committed file; it is never logged. None: no token asked. An empty or "
-        "blank key is refused: it would compare equal to a missing token.",
+        "not in a committed file; it is never logged. None: no token asked. Printable ASCII "
+        "without spaces (e.g. from `python -c 'import secrets; print(secrets.token_urlsafe())'`): "
+        "an empty or blank key is refused (it would compare equal to a missing token), and so "
+        "is one no client could send (HTTP reads a header as Latin-1 and strips it).",
     )
 
     @field_validator("public_url")
@@ -1465,6 +1467,16 @@ class ServeConfig(_Section):
             raise ValueError(
                 "is empty or blank, which would let every request in; set a real token, or "
                 "unset RAGPIPE_SERVE__API_KEY to serve without one"
+            )
+        if value is not None and not re.fullmatch(r"[!-~]+", value.get_secret_value()):
+            # The server strips the header and reads it as Latin-1: a key with a space at
+            # either end, or a letter outside Latin-1, can never match; a letter like "é"
+            # matches only when sent as Latin-1, where curl and most clients send UTF-8.
+            raise ValueError(
+                "holds a space or a character outside printable ASCII, which an Authorization "
+                "header cannot carry as it is (the server strips it and reads it as Latin-1); "
+                "use letters, digits and punctuation only, e.g. "
+                "python -c 'import secrets; print(secrets.token_urlsafe())'"
             )
         return value
 
@@ -1786,6 +1798,21 @@ def _field_info(loc: tuple[int | str, ...]) -> tuple[str | None, list[str]]:
     return description, siblings
 
 
+def _is_secret(loc: tuple[int | str, ...]) -> bool:
+    """Whether the field at ``loc`` holds a secret (a ``SecretStr``): an error about it must
+    not show the value it was given."""
+    model: type[BaseModel] = RagpipeConfig
+    for part in loc:
+        if not isinstance(part, str) or part not in model.model_fields:
+            return False
+        annotation = model.model_fields[part].annotation
+        if annotation is SecretStr or SecretStr in get_args(annotation):
+            return True
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+    return False
+
+
 def with_sources(config: RagpipeConfig, sources: list[str] | None) -> RagpipeConfig:
     """``config`` whose sources are ``sources`` (paths, object-storage and http(s) URLs), e.g.
     from the CLI.
@@ -1828,6 +1855,8 @@ def _format_validation_error(
         description, _ = _field_info(loc)
         got = err.get("input")
         got_text = "" if isinstance(got, dict) else _redact_userinfo(f" (got {got!r})")
+        if _is_secret(loc):  # a secret is never shown, not even a wrong one
+            got_text = ""
         msg = err["msg"].removeprefix("Value error, ")
         line = f"  {name}: {msg}{got_text}"
         line += f"; set it in the YAML file or {env}" if hint else ""

@@ -889,19 +889,6 @@ class FastSearch:
         self.expected = key.get_secret_value().encode() if key is not None else None
         self.served = self.passed_on = 0
 
-    def _authorised(self, header: bytes | None) -> bool:
-        """FastAPI's HTTPBearer and ``authorised``, step by step: the first Authorization
-        header as Latin-1, the scheme before the first space (any case), the rest stripped."""
-        if self.expected is None:
-            return True
-        scheme, _, param = (header or b"").decode("latin-1").partition(" ")
-        given = param.strip()
-        return (
-            bool(scheme and given)
-            and scheme.lower() == "bearer"
-            and hmac.compare_digest(given.encode(), self.expected)
-        )
-
     def _takes(self, scope: Scope) -> bool:
         content_type = authorization = None
         for name, value in scope["headers"]:  # the first of each, as Starlette reads them
@@ -911,7 +898,7 @@ class FastSearch:
                 authorization = value
         if content_type is None or content_type.lower() != b"application/json":
             return False
-        return self._authorised(authorization)
+        return bearer_matches(authorization, self.expected)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # What FastAPI's router would have set, for whatever reads it (instrumentation).
@@ -948,8 +935,25 @@ class FastSearch:
         await response(scope, receive, send)
 
 
+def bearer_matches(header: bytes | None, expected: bytes | None) -> bool:
+    """Whether an Authorization header carries the token ``expected`` (None: no token asked),
+    by FastAPI's HTTPBearer and ``authorised``, step by step: the header as Latin-1, the
+    scheme before the first space (any case), the rest stripped. The one rule of /search's
+    fast path, FastAPI's routes and /mcp."""
+    if expected is None:
+        return True
+    scheme, _, param = (header or b"").decode("latin-1").partition(" ")
+    given = param.strip()
+    return (
+        bool(scheme and given)
+        and scheme.lower() == "bearer"
+        and hmac.compare_digest(given.encode(), expected)
+    )
+
+
 class _Bearer:
-    """``serve.api_key`` in front of an ASGI app that is not a FastAPI route (MCP)."""
+    """``serve.api_key`` in front of an ASGI app that is not a FastAPI route (MCP), by the
+    rule of FastAPI's routes (``bearer_matches``, the first Authorization header)."""
 
     def __init__(self, app: ASGIApp, key: SecretStr | None) -> None:
         self.app = app
@@ -957,9 +961,8 @@ class _Bearer:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.expected is not None:
-            header = dict(scope.get("headers", [])).get(b"authorization", b"")
-            scheme, _, given = header.partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.expected):
+            header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+            if not bearer_matches(header, self.expected):
                 denied = JSONResponse(
                     {"detail": "missing or wrong bearer token: send Authorization: Bearer "
                      "<serve.api_key>"},
