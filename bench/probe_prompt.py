@@ -3,8 +3,10 @@
 The probe's statement pairs (a sentence of a target chunk with that chunk; not supported:
 a sentence of another section of the same file since 2026-12-02, of another file before
 and where the file has no other section, or the sentence with a number changed or a
-negation added) have a known truth. The probe's third is context pairs since 2026-12-02,
-so ``--size 144`` gives 48 statement pairs (``--size 96`` gave 48 before). This asks the
+negation added; since late on 2026-12-02 also the sentence with a generic reason its passage
+does not give, ``calibration.REASONS``) have a known truth. The probe's third
+is context pairs since 2026-12-02, so ``--size 144`` gives 48 statement pairs (``--size 96``
+gave 48 before). This asks the
 statement pairs the ways of ``--ways`` with the default judge (the packaged 1.5B) and
 prints each way's accuracy, Cohen's kappa and seconds per pair:
 
@@ -108,6 +110,7 @@ def main() -> None:
                 calibration.OTHER_SECTION,
                 calibration.UNRELATED,
                 calibration.ALTERED,
+                calibration.INVENTED,
             )
         }
         results[way] = {**measured.as_dict(), "seconds_per_pair": round(seconds / len(pairs), 2),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import itertools
 import json
 import logging
 import re
@@ -504,15 +505,41 @@ class Oracle:
         return len(text) // 4
 
 
+def test_a_false_statement_is_the_true_one_altered_or_given_an_invented_reason() -> None:
+    """The probe's made-up false statements, by hand: ``alter`` changes the first number
+    (+7, or x3 for a decimal) or adds "not" after the first auxiliary; ``invent`` adds a
+    reason after a comma, one of the REASONS whose stem the passage does not hold."""
+    from ragpipe.evaluation.calibration import REASONS, _reasons_for, alter, invent
+
+    assert alter("Bake the loaf for 35 minutes at 230 degrees.") == (
+        "Bake the loaf for 42 minutes at 230 degrees.")  # fmt: skip
+    assert alter("R 4.1.3 was the last version.") == "R 12.3.3 was the last version."
+    assert alter("The dough is left to rise overnight.") == (
+        "The dough is not left to rise overnight.")  # fmt: skip
+    assert alter("The dough isn't left to rise.") is None  # already negated, no number
+    assert invent("Knead the dough for ten minutes.", "because it is the recommended way") == (
+        "Knead the dough for ten minutes, because it is the recommended way.")  # fmt: skip
+    assert invent("Is it R?", "as it avoids errors") == "Is it R, as it avoids errors."
+    # The passage names speed, reliability and the documentation: those three reasons are
+    # out (it might state them), the other seven are in.
+    passage = "The FAST way is reliable; the Documentation says so."
+    assert [r for r, _ in REASONS if r not in _reasons_for(passage)] == [
+        "because it is the fastest way", "which makes it more reliable",
+        "as the official documentation advises"]  # fmt: skip
+    assert len(_reasons_for(passage)) == 7 and len(_reasons_for("")) == len(REASONS) == 10
+
+
 def test_probe_and_calibration_of_a_perfect_judge(
     scored_config: RagpipeConfig, tmp_path: Path
 ) -> None:
     from ragpipe.evaluation.calibration import (
         ALTERED,
+        INVENTED,
         MATCHING,
         MISMATCHED,
         NEIGHBOUR,
         OTHER_SECTION,
+        REASONS,
         SUPPORTED,
         UNRELATED,
         UNRELATED_CONTEXT,
@@ -554,9 +581,9 @@ def test_probe_and_calibration_of_a_perfect_judge(
     kinds = [p.kind for p in probe]
     # Three answerable items: enough for pairs of each kind, half of them true; a third of
     # 16, rounded down to even, are context pairs.
-    assert set(kinds) <= {SUPPORTED, UNRELATED, OTHER_SECTION, ALTERED, MATCHING, MISMATCHED,
-                          USEFUL, UNRELATED_CONTEXT, NEIGHBOUR}  # fmt: skip
-    false_statements = kinds.count(UNRELATED) + kinds.count(OTHER_SECTION) + kinds.count(ALTERED)
+    assert set(kinds) <= {SUPPORTED, UNRELATED, OTHER_SECTION, ALTERED, INVENTED, MATCHING,
+                          MISMATCHED, USEFUL, UNRELATED_CONTEXT, NEIGHBOUR}  # fmt: skip
+    false_statements = sum(kinds.count(k) for k in (UNRELATED, OTHER_SECTION, ALTERED, INVENTED))
     assert kinds.count(SUPPORTED) == false_statements >= 1
     assert kinds.count(MATCHING) == kinds.count(MISMATCHED) >= 1
     assert kinds.count(USEFUL) == kinds.count(UNRELATED_CONTEXT) + kinds.count(NEIGHBOUR) == 2
@@ -575,20 +602,30 @@ def test_probe_and_calibration_of_a_perfect_judge(
     for pair in probe:
         if pair.kind == SUPPORTED:  # the statement is in the passage shown
             assert pair.shown in pair.passage
-        if pair.kind in (UNRELATED, OTHER_SECTION, ALTERED):
+        if pair.kind in (UNRELATED, OTHER_SECTION, ALTERED, INVENTED):
             assert pair.shown not in pair.passage
-        if pair.kind in (SUPPORTED, UNRELATED, OTHER_SECTION, ALTERED):  # as faithfulness asks
+        if pair.kind in (SUPPORTED, UNRELATED, OTHER_SECTION, ALTERED, INVENTED):
             assert pair.prompt == statement_prompt(pair.passage, pair.shown)
             assert pair.prompt.startswith("Does the passage say everything the statement says?")
+    # An invented reason: the supported statement before it, then one of the REASONS whose
+    # stem its passage does not hold.
+    invented = [(t, f) for t, f in itertools.pairwise(probe) if f.kind == INVENTED]
+    assert len(invented) == 1
+    for true, false in invented:
+        assert true.kind == SUPPORTED and true.passage == false.passage
+        added = {f"{true.shown.rstrip('.')}, {r}.": stem for r, stem in REASONS}
+        assert false.shown in added and added[false.shown] not in false.passage.lower()
     oracle = Oracle(probe)
     measured = calibrate(oracle, probe, min_kappa=0.4, timeout_s=10)
     assert not measured.failed and measured.agreement.kappa == 1.0
     asked = {j: a.n for j, a in measured.by_judgement.items()}
-    # Four answerable items, two with a reference: a 16-pair probe gets 4 context pairs, 2
-    # statement and 2 answer pairs; every verdict right, and still not vouched for.
-    assert asked == {"statements": 2, "answers": 2, "contexts": 4} and not measured.reliable
+    # Four answerable items, two with a reference: a 16-pair probe gets 4 pairs of each
+    # judgement (2 statement pairs before invented reasons: oven's only false kind left was
+    # an altered sentence, and none of its passage's sentences can be altered); every
+    # verdict right: vouched for (with fewer than 4 of a judgement it is not: below).
+    assert asked == {"statements": 4, "answers": 4, "contexts": 4} and measured.reliable
     assert measured.agreement.accuracy == 1.0 and measured.label().startswith(
-        "judge not calibrated on statements, answers (fewer than 4 pairs)"
+        "judge reliable (kappa 1.00"
     )
     from ragpipe.evaluation.calibration import METRIC_JUDGEMENT
 

@@ -14,6 +14,12 @@ construction, built from the run's own golden set and index:
 - **unrelated**: a sentence from a chunk of another file, with the same passage, where
   the file has no other section;
 - **altered**: the supported sentence with a number changed or a negation added;
+- **invented reason**: the supported sentence with a generic reason its passage does not
+  give (``REASONS``: "…, because it is the recommended way."): the form most of a real
+  answer's unsupported sentences take, a stated claim with something the model added
+  (since late on 2026-12-02; before, the false statements were whole sentences of the
+  corpus or one-word edits, and a prompt that let every real answer's additions through
+  scored kappa 0.75 on the probe, 0.00 against a person's labels of real answers);
 - **matching answer**: a question with its own expected answer (or the opening of
   its target chunk);
 - **mismatched answer**: the question with another item's answer;
@@ -63,14 +69,14 @@ from ragpipe.evaluation.golden import GoldenItem, GoldenSet
 from ragpipe.models.llm import LLM
 
 SUPPORTED, UNRELATED, ALTERED = "supported", "unrelated", "altered"
-OTHER_SECTION = "other_section"
+OTHER_SECTION, INVENTED = "other_section", "invented_reason"
 MATCHING, MISMATCHED = "matching_answer", "mismatched_answer"
 USEFUL, UNRELATED_CONTEXT, NEIGHBOUR = "useful_context", "unrelated_context", "neighbour_context"
 
 STATEMENTS, ANSWERS, CONTEXTS = "statements", "answers", "contexts"
 JUDGEMENTS = (STATEMENTS, ANSWERS, CONTEXTS)
 JUDGEMENT = {SUPPORTED: STATEMENTS, UNRELATED: STATEMENTS, ALTERED: STATEMENTS,
-             OTHER_SECTION: STATEMENTS,
+             OTHER_SECTION: STATEMENTS, INVENTED: STATEMENTS,
              MATCHING: ANSWERS, MISMATCHED: ANSWERS,
              USEFUL: CONTEXTS, UNRELATED_CONTEXT: CONTEXTS, NEIGHBOUR: CONTEXTS}  # fmt: skip
 # The judgement each RAGAS metric's verdicts are made of.
@@ -156,6 +162,7 @@ _AUXILIARY = re.compile(r"\b(is|are|was|were|can|does|do|should|will|must|has|ha
 PASSAGE_CHARS = 1200
 CONTEXT_MIN_WORDS = 12  # a context pair's passage: a heading alone is useful to nothing
 USEFUL_SHARE = 0.5  # a useful context holds at least half the answer's words, a false one less
+CLAIM_WORDS = 40  # a statement given an invented reason: at most this many words
 PROBE_ROUNDS = 4  # passes over the golden items while the probe has room
 
 
@@ -316,6 +323,42 @@ def alter(sentence: str) -> str | None:
     return None
 
 
+# What a model adds to a stated claim (the hand-labelled answers' unsupported sentences: an
+# invented reason, "as it can be difficult to manage and customize"; a quality the passage
+# does not give, "This is efficient and easy to remember"; a source it does not name): a
+# generic justification, on the topic of any claim. Each with the stem that, found in the
+# passage, rules it out (the passage might state it).
+REASONS = (
+    ("because it is the fastest way", "fast"),
+    ("because it is the recommended way", "recommend"),
+    ("which makes it more reliable", "reliab"),
+    ("as this is easier to maintain", "maint"),
+    ("because it uses less memory", "memor"),
+    ("which is the most efficient approach", "efficien"),
+    ("as it avoids common errors", "error"),
+    ("because it is more secure", "secur"),
+    ("since it works the same on every platform", "platform"),
+    ("as the official documentation advises", "document"),
+)
+
+
+def invent(sentence: str, reason: str) -> str:
+    """``sentence`` with a reason it does not give, joined on after a comma."""
+    return f"{sentence.rstrip(' .!?;:')}, {reason}."
+
+
+def _reasons_for(passage: str) -> list[str]:
+    """The REASONS ``passage`` does not state (none of a reason's stem in it)."""
+    lowered = passage.lower()
+    return [reason for reason, stem in REASONS if stem not in lowered]
+
+
+def _claim(sentence: str) -> bool:
+    """Whether ``sentence`` can take an invented reason as an answer's sentence would: a
+    statement (a full stop at the end) of at most CLAIM_WORDS words."""
+    return sentence.endswith(".") and len(sentence.split()) <= CLAIM_WORDS
+
+
 def _target_chunks(item: GoldenItem, view: IndexView) -> list[dict[str, Any]]:
     """Chunks that answer the item: its graded chunk targets' matches (a grade-0 target is
     a distractor, never an answer), else, with no chunk targets, its files' chunks."""
@@ -337,7 +380,9 @@ def build_probe(golden: GoldenSet, view: IndexView, size: int, seed: int) -> lis
 
     A third of them, rounded down to even, are context pairs (``build_context_pairs``);
     of the rest, rounded down to a multiple of 4, statement pairs and answer pairs
-    alternate over the items in a seeded order, for up
+    alternate over the items in a seeded order (a statement pair's false half: a third
+    other-section or unrelated sentences, a third altered, the rest invented reasons;
+    each pair the kind with the most still to make), for up
     to PROBE_ROUNDS passes, never asking the same statement or answer twice; an item that
     gives no usable sentence is passed over. Fewer pairs come back when the golden set
     and index cannot supply enough.
@@ -347,9 +392,9 @@ def build_probe(golden: GoldenSet, view: IndexView, size: int, seed: int) -> lis
     rng = np.random.default_rng(seed)
     items = [i for i in golden.items if i.answerable]
     order = [items[j] for j in rng.permutation(len(items))]
-    quota = {SUPPORTED: size // 4, UNRELATED: size // 8, MATCHING: size // 4}
-    quota[ALTERED] = size // 4 - quota[UNRELATED]
-    quota[MISMATCHED] = size // 4
+    n_false = size // 4  # false statements: a third of each false kind, invented the rest
+    quota = {SUPPORTED: n_false, UNRELATED: n_false // 3, ALTERED: n_false // 3}
+    quota |= {INVENTED: n_false - 2 * (n_false // 3), MATCHING: size // 4, MISMATCHED: size // 4}
     pairs: list[ProbePair] = []
     files = view.files
     seen: set[str] = set()
@@ -369,9 +414,14 @@ def build_probe(golden: GoldenSet, view: IndexView, size: int, seed: int) -> lis
         if statement_turn and quota[SUPPORTED] > 0:
             if statement in seen:
                 continue
-            false_kind = UNRELATED if quota[UNRELATED] > 0 else ALTERED
+            # The false kind with the most pairs still to make (invented reasons first).
+            false_kind = max((INVENTED, UNRELATED, ALTERED), key=lambda k: quota[k])
             false = None
-            if false_kind == UNRELATED:  # another section of the file first: on topic
+            if false_kind == INVENTED and (reasons := _reasons_for(passage)):
+                # a statement as long as an answer's, with a reason the passage does not give
+                statement = next((s for s in said if s not in seen and _claim(s)), statement)
+                false = invent(statement, reasons[int(rng.integers(len(reasons)))])
+            elif false_kind == UNRELATED:  # another section of the file first: on topic
                 false, false_kind = _other_section(chunks, view, rng), OTHER_SECTION
                 if false is None:
                     false, false_kind = _unrelated(item, view, files, rng), UNRELATED
