@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -615,6 +616,28 @@ def test_an_api_key_no_header_can_carry_is_refused_at_start(
     for good in ("s3cret", "A-b_c.d~e+f/g==", "!#$%&'*,:;<>?@[]^`{|}"):
         key = RagpipeConfig.model_validate({"serve": {"api_key": good}}).serve.api_key
         assert key is not None and key.get_secret_value() == good
+
+
+@pytest.mark.parametrize(
+    "section",
+    [("serve", "api_key"), ("llm", "api_key"), ("embed", "api_key"),
+     ("embed", "ollama_api_key"), ("store", "api_key"), ("eval", "judge", "api_key")],
+)  # fmt: skip
+def test_a_config_error_never_shows_a_secret(section: tuple[str, ...], tmp_path: Path) -> None:
+    """Every secret field given a value of the wrong type (a list of the key): the error
+    names the field and never shows the value, nor does anything chained to it (pydantic's
+    own error shows every input; eval.judge.api_key, inside an optional section, was shown)."""
+    from ragpipe.config import ConfigError, load_config
+
+    value: Any = ["s3cret-value-4711"]
+    for name in reversed(section):
+        value = {name: value}
+    config = tmp_path / "ragpipe.yaml"
+    config.write_text(json.dumps(value), encoding="utf-8")  # JSON is YAML
+    with pytest.raises(ConfigError) as raised:
+        load_config(config)
+    said = "".join(traceback.format_exception(raised.value))
+    assert f"{'.'.join(section)}: " in str(raised.value) and "s3cret-value-4711" not in said
 
 
 def _alias_bomb(leaf: str) -> list[str]:

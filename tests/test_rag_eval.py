@@ -375,6 +375,8 @@ def test_answer_metrics_refusals_and_an_unreliable_judge_end_to_end(
     label = calibration.label()
     assert label.startswith("judge unreliable (kappa 0.00 ") and "min 0.4)" in label
     assert f"## Judged (RAGAS): {label}" in md
+    for pair in calibration.pairs:  # every kind's truth in the probe table (was "?" for 7)
+        assert f"| {pair.kind} | {'yes' if pair.truth else 'no'} | " in md
     for m in RAG_METRICS:  # a withheld metric shows why, never a number
         cell = md.split(f"| {m} | ")[1].split(" |")[0]
         assert cell.startswith("judge ") and "unreliable" in cell and "(n=" in cell
@@ -508,25 +510,39 @@ class Oracle:
 def test_a_false_statement_is_the_true_one_altered_or_given_an_invented_reason() -> None:
     """The probe's made-up false statements, by hand: ``alter`` changes the first number
     (+7, or x3 for a decimal) or adds "not" after the first auxiliary; ``invent`` adds a
-    reason after a comma, one of the REASONS whose stem the passage does not hold."""
-    from ragpipe.evaluation.calibration import REASONS, _reasons_for, alter, invent
+    reason after a comma, one of the REASONS none of whose word beginnings the passage
+    holds; ``false_quota`` hands the false statements out in turn."""
+    from ragpipe.evaluation.calibration import (
+        ALTERED,
+        INVENTED,
+        REASONS,
+        UNRELATED,
+        _reasons_for,
+        alter,
+        false_quota,
+        invent,
+    )
 
     assert alter("Bake the loaf for 35 minutes at 230 degrees.") == (
         "Bake the loaf for 42 minutes at 230 degrees.")  # fmt: skip
     assert alter("R 4.1.3 was the last version.") == "R 12.3.3 was the last version."
     assert alter("The dough is left to rise overnight.") == (
         "The dough is not left to rise overnight.")  # fmt: skip
-    assert alter("The dough isn't left to rise.") is None  # already negated, no number
+    assert alter("The dough is not left to rise.") is None  # already negated, no number
     assert invent("Knead the dough for ten minutes.", "because it is the recommended way") == (
         "Knead the dough for ten minutes, because it is the recommended way.")  # fmt: skip
     assert invent("Is it R?", "as it avoids errors") == "Is it R, as it avoids errors."
-    # The passage names speed, reliability and the documentation: those three reasons are
-    # out (it might state them), the other seven are in.
-    passage = "The FAST way is reliable; the Documentation says so."
+    # "Quickly" rules out the fastest way, "Convenient" the recommended way, "Windows" every
+    # platform; "breakfast" does not begin with "fast" (the efficient approach stays), nor
+    # "programs" with "ram" (less memory stays).
+    passage = "Quickly, the most Convenient way on Windows: programs after breakfast."
     assert [r for r, _ in REASONS if r not in _reasons_for(passage)] == [
-        "because it is the fastest way", "which makes it more reliable",
-        "as the official documentation advises"]  # fmt: skip
-    assert len(_reasons_for(passage)) == 7 and len(_reasons_for("")) == len(REASONS) == 10
+        "because it is the fastest way", "because it is the recommended way",
+        "since it works the same on every platform"]  # fmt: skip
+    assert len(_reasons_for(passage)) == 6 and len(_reasons_for("")) == len(REASONS) == 9
+    counts = [tuple(false_quota(n)[k] for k in (INVENTED, UNRELATED, ALTERED))
+              for n in (1, 2, 4, 24)]  # fmt: skip
+    assert counts == [(1, 0, 0), (1, 1, 0), (2, 1, 1), (8, 8, 8)]
 
 
 def test_probe_and_calibration_of_a_perfect_judge(
@@ -546,11 +562,13 @@ def test_probe_and_calibration_of_a_perfect_judge(
         USEFUL,
         ProbePair,
         _other_section,
+        _reasons_for,
         _share,
         _target_chunks,
         build_probe,
         calibrate,
         context_prompt,
+        invent,
         statement_prompt,
     )
     from ragpipe.evaluation.check import IndexView
@@ -579,7 +597,7 @@ def test_probe_and_calibration_of_a_perfect_judge(
         store.close()
     assert probe == again  # seeded
     kinds = [p.kind for p in probe]
-    # Three answerable items: enough for pairs of each kind, half of them true; a third of
+    # Four answerable items: enough for pairs of each kind, half of them true; a third of
     # 16, rounded down to even, are context pairs.
     assert set(kinds) <= {SUPPORTED, UNRELATED, OTHER_SECTION, ALTERED, INVENTED, MATCHING,
                           MISMATCHED, USEFUL, UNRELATED_CONTEXT, NEIGHBOUR}  # fmt: skip
@@ -613,8 +631,8 @@ def test_probe_and_calibration_of_a_perfect_judge(
     assert len(invented) == 1
     for true, false in invented:
         assert true.kind == SUPPORTED and true.passage == false.passage
-        added = {f"{true.shown.rstrip('.')}, {r}.": stem for r, stem in REASONS}
-        assert false.shown in added and added[false.shown] not in false.passage.lower()
+        added = {invent(true.shown, r): r for r, _ in REASONS}
+        assert false.shown in added and added[false.shown] in _reasons_for(false.passage)
     oracle = Oracle(probe)
     measured = calibrate(oracle, probe, min_kappa=0.4, timeout_s=10)
     assert not measured.failed and measured.agreement.kappa == 1.0

@@ -1035,8 +1035,8 @@ def test_the_fast_search_path_answers_as_fastapi_does(
 ) -> None:
     """/search's fast path (FastSearch) against FastAPI's own route, request by request:
     the same status, headers and body for what the fast path takes and for what it passes on,
-    with no token set and with one (sent a non-ASCII letter too: FastAPI reads the header as
-    Latin-1 and compares UTF-8; a key no header can match is refused at load)."""
+    with no token set and with one (a non-ASCII letter after it is refused both ways; a key
+    with one, which only a client sending Latin-1 could match, is refused at load)."""
     cfg, _ = served
     config = _config(Path(cfg.discover.roots[0]).parent, api_key=key)
     app = create_app(config, onnx_embedder)

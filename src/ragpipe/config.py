@@ -1450,7 +1450,8 @@ class ServeConfig(_Section):
         "not in a committed file; it is never logged. None: no token asked. Printable ASCII "
         "without spaces (e.g. from `python -c 'import secrets; print(secrets.token_urlsafe())'`): "
         "an empty or blank key is refused (it would compare equal to a missing token), and so "
-        "is one no client could send (HTTP reads a header as Latin-1 and strips it).",
+        "is one with a space, a newline or a letter outside ASCII (the server strips the header "
+        "and reads it as Latin-1: such a key matches no request, or only some clients').",
     )
 
     @field_validator("public_url")
@@ -1470,12 +1471,14 @@ class ServeConfig(_Section):
             )
         if value is not None and not re.fullmatch(r"[!-~]+", value.get_secret_value()):
             # The server strips the header and reads it as Latin-1: a key with a space at
-            # either end, or a letter outside Latin-1, can never match; a letter like "é"
-            # matches only when sent as Latin-1, where curl and most clients send UTF-8.
+            # either end (a newline from a mounted secret), or a letter outside Latin-1, can
+            # never match; a letter like "é" matches only when sent as Latin-1, where curl
+            # and most clients send UTF-8; a space inside, only from clients that send it.
             raise ValueError(
-                "holds a space or a character outside printable ASCII, which an Authorization "
-                "header cannot carry as it is (the server strips it and reads it as Latin-1); "
-                "use letters, digits and punctuation only, e.g. "
+                "holds a space or a character outside printable ASCII: the server strips the "
+                "Authorization header and reads it as Latin-1, so with a space or newline at "
+                "either end or a letter outside Latin-1 no request could match, and with others "
+                "only some clients'; use letters, digits and punctuation only, e.g. "
                 "python -c 'import secrets; print(secrets.token_urlsafe())'"
             )
         return value
@@ -1720,14 +1723,15 @@ def load_config(
             RagpipeConfig.model_validate(_deep_merge(data, overrides))
         except ValidationError as exc:
             if any(_within(err["loc"], overrides) for err in exc.errors()):
+                # from None: pydantic's own error shows each input, a secret's too
                 raise ConfigError(
                     _format_validation_error(exc, overrides_from, hint=False)
-                ) from exc
+                ) from None
     token = _OVERRIDES.set(overrides)
     try:
         config = RagpipeConfig(**data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, source)) from exc
+        raise ConfigError(_format_validation_error(exc, source)) from None  # as above
     finally:
         _OVERRIDES.reset(token)
     origins = dict.fromkeys(_dotted(data), source)
@@ -1791,25 +1795,34 @@ def _field_info(loc: tuple[int | str, ...]) -> tuple[str | None, list[str]]:
             return None, siblings
         field = model.model_fields[part]
         description = field.description
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            model = annotation
+        section = _section(field.annotation)
+        if section is not None:
+            model = section
             siblings = list(model.model_fields)
     return description, siblings
 
 
+def _section(annotation: Any) -> type[BaseModel] | None:
+    """The settings model a field holds (``LLMConfig | None``: LLMConfig), or None."""
+    for held in (annotation, *get_args(annotation)):
+        if isinstance(held, type) and issubclass(held, BaseModel):
+            return held
+    return None
+
+
 def _is_secret(loc: tuple[int | str, ...]) -> bool:
-    """Whether the field at ``loc`` holds a secret (a ``SecretStr``): an error about it must
-    not show the value it was given."""
-    model: type[BaseModel] = RagpipeConfig
+    """Whether the field at ``loc`` holds a secret (a ``SecretStr``, ``eval.judge``'s
+    included): an error about it must not show the value it was given."""
+    model: type[BaseModel] | None = RagpipeConfig
     for part in loc:
-        if not isinstance(part, str) or part not in model.model_fields:
+        if isinstance(part, int):  # an item of a list: the list's model
+            continue
+        if model is None or part not in model.model_fields:
             return False
         annotation = model.model_fields[part].annotation
         if annotation is SecretStr or SecretStr in get_args(annotation):
             return True
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            model = annotation
+        model = _section(annotation)
     return False
 
 

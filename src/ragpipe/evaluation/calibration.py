@@ -15,7 +15,7 @@ construction, built from the run's own golden set and index:
   the file has no other section;
 - **altered**: the supported sentence with a number changed or a negation added;
 - **invented reason**: the supported sentence with a generic reason its passage does not
-  give (``REASONS``: "…, because it is the recommended way."): the form most of a real
+  give (``REASONS``: "…, because it is the recommended way."), the form most of a real
   answer's unsupported sentences take, a stated claim with something the model added
   (since late on 2026-12-02; before, the false statements were whole sentences of the
   corpus or one-word edits, and a prompt that let every real answer's additions through
@@ -269,6 +269,7 @@ class Calibration:
             },
             "by_kind": {
                 kind: {
+                    "truth": next(p.truth for p in self.pairs if p.kind == kind),
                     "pairs": sum(p.kind == kind for p in self.pairs),
                     "correct": sum(
                         p.kind == kind and v == p.truth
@@ -325,21 +326,24 @@ def alter(sentence: str) -> str | None:
 
 # What a model adds to a stated claim (the hand-labelled answers' unsupported sentences: an
 # invented reason, "as it can be difficult to manage and customize"; a quality the passage
-# does not give, "This is efficient and easy to remember"; a source it does not name): a
-# generic justification, on the topic of any claim. Each with the stem that, found in the
-# passage, rules it out (the passage might state it).
+# does not give, "This is efficient and easy to remember"): a generic justification, on the
+# topic of any claim. Each with the word beginnings that, found in the passage, rule it out:
+# the passage might say it in other words ("the most convenient way" is near enough to "the
+# recommended way").
 REASONS = (
-    ("because it is the fastest way", "fast"),
-    ("because it is the recommended way", "recommend"),
-    ("which makes it more reliable", "reliab"),
-    ("as this is easier to maintain", "maint"),
-    ("because it uses less memory", "memor"),
-    ("which is the most efficient approach", "efficien"),
-    ("as it avoids common errors", "error"),
-    ("because it is more secure", "secur"),
-    ("since it works the same on every platform", "platform"),
-    ("as the official documentation advises", "document"),
-)
+    ("because it is the fastest way", ("fast", "quick", "speed", "rapid", "slow")),
+    ("because it is the recommended way",
+     ("recommend", "advis", "suggest", "prefer", "best", "convenient", "should")),
+    ("which makes it more reliable", ("reliab", "robust", "stabl", "safe")),
+    ("as this is easier to maintain", ("maint", "easie", "simpl")),
+    ("because it uses less memory", ("memor", "ram", "space", "large", "big")),
+    ("which is the most efficient approach", ("efficien", "perform", "fast", "optim")),
+    ("as it avoids common errors",
+     ("error", "mistake", "wrong", "bug", "fail", "problem", "pitfall", "avoid", "warn")),
+    ("because it is more secure", ("secur", "safe", "protect", "attack")),
+    ("since it works the same on every platform",
+     ("platform", "windows", "linux", "mac", "unix", "portab", "system")),
+)  # fmt: skip
 
 
 def invent(sentence: str, reason: str) -> str:
@@ -348,9 +352,13 @@ def invent(sentence: str, reason: str) -> str:
 
 
 def _reasons_for(passage: str) -> list[str]:
-    """The REASONS ``passage`` does not state (none of a reason's stem in it)."""
-    lowered = passage.lower()
-    return [reason for reason, stem in REASONS if stem not in lowered]
+    """The REASONS ``passage`` does not state: no word of it begins as one of a reason's
+    word beginnings."""
+    words = set(re.findall(r"[a-z]+", passage.lower()))
+    return [
+        reason for reason, beginnings in REASONS
+        if not any(w.startswith(beginnings) for w in words)
+    ]  # fmt: skip
 
 
 def _claim(sentence: str) -> bool:
@@ -380,9 +388,9 @@ def build_probe(golden: GoldenSet, view: IndexView, size: int, seed: int) -> lis
 
     A third of them, rounded down to even, are context pairs (``build_context_pairs``);
     of the rest, rounded down to a multiple of 4, statement pairs and answer pairs
-    alternate over the items in a seeded order (a statement pair's false half: a third
-    other-section or unrelated sentences, a third altered, the rest invented reasons;
-    each pair the kind with the most still to make), for up
+    alternate over the items in a seeded order (a statement pair's false half: the kinds
+    in turn as ``false_quota`` divides them; each pair the kind with the most still to
+    make that can be made), for up
     to PROBE_ROUNDS passes, never asking the same statement or answer twice; an item that
     gives no usable sentence is passed over. Fewer pairs come back when the golden set
     and index cannot supply enough.
@@ -392,9 +400,8 @@ def build_probe(golden: GoldenSet, view: IndexView, size: int, seed: int) -> lis
     rng = np.random.default_rng(seed)
     items = [i for i in golden.items if i.answerable]
     order = [items[j] for j in rng.permutation(len(items))]
-    n_false = size // 4  # false statements: a third of each false kind, invented the rest
-    quota = {SUPPORTED: n_false, UNRELATED: n_false // 3, ALTERED: n_false // 3}
-    quota |= {INVENTED: n_false - 2 * (n_false // 3), MATCHING: size // 4, MISMATCHED: size // 4}
+    quota = {SUPPORTED: size // 4, MATCHING: size // 4, MISMATCHED: size // 4}
+    quota |= false_quota(size // 4)
     pairs: list[ProbePair] = []
     files = view.files
     seen: set[str] = set()
@@ -414,26 +421,19 @@ def build_probe(golden: GoldenSet, view: IndexView, size: int, seed: int) -> lis
         if statement_turn and quota[SUPPORTED] > 0:
             if statement in seen:
                 continue
-            # The false kind with the most pairs still to make (invented reasons first).
-            false_kind = max((INVENTED, UNRELATED, ALTERED), key=lambda k: quota[k])
-            false = None
-            if false_kind == INVENTED and (reasons := _reasons_for(passage)):
-                # a statement as long as an answer's, with a reason the passage does not give
-                statement = next((s for s in said if s not in seen and _claim(s)), statement)
-                false = invent(statement, reasons[int(rng.integers(len(reasons)))])
-            elif false_kind == UNRELATED:  # another section of the file first: on topic
-                false, false_kind = _other_section(chunks, view, rng), OTHER_SECTION
-                if false is None:
-                    false, false_kind = _unrelated(item, view, files, rng), UNRELATED
-            if false is None:  # altered instead: the first sentence that can be made false
-                false_kind = ALTERED
-                statement, false = next(
-                    ((s, alter(s)) for s in said if s not in seen and alter(s) is not None),
-                    (statement, None),
-                )
-            quota_kind = UNRELATED if false_kind == OTHER_SECTION else false_kind
-            if false is None or quota[quota_kind] == 0:
+            # The false kinds with pairs still to make, the most first (ties: invented
+            # reasons, other-section sentences, altered ones): the first that can be made.
+            made = None
+            for kind in sorted((INVENTED, UNRELATED, ALTERED), key=lambda k: -quota[k]):
+                if quota[kind] > 0:
+                    made = _false_statement(kind, statement, said, seen, passage, chunks,
+                                            item, view, files, rng)  # fmt: skip
+                    if made is not None:
+                        break
+            if made is None:
                 continue  # the pair's false half cannot be made: keep the probe balanced
+            statement, false, false_kind = made
+            quota_kind = UNRELATED if false_kind == OTHER_SECTION else false_kind
             seen.add(statement)
             quota[SUPPORTED] -= 1
             quota[quota_kind] -= 1
@@ -458,6 +458,47 @@ def build_probe(golden: GoldenSet, view: IndexView, size: int, seed: int) -> lis
         if not any(quota.values()):
             break
     return pairs + contexts
+
+
+def false_quota(n: int) -> dict[str, int]:
+    """How ``n`` false statements divide among the false kinds: handed out in turn, an
+    invented reason, an other-section (or unrelated) sentence, an altered one, again."""
+    return {INVENTED: (n + 2) // 3, UNRELATED: (n + 1) // 3, ALTERED: n // 3}
+
+
+def _false_statement(
+    kind: str,
+    statement: str,
+    said: list[str],
+    seen: set[str],
+    passage: str,
+    chunks: list[dict[str, Any]],
+    item: GoldenItem,
+    view: IndexView,
+    files: Sequence[str],
+    rng: np.random.Generator,
+) -> tuple[str, str, str] | None:
+    """A statement pair's two halves and the false one's kind, for a false ``kind``, or
+    None when the passage and index cannot make one: an invented reason needs a reason the
+    passage does not hold and takes a statement as long as an answer's; an unrelated one is
+    a sentence of another section of the file, else of another file; an altered one, the
+    first sentence that can be altered."""
+    if kind == INVENTED:
+        reasons = _reasons_for(passage)
+        if not reasons:
+            return None
+        claim = next((s for s in said if s not in seen and _claim(s)), statement)
+        return claim, invent(claim, reasons[int(rng.integers(len(reasons)))]), INVENTED
+    if kind == UNRELATED:
+        other = _other_section(chunks, view, rng)
+        if other is not None:
+            return statement, other, OTHER_SECTION
+        other = _unrelated(item, view, files, rng)
+        return None if other is None else (statement, other, UNRELATED)
+    for s in said:
+        if s not in seen and (altered := alter(s)) is not None:
+            return s, altered, ALTERED
+    return None
 
 
 def _other_section(

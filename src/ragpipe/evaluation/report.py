@@ -117,10 +117,9 @@ def _judge_lines(judge: dict[str, Any]) -> list[str]:
             "| probe pairs | truth | pairs | judged right |",
             "|---|---|---|---|",
         ]
-        truth = {"supported": "yes", "unrelated": "no", "altered": "no",
-                 "matching_answer": "yes", "mismatched_answer": "no"}  # fmt: skip
-        for kind, c in cal["by_kind"].items():
-            lines.append(f"| {kind} | {truth.get(kind, '?')} | {c['pairs']} | {c['correct']} |")
+        for kind, c in cal["by_kind"].items():  # a summary from before 2026-12-02: no truth
+            truth = {1: "yes", 0: "no"}.get(c.get("truth", -1), "?")
+            lines.append(f"| {kind} | {truth} | {c['pairs']} | {c['correct']} |")
     else:
         lines.append("- calibration: **none** (eval.judge_probe_size 0, or no probe could be "
                      "built): the judged metrics are not known to be trustworthy")  # fmt: skip
