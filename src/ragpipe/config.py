@@ -1785,21 +1785,22 @@ def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _field_info(loc: tuple[int | str, ...]) -> tuple[str | None, list[str]]:
-    """Description of the field at ``loc`` and the valid names at its level."""
-    model: type[BaseModel] = RagpipeConfig
-    description = None
-    siblings = list(model.model_fields)
+def _walk(loc: tuple[int | str, ...]) -> tuple[list[FieldInfo], list[str], bool]:
+    """The settings fields along ``loc``, the valid names at its last level, and whether
+    ``loc`` names a field all the way (an item of a list stands for the list's model)."""
+    model: type[BaseModel] | None = RagpipeConfig
+    fields: list[FieldInfo] = []
+    names = list(RagpipeConfig.model_fields)
     for part in loc:
-        if not isinstance(part, str) or part not in model.model_fields:
-            return None, siblings
-        field = model.model_fields[part]
-        description = field.description
-        section = _section(field.annotation)
-        if section is not None:
-            model = section
-            siblings = list(model.model_fields)
-    return description, siblings
+        if isinstance(part, int):
+            continue
+        if model is None or part not in model.model_fields:
+            return fields, names, False
+        fields.append(model.model_fields[part])
+        model = _section(fields[-1].annotation)
+        if model is not None:
+            names = list(model.model_fields)
+    return fields, names, True
 
 
 def _section(annotation: Any) -> type[BaseModel] | None:
@@ -1808,22 +1809,6 @@ def _section(annotation: Any) -> type[BaseModel] | None:
         if isinstance(held, type) and issubclass(held, BaseModel):
             return held
     return None
-
-
-def _is_secret(loc: tuple[int | str, ...]) -> bool:
-    """Whether the field at ``loc`` holds a secret (a ``SecretStr``, ``eval.judge``'s
-    included): an error about it must not show the value it was given."""
-    model: type[BaseModel] | None = RagpipeConfig
-    for part in loc:
-        if isinstance(part, int):  # an item of a list: the list's model
-            continue
-        if model is None or part not in model.model_fields:
-            return False
-        annotation = model.model_fields[part].annotation
-        if annotation is SecretStr or SecretStr in get_args(annotation):
-            return True
-        model = _section(annotation)
-    return False
 
 
 def with_sources(config: RagpipeConfig, sources: list[str] | None) -> RagpipeConfig:
@@ -1862,13 +1847,15 @@ def _format_validation_error(
         name = ".".join(str(p) for p in loc) or "<root>"
         env = "RAGPIPE_" + "__".join(str(p).upper() for p in loc)
         if err["type"] == "extra_forbidden":
-            _, valid = _field_info(loc[:-1])
+            valid = _walk(loc[:-1])[1]
             lines.append(f"  {name}: unknown field; valid names here: {', '.join(valid)}")
             continue
-        description, _ = _field_info(loc)
+        fields, _, found = _walk(loc)
+        description = fields[-1].description if found and fields else None
         got = err.get("input")
         got_text = "" if isinstance(got, dict) else _redact_userinfo(f" (got {got!r})")
-        if _is_secret(loc):  # a secret is never shown, not even a wrong one
+        # A secret (a SecretStr, eval.judge's included) is never shown, not even a wrong one.
+        if any(f.annotation is SecretStr or SecretStr in get_args(f.annotation) for f in fields):
             got_text = ""
         msg = err["msg"].removeprefix("Value error, ")
         line = f"  {name}: {msg}{got_text}"
