@@ -15,6 +15,7 @@ from ragpipe.errors import ConfigError
 from ragpipe.evaluation.agreement import (
     Label,
     agreement,
+    chance_p,
     cohen_kappa,
     labels_by_metric,
     load_labels,
@@ -124,8 +125,34 @@ def test_bootstrap_ci_is_seeded_and_contains_the_estimate() -> None:
     assert (other.kappa_low, other.kappa_high) != (result.kappa_low, result.kappa_high)
     assert set(result.as_dict()) == {
         "n", "failed", "accuracy", "accuracy_low", "accuracy_high",
-        "kappa", "kappa_low", "kappa_high", "yes_share",
+        "kappa", "kappa_low", "kappa_high", "yes_share", "p_chance",
     }  # fmt: skip
+
+
+def test_chance_p_is_the_best_a_judge_blind_to_the_truth_does() -> None:
+    """By hand. Balanced pairs: a coin is the best blind judge, P(>= r right of n) =
+    sum_{k >= r} C(n, k) / 2^n. Unbalanced (3 true, 1 false), all right: a blind judge saying
+    yes with rate q gets all four with q^3 (1 - q), largest at q = 3/4: 27/256. A judge that
+    always says yes gets the true half right, which any blind judge does half the time or
+    more: chance 1. A failed verdict already counts as wrong (agreement does that)."""
+    truth = [1, 1, 1, 1, 0, 0, 0, 0]
+    assert chance_p(truth, truth) == pytest.approx(1 / 256)
+    assert chance_p(truth, [1, 1, 1, 0, 0, 0, 0, 0]) == pytest.approx(9 / 256)
+    assert chance_p(truth, [1, 1, 0, 1, 0, 0, 1, 0]) == pytest.approx(37 / 256)
+    assert chance_p([1, 1, 0, 0], [1, 1, 0, 0]) == pytest.approx(1 / 16)
+    assert chance_p([1, 1, 1, 0], [1, 1, 1, 0]) == pytest.approx(27 / 256)
+    assert chance_p(truth, [1] * 8) == 1.0
+    # Only the count of right verdicts matters, not which pairs.
+    assert chance_p(truth, [0, 1, 1, 1, 0, 0, 0, 0]) == chance_p(truth, [1, 1, 1, 1, 1, 0, 0, 0])
+    failed = agreement(truth, [None, 1, 1, 1, 0, 0, 0, 0])  # None: wrong, 7 right
+    assert failed.failed == 1 and failed.p_chance == pytest.approx(9 / 256)
+    # 40 pairs, 32 right: sum_{k >= 32} C(40, k) / 2^40.
+    big = [1, 0] * 20
+    verdicts = [1 - t if i < 8 else t for i, t in enumerate(big)]
+    expected = sum(math.comb(40, k) for k in range(32, 41)) / 2**40
+    assert chance_p(big, verdicts) == pytest.approx(expected, rel=1e-9)
+    with pytest.raises(ValueError, match="one verdict per truth label"):
+        chance_p([1, 0], [1])
 
 
 def test_single_pair_has_no_ci() -> None:

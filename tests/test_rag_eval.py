@@ -639,69 +639,115 @@ def test_probe_and_calibration_of_a_perfect_judge(
     asked = {j: a.n for j, a in measured.by_judgement.items()}
     # Four answerable items, two with a reference: a 16-pair probe gets 4 pairs of each
     # judgement (2 statement pairs before invented reasons: oven's only false kind left was
-    # an altered sentence, and none of its passage's sentences can be altered); every
-    # verdict right: vouched for (with fewer than 4 of a judgement it is not: below).
-    assert asked == {"statements": 4, "answers": 4, "contexts": 4} and measured.reliable
-    assert measured.agreement.accuracy == 1.0 and measured.label().startswith(
-        "judge reliable (kappa 1.00"
+    # an altered sentence, and none of its passage's sentences can be altered).
+    assert asked == {"statements": 4, "answers": 4, "contexts": 4}
+    # Every verdict right, but a judge blind to the truth gets 4 pairs (2 true) all right
+    # with chance 1/16 (a coin: 1/2^4): no judgement is vouched for, nor the judge.
+    assert measured.by_judgement["statements"].p_chance == 1 / 16
+    assert measured.agreement.accuracy == 1.0 and not measured.reliable
+    assert all(measured.reliable_for(m) is None for m in RAG_METRICS)
+    assert measured.label().startswith("judge not calibrated on statements, answers, contexts")
+    assert measured.short_for("faithfulness") == (
+        "judge not calibrated on statements (kappa 1.00 on 4 pairs, a blind judge does as "
+        "well with p=0.062)"
     )
-    from ragpipe.evaluation.calibration import METRIC_JUDGEMENT
-
-    for m in RAG_METRICS:  # a judgement asked fewer than 4 pairs calibrates nothing
-        enough = measured.by_judgement[METRIC_JUDGEMENT[m]].n >= 4
-        assert measured.reliable_for(m) is (True if enough else None)
 
     # Reads passages perfectly, calls every answer relevant: trusted for the statement
-    # metrics only, though its pooled kappa, 0.5, would pass. Four pairs of each kind:
-    # statements all right; answers 2 right (the true ones), 2 wrong.
+    # metrics only, though its pooled kappa, 0.5, would pass. Eight pairs of each
+    # judgement: statements all right; answers 4 right (the true ones), 4 wrong.
     def pair(kind: str, truth: int, shown: str) -> ProbePair:  # asked as the probe asks
         statement = kind in (SUPPORTED, UNRELATED, ALTERED)
         return ProbePair(kind, truth, statement_prompt("x", shown) if statement else shown,
                          "x", shown, "x" if statement else "")  # fmt: skip
 
-    pairs = [
-        pair(kind, truth, f"{kind} {n}")
-        for n, (kind, truth) in enumerate(
-            [(SUPPORTED, 1), (UNRELATED, 0), (SUPPORTED, 1), (ALTERED, 0),
-             (MATCHING, 1), (MISMATCHED, 0), (MATCHING, 1), (MISMATCHED, 0)]
-        )
-    ]  # fmt: skip
+    kinds = [(SUPPORTED, 1), (UNRELATED, 0), (SUPPORTED, 1), (ALTERED, 0)] * 2 + [
+        (MATCHING, 1), (MISMATCHED, 0)] * 4  # fmt: skip
+    pairs = [pair(kind, truth, f"{kind} {n}") for n, (kind, truth) in enumerate(kinds)]
     half = Oracle(pairs, lambda p: p.truth if p.kind in (SUPPORTED, UNRELATED, ALTERED) else 1)
     split = calibrate(half, pairs, min_kappa=0.4, timeout_s=10)
-    # Pooled: p_o = 6/8, p_yes(truth) = 1/2, p_yes(judge) = 6/8: p_e = 1/2 * 6/8 + 1/2 * 2/8
-    # = 1/2; kappa = (3/4 - 1/2) / (1 - 1/2) = 0.5.
+    # Pooled: p_o = 12/16, p_yes(truth) = 1/2, p_yes(judge) = 12/16: p_e = 1/2 * 12/16 +
+    # 1/2 * 4/16 = 1/2; kappa = (3/4 - 1/2) / (1 - 1/2) = 0.5.
     assert split.agreement.kappa == pytest.approx(0.5)
     assert split.by_judgement["statements"].kappa == 1.0
+    assert split.by_judgement["statements"].p_chance == 1 / 256  # 8 of 8: 1/2^8
     assert split.by_judgement["answers"].kappa == 0.0 and not split.reliable
     assert split.reliable_for("faithfulness") and split.reliable_for("answer_relevancy") is False
     assert split.short_for("answer_relevancy") == "judge unreliable on answers (kappa 0.00)"
     # Too few pairs of a judgement: not calibrated, unless the whole probe failed.
-    few = calibrate(half, pairs[:6], min_kappa=0.4, timeout_s=10)
+    few = calibrate(half, pairs[:10], min_kappa=0.4, timeout_s=10)
     assert few.by_judgement["answers"].n == 2 and few.reliable_for("answer_relevancy") is None
     # Every verdict right, but two pairs of each judgement: every metric is "judge not
     # calibrated", so the judge as a whole is not vouched for (it was "reliable", and a
     # run's judge.usable_for_gates true, beside four metrics marked not calibrated).
-    small = [pairs[0], pairs[1], pairs[4], pairs[5]]
+    small = [pairs[0], pairs[1], pairs[8], pairs[9]]
     right = calibrate(Oracle(small), small, min_kappa=0.4,
                       timeout_s=10)  # fmt: skip
     assert right.agreement.kappa == 1.0 and not right.failed and not right.reliable
     assert all(right.reliable_for(m) is None for m in RAG_METRICS)
     assert right.label().startswith(
-        "judge not calibrated on statements, answers, contexts (fewer than 4 pairs) (kappa 1.00"
+        "judge not calibrated on statements, answers, contexts (fewer than 4 pairs, or as "
+        "many right as chance gives a blind judge with p >= 0.05) (kappa 1.00"
     )
     assert right.as_dict()["reliable"] is False
     # No pair at all of a judgement (a golden set with one answerable item has no answer to
     # mismatch): not calibrated either; it was "reliable" on the statements alone.
-    statements = pairs[:4]
+    statements = pairs[:8]
     alone = calibrate(Oracle(statements), statements,
                       min_kappa=0.4, timeout_s=10)  # fmt: skip
     assert "answers" not in alone.by_judgement
     assert alone.uncalibrated == ["answers", "contexts"]
     assert not alone.reliable and alone.reliable_for("faithfulness") is True
     assert alone.reliable_for("context_precision") is None
-    assert alone.label().startswith(
-        "judge not calibrated on answers, contexts (fewer than 4 pairs)"
+    assert alone.label().startswith("judge not calibrated on answers, contexts (fewer than 4")
+
+
+def test_a_judgement_is_believed_only_where_a_blind_judge_rarely_does_as_well() -> None:
+    """The attack review: kappa >= 0.4 on a judgement's 8 pairs trusted its metric, and a
+    judge answering at random passed one time in seven (6 right of 8 is kappa 0.50), so a
+    coin's answer relevancy was headlined as a value in about a third of runs. Now a
+    judgement is believed only when a judge blind to the truth would get as many right with
+    a chance under 0.05 (CHANCE_P); by hand, 8 pairs, 4 true, a coin at best:
+    P(>= 7 right) = (1 + 8) / 2^8 = 9/256, P(>= 6 right) = (1 + 8 + 28) / 256 = 37/256."""
+    from ragpipe.evaluation.calibration import (
+        CHANCE_P,
+        MATCHING,
+        MISMATCHED,
+        ProbePair,
+        calibrate,
     )
+
+    def pair(n: int) -> ProbePair:
+        kind, truth = ((MATCHING, 1), (MISMATCHED, 0))[n % 2]
+        return ProbePair(kind, truth, f"answer {n}", "x", f"answer {n}")
+
+    pairs = [pair(n) for n in range(8)]
+
+    def wrong_on(*numbers: int) -> Oracle:
+        return Oracle(pairs, lambda p: 1 - p.truth if p.shown in
+                      {f"answer {n}" for n in numbers} else p.truth)  # fmt: skip
+
+    seven = calibrate(wrong_on(0), pairs, min_kappa=0.4, timeout_s=10)
+    answers = seven.by_judgement["answers"]
+    # One true pair called false: p_o = 7/8, yes rates 1/2 and 3/8, p_e = 1/2;
+    # kappa = (7/8 - 1/2) / (1/2) = 0.75.
+    assert answers.kappa == pytest.approx(0.75) and answers.p_chance == 9 / 256 < CHANCE_P
+    assert seven.reliable_for("answer_relevancy") is True
+    six = calibrate(wrong_on(0, 1), pairs, min_kappa=0.4, timeout_s=10)
+    answers = six.by_judgement["answers"]
+    # A true pair and a false one wrong: p_o = 6/8, both yes rates 1/2: kappa 0.5, over the
+    # bar of 0.4, but a coin does as well with chance 37/256 = 0.1445.
+    assert answers.kappa == pytest.approx(0.5) and answers.p_chance == 37 / 256
+    assert six.reliable_for("answer_relevancy") is None and not six.failed
+    assert six.short_for("answer_relevancy") == (
+        "judge not calibrated on answers (kappa 0.50 on 8 pairs, a blind judge does as well "
+        "with p=0.14)"
+    )
+    assert "answers 0.50, a blind judge does as well with p=0.14" in six.label()
+    assert six.as_dict()["by_judgement"]["answers"]["reliable"] is None
+    assert six.as_dict()["by_judgement"]["answers"]["p_chance"] == 37 / 256
+    # Four wrong: kappa 0, under the bar: unreliable (withheld), as before.
+    four = calibrate(wrong_on(0, 1, 2, 3), pairs, min_kappa=0.4, timeout_s=10)
+    assert four.reliable_for("answer_relevancy") is False and four.failed
 
 
 def test_human_labels_give_a_ppi_estimate_beside_the_judge(

@@ -5,8 +5,10 @@ Two questions, two tools:
 * **Does the judge agree with a human?** :func:`agreement` scores the judge's
   yes/no verdicts on probe pairs with known answers: accuracy, Cohen's kappa
   (agreement beyond what the two answer rates give by chance, so a judge that
-  says "yes" to everything scores 0, not its accuracy), and seeded percentile
-  bootstrap CIs of both. A verdict the judge failed to give counts as wrong.
+  says "yes" to everything scores 0, not its accuracy), seeded percentile
+  bootstrap CIs of both, and the chance that a judge blind to the truth would
+  score as well (:func:`chance_p`: on 8 pairs a coin gets 6 right, kappa 0.50,
+  one time in seven). A verdict the judge failed to give counts as wrong.
 * **What is the metric's mean, corrected for the judge's bias?**
   :func:`ppi_mean` is prediction-powered inference for a mean (Angelopoulos et
   al., "Prediction-powered inference", Science 2023): the judge's mean over all
@@ -57,6 +59,8 @@ class Agreement:
             n < 2, or when kappa is undefined in every resample).
         kappa_high: Upper bound of that CI.
         yes_share: Share of pairs the judge answered "yes" (1).
+        p_chance: The chance that a judge whose verdicts ignore the truth gets at least as
+            many pairs right (:func:`chance_p`).
     """
 
     n: int
@@ -68,6 +72,7 @@ class Agreement:
     kappa_low: float
     kappa_high: float
     yes_share: float
+    p_chance: float
 
     def as_dict(self) -> dict[str, float | int | None]:
         """Return the fields as a plain dict (for JSON reports; NaN becomes null)."""
@@ -175,8 +180,9 @@ def agreement(
     accuracy = float((t == v).mean())
     kappa = float(_kappas(t, v))
     yes_share = float(sum(x == 1 for x in verdicts if x is not None) / n)
+    p_chance = chance_p(t, v)
     if n < 2:
-        return Agreement(n, failed, accuracy, _NAN, _NAN, kappa, _NAN, _NAN, yes_share)
+        return Agreement(n, failed, accuracy, _NAN, _NAN, kappa, _NAN, _NAN, yes_share, p_chance)
     rng = np.random.default_rng(seed)
     index = rng.integers(0, n, size=(resamples, n))
     t_boot, v_boot = t[index], v[index]
@@ -193,7 +199,39 @@ def agreement(
         kappa_low=kappa_low,
         kappa_high=kappa_high,
         yes_share=yes_share,
+        p_chance=p_chance,
     )
+
+
+CHANCE_GRID = 1001  # yes-rates a blind judge is tried at: 0, 0.001, ..., 1
+
+
+def chance_p(truth: Sequence[int] | npt.NDArray[np.int8],
+             verdicts: Sequence[int] | npt.NDArray[np.int8]) -> float:  # fmt: skip
+    """The chance that a judge blind to the truth gets at least as many pairs right as
+    ``verdicts`` do: the largest, over the share ``q`` of "yes" such a judge says, of
+    ``P(Bin(n1, q) + Bin(n0, 1 - q) >= right)``, with ``n1`` and ``n0`` the true and false
+    pairs (``q`` on a grid of CHANCE_GRID values; with as many true pairs as false ones the
+    largest is at ``q = 1/2``, a coin).
+
+    Kappa alone does not say this: on 8 pairs a coin gets 6 or more right (kappa 0.50 and
+    more) with chance 37/256 = 0.14; a judge is believed only when this chance is small.
+    A failed verdict must already count as wrong (as :func:`agreement` does).
+
+    Raises:
+        ValueError: As :func:`cohen_kappa`.
+    """
+    from scipy.stats import binom  # scipy: only when a judge is measured
+
+    _paired(list(truth), list(verdicts), "truth label")
+    t, v = _binary(list(truth), "truth"), _binary(list(verdicts), "verdicts")
+    right = int((t == v).sum())
+    n1 = int(t.sum())
+    n0 = int(t.size) - n1
+    q = np.linspace(0.0, 1.0, CHANCE_GRID)[:, None]
+    k = np.arange(n1 + 1)[None, :]  # right among the true pairs; the false ones need the rest
+    tail = (binom.pmf(k, n1, q) * binom.sf(right - k - 1, n0, 1 - q)).sum(axis=1)
+    return float(min(1.0, tail.max()))
 
 
 # --------------------------------------------------------------------------- PPI

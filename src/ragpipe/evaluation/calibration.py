@@ -87,6 +87,10 @@ METRIC_JUDGEMENT = {
     "answer_relevancy": ANSWERS,
 }
 MIN_PAIRS = 4  # fewer pairs of a judgement calibrate nothing
+# A judgement is believed only when a judge blind to the truth would score as well with a
+# chance under this (agreement.chance_p): kappa alone passes a coin on 8 pairs one time in
+# seven. On 8 pairs, half true, it takes 7 right (chance 9/256); 4 pairs never suffice.
+CHANCE_P = 0.05
 VERDICT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"verdict": {"type": "integer", "enum": [0, 1]}},
@@ -197,6 +201,15 @@ class Calibration:
     def _passes(self, a: Agreement) -> bool:
         return not np.isnan(a.kappa) and a.kappa >= self.min_kappa
 
+    def _trusted(self, a: Agreement) -> bool | None:
+        """False: kappa under the bar; None: too few pairs, or a kappa a judge blind to the
+        truth reaches too often (chance ``>= CHANCE_P``) to tell it from luck; else True."""
+        if a.n < MIN_PAIRS:
+            return None
+        if not self._passes(a):
+            return False
+        return True if a.p_chance < CHANCE_P else None
+
     @property
     def failed(self) -> bool:
         """Kappa under the bar (or undefined) overall or for a judgement asked enough pairs."""
@@ -206,18 +219,20 @@ class Calibration:
 
     @property
     def uncalibrated(self) -> list[str]:
-        """The judgements asked too few pairs to say anything (their metrics are "judge not
-        calibrated", so the judge as a whole is not vouched for)."""
+        """The judgements asked too few pairs to say anything, or passed on pairs a judge
+        blind to the truth passes too often (their metrics are "judge not calibrated", so the
+        judge as a whole is not vouched for)."""
         return [
             j for j in JUDGEMENTS
-            if (a := self.by_judgement.get(j)) is None or a.n < MIN_PAIRS
+            if (a := self.by_judgement.get(j)) is None or self._trusted(a) is None
         ]  # fmt: skip
 
     @property
     def reliable(self) -> bool:
         """Kappa at or above the bar overall and for every judgement, each asked at least
-        MIN_PAIRS pairs (an undefined kappa is not)."""
-        return not self.failed and not self.uncalibrated
+        MIN_PAIRS pairs (an undefined kappa is not), on as many right as a judge blind to the
+        truth would reach with a chance under CHANCE_P."""
+        return not self.failed and not self.uncalibrated and self._trusted(self.agreement) is True
 
     def _deciding(self, metric: str) -> Agreement | None:
         """The agreement that decides ``metric``: its judgement's when it had MIN_PAIRS
@@ -231,16 +246,19 @@ class Calibration:
 
     def reliable_for(self, metric: str) -> bool | None:
         """Whether the judgement ``metric`` rests on passed (None: not calibrated: too few
-        of its pairs, and nothing else says the judge fails)."""
+        of its pairs, or a pass a judge blind to the truth makes too often, and nothing else
+        says the judge fails)."""
         a = self._deciding(metric)
-        return None if a is None else self._passes(a)
+        return None if a is None else self._trusted(a)
 
     def label(self) -> str:
         a = self.agreement
         state = "reliable" if self.reliable else "unreliable" if self.failed else (
-            f"not calibrated on {', '.join(self.uncalibrated)} (fewer than {MIN_PAIRS} pairs)"
+            f"not calibrated on {', '.join(self.uncalibrated) or 'the whole probe'} (fewer "
+            f"than {MIN_PAIRS} pairs, or as many right as chance gives a blind judge with "
+            f"p >= {CHANCE_P:g})"
         )  # fmt: skip
-        parts = [f"{j} {_kappa(b)}" for j, b in self.by_judgement.items()]
+        parts = [f"{j} {_kappa(b)}{_chance(b)}" for j, b in self.by_judgement.items()]
         per = f"; {', '.join(parts)}" if parts else ""
         return (
             f"judge {state} (kappa {_kappa(a, ci=True)} on {a.n} probe pairs{per}; "
@@ -248,12 +266,20 @@ class Calibration:
         )
 
     def short_for(self, metric: str) -> str:
-        """What a withheld metric's headline cell says (the section heading has the rest)."""
+        """What a flagged or withheld metric's headline cell says (the section heading has
+        the rest)."""
         judgement = METRIC_JUDGEMENT.get(metric, "")
-        a = self._deciding(metric) or self.agreement
-        on = f" on {judgement}" if a is not self.agreement else ""
-        state = "reliable" if self.reliable_for(metric) else "unreliable"
-        return f"judge {state}{on} (kappa {_kappa(a)})"
+        deciding = self._deciding(metric)
+        if deciding is None:
+            return "judge not calibrated"
+        on = f" on {judgement}" if deciding is not self.agreement else ""
+        trusted = self._trusted(deciding)
+        if trusted is None:  # kappa passed, on too few pairs to tell it from luck
+            return (
+                f"judge not calibrated{on} (kappa {_kappa(deciding)} on {deciding.n} pairs"
+                f"{_chance(deciding)})"
+            )
+        return f"judge {'reliable' if trusted else 'unreliable'}{on} (kappa {_kappa(deciding)})"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -264,7 +290,7 @@ class Calibration:
             "label": self.label(),
             **self.agreement.as_dict(),
             "by_judgement": {
-                j: {**a.as_dict(), "reliable": self._passes(a) if a.n >= MIN_PAIRS else None}
+                j: {**a.as_dict(), "reliable": self._trusted(a)}
                 for j, a in self.by_judgement.items()
             },
             "by_kind": {
@@ -291,6 +317,13 @@ class Calibration:
             ],
             "notes": self.notes,
         }
+
+
+def _chance(a: Agreement) -> str:
+    """What a kappa is worth when a judge blind to the truth reaches it too often."""
+    if a.p_chance < CHANCE_P or np.isnan(a.kappa) or a.kappa <= 0:
+        return ""
+    return f", a blind judge does as well with p={a.p_chance:.2g}"
 
 
 def _kappa(a: Agreement, ci: bool = False) -> str:

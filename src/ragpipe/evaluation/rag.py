@@ -1118,7 +1118,7 @@ def _result(
             withheld.add(m)
         trusted = calibration.reliable_for(m) if calibration is not None else None
         if trusted is None:
-            reasons.append("judge not calibrated")
+            reasons.append(calibration.short_for(m) if calibration else "judge not calibrated")
         elif not trusted:
             reasons.append(calibration.short_for(m) if calibration else "")
             withheld.add(m)
