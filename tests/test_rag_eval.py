@@ -478,15 +478,35 @@ def test_the_judge_says_the_floor_refused_not_that_nothing_was_retrieved(
     onnx_embedder: Any,
 ) -> None:
     from ragpipe.evaluation.golden import GoldenItem
-    from ragpipe.evaluation.rag import Judge, RagRow
+    from ragpipe.evaluation.rag import Judge, Judged, RagRow
     from ragpipe.query.generate import BELOW_FLOOR, NOT_FOUND
 
-    judge = Judge(YES, onnx_embedder, timeout_s=5, max_tokens=64)
-    item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
+    # ragas's answer relevancy: the question the answer answers, and whether it commits.
+    noncommittal = json.dumps({"question": "How long should bread bake?", "noncommittal": 1})
+    judge = Judge(Canned("shrug", noncommittal), onnx_embedder, timeout_s=5, max_tokens=64)
+    floor = "below the relevance floor: the model was not asked"
+    item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1},
+                      expected_answer="Thirty-five minutes at 230 degrees.")  # fmt: skip
     row = RagRow("oven", item.query, NOT_FOUND, True, [], 0, [], 0, 0, 0.0, flags=[BELOW_FLOOR])
     asyncio.run(judge.judge(row, item))
-    reasons = {row.judged[m].reason for m in RAG_METRICS}
-    assert reasons == {"below the relevance floor: the model was not asked"}
+    # The attack review: all four were "not applicable", so the questions retrieval failed
+    # left the means' denominators. No context holds none of the reference and no useful
+    # chunk: context recall and precision are 0; "not found" makes no claim; its relevancy
+    # is judged (noncommittal: 0).
+    assert row.judged == {
+        "faithfulness": Judged(None, NOT_APPLICABLE, floor),
+        "context_recall": Judged(0.0, OK, f"{floor}: no context"),
+        "context_precision": Judged(0.0, OK, f"{floor}: no context"),
+        "answer_relevancy": Judged(0.0, OK),
+    }
+    assert row.context_precision_kind == "with_reference"
+    # No reference, nothing retrieved: context recall has nothing to recall.
+    bare = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
+    row = RagRow("oven", bare.query, NOT_FOUND, True, [], 0, [], 0, 0, 0.0)
+    asyncio.run(judge.judge(row, bare))
+    assert row.judged["context_recall"] == Judged(None, NOT_APPLICABLE, "no expected_answer")
+    assert row.judged["context_precision"] == Judged(0.0, OK, "nothing was retrieved: no context")
+    assert row.judged["faithfulness"] == Judged(None, NOT_APPLICABLE, "nothing was retrieved")
 
 
 class Oracle:

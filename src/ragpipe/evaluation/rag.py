@@ -717,12 +717,24 @@ class Judge:
             row.judged.update({m: Judged(None, NOT_APPLICABLE, reason) for m in RAG_METRICS})
             return
         if not ctx:
+            # No context: none of the reference is in it, and no chunk of it is useful, so
+            # context recall and precision are 0 by their definitions (ragas's too), not "not
+            # applicable": the worst retrievals must not leave the means' denominators.
+            # The answer ("not found") is still judged for relevancy; it makes no claim.
             reason = (
                 "below the relevance floor: the model was not asked"
                 if BELOW_FLOOR in row.flags
                 else "nothing was retrieved"
             )
-            row.judged.update({m: Judged(None, NOT_APPLICABLE, reason) for m in RAG_METRICS})
+            empty = f"{reason}: no context"
+            row.judged["faithfulness"] = Judged(None, NOT_APPLICABLE, reason)
+            no_ref = Judged(None, NOT_APPLICABLE, "no expected_answer")
+            row.judged["context_recall"] = Judged(0.0, OK, empty) if ref else no_ref
+            row.context_precision_kind = "with_reference" if ref else "without_reference"
+            row.judged["context_precision"] = Judged(0.0, OK, empty)
+            row.judged["answer_relevancy"] = await self._one(
+                self.answer_relevancy, "answer_relevancy", user_input=q, response=a
+            )
             return
         if row.not_found:
             row.judged["faithfulness"] = Judged(None, NOT_APPLICABLE, "'not found' makes no claim")
