@@ -181,7 +181,7 @@ def test_ppi_mean_by_hand() -> None:
     # half-width = t * sqrt(0.07 / 3 + 0.01 / 3) = t * sqrt(0.08 / 3) = t * sqrt(2/75), t
     # at Welch-Satterthwaite's df = (0.08/3)^2 / ((0.07/3)^2 / 2 + (0.01/3)^2 / 2) = 2.56.
     assert pytest.approx(2.56) == (0.08 / 3) ** 2 / ((0.07 / 3) ** 2 / 2 + (0.01 / 3) ** 2 / 2)
-    half = T.ppf(0.975, 2.56) * math.sqrt(2 / 75)  # ≈ 3.62 x 0.1633 ≈ 0.591
+    half = T.ppf(0.975, 2.56) * math.sqrt(2 / 75)  # ≈ 3.515 x 0.1633 ≈ 0.574
     assert est.ci_low == pytest.approx(0.3 - half)
     assert est.ci_high == pytest.approx(0.3 + half)
     # Humans alone: mean (0.7 + 0.8 + 0.6) / 3 = 0.7; sd = sqrt(0.02 / 2) = 0.1.
@@ -191,9 +191,51 @@ def test_ppi_mean_by_hand() -> None:
     assert est.human_ci_high == pytest.approx(0.7 + human_half)
     assert (est.n_judged, est.n_labeled, est.metric) == (6, 3, "faithfulness")
     assert est.as_dict()["mean"] == pytest.approx(0.3)
-    # Clipped to the metric's range: [0.3 - 0.59, 0.3 + 0.59] -> [0, 0.89].
+    # Clipped to the metric's range: [0.3 - 0.574, 0.3 + 0.574] -> [0, 0.874].
     clipped = ppi_mean("faithfulness", PREDICTIONS, LABELS, bounds=(0.0, 1.0))
     assert clipped.ci_low == 0.0 and clipped.ci_high == pytest.approx(0.3 + half)
+
+
+# The review: a judge that scored every unlabelled item 1.0 but failed on 9 of the 10
+# labelled ones (a failure predicts the midpoint, 0.5), where the humans said 1.0.
+FAILED_ON_THE_LABELLED = (
+    {**{f"u{i}": 1.0 for i in range(20)}, **{f"l{i}": 0.5 for i in range(9)}, "l9": 1.0},
+    {f"l{i}": 1.0 for i in range(10)},
+)
+OUTSIDE = (
+    "outside the metric's range [0, 1]: not a possible mean (too few labels, or the "
+    "labelled items unlike the rest)"
+)
+
+
+def test_ppi_mean_outside_the_range_is_flagged_not_clipped() -> None:
+    est = ppi_mean("faithfulness", *FAILED_ON_THE_LABELLED, bounds=(0.0, 1.0))
+    # theta = 1.0 (the unlabelled mean) - mean(nine -0.5 and one 0) = 1.0 + 0.45 = 1.45.
+    # var_f = 0; var_rect: deviations nine -0.05, one +0.45 -> 9 x 0.0025 + 0.2025 = 0.225,
+    # / 9 = 0.025; half = t(0.975, df) * sqrt(0.025 / 10) = t * 0.05, df = 9 (the rectifier's
+    # alone): 2.2622 x 0.05 = 0.1131. Clipped to [0, 1] it read 1.000 [1.000, 1.000].
+    half = T.ppf(0.975, 9) * 0.05
+    assert est.mean == pytest.approx(1.45)
+    assert (est.ci_low, est.ci_high) == (pytest.approx(1.45 - half), pytest.approx(1.45 + half))
+    assert est.flag == OUTSIDE and est.as_dict()["flag"] == OUTSIDE
+    # The labels (all 1.0) have no variance: no CI, and their mean is in the range.
+    assert est.human_mean == 1.0 and math.isnan(est.human_ci_low)
+    # At the low end: unlabelled 0, 0.02, ... (mean 0.01); labelled judged 0.9 where the
+    # humans said 0.1, 0 (rectifiers 0.8, 0.9: mean 0.85): theta = 0.01 - 0.85 = -0.84.
+    low = ppi_mean(
+        "context_recall",
+        {**{f"u{i}": 0.02 * (i % 2) for i in range(20)}, **{f"l{i}": 0.9 for i in range(6)}},
+        {f"l{i}": 0.1 * (1 - i % 2) for i in range(6)},
+        bounds=(0.0, 1.0),
+    )
+    assert low.mean == pytest.approx(-0.84) and low.ci_high < 0 and low.flag == OUTSIDE
+    # A sum's rounding past a bound is no flag: (0 + 0.4 + 0.8) / 3 - (0.2 - 0.8) = 1 in
+    # decimals, 1.0000000000000002 in floating point.
+    edge = {"a": 0.0, "b": 0.4, "c": 0.8, "d": 0.2}
+    unclipped = ppi_mean("faithfulness", edge, {"d": 0.8})
+    assert unclipped.mean > 1.0 and unclipped.flag is None  # no bounds: nothing is outside
+    clipped = ppi_mean("faithfulness", edge, {"d": 0.8}, bounds=(0.0, 1.0))
+    assert clipped.mean == 1.0 and clipped.flag is None
 
 
 def test_ppi_mean_with_every_item_labelled_is_the_labels_mean() -> None:

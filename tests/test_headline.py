@@ -3,8 +3,9 @@ a CI only from n >= 2, the counts, and no number for a withheld metric."""
 
 from __future__ import annotations
 
+from ragpipe.evaluation.agreement import ppi_mean
 from ragpipe.evaluation.metrics import bootstrap_ci, paired_delta
-from ragpipe.evaluation.report import delta_cell, headline_cell
+from ragpipe.evaluation.report import delta_cell, headline_cell, ppi_cell
 from ragpipe.evaluation.run import stats
 
 
@@ -47,3 +48,27 @@ def test_delta_cells() -> None:
     # read "p=0.000".
     tiny = paired_delta([0.0] * 40, [0.25, 0.5] * 20, 200, 0, 10000).as_dict()
     assert 0 < tiny["p_value"] < 0.001 and delta_cell(tiny).endswith(" p<0.001")
+
+
+def test_ppi_cells() -> None:
+    # tests/test_agreement.py's by-hand estimate, 0.3 +- 0.574, clipped at 0: a value.
+    inside = ppi_mean("faithfulness", {"a": 0.9, "b": 0.8, "c": 0.7, "d": 0.6, "e": 0.5,
+                                       "f": 0.1}, {"a": 0.7, "b": 0.8, "c": 0.6},
+                      bounds=(0.0, 1.0)).as_dict()  # fmt: skip
+    assert ppi_cell(inside) == "0.300 [0.000, 0.874]"
+    # The review: 1.45 +- 0.113 (judge 1.0 on the 20 unlabelled items, failed on 9 of the 10
+    # labelled ones, the humans' 1.0 each) read "1.000 [1.000, 1.000]", certainty.
+    outside = ppi_mean(
+        "faithfulness",
+        {**{f"u{i}": 1.0 for i in range(20)}, **{f"l{i}": 0.5 for i in range(9)}, "l9": 1.0},
+        {f"l{i}": 1.0 for i in range(10)},
+        bounds=(0.0, 1.0),
+    ).as_dict()
+    assert ppi_cell(outside) == (
+        "1.450 [1.337, 1.563]; outside the metric's range [0, 1]: not a possible mean (too "
+        "few labels, or the labelled items unlike the rest)"
+    )
+    one = ppi_mean("faithfulness", {"a": 0.9, "b": 0.5}, {"a": 1.0}, bounds=(0.0, 1.0))
+    assert ppi_cell(one.as_dict()) == "0.600 (no CI)"  # 0.5 - (0.9 - 1.0)
+    # A summary from before the flag: the cell as it was.
+    assert ppi_cell({"mean": 0.5, "ci_low": 0.25, "ci_high": 0.75}) == "0.500 [0.250, 0.750]"

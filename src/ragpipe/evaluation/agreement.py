@@ -39,6 +39,7 @@ LABEL_FIELDS = ("item_id", "metric", "value")
 LABEL_SUFFIXES = (".csv", ".yaml", ".yml", ".json")
 LABEL_RANGE = (-1.0, 1.0)  # answer relevancy is a cosine, the other metrics are in [0, 1]
 _NAN = float("nan")
+_RANGE_SLACK = 1e-9  # how far past a bound floating-point rounding may put an estimate
 
 
 # --------------------------------------------------------------------------- agreement
@@ -253,6 +254,8 @@ class PPIEstimate:
         human_ci_high: Upper bound of that CI.
         n_judged: N, items with a judge prediction.
         n_labeled: n, items with a human label.
+        flag: Why ``mean`` is not to be read as the metric's mean (None when it is): an
+            estimate outside the metric's range, kept unclipped with its CI.
     """
 
     metric: str
@@ -265,6 +268,7 @@ class PPIEstimate:
     human_ci_high: float
     n_judged: int
     n_labeled: int
+    flag: str | None = None
 
     def as_dict(self) -> dict[str, float | int | str | None]:
         """Return the fields as a plain dict (for JSON reports; NaN becomes null)."""
@@ -310,14 +314,18 @@ def ppi_mean(
     the first term so that the two terms are independent, as the variance assumes
     (Angelopoulos et al., Science 2023). With every item labelled it is the labels' own
     mean and CI. A zero-width interval (no variance at all) is reported as no CI, never
-    as certainty.
+    as certainty. An estimate outside ``bounds`` (too few labels, or labelled items
+    unlike the rest: a judge that failed on most of them) is kept as computed, with its
+    CI, and flagged: clipped, 1.45 [1.34, 1.56] read ``1.000 [1.000, 1.000]``.
 
     Args:
         metric: Metric name, carried into the result.
         predictions: Item id -> the judge's score, for every judged item of the run.
         labels: Item id -> the human's value; every id must be in ``predictions``.
         level: Confidence level of both CIs, in (0, 1).
-        bounds: The metric's range; the estimate and the CIs are clipped to it.
+        bounds: The metric's range; the CIs of an estimate inside it are clipped to it
+            (the true mean lies inside, so the clipped CI covers as often); an estimate
+            outside it is flagged instead.
 
     Returns:
         The :class:`PPIEstimate`.
@@ -376,17 +384,32 @@ def ppi_mean(
                 judge_term**2 / (spread.size - 1) + rect_term**2 / (n - 1)
             )
             half = _t(level, df) * math.sqrt(judge_term + rect_term)
+    flag = None
+    # A sum's rounding (0.9 + 0.1) is not an estimate outside the range.
+    if not low - _RANGE_SLACK <= theta <= high + _RANGE_SLACK:
+        # Clipped, the estimate would sit on the bound with a CI of zero width (all of it
+        # outside): certainty where the labels contradict the judge.
+        flag = (
+            f"outside the metric's range [{low:g}, {high:g}]: not a possible mean (too few "
+            "labels, or the labelled items unlike the rest)"
+        )
+        ci_low, ci_high = theta - half, theta + half
+    else:
+        theta, ci_low, ci_high = clip(theta), clip(theta - half), clip(theta + half)
     return PPIEstimate(
         metric=metric,
-        mean=clip(theta),
-        ci_low=clip(theta - half),
-        ci_high=clip(theta + half),
+        mean=theta,
+        ci_low=ci_low,
+        ci_high=ci_high,
         judge_mean=judge_mean,
         human_mean=human_mean,
+        # The labels lie in the range (refused otherwise): so do their mean and its CI's
+        # middle, and the clipped CI keeps a width.
         human_ci_low=clip(human_mean - human_half),
         human_ci_high=clip(human_mean + human_half),
         n_judged=big_n,
         n_labeled=n,
+        flag=flag,
     )
 
 

@@ -141,11 +141,19 @@ def _judge_lines(judge: dict[str, Any]) -> list[str]:
         ]
         for m, e in ppi.items():
             lines.append(
-                f"| {m} | {_ci(e['mean'], e['ci_low'], e['ci_high'])} | "
+                f"| {m} | {ppi_cell(e)} | "
                 f"{_ci(e['human_mean'], e['human_ci_low'], e['human_ci_high'])} | "
                 f"{e['n_labeled']} / {e['n_judged']} |"
             )
     return lines
+
+
+def ppi_cell(e: dict[str, Any]) -> str:
+    """A prediction-powered estimate as report.md shows it: with its 95% CI, or no CI;
+    an estimate outside the metric's range (kept unclipped: clipped, it read
+    ``1.000 [1.000, 1.000]``) with its flag."""
+    cell = _ci(e["mean"], e["ci_low"], e["ci_high"])
+    return f"{cell}; {e['flag']}" if e.get("flag") else cell  # none in summaries before it
 
 
 def _ci(mean: float, low: float | None, high: float | None) -> str:
