@@ -95,7 +95,7 @@ def _eval_config(
 
 
 def _metrics_table(summary: RunSummary, names: list[str], title: str) -> Table:
-    from ragpipe.evaluation.report import headline_cell
+    from ragpipe.evaluation.report import delta_cell, headline_cell
 
     table = Table(title=title)
     table.add_column("metric")
@@ -106,10 +106,8 @@ def _metrics_table(summary: RunSummary, names: list[str], title: str) -> Table:
         row = [m]
         for v in variants:
             cell = headline_cell(summary.metrics[v][m])
-            if v in summary.deltas:
-                d = summary.deltas[v][m]
-                p = f" p={d['p_value']:.2f}" if d.get("p_value") is not None else ""
-                cell += f"  Δ {d['mean']:+.3f}{p}"
+            if v in summary.deltas:  # report.md's cell: the CI the gate reads, p as the test can
+                cell += f"  Δ {delta_cell(summary.deltas[v][m])}"
             row.append(cell)
         table.add_row(*row)
     return table

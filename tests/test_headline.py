@@ -3,6 +3,11 @@ a CI only from n >= 2, the counts, and no number for a withheld metric."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+from rich.console import Console
+
+from flows.cli_eval import _metrics_table
 from ragpipe.evaluation.agreement import ppi_mean
 from ragpipe.evaluation.metrics import bootstrap_ci, paired_delta
 from ragpipe.evaluation.report import delta_cell, headline_cell, ppi_cell
@@ -72,3 +77,29 @@ def test_ppi_cells() -> None:
     assert ppi_cell(one.as_dict()) == "0.600 (no CI)"  # 0.5 - (0.9 - 1.0)
     # A summary from before the flag: the cell as it was.
     assert ppi_cell({"mean": 0.5, "ci_low": 0.25, "ci_high": 0.75}) == "0.500 [0.250, 0.750]"
+
+
+def test_the_terminal_shows_report_mds_delta_cells() -> None:
+    # `eval compare` printed "Δ +0.050 p=0.05" for p = 0.047 (report.md: p=0.047), "p=0.00"
+    # for p = 1/1001 (the smallest of 1000 sign flips), and never the CI a gate reads.
+    base = stats(bootstrap_ci([0.5, 0.7], 200, 0))
+    deltas = {
+        "mrr": {"mean": 0.05, "ci_low": 0.002, "ci_high": 0.099, "n": 30, "p_value": 0.047},
+        "recall@5": {"mean": 0.198, "ci_low": 0.192, "ci_high": 0.2, "n": 40, "p_value": 1 / 1001},
+        "hit@3": {"mean": 0.0, "ci_low": None, "ci_high": None, "n": 3, "p_value": 1.0},
+    }
+    summary = SimpleNamespace(
+        metrics={"base": dict.fromkeys(deltas, base), "cand": dict.fromkeys(deltas, base)},
+        deltas={"cand": deltas},
+    )
+    console = Console(width=250, record=True)
+    console.print(_metrics_table(summary, list(deltas), "t"))
+    cells = {line.split("│")[1].strip(): line.split("│")[3].strip()
+             for line in console.export_text().splitlines() if line.count("│") == 4}  # fmt: skip
+    head = "0.600 [0.500, 0.700] (n=2)"  # every resample's mean is 0.5, 0.6 or 0.7
+    assert headline_cell(base) == head
+    assert cells == {
+        "mrr": f"{head}  Δ +0.050 [+0.002, +0.099] p=0.047",
+        "recall@5": f"{head}  Δ +0.198 [+0.192, +0.200] p<0.001",
+        "hit@3": f"{head}  Δ +0.000 (n=3, no CI: every delta equal)",
+    }
