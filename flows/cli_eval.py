@@ -681,9 +681,11 @@ def report(
 
 
 def _print_history(rows: list[dict[str, Any]], last: int, metric: str, what: str) -> None:
-    """The latest ``last`` runs (every variant of each) side by side, and one metric's trend."""
+    """The latest ``last`` runs (every variant of each) side by side, and one metric's trend
+    per series (as the HTML trend's lines)."""
     from ragpipe.evaluation.metrics import METRICS
     from ragpipe.evaluation.rag import ALL_RAG_METRICS
+    from ragpipe.evaluation.report import trend_series
 
     runs = list(dict.fromkeys(r["run_id"] for r in rows))
     columns = list(dict.fromkeys((r["run_id"], r["variant"]) for r in rows))
@@ -710,17 +712,26 @@ def _print_history(rows: list[dict[str, Any]], last: int, metric: str, what: str
                 cells.append(f"{got['mean']:.3f} [{got['ci_low']:.3f}, {got['ci_high']:.3f}]")
         table.add_row(m, *cells)
     Console().print(table)
-    trend = [by_key[(run_id, variant, metric)] for run_id, variant in columns
-             if (run_id, variant, metric) in by_key]  # fmt: skip
-    if not trend:
+    # One trend per series, keyed as the HTML trend's lines: a compare run's variants and
+    # runs of other names are never read as one run's history.
+    trends: dict[str, list[dict[str, Any]]] = {}
+    for run_id, variant in columns:
+        if (run_id, variant, metric) in by_key:
+            point = by_key[(run_id, variant, metric)]
+            trends.setdefault(trend_series(point), []).append(point)
+    if not trends:
         print(f"{what}: no run has {metric}")
         return
-    low, high = min(r["mean"] for r in trend), max(r["mean"] for r in trend)
+    points = [r for series in trends.values() for r in series]
+    low, high = min(r["mean"] for r in points), max(r["mean"] for r in points)
     print(
-        f"{what}: trend of {metric} (oldest first; bars span {low:.3f} to {high:.3f}, not 0 to 1):"
+        f"{what}: trend of {metric}, one per kind of run, name and variant (oldest first; bars "
+        f"span {low:.3f} to {high:.3f} in every one, not 0 to 1):"
     )
-    wide = max(len(r["run_id"]) for r in trend), max(len(r["variant"]) for r in trend)
-    for r in trend:
-        share = (r["mean"] - low) / (high - low) if high > low else 1.0
-        bar = "█" * (1 + round(39 * share))
-        print(f"  {r['run_id']:<{wide[0]}s} {r['variant']:>{wide[1]}s} {r['mean']:.3f} {bar}")
+    wide = max(len(r["run_id"]) for r in points)
+    for series, mine in sorted(trends.items()):
+        print(f"  {series}:")
+        for r in mine:
+            share = (r["mean"] - low) / (high - low) if high > low else 1.0
+            bar = "█" * (1 + round(39 * share))
+            print(f"    {r['run_id']:<{wide}s} {r['mean']:.3f} {bar}")

@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
+from flows.cli_eval import _print_history
+from ragpipe.evaluation.report import trend_series
 from ragpipe.evaluation.run import HISTORY_SCHEMA, read_history
 
 
@@ -118,3 +121,35 @@ def test_history_from_before_the_scope_column(tmp_path: Path) -> None:
     pq.write_table(pa.Table.from_pylist(rows, schema=old_schema), tmp_path / "history.parquet")
     (row,) = read_history(tmp_path)
     assert row["scope"] is None and row["queries"] == 7
+
+
+def test_one_trend_per_series_as_the_html_trend(capsys: pytest.CaptureFixture[str]) -> None:
+    # The review: two retrieval runs of other names and a compare run's two variants were
+    # one bar series, hybrid 0.80 -> dense 0.62 -> bm25 0.55 -> hybrid 0.81 read as a history.
+    scope = "all 60 items, depth 10"
+    rows = [{**_row(run, "g", kind, "mrr", mean), "name": name, "variant": variant,
+             "scope": scope} for run, name, variant, kind, mean in (
+                 ("20261201T000000Z-hybrid", "hybrid", "default", "retrieval", 0.80),
+                 ("20261202T000000Z-dense", "dense", "default", "retrieval", 0.62),
+                 ("20261203T000000Z-compare", "compare", "bm25", "compare", 0.50),
+                 ("20261203T000000Z-compare", "compare", "hybrid", "compare", 0.89),
+                 ("20261204T000000Z-hybrid", "hybrid", "default", "retrieval", 0.81),
+             )]  # fmt: skip
+    assert trend_series(rows[2]) == "compare (chunk): compare / bm25, all 60 items, depth 10"
+    _print_history(rows, 5, "mrr", "g, retrieval runs")
+    trend = capsys.readouterr().out.split("\ng, retrieval runs: trend of mrr")[1].splitlines()
+    # One span for every series, 0.50 to 0.89: 1 + round(39 x (mean - 0.50) / 0.39) blocks,
+    # 0.80 -> 31, 0.81 -> 32, 0.62 -> 13.
+    assert trend == [
+        ", one per kind of run, name and variant (oldest first; bars span 0.500 to 0.890 in "
+        "every one, not 0 to 1):",
+        "  compare (chunk): compare / bm25, all 60 items, depth 10:",
+        "    20261203T000000Z-compare 0.500 " + "█" * 1,
+        "  compare (chunk): compare / hybrid, all 60 items, depth 10:",
+        "    20261203T000000Z-compare 0.890 " + "█" * 40,
+        "  retrieval (chunk): dense / default, all 60 items, depth 10:",
+        "    20261202T000000Z-dense   0.620 " + "█" * 13,
+        "  retrieval (chunk): hybrid / default, all 60 items, depth 10:",
+        "    20261201T000000Z-hybrid  0.800 " + "█" * 31,
+        "    20261204T000000Z-hybrid  0.810 " + "█" * 32,
+    ]

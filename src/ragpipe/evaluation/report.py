@@ -30,6 +30,16 @@ def trend_scope(row: dict[str, Any]) -> str:
     return f"{row['queries']} items, scope not recorded" if row.get("queries") else ""
 
 
+def trend_series(row: dict[str, Any]) -> str:
+    """The trend line a history row belongs to, as the HTML trend's legend and the
+    terminal's trend name it: runs of another kind (retrieval, compare, RAG), granularity,
+    name, variant or scope never share one (a --limit 3 run is not the 75-question run it
+    is named like)."""
+    kind = "rag" if row["kind"] == "rag" else f"{row['kind']} ({row['granularity']})"
+    size = f", {trend_scope(row)}" if trend_scope(row) else ""
+    return f"{kind}: {row['name']} / {row['variant']}{size}"
+
+
 def headline_cell(st: dict[str, Any]) -> str:
     """One metric as every headline shows it (terminal, report.md, report.html, Prefect).
 
@@ -587,11 +597,7 @@ def render_trend(golden: str, rows: list[dict[str, Any]]) -> str:
         series: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
             if r["metric"] == m:
-                # Runs of a different kind, granularity or size never share a line (a
-                # --limit 3 run is not the 75-question run it is named like).
-                kind = "rag" if r["kind"] == "rag" else f"{r['kind']} ({r['granularity']})"
-                size = f", {trend_scope(r)}" if trend_scope(r) else ""
-                series.setdefault(f"{kind}: {r['name']} / {r['variant']}{size}", []).append(r)
+                series.setdefault(trend_series(r), []).append(r)
         fig, ax = plt.subplots(figsize=(10, 3.5))
         for label, points in sorted(series.items()):
             points.sort(key=lambda p: position[p["run_id"]])
