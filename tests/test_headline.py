@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pyarrow as pa
 from rich.console import Console
 
 from flows.cli_eval import _metrics_table
 from ragpipe.evaluation.agreement import ppi_mean
 from ragpipe.evaluation.metrics import bootstrap_ci, paired_delta
-from ragpipe.evaluation.report import delta_cell, headline_cell, ppi_cell
+from ragpipe.evaluation.report import delta_cell, headline_cell, plots, ppi_cell
 from ragpipe.evaluation.run import stats
 
 
@@ -103,3 +104,26 @@ def test_the_terminal_shows_report_mds_delta_cells() -> None:
         "recall@5": f"{head}  Δ +0.198 [+0.192, +0.200] p<0.001",
         "hit@3": f"{head}  Δ +0.000 (n=3, no CI: every delta equal)",
     }
+
+
+def test_the_bar_chart_leaves_out_flagged_and_withheld_metrics() -> None:
+    # `--probe-size 0`: the judged metrics are flagged "judge not calibrated"; they were drawn
+    # as ordinary bars with whiskers under a title saying only withheld ones were left out.
+    shown = stats(bootstrap_ci([0.2, 0.4, 0.9], 200, 0))
+    flagged = stats(bootstrap_ci([0.5, 0.7], 200, 0), flag="judge not calibrated")
+    withheld = stats(bootstrap_ci([0.5, 0.7], 200, 0), flag="judge unreliable", withheld=True)
+    metrics = {"answer_f1": shown, "faithfulness": flagged, "context_recall": withheld}
+    summary = SimpleNamespace(metrics={"rag": metrics}, metric_names=list(metrics), deltas={})
+    judged = [0.5, 0.7, None]
+    table = pa.table({"variant": ["rag"] * 3, "answer_f1": [0.2, 0.4, 0.9],
+                      "faithfulness": judged, "context_recall": judged})  # fmt: skip
+    (bars, title), (boxes, box_title) = [(svg, t) for t, svg in plots(summary, table)]
+    assert title == (
+        "Metrics with 95% confidence intervals (withheld and flagged ones not drawn: the "
+        "tables above say why)"
+    )
+    # matplotlib's SVG names each text it draws in a comment: the axis's metric names.
+    assert "<!-- answer_f1 -->" in bars
+    assert "<!-- faithfulness -->" not in bars and "<!-- context_recall -->" not in bars
+    assert box_title == "Per-query distributions" and "<!-- answer_f1 per query -->" in boxes
+    assert "faithfulness per query" not in boxes

@@ -272,9 +272,10 @@ def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
     variants = list(summary.metrics)
 
     def drawn(st: dict[str, Any]) -> bool:
-        return st.get("mean") is not None and not st.get("withheld")
+        return st.get("mean") is not None and not st.get("withheld") and not st.get("flag")
 
-    # Withheld metrics and metrics with no value are not drawn; n = 1 has no whisker.
+    # Withheld and flagged metrics (an uncalibrated judge's: a bar with whiskers reads as a
+    # measurement) and metrics with no value are not drawn; n = 1 has no whisker.
     names = [m for m in _names(summary) if any(drawn(summary.metrics[v][m]) for v in variants)]
     width = 0.8 / len(variants)
     fig, ax = plt.subplots(figsize=(10, 4))
@@ -292,7 +293,8 @@ def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
     ax.set_ylabel("mean (95% CI)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.tick_params(axis="x", rotation=30)
-    out.append(("Metrics with 95% confidence intervals (withheld ones not drawn)", svg(fig)))
+    left_out = "withheld and flagged ones not drawn: the tables above say why"
+    out.append((f"Metrics with 95% confidence intervals ({left_out})", svg(fig)))
     plt.close(fig)
 
     data = table.to_pydict()
