@@ -1594,3 +1594,57 @@ def test_a_withheld_metric_has_no_mean_in_summary_json() -> None:
     assert shown["flag"] == "judge unreliable (kappa 0.10)"
     kept = stats(ci)
     assert kept["mean"] == pytest.approx(0.925) and kept["ci_low"] is not None
+
+
+def test_an_answer_metric_that_could_not_score_most_replies_is_flagged(
+    rag_config: RagpipeConfig, tmp_path: Path
+) -> None:
+    """The attack review: ten unanswerable questions, two refused with the not-found
+    sentence, eight hedged in other words (which the refusal metrics cannot score): the
+    headline said "correct_refusal 1.000 (n=2, 8 failed)" and history kept 1.0, a model
+    that refuses well. Past eval.max_judge_failure_share (20%) it is flagged and no trend
+    point; at 2 of 10 it is not."""
+    import types
+
+    from ragpipe.evaluation.golden import GoldenItem, GoldenSet
+    from ragpipe.evaluation.rag import ALL_RAG_METRICS, Judged, RagRow, _result
+    from ragpipe.evaluation.report import headline_cell
+    from ragpipe.evaluation.run import read_history
+
+    items = [GoldenItem(f"q{i}", f"question {i}?", {}, answerable=False) for i in range(10)]
+    golden = GoldenSet("refusals", items, "", "refusals.yaml")
+    judge = types.SimpleNamespace(classes=["x"], faithfulness_verdicts="statement",
+                                  verdicts="statement", context_verdicts="statement",
+                                  questions=1)  # fmt: skip
+    hedge = Judged(None, FAILED, "the reply says the sources lack the answer, not in the form")
+
+    def run(refused: int) -> Any:
+        rows = []
+        for i, item in enumerate(items):
+            row = RagRow(item.id, item.query, "x", i < refused, [], 0, [], 1, 1, 0.1,
+                         answerable=False)  # fmt: skip
+            row.judged = {m: Judged(None, NOT_APPLICABLE, "answerable: false")
+                          for m in ALL_RAG_METRICS}  # fmt: skip
+            row.judged["degenerate"] = Judged(0.0, OK)
+            row.judged["correct_refusal"] = Judged(1.0, OK) if i < refused else hedge
+            rows.append(row)
+        model = types.SimpleNamespace(name="m")
+        result = _result(rag_config, golden, "refusals", rows, judge, model, model, None, [], {})
+        result.selection = "all 10 items"
+        summary = rag_summary(result, rag_config, {"files": 1, "points": 1, "sha256": "x"})
+        return write_run(summary, rag_table(result), tmp_path / f"refused-{refused}")
+
+    hedged = run(refused=2)
+    assert headline_cell(hedged.metrics["rag"]["correct_refusal"]) == (
+        "1.000 (n=2, no CI: all values equal, 8 failed); 8 of 10 could not be scored (> 20%): "
+        "the mean is over the rest only"
+    )
+    assert hedged.metrics["rag"]["degenerate"].get("flag") is None  # scored on all ten
+    trend = {r["metric"] for r in read_history(tmp_path / "refused-2")}
+    assert "degenerate" in trend and "correct_refusal" not in trend
+    # Two of ten unscored: 20%, not over it: a value and a trend point, its failures shown.
+    most = run(refused=8)
+    assert headline_cell(most.metrics["rag"]["correct_refusal"]) == (
+        "1.000 (n=8, no CI: all values equal, 2 failed)"
+    )
+    assert "correct_refusal" in {r["metric"] for r in read_history(tmp_path / "refused-8")}

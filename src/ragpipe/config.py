@@ -1373,7 +1373,9 @@ class EvalConfig(_Section):
         ge=0,
         le=1,
         description="A judged (RAGAS) metric whose judge failed on more than this share of the "
-        "items it applies to is marked 'judge failed on n of m' in the headline.",
+        "items it applies to is withheld as 'judge failed on n of m'; an answer metric that "
+        "could not score more than this share (refusals not in the required form) is flagged. "
+        "Neither is then a trend point.",
     )
     judge_min_kappa: float = Field(
         default=0.4,

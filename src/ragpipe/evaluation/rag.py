@@ -1136,6 +1136,17 @@ def _result(
             withheld.add(m)
         if reasons:
             flags[m] = "; ".join(reasons)
+    # An answer metric's failures are replies it cannot score (a refusal not in the required
+    # form): its mean speaks for the rest only. Past the same share it is flagged (shown,
+    # never a trend point); "correct refusal 1.000 (n=2, 8 failed)" read as a model that
+    # refuses well.
+    for m in ANSWER_METRICS:
+        tried = counts[m][OK] + counts[m][FAILED]
+        if tried and counts[m][FAILED] / tried > ev.max_judge_failure_share:
+            flags[m] = (
+                f"{counts[m][FAILED]} of {tried} could not be scored "
+                f"(> {ev.max_judge_failure_share:.0%}): the mean is over the rest only"
+            )
     ppi: dict[str, PPIEstimate] = {}
     for m, by_item in labels.items():
         if m not in RAG_METRICS:
