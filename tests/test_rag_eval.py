@@ -1648,3 +1648,34 @@ def test_an_answer_metric_that_could_not_score_most_replies_is_flagged(
         "1.000 (n=8, no CI: all values equal, 2 failed)"
     )
     assert "correct_refusal" in {r["metric"] for r in read_history(tmp_path / "refused-8")}
+
+
+def test_a_judged_metric_shares_a_trend_only_with_runs_of_the_same_judge() -> None:
+    """The attack review: faithfulness by one judge model (or prompt, or ragas) and by
+    another shared one trend line: two instruments read as one history. A judged metric's
+    scope names the judge and a hash of the settings that make its verdicts; the answer
+    metrics (no judge) keep the scope of the items."""
+    import hashlib
+    import types
+
+    from ragpipe.evaluation.run import JUDGE_SETTINGS, scope
+
+    judge = {"model": "qwen2.5-coder-1.5b", "temperature": 0.0, "ragas": "0.3.9",
+             "metric_classes": ["Faithfulness"], "faithfulness_verdicts": "statement",
+             "statement_prompt": "Does the passage say everything the statement says?",
+             "context_verdicts": "statement", "answer_relevancy_questions": 1,
+             "max_tokens": 512, "counts": {"faithfulness": {"ok": 3}}}  # fmt: skip
+    golden = types.SimpleNamespace(selection="all 6 items", queries=6)
+    run = types.SimpleNamespace(kind="rag", depth=5, golden=golden, judge=judge)
+    settings = json.dumps({k: judge[k] for k in JUDGE_SETTINGS}, sort_keys=True)
+    digest = hashlib.sha256(settings.encode()).hexdigest()[:8]
+    assert scope(run, "faithfulness") == (
+        f"all 6 items, top_k 5, judge qwen2.5-coder-1.5b (settings {digest})"
+    )
+    assert scope(run, "answer_f1") == scope(run) == "all 6 items, top_k 5"
+    other = types.SimpleNamespace(**{**vars(run), "judge": {**judge, "model": "other"}})
+    prompt = types.SimpleNamespace(**{**vars(run), "judge": {**judge, "statement_prompt": "?"}})
+    counted = types.SimpleNamespace(**{**vars(run), "judge": {**judge, "counts": {}}})
+    assert len({scope(r, "faithfulness") for r in (run, other, prompt)}) == 3
+    assert scope(counted, "faithfulness") == scope(run, "faithfulness")  # outcomes: no setting
+    assert scope(other, "answer_f1") == scope(run, "answer_f1")

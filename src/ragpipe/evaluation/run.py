@@ -16,6 +16,7 @@ and appends the run's means to ``<reports_dir>/history.parquet``. Both return th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from collections.abc import Callable, Sequence
@@ -41,7 +42,7 @@ from ragpipe.evaluation.check import (
 )
 from ragpipe.evaluation.golden import GoldenSet, load_golden
 from ragpipe.evaluation.metrics import METRICS, Interval
-from ragpipe.evaluation.rag import ALL_RAG_METRICS, RagEvalResult, run_rag_eval
+from ragpipe.evaluation.rag import ALL_RAG_METRICS, RAG_METRICS, RagEvalResult, run_rag_eval
 from ragpipe.evaluation.report import render_html, render_markdown
 from ragpipe.evaluation.retrieval import (
     EvalResult,
@@ -584,12 +585,25 @@ def _store_identity(config: dict[str, Any]) -> tuple[Any, ...]:
     return (store.get("backend"), store.get("path"), store.get("url"), store.get("collection"))
 
 
-def scope(summary: RunSummary) -> str:
+# What makes a judge's verdicts: runs that differ in any share no trend line of its metrics.
+JUDGE_SETTINGS = ("temperature", "ragas", "metric_classes", "faithfulness_verdicts",
+                  "statement_prompt", "context_verdicts", "answer_relevancy_questions",
+                  "max_tokens")  # fmt: skip
+
+
+def scope(summary: RunSummary, metric: str = "") -> str:
     """Which items a run scored and how deep it looked: mrr and map count a hit down to
-    the depth, and a sample or the first N items are not the whole set."""
+    the depth, and a sample or the first N items are not the whole set. A judged metric's
+    scope names its judge too (the model, and a hash of the settings that make its
+    verdicts): faithfulness by one judge and by another are two instruments, not a trend."""
     g = summary.golden
     depth = "top_k" if summary.kind == "rag" else "depth"
-    return f"{g.selection or f'{g.queries} items'}, {depth} {summary.depth}"
+    items = f"{g.selection or f'{g.queries} items'}, {depth} {summary.depth}"
+    if summary.kind != "rag" or metric not in RAG_METRICS or not summary.judge:
+        return items
+    settings = {k: summary.judge.get(k) for k in JUDGE_SETTINGS}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{items}, judge {summary.judge.get('model')} (settings {digest})"
 
 
 def append_history(root: Path, summary: RunSummary) -> None:
@@ -604,7 +618,7 @@ def append_history(root: Path, summary: RunSummary) -> None:
             "variant": variant,
             "kind": summary.kind,
             "queries": summary.golden.queries,
-            "scope": scope(summary),
+            "scope": scope(summary, metric),
             "metric": metric,
             "mean": ci["mean"],
             "ci_low": ci["ci_low"],
