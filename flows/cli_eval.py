@@ -462,7 +462,8 @@ def eval_tune(
     out: Annotated[
         Path | None,
         typer.Option(
-            help="Also write the tuned config here when the verdict is 'recommend' "
+            help="Also write the tuned config here when the verdict is 'recommend' (or "
+            "'recommend, not significant') "
             "(pass it back with --config)."
         ),
     ] = None,
@@ -503,7 +504,8 @@ def eval_tune(
     report says, per setting, what was kept or refused and on what score. Then
     the pick and the current settings are scored on the held-out queries (paired delta,
     bootstrap 95% CI, permutation p-value). Verdict: recommend (tuned.yaml written, with
-    your config's other sections kept), refused (the pick is worse on the held-out
+    your config's other sections kept), recommend, not significant (a gain the test cannot
+    tell from noise; tuned.yaml written too), refused (the pick is worse on the held-out
     queries: its delta CI lies entirely below zero), or no change. Exit 0 for every
     verdict; 2 for a bad configuration or golden set.
     """

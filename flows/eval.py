@@ -275,8 +275,8 @@ def tune_retrieval(
             a second index of the sources built in ``<work_dir>.tune/``.
 
     Returns the tune run's summary (tune.json's content, and ``report_dir``): the
-    decision (recommend, refused, no change), the changed settings, and the held-out
-    deltas.
+    decision (recommend; recommend, not significant; refused; no change), the changed
+    settings, and the held-out deltas.
     """
     library_logs()
     summary = tune_task(

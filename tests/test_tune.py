@@ -164,13 +164,13 @@ def test_verdicts() -> None:
     assert "[-0.0900, -0.0100]" in message
     assert decide(change, _delta(-0.05, -0.01, 0.03), "ndcg@10")[0] == "no change"
     verdict, message = decide(change, _delta(-0.01, 0.02, 0.05), "ndcg@10")
-    assert verdict == "recommend" and "not significant" in message
+    assert verdict == "recommend, not significant"
     verdict, message = decide(change, _delta(0.01, 0.03, 0.05), "ndcg@10")
     assert verdict == "recommend" and "not significant" not in message
     # 2 held-out queries up by 0.1 and 0.3: the percentile CI [+0.1, +0.3] excludes 0, yet
     # the sign-flip p is 2/4 = 0.5 (by hand). It said "better on the held-out queries".
     verdict, message = decide(change, paired_delta([0.5, 0.5], [0.6, 0.8], 1000, 0), "mrr")
-    assert verdict == "recommend" and "not significant" in message and "p=0.5" in message
+    assert verdict == "recommend, not significant" and "p=0.5" in message
     # A mean just under 0 with a CI reaching +0.33 said "no better": not better, and the
     # gain the CI allows is said.
     loss = paired_delta([0.5] * 6, [0.0, 1.0, 0.0, 0.95, 0.9, 0.1], 1000, 0)
@@ -189,7 +189,7 @@ def test_verdicts() -> None:
     # queries p is about 2/256: significant.
     two = paired_delta([0.5, 0.6], [0.6, 0.7])
     verdict, message = decide(change, two, "ndcg@10")
-    assert verdict == "recommend" and "not significant" in message and "no CI" in message
+    assert verdict == "recommend, not significant" and "no CI" in message
     eight = paired_delta([0.5] * 8, [0.6] * 8)
     assert eight.p_value < 0.05
     verdict, message = decide(change, eight, "ndcg@10")
@@ -384,7 +384,10 @@ def test_tune_tries_llm_rerank_when_asked_and_keeps_it_where_it_wins(
         "hyde": "adaptive",
     }
     assert outcome.options["rerank"].startswith("kept 'llm': "), outcome.options["rerank"]
-    assert outcome.decision == "recommend"
+    # At most 4 held-out queries: the smallest sign-flip p is 2/16, so the gain cannot be
+    # told from noise; the pick is still written.
+    assert len(outcome.split.confirmation) <= 4
+    assert outcome.decision == "recommend, not significant"
     assert (tmp_path / "llm_rerank.sqlite").is_file()
     assert "hyde" in outcome.options and "not tried: asked" not in outcome.options["hyde"]
 

@@ -71,6 +71,11 @@ MAX_PASSES = 3
 # A step of the search must beat the incumbent by this much on the tuning queries:
 # smaller gains on a few dozen queries are noise, and each one adds a setting to fit.
 MIN_GAIN = 0.005
+# A pick that gains on the held-out queries by too little to tell from noise is still
+# written as tuned.yaml, under a verdict of its own: tune.json, the Prefect description and
+# the terminal's colour must not read the same "recommend" as a significant gain.
+WEAK = "recommend, not significant"
+RECOMMENDED = ("recommend", WEAK)
 
 
 @dataclass(frozen=True)
@@ -502,7 +507,8 @@ def scores_said(metric: str, current: float, picked: float, highest: float) -> s
 
 
 def decide(changes: dict[str, Any], delta: PairedDelta, metric: str) -> tuple[str, str]:
-    """recommend / refused / no change, and a sentence saying why."""
+    """recommend / recommend, not significant / refused / no change, and a sentence saying
+    why."""
     if not changes:
         return "no change", (
             f"no change: nothing beat the current settings by +{MIN_GAIN:g} on the tuning queries"
@@ -532,7 +538,7 @@ def decide(changes: dict[str, Any], delta: PairedDelta, metric: str) -> tuple[st
         if delta.p_value < 0.05:
             return "recommend", f"recommend: better on the held-out queries ({stated})"
         return (
-            "recommend",
+            WEAK,
             f"recommend, not significant: {stated}; with no CI and p >= 0.05 the gain may be "
             "noise (a larger golden set tells)",
         )
@@ -540,13 +546,13 @@ def decide(changes: dict[str, Any], delta: PairedDelta, metric: str) -> tuple[st
         return "recommend", f"recommend: better on the held-out queries ({stated})"
     if ci.low > 0:  # a percentile CI of few queries is too narrow; the exact-ish test is not
         return (
-            "recommend",
+            WEAK,
             f"recommend, not significant: {stated}; the CI excludes 0, but with {ci.n} "
             "held-out queries a bootstrap CI is too narrow and the sign-flip test finds no "
             "effect (p >= 0.05): the gain may be noise (a larger golden set tells)",
         )
     return (
-        "recommend",
+        WEAK,
         f"recommend, not significant: {stated}; the CI includes 0, so the gain may be noise "
         "(a larger golden set narrows it)",
     )
@@ -782,7 +788,7 @@ def tune_and_report(
     summary = tune_summary(outcome, config, golden.name)
     summary.report_dir = str(out)
     summary.golden["check"] = check.as_dict()
-    if outcome.decision == "recommend":
+    if outcome.decision in RECOMMENDED:
         text = tuned_yaml(outcome, base_config)
         atomic_write_bytes(out / "tuned.yaml", text.encode())
         summary.tuned_config = str(out / "tuned.yaml")
