@@ -153,3 +153,36 @@ def test_one_trend_per_series_as_the_html_trend(capsys: pytest.CaptureFixture[st
         "    20261201T000000Z-hybrid  0.800 " + "█" * 31,
         "    20261204T000000Z-hybrid  0.810 " + "█" * 32,
     ]
+
+
+def _append_runs(root: Path, who: str, runs: int) -> None:
+    import types
+
+    from ragpipe.evaluation.run import append_history
+
+    golden = types.SimpleNamespace(name="faq", queries=4, selection="all 4 items")
+    for n in range(runs):
+        summary = types.SimpleNamespace(
+            run_id=f"{who}-{n}", finished_at=f"{who}-{n}", name=who, golden=golden,
+            granularity="chunk", kind="retrieval", depth=10, judge=None, git_revision="",
+            metrics={"hybrid": {"mrr": {"mean": 0.5, "ci_low": 0.4, "ci_high": 0.6, "n": 4}}},
+        )  # fmt: skip
+        append_history(root, summary)  # type: ignore[arg-type]
+
+
+def test_runs_finishing_together_both_reach_the_history(tmp_path: Path) -> None:
+    """The interrupt review: append_history reads, adds and replaces history.parquet, and
+    two runs finishing together (a nightly's evals on one reports_dir) each wrote it
+    without the other's rows. Two processes appending 15 runs each: all 30 are there."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # no forked copy of pytest's threads
+    workers = [context.Process(target=_append_runs, args=(tmp_path, who, 15))
+               for who in ("nightly", "manual")]  # fmt: skip
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+        assert w.exitcode == 0
+    runs = {r["run_id"] for r in read_history(tmp_path)}
+    assert runs == {f"{who}-{n}" for who in ("nightly", "manual") for n in range(15)}

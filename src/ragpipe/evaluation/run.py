@@ -16,6 +16,7 @@ and appends the run's means to ``<reports_dir>/history.parquet``. Both return th
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import subprocess
@@ -56,6 +57,7 @@ from ragpipe.models.embedders import embedder_name
 from ragpipe.query.retrieve import Retriever
 
 HISTORY = "history.parquet"
+HISTORY_LOCK = ".history.lock"
 PACKAGES = (
     "ragpipe",
     "qdrant-edge-py",
@@ -633,9 +635,14 @@ def append_history(root: Path, summary: RunSummary) -> None:
     ]
     new = pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA)
     path = root / HISTORY
-    if path.is_file():
-        new = pa.concat_tables([_history_table(path), new])
-    write_table(path, new)
+    # Read, add, replace: two runs finishing together (a nightly's retrieval and RAG evals
+    # on one reports_dir) would each write the file without the other's rows. An OS lock
+    # (released when its process ends, even killed) makes them take turns.
+    with open(root / HISTORY_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.is_file():
+            new = pa.concat_tables([_history_table(path), new])
+        write_table(path, new)
 
 
 def _history_table(path: Path) -> pa.Table:
