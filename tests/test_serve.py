@@ -1086,6 +1086,35 @@ def test_the_fast_search_path_answers_as_fastapi_does(
     assert statuses[5:] == [opened] + [422] * 7 + [400] + [422] * 3 + [200, opened, 200, opened]
 
 
+def test_an_error_the_search_raises_is_the_same_503_on_the_fast_path(
+    served: tuple[RagpipeConfig, Any], onnx_embedder: Any
+) -> None:
+    """A search the fast path takes whose endpoint raises (rerank: true with a cross-encoder
+    this server cannot load: a ConfigError) gets the 503 FastAPI's exception handler writes,
+    as it does on FastAPI's own route; the review noted no test sent one."""
+    cfg, _ = served
+    base = Path(cfg.discover.roots[0]).parent
+    missing = str(base / "no-such-cross-encoder")
+    config = _config(base)
+    config = config.model_copy(
+        update={"retrieve": config.retrieve.model_copy(update={"reranker": missing})}
+    )
+    app = create_app(config, onnx_embedder)
+    fast = app.state.fast_search
+    body = '{"query": "How long should bread bake?", "rerank": true}'
+    with running(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        headers = {"content-type": "application/json"}
+        mine = client.post("/search", content=body, headers=headers)
+        assert (fast.served, fast.passed_on) == (1, 0)
+        route = app.router.routes.pop(0)  # FastSearch: now FastAPI's route answers
+        theirs = client.post("/search", content=body, headers=headers)
+        assert isinstance(route, Route) and route.app is fast and fast.served == 1
+        plain = client.post("/search", content='{"query": "bread"}', headers=headers)
+    assert mine.status_code == 503 and missing in mine.json()["detail"]
+    assert _answer(mine) == _answer(theirs)
+    assert plain.status_code == 200  # the server still searches
+
+
 def _data_segments_in(conn: socket.socket) -> int | None:
     """Linux's count of TCP segments with data this socket has received (tcpi_data_segs_in,
     at byte 152 of struct tcp_info since Linux 4.6); None where the kernel has none."""
