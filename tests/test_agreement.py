@@ -153,6 +153,15 @@ def test_chance_p_is_the_best_a_judge_blind_to_the_truth_does() -> None:
     assert chance_p(big, verdicts) == pytest.approx(expected, rel=1e-9)
     with pytest.raises(ValueError, match="one verdict per truth label"):
         chance_p([1, 0], [1])
+    # The fewest balanced pairs a judge can be trusted on (calibration.TRUSTABLE_PAIRS):
+    # all 6 right is 1/64 < 0.05; all 4 right is 1/16, over it.
+    from ragpipe.evaluation.calibration import CHANCE_P, TRUSTABLE_PAIRS
+
+    def all_right(n: int) -> float:
+        return chance_p([1, 0] * (n // 2), [1, 0] * (n // 2))
+
+    assert all_right(TRUSTABLE_PAIRS) == pytest.approx(1 / 64) and CHANCE_P > 1 / 64
+    assert all_right(TRUSTABLE_PAIRS - 2) == pytest.approx(1 / 16) and CHANCE_P < 1 / 16
 
 
 def test_single_pair_has_no_ci() -> None:

@@ -495,8 +495,8 @@ def test_the_judge_says_the_floor_refused_not_that_nothing_was_retrieved(
     # is judged (noncommittal: 0).
     assert row.judged == {
         "faithfulness": Judged(None, NOT_APPLICABLE, floor),
-        "context_recall": Judged(0.0, OK, f"{floor}: no context"),
-        "context_precision": Judged(0.0, OK, f"{floor}: no context"),
+        "context_recall": Judged(0.0, OK, f"{floor}: no context", asked=False),
+        "context_precision": Judged(0.0, OK, f"{floor}: no context", asked=False),
         "answer_relevancy": Judged(0.0, OK),
     }
     assert row.context_precision_kind == "with_reference"
@@ -505,7 +505,9 @@ def test_the_judge_says_the_floor_refused_not_that_nothing_was_retrieved(
     row = RagRow("oven", bare.query, NOT_FOUND, True, [], 0, [], 0, 0, 0.0)
     asyncio.run(judge.judge(row, bare))
     assert row.judged["context_recall"] == Judged(None, NOT_APPLICABLE, "no expected_answer")
-    assert row.judged["context_precision"] == Judged(0.0, OK, "nothing was retrieved: no context")
+    assert row.judged["context_precision"] == Judged(
+        0.0, OK, "nothing was retrieved: no context", asked=False
+    )
     assert row.judged["faithfulness"] == Judged(None, NOT_APPLICABLE, "nothing was retrieved")
 
 
@@ -666,7 +668,10 @@ def test_probe_and_calibration_of_a_perfect_judge(
     assert measured.by_judgement["statements"].p_chance == 1 / 16
     assert measured.agreement.accuracy == 1.0 and not measured.reliable
     assert all(measured.reliable_for(m) is None for m in RAG_METRICS)
-    assert measured.label().startswith("judge not calibrated on statements, answers, contexts")
+    assert measured.label().startswith(
+        "judge not calibrated on statements (4 pairs, a blind judge does as well with "
+        "p=0.062), answers (4 pairs, a blind judge does as well with p=0.062), contexts (4 "
+    )
     assert measured.short_for("faithfulness") == (
         "judge not calibrated on statements (kappa 1.00 on 4 pairs, a blind judge does as "
         "well with p=0.062)"
@@ -705,8 +710,8 @@ def test_probe_and_calibration_of_a_perfect_judge(
     assert right.agreement.kappa == 1.0 and not right.failed and not right.reliable
     assert all(right.reliable_for(m) is None for m in RAG_METRICS)
     assert right.label().startswith(
-        "judge not calibrated on statements, answers, contexts (fewer than 4 pairs, or as "
-        "many right as chance gives a blind judge with p >= 0.05) (kappa 1.00"
+        "judge not calibrated on statements (2 pairs, fewer than 4), answers (2 pairs, fewer "
+        "than 4), contexts (no pairs) (kappa 1.00"
     )
     assert right.as_dict()["reliable"] is False
     # No pair at all of a judgement (a golden set with one answerable item has no answer to
@@ -718,7 +723,9 @@ def test_probe_and_calibration_of_a_perfect_judge(
     assert alone.uncalibrated == ["answers", "contexts"]
     assert not alone.reliable and alone.reliable_for("faithfulness") is True
     assert alone.reliable_for("context_precision") is None
-    assert alone.label().startswith("judge not calibrated on answers, contexts (fewer than 4")
+    assert alone.label().startswith(
+        "judge not calibrated on answers (no pairs), contexts (no pairs) (kappa 1.00"
+    )
 
 
 def test_a_judgement_is_believed_only_where_a_blind_judge_rarely_does_as_well() -> None:
@@ -732,6 +739,8 @@ def test_a_judgement_is_believed_only_where_a_blind_judge_rarely_does_as_well() 
         CHANCE_P,
         MATCHING,
         MISMATCHED,
+        SUPPORTED,
+        UNRELATED,
         ProbePair,
         calibrate,
     )
@@ -768,6 +777,21 @@ def test_a_judgement_is_believed_only_where_a_blind_judge_rarely_does_as_well() 
     # Four wrong: kappa 0, under the bar: unreliable (withheld), as before.
     four = calibrate(wrong_on(0, 1, 2, 3), pairs, min_kappa=0.4, timeout_s=10)
     assert four.reliable_for("answer_relevancy") is False and four.failed
+    # The review: a whole probe that failed withholds a judgement that cannot beat chance,
+    # as it withholds one with too few pairs (it only flagged it, the milder verdict for
+    # more pairs). Statements all wrong (kappa -1), answers 6 of 8: whole kappa
+    # (6/16 - 1/2) / (1/2) = -0.25.
+    statements = [ProbePair(SUPPORTED if n % 2 == 0 else UNRELATED, 1 - n % 2,
+                            f"statement {n}", "x", f"statement {n}") for n in range(8)]  # fmt: skip
+    both = statements + pairs
+    blind = Oracle(both, lambda p: 1 - p.truth if p.shown in
+                   {f"answer {n}" for n in (0, 1)} | {s.shown for s in statements}
+                   else p.truth)  # fmt: skip
+    failed = calibrate(blind, both, min_kappa=0.4, timeout_s=10)
+    assert failed.agreement.kappa == pytest.approx(-0.25)
+    assert failed.by_judgement["answers"].p_chance == 37 / 256
+    assert failed.reliable_for("answer_relevancy") is False
+    assert failed.short_for("answer_relevancy") == "judge unreliable (kappa -0.25)"
 
 
 def test_human_labels_give_a_ppi_estimate_beside_the_judge(
@@ -1295,12 +1319,12 @@ def test_too_few_context_pairs_say_why_and_a_blank_reference_is_none(
     # withholds it (distrust carries over, trust does not).
     assert result.calibration.reliable_for("context_precision") is False
     assert "contexts" in result.calibration.uncalibrated
-    said = [w for w in result.warnings if "context pair(s), fewer than 4" in w]
+    said = [w for w in result.warnings if "context pair(s), fewer than 6" in w]
     assert said == [
-        "the calibration probe has 2 context pair(s), fewer than 4: context precision is not "
+        "the calibration probe has 2 context pair(s), fewer than 6: context precision cannot be "
         "calibrated (each pair needs an answerable item whose target chunk of 12+ words holds "
         "half its expected_answer's words, and a third of eval.judge_probe_size 8, rounded "
-        "down to even, must be 4 or more: 12 pairs or more)"
+        "down to even, must be 6 or more: 18 pairs or more)"
     ]
     item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1},
                       expected_answer="  \n ")  # fmt: skip
@@ -1650,32 +1674,84 @@ def test_an_answer_metric_that_could_not_score_most_replies_is_flagged(
     assert "correct_refusal" in {r["metric"] for r in read_history(tmp_path / "refused-8")}
 
 
-def test_a_judged_metric_shares_a_trend_only_with_runs_of_the_same_judge() -> None:
+def test_a_judged_metric_shares_a_trend_only_with_runs_of_the_same_judge(tmp_path: Path) -> None:
     """The attack review: faithfulness by one judge model (or prompt, or ragas) and by
     another shared one trend line: two instruments read as one history. A judged metric's
-    scope names the judge and a hash of the settings that make its verdicts; the answer
-    metrics (no judge) keep the scope of the items."""
-    import hashlib
+    history row names the judge (model, and a hash of the settings that make its verdicts);
+    the answer metrics' rows name none; the scope (which items, what depth) is the same
+    for both, so `ragpipe report` keeps one table per run."""
     import types
 
-    from ragpipe.evaluation.run import JUDGE_SETTINGS, scope
+    from ragpipe.evaluation.report import trend_series
+    from ragpipe.evaluation.run import append_history, judge_identity, read_history
 
     judge = {"model": "qwen2.5-coder-1.5b", "temperature": 0.0, "ragas": "0.3.9",
              "metric_classes": ["Faithfulness"], "faithfulness_verdicts": "statement",
-             "statement_prompt": "Does the passage say everything the statement says?",
-             "context_verdicts": "statement", "answer_relevancy_questions": 1,
+             "prompts": "a1b2c3d4e5f6", "context_verdicts": "statement",
+             "answer_relevancy_questions": 1, "embedder": "onnx:all-MiniLM-L6-v2",
              "max_tokens": 512, "counts": {"faithfulness": {"ok": 3}}}  # fmt: skip
-    golden = types.SimpleNamespace(selection="all 6 items", queries=6)
+    golden = types.SimpleNamespace(selection="all 6 items", queries=6, name="g")
     run = types.SimpleNamespace(kind="rag", depth=5, golden=golden, judge=judge)
-    settings = json.dumps({k: judge[k] for k in JUDGE_SETTINGS}, sort_keys=True)
-    digest = hashlib.sha256(settings.encode()).hexdigest()[:8]
-    assert scope(run, "faithfulness") == (
-        f"all 6 items, top_k 5, judge qwen2.5-coder-1.5b (settings {digest})"
-    )
-    assert scope(run, "answer_f1") == scope(run) == "all 6 items, top_k 5"
-    other = types.SimpleNamespace(**{**vars(run), "judge": {**judge, "model": "other"}})
-    prompt = types.SimpleNamespace(**{**vars(run), "judge": {**judge, "statement_prompt": "?"}})
-    counted = types.SimpleNamespace(**{**vars(run), "judge": {**judge, "counts": {}}})
-    assert len({scope(r, "faithfulness") for r in (run, other, prompt)}) == 3
-    assert scope(counted, "faithfulness") == scope(run, "faithfulness")  # outcomes: no setting
-    assert scope(other, "answer_f1") == scope(run, "answer_f1")
+    who = judge_identity(run, "faithfulness")  # type: ignore[arg-type]
+    assert re.fullmatch(r"qwen2\.5-coder-1\.5b \(settings [0-9a-f]{8}\)", who)
+    assert judge_identity(run, "answer_f1") == ""  # type: ignore[arg-type]
+
+    def identity(**changed: Any) -> str:
+        other = types.SimpleNamespace(**{**vars(run), "judge": {**judge, **changed}})
+        return judge_identity(other, "faithfulness")  # type: ignore[arg-type]
+
+    # Each setting that makes verdicts is another judge; an outcome (counts) is not.
+    assert len({who, identity(model="other"), identity(prompts="ffffffffffff"),
+                identity(embedder="onnx:other"), identity(ragas="0.4.0")}) == 5  # fmt: skip
+    assert identity(counts={}) == who
+    for n, model in enumerate(("qwen2.5-coder-1.5b", "other")):
+        summary = types.SimpleNamespace(
+            run_id=f"r{n}", finished_at=f"r{n}", name="g-rag", golden=golden,
+            granularity="answer", kind="rag", depth=5, git_revision="",
+            judge={**judge, "model": model},
+            metrics={"rag": {m: {"mean": 0.5, "ci_low": 0.4, "ci_high": 0.6, "n": 6}
+                             for m in ("faithfulness", "answer_f1")}},
+        )  # fmt: skip
+        append_history(tmp_path, summary)  # type: ignore[arg-type]
+    rows = read_history(tmp_path)
+    assert {r["scope"] for r in rows} == {"all 6 items, top_k 5"}
+    lines = {trend_series(r) for r in rows}
+    assert lines == {
+        "rag: g-rag / rag, all 6 items, top_k 5",  # answer_f1: one line for both runs
+        f"rag: g-rag / rag, all 6 items, top_k 5, judge {who}",
+        f"rag: g-rag / rag, all 6 items, top_k 5, judge {identity(model='other')}",
+    }
+
+
+def test_scores_given_without_the_judge_do_not_dilute_its_failure_share(
+    rag_config: RagpipeConfig,
+) -> None:
+    """The review: the 0s of context recall for items that got no context count as scored,
+    so 2 judge failures in 6 trials (33%, withheld) read as 2 of 10 (20%, shown). Only the
+    judge's trials count: 4 items without context, 4 judged, 2 failed: "2 of 6"."""
+    import types
+
+    from ragpipe.evaluation.golden import GoldenItem, GoldenSet
+    from ragpipe.evaluation.rag import ALL_RAG_METRICS, Judged, RagRow, _result
+
+    items = [GoldenItem(f"q{i}", f"question {i}?", {"a.md": 1}, expected_answer="yes")
+             for i in range(10)]  # fmt: skip
+    rows = []
+    for i, item in enumerate(items):
+        row = RagRow(item.id, item.query, "x", False, [], 0, [], 1, 1, 0.1)
+        row.judged = {m: Judged(None, NOT_APPLICABLE, "-") for m in ALL_RAG_METRICS}
+        row.judged["context_recall"] = (
+            Judged(0.0, OK, "nothing was retrieved: no context", asked=False) if i < 4
+            else Judged(None, FAILED, "timeout after 5s") if i < 6
+            else Judged(1.0, OK)
+        )  # fmt: skip
+        rows.append(row)
+    judge = types.SimpleNamespace(classes=["x"], faithfulness_verdicts="statement",
+                                  verdicts="statement", context_verdicts="statement",
+                                  questions=1)  # fmt: skip
+    model = types.SimpleNamespace(name="m")
+    golden = GoldenSet("g", items, "", "g.yaml")
+    result = _result(rag_config, golden, "g", rows, judge, model, model, None, [], {})
+    assert result.counts["context_recall"] == {OK: 8, FAILED: 2, NOT_APPLICABLE: 0}
+    assert "context_recall" in result.withheld
+    assert result.flags["context_recall"].startswith("judge failed on 2 of 6 (> 20%)")

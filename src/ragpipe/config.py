@@ -1418,8 +1418,9 @@ class EvalConfig(_Section):
     def _probe_size(cls, value: int) -> int:
         if 0 < value < 4:
             raise ValueError(
-                "must be 0 (no probe) or at least 4 (pairs come in fours; 12 or more for the 4 "
-                "context pairs that calibrate context precision)"
+                "must be 0 (no probe) or at least 4 (pairs come in fours; 18 or more for the 6 "
+                "context pairs, all answered right, that are the fewest to calibrate context "
+                "precision; 24, the default, lets each judgement miss one of its 8)"
             )
         return value
 

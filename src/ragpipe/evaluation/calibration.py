@@ -91,6 +91,9 @@ MIN_PAIRS = 4  # fewer pairs of a judgement calibrate nothing
 # chance under this (agreement.chance_p): kappa alone passes a coin on 8 pairs one time in
 # seven. On 8 pairs, half true, it takes 7 right (chance 9/256); 4 pairs never suffice.
 CHANCE_P = 0.05
+# The fewest pairs of a judgement, half true, that can be trusted: all 6 right, which a
+# coin matches with chance 1/64 (4 pairs: 1/16, never).
+TRUSTABLE_PAIRS = 6
 VERDICT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"verdict": {"type": "integer", "enum": [0, 1]}},
@@ -235,14 +238,17 @@ class Calibration:
         return not self.failed and not self.uncalibrated and self._trusted(self.agreement) is True
 
     def _deciding(self, metric: str) -> Agreement | None:
-        """The agreement that decides ``metric``: its judgement's when it had MIN_PAIRS
-        pairs; else the whole probe's when that failed (distrust carries over, trust does
-        not); else None."""
+        """The agreement that decides ``metric``: its judgement's when that says trusted or
+        not; else the whole probe's when that failed (distrust carries over, trust does
+        not); else its judgement's when it had MIN_PAIRS pairs (not calibrated: a blind
+        judge does as well); else None."""
         a = self.by_judgement.get(METRIC_JUDGEMENT.get(metric, ""))
-        if a is not None and a.n >= MIN_PAIRS:
+        if a is not None and self._trusted(a) is not None:
             return a
         whole = self.agreement
-        return whole if whole.n >= MIN_PAIRS and not self._passes(whole) else None
+        if whole.n >= MIN_PAIRS and not self._passes(whole):
+            return whole
+        return a if a is not None and a.n >= MIN_PAIRS else None
 
     def reliable_for(self, metric: str) -> bool | None:
         """Whether the judgement ``metric`` rests on passed (None: not calibrated: too few
@@ -254,9 +260,7 @@ class Calibration:
     def label(self) -> str:
         a = self.agreement
         state = "reliable" if self.reliable else "unreliable" if self.failed else (
-            f"not calibrated on {', '.join(self.uncalibrated) or 'the whole probe'} (fewer "
-            f"than {MIN_PAIRS} pairs, or as many right as chance gives a blind judge with "
-            f"p >= {CHANCE_P:g})"
+            f"not calibrated on {', '.join(self._why_uncalibrated())}"
         )  # fmt: skip
         parts = [f"{j} {_kappa(b)}{_chance(b)}" for j, b in self.by_judgement.items()]
         per = f"; {', '.join(parts)}" if parts else ""
@@ -264,6 +268,23 @@ class Calibration:
             f"judge {state} (kappa {_kappa(a, ci=True)} on {a.n} probe pairs{per}; "
             f"min {self.min_kappa:g})"
         )
+
+    def _why_uncalibrated(self) -> list[str]:
+        """Each judgement not vouched for, and why: no pairs, too few, or a pass a judge
+        blind to the truth makes too often."""
+        why = []
+        for j in self.uncalibrated:
+            a = self.by_judgement.get(j)
+            if a is None:
+                why.append(f"{j} (no pairs)")
+            elif a.n < MIN_PAIRS:
+                why.append(f"{j} ({a.n} pairs, fewer than {MIN_PAIRS})")
+            else:
+                why.append(f"{j} ({a.n} pairs{_chance(a)})")
+        if not why:  # every judgement passed; the whole probe did not beat chance
+            whole = self.agreement
+            why.append(f"the whole probe ({whole.n} pairs{_chance(whole)})")
+        return why
 
     def short_for(self, metric: str) -> str:
         """What a flagged or withheld metric's headline cell says (the section heading has

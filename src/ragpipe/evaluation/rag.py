@@ -27,6 +27,7 @@ recorded as null with its reason, never as 0.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import math
@@ -43,8 +44,11 @@ from ragpipe.errors import ConfigError
 from ragpipe.evaluation import answers
 from ragpipe.evaluation.agreement import PPIEstimate, labels_by_metric, load_labels, ppi_mean
 from ragpipe.evaluation.calibration import (
+    ANSWER_PROMPT,
+    CONTEXT_PROMPT,
     CONTEXTS,
     STATEMENT_PROMPT,
+    TRUSTABLE_PAIRS,
     VERDICTS,
     Calibration,
     ask_context,
@@ -103,6 +107,9 @@ class Judged:
     value: float | None
     status: str
     reason: str | None = None
+    # False: a judged metric's value given without asking the judge (0 for an empty
+    # context): no trial of the judge, so not in its failure share.
+    asked: bool = True
 
 
 @dataclass
@@ -729,9 +736,9 @@ class Judge:
             empty = f"{reason}: no context"
             row.judged["faithfulness"] = Judged(None, NOT_APPLICABLE, reason)
             no_ref = Judged(None, NOT_APPLICABLE, "no expected_answer")
-            row.judged["context_recall"] = Judged(0.0, OK, empty) if ref else no_ref
+            row.judged["context_recall"] = Judged(0.0, OK, empty, asked=False) if ref else no_ref
             row.context_precision_kind = "with_reference" if ref else "without_reference"
-            row.judged["context_precision"] = Judged(0.0, OK, empty)
+            row.judged["context_precision"] = Judged(0.0, OK, empty, asked=False)
             row.judged["answer_relevancy"] = await self._one(
                 self.answer_relevancy, "answer_relevancy", user_input=q, response=a
             )
@@ -1017,14 +1024,14 @@ def run_rag_eval(
                     len(items), calls, per_call,
                 )  # fmt: skip
                 contexts = calibration.by_judgement.get(CONTEXTS)
-                if contexts is None or contexts.n < 4:
+                if contexts is None or contexts.n < TRUSTABLE_PAIRS:
                     notes.append(
                         f"the calibration probe has {contexts.n if contexts else 0} context "
-                        "pair(s), fewer than 4: context precision is not calibrated (each pair "
-                        "needs an answerable item whose target chunk of 12+ words holds half "
-                        "its expected_answer's words, and a third of "
+                        f"pair(s), fewer than {TRUSTABLE_PAIRS}: context precision cannot be "
+                        "calibrated (each pair needs an answerable item whose target chunk of "
+                        "12+ words holds half its expected_answer's words, and a third of "
                         f"eval.judge_probe_size {ev.judge_probe_size}, rounded down to even, "
-                        "must be 4 or more: 12 pairs or more)"
+                        f"must be {TRUSTABLE_PAIRS} or more: 18 pairs or more)"
                     )
             else:
                 notes.append(
@@ -1121,7 +1128,8 @@ def _result(
     withheld: set[str] = set()
     for m in RAG_METRICS:
         reasons = []
-        tried = counts[m][OK] + counts[m][FAILED]
+        unasked = sum(1 for r in rows if r.judged[m].status == OK and not r.judged[m].asked)
+        tried = counts[m][OK] - unasked + counts[m][FAILED]  # the judge's trials only
         if tried and counts[m][FAILED] / tried > ev.max_judge_failure_share:
             reasons.append(
                 f"judge failed on {counts[m][FAILED]} of {tried} "
@@ -1205,7 +1213,12 @@ def _result(
             STATEMENT_PROMPT.splitlines()[0] if judge.verdicts == "statement" else None
         ),
         "context_verdicts": judge.context_verdicts,
+        # every prompt of ragpipe's own the judge may be asked (ragas's: "ragas" above)
+        "prompts": hashlib.sha256(
+            "\n".join((STATEMENT_PROMPT, CONTEXT_PROMPT, ANSWER_PROMPT)).encode()
+        ).hexdigest()[:12],
         "answer_relevancy_questions": judge.questions,
+        "embedder": embedder_name(config.embed),  # answer relevancy's cosine
         "timeout_s": ev.judge_timeout_s,
         "max_tokens": ev.judge_max_tokens,
         "counts": {m: counts[m] for m in RAG_METRICS},

@@ -33,11 +33,12 @@ def trend_scope(row: dict[str, Any]) -> str:
 def trend_series(row: dict[str, Any]) -> str:
     """The trend line a history row belongs to, as the HTML trend's legend and the
     terminal's trend name it: runs of another kind (retrieval, compare, RAG), granularity,
-    name, variant or scope never share one (a --limit 3 run is not the 75-question run it
-    is named like)."""
+    name, variant, scope or judge never share one (a --limit 3 run is not the 75-question
+    run it is named like; faithfulness by another judge is another instrument)."""
     kind = "rag" if row["kind"] == "rag" else f"{row['kind']} ({row['granularity']})"
     size = f", {trend_scope(row)}" if trend_scope(row) else ""
-    return f"{kind}: {row['name']} / {row['variant']}{size}"
+    judge = f", judge {row['judge']}" if row.get("judge") else ""
+    return f"{kind}: {row['name']} / {row['variant']}{size}{judge}"
 
 
 def headline_cell(st: dict[str, Any]) -> str:

@@ -79,6 +79,9 @@ HISTORY_SCHEMA = pa.schema(
         ("queries", pa.int64()),  # golden items scored (a --limit or skipped run has fewer)
         # Which items, at what depth (scope()): runs of another scope share no trend line.
         ("scope", pa.string()),
+        # A judged metric's judge (judge_identity(); "" for the others): runs of another
+        # judge share no trend line either.
+        ("judge", pa.string()),
         ("metric", pa.string()),
         ("mean", pa.float64()),
         ("ci_low", pa.float64()),
@@ -589,23 +592,28 @@ def _store_identity(config: dict[str, Any]) -> tuple[Any, ...]:
 
 # What makes a judge's verdicts: runs that differ in any share no trend line of its metrics.
 JUDGE_SETTINGS = ("temperature", "ragas", "metric_classes", "faithfulness_verdicts",
-                  "statement_prompt", "context_verdicts", "answer_relevancy_questions",
+                  "prompts", "context_verdicts", "answer_relevancy_questions", "embedder",
                   "max_tokens")  # fmt: skip
 
 
-def scope(summary: RunSummary, metric: str = "") -> str:
+def scope(summary: RunSummary) -> str:
     """Which items a run scored and how deep it looked: mrr and map count a hit down to
-    the depth, and a sample or the first N items are not the whole set. A judged metric's
-    scope names its judge too (the model, and a hash of the settings that make its
-    verdicts): faithfulness by one judge and by another are two instruments, not a trend."""
+    the depth, and a sample or the first N items are not the whole set."""
     g = summary.golden
     depth = "top_k" if summary.kind == "rag" else "depth"
-    items = f"{g.selection or f'{g.queries} items'}, {depth} {summary.depth}"
+    return f"{g.selection or f'{g.queries} items'}, {depth} {summary.depth}"
+
+
+def judge_identity(summary: RunSummary, metric: str) -> str:
+    """The judge behind a judged metric of a RAG run: its model and a hash of the settings
+    that make its verdicts (JUDGE_SETTINGS: prompts, ways of asking, ragas, the embedder of
+    answer relevancy, ...); "" for any other metric. Faithfulness by one judge and by
+    another are two instruments, not a trend."""
     if summary.kind != "rag" or metric not in RAG_METRICS or not summary.judge:
-        return items
+        return ""
     settings = {k: summary.judge.get(k) for k in JUDGE_SETTINGS}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
-    return f"{items}, judge {summary.judge.get('model')} (settings {digest})"
+    return f"{summary.judge.get('model')} (settings {digest})"
 
 
 def append_history(root: Path, summary: RunSummary) -> None:
@@ -620,7 +628,8 @@ def append_history(root: Path, summary: RunSummary) -> None:
             "variant": variant,
             "kind": summary.kind,
             "queries": summary.golden.queries,
-            "scope": scope(summary, metric),
+            "scope": scope(summary),
+            "judge": judge_identity(summary, metric),
             "metric": metric,
             "mean": ci["mean"],
             "ci_low": ci["ci_low"],
@@ -652,7 +661,7 @@ def _history_table(path: Path) -> pa.Table:
     if "kind" not in table.column_names:
         kinds = ["rag" if g == "answer" else "retrieval" for g in table["granularity"].to_pylist()]
         table = table.append_column("kind", pa.array(kinds, pa.string()))
-    for name, kind in (("queries", pa.int64()), ("scope", pa.string())):
+    for name, kind in (("queries", pa.int64()), ("scope", pa.string()), ("judge", pa.string())):
         if name not in table.column_names:  # files from before the column
             table = table.append_column(name, pa.nulls(table.num_rows, kind))
     table = table.select(HISTORY_SCHEMA.names).cast(HISTORY_SCHEMA)
