@@ -268,7 +268,8 @@ def tune_retrieval(
         share: Share of the golden queries that tune (seed ``eval.seed``); the
             rest only confirm.
         write_config: Also write the tuned config YAML here when the verdict is
-            ``recommend`` (it is always in the run directory as tuned.yaml).
+            ``recommend`` or ``recommend, not significant`` (it is always in the run
+            directory as tuned.yaml).
         llm_options: Also try the settings that call the LLM per query (LLM rerank,
             adaptive HyDE): seconds per candidate on a CPU.
         ingest_options: Also try the chunk settings (``chunk.whole_sections``), each on
@@ -302,8 +303,8 @@ def eval_tune_flow(
     """Tune the retrieve settings on a golden set, with an honest hold-out.
 
     A seeded split: the search picks settings on the tuning share only, then the pick
-    and the current settings are scored on the held-out queries. Verdict: recommend
-    (tuned.yaml written), refused, or no change.
+    and the current settings are scored on the held-out queries. Verdict: recommend or
+    recommend, not significant (tuned.yaml written), refused, or no change.
 
     Args:
         golden: Golden set YAML, e.g. eval/golden/r-faq-dev.yaml (eval.golden).
@@ -311,7 +312,8 @@ def eval_tune_flow(
         metric: What the search maximises and the held-out verdict is about.
         share: Share of the golden queries that tune (0 to 1); the rest only confirm.
         write_config: Also write the tuned config YAML to this path when the verdict is
-            recommend (it is always in the run folder as tuned.yaml).
+            recommend or recommend, not significant (it is always in the run folder as
+            tuned.yaml).
         skip_unmatched: Leave out golden items whose targets cannot be scored on the index
             (the report counts them) instead of failing the run (eval.skip_unmatched).
         name: Run name, the report folder's suffix (default: the golden set's name + -tune).

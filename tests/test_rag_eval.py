@@ -1656,9 +1656,10 @@ def test_an_answer_metric_that_could_not_score_most_replies_is_flagged(
         result = _result(rag_config, golden, "refusals", rows, judge, model, model, None, [], {})
         result.selection = "all 10 items"
         summary = rag_summary(result, rag_config, {"files": 1, "points": 1, "sha256": "x"})
-        return write_run(summary, rag_table(result), tmp_path / f"refused-{refused}")
+        table = rag_table(result)
+        return write_run(summary, table, tmp_path / f"refused-{refused}"), table
 
-    hedged = run(refused=2)
+    hedged, table = run(refused=2)
     assert headline_cell(hedged.metrics["rag"]["correct_refusal"]) == (
         "1.000 (n=2, no CI: all values equal, 8 failed); 8 of 10 could not be scored (> 20%): "
         "the mean is over the rest only"
@@ -1666,8 +1667,20 @@ def test_an_answer_metric_that_could_not_score_most_replies_is_flagged(
     assert hedged.metrics["rag"]["degenerate"].get("flag") is None  # scored on all ten
     trend = {r["metric"] for r in read_history(tmp_path / "refused-2")}
     assert "degenerate" in trend and "correct_refusal" not in trend
+    # The per-question view says it beside each score too (the review: a flagged metric's
+    # scores were shown there as plain values).
+    from ragpipe.evaluation.report import drill_down
+
+    page = drill_down(hedged, table)
+    flag = "8 of 10 could not be scored (&gt; 20%): the mean is over the rest only"
+    assert f"<li>correct_refusal: 1.000 <i>(flagged: {flag})</i></li>" in page
+    assert (
+        "<li>correct_refusal: failed <i>(the reply says the sources lack the answer, not in "
+        f"the form)</i> <i>(flagged: {flag})</i></li>"
+    ) in page
+    assert "<li>degenerate: 0.000</li>" in page
     # Two of ten unscored: 20%, not over it: a value and a trend point, its failures shown.
-    most = run(refused=8)
+    most, _ = run(refused=8)
     assert headline_cell(most.metrics["rag"]["correct_refusal"]) == (
         "1.000 (n=8, no CI: all values equal, 2 failed)"
     )

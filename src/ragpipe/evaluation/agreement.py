@@ -212,12 +212,20 @@ def chance_p(truth: Sequence[int] | npt.NDArray[np.int8],
     """The chance that a judge blind to the truth gets at least as many pairs right as
     ``verdicts`` do: the largest, over the share ``q`` of "yes" such a judge says, of
     ``P(Bin(n1, q) + Bin(n0, 1 - q) >= right)``, with ``n1`` and ``n0`` the true and false
-    pairs (``q`` on a grid of CHANCE_GRID values; with as many true pairs as false ones the
-    largest is at ``q = 1/2``, a coin).
+    pairs (``q`` on a grid of CHANCE_GRID values; with as many true pairs as false ones and
+    more than half right, the largest is at ``q = 1/2``, a coin; half right or fewer, a
+    judge saying always yes or always no reaches it: 1).
 
     Kappa alone does not say this: on 8 pairs a coin gets 6 or more right (kappa 0.50 and
     more) with chance 37/256 = 0.14; a judge is believed only when this chance is small.
-    A failed verdict must already count as wrong (as :func:`agreement` does).
+
+    Args:
+        truth: Known answers, 1 for yes and 0 for no.
+        verdicts: The judge's answers, 0 or 1; a failed verdict must already count as wrong
+            (as :func:`agreement` does).
+
+    Returns:
+        The chance, in (0, 1].
 
     Raises:
         ValueError: As :func:`cohen_kappa`.

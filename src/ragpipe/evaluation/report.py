@@ -413,15 +413,22 @@ def _worst_retrieval(table: pa.Table, metric: str, shown: int) -> str:
 
 
 def _value(r: dict[str, Any], m: str) -> str:
-    if r.get(m) is not None:
-        return f"{r[m]:.3f}"
+    """One item's score, or its status; with the reason either way (a 0 given for an
+    empty context says so)."""
+    shown = f"{r[m]:.3f}" if r.get(m) is not None else html.escape(str(r.get(f"{m}_status")))
     reason = r.get(f"{m}_reason")
-    return html.escape(str(r.get(f"{m}_status"))) + (
-        f" <i>({html.escape(reason)})</i>" if reason else ""
-    )
+    return shown + (f" <i>({html.escape(reason)})</i>" if reason else "")
 
 
-def _worst_rag(table: pa.Table, shown: int, withheld: set[str] | None = None) -> str:
+def _worst_rag(table: pa.Table, shown: int, notes: dict[str, str] | None = None) -> str:
+    """``notes``: what the headline says of a withheld or flagged metric, said beside each
+    of its scores too (a flagged judge's score is no plain measurement here either)."""
+    said = notes or {}
+
+    def line(r: dict[str, Any], m: str) -> str:
+        note = f" <i>({html.escape(said[m])})</i>" if m in said else ""
+        return f"<li>{m}: {_value(r, m)}{note}</li>"
+
     rows = table.to_pylist()
 
     def badness(r: dict[str, Any]) -> tuple[float, int, float, str]:
@@ -436,13 +443,8 @@ def _worst_rag(table: pa.Table, shown: int, withheld: set[str] | None = None) ->
 
     parts = []
     for r in sorted(rows, key=badness)[:shown]:
-        scored = "".join(f"<li>{m}: {_value(r, m)}</li>" for m in ANSWER_METRICS if m in r)
-        judged = "".join(
-            f"<li>{m}: {_value(r, m)}"
-            + (" <i>(judge unreliable: not a measurement)</i>" if m in (withheld or ()) else "")
-            + "</li>"
-            for m in RAG_METRICS
-        )
+        scored = "".join(line(r, m) for m in ANSWER_METRICS if m in r)
+        judged = "".join(line(r, m) for m in RAG_METRICS)
         cited = set(r.get("cited_numbers") or [])
         files = r.get("source_files") or []
         headings = r.get("source_headings") or []
@@ -498,8 +500,14 @@ def drill_down(summary: RunSummary, table: pa.Table, shown: int = WORST_SHOWN) -
     if table.num_rows == 0:
         return ""
     if summary.kind == "rag":
-        withheld = {m for m, st in summary.metrics.get("rag", {}).items() if st.get("withheld")}
-        return _worst_rag(table, shown, withheld)
+        notes = {
+            m: "not a measurement: " + str(st.get("flag") or "withheld")
+            if st.get("withheld")
+            else "flagged: " + str(st["flag"])
+            for m, st in summary.metrics.get("rag", {}).items()
+            if st.get("withheld") or st.get("flag")
+        }
+        return _worst_rag(table, shown, notes)
     return _worst_retrieval(table, "ndcg@10", shown)
 
 
@@ -592,8 +600,8 @@ def render_trend(golden: str, rows: list[dict[str, Any]]) -> str:
         "",
         f"- {len(runs)} runs, oldest first; whiskers: 95% CI; a hollow point has no CI "
         "(n < 2, or all values equal)",
-        "- only metrics shown as values in their run: withheld or flagged judge metrics are "
-        "not trend points",
+        "- only metrics shown as values in their run: withheld or flagged metrics are not "
+        "trend points",
         "",
     ]
     for m in metrics:

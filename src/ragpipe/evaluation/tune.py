@@ -10,8 +10,10 @@ configuration are scored on the confirmation part, and the paired delta
 (bootstrap CI, permutation p-value) decides:
 
 - ``recommend``: the pick differs from the current settings and gains on the
-  held-out queries (the message says whether its delta CI lies entirely
-  above zero);
+  held-out queries, its delta CI entirely above zero and the sign-flip test
+  agreeing (p < 0.05);
+- ``recommend, not significant``: it gains, by what the tests cannot tell
+  from noise (tuned.yaml is written all the same);
 - ``refused``: the pick's delta CI lies entirely below zero on the held-out
   queries: it was fitted to the tuning part, and nothing is recommended;
 - ``no change``: the current settings were already the best on the tuning
@@ -112,7 +114,7 @@ class TuneOutcome:
     tuning_current: float
     tuning_best: float  # the pick's score (the current one's when nothing cleared MIN_GAIN)
     confirmation: EvalResult
-    decision: str  # recommend | refused | no change
+    decision: str  # recommend | recommend, not significant | refused | no change
     message: str
     deltas: dict[str, PairedDelta] = field(default_factory=dict)
     options: dict[str, str] = field(default_factory=dict)  # setting -> tried, kept or refused
@@ -605,14 +607,14 @@ class TuneSummary:
     split: Split
     current: dict[str, Any]
     overrides: dict[str, Any]
-    decision: str  # recommend | refused | no change
+    decision: str  # recommend | recommend, not significant | refused | no change
     message: str
     tuning: dict[str, Any]  # current and best score on the tuning queries, every trial
     confirmation: dict[str, dict[str, Any]]  # metric -> current, tuned, paired delta
     golden: dict[str, Any]  # name, path, check (the golden check's outcome)
     granularity: str
     depth: int
-    tuned_config: str | None = None  # the tuned YAML, when the decision is recommend
+    tuned_config: str | None = None  # the tuned YAML, when the decision is a recommend
     report_dir: str = ""
     ingest: dict[str, Any] = field(default_factory=dict)  # chunk settings the pick changes
     index: str = ""  # the store of the pick's index, when it is not the current one
@@ -752,7 +754,7 @@ def tune_and_report(
     """Tune on ``config.eval.golden`` and write ``<reports_dir>/<time>-<name>/``.
 
     The run directory holds ``tune.json`` (split, every trial, the held-out
-    deltas), ``report.md``, and, when the decision is ``recommend``,
+    deltas), ``report.md``, and, when the decision is a recommend (RECOMMENDED),
     ``tuned.yaml``: ``base_config`` with the tuned ``retrieve`` (and, with
     ``ingest_space``, chunk) settings merged in, also written to
     ``write_config`` when given. Granularity, depth, resamples and seed come
