@@ -86,6 +86,8 @@ def draft(
         fail(RagpipeError("nothing to draft: no question headings, and no question kept"), 2)
     try:
         out = write_draft(golden, out)
+    except RagpipeError as exc:  # a full disk: nothing was written
+        fail(exc, 2)
     except OSError as exc:
         fail(RagpipeError(f"cannot write {out}: {exc}"), 2)
     methods = [str(i["provenance"]["method"]) for i in golden["items"]]
