@@ -371,16 +371,17 @@ def import_beir_command(
 ) -> None:
     """Turn a BEIR dataset into documents to ingest and a golden set (qrels as graded relevance).
 
-    Then: `ragpipe ingest CORPUS_OUT` and `ragpipe eval retrieval --golden GOLDEN_OUT
-    --granularity file`.
+    The dataset's three files are read and checked first: a bad line stops the import (exit
+    2, its file and line named) before anything is written. Then: `ragpipe ingest
+    CORPUS_OUT` and `ragpipe eval retrieval --golden GOLDEN_OUT --granularity file`.
     """
     from ragpipe.evaluation.golden import import_beir, save_golden
 
     try:
         golden = import_beir(dataset, corpus_out, split)
+        save_golden(golden, golden_out)
     except RagpipeError as exc:
         fail(exc, 2)
-    save_golden(golden, golden_out)
     files = sum(1 for _ in corpus_out.glob("*.md"))
     print(f"wrote {files} documents to {corpus_out} and {len(golden.items)} queries to "
           f"{golden_out}")  # fmt: skip
