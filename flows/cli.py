@@ -9,8 +9,10 @@ query side, ``search``, ``ask``, ``serve``, ``mcp`` and ``eval retrieval`` witho
 Exit codes: 0 all good, 1 some
 documents failed, 2 bad configuration or a stage that cannot run, 3
 deletions held by the mass-deletion guard (additions were applied), 4 an
-eval gate failed or the index gate held a new version. Expected errors print one
-line (``cli_common.fail``).
+eval gate failed or the index gate held a new version, 130 interrupted (Ctrl-C,
+or SIGTERM where the command turns it into the same). Expected errors print one
+line (``cli_common.fail``), and so does an interrupted long command
+(``cli_common.interruptible``).
 """
 
 from __future__ import annotations
