@@ -38,10 +38,19 @@ def index_overrides(
     return overrides
 
 
+def sigterm_unwinds() -> None:
+    """SIGTERM (`timeout`, `systemctl stop`, a worker cancelling) unwinds like Ctrl-C: every
+    ``finally`` runs, so a reader's private copy of the index, the writer slot and the locks
+    are given back and a half-done write is taken back before the process ends (exit 130).
+    Left at its default, SIGTERM ends the process on the spot (exit 143) with none of that.
+    Every command gets it (``flows.cli``'s root callback)."""
+    signal.signal(signal.SIGTERM, _terminated)
+
+
 def plain_env(verbose: bool) -> None:
     """A command that runs the library without Prefect: ragpipe's log lines at INFO with
     --verbose (else WARNING), and SIGTERM unwinding like Ctrl-C."""
-    signal.signal(signal.SIGTERM, _terminated)
+    sigterm_unwinds()
     logging.basicConfig(format="%(message)s")
     logging.getLogger("ragpipe").setLevel(logging.INFO if verbose else logging.WARNING)
 
@@ -59,9 +68,7 @@ def prefect_env(verbose: bool) -> None:
     from flows.logs import set_library_level
 
     guard_ephemeral_server()  # a killed run must not leave Prefect's server behind
-    # SIGTERM (`timeout`, `systemctl stop`, a worker cancelling) unwinds like Ctrl-C, so the
-    # writer slot and the locks are given back before the process ends.
-    signal.signal(signal.SIGTERM, _terminated)
+    sigterm_unwinds()  # the writer slot and the locks are given back before the process ends
     set_library_level(logging.INFO if verbose else logging.WARNING)
     if not verbose:
         for name in PREFECT_RUN_LOGGERS:

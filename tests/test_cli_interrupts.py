@@ -1,11 +1,14 @@
-"""Ctrl-C and SIGTERM on the real command line: a long command says in one line what it
-kept, exit 130."""
+"""Ctrl-C and SIGTERM on the real command line: every command unwinds (exit 130, what it
+holds given back), and a long one says in one line what it kept."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 from ragpipe.config import RagpipeConfig, load_config
+from ragpipe.store import published
+from tests.support.paths import REPO
+from tests.support.readers import reader_copies
+from tests.support.signal_at import MARK
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -42,7 +49,7 @@ items:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, RagpipeConfig]:
-    """A project folder with an ingested Edge index and a golden set."""
+    """A project folder with an ingested Edge index, a golden set and a BEIR dataset."""
     from ragpipe.ingest.pipeline import run_ingest
 
     root = tmp_path_factory.mktemp("interrupts")
@@ -56,6 +63,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, RagpipeConfig]
         "resamples: 100, granularity: file}\n",
         encoding="utf-8",
     )
+    beir = root / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text("".join(
+        json.dumps({"_id": f"d{i}", "title": f"Doc {i}", "text": "text"}) + "\n"
+        for i in range(3)), encoding="utf-8")  # fmt: skip
+    (beir / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "a question"}) + "\n")
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
     cwd = Path.cwd()
     os.chdir(root)  # the config's relative paths
     try:
@@ -64,6 +78,76 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, RagpipeConfig]
     finally:
         os.chdir(cwd)
     return root, cfg
+
+
+# (command line, the point where SIGTERM lands, the "interrupted:" line or None, what must
+# be absent afterwards). A short command ends silently with 130, as typer ends any command
+# a KeyboardInterrupt reaches.
+CASES: dict[str, tuple[list[str], str, str | None, str | None]] = {
+    "search": (["search", "oven"], "ragpipe.query.retrieve:Retriever.search", None, None),
+    "ask": (["ask", "oven"], "ragpipe.query.retrieve:Retriever.search", None, None),
+    "eval check": (["eval", "check"], "ragpipe.evaluation.check:golden_for_index", None, None),
+    "golden draft": (
+        ["golden", "draft", "--sample", "0", "--out", "draft.yaml"],
+        "ragpipe.evaluation.draft:draft_golden",
+        "interrupted: the draft stopped; draft.yaml was not written",
+        "draft.yaml",
+    ),
+    "inspect files": (["inspect", "files"], "ragpipe.index_inspect:files", None, None),
+    "index list": (["index", "list"], "ragpipe.store.versions:list_versions", None, None),
+    "index promote": (
+        ["index", "promote", "0"],
+        "ragpipe.ingest.gatekeep:promote_by_hand",
+        None,
+        None,
+    ),
+    "index discard": (
+        ["index", "discard", "0"],
+        "ragpipe.ingest.gatekeep:discard_by_hand",
+        None,
+        None,
+    ),
+    "report": (["report"], "ragpipe.evaluation.run:read_history", None, None),
+    # The second of its three files: the first is taken back, and the folder it made.
+    "init": (["init", "project"], "ragpipe.scaffold:atomic_create_bytes@2", None, "project"),
+    "eval import-beir": (
+        ["eval", "import-beir", "beir", "--corpus-out", "beir-docs", "--golden-out", "beir.yaml"],
+        "pathlib:Path.write_text@2",  # the second document
+        "interrupted: the import stopped before writing beir.yaml; the documents it wrote to "
+        "beir-docs (the last perhaps cut off) are written again by the next import",
+        "beir.yaml",
+    ),
+    # While it loads (its warm-up search): from then on uvicorn handles SIGTERM itself
+    # (tests/test_serve.py).
+    "serve": (["serve", "--port", "0"], "ragpipe.serve.app:Service._warm_up", None, None),
+}
+
+
+@pytest.mark.parametrize("command", list(CASES))
+def test_sigterm_unwinds_every_command(site: tuple[Path, RagpipeConfig], command: str) -> None:
+    """A review found: SIGTERM (`timeout`, `systemctl stop`) ended eval check, import-beir,
+    report, golden draft, search, ask, index and init on the spot (exit 143): no `finally`
+    ran, and a reader's private copy of the index stayed behind for good."""
+    root, cfg = site
+    args, point, line, absent = CASES[command]
+    readers = published.root(root / cfg.store.path) / published.READERS
+    before = reader_copies(readers)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.support.signal_at", point, *args],
+        cwd=root, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+             "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert MARK + point in done.stderr, output  # the signal was sent where it was meant to
+    assert done.returncode == 130, output
+    assert "Traceback" not in output
+    assert reader_copies(readers) == before  # the copy it read went with it
+    if line is not None:
+        lines = [x for x in done.stderr.splitlines() if x.strip() and not x.startswith(MARK)]
+        assert lines[-1] == line, output
+    if absent is not None:
+        assert not (root / absent).exists()
 
 
 def _invoke_signalled(
