@@ -9,8 +9,10 @@ query side, ``search``, ``ask``, ``serve``, ``mcp`` and ``eval retrieval`` witho
 Exit codes: 0 all good, 1 some
 documents failed, 2 bad configuration or a stage that cannot run, 3
 deletions held by the mass-deletion guard (additions were applied), 4 an
-eval gate failed or the index gate held a new version. Expected errors print one
-line (``cli_common.fail``).
+eval gate failed or the index gate held a new version, 130 interrupted (Ctrl-C,
+or SIGTERM, which every command turns into the same). Expected errors print one
+line (``cli_common.fail``), and so does an interrupted long command
+(``cli_common.interruptible``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Annotated
 
 import typer
 
+from flows.cli_common import sigterm_unwinds
 from flows.cli_deploy import deploy
 from flows.cli_eval import eval_app, report
 from flows.cli_golden import golden_app
@@ -56,6 +59,9 @@ def _root(
     ] = False,
 ) -> None:
     """ragpipe: keep a retrieval index fresh and measure RAG quality honestly."""
+    # Before any command runs: SIGTERM unwinds like Ctrl-C in every one, so that what it
+    # holds (a reader's copy of the index, a lock) is given back, not left behind.
+    sigterm_unwinds()
 
 
 app.command()(init)

@@ -1,5 +1,5 @@
-"""What every command shares: Prefect set up quietly, expected errors as one line,
-progress bars, and the options several commands take."""
+"""What every command shares: Prefect set up quietly, expected errors as one line, an
+interrupt as one line, progress bars, and the options several commands take."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -36,10 +38,19 @@ def index_overrides(
     return overrides
 
 
+def sigterm_unwinds() -> None:
+    """SIGTERM (`timeout`, `systemctl stop`, a worker cancelling) unwinds like Ctrl-C: every
+    ``finally`` runs, so a reader's private copy of the index, the writer slot and the locks
+    are given back and a half-done write is taken back before the process ends (exit 130).
+    Left at its default, SIGTERM ends the process on the spot (exit 143) with none of that.
+    Every command gets it (``flows.cli``'s root callback)."""
+    signal.signal(signal.SIGTERM, _terminated)
+
+
 def plain_env(verbose: bool) -> None:
     """A command that runs the library without Prefect: ragpipe's log lines at INFO with
     --verbose (else WARNING), and SIGTERM unwinding like Ctrl-C."""
-    signal.signal(signal.SIGTERM, _terminated)
+    sigterm_unwinds()
     logging.basicConfig(format="%(message)s")
     logging.getLogger("ragpipe").setLevel(logging.INFO if verbose else logging.WARNING)
 
@@ -57,9 +68,7 @@ def prefect_env(verbose: bool) -> None:
     from flows.logs import set_library_level
 
     guard_ephemeral_server()  # a killed run must not leave Prefect's server behind
-    # SIGTERM (`timeout`, `systemctl stop`, a worker cancelling) unwinds like Ctrl-C, so the
-    # writer slot and the locks are given back before the process ends.
-    signal.signal(signal.SIGTERM, _terminated)
+    sigterm_unwinds()  # the writer slot and the locks are given back before the process ends
     set_library_level(logging.INFO if verbose else logging.WARNING)
     if not verbose:
         for name in PREFECT_RUN_LOGGERS:
@@ -100,6 +109,25 @@ def stopped_by_signal(exc: BaseException) -> bool:
     return False
 
 
+@contextmanager
+def interruptible(what_is_kept: str | Callable[[], str]) -> Iterator[None]:
+    """Ctrl-C or SIGTERM inside ends the command with one line, ``interrupted: ...`` saying
+    what is kept, and exit 130; so does Prefect's own failure to handle the signal
+    (``stopped_by_signal``), which would otherwise end it in a traceback, exit 1.
+
+    Args:
+        what_is_kept: The line's text, or a function giving it when what is kept depends
+            on how far the command got.
+    """
+    try:
+        yield
+    except (KeyboardInterrupt, Exception) as exc:  # typer.Exit from fail() passes through
+        if not stopped_by_signal(exc):
+            raise
+        kept = what_is_kept() if callable(what_is_kept) else what_is_kept
+        fail(RuntimeError(kept), 130, "interrupted")
+
+
 def fail(exc: BaseException, code: int, label: str = "error") -> NoReturn:
     """Print an expected error as one line (never wrapped, never read as markup); exit."""
     console.print(f"[red]{label}:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
@@ -118,7 +146,9 @@ class HideExpectedErrors(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, RagpipeError) or (exc is not None and stopped_by_signal(exc)):
-            return False  # the CLI says it (ingest: "interrupted"; others: typer's "Aborted")
+            # The CLI says it: "interrupted: ..." (interruptible); a short command ends
+            # silently with 130, as typer ends any command a KeyboardInterrupt reaches.
+            return False
         if record.levelno < logging.ERROR:
             return True
         message = record.getMessage()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -23,6 +24,7 @@ from flows.cli_common import (
     console,
     fail,
     index_overrides,
+    interruptible,
     plain_env,
     prefect_env,
 )
@@ -92,6 +94,32 @@ def _eval_config(
     }  # fmt: skip
     overrides.update(index_overrides(store_path, embedder))
     return load_config(config, overrides)
+
+
+def _stopped(reports_dir: Path, what: str, unwritten: str) -> Callable[[], str]:
+    """What an evaluation stopped by Ctrl-C or SIGTERM kept, said when it stops: nothing
+    (a run takes its report directory back when interrupted while writing it), or its
+    whole report when the signal came after it was written (a flow still publishing its
+    Prefect artifacts)."""
+
+    def runs() -> set[str]:
+        if not reports_dir.is_dir():
+            return set()
+        return {p.name for p in reports_dir.iterdir() if p.is_dir()}
+
+    before = runs()
+
+    def kept() -> str:
+        new = sorted(runs() - before)
+        if new:
+            return f"the {what} stopped after writing its report ({reports_dir / new[-1]})"
+        return f"the {what} stopped; {unwritten}"
+
+    return kept
+
+
+def _eval_stopped(cfg: RagpipeConfig) -> Callable[[], str]:
+    return _stopped(cfg.eval.reports_dir, "evaluation", "no report or history row was written")
 
 
 def _metrics_table(summary: RunSummary, names: list[str], title: str) -> Table:
@@ -253,16 +281,20 @@ def eval_retrieval(
              "reports_dir": reports_dir, "skip_unmatched": skip_unmatched,
              "allow_draft": allow_draft or None},
         )  # fmt: skip
-        if as_flow:
-            from flows.eval import evaluate_retrieval
-
-            summary = evaluate_retrieval(cfg, name=name)
-        else:
-            from ragpipe.evaluation.run import run_retrieval
-
-            summary = run_retrieval(cfg, None, name=name)[1]
     except RagpipeError as exc:
         fail(exc, 2)
+    with interruptible(_eval_stopped(cfg)):
+        try:
+            if as_flow:
+                from flows.eval import evaluate_retrieval
+
+                summary = evaluate_retrieval(cfg, name=name)
+            else:
+                from ragpipe.evaluation.run import run_retrieval
+
+                summary = run_retrieval(cfg, None, name=name)[1]
+        except RagpipeError as exc:
+            fail(exc, 2)
     _print_eval(summary)
 
 
@@ -348,11 +380,15 @@ def eval_rag(
         cfg = cfg.model_copy(
             update={"llm": llm_cfg, "eval": cfg.eval.model_copy(update={"judge": judge_cfg})}
         )
-        from flows.eval import evaluate_rag
-
-        summary = evaluate_rag(cfg, name=name)
     except RagpipeError as exc:
         fail(exc, 2)
+    with interruptible(_eval_stopped(cfg)):
+        try:
+            from flows.eval import evaluate_rag
+
+            summary = evaluate_rag(cfg, name=name)
+        except RagpipeError as exc:
+            fail(exc, 2)
     _print_eval(summary)
 
 
@@ -369,16 +405,21 @@ def import_beir_command(
 ) -> None:
     """Turn a BEIR dataset into documents to ingest and a golden set (qrels as graded relevance).
 
-    Then: `ragpipe ingest CORPUS_OUT` and `ragpipe eval retrieval --golden GOLDEN_OUT
-    --granularity file`.
+    The dataset's three files are read and checked first: a bad line stops the import (exit
+    2, its file and line named) before anything is written. Then: `ragpipe ingest
+    CORPUS_OUT` and `ragpipe eval retrieval --golden GOLDEN_OUT --granularity file`.
     """
     from ragpipe.evaluation.golden import import_beir, save_golden
 
-    try:
-        golden = import_beir(dataset, corpus_out, split)
-    except RagpipeError as exc:
-        fail(exc, 2)
-    save_golden(golden, golden_out)
+    with interruptible(
+        f"the import stopped before writing {golden_out}; the documents it wrote to "
+        f"{corpus_out} (the last perhaps cut off) are written again by the next import"
+    ):
+        try:
+            golden = import_beir(dataset, corpus_out, split)
+            save_golden(golden, golden_out)
+        except RagpipeError as exc:
+            fail(exc, 2)
     files = sum(1 for _ in corpus_out.glob("*.md"))
     print(f"wrote {files} documents to {corpus_out} and {len(golden.items)} queries to "
           f"{golden_out}")  # fmt: skip
@@ -434,15 +475,19 @@ def eval_compare(
              "skip_unmatched": skip_unmatched,
              "allow_draft": allow_draft or None},
         )  # fmt: skip
-        from flows.eval import compare_retrieval
-        from ragpipe.evaluation.retrieval import Gate
-
-        gate = Gate(gate_metric, gate_threshold) if gate_metric else None
-        summary = compare_retrieval(cfg, parsed, name=name or "compare", gate=gate)
-    except GateFailed as exc:
-        fail(exc, 4, "gate failed")
     except RagpipeError as exc:
         fail(exc, 2)
+    with interruptible(_eval_stopped(cfg)):
+        try:
+            from flows.eval import compare_retrieval
+            from ragpipe.evaluation.retrieval import Gate
+
+            gate = Gate(gate_metric, gate_threshold) if gate_metric else None
+            summary = compare_retrieval(cfg, parsed, name=name or "compare", gate=gate)
+        except GateFailed as exc:
+            fail(exc, 4, "gate failed")
+        except RagpipeError as exc:
+            fail(exc, 2)
     _print_eval(summary)
 
 
@@ -525,7 +570,6 @@ def eval_tune(
                 "allow_draft": allow_draft or None,
             },
         )
-        from flows.eval import tune_retrieval
         from ragpipe.evaluation.golden import load_golden
         from ragpipe.evaluation.metrics import METRICS
         from ragpipe.evaluation.tune import split_queries
@@ -536,27 +580,41 @@ def eval_tune(
         loaded = load_golden(cfg.eval.golden)
         loaded.refuse_drafts(cfg.eval.allow_draft)
         split_queries(loaded, cfg.eval.seed, share)
-        base = config or (DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None)
-        columns = (TextColumn("{task.description:>9}"), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(
-            *columns, console=console, transient=True, disable=not console.is_terminal
-        ) as progress:
-            previous = set_reporter(RichReporter(progress))
-            try:
-                summary = tune_retrieval(
-                    cfg,
-                    config_path=str(base) if base else None,
-                    name=name,
-                    metric=metric,
-                    share=share,
-                    write_config=str(out) if out else None,
-                    llm_options=llm_options,
-                    ingest_options=ingest_options,
-                )
-            finally:
-                set_reporter(previous)
     except RagpipeError as exc:
         fail(exc, 2)
+    base = config or (DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None)
+    # The indexes --ingest-options builds are ordinary incremental ingests: what one had
+    # embedded is kept, and the next tune goes on from there.
+    unwritten = "no report or tuned config was written" + (
+        "; the indexes it was building beside the work dir keep what they finished"
+        if ingest_options
+        else ""
+    )
+    columns = (TextColumn("{task.description:>9}"), MofNCompleteColumn(), TimeElapsedColumn())
+    with (
+        Progress(
+            *columns, console=console, transient=True, disable=not console.is_terminal
+        ) as progress,
+        interruptible(_stopped(cfg.eval.reports_dir, "tune", unwritten)),
+    ):
+        previous = set_reporter(RichReporter(progress))
+        try:
+            from flows.eval import tune_retrieval
+
+            summary = tune_retrieval(
+                cfg,
+                config_path=str(base) if base else None,
+                name=name,
+                metric=metric,
+                share=share,
+                write_config=str(out) if out else None,
+                llm_options=llm_options,
+                ingest_options=ingest_options,
+            )
+        except RagpipeError as exc:
+            fail(exc, 2)
+        finally:
+            set_reporter(previous)
     _print_tune(summary)
 
 

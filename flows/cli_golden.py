@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -10,7 +9,14 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_common import ConfigOption, StorePathOption, fail, index_overrides
+from flows.cli_common import (
+    ConfigOption,
+    StorePathOption,
+    fail,
+    index_overrides,
+    interruptible,
+    plain_env,
+)
 from ragpipe.errors import RagpipeError
 
 golden_app = typer.Typer(
@@ -57,37 +63,39 @@ def draft(
     from ragpipe.models.embedders import embedder_name
     from ragpipe.store import require_reader
 
-    logging.basicConfig(format="%(message)s")
-    logging.getLogger("ragpipe").setLevel(logging.INFO if verbose else logging.WARNING)
+    plain_env(verbose)
     if os.path.lexists(out):
         fail(RagpipeError(f"{out} exists; give another --out (drafts never overwrite a file)"), 2)
-    try:
-        overrides = index_overrides(store_path, None)
-        if model is not None:
-            overrides["llm"] = {"model": model}
-        cfg = load_config(config, overrides)
-        store = require_reader(cfg.store, embedder_name(cfg.embed))
-        llm = None
-        if sample > 0:
-            from ragpipe.models.llm import make_llm
-
-            llm = make_llm(cfg.llm)
-
-        def progress(done: int, total: int) -> None:
-            print(f"  question {done} of {total} ...", file=sys.stderr, flush=True)
-
+    with interruptible(f"the draft stopped; {out} was not written"):  # it is whole or absent
         try:
-            golden, drafted = draft_golden(store, llm, sample, seed, name or out.stem, progress)
-        finally:
-            store.close()
-    except RagpipeError as exc:
-        fail(exc, 2)
-    if not golden["items"]:
-        fail(RagpipeError("nothing to draft: no question headings, and no question kept"), 2)
-    try:
-        out = write_draft(golden, out)
-    except OSError as exc:
-        fail(RagpipeError(f"cannot write {out}: {exc}"), 2)
+            overrides = index_overrides(store_path, None)
+            if model is not None:
+                overrides["llm"] = {"model": model}
+            cfg = load_config(config, overrides)
+            store = require_reader(cfg.store, embedder_name(cfg.embed))
+            llm = None
+            if sample > 0:
+                from ragpipe.models.llm import make_llm
+
+                llm = make_llm(cfg.llm)
+
+            def progress(done: int, total: int) -> None:
+                print(f"  question {done} of {total} ...", file=sys.stderr, flush=True)
+
+            try:
+                golden, drafted = draft_golden(store, llm, sample, seed, name or out.stem, progress)
+            finally:
+                store.close()
+        except RagpipeError as exc:
+            fail(exc, 2)
+        if not golden["items"]:
+            fail(RagpipeError("nothing to draft: no question headings, and no question kept"), 2)
+        try:
+            out = write_draft(golden, out)
+        except RagpipeError as exc:  # a full disk: nothing was written
+            fail(exc, 2)
+        except OSError as exc:
+            fail(RagpipeError(f"cannot write {out}: {exc}"), 2)
     methods = [str(i["provenance"]["method"]) for i in golden["items"]]
     print(f"wrote {out}: {methods.count('heading')} question headings, "
           f"{methods.count('llm')} of {drafted.asked} model questions kept")  # fmt: skip

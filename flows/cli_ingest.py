@@ -16,8 +16,8 @@ from flows.cli_common import (
     RichReporter,
     console,
     fail,
+    interruptible,
     prefect_env,
-    stopped_by_signal,
 )
 from ragpipe.config import (
     ChunkerKind,
@@ -145,34 +145,27 @@ def ingest(
         *columns, console=console, transient=False, disable=not console.is_terminal
     ) as progress:
         previous = set_reporter(RichReporter(progress))
-        try:
-            summary = flow(
-                config=cfg,
-                config_path=str(config) if config is not None else None,  # for the events
-                allow_mass_delete=allow_mass_delete,
-                batch_size=batch_size if dask_workers > 0 else None,
-            )
-        except MassDeletionHeld as exc:
-            _print_failures(cfg.paths.work_dir)
-            fail(exc, 3, "deletions held")
-        except IndexHeld as exc:
-            _print_failures(cfg.paths.work_dir)
-            fail(exc, 4, "version held")
-        except RagpipeError as exc:
-            fail(exc, 2)
-        except (KeyboardInterrupt, Exception) as exc:  # Ctrl-C, or SIGTERM (cli_common)
-            if not stopped_by_signal(exc):
-                raise
-            fail(
-                RuntimeError(
-                    "the ingest stopped; the writer slot and locks are released and the next "
-                    "run resumes from the checkpoints written so far"
-                ),
-                130,
-                "interrupted",
-            )
-        finally:
-            set_reporter(previous)
+        with interruptible(
+            "the ingest stopped; the writer slot and locks are released and the next run "
+            "resumes from the checkpoints written so far"
+        ):
+            try:
+                summary = flow(
+                    config=cfg,
+                    config_path=str(config) if config is not None else None,  # for the events
+                    allow_mass_delete=allow_mass_delete,
+                    batch_size=batch_size if dask_workers > 0 else None,
+                )
+            except MassDeletionHeld as exc:
+                _print_failures(cfg.paths.work_dir)
+                fail(exc, 3, "deletions held")
+            except IndexHeld as exc:
+                _print_failures(cfg.paths.work_dir)
+                fail(exc, 4, "version held")
+            except RagpipeError as exc:
+                fail(exc, 2)
+            finally:
+                set_reporter(previous)
 
     _print_failures(cfg.paths.work_dir)
     table = Table(title=f"ingest summary ({cfg.store.backend.value}: {cfg.store.path})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 from typing import Annotated, Any
 
 import typer
@@ -62,6 +63,11 @@ def serve(
             "who can reach this port can search the index; set RAGPIPE_SERVE__API_KEY",
             highlight=False,
         )
+    # While loading, SIGTERM unwound like Ctrl-C (flows.cli). From here uvicorn handles it:
+    # requests in flight finish and the index copy goes, then it ends the process by the
+    # signal it caught, which needs the default handler (-15, as systemd expects; ours would
+    # make that a KeyboardInterrupt that uvicorn.run swallows: exit 0).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     serve_forever(app, cfg.serve.host, cfg.serve.port)
 
 

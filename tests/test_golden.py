@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -168,6 +170,90 @@ def test_beir_import(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "wrote 2 documents" in result.output and "1 queries" in result.output
     assert load_golden(out).items[0].relevance == {"d1.md": 1, "d_2.md": 0}
+
+
+def _beir(root: Path, corpus: list[str], queries: list[str], qrels: str) -> Path:
+    (root / "qrels").mkdir(parents=True)
+    (root / "corpus.jsonl").write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    (root / "queries.jsonl").write_text("\n".join(queries) + "\n", encoding="utf-8")
+    (root / "qrels" / "test.tsv").write_text(qrels, encoding="utf-8")
+    return root
+
+
+GOOD_CORPUS = [json.dumps({"_id": "d1", "title": "Bones", "text": "Vitamin D helps bones."})]
+GOOD_QUERIES = [json.dumps({"_id": "q1", "text": "Does vitamin D help bones?"})]
+GOOD_QRELS = "query-id\tcorpus-id\tscore\nq1\td1\t1\n"
+
+
+@pytest.mark.parametrize(
+    ("part", "bad", "message"),
+    [
+        ("queries", '{"_id": "q2"}',
+         r"queries\.jsonl:2: no 'text'; each line must be a JSON object with '_id' and 'text'"),
+        ("queries", "not json", r"queries\.jsonl:2: not JSON \(Expecting value\)"),
+        ("qrels", "q1\td1\thigh",
+         r"test\.tsv:3: score 'high' is not a whole number; each line is query-id, corpus-id "
+         r"and a whole-number score, separated by tabs"),
+        ("qrels", "q1\td1", r"test\.tsv:3: 2 field\(s\); each line is query-id"),
+        ("corpus", '["d2"]', r"corpus\.jsonl:2: not a JSON object; each line must be a JSON "
+         r"object with '_id'"),
+    ],
+)  # fmt: skip
+def test_a_bad_beir_line_writes_nothing(tmp_path: Path, part: str, bad: str, message: str) -> None:
+    """A review found: the corpus was written before the queries and qrels were read, so
+    a queries line without 'text' or a score that is not a number ended in a traceback
+    (exit 1) with the documents already written; and --golden-out was written in place."""
+    beir = _beir(
+        tmp_path / "beir",
+        GOOD_CORPUS + ([bad] if part == "corpus" else []),
+        GOOD_QUERIES + ([bad] if part == "queries" else []),
+        GOOD_QRELS + (bad + "\n" if part == "qrels" else ""),
+    )
+    with pytest.raises(ConfigError, match=message):
+        import_beir(beir, tmp_path / "docs")
+    assert not (tmp_path / "docs").exists()
+
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    golden_out = tmp_path / "beir.yaml"
+    golden_out.write_text("name: kept\n", encoding="utf-8")  # a set from an earlier import
+    args = ["eval", "import-beir", str(beir), "--corpus-out", str(tmp_path / "cli"),
+            "--golden-out", str(golden_out)]  # fmt: skip
+    result = CliRunner().invoke(app, args, terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and len(result.output.splitlines()) == 1
+    assert re.search(message, result.output), result.output
+    assert not (tmp_path / "cli").exists()
+    assert golden_out.read_text(encoding="utf-8") == "name: kept\n"
+
+
+def test_a_golden_set_is_saved_whole_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """save_golden wrote over the set in place: a full disk or an interrupt mid-write left
+    a cut-off set that loads with fewer items and no word of the rest."""
+    import errno
+    import os
+
+    from ragpipe.errors import DiskFull
+
+    beir = _beir(tmp_path / "beir", GOOD_CORPUS, GOOD_QUERIES, GOOD_QRELS)
+    golden = import_beir(beir, tmp_path / "docs")
+    path = tmp_path / "golden.yaml"
+    save_golden(golden, path)
+    before = path.read_bytes()
+
+    def full(fd: int) -> None:  # the new set's bytes are written, not yet on disk
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(DiskFull, match="no space left to write"):
+        save_golden(dataclasses.replace(golden, name="changed"), path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir() if p.is_file()] == [
+        "golden.yaml"
+    ]
 
 
 def test_the_shipped_dev_set_is_the_faq_and_rebuilds_identically(tmp_path: Path) -> None:

@@ -149,6 +149,42 @@ def test_the_sample_takes_files_in_turn_and_each_file_start_middle_and_end() -> 
     assert sorted(thirds.count(t) for t in (0, 1, 2)) == [6, 7, 7]
 
 
+@pytest.mark.parametrize("stop", ["interrupt", "full disk"])
+def test_a_draft_is_written_whole_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: str
+) -> None:
+    """A review found: the draft was opened with "x" and written in place, so a Ctrl-C or a
+    full disk mid-write left an empty or cut-off file, which then loaded with its last
+    items no longer marked draft (and blocked the name for the next draft)."""
+    import errno
+    import os
+
+    from ragpipe.errors import DiskFull
+    from ragpipe.evaluation.draft import write_draft
+
+    golden = {"name": "d", "description": "DRAFT", "items": [
+        {"id": f"draft-{i}", "query": f"How do I do thing {i}?",
+         "relevance": {"a.md": 3}, "draft": True} for i in range(3)]}  # fmt: skip
+    out = tmp_path / "eval" / "draft.yaml"
+    assert write_draft(golden, out) == out
+    assert yaml.safe_load(out.read_text("utf-8")) == golden
+    beside = write_draft(golden, out)  # never over a file: the draft goes beside it
+    assert beside == out.with_name(f"draft-{os.getpid()}.yaml") and out.read_bytes() == (
+        beside.read_bytes()
+    )
+
+    def stopped(fd: int) -> None:  # the draft's bytes are written, not yet on disk
+        if stop == "interrupt":
+            raise KeyboardInterrupt
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", stopped)
+    fresh = tmp_path / "eval" / "fresh.yaml"
+    with pytest.raises(KeyboardInterrupt if stop == "interrupt" else DiskFull):
+        write_draft(golden, fresh)
+    assert sorted(p.name for p in fresh.parent.iterdir()) == sorted([out.name, beside.name])
+
+
 FAQ = """# Database guide
 
 ## How do I restore the database?

@@ -121,6 +121,32 @@ def test_init_keeps_nothing_when_it_cannot_finish_and_quotes_what_it_writes(
     assert load_config(odd / "ragpipe.yaml").discover.roots == [Path("docs: x #y")]
 
 
+def test_init_stopped_midway_takes_back_what_it_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review found: init rolled back only on OSError, so a Ctrl-C (or SIGTERM, which
+    every command turns into the same) between its files left ragpipe.yaml and the golden
+    set behind, and running init again then failed "already exist"."""
+    folder = tmp_path / "project"
+    golden = folder / "eval" / "golden" / "my-docs.yaml"
+    real_mkdir = Path.mkdir
+
+    def mkdir(self: Path, *args: Any, **kwargs: Any) -> None:
+        if self == folder and golden.exists():  # prefect.yaml's turn: two files written
+            raise KeyboardInterrupt  # Ctrl-C lands here
+        real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    stopped = runner.invoke(app, ["init", str(folder)])
+    assert stopped.exit_code == 130, stopped.output
+    assert not folder.exists()  # its files and the folders it made: nothing left
+    monkeypatch.setattr(Path, "mkdir", real_mkdir)
+    again = runner.invoke(app, ["init", str(folder)])
+    assert again.exit_code == 0, again.output
+    assert sorted(p.name for p in folder.rglob("*") if p.is_file()) == [
+        "my-docs.yaml", "prefect.yaml", "ragpipe.yaml"]  # fmt: skip
+
+
 def _config_file(cfg: RagpipeConfig, tmp_path: Path) -> str:
     path = tmp_path / "ragpipe.yaml"
     path.write_text(json.dumps({

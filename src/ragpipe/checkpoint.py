@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -104,6 +104,26 @@ def disk_full(
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never half."""
+    _write_via_temp(path, data, os.replace)
+
+
+def atomic_create_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to a new file ``path``, whole or not at all: never over a file that
+    exists (``FileExistsError``, as ``open(path, "x")``), and never a cut-off one that an
+    interrupt or a full disk left behind.
+
+    Raises:
+        FileExistsError: ``path`` exists (also when it was made meanwhile).
+        DiskFull: No space left to write it.
+    """
+    # A hard link, unlike a rename, refuses an existing name: the exclusive create of "x"
+    # without its half-written window.
+    _write_via_temp(path, data, os.link)
+
+
+def _write_via_temp(path: Path, data: bytes, publish: Callable[[str, Path], None]) -> None:
+    """``data`` into a temp file beside ``path``, fsynced, then ``publish(temp, path)``; the
+    temp file never outlives the call, whatever stops it."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = _temp_beside(path)
@@ -116,12 +136,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        publish(tmp, path)
     except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)  # first: the free space reported counts it back
         if is_no_space(exc):
             raise disk_full(path, len(data), exc) from exc
         raise
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # renamed away already, or a link's second name
     fsync_dir(path.parent)
 
 

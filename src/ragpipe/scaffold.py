@@ -10,13 +10,15 @@ checked out). It writes nothing when any of them exists.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ragpipe.errors import ConfigError
+from ragpipe.checkpoint import atomic_create_bytes
+from ragpipe.errors import ConfigError, DiskFull
 
 CONFIG = "ragpipe.yaml"
 PREFECT = "prefect.yaml"
@@ -214,6 +216,16 @@ def _ignored(folder: Path, roots: list[str]) -> list[str]:
     return patterns
 
 
+def _missing_folders(files: list[Path]) -> list[Path]:
+    """The folders that writing ``files`` creates, outermost first."""
+    missing: list[Path] = []
+    for file in files:
+        for parent in reversed(file.parents):
+            if parent not in missing and not os.path.lexists(parent):
+                missing.append(parent)
+    return missing
+
+
 def scaffold(folder: Path, roots: list[str] | None = None, name: str = "my-docs") -> Scaffold:
     """Write the project files into ``folder`` (created if missing).
 
@@ -270,15 +282,25 @@ def scaffold(folder: Path, roots: list[str] | None = None, name: str = "my-docs"
             resource_json=json.dumps(index_resource_id(index)),
         ),
     }
+    # Each file whole or not at all and never over one made meanwhile; whatever stops the
+    # writing (no permission, a full disk, Ctrl-C, SIGTERM) takes back what was written,
+    # the folders it made too, so that init can simply be run again.
+    new_dirs = _missing_folders(list(texts))
     written: list[Path] = []
     try:
         for path, text in texts.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("x", encoding="utf-8") as fh:  # never over a file made meanwhile
-                written.append(path)
-                fh.write(text)
-    except OSError as exc:  # a file where a folder must go, no permission, a full disk
+            atomic_create_bytes(path, text.encode("utf-8"))
+            written.append(path)
+    except BaseException as exc:
         for done in written:
             done.unlink(missing_ok=True)
-        raise ConfigError(f"ragpipe init cannot write {path}: {exc} (nothing was kept)") from exc
+        for folder_made in reversed(new_dirs):
+            with contextlib.suppress(OSError):  # not empty: something else put a file there
+                folder_made.rmdir()
+        if isinstance(exc, OSError | DiskFull):  # a file where a folder must go, a full disk
+            reason = exc.__cause__ if isinstance(exc, DiskFull) else exc
+            raise ConfigError(
+                f"ragpipe init cannot write {path}: {reason} (nothing was kept)"
+            ) from exc
+        raise
     return made

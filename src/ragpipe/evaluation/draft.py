@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ragpipe.checkpoint import atomic_create_bytes
 from ragpipe.errors import RagpipeError
 from ragpipe.evaluation.answers import normalize_answer
 from ragpipe.evaluation.golden import file_matches
@@ -384,17 +385,23 @@ def draft_golden(
 
 def write_draft(golden: dict[str, Any], out: Path) -> Path:
     """Write the draft set as YAML to ``out``, never over a file: one made meanwhile keeps
-    it, and the draft goes beside it (``NAME-<pid>.yaml``). Returns where it went."""
+    it, and the draft goes beside it (``NAME-<pid>.yaml``). Returns where it went.
+
+    The file appears whole or not at all: a cut-off draft would load with its last items
+    no longer marked ``draft: true``, and an empty one would block the next draft's name.
+
+    Raises:
+        FileExistsError: ``out`` and its fallback both exist.
+        DiskFull: No space left to write it.
+    """
     import os
 
     import yaml
 
     text = yaml.safe_dump(golden, sort_keys=False, allow_unicode=True, width=100)
-    out.parent.mkdir(parents=True, exist_ok=True)
     for target in (out, out.with_name(f"{out.stem}-{os.getpid()}{out.suffix}")):
         try:
-            with target.open("x", encoding="utf-8") as fh:
-                fh.write(text)
+            atomic_create_bytes(target, text.encode("utf-8"))
             return target
         except FileExistsError:
             continue

@@ -30,7 +30,7 @@ import json
 import logging
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from ragpipe import yamlio
+from ragpipe.checkpoint import atomic_write_bytes
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.answers import normalize_answer
 
@@ -252,7 +253,11 @@ def load_golden(path: Path) -> GoldenSet:
 
 
 def save_golden(golden: GoldenSet, path: Path) -> None:
-    """Write a golden set in the YAML format above."""
+    """Write a golden set in the YAML format above (replacing ``path`` whole).
+
+    Raises:
+        DiskFull: No space left to write it.
+    """
     items = []
     for item in golden.items:
         raw: dict[str, Any] = {"id": item.id, "query": item.query}
@@ -279,8 +284,10 @@ def save_golden(golden: GoldenSet, path: Path) -> None:
             raw["expected_answer"] = item.expected_answer
         items.append(raw)
     data = {"name": golden.name, "description": golden.description, "items": items}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100))
+    # Over the old set whole or not at all: an interrupt or a full disk never leaves a
+    # cut-off set, which would load with fewer items and no word of the rest.
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def import_beir(directory: Path, out_corpus: Path, split: str = "test") -> GoldenSet:
@@ -293,11 +300,12 @@ def import_beir(directory: Path, out_corpus: Path, split: str = "test") -> Golde
     ``split`` become file-level graded relevance. What the import leaves out
     (qrels naming a document or query the dataset lacks, queries with no
     relevant document) is counted in ``notes``: a relevant document dropped
-    shrinks its query's relevant set, and recall rises with it.
+    shrinks its query's relevant set, and recall rises with it. The three files
+    are read and checked before any document is written: a bad line writes nothing.
 
     Raises:
-        ConfigError: A file is missing or malformed, a document id repeats, or no
-            query has a relevant document.
+        ConfigError: A file is missing or malformed (its line named), a document id
+            repeats, or no query has a relevant document.
     """
     corpus_file = directory / "corpus.jsonl"
     queries_file = directory / "queries.jsonl"
@@ -305,56 +313,19 @@ def import_beir(directory: Path, out_corpus: Path, split: str = "test") -> Golde
     for required in (corpus_file, queries_file, qrels_file):
         if not required.is_file():
             raise ConfigError(f"BEIR import: {required} is missing")
-    out_corpus.mkdir(parents=True, exist_ok=True)
-    names: dict[str, str] = {}
-    taken: dict[str, str] = {}  # lower-cased file name -> its id (case-blind file systems)
-    renamed = 0
-    with corpus_file.open(encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)
-                doc_id = str(doc["_id"])
-            except (json.JSONDecodeError, KeyError) as exc:
-                raise ConfigError(f"{corpus_file}:{line_no}: not a BEIR corpus line") from exc
-            if doc_id in names:
-                raise ConfigError(f"{corpus_file}:{line_no}: document id {doc_id!r} repeats")
-            stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in doc_id)
-            name = stem + ".md"
-            if name.lower() in taken:  # another id's name: never write over its document
-                name = f"{stem}-{hashlib.sha256(doc_id.encode()).hexdigest()[:10]}.md"
-                renamed += 1
-                if name.lower() in taken:
-                    raise ConfigError(f"{corpus_file}:{line_no}: no file name left for document "
-                                      f"id {doc_id!r} ({name} is taken)")  # fmt: skip
-            title = str(doc.get("title") or "").strip()
-            body = (f"# {title}\n\n" if title else "") + str(doc.get("text", "")) + "\n"
-            (out_corpus / name).write_text(body, encoding="utf-8")
-            names[doc_id] = name
-            taken[name.lower()] = doc_id
-    queries: dict[str, str] = {}
-    with queries_file.open(encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                q = json.loads(line)
-                queries[str(q["_id"])] = str(q["text"])
+    names, renamed = _beir_names(corpus_file)
+    queries = _beir_queries(queries_file)
     graded: dict[str, dict[str, int]] = {}
     no_doc: dict[str, int] = {}  # query -> its relevant qrels whose document is missing
     no_query = 0
-    with qrels_file.open(encoding="utf-8") as fh:
-        rows = csv.reader(fh, delimiter="\t")
-        for row in rows:
-            if len(row) < 3 or row[0] == "query-id":
-                continue
-            qid, doc_id, score = row[0], row[1], int(row[2])
-            if qid not in queries:
-                no_query += 1
-            elif doc_id not in names:
-                if score > 0:
-                    no_doc[qid] = no_doc.get(qid, 0) + 1
-            else:
-                graded.setdefault(qid, {})[names[doc_id]] = min(max(score, 0), MAX_GRADE)
+    for qid, doc_id, score in _beir_qrels(qrels_file):
+        if qid not in queries:
+            no_query += 1
+        elif doc_id not in names:
+            if score > 0:
+                no_doc[qid] = no_doc.get(qid, 0) + 1
+        else:
+            graded.setdefault(qid, {})[names[doc_id]] = min(max(score, 0), MAX_GRADE)
     items = [
         GoldenItem(qid, queries[qid], rel)
         for qid, rel in sorted(graded.items())
@@ -362,6 +333,7 @@ def import_beir(directory: Path, out_corpus: Path, split: str = "test") -> Golde
     ]
     if not items:
         raise ConfigError(f"BEIR import: no query in {qrels_file} has a relevant document")
+    _write_beir_corpus(corpus_file, names, out_corpus)
     notes = []
     if renamed:
         notes.append(f"{renamed} document id(s) would have shared a file name with another "
@@ -384,6 +356,99 @@ def import_beir(directory: Path, out_corpus: Path, split: str = "test") -> Golde
                      f"{qrels_file.name} (or none left): not in the golden set")  # fmt: skip
     return GoldenSet(directory.name, items, f"BEIR {directory.name} ({split})", str(directory),
                      notes=notes)  # fmt: skip
+
+
+def _beir_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """The non-blank lines of a BEIR JSONL file, numbered from 1."""
+    line_no = 0
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for line_no, line in enumerate(fh, start=1):
+                if line.strip():
+                    yield line_no, line
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}:{line_no + 1}: not UTF-8 text; BEIR files are UTF-8") from exc
+
+
+def _beir_object(path: Path, line_no: int, line: str, *keys: str) -> dict[str, Any]:
+    """One JSONL line as an object holding ``keys``, or the error naming the line."""
+    want = f"each line must be a JSON object with {' and '.join(repr(k) for k in keys)}"
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}:{line_no}: not JSON ({exc.msg}); {want}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}:{line_no}: not a JSON object; {want}")
+    missing = [repr(k) for k in keys if k not in value]
+    if missing:
+        raise ConfigError(f"{path}:{line_no}: no {' or '.join(missing)}; {want}")
+    return value
+
+
+def _beir_names(corpus_file: Path) -> tuple[dict[str, str], int]:
+    """Each document id's file name, and how many ids got a hash to keep their name apart;
+    nothing is written yet."""
+    names: dict[str, str] = {}
+    taken: dict[str, str] = {}  # lower-cased file name -> its id (case-blind file systems)
+    renamed = 0
+    for line_no, line in _beir_lines(corpus_file):
+        doc_id = str(_beir_object(corpus_file, line_no, line, "_id")["_id"])
+        if doc_id in names:
+            raise ConfigError(f"{corpus_file}:{line_no}: document id {doc_id!r} repeats")
+        stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in doc_id)
+        name = stem + ".md"
+        if name.lower() in taken:  # another id's name: never write over its document
+            name = f"{stem}-{hashlib.sha256(doc_id.encode()).hexdigest()[:10]}.md"
+            renamed += 1
+            if name.lower() in taken:
+                raise ConfigError(f"{corpus_file}:{line_no}: no file name left for document "
+                                  f"id {doc_id!r} ({name} is taken)")  # fmt: skip
+        names[doc_id] = name
+        taken[name.lower()] = doc_id
+    return names, renamed
+
+
+def _beir_queries(queries_file: Path) -> dict[str, str]:
+    queries: dict[str, str] = {}
+    for line_no, line in _beir_lines(queries_file):
+        query = _beir_object(queries_file, line_no, line, "_id", "text")
+        queries[str(query["_id"])] = str(query["text"])
+    return queries
+
+
+def _beir_qrels(qrels_file: Path) -> list[tuple[str, str, int]]:
+    """The qrels rows as (query id, document id, score), the header row left out."""
+    want = "each line is query-id, corpus-id and a whole-number score, separated by tabs"
+    rows: list[tuple[str, str, int]] = []
+    line_no = 0
+    try:
+        with qrels_file.open(encoding="utf-8") as fh:
+            for line_no, row in enumerate(csv.reader(fh, delimiter="\t"), start=1):
+                if not any(field.strip() for field in row) or row[0] == "query-id":
+                    continue
+                if len(row) < 3:
+                    raise ConfigError(f"{qrels_file}:{line_no}: {len(row)} field(s); {want}")
+                try:
+                    score = int(row[2])
+                except ValueError as exc:
+                    raise ConfigError(
+                        f"{qrels_file}:{line_no}: score {row[2]!r} is not a whole number; {want}"
+                    ) from exc
+                rows.append((row[0], row[1], score))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{qrels_file}:{line_no + 1}: not UTF-8 text; BEIR files are "
+                          "UTF-8") from exc  # fmt: skip
+    return rows
+
+
+def _write_beir_corpus(corpus_file: Path, names: dict[str, str], out_corpus: Path) -> None:
+    """Each document as Markdown, under the name ``_beir_names`` gave it."""
+    out_corpus.mkdir(parents=True, exist_ok=True)
+    for _, line in _beir_lines(corpus_file):
+        doc = json.loads(line)  # each line was checked by _beir_names
+        title = str(doc.get("title") or "").strip()
+        body = (f"# {title}\n\n" if title else "") + str(doc.get("text", "")) + "\n"
+        (out_corpus / names[str(doc["_id"])]).write_text(body, encoding="utf-8")
 
 
 def stratified_sample(items: Sequence[GoldenItem], n: int, seed: int) -> list[GoldenItem]:

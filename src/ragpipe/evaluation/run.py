@@ -19,8 +19,10 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from importlib import metadata
@@ -435,18 +437,33 @@ def run_dir(root: Path, name: str) -> tuple[str, Path]:
     raise FileExistsError(f"1,000 runs named {name!r} in {root} within one second")
 
 
+@contextmanager
+def new_run_dir(root: Path, name: str) -> Iterator[tuple[str, Path]]:
+    """``run_dir``, removed again when an interrupt (Ctrl-C, SIGTERM) stops what writes into
+    it: a report without its history row would pass for a finished run (``ragpipe serve``
+    lists the run directories). An error leaves what was written, as its message says."""
+    run_id, out = run_dir(root, name)
+    try:
+        yield run_id, out
+    except Exception:
+        raise
+    except BaseException:  # KeyboardInterrupt, or Prefect's TerminationSignal
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
 def write_run(summary: RunSummary, table: pa.Table, root: Path) -> RunSummary:
     """The one report writer (retrieval, compare and RAG runs): a new run directory under
-    ``root`` with its four files, then the history rows. Returns ``summary`` with its
-    ``run_id`` and ``report_dir``."""
-    summary.run_id, out = run_dir(root, summary.name)
-    summary.report_dir = str(out)
-    write_table(out / "per_query.parquet", table)
-    atomic_write_bytes(out / "summary.json", json.dumps(summary.as_json(), indent=2).encode())
-    md = render_markdown(summary)
-    atomic_write_bytes(out / "report.md", md.encode())
-    atomic_write_bytes(out / "report.html", render_html(summary, md, table).encode())
-    append_history(root, summary)
+    ``root`` with its four files, then the history rows; an interrupt takes them back.
+    Returns ``summary`` with its ``run_id`` and ``report_dir``."""
+    with new_run_dir(root, summary.name) as (run_id, out):
+        summary.run_id, summary.report_dir = run_id, str(out)
+        write_table(out / "per_query.parquet", table)
+        atomic_write_bytes(out / "summary.json", json.dumps(summary.as_json(), indent=2).encode())
+        md = render_markdown(summary)
+        atomic_write_bytes(out / "report.md", md.encode())
+        atomic_write_bytes(out / "report.html", render_html(summary, md, table).encode())
+        append_history(root, summary)
     return summary
 
 

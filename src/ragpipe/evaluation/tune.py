@@ -42,7 +42,7 @@ from ragpipe.evaluation.golden import GoldenSet
 from ragpipe.evaluation.metrics import METRICS, Interval, PairedDelta
 from ragpipe.evaluation.report import html_page
 from ragpipe.evaluation.retrieval import EvalResult, Granularity, Variant, run_retrieval_eval
-from ragpipe.evaluation.run import checked_golden, run_dir
+from ragpipe.evaluation.run import checked_golden, new_run_dir
 from ragpipe.evaluation.sibling import INGEST_SPACE, Sibling, build_siblings, plan_siblings
 from ragpipe.progress import reporter
 from ragpipe.query.retrieve import Retriever
@@ -786,25 +786,26 @@ def tune_and_report(
             )
         finally:
             progress.finish()
-    _, out = run_dir(config.eval.reports_dir, f"{name or golden.name}-tune")
     summary = tune_summary(outcome, config, golden.name)
-    summary.report_dir = str(out)
     summary.golden["check"] = check.as_dict()
-    if outcome.decision in RECOMMENDED:
-        text = tuned_yaml(outcome, base_config)
-        atomic_write_bytes(out / "tuned.yaml", text.encode())
-        summary.tuned_config = str(out / "tuned.yaml")
-        if write_config is not None:
-            write_config.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(write_config, text.encode())
-            summary.tuned_config = str(write_config)
-    atomic_write_bytes(out / "tune.json", json.dumps(summary.as_json(), indent=2).encode())
-    md = markdown(outcome)
-    if check.skipped:
-        md += (
-            f"\n> **warning:** {len(check.skipped)} golden items skipped (--skip-unmatched): "
-            f"their targets cannot be scored on the index ({', '.join(check.skipped)})\n"
-        )
-    atomic_write_bytes(out / "report.md", md.encode())
-    atomic_write_bytes(out / "report.html", render_tune_html(outcome, md).encode())
+    text = tuned_yaml(outcome, base_config) if outcome.decision in RECOMMENDED else None
+    # An interrupt takes the run directory back (new_run_dir); write_config, outside it, is
+    # written last, so that it is never a pick without its report.
+    with new_run_dir(config.eval.reports_dir, f"{name or golden.name}-tune") as (_, out):
+        summary.report_dir = str(out)
+        if text is not None:
+            atomic_write_bytes(out / "tuned.yaml", text.encode())
+            summary.tuned_config = str(write_config or out / "tuned.yaml")
+        atomic_write_bytes(out / "tune.json", json.dumps(summary.as_json(), indent=2).encode())
+        md = markdown(outcome)
+        if check.skipped:
+            md += (
+                f"\n> **warning:** {len(check.skipped)} golden items skipped (--skip-unmatched): "
+                f"their targets cannot be scored on the index ({', '.join(check.skipped)})\n"
+            )
+        atomic_write_bytes(out / "report.md", md.encode())
+        atomic_write_bytes(out / "report.html", render_tune_html(outcome, md).encode())
+    if text is not None and write_config is not None:
+        write_config.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(write_config, text.encode())
     return outcome, summary

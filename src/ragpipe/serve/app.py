@@ -347,10 +347,14 @@ class Service:
         serve = config.serve
         self.cache = SemanticCache(serve.cache_threshold, serve.cache_size, serve.cache_ttl_seconds)
         self.index = LiveIndex(config, embedder, llm, on_switch=self._switched)
-        self.worker = ThreadPoolExecutor(SEARCH_THREADS, thread_name_prefix="ragpipe-search")
-        self.cache.clear(self.index.version)
-        self.metrics.index_points.set(self.index.describe()["points"])
-        self.warm_up_ms, self.warm_up_error = self._warm_up()
+        try:
+            self.worker = ThreadPoolExecutor(SEARCH_THREADS, thread_name_prefix="ragpipe-search")
+            self.cache.clear(self.index.version)
+            self.metrics.index_points.set(self.index.describe()["points"])
+            self.warm_up_ms, self.warm_up_error = self._warm_up()
+        except BaseException:  # Ctrl-C or SIGTERM while loading: no server will close it
+            self.index.close()  # and its private copy of the index with it
+            raise
         self._answers = 0  # generating or waiting for the model
         self._answers_lock = threading.Lock()
 
