@@ -11,6 +11,7 @@ compared with a clean reference each time; ``RAGPIPE_TORTURE_ROUNDS`` for more).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import multiprocessing
@@ -295,6 +296,33 @@ def test_no_space_is_recognised_as_arrow_and_the_os_report_it() -> None:
         OSError("Error writing bytes to file. Detail: [errno 28] No space left on device")
     )
     assert not checkpoint.is_no_space(OSError(13, "Permission denied"))
+
+
+def test_a_file_system_without_hard_links_still_creates_whole_files(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """atomic_create_bytes (a golden draft, init's files) publishes by hard link; FAT, exFAT
+    and some network mounts refuse links (EPERM here, as Linux's vfat does). No such mount
+    can be made here, so os.link is made to refuse as they do."""
+
+    def no_links(src: str, dst: Path) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted", src)
+
+    monkeypatch.setattr(checkpoint.os, "link", no_links)
+    target = tmp_path / "draft.yaml"
+    checkpoint.atomic_create_bytes(target, b"items: []\n")
+    assert target.read_bytes() == b"items: []\n"
+    with pytest.raises(FileExistsError):  # an existing file is refused as with links
+        checkpoint.atomic_create_bytes(target, b"other\n")
+    assert target.read_bytes() == b"items: []\n"
+
+    def interrupted(src: str, dst: Path) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.atomic_create_bytes(tmp_path / "second.yaml", b"x\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft.yaml"]  # no claim, no temp
 
 
 def test_a_full_store_disk_is_one_clear_line_and_exit_2(tmpfs: Path, tmp_path: Path) -> None:

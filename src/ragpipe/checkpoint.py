@@ -118,7 +118,31 @@ def atomic_create_bytes(path: Path, data: bytes) -> None:
     """
     # A hard link, unlike a rename, refuses an existing name: the exclusive create of "x"
     # without its half-written window.
-    _write_via_temp(path, data, os.link)
+    _write_via_temp(path, data, _link_or_claim)
+
+
+# What a file system without hard links (FAT, exFAT, some network and FUSE mounts) says to
+# os.link.
+_NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EMLINK}
+
+
+def _link_or_claim(tmp: str, path: Path) -> None:
+    """``os.link(tmp, path)``; where the file system has no hard links, the name is claimed
+    by an exclusive create (refusing an existing file as the link would) and the whole file
+    renamed over the empty claim. Only in that case can an empty ``path`` be seen, between
+    the claim and the rename (never a cut-off one), or left by a kill between them."""
+    try:
+        os.link(tmp, path)
+        return
+    except OSError as exc:
+        if isinstance(exc, FileExistsError) or exc.errno not in _NO_LINKS:
+            raise
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        path.unlink(missing_ok=True)  # the empty claim, ours: not a file the user had
+        raise
 
 
 def _write_via_temp(path: Path, data: bytes, publish: Callable[[str, Path], None]) -> None:
