@@ -703,7 +703,8 @@ def report(
     if last < 1:
         console.print("[red]error:[/red] --last must be at least 1")
         raise typer.Exit(2)
-    rows = read_history(cfg.eval.reports_dir)
+    # Flagged and withheld metrics too: the table shows them with their flag, no trend does.
+    rows = read_history(cfg.eval.reports_dir, flagged=True)
     if not rows:
         print(f"no evaluation runs in {cfg.eval.reports_dir} yet: run `ragpipe eval retrieval`")
         return
@@ -736,7 +737,7 @@ def report(
             c if c.isalnum() or c in "-_." else "-" for c in g + (f"-{name}" if name else "")
         )
         path = out_dir / f"trend-{slug}.html"
-        path.write_text(render_trend(g, mine), encoding="utf-8")
+        path.write_text(render_trend(g, [r for r in mine if not r["flag"]]), encoding="utf-8")
         print(f"trend: {path}")
 
 
@@ -745,7 +746,7 @@ def _print_history(rows: list[dict[str, Any]], last: int, metric: str, what: str
     per series (as the HTML trend's lines)."""
     from ragpipe.evaluation.metrics import METRICS
     from ragpipe.evaluation.rag import ALL_RAG_METRICS
-    from ragpipe.evaluation.report import trend_series
+    from ragpipe.evaluation.report import history_cell, trend_series
 
     runs = list(dict.fromkeys(r["run_id"] for r in rows))
     columns = list(dict.fromkeys((r["run_id"], r["variant"]) for r in rows))
@@ -764,23 +765,23 @@ def _print_history(rows: list[dict[str, Any]], last: int, metric: str, what: str
         cells = []
         for run_id, variant in shown:
             got = by_key.get((run_id, variant, m))
-            if got is None:
-                cells.append("")
-            elif got["ci_low"] is None:
-                cells.append(f"{got['mean']:.3f} (n={got['n']}, no CI)")
-            else:
-                cells.append(f"{got['mean']:.3f} [{got['ci_low']:.3f}, {got['ci_high']:.3f}]")
+            cells.append("" if got is None else history_cell(got))  # with its n and flag
         table.add_row(m, *cells)
     Console().print(table)
     # One trend per series, keyed as the HTML trend's lines: a compare run's variants and
     # runs of other names are never read as one run's history.
     trends: dict[str, list[dict[str, Any]]] = {}
+    flagged = 0
     for run_id, variant in columns:
         if (run_id, variant, metric) in by_key:
             point = by_key[(run_id, variant, metric)]
+            if point.get("flag"):  # no trend point: an uncalibrated judge's number, or none
+                flagged += 1
+                continue
             trends.setdefault(trend_series(point), []).append(point)
     if not trends:
-        print(f"{what}: no run has {metric}")
+        also = f" (flagged or withheld in {flagged} run(s): no trend point)" if flagged else ""
+        print(f"{what}: no run has {metric} as a value{also}")
         return
     points = [r for series in trends.values() for r in series]
     low, high = min(r["mean"] for r in points), max(r["mean"] for r in points)
@@ -794,4 +795,6 @@ def _print_history(rows: list[dict[str, Any]], last: int, metric: str, what: str
         for r in mine:
             share = (r["mean"] - low) / (high - low) if high > low else 1.0
             bar = "█" * (1 + round(39 * share))
-            print(f"    {r['run_id']:<{wide}s} {r['mean']:.3f} {bar}")
+            # One item, or every value equal: no CI, as the table says.
+            no_ci = f" (n={r['n']}, no CI)" if r["ci_low"] is None else ""
+            print(f"    {r['run_id']:<{wide}s} {r['mean']:.3f} {bar}{no_ci}")

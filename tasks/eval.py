@@ -14,9 +14,7 @@ from prefect.artifacts import (
 from prefect.cache_policies import NO_CACHE
 
 from ragpipe.config import RagpipeConfig
-from ragpipe.evaluation.metrics import METRICS
-from ragpipe.evaluation.rag import ALL_RAG_METRICS
-from ragpipe.evaluation.report import headline_cell, report_link
+from ragpipe.evaluation.report import metric_rows, report_link
 from ragpipe.evaluation.retrieval import Gate, Variant
 from ragpipe.evaluation.run import RunSummary, run_rag, run_retrieval
 from ragpipe.evaluation.sibling import INGEST_SPACE
@@ -104,19 +102,6 @@ def publish_eval_task(config: RagpipeConfig, summary: RunSummary, key: str) -> N
         description=f"{summary.name}: {summary.kind} metrics with 95% CIs",
     )
 
-    def num(value: float | None, withheld: bool) -> float | None:
-        return None if value is None or withheld else round(value, 4)
-
-    # The headline cell is report.md's; a withheld metric has no number in any column.
-    rows = [
-        {"variant": variant, "metric": m, "headline": headline_cell(ci),
-         "mean": num(ci["mean"], ci.get("withheld", False)),
-         "ci_low": num(ci["ci_low"], ci.get("withheld", False)),
-         "ci_high": num(ci["ci_high"], ci.get("withheld", False)), "n": ci["n"],
-         "n_failed": ci.get("n_failed", 0), "n_not_applicable": ci.get("n_not_applicable", 0),
-         "flag": ci.get("flag") or ""}
-        for variant, by_metric in summary.metrics.items()
-        for m, ci in by_metric.items()
-        if m in METRICS or m in ALL_RAG_METRICS
-    ]  # fmt: skip
-    create_table_artifact(key=f"{key}-metrics", table=rows, description=summary.run_id)
+    create_table_artifact(
+        key=f"{key}-metrics", table=metric_rows(summary), description=summary.run_id
+    )

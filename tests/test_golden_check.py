@@ -3,6 +3,7 @@ with their closest matches, --skip-unmatched, a set meant for another corpus, `e
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,14 @@ def test_skip_unmatched_scores_the_rest_and_the_report_counts_them(
     assert "## Golden targets that cannot be scored (skipped)" in report
     assert '- oven-typo: heading "Ovens" matches nothing' in report
     assert "| mrr | 1.000 (n=1, no CI, 1 n/a) |" in report
+    # The review: history's scope said "all 2 items", as a run of a 2-item set would, and
+    # runs that skipped other items shared its trend line.
+    from ragpipe.evaluation.run import read_history
+
+    ids = hashlib.sha256(b"backup-typo\nlovelace-text\noven-typo").hexdigest()[:6]
+    assert {r["scope"] for r in read_history(tmp_path / "reports")} == {
+        f"all 2 items (3 of 5 skipped: unmatched targets, ids #{ids}), depth {run.depth}"
+    }
 
 
 def _cli(config: RagpipeConfig, *args: str) -> Any:

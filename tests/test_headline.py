@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pyarrow as pa
+import pytest
 from rich.console import Console
 
 from flows.cli_eval import _metrics_table
@@ -45,7 +46,11 @@ def test_delta_cells() -> None:
     moved = paired_delta([0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], 200, 0, 10000).as_dict()
     low, high, p = moved["ci_low"], moved["ci_high"], moved["p_value"]
     assert abs(p - 0.25) < 0.02 and low < 0.75 < high
-    assert delta_cell(moved) == f"+0.750 [{low:+.3f}, {high:+.3f}] p={p:.3f}"
+    assert delta_cell(moved) == f"+0.750 [{low:+.3f}, {high:+.3f}] p={p:.3g}"
+    # Three significant digits: p = 0.0496 read "p=0.050", not under 0.05.
+    near = {"mean": 0.1, "ci_low": 0.001, "ci_high": 0.2, "n": 30}
+    assert delta_cell({**near, "p_value": 0.0496}).endswith(" p=0.0496")
+    assert delta_cell({**near, "p_value": 0.5}).endswith(" p=0.5")
     same = paired_delta([0.5, 0.2, 0.9], [0.5, 0.2, 0.9], 200, 0).as_dict()  # every delta 0
     assert delta_cell(same) == "+0.000 (n=3, no CI: every delta equal)"
     one = paired_delta([0.25], [1.0], 200, 0).as_dict()
@@ -127,3 +132,41 @@ def test_the_bar_chart_leaves_out_flagged_and_withheld_metrics() -> None:
     assert "<!-- faithfulness -->" not in bars and "<!-- context_recall -->" not in bars
     assert box_title == "Per-query distributions" and "<!-- answer_f1 per query -->" in boxes
     assert "faithfulness per query" not in boxes
+
+
+def test_the_bars_mark_a_value_without_ci_and_show_values_below_zero() -> None:
+    # The review: one item's bar had no whisker under a title promising 95% CIs (read as a
+    # CI of zero width), and answer_cosine's -0.17 [-0.40, 0.10] lay under an axis from 0.
+    import re
+
+    one = stats(bootstrap_ci([0.9], 200, 0))
+    below = stats(bootstrap_ci([-0.4, -0.2, 0.1], 200, 0))
+    assert below["ci_low"] == pytest.approx(-0.4)  # the resample of three -0.4s
+    metrics = {"answer_f1": one, "answer_cosine": below}
+    summary = SimpleNamespace(metrics={"rag": metrics}, metric_names=list(metrics), deltas={})
+    table = pa.table({"variant": ["rag"] * 3, "answer_f1": [0.9, None, None],
+                      "answer_cosine": [-0.4, -0.2, 0.1]})  # fmt: skip
+    (bars, _), (boxes, _) = [(svg, t) for t, svg in plots(summary, table)]
+    texts = re.findall(r"<!-- (.*?) -->", bars)
+    assert texts.count("no CI") == 1  # the one-item bar, labelled and hatched
+    assert "−0.4" in texts  # the axis reaches the CI's low end (matplotlib's minus sign)
+    assert "−0.4" in re.findall(r"<!-- (.*?) -->", boxes)
+
+
+def test_the_prefect_metrics_table_has_no_bare_number_for_a_flagged_metric() -> None:
+    # The review: the metrics artifact blanked the number columns of a withheld metric only;
+    # a flagged one (a judge a coin matches) sorted and exported as mean 0.6.
+    from ragpipe.evaluation.report import metric_rows
+
+    value = stats(bootstrap_ci([0.5, 0.7], 200, 0))
+    flagged = stats(bootstrap_ci([0.5, 0.7], 200, 0), flag="judge not calibrated")
+    withheld = stats(bootstrap_ci([0.5, 0.7], 200, 0), flag="judge unreliable", withheld=True)
+    summary = SimpleNamespace(metrics={"rag": {"answer_f1": value, "faithfulness": flagged,
+                                               "context_recall": withheld}})  # fmt: skip
+    rows = {r["metric"]: r for r in metric_rows(summary)}  # type: ignore[arg-type]
+    numbers = ("mean", "ci_low", "ci_high")
+    assert [rows["answer_f1"][k] for k in numbers] == [0.6, 0.5, 0.7]
+    for m in ("faithfulness", "context_recall"):
+        assert [rows[m][k] for k in numbers] == [None, None, None]
+    assert rows["faithfulness"]["headline"] == "0.600 [0.500, 0.700] (n=2); judge not calibrated"
+    assert rows["context_recall"]["headline"] == "judge unreliable (n=2)"

@@ -1708,6 +1708,13 @@ def test_a_judged_metric_shares_a_trend_only_with_runs_of_the_same_judge(tmp_pat
     who = judge_identity(run, "faithfulness")  # type: ignore[arg-type]
     assert re.fullmatch(r"qwen2\.5-coder-1\.5b \(settings [0-9a-f]{8}\)", who)
     assert judge_identity(run, "answer_f1") == ""  # type: ignore[arg-type]
+    # answer_cosine is measured by an embedder: cosines of another are on another scale.
+    assert judge_identity(run, "answer_cosine") == "embedder onnx:all-MiniLM-L6-v2"  # type: ignore[arg-type]
+    cosine_row = {"kind": "rag", "name": "g-rag", "variant": "rag", "scope": "all 6 items, top_k 5",
+                  "judge": "embedder onnx:all-MiniLM-L6-v2"}  # fmt: skip
+    assert trend_series(cosine_row) == (
+        "rag: g-rag / rag, all 6 items, top_k 5, embedder onnx:all-MiniLM-L6-v2"
+    )
 
     def identity(**changed: Any) -> str:
         other = types.SimpleNamespace(**{**vars(run), "judge": {**judge, **changed}})
@@ -1768,3 +1775,9 @@ def test_scores_given_without_the_judge_do_not_dilute_its_failure_share(
     assert result.counts["context_recall"] == {OK: 8, FAILED: 2, NOT_APPLICABLE: 0}
     assert "context_recall" in result.withheld
     assert result.flags["context_recall"].startswith("judge failed on 2 of 6 (> 20%)")
+    # The warning gives each withheld metric its own reason; it blamed the calibration
+    # ("judge reliable (...): context_recall not shown as values") for the judge's failures.
+    assert (
+        "not shown as values and feeding no gate: context_recall (judge failed on 2 of 6 "
+        "(> 20%); judge not calibrated)" in result.warnings
+    )

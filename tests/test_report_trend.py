@@ -186,3 +186,67 @@ def test_runs_finishing_together_both_reach_the_history(tmp_path: Path) -> None:
         assert w.exitcode == 0
     runs = {r["run_id"] for r in read_history(tmp_path)}
     assert runs == {f"{who}-{n}" for who in ("nightly", "manual") for n in range(15)}
+
+
+def test_flagged_and_withheld_metrics_are_listed_with_their_flag_never_as_trend_points(
+    tmp_path: Path,
+) -> None:
+    """The review: history dropped flagged and withheld metrics, so `ragpipe report` and
+    serve's /reports page showed them as blank cells (read as "not measured"); every mean
+    there was a bare number, one item's 0.950 too, and the trend drew it full scale."""
+    import types
+
+    from ragpipe.evaluation.metrics import bootstrap_ci
+    from ragpipe.evaluation.report import history_cell
+    from ragpipe.evaluation.run import append_history, stats
+    from ragpipe.serve.reports import index_page
+
+    blind = "judge not calibrated (kappa 0.50 on 8 pairs, a blind judge does as well with p=0.14)"
+    failing = "judge failed on 5 of 10 (> 20%)"
+    golden = types.SimpleNamespace(name="faq", queries=10, selection="all 10 items")
+    runs = {
+        "20261201T000000Z-faq-rag": {
+            "answer_f1": stats(bootstrap_ci([0.2, 0.3, 0.4], 200, 0)),
+            "faithfulness": stats(bootstrap_ci([1.0] * 7 + [0.6], 200, 0), flag=blind),
+        },
+        "20261202T000000Z-faq-rag": {
+            "answer_f1": stats(bootstrap_ci([0.95], 200, 0)),
+            "faithfulness": stats(bootstrap_ci([1.0] * 5, 200, 0), 5, flag=failing, withheld=True),
+        },
+    }
+    for run_id, metrics in runs.items():
+        summary = types.SimpleNamespace(
+            run_id=run_id, finished_at=run_id, name="faq-rag", golden=golden, granularity="answer",
+            kind="rag", depth=5, judge=None, git_revision="", metrics={"rag": metrics},
+        )  # fmt: skip
+        append_history(tmp_path, summary)  # type: ignore[arg-type]
+
+    assert {(r["run_id"][:9], r["metric"]) for r in read_history(tmp_path)} == {
+        ("20261201T", "answer_f1"), ("20261202T", "answer_f1")}  # fmt: skip
+    rows = {(r["run_id"][:9], r["metric"]): r for r in read_history(tmp_path, flagged=True)}
+    withheld = rows[("20261202T", "faithfulness")]
+    assert withheld["mean"] is None and withheld["flag"] == f"withheld: {failing}"
+    # 7 of 8 ones and a 0.6: mean 0.95; a resample's mean is 0.95 + k x 0.05 steps of 8.
+    flagged = history_cell(rows[("20261201T", "faithfulness")])
+    assert flagged.startswith("0.950 [") and flagged.endswith(f"(n=8); {blind}")
+    assert history_cell(withheld) == f"{failing} (n=5)"
+    assert history_cell(rows[("20261202T", "answer_f1")]) == "0.950 (n=1, no CI)"
+
+    shown = CliRunner().invoke(app, ["report", "--reports-dir", str(tmp_path), "--metric",
+                                     "faithfulness"], env={"COLUMNS": "400"})  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    assert blind in shown.output and f"{failing} (n=5)" in shown.output
+    assert "no run has faithfulness as a value (flagged or withheld in 2 run(s)" in shown.output
+    trend = (tmp_path / "trend-faq.html").read_text(encoding="utf-8")
+    assert "answer_f1" in trend and "faithfulness" not in trend
+    shown = CliRunner().invoke(app, ["report", "--reports-dir", str(tmp_path), "--metric",
+                                     "answer_f1"], env={"COLUMNS": "400"})  # fmt: skip
+    bars = [line for line in shown.output.splitlines() if line.startswith("    2026")]
+    # 0.300 to 0.950: 1 and 40 blocks; the one-item mean says it has no CI.
+    assert bars == ["    20261201T000000Z-faq-rag 0.300 █",
+                    "    20261202T000000Z-faq-rag 0.950 " + "█" * 40 + " (n=1, no CI)"]  # fmt: skip
+
+    page = index_page(tmp_path)
+    assert "<span>0.950 (n=1, no CI)</span>" in page
+    assert "<span class='flag'>judge failed on 5 of 10 (&gt; 20%) (n=5)</span>" in page
+    assert "a blind judge does as well with p=0.14)</span>" in page

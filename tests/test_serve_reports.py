@@ -147,12 +147,14 @@ def test_the_index_heads_every_kind_of_run_with_real_metric_names(tmp_path: Path
     assert set(HEADLINE) <= {*METRICS, *ALL_RAG_METRICS}
     row = {"run_id": "20261101T000000Z-faq-rag", "finished_at": "2026-11-01", "name": "faq-rag",
            "golden": "faq", "granularity": "answer", "variant": "rag", "kind": "rag",
-           "queries": 20, "scope": "the first 20 of 75 items (--limit), top_k 5", "ci_low": None,
-           "ci_high": None, "n": 20, "git_revision": ""}  # fmt: skip
-    rows = [{**row, "metric": "answer_f1", "mean": 0.4321},
-            {**row, "metric": "citation_precision", "mean": 0.8765}]  # fmt: skip
+           "queries": 20, "scope": "the first 20 of 75 items (--limit), top_k 5", "n": 20,
+           "git_revision": ""}  # fmt: skip
+    rows = [{**row, "metric": "answer_f1", "mean": 0.4321, "ci_low": 0.3, "ci_high": 0.55},
+            {**row, "metric": "citation_precision", "mean": 0.8765, "ci_low": 0.8,
+             "ci_high": 0.95}]  # fmt: skip
     pq.write_table(pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA), tmp_path / "history.parquet")
     page = index_page(tmp_path)
     assert "<th>answer_f1</th><th>citation_precision</th></tr>" in page
     scope = "the first 20 of 75 items (--limit), top_k 5"
-    assert f"<td>{scope}</td><td>0.4321</td><td>0.8765</td>" in page
+    assert (f"<td>{scope}</td><td><span>0.432 [0.300, 0.550] (n=20)</span></td>"
+            "<td><span>0.876 [0.800, 0.950] (n=20)</span></td>") in page  # fmt: skip

@@ -1196,10 +1196,10 @@ def _result(
     failed = sum(counts[m][FAILED] for m in RAG_METRICS)
     if failed:
         warnings.append(f"{failed} judge call(s) failed; they are null, not 0 (see per_query)")
-    if calibration is not None and withheld:
+    if withheld:  # each with its own reason: the judge failing, or not agreeing with truth
         warnings.append(
-            f"{calibration.label()}: {', '.join(sorted(withheld))} not shown as values and "
-            "feed no gate"
+            "not shown as values and feeding no gate: "
+            + "; ".join(f"{m} ({flags[m]})" for m in sorted(withheld))
         )
     warnings += notes
     judge_info = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import io
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -15,10 +16,13 @@ import pyarrow as pa
 
 from ragpipe.config import RagpipeConfig
 from ragpipe.evaluation.metrics import METRICS
-from ragpipe.evaluation.rag import ANSWER_METRICS, RAG_METRICS
+from ragpipe.evaluation.rag import ALL_RAG_METRICS, ANSWER_METRICS, RAG_METRICS
 
 if TYPE_CHECKING:
     from ragpipe.evaluation.run import RunSummary
+
+
+WITHHELD = "withheld: "  # how history's flag of a withheld metric starts
 
 
 def trend_scope(row: dict[str, Any]) -> str:
@@ -37,7 +41,10 @@ def trend_series(row: dict[str, Any]) -> str:
     run it is named like; faithfulness by another judge is another instrument)."""
     kind = "rag" if row["kind"] == "rag" else f"{row['kind']} ({row['granularity']})"
     size = f", {trend_scope(row)}" if trend_scope(row) else ""
-    judge = f", judge {row['judge']}" if row.get("judge") else ""
+    judge = row.get("judge") or ""
+    if judge and not judge.startswith("embedder "):  # answer_cosine's instrument
+        judge = f"judge {judge}"
+    judge = f", {judge}" if judge else ""
     return f"{kind}: {row['name']} / {row['variant']}{size}{judge}"
 
 
@@ -66,6 +73,37 @@ def headline_cell(st: dict[str, Any]) -> str:
     return f"{cell}; {flag}" if flag else cell
 
 
+def metric_rows(summary: RunSummary) -> list[dict[str, Any]]:
+    """A run's metrics as table rows (the Prefect metrics artifact): the headline cell as
+    report.md's, and numbers in the columns a table sorts and exports by only for a value:
+    a withheld or flagged metric (a judge not calibrated) has its number in the headline
+    only, beside its flag."""
+
+    def num(value: float | None, st: dict[str, Any]) -> float | None:
+        return None if value is None or st.get("withheld") or st.get("flag") else round(value, 4)
+
+    return [
+        {"variant": variant, "metric": m, "headline": headline_cell(st),
+         "mean": num(st["mean"], st), "ci_low": num(st["ci_low"], st),
+         "ci_high": num(st["ci_high"], st), "n": st["n"],
+         "n_failed": st.get("n_failed", 0), "n_not_applicable": st.get("n_not_applicable", 0),
+         "flag": st.get("flag") or ""}
+        for variant, by_metric in summary.metrics.items()
+        for m, st in by_metric.items()
+        if m in METRICS or m in ALL_RAG_METRICS
+    ]  # fmt: skip
+
+
+def history_cell(row: dict[str, Any]) -> str:
+    """A history row (a run's metric) as the headline shows it: with its CI or ``no CI``,
+    its n, and its flag; a withheld metric's reason instead of a value."""
+    flag = row.get("flag") or ""
+    withheld = flag.startswith(WITHHELD)
+    return headline_cell(
+        {**row, "withheld": withheld, "flag": flag.removeprefix(WITHHELD) if withheld else flag}
+    )
+
+
 def delta_cell(d: dict[str, Any]) -> str:
     """A paired delta (variant - baseline) as report.md shows it: with its 95% CI and
     p-value, or why there is no CI (one paired query; every query's delta the same)."""
@@ -73,7 +111,9 @@ def delta_cell(d: dict[str, Any]) -> str:
         why = ": every delta equal" if d["n"] >= 2 else ""
         return f"{d['mean']:+.3f} (n={d['n']}, no CI{why})"
     p = d["p_value"]
-    shown = "p<0.001" if p < 0.001 else f"p={p:.3f}"  # the test's smallest p is 1/(N+1), not 0
+    # The test's smallest p is 1/(N+1), not 0; three significant digits keep 0.0496 under
+    # 0.05 (":.3f" made it p=0.050).
+    shown = "p<0.001" if p < 0.001 else f"p={p:.3g}"
     return f"{d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] {shown}"
 
 
@@ -262,6 +302,24 @@ def svg(fig: Any) -> str:
     return buffer.getvalue()[buffer.getvalue().index("<svg") :]
 
 
+def mark_no_ci(ax: Any, bars: Any, has_ci: Sequence[bool]) -> None:
+    """Hatch and label each bar drawn without a CI (one item, or every value the same):
+    with no whisker it reads as a CI of zero width, certainty."""
+    for bar, ok in zip(bars, has_ci, strict=True):
+        if not ok and bar.get_height() == bar.get_height():  # not a NaN (not drawn)
+            bar.set_hatch("//")
+            top = max(bar.get_y(), bar.get_y() + bar.get_height())
+            ax.annotate("no CI", (bar.get_x() + bar.get_width() / 2, top),
+                        ha="center", va="bottom", fontsize=8)  # fmt: skip
+
+
+def _lowest(values: Iterable[float | None]) -> float:
+    """A y axis's floor: 0, or below the lowest value (answer cosine and relevancy, and
+    deltas, go below 0: a bar under the axis read as a value near 0)."""
+    low = min((v for v in values if v is not None and v == v), default=0.0)
+    return min(0.0, low - 0.05)
+
+
 def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
     """(title, inline SVG) figures: metric bars with CI whiskers, distributions, deltas."""
     import matplotlib
@@ -288,9 +346,13 @@ def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
         high = [c["ci_high"] - c["mean"] if drawn(c) and c["ci_high"] is not None else 0.0
                 for c in cis]  # fmt: skip
         xs = [j + i * width for j in range(len(names))]
-        ax.bar(xs, means, width, yerr=[low, high], capsize=3, label=v)
+        bars = ax.bar(xs, means, width, yerr=[low, high], capsize=3, label=v)
+        mark_no_ci(ax, bars, [c["ci_low"] is not None for c in cis])
     ax.set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(names))], names)
-    ax.set_ylim(0, 1.05)
+    drawn_sts = [summary.metrics[v][m] for v in variants for m in names]
+    drawn_low = [c["ci_low"] if c["ci_low"] is not None else c["mean"]
+                 for c in drawn_sts if drawn(c)]  # fmt: skip
+    ax.set_ylim(_lowest(drawn_low), 1.05)
     ax.set_ylabel("mean (95% CI)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.tick_params(axis="x", rotation=30)
@@ -311,7 +373,7 @@ def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
         ]
         ax.boxplot(series, tick_labels=variants, showmeans=True)
         ax.set_title(f"{m} per query")
-        ax.set_ylim(-0.05, 1.05)
+        ax.set_ylim(min(-0.05, _lowest(x for xs in series for x in xs)), 1.05)
         ax.tick_params(axis="x", rotation=20)
     out.append(("Per-query distributions", svg(fig)))
     plt.close(fig)
@@ -327,7 +389,7 @@ def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
                 [x["mean"] - x["ci_low"] if x["ci_low"] is not None else 0.0 for x in d],
                 [x["ci_high"] - x["mean"] if x["ci_high"] is not None else 0.0 for x in d],
             ]
-            ax.bar(
+            bars = ax.bar(
                 [j + i * width for j in range(len(names))],
                 means,
                 width,
@@ -335,6 +397,7 @@ def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
                 capsize=3,
                 label=f"{v} - {summary.baseline}",
             )
+            mark_no_ci(ax, bars, [x["ci_low"] is not None for x in d])
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_xticks([j + width * (len(others) - 1) / 2 for j in range(len(names))], names)
         ax.tick_params(axis="x", rotation=30)

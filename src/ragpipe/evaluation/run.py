@@ -46,7 +46,7 @@ from ragpipe.evaluation.check import (
 from ragpipe.evaluation.golden import GoldenSet, load_golden
 from ragpipe.evaluation.metrics import METRICS, Interval
 from ragpipe.evaluation.rag import ALL_RAG_METRICS, RAG_METRICS, RagEvalResult, run_rag_eval
-from ragpipe.evaluation.report import render_html, render_markdown
+from ragpipe.evaluation.report import WITHHELD, render_html, render_markdown
 from ragpipe.evaluation.retrieval import (
     EvalResult,
     Gate,
@@ -90,6 +90,10 @@ HISTORY_SCHEMA = pa.schema(
         ("ci_high", pa.float64()),
         ("n", pa.int64()),
         ("git_revision", pa.string()),
+        # Why the number is not to be read as a value (a judge not calibrated, too many
+        # items not scored; a withheld metric has no mean either); null for a value. Such
+        # a row is never a trend point; the lists of runs show it with its flag.
+        ("flag", pa.string()),
     ]
 )
 # per_query.parquet of a retrieval or compare run: one row per (variant, question).
@@ -551,6 +555,14 @@ def with_check(summary: RunSummary, check: GoldenCheck) -> RunSummary:
     """The summary with the golden check's outcome, and a warning naming skipped items."""
     summary.golden_check = check.as_dict()
     if check.skipped:
+        # The scope too (history, trends, lists of runs): "all 70 items" of a 75-item set is
+        # not the whole set, and two runs that skipped different items are not one series.
+        ids = hashlib.sha256("\n".join(sorted(check.skipped)).encode()).hexdigest()[:6]
+        selection = summary.golden.selection or f"{summary.golden.queries} items"
+        summary.golden.selection = (
+            f"{selection} ({len(check.skipped)} of {check.items} skipped: unmatched targets, "
+            f"ids #{ids})"
+        )
         shown = ", ".join(check.skipped[:10]) + (", ..." if len(check.skipped) > 10 else "")
         summary.warnings.insert(
             0,
@@ -626,15 +638,26 @@ def judge_identity(summary: RunSummary, metric: str) -> str:
     that make its verdicts (JUDGE_SETTINGS: prompts, ways of asking, ragas, the embedder of
     answer relevancy, ...); "" for any other metric. Faithfulness by one judge and by
     another are two instruments, not a trend."""
-    if summary.kind != "rag" or metric not in RAG_METRICS or not summary.judge:
+    if summary.kind != "rag" or not summary.judge:
+        return ""
+    if metric == "answer_cosine":  # measured by the embedder: another one, another scale
+        return f"embedder {summary.judge.get('embedder')}"
+    if metric not in RAG_METRICS:
         return ""
     settings = {k: summary.judge.get(k) for k in JUDGE_SETTINGS}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
     return f"{summary.judge.get('model')} (settings {digest})"
 
 
+def _history_flag(ci: Stats) -> str | None:
+    if ci.get("withheld"):
+        return WITHHELD + str(ci.get("flag") or "not shown as a value")
+    return ci.get("flag") or None
+
+
 def append_history(root: Path, summary: RunSummary) -> None:
-    """One row per (variant, metric) with a mean: the trend ``ragpipe report`` shows."""
+    """One row per (variant, metric) with a mean, or flagged or withheld (``flag``): the
+    trend ``ragpipe report`` shows, and the lists of runs."""
     rows = [
         {
             "run_id": summary.run_id,
@@ -648,16 +671,17 @@ def append_history(root: Path, summary: RunSummary) -> None:
             "scope": scope(summary),
             "judge": judge_identity(summary, metric),
             "metric": metric,
-            "mean": ci["mean"],
-            "ci_low": ci["ci_low"],
-            "ci_high": ci["ci_high"],
+            "mean": None if ci.get("withheld") else ci["mean"],
+            "ci_low": None if ci.get("withheld") else ci["ci_low"],
+            "ci_high": None if ci.get("withheld") else ci["ci_high"],
             "n": ci["n"],
             "git_revision": summary.git_revision or "",
+            # A withheld or flagged number (an uncalibrated judge's) is no trend point.
+            "flag": _history_flag(ci),
         }
         for variant, by_metric in summary.metrics.items()
         for metric, ci in by_metric.items()
-        # A withheld or flagged number (an unreliable or uncalibrated judge) is no trend point.
-        if ci["n"] and not ci.get("withheld") and not ci.get("flag")
+        if ci["n"] or ci.get("flag") or ci.get("withheld")
     ]
     new = pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA)
     path = root / HISTORY
@@ -678,7 +702,8 @@ def _history_table(path: Path) -> pa.Table:
     if "kind" not in table.column_names:
         kinds = ["rag" if g == "answer" else "retrieval" for g in table["granularity"].to_pylist()]
         table = table.append_column("kind", pa.array(kinds, pa.string()))
-    for name, kind in (("queries", pa.int64()), ("scope", pa.string()), ("judge", pa.string())):
+    for name, kind in (("queries", pa.int64()), ("scope", pa.string()), ("judge", pa.string()),
+                       ("flag", pa.string())):  # fmt: skip
         if name not in table.column_names:  # files from before the column
             table = table.append_column(name, pa.nulls(table.num_rows, kind))
     table = table.select(HISTORY_SCHEMA.names).cast(HISTORY_SCHEMA)
@@ -692,6 +717,10 @@ def _history_table(path: Path) -> pa.Table:
     return table
 
 
-def read_history(root: Path) -> list[dict[str, Any]]:
+def read_history(root: Path, *, flagged: bool = False) -> list[dict[str, Any]]:
+    """history.parquet's rows, oldest first: the values only (trend points), or with
+    ``flagged`` also the flagged and withheld metrics (``flag`` set; a withheld one has no
+    mean), for a list of runs that shows each with its flag."""
     path = root / HISTORY
-    return _history_table(path).to_pylist() if path.is_file() else []
+    rows = _history_table(path).to_pylist() if path.is_file() else []
+    return rows if flagged else [r for r in rows if not r["flag"]]

@@ -709,7 +709,7 @@ def tune_plot(outcome: TuneOutcome) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ragpipe.evaluation.report import svg
+    from ragpipe.evaluation.report import mark_no_ci, svg
 
     names = list(outcome.deltas)
     cis = [outcome.deltas[m].interval for m in names]
@@ -719,11 +719,7 @@ def tune_plot(outcome: TuneOutcome) -> str:
     high = [ci.high - ci.mean if ok else 0.0 for ci, ok in zip(cis, shown, strict=True)]
     fig, ax = plt.subplots(figsize=(10, 4))
     bars = ax.bar(range(len(names)), means, yerr=[low, high], capsize=3)
-    for bar, ok in zip(bars, shown, strict=True):
-        if not ok:  # no whisker of zero width: say there is no CI
-            bar.set_hatch("//")
-            ax.annotate("no CI", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=8)  # fmt: skip
+    mark_no_ci(ax, bars, shown)
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(names)), names)
     ax.tick_params(axis="x", rotation=30)

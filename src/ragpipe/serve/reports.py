@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from ragpipe.evaluation.report import render_trend, trend_scope
+from ragpipe.evaluation.report import history_cell, render_trend, trend_scope
 from ragpipe.evaluation.run import read_history
 
 # The index page's columns: retrieval metrics (METRICS) and RAG ones (ALL_RAG_METRICS).
@@ -38,19 +38,30 @@ def inside(root: Path, relative: str) -> Path | None:
 
 
 def _runs(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """golden set -> its runs, newest first, each with its headline means."""
+    """golden set -> its runs, newest first, each with its headline metrics (history rows,
+    flagged and withheld ones with their flag)."""
     runs: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in rows:
         run = runs[r["golden"]].setdefault(r["run_id"], {**r, "means": {}})
         if r["variant"] == run["variant"]:  # the baseline's (the first variant's) numbers
-            run["means"][r["metric"]] = r["mean"]
+            run["means"][r["metric"]] = r
     return {golden: sorted(by_id.values(), key=lambda r: r["finished_at"], reverse=True)
             for golden, by_id in runs.items()}  # fmt: skip
 
 
+def _cell(row: dict[str, Any]) -> str:
+    judge = f" title='judge: {html.escape(row['judge'], quote=True)}'" if row.get("judge") else ""
+    text = html.escape(history_cell(row))
+    return (
+        f"<span class='flag'{judge}>{text}</span>"
+        if row.get("flag")
+        else f"<span{judge}>{text}</span>"
+    )
+
+
 def index_page(root: Path) -> str:
     """The runs in ``root`` by golden set, each linked to its report, and a trend link."""
-    groups = _runs(read_history(root))
+    groups = _runs(read_history(root, flagged=True))
     body = ["<h1>ragpipe evaluation reports</h1>"]
     if not groups:
         body.append(f"<p>No runs in {html.escape(str(root))} yet: run <code>ragpipe eval "
@@ -68,11 +79,13 @@ def index_page(root: Path) -> str:
             kind = r["kind"] if r["kind"] == "rag" else f"{r['kind']} ({r['granularity']})"
             cells = [link, html.escape(kind), html.escape(str(r["finished_at"])[:19]),
                      html.escape(trend_scope(r))]  # fmt: skip
-            cells += [f"{r['means'][m]:.4f}" if m in r["means"] else "" for m in shown]
+            # As every headline: the CI or "no CI" with n, the flag; the judge on hover.
+            cells += [_cell(r["means"][m]) if m in r["means"] else "" for m in shown]
             rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
         body.append(f"<table><tr>{head}</tr>{''.join(rows)}</table>")
     style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}")  # fmt: skip
+             "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}"
+             ".flag{color:#a15c00}")  # fmt: skip
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>ragpipe reports</title>"
         f"<style>{style}</style></head><body>{''.join(body)}</body></html>"
