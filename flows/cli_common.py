@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,8 +44,10 @@ def sigterm_unwinds() -> None:
     ``finally`` runs, so a reader's private copy of the index, the writer slot and the locks
     are given back and a half-done write is taken back before the process ends (exit 130).
     Left at its default, SIGTERM ends the process on the spot (exit 143) with none of that.
-    Every command gets it (``flows.cli``'s root callback)."""
-    signal.signal(signal.SIGTERM, _terminated)
+    Every command gets it (``flows.cli``'s root callback). Off the main thread (the CLI
+    invoked from a program's thread) signals are not Python's to set: left as they are."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
 
 
 def plain_env(verbose: bool) -> None:
@@ -138,6 +141,10 @@ def error_names(cls: type[BaseException] = RagpipeError) -> set[str]:
     return {cls.__name__}.union(*(error_names(sub) for sub in cls.__subclasses__()))
 
 
+# How Prefect's crashed states name Ctrl-C and SIGTERM (prefect.states).
+SIGNALLED = ("an interrupt signal", "a termination signal")
+
+
 class HideExpectedErrors(logging.Filter):
     """Drop Prefect's tracebacks of ragpipe's own errors (bad config, a held store, a full
     disk, ...) and of a run stopped by a signal: the CLI prints the one line that matters.
@@ -152,6 +159,10 @@ class HideExpectedErrors(logging.Filter):
         if record.levelno < logging.ERROR:
             return True
         message = record.getMessage()
+        if any(f"Execution was aborted by {by}" in message for by in SIGNALLED):
+            # "Crash detected! ...", "Finished in state Crashed(...)": Ctrl-C or SIGTERM,
+            # logged with no exception; the CLI's one line says it
+            return False
         return not any(f"exception {n}:" in message or f"{n}(" in message for n in error_names())
 
 

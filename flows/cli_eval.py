@@ -96,26 +96,38 @@ def _eval_config(
     return load_config(config, overrides)
 
 
-def _stopped(reports_dir: Path, what: str, unwritten: str) -> Callable[[], str]:
+def _stopped(
+    reports_dir: Path, what: str, unwritten: str, out: Path | None = None
+) -> Callable[[], str]:
     """What an evaluation stopped by Ctrl-C or SIGTERM kept, said when it stops: nothing
     (a run takes its report directory back when interrupted while writing it), or its
-    whole report when the signal came after it was written (a flow still publishing its
-    Prefect artifacts)."""
+    whole report when the signal came after it was recorded (a flow still publishing its
+    Prefect artifacts): the one this process wrote, never another run's in the same
+    reports_dir. ``out``: a file written after the report (tune's --out), said too."""
+    from ragpipe.evaluation.run import WRITTEN_RUN_DIRS
 
-    def runs() -> set[str]:
-        if not reports_dir.is_dir():
-            return set()
-        return {p.name for p in reports_dir.iterdir() if p.is_dir()}
-
-    before = runs()
+    before = len(WRITTEN_RUN_DIRS)
+    out_before = _identity(out)
 
     def kept() -> str:
-        new = sorted(runs() - before)
-        if new:
-            return f"the {what} stopped after writing its report ({reports_dir / new[-1]})"
-        return f"the {what} stopped; {unwritten}"
+        new = WRITTEN_RUN_DIRS[before:]
+        if not new:
+            return f"the {what} stopped; {unwritten}"
+        line = f"the {what} stopped after writing its report ({new[-1]})"
+        if out is not None and _identity(out) == out_before:
+            line += f"; {out} was not written (the report's directory has the same file)"
+        return line
 
     return kept
+
+
+def _identity(path: Path | None) -> tuple[int, int] | None:
+    """A file's inode and change time: another after it is written (replaced) again."""
+    try:
+        st = path.stat() if path is not None else None
+    except OSError:
+        return None
+    return (st.st_ino, st.st_ctime_ns) if st else None
 
 
 def _eval_stopped(cfg: RagpipeConfig) -> Callable[[], str]:
@@ -595,7 +607,7 @@ def eval_tune(
         Progress(
             *columns, console=console, transient=True, disable=not console.is_terminal
         ) as progress,
-        interruptible(_stopped(cfg.eval.reports_dir, "tune", unwritten)),
+        interruptible(_stopped(cfg.eval.reports_dir, "tune", unwritten, out)),
     ):
         previous = set_reporter(RichReporter(progress))
         try:

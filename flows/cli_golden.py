@@ -66,7 +66,13 @@ def draft(
     plain_env(verbose)
     if os.path.lexists(out):
         fail(RagpipeError(f"{out} exists; give another --out (drafts never overwrite a file)"), 2)
-    with interruptible(f"the draft stopped; {out} was not written"):  # it is whole or absent
+
+    def kept() -> str:  # the draft is whole or absent; a signal may come just after it
+        if os.path.lexists(out):  # it did not exist before: the draft's, whole
+            return f"the draft stopped after writing {out}"
+        return f"the draft stopped; {out} was not written"
+
+    with interruptible(kept):
         try:
             overrides = index_overrides(store_path, None)
             if model is not None:

@@ -191,6 +191,12 @@ GOOD_QRELS = "query-id\tcorpus-id\tscore\nq1\td1\t1\n"
         ("queries", '{"_id": "q2"}',
          r"queries\.jsonl:2: no 'text'; each line must be a JSON object with '_id' and 'text'"),
         ("queries", "not json", r"queries\.jsonl:2: not JSON \(Expecting value\)"),
+        # The review: a null text became the query 'None', an empty one ''.
+        ("queries", '{"_id": "q2", "text": null}',
+         r"queries\.jsonl:2: 'text' is null; a query's text must be a non-empty string"),
+        ("queries", '{"_id": "q2", "text": "  "}', r"queries\.jsonl:2: 'text' is \"  \";"),
+        ("corpus", '{"_id": null, "text": "x"}',
+         r"corpus\.jsonl:2: '_id' is null; it must be a non-empty string or a whole number"),
         ("qrels", "q1\td1\thigh",
          r"test\.tsv:3: score 'high' is not a whole number; each line is query-id, corpus-id "
          r"and a whole-number score, separated by tabs"),

@@ -325,6 +325,35 @@ def test_a_file_system_without_hard_links_still_creates_whole_files(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["draft.yaml"]  # no claim, no temp
 
 
+def test_files_written_whole_keep_the_umasks_mode(tmp_path: Path) -> None:
+    # The review: the temp file was made 0o644, so under umask 002 a draft or init's files
+    # lost the group write that open(path, "x") gave (0o664): a shared project broke.
+    old = os.umask(0o002)
+    try:
+        checkpoint.atomic_create_bytes(tmp_path / "created.yaml", b"x\n")
+        checkpoint.atomic_write_bytes(tmp_path / "replaced.json", b"{}")
+    finally:
+        os.umask(old)
+    for name in ("created.yaml", "replaced.json"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o664
+
+
+def test_the_cli_runs_off_the_main_thread(tmp_path: Path) -> None:
+    # The review: every command set a SIGTERM handler, which only the main thread may: the
+    # CLI invoked from a program's thread failed ('signal only works in main thread').
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    got: list[Any] = []
+    worker = threading.Thread(target=lambda: got.append(
+        CliRunner().invoke(app, ["init", str(tmp_path / "project")])))  # fmt: skip
+    worker.start()
+    worker.join(60)
+    assert got and got[0].exit_code == 0, got and got[0].output
+    assert (tmp_path / "project" / "ragpipe.yaml").is_file()
+
+
 def test_a_full_store_disk_is_one_clear_line_and_exit_2(tmpfs: Path, tmp_path: Path) -> None:
     corpus = _text_corpus(tmp_path / "c", TOPICS[:1])
     env = {**os.environ, "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore"}

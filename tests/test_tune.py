@@ -327,6 +327,9 @@ def test_a_recommended_pick_is_written_as_a_config_that_loads(
     )
     out = Path(report.report_dir)
     assert report.tuned_config == str(written)
+    # tune.json names the report's own copy: --out is written after it (a stop between
+    # left tune.json naming a file never written).
+    assert json.loads((out / "tune.json").read_text())["tuned_config"] == str(out / "tuned.yaml")
     assert outcome.decision == "recommend" and outcome.overrides == {"mode": "sparse"}
     assert outcome.delta.interval.mean > 0
     assert written.read_text() == (out / "tuned.yaml").read_text()

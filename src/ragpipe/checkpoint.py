@@ -44,9 +44,11 @@ def fsync_dir(directory: Path) -> None:
 
 
 def _temp_beside(path: Path) -> tuple[int, str]:
-    """A new, exclusively created temp file next to ``path`` (same file system)."""
+    """A new, exclusively created temp file next to ``path`` (same file system), with the
+    mode ``open(path, "w")`` would give (0o666 less the umask: a group-writable project
+    stays so)."""
     tmp = str(path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
-    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), tmp
+    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
 
 
 def remove_stale_temps(directory: Path) -> int:
@@ -137,8 +139,9 @@ def _link_or_claim(tmp: str, path: Path) -> None:
     except OSError as exc:
         if isinstance(exc, FileExistsError) or exc.errno not in _NO_LINKS:
             raise
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
+        os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         path.unlink(missing_ok=True)  # the empty claim, ours: not a file the user had

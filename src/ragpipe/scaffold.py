@@ -289,8 +289,14 @@ def scaffold(folder: Path, roots: list[str] | None = None, name: str = "my-docs"
     written: list[Path] = []
     try:
         for path, text in texts.items():
-            atomic_create_bytes(path, text.encode("utf-8"))
+            # Counted before: an interrupt can land after the file is in place, before the
+            # call returns. One that existed already (FileExistsError) is not ours.
             written.append(path)
+            try:
+                atomic_create_bytes(path, text.encode("utf-8"))
+            except FileExistsError:
+                written.pop()
+                raise
     except BaseException as exc:
         for done in written:
             done.unlink(missing_ok=True)

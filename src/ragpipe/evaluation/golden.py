@@ -382,6 +382,15 @@ def _beir_object(path: Path, line_no: int, line: str, *keys: str) -> dict[str, A
     missing = [repr(k) for k in keys if k not in value]
     if missing:
         raise ConfigError(f"{path}:{line_no}: no {' or '.join(missing)}; {want}")
+    for key in keys:  # a null or empty one became the query 'None' or ''
+        got = value[key]
+        if key == "_id" and (isinstance(got, bool) or not isinstance(got, str | int)
+                             or not str(got).strip()):  # fmt: skip
+            raise ConfigError(f"{path}:{line_no}: '_id' is {json.dumps(got)}; it must be a "
+                              "non-empty string or a whole number")  # fmt: skip
+        if key == "text" and (not isinstance(got, str) or not got.strip()):
+            raise ConfigError(f"{path}:{line_no}: 'text' is {json.dumps(got)}; a query's text "
+                              "must be a non-empty string")  # fmt: skip
     return value
 
 

@@ -441,26 +441,47 @@ def run_dir(root: Path, name: str) -> tuple[str, Path]:
     raise FileExistsError(f"1,000 runs named {name!r} in {root} within one second")
 
 
+# The run directories this process wrote whole, oldest first: an interrupted command says
+# which report it kept, never another process's (evals may share a reports_dir).
+WRITTEN_RUN_DIRS: list[Path] = []
+
+
 @contextmanager
-def new_run_dir(root: Path, name: str) -> Iterator[tuple[str, Path]]:
+def new_run_dir(
+    root: Path, name: str, committed: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, Path]]:
     """``run_dir``, removed again when an interrupt (Ctrl-C, SIGTERM) stops what writes into
-    it: a report without its history row would pass for a finished run (``ragpipe serve``
-    lists the run directories). An error leaves what was written, as its message says."""
+    it, unless ``committed(run_id)`` says the run was already recorded (its history row
+    written: a finished run, whatever came after). A report without its history row would
+    pass for a finished run. An error leaves what was written, as its message says. A run
+    directory kept is added to ``WRITTEN_RUN_DIRS``."""
     run_id, out = run_dir(root, name)
     try:
         yield run_id, out
     except Exception:
         raise
     except BaseException:  # KeyboardInterrupt, or Prefect's TerminationSignal
-        shutil.rmtree(out, ignore_errors=True)
+        if committed is not None and committed(run_id):
+            WRITTEN_RUN_DIRS.append(out)
+        else:
+            shutil.rmtree(out, ignore_errors=True)
         raise
+    WRITTEN_RUN_DIRS.append(out)
+
+
+def in_history(root: Path, run_id: str) -> bool:
+    """Whether history.parquet in ``root`` has rows of ``run_id`` (its commit marker)."""
+    return any(r["run_id"] == run_id for r in read_history(root, flagged=True))
 
 
 def write_run(summary: RunSummary, table: pa.Table, root: Path) -> RunSummary:
     """The one report writer (retrieval, compare and RAG runs): a new run directory under
     ``root`` with its four files, then the history rows; an interrupt takes them back.
     Returns ``summary`` with its ``run_id`` and ``report_dir``."""
-    with new_run_dir(root, summary.name) as (run_id, out):
+    with new_run_dir(root, summary.name, lambda run_id: in_history(root, run_id)) as (
+        run_id,
+        out,
+    ):
         summary.run_id, summary.report_dir = run_id, str(out)
         write_table(out / "per_query.parquet", table)
         atomic_write_bytes(out / "summary.json", json.dumps(summary.as_json(), indent=2).encode())

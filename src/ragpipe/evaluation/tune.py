@@ -791,7 +791,7 @@ def tune_and_report(
         summary.report_dir = str(out)
         if text is not None:
             atomic_write_bytes(out / "tuned.yaml", text.encode())
-            summary.tuned_config = str(write_config or out / "tuned.yaml")
+            summary.tuned_config = str(out / "tuned.yaml")  # --out is not written yet
         atomic_write_bytes(out / "tune.json", json.dumps(summary.as_json(), indent=2).encode())
         md = markdown(outcome)
         if check.skipped:
@@ -804,4 +804,5 @@ def tune_and_report(
     if text is not None and write_config is not None:
         write_config.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(write_config, text.encode())
+        summary.tuned_config = str(write_config)  # tune.json names the report's copy
     return outcome, summary

@@ -497,6 +497,15 @@ def create_app(
     (so a missing index fails here, not on the first request). An app runs one lifespan:
     serve it once (its search threads, index and MCP sessions end with it)."""
     service = Service(config, embedder, llm)
+    try:
+        return _app(config, service)
+    except BaseException:  # Ctrl-C or SIGTERM while building it: the index copy goes too
+        service.worker.shutdown(wait=False)
+        service.index.close()
+        raise
+
+
+def _app(config: RagpipeConfig, service: Service) -> FastAPI:
     agents = _mcp_route(service)
 
     @asynccontextmanager
