@@ -114,7 +114,8 @@ def _stopped(
         if not new:
             return f"the {what} stopped; {unwritten}"
         line = f"the {what} stopped after writing its report ({new[-1]})"
-        if out is not None and _identity(out) == out_before:
+        picked = (new[-1] / "tuned.yaml").is_file()  # a recommend: --out was to be written
+        if out is not None and picked and _identity(out) == out_before:
             line += f"; {out} was not written (the report's directory has the same file)"
         return line
 

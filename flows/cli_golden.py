@@ -67,9 +67,14 @@ def draft(
     if os.path.lexists(out):
         fail(RagpipeError(f"{out} exists; give another --out (drafts never overwrite a file)"), 2)
 
+    # write_draft's own fallback name, when another process takes --out meanwhile.
+    fallback = out.with_name(f"{out.stem}-{os.getpid()}{out.suffix}")
+    fallback_before = os.path.lexists(fallback)
+
     def kept() -> str:  # the draft is whole or absent; a signal may come just after it
-        if os.path.lexists(out):  # it did not exist before: the draft's, whole
-            return f"the draft stopped after writing {out}"
+        for target, existed in ((out, False), (fallback, fallback_before)):
+            if not existed and os.path.isfile(target) and os.path.getsize(target) > 0:
+                return f"the draft stopped after writing {target}"
         return f"the draft stopped; {out} was not written"
 
     with interruptible(kept):

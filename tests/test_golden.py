@@ -192,9 +192,11 @@ GOOD_QRELS = "query-id\tcorpus-id\tscore\nq1\td1\t1\n"
          r"queries\.jsonl:2: no 'text'; each line must be a JSON object with '_id' and 'text'"),
         ("queries", "not json", r"queries\.jsonl:2: not JSON \(Expecting value\)"),
         # The review: a null text became the query 'None', an empty one ''.
-        ("queries", '{"_id": "q2", "text": null}',
+        # (a query the qrels use: the file holds every split's queries, and an unused one is
+        # never read)
+        ("used query", '{"_id": "q2", "text": null}',
          r"queries\.jsonl:2: 'text' is null; a query's text must be a non-empty string"),
-        ("queries", '{"_id": "q2", "text": "  "}', r"queries\.jsonl:2: 'text' is \"  \";"),
+        ("used query", '{"_id": "q2", "text": "  "}', r"queries\.jsonl:2: 'text' is \"  \";"),
         ("corpus", '{"_id": null, "text": "x"}',
          r"corpus\.jsonl:2: '_id' is null; it must be a non-empty string or a whole number"),
         ("qrels", "q1\td1\thigh",
@@ -212,8 +214,9 @@ def test_a_bad_beir_line_writes_nothing(tmp_path: Path, part: str, bad: str, mes
     beir = _beir(
         tmp_path / "beir",
         GOOD_CORPUS + ([bad] if part == "corpus" else []),
-        GOOD_QUERIES + ([bad] if part == "queries" else []),
-        GOOD_QRELS + (bad + "\n" if part == "qrels" else ""),
+        GOOD_QUERIES + ([bad] if part in ("queries", "used query") else []),
+        GOOD_QRELS
+        + (bad + "\n" if part == "qrels" else "q2\td1\t1\n" if part == "used query" else ""),
     )
     with pytest.raises(ConfigError, match=message):
         import_beir(beir, tmp_path / "docs")
@@ -233,6 +236,15 @@ def test_a_bad_beir_line_writes_nothing(tmp_path: Path, part: str, bad: str, mes
     assert re.search(message, result.output), result.output
     assert not (tmp_path / "cli").exists()
     assert golden_out.read_text(encoding="utf-8") == "name: kept\n"
+
+
+def test_a_blank_query_of_another_split_does_not_stop_the_import(tmp_path: Path) -> None:
+    # queries.jsonl holds every split's queries: a blank one the chosen qrels never use is
+    # not this import's to refuse.
+    beir = _beir(tmp_path / "beir", GOOD_CORPUS, [*GOOD_QUERIES, '{"_id": "q9", "text": ""}'],
+                 GOOD_QRELS)  # fmt: skip
+    golden = import_beir(beir, tmp_path / "docs")
+    assert [(i.id, i.query) for i in golden.items] == [("q1", "Does vitamin D help bones?")]
 
 
 def test_a_golden_set_is_saved_whole_or_not_at_all(

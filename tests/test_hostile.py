@@ -324,6 +324,24 @@ def test_a_file_system_without_hard_links_still_creates_whole_files(
         checkpoint.atomic_create_bytes(tmp_path / "second.yaml", b"x\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["draft.yaml"]  # no claim, no temp
 
+    # The review: a signal raised as the claim's open returns (its fd never stored) left an
+    # empty file, which golden draft then called written.
+    monkeypatch.undo()
+    monkeypatch.setattr(checkpoint.os, "link", no_links)
+    real_open = os.open
+
+    def claimed_then_interrupted(path: Any, flags: int, mode: int = 0o777) -> int:
+        fd = real_open(path, flags, mode)
+        if str(path).endswith("third.yaml"):  # the claim, not the temp file
+            os.close(fd)
+            raise KeyboardInterrupt
+        return fd
+
+    monkeypatch.setattr(checkpoint.os, "open", claimed_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.atomic_create_bytes(tmp_path / "third.yaml", b"x\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft.yaml"]
+
 
 def test_files_written_whole_keep_the_umasks_mode(tmp_path: Path) -> None:
     # The review: the temp file was made 0o644, so under umask 002 a draft or init's files

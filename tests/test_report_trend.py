@@ -223,6 +223,11 @@ def test_flagged_and_withheld_metrics_are_listed_with_their_flag_never_as_trend_
 
     assert {(r["run_id"][:9], r["metric"]) for r in read_history(tmp_path)} == {
         ("20261201T", "answer_f1"), ("20261202T", "answer_f1")}  # fmt: skip
+    # history.parquet itself holds values only: a reader of it (an older ragpipe sharing
+    # the folder) takes every row for one. The others are in history-flagged.parquet.
+    assert set(pq.read_table(tmp_path / "history.parquet")["metric"].to_pylist()) == {"answer_f1"}
+    assert pq.read_table(tmp_path / "history-flagged.parquet")["metric"].to_pylist() == [
+        "faithfulness", "faithfulness"]  # fmt: skip
     rows = {(r["run_id"][:9], r["metric"]): r for r in read_history(tmp_path, flagged=True)}
     withheld = rows[("20261202T", "faithfulness")]
     assert withheld["mean"] is None and withheld["flag"] == f"withheld: {failing}"
@@ -247,6 +252,35 @@ def test_flagged_and_withheld_metrics_are_listed_with_their_flag_never_as_trend_
                     "    20261202T000000Z-faq-rag 0.950 " + "█" * 40 + " (n=1, no CI)"]  # fmt: skip
 
     page = index_page(tmp_path)
+    assert "<a href='trend/faq'>trend of every metric</a>" in page
     assert "<span>0.950 (n=1, no CI)</span>" in page
     assert "<span class='flag'>judge failed on 5 of 10 (&gt; 20%) (n=5)</span>" in page
     assert "a blind judge does as well with p=0.14)</span>" in page
+
+
+def test_a_golden_set_with_flagged_runs_only_has_no_trend_link(tmp_path: Path) -> None:
+    # The review: the index linked every golden set to its trend page, which has values
+    # only: a set whose runs are all flagged linked to a 404.
+    import types
+
+    from ragpipe.evaluation.metrics import bootstrap_ci
+    from ragpipe.evaluation.run import append_history, in_history, stats
+    from ragpipe.serve.reports import index_page, trend_page
+
+    golden = types.SimpleNamespace(name="faq", queries=3, selection="all 3 items")
+    summary = types.SimpleNamespace(
+        run_id="20261201T000000Z-faq-rag", finished_at="2026-12-01", name="faq-rag",
+        golden=golden, granularity="answer", kind="rag", depth=5, judge=None, git_revision="",
+        metrics={"rag": {"faithfulness": stats(bootstrap_ci([1.0, 0.5, 1.0], 200, 0),
+                                                flag="judge not calibrated")}},
+    )  # fmt: skip
+    append_history(tmp_path, summary)  # type: ignore[arg-type]
+    assert read_history(tmp_path) == [] and trend_page(tmp_path, "faq") is None
+    page = index_page(tmp_path)
+    assert "trend/faq" not in page
+    assert "(no trend: every metric of its runs is flagged or withheld)" in page
+    # The flagged file alone marks the run recorded (an interrupt then keeps its report);
+    # an unreadable history marks nothing and raises nothing (it runs on an interrupt).
+    assert in_history(tmp_path, summary.run_id) and not in_history(tmp_path, "other")
+    (tmp_path / "history-flagged.parquet").write_bytes(b"not parquet")
+    assert not in_history(tmp_path, summary.run_id)

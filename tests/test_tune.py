@@ -669,3 +669,28 @@ def test_cli_eval_tune_ingest_options(
     assert '"chunk.whole_sections": true' in output
     assert "its chunk settings need the index tune built at " in output
     assert "tuned config: " in output
+
+
+def test_a_stopped_tune_says_out_was_not_written_only_when_it_had_a_pick(tmp_path: Path) -> None:
+    # The review: stopped after its report, tune said '--out was not written (the report's
+    # directory has the same file)' of a refused verdict, which has no tuned.yaml at all.
+    from flows.cli_eval import _stopped
+    from ragpipe.evaluation import run
+
+    out = tmp_path / "tuned.yaml"
+    kept = _stopped(tmp_path, "tune", "no report or tuned config was written", out)
+    assert kept() == "the tune stopped; no report or tuned config was written"
+    report = tmp_path / "20261201T000000Z-faq-tune"
+    report.mkdir()
+    run.WRITTEN_RUN_DIRS.append(report)
+    try:
+        assert kept() == f"the tune stopped after writing its report ({report})"
+        (report / "tuned.yaml").write_text("retrieve: {}\n")
+        assert kept() == (
+            f"the tune stopped after writing its report ({report}); {out} was not written "
+            "(the report's directory has the same file)"
+        )
+        out.write_text("retrieve: {}\n")  # --out written: nothing more to say
+        assert kept() == f"the tune stopped after writing its report ({report})"
+    finally:
+        run.WRITTEN_RUN_DIRS.remove(report)

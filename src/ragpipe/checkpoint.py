@@ -7,6 +7,7 @@ manifest is missing did not finish, whatever Parquet files lie around.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -139,7 +140,15 @@ def _link_or_claim(tmp: str, path: Path) -> None:
     except OSError as exc:
         if isinstance(exc, FileExistsError) or exc.errno not in _NO_LINKS:
             raise
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError:
+        raise
+    except BaseException:  # a signal raised as the call returned: the claim may be made
+        with contextlib.suppress(OSError):
+            if path.stat().st_size == 0:  # O_EXCL: an empty file there now is ours
+                path.unlink()
+        raise
     try:
         os.close(fd)
         os.replace(tmp, path)

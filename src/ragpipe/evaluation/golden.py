@@ -327,7 +327,7 @@ def import_beir(directory: Path, out_corpus: Path, split: str = "test") -> Golde
         else:
             graded.setdefault(qid, {})[names[doc_id]] = min(max(score, 0), MAX_GRADE)
     items = [
-        GoldenItem(qid, queries[qid], rel)
+        GoldenItem(qid, _beir_text(queries_file, queries[qid]), rel)
         for qid, rel in sorted(graded.items())
         if any(g > 0 for g in rel.values())
     ]
@@ -388,9 +388,6 @@ def _beir_object(path: Path, line_no: int, line: str, *keys: str) -> dict[str, A
                              or not str(got).strip()):  # fmt: skip
             raise ConfigError(f"{path}:{line_no}: '_id' is {json.dumps(got)}; it must be a "
                               "non-empty string or a whole number")  # fmt: skip
-        if key == "text" and (not isinstance(got, str) or not got.strip()):
-            raise ConfigError(f"{path}:{line_no}: 'text' is {json.dumps(got)}; a query's text "
-                              "must be a non-empty string")  # fmt: skip
     return value
 
 
@@ -417,12 +414,23 @@ def _beir_names(corpus_file: Path) -> tuple[dict[str, str], int]:
     return names, renamed
 
 
-def _beir_queries(queries_file: Path) -> dict[str, str]:
-    queries: dict[str, str] = {}
+def _beir_queries(queries_file: Path) -> dict[str, tuple[Any, int]]:
+    """Each query id's text as the file has it, and its line (checked when used: the file
+    holds every split's queries)."""
+    queries: dict[str, tuple[Any, int]] = {}
     for line_no, line in _beir_lines(queries_file):
         query = _beir_object(queries_file, line_no, line, "_id", "text")
-        queries[str(query["_id"])] = str(query["text"])
+        queries[str(query["_id"])] = (query["text"], line_no)
     return queries
+
+
+def _beir_text(queries_file: Path, query: tuple[Any, int]) -> str:
+    """A used query's text: a null or blank one became the query 'None' or ''."""
+    text, line_no = query
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"{queries_file}:{line_no}: 'text' is {json.dumps(text)}; a query's "
+                          "text must be a non-empty string")  # fmt: skip
+    return text
 
 
 def _beir_qrels(qrels_file: Path) -> list[tuple[str, str, int]]:

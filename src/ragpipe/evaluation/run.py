@@ -59,6 +59,9 @@ from ragpipe.models.embedders import embedder_name
 from ragpipe.query.retrieve import Retriever
 
 HISTORY = "history.parquet"
+# Flagged and withheld metrics, apart: a reader of history.parquet (an older ragpipe on the
+# same reports folder too) takes every row there for a value.
+FLAGGED_HISTORY = "history-flagged.parquet"
 HISTORY_LOCK = ".history.lock"
 PACKAGES = (
     "ragpipe",
@@ -461,7 +464,7 @@ def new_run_dir(
     except Exception:
         raise
     except BaseException:  # KeyboardInterrupt, or Prefect's TerminationSignal
-        if committed is not None and committed(run_id):
+        if committed is not None and committed(run_id):  # never raises
             WRITTEN_RUN_DIRS.append(out)
         else:
             shutil.rmtree(out, ignore_errors=True)
@@ -470,8 +473,16 @@ def new_run_dir(
 
 
 def in_history(root: Path, run_id: str) -> bool:
-    """Whether history.parquet in ``root`` has rows of ``run_id`` (its commit marker)."""
-    return any(r["run_id"] == run_id for r in read_history(root, flagged=True))
+    """Whether the history in ``root`` has rows of ``run_id`` (a run's commit marker); False
+    when it cannot be read. Reads the run_id column only: this runs on an interrupt."""
+    for name in (HISTORY, FLAGGED_HISTORY):
+        try:
+            ids = pq.read_table(root / name, columns=["run_id"])["run_id"]
+        except (OSError, pa.ArrowException):  # absent, or unreadable: not recorded there
+            continue
+        if pc.any(pc.equal(ids, run_id)).as_py():
+            return True
+    return False
 
 
 def write_run(summary: RunSummary, table: pa.Table, root: Path) -> RunSummary:
@@ -599,7 +610,7 @@ def with_drift(summary: RunSummary, golden: GoldenSet, view: IndexView, root: Pa
     the last run of the same golden set in ``root`` (a metric that moves there may be a
     stale label rather than retrieval)."""
     summary.evidence = evidence(golden, view)
-    runs = sorted({(r["finished_at"], r["run_id"]) for r in read_history(root)
+    runs = sorted({(r["finished_at"], r["run_id"]) for r in read_history(root, flagged=True)
                    if r["golden"] == golden.name}, reverse=True)  # fmt: skip
     here = _store_identity(summary.config)
     for _, run_id in runs[:DRIFT_LOOKBACK]:  # the last run of this set on this index
@@ -677,8 +688,9 @@ def _history_flag(ci: Stats) -> str | None:
 
 
 def append_history(root: Path, summary: RunSummary) -> None:
-    """One row per (variant, metric) with a mean, or flagged or withheld (``flag``): the
-    trend ``ragpipe report`` shows, and the lists of runs."""
+    """One row per (variant, metric) with a mean in history.parquet: the trend ``ragpipe
+    report`` shows; the flagged and withheld ones (``flag``) in history-flagged.parquet,
+    for the lists of runs."""
     rows = [
         {
             "run_id": summary.run_id,
@@ -704,16 +716,22 @@ def append_history(root: Path, summary: RunSummary) -> None:
         for metric, ci in by_metric.items()
         if ci["n"] or ci.get("flag") or ci.get("withheld")
     ]
-    new = pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA)
-    path = root / HISTORY
     # Read, add, replace: two runs finishing together (a nightly's retrieval and RAG evals
     # on one reports_dir) would each write the file without the other's rows. An OS lock
-    # (released when its process ends, even killed) makes them take turns.
+    # (released when its process ends, even killed) makes them take turns. Either file
+    # marks the run recorded (in_history); the values go first, so that a stop between the
+    # two loses a flagged metric's cell in the lists of runs, never a trend point.
     with open(root / HISTORY_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.is_file():
-            new = pa.concat_tables([_history_table(path), new])
-        write_table(path, new)
+        for name, mine in ((HISTORY, [r for r in rows if not r["flag"]]),
+                           (FLAGGED_HISTORY, [r for r in rows if r["flag"]])):  # fmt: skip
+            path = root / name
+            if not mine and (name == FLAGGED_HISTORY or path.is_file()):
+                continue
+            new = pa.Table.from_pylist(mine, schema=HISTORY_SCHEMA)
+            if path.is_file():
+                new = pa.concat_tables([_history_table(path), new])
+            write_table(path, new)
 
 
 def _history_table(path: Path) -> pa.Table:
@@ -742,6 +760,10 @@ def read_history(root: Path, *, flagged: bool = False) -> list[dict[str, Any]]:
     """history.parquet's rows, oldest first: the values only (trend points), or with
     ``flagged`` also the flagged and withheld metrics (``flag`` set; a withheld one has no
     mean), for a list of runs that shows each with its flag."""
-    path = root / HISTORY
-    rows = _history_table(path).to_pylist() if path.is_file() else []
-    return rows if flagged else [r for r in rows if not r["flag"]]
+    rows = []
+    for name in (HISTORY, FLAGGED_HISTORY) if flagged else (HISTORY,):
+        path = root / name
+        if path.is_file():
+            rows += [r for r in _history_table(path).to_pylist() if flagged or not r["flag"]]
+    # The runs in the order they finished, each run's rows together (a stable sort).
+    return sorted(rows, key=lambda r: str(r["finished_at"])) if flagged else rows

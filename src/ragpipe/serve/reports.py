@@ -61,7 +61,9 @@ def _cell(row: dict[str, Any]) -> str:
 
 def index_page(root: Path) -> str:
     """The runs in ``root`` by golden set, each linked to its report, and a trend link."""
-    groups = _runs(read_history(root, flagged=True))
+    history = read_history(root, flagged=True)
+    groups = _runs(history)
+    trended = {r["golden"] for r in history if not r["flag"]}  # a trend needs a value
     body = ["<h1>ragpipe evaluation reports</h1>"]
     if not groups:
         body.append(f"<p>No runs in {html.escape(str(root))} yet: run <code>ragpipe eval "
@@ -69,8 +71,10 @@ def index_page(root: Path) -> str:
     for golden in sorted(groups):
         runs = groups[golden]
         shown = [m for m in HEADLINE if any(m in r["means"] for r in runs)]
-        body.append(f"<h2>{html.escape(golden)} <small><a href='trend/{quote(golden, safe='')}'>"
-                    "trend of every metric</a></small></h2>")  # fmt: skip
+        trend = (f" <small><a href='trend/{quote(golden, safe='')}'>trend of every metric</a>"
+                 "</small>" if golden in trended else " <small>(no trend: every metric of "
+                 "its runs is flagged or withheld)</small>")  # fmt: skip
+        body.append(f"<h2>{html.escape(golden)}{trend}</h2>")
         head = "".join(f"<th>{html.escape(h)}</th>" for h in ("run", "kind", "finished",
                                                                  "scope", *shown))  # fmt: skip
         rows = []
