@@ -67,14 +67,11 @@ def draft(
     if os.path.lexists(out):
         fail(RagpipeError(f"{out} exists; give another --out (drafts never overwrite a file)"), 2)
 
-    # write_draft's own fallback name, when another process takes --out meanwhile.
-    fallback = out.with_name(f"{out.stem}-{os.getpid()}{out.suffix}")
-    fallback_before = os.path.lexists(fallback)
+    written: list[Path] = []  # write_draft notes the file with its writing
 
-    def kept() -> str:  # the draft is whole or absent; a signal may come just after it
-        for target, existed in ((out, False), (fallback, fallback_before)):
-            if not existed and os.path.isfile(target) and os.path.getsize(target) > 0:
-                return f"the draft stopped after writing {target}"
+    def kept() -> str:  # the draft is whole or absent
+        if written:
+            return f"the draft stopped after writing {written[0]}"
         return f"the draft stopped; {out} was not written"
 
     with interruptible(kept):
@@ -102,7 +99,7 @@ def draft(
         if not golden["items"]:
             fail(RagpipeError("nothing to draft: no question headings, and no question kept"), 2)
         try:
-            out = write_draft(golden, out)
+            out = write_draft(golden, out, written)
         except RagpipeError as exc:  # a full disk: nothing was written
             fail(exc, 2)
         except OSError as exc:

@@ -168,10 +168,14 @@ def test_a_draft_is_written_whole_or_not_at_all(
     out = tmp_path / "eval" / "draft.yaml"
     assert write_draft(golden, out) == out
     assert yaml.safe_load(out.read_text("utf-8")) == golden
-    beside = write_draft(golden, out)  # never over a file: the draft goes beside it
+    written: list[Path] = []
+    beside = write_draft(golden, out, written)  # never over a file: the draft goes beside it
     assert beside == out.with_name(f"draft-{os.getpid()}.yaml") and out.read_bytes() == (
         beside.read_bytes()
     )
+    # What the CLI names when stopped: the file this draft wrote, not the one it found
+    # (the review: another process's draft.yaml was said to be this one's).
+    assert written == [beside]
 
     def stopped(fd: int) -> None:  # the draft's bytes are written, not yet on disk
         if stop == "interrupt":
@@ -181,7 +185,8 @@ def test_a_draft_is_written_whole_or_not_at_all(
     monkeypatch.setattr(os, "fsync", stopped)
     fresh = tmp_path / "eval" / "fresh.yaml"
     with pytest.raises(KeyboardInterrupt if stop == "interrupt" else DiskFull):
-        write_draft(golden, fresh)
+        write_draft(golden, fresh, written)
+    assert written == [beside]  # nothing more was written
     assert sorted(p.name for p in fresh.parent.iterdir()) == sorted([out.name, beside.name])
 
 

@@ -324,8 +324,9 @@ def test_a_file_system_without_hard_links_still_creates_whole_files(
         checkpoint.atomic_create_bytes(tmp_path / "second.yaml", b"x\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["draft.yaml"]  # no claim, no temp
 
-    # The review: a signal raised as the claim's open returns (its fd never stored) left an
-    # empty file, which golden draft then called written.
+    # The review: a signal raised as the claim's open returned (its fd never stored) left an
+    # empty file, which blocked the name. Ctrl-C now waits until the claim is the file: a
+    # real SIGINT sent as the claim is made lands after the rename.
     monkeypatch.undo()
     monkeypatch.setattr(checkpoint.os, "link", no_links)
     real_open = os.open
@@ -333,14 +334,29 @@ def test_a_file_system_without_hard_links_still_creates_whole_files(
     def claimed_then_interrupted(path: Any, flags: int, mode: int = 0o777) -> int:
         fd = real_open(path, flags, mode)
         if str(path).endswith("third.yaml"):  # the claim, not the temp file
-            os.close(fd)
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
         return fd
 
     monkeypatch.setattr(checkpoint.os, "open", claimed_then_interrupted)
     with pytest.raises(KeyboardInterrupt):
         checkpoint.atomic_create_bytes(tmp_path / "third.yaml", b"x\n")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft.yaml"]
+    assert (tmp_path / "third.yaml").read_bytes() == b"x\n"  # whole, not an empty claim
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft.yaml", "third.yaml"]
+
+
+def test_signals_deferred_holds_ctrl_c_until_the_block_ends() -> None:
+    # A signal mask was not enough: another thread of the process takes the signal, and
+    # Python raises KeyboardInterrupt in the main one all the same (pytest has threads).
+    worker = threading.Thread(target=time.sleep, args=(0.5,))
+    worker.start()
+    done: list[str] = []
+    with pytest.raises(KeyboardInterrupt), checkpoint.signals_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # a handler that raised would end it here
+        done.append("both steps")
+    worker.join()
+    assert done == ["both steps"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
 
 
 def test_files_written_whole_keep_the_umasks_mode(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ manifest is missing did not finish, whatever Parquet files lie around.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -15,8 +14,11 @@ import json
 import logging
 import os
 import shutil
+import signal
+import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -140,21 +142,48 @@ def _link_or_claim(tmp: str, path: Path) -> None:
     except OSError as exc:
         if isinstance(exc, FileExistsError) or exc.errno not in _NO_LINKS:
             raise
-    try:
+    # Ctrl-C and SIGTERM wait: a signal raised as os.open returns (its fd never stored)
+    # would leave the empty claim behind, which blocks the name.
+    with signals_deferred():
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError:
-        raise
-    except BaseException:  # a signal raised as the call returned: the claim may be made
-        with contextlib.suppress(OSError):
-            if path.stat().st_size == 0:  # O_EXCL: an empty file there now is ours
-                path.unlink()
-        raise
+        try:
+            os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            path.unlink(missing_ok=True)  # the empty claim, ours: not a file the user had
+            raise
+
+
+class _Held:
+    """A signal handler that notes Ctrl-C and SIGTERM for later (``signals_deferred``)."""
+
+    def __init__(self) -> None:
+        self.caught: list[int] = []
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.caught.append(signum)
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait until the block ends, then act as they would have, so that
+    a few steps that belong together (two files of one record, a file and the note that
+    it was written) are all done or none. Python's handlers are swapped for one that
+    notes them (a signal mask would not do: another thread takes the signal, and Python
+    still raises in the main one). On the main thread only, where signal handlers run;
+    keep the block short: nothing in it can be interrupted."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = _Held()
+    previous = {s: signal.signal(s, held) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        path.unlink(missing_ok=True)  # the empty claim, ours: not a file the user had
-        raise
+        yield
+    finally:
+        for s, handler in previous.items():  # None: set outside Python; the default then
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for caught in dict.fromkeys(held.caught):
+            signal.raise_signal(caught)
 
 
 def _write_via_temp(path: Path, data: bytes, publish: Callable[[str, Path], None]) -> None:

@@ -1404,7 +1404,8 @@ class EvalConfig(_Section):
     reports_dir: Path = Field(
         default=Path("eval/reports"),
         description="Each run writes <reports_dir>/<timestamp>-<name>/; history.parquet "
-        "collects every run.",
+        "collects every run's metrics that are values, history-flagged.parquet the flagged "
+        "and withheld ones.",
     )
     reports_url: str | None = Field(
         default=None,

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ragpipe.checkpoint import atomic_create_bytes
+from ragpipe.checkpoint import atomic_create_bytes, signals_deferred
 from ragpipe.errors import RagpipeError
 from ragpipe.evaluation.answers import normalize_answer
 from ragpipe.evaluation.golden import file_matches
@@ -383,9 +383,11 @@ def draft_golden(
     return {"name": name, "description": description, "items": drafted.items}, drafted
 
 
-def write_draft(golden: dict[str, Any], out: Path) -> Path:
+def write_draft(golden: dict[str, Any], out: Path, written: list[Path] | None = None) -> Path:
     """Write the draft set as YAML to ``out``, never over a file: one made meanwhile keeps
-    it, and the draft goes beside it (``NAME-<pid>.yaml``). Returns where it went.
+    it, and the draft goes beside it (``NAME-<pid>.yaml``). Returns where it went, also
+    added to ``written`` with the file (a signal cannot come between them: an interrupted
+    command says what it wrote from there).
 
     The file appears whole or not at all: a cut-off draft would load with its last items
     no longer marked ``draft: true``, and an empty one would block the next draft's name.
@@ -401,7 +403,10 @@ def write_draft(golden: dict[str, Any], out: Path) -> Path:
     text = yaml.safe_dump(golden, sort_keys=False, allow_unicode=True, width=100)
     for target in (out, out.with_name(f"{out.stem}-{os.getpid()}{out.suffix}")):
         try:
-            atomic_create_bytes(target, text.encode("utf-8"))
+            with signals_deferred():
+                atomic_create_bytes(target, text.encode("utf-8"))
+                if written is not None:
+                    written.append(target)
             return target
         except FileExistsError:
             continue

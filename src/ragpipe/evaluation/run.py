@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ragpipe.checkpoint import atomic_write_bytes, write_table
+from ragpipe.checkpoint import atomic_write_bytes, signals_deferred, write_table
 from ragpipe.config import RagpipeConfig
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.check import (
@@ -610,7 +610,7 @@ def with_drift(summary: RunSummary, golden: GoldenSet, view: IndexView, root: Pa
     the last run of the same golden set in ``root`` (a metric that moves there may be a
     stale label rather than retrieval)."""
     summary.evidence = evidence(golden, view)
-    runs = sorted({(r["finished_at"], r["run_id"]) for r in read_history(root, flagged=True)
+    runs = sorted({(r["finished_at"], r["run_id"]) for r in read_history(root)
                    if r["golden"] == golden.name}, reverse=True)  # fmt: skip
     here = _store_identity(summary.config)
     for _, run_id in runs[:DRIFT_LOOKBACK]:  # the last run of this set on this index
@@ -719,19 +719,24 @@ def append_history(root: Path, summary: RunSummary) -> None:
     # Read, add, replace: two runs finishing together (a nightly's retrieval and RAG evals
     # on one reports_dir) would each write the file without the other's rows. An OS lock
     # (released when its process ends, even killed) makes them take turns. Either file
-    # marks the run recorded (in_history); the values go first, so that a stop between the
-    # two loses a flagged metric's cell in the lists of runs, never a trend point.
+    # marks the run recorded (in_history); a kill between the two (no signal can stop it
+    # there) loses a flagged metric's cell in the lists of runs, never a trend point.
     with open(root / HISTORY_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        for name, mine in ((HISTORY, [r for r in rows if not r["flag"]]),
-                           (FLAGGED_HISTORY, [r for r in rows if r["flag"]])):  # fmt: skip
-            path = root / name
-            if not mine and (name == FLAGGED_HISTORY or path.is_file()):
-                continue
-            new = pa.Table.from_pylist(mine, schema=HISTORY_SCHEMA)
-            if path.is_file():
-                new = pa.concat_tables([_history_table(path), new])
-            write_table(path, new)
+        with signals_deferred():  # both files or neither: a stop between lost the flagged
+            _append_both(root, rows)
+
+
+def _append_both(root: Path, rows: list[dict[str, Any]]) -> None:
+    for name, mine in ((HISTORY, [r for r in rows if not r["flag"]]),
+                       (FLAGGED_HISTORY, [r for r in rows if r["flag"]])):  # fmt: skip
+        path = root / name
+        if not mine and (name == FLAGGED_HISTORY or path.is_file()):
+            continue
+        new = pa.Table.from_pylist(mine, schema=HISTORY_SCHEMA)
+        if path.is_file():
+            new = pa.concat_tables([_history_table(path), new])
+        write_table(path, new)
 
 
 def _history_table(path: Path) -> pa.Table:
