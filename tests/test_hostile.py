@@ -359,6 +359,36 @@ def test_signals_deferred_holds_ctrl_c_until_the_block_ends() -> None:
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
 
 
+def test_signals_deferred_acts_on_every_signal_and_a_second_ctrl_c_ends_it() -> None:
+    # The review: of two signals held, only the first acted (a SIGTERM after a Ctrl-C was
+    # dropped); and a block stuck on a hung file system could not be left at all.
+    calls: list[str] = []
+
+    def on_term(signum: int, frame: Any) -> None:
+        calls.append("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        with pytest.raises(KeyboardInterrupt), checkpoint.signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            calls.append("block done")
+        assert calls == ["block done", "SIGTERM"]  # SIGTERM's handler ran after Ctrl-C's
+        assert signal.getsignal(signal.SIGTERM) is on_term
+
+        with pytest.raises(KeyboardInterrupt), checkpoint.signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGINT)  # the second: out at once
+            time.sleep(0.05)
+            calls.append("not reached")
+        assert "not reached" not in calls
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_files_written_whole_keep_the_umasks_mode(tmp_path: Path) -> None:
     # The review: the temp file was made 0o644, so under umask 002 a draft or init's files
     # lost the group write that open(path, "x") gave (0o664): a shared project broke.

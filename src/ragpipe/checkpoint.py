@@ -155,12 +155,15 @@ def _link_or_claim(tmp: str, path: Path) -> None:
 
 
 class _Held:
-    """A signal handler that notes Ctrl-C and SIGTERM for later (``signals_deferred``)."""
+    """A signal handler that notes Ctrl-C and SIGTERM for later (``signals_deferred``); a
+    second Ctrl-C is not held: the way out of a block stuck on a hung file system."""
 
     def __init__(self) -> None:
         self.caught: list[int] = []
 
     def __call__(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and signum in self.caught:
+            raise KeyboardInterrupt
         self.caught.append(signum)
 
 
@@ -170,20 +173,39 @@ def signals_deferred() -> Iterator[None]:
     a few steps that belong together (two files of one record, a file and the note that
     it was written) are all done or none. Python's handlers are swapped for one that
     notes them (a signal mask would not do: another thread takes the signal, and Python
-    still raises in the main one). On the main thread only, where signal handlers run;
-    keep the block short: nothing in it can be interrupted."""
+    still raises in the main one). On the main thread only, where signal handlers run,
+    and for handlers set from Python (one set by C code cannot be put back). Keep the
+    block short; a second Ctrl-C ends it at once."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     held = _Held()
-    previous = {s: signal.signal(s, held) for s in (signal.SIGINT, signal.SIGTERM)}
+    error: BaseException | None = None
     try:
+        for s, handler in previous.items():
+            if handler is not None:
+                signal.signal(s, held)
         yield
     finally:
-        for s, handler in previous.items():  # None: set outside Python; the default then
-            signal.signal(s, signal.SIG_DFL if handler is None else handler)
-        for caught in dict.fromkeys(held.caught):
-            signal.raise_signal(caught)
+        for s, handler in previous.items():
+            while handler is not None:
+                try:  # a handler given back may run (and raise) before the next swap
+                    signal.signal(s, handler)
+                    break
+                except BaseException as exc:  # raised below, after the rest
+                    error = error or exc
+        for caught in dict.fromkeys(held.caught):  # each as it would have acted: all of them
+            handler = previous[signal.Signals(caught)]
+            try:
+                if callable(handler):
+                    handler(caught, None)
+                elif handler == signal.SIG_DFL:
+                    signal.raise_signal(caught)
+            except BaseException as exc:  # the first is raised below
+                error = error or exc
+        if error is not None:
+            raise error
 
 
 def _write_via_temp(path: Path, data: bytes, publish: Callable[[str, Path], None]) -> None:

@@ -719,11 +719,11 @@ def append_history(root: Path, summary: RunSummary) -> None:
     # Read, add, replace: two runs finishing together (a nightly's retrieval and RAG evals
     # on one reports_dir) would each write the file without the other's rows. An OS lock
     # (released when its process ends, even killed) makes them take turns. Either file
-    # marks the run recorded (in_history); a kill between the two (no signal can stop it
-    # there) loses a flagged metric's cell in the lists of runs, never a trend point.
+    # marks the run recorded (in_history); a kill or an error between the two (Ctrl-C and
+    # SIGTERM wait) loses a flagged metric's cell in the lists of runs, never a trend point.
     with open(root / HISTORY_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        with signals_deferred():  # both files or neither: a stop between lost the flagged
+        with signals_deferred():  # Ctrl-C and SIGTERM: both files or neither
             _append_both(root, rows)
 
 
