@@ -809,5 +809,6 @@ def _print_history(rows: list[dict[str, Any]], last: int, metric: str, what: str
             share = (r["mean"] - low) / (high - low) if high > low else 1.0
             bar = "█" * (1 + round(39 * share))
             # One item, or every value equal: no CI, as the table says.
-            no_ci = f" (n={r['n']}, no CI)" if r["ci_low"] is None else ""
+            equal = ": all values equal" if r["n"] > 1 else ""
+            no_ci = f" (n={r['n']}, no CI{equal})" if r["ci_low"] is None else ""
             print(f"    {r['run_id']:<{wide}s} {r['mean']:.3f} {bar}{no_ci}")

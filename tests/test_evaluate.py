@@ -282,7 +282,7 @@ def test_flows_publish_artifacts_and_cli_reports(
     assert "all 4 items, depth 10: latest 2 of 2 runs" in " ".join(two.output.split())
     # Trend bars span the shown range, so the lowest gets 1 block and the highest 40 (a
     # table of one run: 40).
-    bars = {line.split()[-1].count("█") for line in two.output.splitlines()
+    bars = {line.count("█") for line in two.output.splitlines()
             if line.startswith("  ") and "█" in line}  # fmt: skip
     means = {r["mean"] for r in history if r["metric"] == "mrr" and r["run_id"] != runs[0]}
     assert (min(bars), max(bars)) == ((1, 40) if len(means) > 1 else (40, 40))
