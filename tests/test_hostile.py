@@ -298,8 +298,19 @@ def test_no_space_is_recognised_as_arrow_and_the_os_report_it() -> None:
     assert not checkpoint.is_no_space(OSError(13, "Permission denied"))
 
 
+@pytest.fixture
+def default_sigint() -> Iterator[None]:
+    """Ctrl-C raising KeyboardInterrupt, as a command has it (a test before may have left
+    another handler), and the one before given back afterwards."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_a_file_system_without_hard_links_still_creates_whole_files(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, default_sigint: None
 ) -> None:
     """atomic_create_bytes (a golden draft, init's files) publishes by hard link; FAT, exFAT
     and some network mounts refuse links (EPERM here, as Linux's vfat does). No such mount
@@ -344,7 +355,7 @@ def test_a_file_system_without_hard_links_still_creates_whole_files(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["draft.yaml", "third.yaml"]
 
 
-def test_signals_deferred_holds_ctrl_c_until_the_block_ends() -> None:
+def test_signals_deferred_holds_ctrl_c_until_the_block_ends(default_sigint: None) -> None:
     # A signal mask was not enough: another thread of the process takes the signal, and
     # Python raises KeyboardInterrupt in the main one all the same (pytest has threads).
     worker = threading.Thread(target=time.sleep, args=(0.5,))
@@ -359,7 +370,9 @@ def test_signals_deferred_holds_ctrl_c_until_the_block_ends() -> None:
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
 
 
-def test_signals_deferred_acts_on_every_signal_and_a_second_ctrl_c_ends_it() -> None:
+def test_signals_deferred_acts_on_every_signal_and_a_second_ctrl_c_ends_it(
+    default_sigint: None,
+) -> None:
     # The review: of two signals held, only the first acted (a SIGTERM after a Ctrl-C was
     # dropped); and a block stuck on a hung file system could not be left at all.
     calls: list[str] = []

@@ -298,8 +298,9 @@ def scaffold(folder: Path, roots: list[str] | None = None, name: str = "my-docs"
                 written.pop()
                 raise
     except BaseException as exc:
-        for done in written:
-            done.unlink(missing_ok=True)
+        for done in written:  # the last may never have been made (its folder is a file)
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                done.unlink()
         for folder_made in reversed(new_dirs):
             with contextlib.suppress(OSError):  # not empty: something else put a file there
                 folder_made.rmdir()
