@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from ragpipe.config import RagpipeConfig, load_config
 from ragpipe.store import published
+from tests.support.corpora import write_project
 from tests.support.paths import REPO
 from tests.support.readers import reader_copies
 from tests.support.signal_at import MARK
@@ -56,16 +57,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, RagpipeConfig]
     from ragpipe.ingest.pipeline import run_ingest
 
     root = tmp_path_factory.mktemp("interrupts")
-    (root / "corpus").mkdir()
-    for name, text in DOCS.items():
-        (root / "corpus" / name).write_text(text, encoding="utf-8")
-    (root / "golden.yaml").write_text(GOLDEN, encoding="utf-8")
-    (root / "ragpipe.yaml").write_text(
-        "discover: {roots: [corpus]}\nembed: {provider: onnx}\nstore: {path: store}\n"
-        "paths: {work_dir: work}\neval: {golden: golden.yaml, reports_dir: reports, "
-        "resamples: 100, granularity: file}\n",
-        encoding="utf-8",
-    )
+    write_project(root, DOCS, GOLDEN, ", granularity: file")
     beir = root / "beir"
     (beir / "qrels").mkdir(parents=True)
     (beir / "corpus.jsonl").write_text("".join(

@@ -13,6 +13,7 @@ import pytest
 
 from ragpipe.config import RagpipeConfig
 from ragpipe.locking import ingest_lock
+from tests.support.corpora import write_project
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -47,16 +48,7 @@ def _run(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[int,
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("quiet")
-    (root / "corpus").mkdir()
-    for name, text in DOCS.items():
-        (root / "corpus" / name).write_text(text, encoding="utf-8")
-    (root / "golden.yaml").write_text(GOLDEN, encoding="utf-8")
-    (root / "ragpipe.yaml").write_text(
-        "discover: {roots: [corpus]}\nembed: {provider: onnx}\nstore: {path: store}\n"
-        "paths: {work_dir: work}\neval: {golden: golden.yaml, reports_dir: reports, "
-        "resamples: 100}\n",
-        encoding="utf-8",
-    )
+    write_project(root, DOCS, GOLDEN)
     rc, lines = _run("ingest", cwd=root)
     assert rc == 0, lines
     yield root

@@ -26,6 +26,22 @@ def topic_doc(topic: str, version: int = 1, sections: int = 4) -> str:
     return "\n".join(parts)
 
 
+def write_project(root: Path, docs: dict[str, str], golden: str, eval_extra: str = "") -> None:
+    """A project folder as a user keeps one: ``corpus/`` with ``docs``, ``golden.yaml`` and a
+    ragpipe.yaml with relative paths (test embedder, Edge store, 100 resamples);
+    ``eval_extra`` adds eval settings (``", granularity: file"``)."""
+    (root / "corpus").mkdir()
+    for name, text in docs.items():
+        (root / "corpus" / name).write_text(text, encoding="utf-8")
+    (root / "golden.yaml").write_text(golden, encoding="utf-8")
+    (root / "ragpipe.yaml").write_text(
+        "discover: {roots: [corpus]}\nembed: {provider: onnx}\nstore: {path: store}\n"
+        "paths: {work_dir: work}\neval: {golden: golden.yaml, reports_dir: reports, "
+        f"resamples: 100{eval_extra}}}\n",
+        encoding="utf-8",
+    )
+
+
 def make_config(
     root: Path, tmp_path: Path, backend: str = "edge", **sections: Any
 ) -> RagpipeConfig:
