@@ -141,6 +141,8 @@ def _run_stage(
         cached, why = None, f"the cached result cannot be read ({type(exc).__name__}: {exc})"
     else:
         why = f"the cached result no longer matches the work dir {config.paths.work_dir}"
+        if getattr(getattr(cached, "counts", None), "failed", 0):
+            why = f"retrying the {cached.counts.failed} failed document(s) of the last run"
     if isinstance(cached, StageSummary) and cached.stage == stage.name:
         current = cached_summary(config, cached)
         if current is not None:

@@ -885,6 +885,38 @@ def test_deeply_nested_html_is_a_failure_row_and_the_batch_goes_on(tmp_path: Pat
     assert html_depth("<a><b/><br><c></c></a>", 512) == 2
 
 
+def test_a_failed_file_is_retried_when_nothing_else_changed(tmp_path: Path) -> None:
+    """A failure's cause can go away while the plan stays the same: a limit the checkpoint
+    key leaves out raised (convert.max_html_depth, convert.timeout_s), a timeout under load,
+    a file back in place. A stage that wrote failure rows is never reused, so the next run
+    tries the file again (it used to repeat the old failure, message and all)."""
+    from ragpipe.ingest.convert import ConvertCounts
+    from ragpipe.ingest.runner import StageSummary, WorkDir, cached_summary
+    from ragpipe.ingest.summary import read_failures
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text(topic_doc("wings"), encoding="utf-8")
+    deep = "<html><body>" + "<div>" * 30 + "<p>Deep text.</p>" + "</div>" * 30 + "</body></html>"
+    (docs / "deep.html").write_text(deep, encoding="utf-8")
+    strict = make_config(docs, tmp_path, convert={"max_html_depth": 20})
+    assert run_ingest(strict).failed == 1
+    second = run_ingest(strict)  # a.md unchanged, deep.html planned again
+    assert second.failed == 1 and second.skipped_unchanged == 1
+    summary = run_ingest(make_config(docs, tmp_path, convert={"max_html_depth": 512}))
+    assert summary.failed == 0 and summary.added == 1
+    assert read_failures(WorkDir(strict.paths.work_dir)) == []
+    assert any(p["file_path"].endswith("deep.html") for p in stored(strict).values())
+    # A Prefect run's cached stage result with failures is not taken either.
+    manifest = checkpoint.read_manifest(WorkDir(strict.paths.work_dir).stage("convert"))
+    assert manifest is not None
+    for failed, taken in ((0, True), (1, False)):
+        counts = ConvertCounts(documents=1, failed=failed)
+        cached = StageSummary("convert", manifest.output_fingerprint, counts,
+                              plan_id=manifest.plan_id)  # fmt: skip
+        assert (cached_summary(strict, cached) is not None) is taken
+
+
 def test_a_conversion_over_its_wall_clock_budget_is_stopped_and_the_batch_goes_on(
     tmp_path: Path,
 ) -> None:

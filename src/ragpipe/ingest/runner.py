@@ -316,6 +316,13 @@ def reuse_stage(
     manifest = checkpoint.is_current(directory, config_fp, input_fp)
     if manifest is None:
         return None
+    failed = int(manifest.counts.get("failed") or 0)
+    if failed:
+        # Failed files are retried on every run: a timeout under load, a file back in
+        # place, or a limit the key leaves out (convert.timeout_s) may pass now. The
+        # documents that did not fail come from their per-document caches.
+        logger.info("%s: retrying the %d failed document(s) of the last run", stage, failed)
+        return None
     if manifest.plan_id != plan_id:
         manifest.plan_id = plan_id
         checkpoint.write_manifest(directory, manifest)
@@ -329,7 +336,10 @@ def cached_summary(config: RagpipeConfig, summary: StageSummary[C]) -> StageSumm
     """A stage's summary from an earlier run (an orchestrator's cache), as this run's,
     when the work dir still holds exactly what that run left: its manifest, of the same
     plan and output fingerprint, and outputs with the digests it records. None: run the
-    stage (another run wrote into the work dir since, or a file was lost)."""
+    stage (another run wrote into the work dir since, or a file was lost), or a stage with
+    failed documents (retried on every run, as ``reuse_stage`` does)."""
+    if getattr(summary.counts, "failed", 0):
+        return None
     directory = WorkDir.of(config).stage(summary.stage)
     manifest = checkpoint.read_manifest(directory)
     if (
