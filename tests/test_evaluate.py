@@ -22,6 +22,7 @@ from ragpipe.evaluation.retrieval import (
     Gate,
     Granularity,
     Variant,
+    judged_hits,
     parse_variant,
     run_retrieval_eval,
 )
@@ -114,6 +115,28 @@ def _agrees_with_trec_eval(rows: list[Any]) -> None:
         for ours, theirs in names.items():
             expected = trec[key[id(r)]][theirs] if r.retrieved else 0.0
             assert r.metrics[ours] == pytest.approx(expected, abs=1e-9)
+
+
+def test_at_5_scores_what_a_search_for_top_k_returns(
+    eval_config: RagpipeConfig, tiny_cross_encoder: Path
+) -> None:
+    """The eval searches 10 deep, yet its first top_k are the variant's own search for
+    top_k: a reranked, diversified or boosted pool follows from the settings (a search
+    asked for 10 used to rerank 40 candidates where the configured search reranks 8)."""
+    golden = load_golden(eval_config.eval.golden)
+    reranker = {"rerank": True, "reranker": str(tiny_cross_encoder), "top_k": 2}
+    variants = [Variant("rerank", reranker),
+                Variant("mmr", {"mmr": True, "mmr_lambda": 0.3, "top_k": 2})]  # fmt: skip
+    with Retriever(eval_config) as r:
+        result = run_retrieval_eval(eval_config, golden, variants, depth=10, retriever=r)
+        for row in result.rows:
+            item = next(i for i in golden.items if i.id == row.item_id)
+            overrides = next(v.overrides for v in variants if v.name == row.variant)
+            own = r.search(item.query, **overrides).hits
+            assert len(own) == 2 and len(row.retrieved) == 10
+            assert row.retrieved[:2] == judged_hits(own, item, Granularity.CHUNK)[0]
+    # The settings reported are the variant's, the depth apart.
+    assert result.settings["rerank"]["top_k"] == 2 and result.depth == 10
 
 
 def test_file_granularity_deduplicates_by_file(eval_config: RagpipeConfig) -> None:

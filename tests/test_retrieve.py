@@ -409,6 +409,40 @@ def test_rerank_with_a_real_cross_encoder(
             r.search(QUERIES[1], rerank=True, reranker="cross-encoder/ms-marco-MiniLM-L6-v2")
 
 
+def test_a_deeper_search_ranks_first_what_a_search_for_top_k_returns(
+    indexed_edge: RagpipeConfig, tiny_cross_encoder: Any
+) -> None:
+    """An eval's depth: the first top_k of a deeper search are what the search for top_k
+    returns, whatever reranks, diversifies or boosts them (their pools follow from the
+    settings, not from how many results are asked for)."""
+    queries = [*QUERIES, 'restore "full backup" now', 'bake "oxygen" bread and "carbon dioxide"']
+    reranker = {"rerank": True, "reranker": str(tiny_cross_encoder)}
+    kinds: dict[str, dict[str, Any]] = {
+        "boost": {"boost_exact": 5.0},
+        "rerank": reranker,
+        "mmr": {"mmr": True, "mmr_lambda": 0.3},
+        "rerank and mmr": {**reranker, "mmr": True, "mmr_lambda": 0.3},
+    }
+    with Retriever(indexed_edge) as r:
+        for name, settings in kinds.items():
+            moved = 0
+            for query in queries:
+                short = r.search(query, top_k=2, **settings)
+                deep = r.search(query, top_k=2, depth=10, **settings)
+                assert len(short.hits) == 2 and len(deep.hits) == 10, (name, query)
+                assert _ids(deep)[:2] == _ids(short), (name, query)
+                assert deep.trace["depth"] == 10 and "depth" not in short.trace
+                # A search for 10 results is another configuration (a larger pool).
+                moved += _ids(r.search(query, top_k=10, **settings))[:2] != _ids(short)
+            assert moved, f"{name}: no query where a larger pool ranks others first"
+        # Past the pool (2 x 4 = 8 reranked), the rest follow in retrieval order.
+        deep = r.search(QUERIES[1], top_k=2, depth=10, **reranker)
+        assert _ids(deep)[8:] == _ids(r.search(QUERIES[1], top_k=10))[8:]
+        assert all("rerank" not in h.scores for h in deep.hits[8:])
+        with pytest.raises(ConfigError, match="depth must be at least 1"):
+            r.search(QUERIES[1], depth=0)
+
+
 def test_mmr_drops_the_duplicate_file(indexed_edge: RagpipeConfig) -> None:
     query = "When do full database backups run?"
     with Retriever(indexed_edge) as r:

@@ -194,8 +194,8 @@ def search_depth(depth: int, granularity: Granularity, settings: dict[str, Any])
     chunk: ``depth``. file: a file counts at its best chunk, and several
     chunks of one file would leave fewer than ``depth`` files, so the
     retriever is asked for its whole candidate list (``prefetch``, at least
-    ``depth``); the pool stays what a search for ``depth`` chunks fuses, so
-    the order is the one a user gets.
+    ``depth``). ``Retriever.search(depth=...)`` ranks its first top_k as a
+    user's search does, so the order is the one a user gets.
     """
     if granularity == Granularity.CHUNK:
         return depth
@@ -257,7 +257,7 @@ def run_retrieval_eval(
         )
     settings: dict[str, dict[str, Any]] = {}
     for variant in variants:  # validate every variant before any search runs
-        merged = {**config.retrieve.model_dump(mode="json"), **variant.overrides, "top_k": depth}
+        merged = {**config.retrieve.model_dump(mode="json"), **variant.overrides}
         try:
             settings[variant.name] = RetrieveConfig.model_validate(merged).model_dump(mode="json")
         except ValueError as exc:
@@ -277,7 +277,7 @@ def run_retrieval_eval(
             )
     own = retriever is None
     retriever = retriever or Retriever(config)
-    top_k = {v.name: search_depth(depth, granularity, settings[v.name]) for v in variants}
+    asked = {v.name: search_depth(depth, granularity, settings[v.name]) for v in variants}
     rows: list[QueryRow] = []
     traces: dict[str, list[dict[str, Any]]] = {}
     search_seconds = 0.0
@@ -285,9 +285,9 @@ def run_retrieval_eval(
         for variant in variants:
             for item in items:
                 started = time.perf_counter()
-                overrides = {**variant.overrides, "top_k": top_k[variant.name]}
                 searcher = (retrievers or {}).get(variant.name, retriever)
-                result = searcher.search(item.query, **overrides)
+                # The variant's own search, deeper: its first top_k are what it returns.
+                result = searcher.search(item.query, depth=asked[variant.name], **variant.overrides)
                 elapsed = time.perf_counter() - started
                 search_seconds += elapsed
                 ranked, qrels, best = judged_hits(result.hits, item, granularity)

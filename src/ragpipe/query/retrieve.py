@@ -253,15 +253,26 @@ class Retriever:
             must["source_sha"] = cfg.filter_source_sha
         return Where(must=must) if must else None
 
-    def search(self, query: str, **overrides: Any) -> RetrievalResult:
-        """Ranked chunks for ``query``; keyword arguments override ``retrieve.*`` fields."""
+    def search(self, query: str, *, depth: int | None = None, **overrides: Any) -> RetrievalResult:
+        """Ranked chunks for ``query``; keyword arguments override ``retrieve.*`` fields.
+
+        ``depth``: how many chunks to return (default ``top_k``), ranked as the first
+        ``top_k`` of this configuration's search are: a search's pools (the reranked, MMR
+        and exact-phrase candidates) follow from its settings, never from how many results
+        are asked for, and what lies beyond them follows in retrieval order. So the first 5
+        of a ``depth=10`` search are exactly what a search for ``top_k: 5`` returns, and an
+        eval's @5 scores that list (a deeper search used to rerank, diversify and boost a
+        larger pool, and rank other chunks first).
+        """
         cfg = self._retrieve_config(overrides)
         started = time.perf_counter()
         query = query.strip()
         if not query:
             raise ConfigError("the query is empty")
+        if depth is not None and depth < 1:
+            raise ConfigError(f"depth must be at least 1, not {depth}")
         rerank = cfg.rerank and cfg.reranker.lower() != "none"
-        final_k = cfg.top_k
+        final_k = depth or cfg.top_k
         pool = cfg.top_k * cfg.candidate_mul if (rerank or cfg.mmr) else cfg.top_k
         trace: dict[str, Any] = {
             "mode": cfg.mode.value,
@@ -273,6 +284,7 @@ class Retriever:
                 else "none"
             ),
             "top_k": cfg.top_k,
+            **({"depth": final_k} if final_k != cfg.top_k else {}),
             "reranker": cfg.reranker if rerank else "none",
             "mmr": cfg.mmr,
             "hyde": cfg.hyde.value,
@@ -299,25 +311,31 @@ class Retriever:
                 vector = self._hyde(text, vector, cfg, where, trace)
             if cfg.mode != RetrievalMode.SPARSE and cfg.prf:
                 vector = self._prf(vector, cfg, where, trace)
-            for hit in self._candidates(text, vector, pool, cfg, where):
+            for hit in self._candidates(text, vector, max(pool, final_k), cfg, where):
                 kept = best.get(hit.point_id)
                 if kept is None or hit.score > kept.score:
                     best[hit.point_id] = hit
         hits = ranked(best.values())
         phrases = exact_phrases(query, cfg.boost_proper_nouns)
         trace["exact_phrases"] = phrases
-        hits = boost_exact(hits, phrases, cfg.boost_exact)[:pool]
+        # Deeper than the pool (an eval's depth): the rest follow in retrieval order.
+        hits = boost_exact(hits[:pool], phrases, cfg.boost_exact) + hits[pool:final_k]
         for hit in hits:
             hit.scores["retrieval"] = hit.score
         if rerank:
-            judged = cfg.rerank_depth or len(hits)  # the rest follow in retrieval order
+            judged = min(cfg.rerank_depth or pool, pool)  # the rest follow in retrieval order
             hits = self._rerank(query, hits[:judged], cfg.reranker, trace) + hits[judged:]
         if cfg.mmr:
-            stored = self.store.dense_vectors([h.point_id for h in hits])
-            hits = mmr_select(query_vector, hits, stored, final_k, cfg.mmr_lambda)
-        hits = hits[:final_k]
+            candidates = hits[:pool]
+            stored = self.store.dense_vectors([h.point_id for h in candidates])
+            wanted = min(max(final_k, cfg.top_k), pool)  # what the LLM filter may judge
+            picked = mmr_select(query_vector, candidates, stored, wanted, cfg.mmr_lambda)
+            hits = picked + hits[pool:]
         if cfg.llm_filter and hits:
-            hits = self._llm_filter(query, hits, cfg.llm_filter_threshold, trace)
+            # The prompt a search for top_k sends, and no deeper ranks: the filter's cut is
+            # what this configuration returns, at any depth.
+            hits = self._llm_filter(query, hits[: cfg.top_k], cfg.llm_filter_threshold, trace)
+        hits = hits[:final_k]
         trace["seconds"] = time.perf_counter() - started
         return RetrievalResult(query, hits, trace)
 
