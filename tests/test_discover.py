@@ -109,3 +109,33 @@ def test_everything_below_an_ignored_directory_is_ignored(tmp_path: Path) -> Non
     result = discover(DiscoverConfig(roots=[tmp_path], follow_symlinks=True))
     assert [Path(f.file_path).name for f in result.files] == ["a.md"]
     assert result.failures == []  # not even the broken link below it
+
+
+@pytest.mark.integration
+def test_a_root_holding_ragpipes_own_data_never_indexes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ragpipe ingest .` in a project: the work dir, the store, its published copies, the
+    reports and the lock are below the root. They are skip rows, never documents (run 2
+    indexed 22 of them, and run 3 stopped: the published copies it indexed were gone)."""
+    from ragpipe import checkpoint
+    from ragpipe.ingest.pipeline import run_ingest
+    from ragpipe.ingest.runner import WorkDir
+    from ragpipe.schemas import Skip
+    from tests.support.corpora import make_config, stored, topic_doc
+
+    for topic in ("wings", "engines"):
+        (tmp_path / f"{topic}.md").write_text(topic_doc(topic), encoding="utf-8")
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "report.md").write_text("# A report\n\nrecall 0.9\n", "utf-8")
+    monkeypatch.chdir(tmp_path)
+    cfg = make_config(Path("."), tmp_path, eval={"reports_dir": tmp_path / "reports"})
+    lines = [run_ingest(cfg).line() for _ in range(3)]
+    assert lines[0].startswith("seen=2 added=2 ") and "failed=0" in lines[0], lines
+    for line in lines[1:]:
+        assert line.startswith("seen=2 added=0 changed=0 unchanged=2 removed=0 failed=0"), line
+    assert {p["file_path"] for p in stored(cfg).values()} == {"engines.md", "wings.md"}
+    skipped = checkpoint.read_records(WorkDir(cfg.paths.work_dir).skipped, Skip)
+    own = {s.file_path for s in skipped if s.reason == "ragpipe_data"}
+    assert own == {"reports", "store-edge", ".store-edge.published", ".store-edge.ingest.lock",
+                   "work-edge"}  # fmt: skip

@@ -9,14 +9,14 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from ragpipe import checkpoint
-from ragpipe.config import DiscoverConfig, RagpipeConfig, fingerprint
+from ragpipe.config import DiscoverConfig, RagpipeConfig, StoreBackend, fingerprint
 from ragpipe.ingest import runner
 from ragpipe.ingest.fetch import run_fetch
 from ragpipe.schemas import Failure, Skip, SourceFile
@@ -24,6 +24,8 @@ from ragpipe.schemas import Failure, Skip, SourceFile
 logger = logging.getLogger(__name__)
 
 STAGE = "discover"
+OWN_DATA = "ragpipe_data"
+OWN_DATA_DETAIL = "ragpipe's own work dir, store, reports or lock, under a root: never indexed"
 KINDS = {
     "pdf": "pdf",
     "md": "markdown",
@@ -195,14 +197,19 @@ def file_kind(path: str, file_path: str, root: str, config: DiscoverConfig) -> s
 
 
 def _walk(
-    root: str, rules: IgnoreRules, follow: bool, on_error: Callable[[OSError, str], None]
+    root: str,
+    rules: IgnoreRules,
+    follow: bool,
+    on_error: Callable[[OSError, str], None],
+    kept_out: Callable[[str, str], bool] = lambda path, rel: False,
 ) -> Iterator[tuple[os.DirEntry[str], str]]:
     """Depth-first, name-sorted: (entry, root-relative path) of everything but directories.
 
     Symbolic links to directories are yielded (not entered) unless ``follow``;
     followed directories already visited (a link loop) are not entered again.
-    Directories an ignore glob covers entirely are not entered at all. A directory that
-    cannot be read is passed to ``on_error`` with its root-relative path ("" the root).
+    Directories an ignore glob covers entirely are not entered at all, nor those
+    ``kept_out(path, rel)`` names. A directory that cannot be read is passed to
+    ``on_error`` with its root-relative path ("" the root).
     """
     seen_dirs: set[tuple[int, int]] = set()
     stack = [(root, "")]
@@ -232,7 +239,7 @@ def _walk(
                 is_dir = False
             if not is_dir:
                 yield entry, rel
-            elif not rules.prunes(rel):
+            elif not rules.prunes(rel) and not kept_out(entry.path, rel):
                 subdirs.append((entry.path, rel))
         stack.extend(reversed(subdirs))
 
@@ -241,6 +248,7 @@ def discover(
     config: DiscoverConfig,
     roots: list[Path] | None = None,
     progress: Callable[[int], None] | None = None,
+    own: Iterable[Path] = (),
 ) -> DiscoverResult:
     """Walk the roots, keep ingestible files, hash them.
 
@@ -248,6 +256,8 @@ def discover(
         config: Discovery settings.
         roots: Overrides ``config.roots`` (e.g. paths given on the CLI).
         progress: Called with 1 for each file hashed.
+        own: ragpipe's own folders and files (``own_paths``): never walked or indexed
+            where a root holds them, each a ``ragpipe_data`` skip row.
 
     Returns:
         Files sorted by ``file_path``, de-duplicated by real path (first root
@@ -257,6 +267,8 @@ def discover(
     result = DiscoverResult()
     seen_real: set[str] = set()
     rules = IgnoreRules(config.ignore)
+    own_real = {os.path.realpath(p) for p in own}
+    own_names = {os.path.basename(p) for p in own_real}  # a cheap test before realpath
     for root in roots or config.roots:
         root_label = PurePosixPath(os.path.normpath(root).replace(os.sep, "/")).as_posix()
         if not root.exists():
@@ -282,8 +294,17 @@ def discover(
         real_root = os.path.realpath(root)
         follow = config.follow_symlinks
         prefix = f"{root_label}/" if root_label != "." else ""
-        for entry, rel in _walk(str(root), rules, follow, on_error):
-            if rules.ignores(rel):
+
+        def kept_out(path: str, rel: str, prefix: str = prefix) -> bool:
+            """ragpipe's own data below a root (``ingest .``): its work dir, its store and
+            the store's published copies, its reports, its locks."""
+            if os.path.basename(path) not in own_names or os.path.realpath(path) not in own_real:
+                return False
+            result.skipped.append(Skip(prefix + rel, OWN_DATA, OWN_DATA_DETAIL))
+            return True
+
+        for entry, rel in _walk(str(root), rules, follow, on_error, kept_out):
+            if rules.ignores(rel) or kept_out(entry.path, rel):
                 continue
             file_path = prefix + rel
             if not _is_utf8(file_path):
@@ -443,6 +464,20 @@ class DiscoverCounts(runner.Counts):
     records_files_parsed: int = field(default=0, metadata={"optional": True})
 
 
+def own_paths(config: RagpipeConfig) -> list[Path]:
+    """What ragpipe writes for this config, which a root may hold (``ragpipe ingest .``):
+    the work dir, the Edge store with its published versions and reader copies, the
+    reports, and the locks. Indexing them would index the index (and fail the next run,
+    as the published copies it indexed are tidied away)."""
+    from ragpipe.locking import lock_path
+    from ragpipe.store import published
+
+    paths = [config.paths.work_dir, config.eval.reports_dir, lock_path(config)]
+    if config.store.backend == StoreBackend.EDGE:
+        paths += [config.store.path, published.root(config.store.path)]
+    return paths
+
+
 def run_discover(
     config: RagpipeConfig, roots: list[Path] | None = None
 ) -> runner.StageSummary[DiscoverCounts]:
@@ -458,7 +493,7 @@ def run_discover(
     stale = checkpoint.remove_stale_temps(config.paths.work_dir)
     if stale:
         logger.warning("removed %d temp files left by an interrupted run", stale)
-    result = discover(config.discover, roots)
+    result = discover(config.discover, roots, own=own_paths(config))
     stored = run_objects(config, config.discover.object_roots)
     web = run_fetch(config)
     for other in (stored, web):
