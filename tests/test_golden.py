@@ -98,6 +98,12 @@ items:
          r"'answerable: false' means the corpus holds no answer; remove expected_files"),
         ("- {id: x, query: q, expected_files: [a]}\n- {id: x, query: r, expected_files: [a]}",
          r"item 2 \(id x\): duplicate id"),
+        # One target twice: its second chunk credited as relevant (MAP 0.833 for 0.75 by
+        # hand), its grade the last one listed (the review's attack).
+        ("- {id: x, query: q, chunks: [{file: a.md, heading: H, grade: 3}, "
+         "{file: b.md, heading: G}, {file: a.md, heading: H, grade: 1}]}",
+         r"\(id x\), chunk target 3: the same target as chunk target 1 \(a\.md#heading=H; "
+         r"grades 3 and 1\): keep one, with the grade you mean"),
         # Every answer scored F1 0 against it, as a value (the attack review).
         ("- {id: x, query: q, expected_files: [a], expected_answer: '   '}",
          r"'expected_answer' '   ' has no word to score an answer against \(blank, or only "

@@ -207,7 +207,7 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
 
     for file in raw.get("expected_files") or []:
         implied(str(file), 1)
-    chunks = []
+    chunks: list[ChunkTarget] = []
     for j, target in enumerate(raw.get("chunks") or []):
         cw = f"{where}, chunk target {j + 1}"
         if not isinstance(target, dict) or not target.get("file"):
@@ -221,9 +221,16 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
                     f'({key}: "{target[key]}")'
                 )
         grade = _grade(target.get("grade", 1), cw)
-        chunks.append(
-            ChunkTarget(str(target["file"]), target.get("contains"), target.get("heading"), grade)
-        )
+        new = ChunkTarget(str(target["file"]), target.get("contains"), target.get("heading"), grade)
+        same = next((k for k, c in enumerate(chunks, start=1) if c.key == new.key), None)
+        if same is not None:
+            # One target twice would be one relevant item counted twice: a second chunk of
+            # it credited as relevant, and its grade the one listed last.
+            raise ConfigError(
+                f"{cw}: the same target as chunk target {same} ({new.key}; grades "
+                f"{chunks[same - 1].grade} and {grade}): keep one, with the grade you mean"
+            )
+        chunks.append(new)
         implied(str(target["file"]), grade)
     if not any(g > 0 for g in relevance.values()):
         raise ConfigError(
