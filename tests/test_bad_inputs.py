@@ -276,6 +276,31 @@ def test_an_unreadable_file_and_directory_get_failure_rows(tmp_path: Path) -> No
             shutil.rmtree(base)
 
 
+def test_the_deletion_guard_counts_every_indexed_file(tmp_path: Path) -> None:
+    """The guard's share is of every indexed file, as its message says: one file deleted
+    of 10 (10 %, under the 20 % guard) is deleted while a root of 8 is unmounted. It used
+    to count only the files the plan listed, 1 of 2 (50 %), and held it."""
+    from tests.support.corpora import TOPICS, make_config, stored, topic_doc
+
+    docs, more = tmp_path / "docs", tmp_path / "more"
+    for folder, count, version in ((docs, 2, 1), (more, 8, 2)):
+        folder.mkdir()
+        for i in range(count):
+            topic = TOPICS[i % len(TOPICS)]
+            text = topic_doc(topic, version=version + 10 * i)
+            (folder / f"{topic}-{i}.md").write_text(text, encoding="utf-8")
+    cfg = make_config(docs, tmp_path, discover={"roots": [docs, more]})
+    assert run_ingest(cfg).added == 10
+    more.rename(tmp_path / "unmounted")
+    gone = sorted(docs.iterdir())[0]
+    gone.unlink()
+    again = run_ingest(cfg)
+    assert (again.removed, again.deletions_held) == (1, 0)
+    assert again.failures_by_category == {"discover:missing_root": 1}
+    files = {p["file_path"] for p in stored(cfg).values()}
+    assert len(files) == 9 and not any(f.endswith(gone.name) and "docs" in f for f in files)
+
+
 def test_a_folder_that_cannot_be_listed_keeps_its_indexed_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

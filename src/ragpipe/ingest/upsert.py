@@ -208,7 +208,14 @@ def run_upsert(
 
     removed = [e for e in entries if e.action == "removed"]
     cleanup = [e for e in entries if e.action == "cleanup"]
-    indexed = sum(1 for e in entries if e.stored_versions > 0)
+    planned = _plan_counts(config)
+    # Of every file in the index, as the error says: files the plan has no entry for (below
+    # a missing root, a failed listing, a duplicate skipped) are indexed files too, and
+    # leaving them out made one unmounted share trip the guard on an ordinary deletion.
+    indexed = max(
+        planned.indexed_files if planned else 0,
+        sum(1 for e in entries if e.stored_versions > 0),
+    )
     share = len(removed) / indexed if indexed else 0.0
     hold = bool(removed) and share > config.index.max_delete_share
     hold = hold and not config.index.allow_mass_delete
@@ -218,7 +225,6 @@ def run_upsert(
     after: FileVersions | None = None
     points: list[IndexPoint] = []
     store: VectorStore | None = None
-    planned = _plan_counts(config)
     with runner.stage_store(config, run_store) as stores:
         if vectors:
             before = {} if _edge_absent(config) else saved_versions(config)
