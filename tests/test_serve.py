@@ -971,6 +971,37 @@ def test_an_answer_stops_when_its_client_leaves_and_the_queue_is_bounded(
         assert whole.status_code == 200 and whole.json()["answer"].startswith("word")
 
 
+def test_clients_gone_before_the_model_began_give_their_place_back(
+    tmp_path: Path, onnx_embedder: Any
+) -> None:
+    """A streamed /ask whose client leaves at once, before the model's thread begins: its
+    place in the queue comes back. It never did, so with one place three such clients made
+    every /ask answer 429 until a restart."""
+    cfg = _index(tmp_path, max_queued_answers=0, cache=False)
+    replier = Replier("Bake bread for forty minutes [1].")
+    with (
+        running(create_app(cfg, onnx_embedder, replier)) as url,
+        httpx.Client(base_url=url, timeout=60) as client,
+    ):
+        host, port = url.removeprefix("http://").rstrip("/").split(":")
+        body = json.dumps({"question": "How long should bread bake?", "stream": "sse"}).encode()
+        for _ in range(3):
+            with socket.create_connection((host, int(port)), timeout=10) as conn:
+                conn.sendall(
+                    b"POST /ask HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )  # and gone, before any event
+        deadline = time.monotonic() + 30
+        while True:
+            got = client.post("/ask", json={"question": "How long should bread bake?"})
+            if got.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)  # a departed client's place may still be held for a moment
+        assert got.status_code == 200, got.text
+        assert got.json()["answer"] == "Bake bread for forty minutes [1]."
+
+
 def test_malformed_numbers_and_text_get_422_not_500(served: tuple[RagpipeConfig, Any]) -> None:
     _, client = served
     headers = {"content-type": "application/json"}

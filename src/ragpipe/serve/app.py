@@ -671,6 +671,7 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
         text = service.check(request.question, request.k, "question")
         version, vector, scope, hit, result = await service.retrieve("ask", text, request, {})
         cancelled = threading.Event()
+        slot: _Slot | None = None
         if hit is not None:
             cached = dict(hit.value)
             events = _replay(cached, text, version, _cache_info(hit))
@@ -682,9 +683,14 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
                     status_code=429,
                     headers={"Retry-After": str(RETRY_AFTER_S)},
                 )
-            events = _generate(service, text, result, version, vector, scope, cancelled)
+            slot = _Slot(service.answer_done)
+            events = _generate(service, text, result, version, vector, scope, cancelled, slot)
         if request.stream == "none":
-            final = await run_in_threadpool(_last, events)  # the model takes seconds
+            try:
+                final = await run_in_threadpool(_last, events)  # the model takes seconds
+            finally:  # cancelled before the generation began: its place is given back
+                if slot is not None:
+                    slot.give_back_unless_started()
             return JSONResponse(final[1], status_code=503 if final[0] == "error" else 200)
         encode = _sse if request.stream == "sse" else _ndjson
         media = "text/event-stream" if request.stream == "sse" else "application/x-ndjson"
@@ -698,6 +704,11 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
                     yield encode(*event)
             finally:  # the client went away (the response task is cancelled) or we are done
                 cancelled.set()
+                # Gone before the model's thread began (before the first event, or just
+                # after it): nothing else would give its place back, and a few such
+                # clients used to fill the queue for good (every /ask then got 429).
+                if slot is not None:
+                    slot.give_back_unless_started()
 
         return StreamingResponse(
             body(),
@@ -1035,6 +1046,35 @@ def _sources(result: RetrievalResult) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+class _Slot:
+    """One answer's place in the model's queue (``Service.admit_answer``), given back once:
+    by the thread that generates the answer, or, when that thread never began (the client
+    left first), by whoever ends the response."""
+
+    def __init__(self, give_back: Callable[[], None]) -> None:
+        self._give_back = give_back
+        self._lock = threading.Lock()
+        self._started = self._given = False
+
+    def start(self) -> bool:
+        """Claim the place for the model's thread; False once it was given back."""
+        with self._lock:
+            self._started = not self._given
+            return self._started
+
+    def give_back(self) -> None:
+        with self._lock:
+            if not self._given:
+                self._given = True
+                self._give_back()
+
+    def give_back_unless_started(self) -> None:
+        with self._lock:
+            if not self._started and not self._given:
+                self._given = True
+                self._give_back()
+
+
 def _generate(
     service: Service,
     question: str,
@@ -1043,9 +1083,11 @@ def _generate(
     vector: Any,
     scope: str,
     cancelled: threading.Event,
+    slot: _Slot,
 ) -> Iterator[Event]:
     """retrieval, the tokens as the model writes them, then the answer (cached). Setting
-    ``cancelled`` stops the model at its next token."""
+    ``cancelled`` stops the model at its next token. The model's thread gives ``slot``
+    back when it ends."""
     yield (
         "retrieval",
         {
@@ -1086,8 +1128,11 @@ def _generate(
             logger.warning("generation failed: %s", exc)
             tokens.put(("error", exc))
         finally:
-            service.answer_done()
+            slot.give_back()
 
+    if not slot.start():  # the client left before the model's turn came
+        yield "error", {"detail": "generation failed: the client went away"}
+        return
     threading.Thread(target=work, name="ragpipe-generate", daemon=True).start()
     streamed: list[str] = []
     while True:
