@@ -132,6 +132,16 @@ def test_cache_serves_only_close_questions_of_the_same_scope_and_version() -> No
     assert len(cache) == 0
 
 
+def test_an_exact_lookup_takes_only_the_same_question() -> None:
+    cache = SemanticCache(threshold=0.95, max_entries=4)
+    assert cache.get(_v(1, 0, 0), "ask", "v1", "a long question", exact=True) is None
+    cache.put(_v(1, 0, 0), "ask", "v1", "a long question", "its answer")
+    assert cache.get(_v(1, 0, 0), "ask", "v1", "another long one", exact=True) is None
+    assert cache.get(_v(1, 0, 0), "ask", "v1", "another long one") is not None  # by vector
+    hit = cache.get(_v(1, 0, 0), "ask", "v1", "a long question", exact=True)
+    assert hit is not None and hit.value == "its answer"
+
+
 def test_a_cache_lookup_takes_the_closest_entry_the_question_guard_allows() -> None:
     cache = SemanticCache(threshold=0.9, max_entries=3)
     cache.clear("v")
@@ -383,6 +393,45 @@ def test_a_rephrased_question_is_served_from_the_cache(tmp_path: Path, onnx_embe
         metrics = client.get("/metrics").text
         assert 'ragpipe_cache_lookups_total{endpoint="ask",result="hit"} 2.0' in metrics
         assert "ragpipe_answer_first_token_seconds_count 3.0" in metrics
+
+
+def test_a_question_past_the_embedders_window_is_served_only_its_own_answer(
+    tmp_path: Path, onnx_embedder: Any
+) -> None:
+    """A pasted log, then the question: past the embedder's 256 tokens two questions have
+    one vector (cosine 1.0), and the cache gave the first one's answer to the second."""
+    from ragpipe.models.embedders import reads_whole
+
+    cfg = _index(tmp_path)
+    log = "ERROR foo.service: connection refused on port 8080; retrying. " * 20
+    fix, who = f"I get this log: {log} How do I fix it?", f"I get this log: {log} Who wrote Foo?"
+    assert not reads_whole(onnx_embedder, fix) and reads_whole(onnx_embedder, BREAD)
+    assert len(fix) < cfg.serve.max_query_chars  # a question serve takes
+    replier = Replier("Restart the service [1].")
+    with (
+        running(create_app(cfg, onnx_embedder, replier)) as url,
+        httpx.Client(base_url=url, timeout=60) as client,
+    ):
+        assert client.post("/ask", json={"question": fix}).json()["cache"] == {"hit": False}
+        other = client.post("/ask", json={"question": who}).json()
+        assert other["cache"] == {"hit": False} and replier.calls == 2
+        again = client.post("/ask", json={"question": fix}).json()  # the same text: its own
+        assert again["cache"]["hit"] is True and again["cache"]["cached_query"] == fix
+        assert replier.calls == 2
+
+
+def test_reads_whole_counts_tokens_where_bytes_cannot_tell(onnx_embedder: Any) -> None:
+    from ragpipe.models.embedders import TruncatedEmbedder, reads_whole
+
+    words = "bread " * 200  # 1,200 bytes, 200 word-pieces: read whole by the tokenizer
+    assert reads_whole(onnx_embedder, words) and not reads_whole(onnx_embedder, words * 2)
+    assert reads_whole(TruncatedEmbedder(onnx_embedder, 64), words)  # forwarded
+
+    class Served:  # a server's embedder: no tokenizer here, so only the byte bound
+        max_tokens, query_prefix = 64, "search_query: "
+
+    assert reads_whole(Served(), "x" * 40)  # type: ignore[arg-type]
+    assert not reads_whole(Served(), "x" * 50)  # type: ignore[arg-type]  # 14 + 50 + 4 > 64
 
 
 def test_a_flagged_answer_is_shown_with_its_flags_and_never_cached(

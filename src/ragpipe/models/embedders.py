@@ -75,6 +75,22 @@ class Embedder(Protocol):
         ...
 
 
+# Special tokens a window holds besides the text ([CLS] and [SEP], <s> and </s>), with room.
+SPECIAL_TOKENS = 4
+
+
+def reads_whole(embedder: Embedder, text: str) -> bool:
+    """Whether ``embedder`` reads all of ``text`` for its query vector: certain when its UTF-8
+    bytes (with a query prefix) fit the window, since a token holds at least one byte;
+    beyond that the in-process models' tokenizers count. An embedder that cannot tell (a
+    server) is taken not to. Two texts with one long opening embed alike past the window."""
+    prefix = str(getattr(embedder, "query_prefix", "") or "")
+    if len((prefix + text).encode("utf-8")) + SPECIAL_TOKENS <= embedder.max_tokens:
+        return True
+    reads = getattr(embedder, "reads_whole", None)
+    return bool(reads(text)) if reads is not None else False
+
+
 def normalise(vectors: npt.ArrayLike) -> Matrix:
     """Rows scaled to unit L2 length (all-zero rows stay zero)."""
     matrix = np.asarray(vectors, dtype=np.float32)
@@ -147,6 +163,10 @@ class _InProcess:
     def embed_query(self, text: str) -> Matrix:
         return _row(self._encode([text]))
 
+    def reads_whole(self, text: str) -> bool | None:
+        """Whether ``embed_query(text)`` reads all of it (None: cannot tell)."""
+        return None
+
 
 class LocalEmbedder(_InProcess):
     """sentence-transformers on CPU; default model all-MiniLM-L6-v2 (packaged)."""
@@ -166,6 +186,9 @@ class LocalEmbedder(_InProcess):
             raise ConfigError(f"embed.model {path} does not declare its embedding size")
         self._dim = int(dim)
         self._max_tokens = int(self._model.max_seq_length or 256)
+
+    def reads_whole(self, text: str) -> bool | None:
+        return len(self._model.tokenizer(text)["input_ids"]) <= self._max_tokens
 
     def _encode(self, batch: list[str]) -> Matrix:
         vectors = self._model.encode(
@@ -271,6 +294,9 @@ class OnnxEmbedder(OnnxRuntimeEmbedder):
         self._name = path.stem
         self.batch_size = batch_size
         self.progress: Callable[[int], None] | None = None
+
+    def reads_whole(self, text: str) -> bool | None:
+        return not self._tokenizer.encode(text).overflowing
 
     def _encode(self, batch: list[str]) -> Matrix:
         encodings = self._tokenizer.encode_batch(batch)
@@ -468,6 +494,10 @@ class _Wrapper:
     @property
     def max_tokens(self) -> int:
         return self.inner.max_tokens
+
+    def reads_whole(self, text: str) -> bool | None:
+        reads = getattr(self.inner, "reads_whole", None)
+        return reads(text) if reads is not None else None
 
     @property
     def progress(self) -> Callable[[int], None] | None:

@@ -293,6 +293,9 @@ class OnnxQueryEmbedder(OnnxRuntimeEmbedder):
         self.batch_size = batch_size
         self.progress: Callable[[int], None] | None = None
 
+    def reads_whole(self, text: str) -> bool | None:
+        return not self._tokenizer.encode(text.lower() if self._lowercase else text).overflowing
+
     def _encode(self, batch: list[str]) -> Matrix:
         texts = [t.lower() for t in batch] if self._lowercase else batch
         encodings = self._tokenizer.encode_batch(texts)

@@ -72,7 +72,7 @@ from starlette.routing import Route
 
 from ragpipe.config import LLM_RERANKER, RagpipeConfig, RetrievalMode, ServeConfig
 from ragpipe.errors import ConfigError, RagpipeError
-from ragpipe.models.embedders import embedder_name, known_dim, runtime_of
+from ragpipe.models.embedders import embedder_name, known_dim, reads_whole, runtime_of
 from ragpipe.models.llm import GenerationCancelled
 from ragpipe.query.generate import Source, configured_answer, source_json
 from ragpipe.query.render import search_json, to_text, to_xml
@@ -403,10 +403,15 @@ class Service:
         serve = self.config.serve
         return serve.cache and (endpoint == "ask" or serve.cache_search)
 
-    def lookup(self, endpoint: str, vector: Any, scope: str, version: str, text: str) -> Any:
+    def lookup(
+        self, endpoint: str, vector: Any, scope: str, version: str, text: str, whole: bool
+    ) -> Any:
+        """A cached answer for ``text``; ``whole``: the embedder read all of it, else only
+        the same text's answer is taken (a question past the window, after a long pasted
+        log, embeds as every other question with that log does)."""
         if not self.caches(endpoint):
             return None
-        hit = self.cache.get(vector, scope, version, text)
+        hit = self.cache.get(vector, scope, version, text, exact=not whole)
         self.metrics.cache.labels(endpoint, "hit" if hit else "miss").inc()
         self.metrics.cache_entries.set(len(self.cache))
         return hit
@@ -459,8 +464,9 @@ class Service:
                 # also searched by unless a cached answer may make them needless.
                 cached = self.caches(endpoint)
                 vector = retriever.query_vector(text, overrides, fragments=not cached)
+                whole = cached and reads_whole(retriever.embedder, text)
                 with held.search:
-                    hit = self.lookup(endpoint, vector, scope, version, text)
+                    hit = self.lookup(endpoint, vector, scope, version, text, whole)
                     result = None if hit else retriever.search(text, **overrides)
         except ValidationError as exc:  # an override this server's retrieve.* refuses
             errors = [

@@ -202,9 +202,12 @@ class SemanticCache:
         scope: str,
         version: str | None,
         text: str | None = None,
+        exact: bool = False,
     ) -> CacheHit | None:
         """The closest entry of ``scope`` at or above the threshold whose question does not
-        conflict with ``text`` (``meaning_conflict``), or None (a miss)."""
+        conflict with ``text`` (``meaning_conflict``), or None (a miss). ``exact``: only an
+        entry whose question is ``text`` itself (the embedder did not read all of it, so
+        its vector does not stand for all of it)."""
         query = unit(vector)
         now = time.monotonic()
         with self._lock:
@@ -225,6 +228,8 @@ class SemanticCache:
                     continue
                 entry = self._entries[held]
                 if entry.scope != scope:
+                    continue
+                if exact and entry.query != text:
                     continue
                 if text is not None and meaning_conflict(text, entry.query) is not None:
                     continue
