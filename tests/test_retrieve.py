@@ -204,6 +204,26 @@ def test_qdrant_fusion_and_client_fusion_rank_alike(
             assert auto.trace["fusion"] == "qdrant" and _ids(auto) == _ids(inside)
 
 
+def test_a_search_fused_in_the_engine_keeps_each_hits_own_cosine(
+    indexed_edge: RagpipeConfig,
+) -> None:
+    """The relevance floor reads a hit's own cosine; Qdrant's fusion returns fused scores
+    only, so an ask fused there was never floored (best_relevance None)."""
+    from ragpipe.query.generate import best_relevance
+
+    same = {"fusion_method": "rrf", "doc_weight": 0.0, "top_k": 5}
+    with Retriever(indexed_edge) as r:
+        for query in QUERIES:
+            inside = r.search(query, fusion="qdrant", **same)
+            assert inside.trace["fusion"] == "qdrant"
+            plain = r.search(query, mode="dense", doc_weight=0.0, top_k=40)
+            dense = {h.point_id: h.score for h in plain.hits}
+            for hit in inside.hits:
+                assert hit.scores["chunk_cosine"] == pytest.approx(dense[hit.point_id], abs=1e-5)
+            best = best_relevance(inside.hits)
+            assert best == pytest.approx(max(dense[h.point_id] for h in inside.hits), abs=1e-5)
+
+
 def test_convex_default_fuses_here_with_the_document_signal(indexed_edge: RagpipeConfig) -> None:
     with Retriever(indexed_edge) as r:
         result = r.search(QUERIES[0], top_k=10)

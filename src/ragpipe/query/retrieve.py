@@ -336,8 +336,22 @@ class Retriever:
             # what this configuration returns, at any depth.
             hits = self._llm_filter(query, hits[: cfg.top_k], cfg.llm_filter_threshold, trace)
         hits = hits[:final_k]
+        if cfg.mode == RetrievalMode.HYBRID and cfg.fuse_in_engine and hits:
+            self._own_cosines(query_vector, hits)
         trace["seconds"] = time.perf_counter() - started
         return RetrievalResult(query, hits, trace)
+
+    def _own_cosines(self, query_vector: npt.NDArray[np.float32], hits: list[Retrieved]) -> None:
+        """Each hit's own cosine (``chunk_cosine``), which the engine's fusion does not return:
+        the relevance floor reads it (``generate.best_relevance``), and without it an ask
+        fused in Qdrant was never floored. One vector fetch for the few hits kept."""
+        stored = self.store.dense_vectors([h.point_id for h in hits])
+        query = query_vector / (np.linalg.norm(query_vector) or 1.0)
+        for hit in hits:
+            vector = stored.get(hit.point_id)
+            if vector is not None:
+                norm = float(np.linalg.norm(vector)) or 1.0
+                hit.scores["chunk_cosine"] = float(np.dot(vector, query)) / norm
 
     def _candidates(
         self,
