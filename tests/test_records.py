@@ -148,6 +148,33 @@ def test_records_are_documents_indexed_and_updated_one_by_one(tmp_path: Path) ->
     assert files[f"{faq}#q2"][0]["fields"]["tags"] == ["network", "firewall"]
 
 
+def test_a_rule_with_a_folder_matches_below_the_root_dot_and_a_file_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`roots: [.]`: discover matched `exports/tickets.json` against the path, the records
+    stage against `./`-prefixed names (never), so the file was one plain-text document."""
+    from ragpipe.ingest.records import relative_path
+
+    project = tmp_path / "project"
+    (project / "exports").mkdir(parents=True)
+    (project / "exports" / "tickets.json").write_text(json.dumps({"items": [
+        {"id": "t1", "subject": "Printer offline", "body": "The printer shows offline."},
+        {"id": "t2", "subject": "VPN drops", "body": "The VPN drops every hour."},
+    ]}))  # fmt: skip
+    rule = {"glob": "exports/tickets.json", "records": "items", "text": ["body"],
+            "title": "subject", "id": "id"}  # fmt: skip
+    monkeypatch.chdir(project)
+    cfg = _config(Path("."), tmp_path, [rule])
+    assert (run_ingest(cfg).added, sorted(_by_file(cfg))) == (
+        2, ["exports/tickets.json#t1", "exports/tickets.json#t2"]
+    )  # fmt: skip
+    assert relative_path("exports/tickets.json", ".") == "exports/tickets.json"
+    assert relative_path("share/exports/tickets.json", "share") == "exports/tickets.json"
+    assert relative_path("share/exports/tickets.json", "share/exports/tickets.json") == (
+        "tickets.json"  # a file given as the root: its name, in discover too
+    )
+
+
 @pytest.mark.slow
 def test_bad_records_are_rows_and_keep_what_the_file_had(tmp_path: Path) -> None:
     root = tmp_path / "share"

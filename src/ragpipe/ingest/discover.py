@@ -187,11 +187,9 @@ def file_kind(path: str, file_path: str, root: str, config: DiscoverConfig) -> s
     after discovery; no line check: a minified JSON export is one long line), else
     ``kind_of``."""
     if config.records:
-        from ragpipe.ingest.records import KIND_FILE, rule_for
+        from ragpipe.ingest.records import KIND_FILE, relative_path, rule_for
 
-        prefix = root.rstrip("/") + "/"
-        rel = file_path[len(prefix) :] if file_path.startswith(prefix) else file_path
-        if rule_for(rel, config.records):
+        if rule_for(relative_path(file_path, root), config.records):
             return KIND_FILE
     return kind_of(path, config.text_extensions)
 

@@ -63,12 +63,18 @@ def rule_for(rel_path: str, rules: Sequence[RecordsRule]) -> RecordsRule | None:
     return None
 
 
-def relative_path(source: SourceFile) -> str:
-    """A discovered file's path below its root."""
-    prefix = source.root.rstrip("/") + "/"
-    if source.file_path.startswith(prefix):
-        return source.file_path[len(prefix) :]
-    return source.file_path.rpartition("/")[2]
+def relative_path(file_path: str, root: str) -> str:
+    """A discovered file's path below its root, as a ``discover.records`` glob reads it:
+    the path itself below the root ``.`` (whose files carry no prefix), the name of a file
+    given as the root. Discover and the records stage both ask here: a rule with a folder
+    in its glob used to match in one and not the other below ``.``, so the file was read
+    as one plain-text document."""
+    if root in (".", ""):
+        return file_path
+    prefix = root.rstrip("/") + "/"
+    if file_path.startswith(prefix):
+        return file_path[len(prefix) :]
+    return file_path.rpartition("/")[2]
 
 
 def _get(record: Any, path: str) -> Any:
@@ -261,7 +267,9 @@ def expand(
         if state.rules_fingerprint == rules_fp:
             saved.setdefault((state.source_file, state.source_sha256), []).append(state)
     for source in files:
-        rule = rule_for(relative_path(source), rules) if source.kind == KIND_FILE else None
+        rule = None
+        if source.kind == KIND_FILE:
+            rule = rule_for(relative_path(source.file_path, source.root), rules)
         if rule is None:
             result.files.append(source)
             continue
