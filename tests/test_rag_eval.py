@@ -248,7 +248,9 @@ SCRIPT = Scripted(
         "bread": "Bake the loaf at 230 degrees for thirty-five minutes [1] [5].",
         "Analytical": LOOP,
         "database": "Not found in the provided documents.",
-        "kneaded": "Not found in the provided documents. [2]",
+        # Text of its own, then the not-found sentence: withdrawn (the sentence alone, cited
+        # as the grammar makes it, is a plain not found).
+        "kneaded": "Knead it for ten minutes, I think. Not found in the provided documents. [2]",
         "France": "Paris is the capital of France [1].",
         "Moon": "Not found in the provided documents.",
     }
@@ -406,7 +408,9 @@ def test_answer_metrics_refusals_and_an_unreliable_judge_end_to_end(
     # The answer's flags and what a withdrawn answer said are kept beside it, and shown.
     by_item = {r["item_id"]: r for r in table}
     assert "degenerate" in by_item["lovelace"]["flags"] and by_item["oven"]["withdrawn"] is None
-    assert by_item["miss"]["withdrawn"] == "Not found in the provided documents. [2]"
+    assert by_item["miss"]["withdrawn"] == (
+        "Knead it for ten minutes, I think. Not found in the provided documents. [2]"
+    )
     assert "answer_withdrawn" in by_item["miss"]["flags"]
     assert "flags: degenerate" in drill and "written before the model said not found" in drill
 
