@@ -94,6 +94,9 @@ def test_nothing_outside_the_reports_folder_is_served(served: Any) -> None:
         assert response.status_code == 404, path
         assert b"outside the reports" not in response.content, path
     assert client.get("/reports/nothing.html", headers=auth).status_code == 404
+    # A name too long for the file system: 404 as JSON, as the OpenAPI document says (500).
+    long = client.get("/reports/" + "a" * 300, headers=auth)
+    assert long.status_code == 404 and "detail" in long.json()
     # httpx normalises "/a/../b" before sending: send the raw paths as a client may.
     host, port = str(client.base_url.host), int(client.base_url.port or 80)
     for raw in ("/reports/../secret.txt", f"/reports/{run_id}/../../secret.txt",
@@ -131,6 +134,7 @@ def test_an_absolute_path_is_never_joined_outside(tmp_path: Path) -> None:
     assert inside(tmp_path / "r", "../x.txt") is None
     assert inside(tmp_path / "r", "") is None  # the folder itself is no file
     assert inside(tmp_path / "r", "a.html\x00") is None
+    assert inside(tmp_path / "r", "a" * 300) is None  # ENAMETOOLONG
 
 
 def test_the_index_heads_every_kind_of_run_with_real_metric_names(tmp_path: Path) -> None:

@@ -30,9 +30,10 @@ def inside(root: Path, relative: str) -> Path | None:
         return None
     try:
         target = (base / relative.lstrip("/")).resolve()
-    except (OSError, RuntimeError):  # a symlink loop
-        return None
-    if not target.is_relative_to(base) or not target.is_file():
+        # is_file() raises on a name too long for the file system (ENAMETOOLONG): a 500
+        if not target.is_relative_to(base) or not target.is_file():
+            return None
+    except (OSError, RuntimeError):  # a symlink loop, a name too long
         return None
     return target
 
