@@ -72,6 +72,25 @@ def test_symlinks_skipped_followed_broken_and_looped(tmp_path: Path) -> None:
     assert sorted(Path(f.file_path).name for f in on.files) == ["a.md", "b.txt", "c.py"]
     assert [f.category for f in on.failures] == ["broken_link"]
 
+    # A link that sorts first, to a file or a folder, never takes the real path's place
+    # (0link.md and asub/b.txt were indexed instead of a.md and sub/b.txt, silently).
+    os.symlink(docs / "a.md", docs / "0link.md")
+    os.symlink(docs / "sub", docs / "asub")
+    first = discover(DiscoverConfig(roots=[docs], follow_symlinks=True))
+    root = docs.as_posix()
+    assert sorted(f.file_path for f in first.files) == [
+        f"{root}/a.md", f"{root}/c.py", f"{root}/sub/b.txt"
+    ]  # fmt: skip
+    assert sorted((s.file_path, s.detail) for s in first.skipped if s.reason == "same_file") == [
+        (f"{root}/0link.md", f"a link to {root}/a.md"),
+        (f"{root}/link.md", f"a link to {root}/a.md"),
+    ]  # (asub is the folder sub, walked already: not walked again, as a loop is not)
+    # A link to a file outside the roots is indexed under the link's path, as before.
+    outside = tmp_path / "drafts" / "e.md"
+    os.symlink(outside, docs / "e-link.md")
+    linked = discover(DiscoverConfig(roots=[docs], follow_symlinks=True))
+    assert f"{root}/e-link.md" in {f.file_path for f in linked.files}
+
 
 def test_oversize_file_gets_failure_row(tmp_path: Path) -> None:
     (tmp_path / "big.txt").write_text("x" * 2000)

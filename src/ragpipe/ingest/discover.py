@@ -211,8 +211,11 @@ def _walk(
     """
     seen_dirs: set[tuple[int, int]] = set()
     stack = [(root, "")]
-    while stack:
-        dirpath, rel_dir = stack.pop()
+    # Linked directories (followed) after every real one: a folder is walked under its own
+    # path, and a link to it ("asub" -> "sub", sorted first) is then a folder already seen.
+    linked: list[tuple[str, str]] = []
+    while stack or linked:
+        dirpath, rel_dir = stack.pop() if stack else linked.pop(0)
         if follow:
             try:
                 st = os.stat(dirpath)
@@ -228,7 +231,7 @@ def _walk(
         except OSError as exc:
             on_error(exc, rel_dir)
             continue
-        subdirs = []
+        subdirs: list[tuple[str, str]] = []
         for entry in entries:
             rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
             try:
@@ -238,7 +241,7 @@ def _walk(
             if not is_dir:
                 yield entry, rel
             elif not rules.prunes(rel) and not kept_out(entry.path, rel):
-                subdirs.append((entry.path, rel))
+                (linked if entry.is_symlink() else subdirs).append((entry.path, rel))
         stack.extend(reversed(subdirs))
 
 
@@ -263,7 +266,8 @@ def discover(
         skips (symlinks when not followed, unsupported types).
     """
     result = DiscoverResult()
-    seen_real: set[str] = set()
+    seen_real: dict[str, str] = {}  # real path -> the path it is indexed under
+    linked: list[tuple[str, str, str, str]] = []
     rules = IgnoreRules(config.ignore)
     own_real = {os.path.realpath(p) for p in own}
     own_names = {os.path.basename(p) for p in own_real}  # a cheap test before realpath
@@ -328,7 +332,18 @@ def discover(
                 result.skipped.append(Skip(file_path, "not_a_file", "not a regular file"))
                 continue
             real = os.path.realpath(entry.path) if follow else f"{real_root}/{rel}"
+            if follow and real != os.path.join(real_root, rel):  # reached through a link
+                linked.append((entry.path, file_path, root_label, real))
+                continue
             _consider(entry.path, file_path, root_label, real, config, result, seen_real, progress)
+    # Files reached through a link come last: a file under its own path (anywhere in the
+    # roots) keeps that path, whatever sorts first ("0link.md" or "asub/" used to take the
+    # place of the real a.md and sub/), and the link is a skip row that names it.
+    for path, file_path, root_label, real in linked:
+        if real in seen_real:
+            result.skipped.append(Skip(file_path, "same_file", f"a link to {seen_real[real]}"))
+            continue
+        _consider(path, file_path, root_label, real, config, result, seen_real, progress)
     result.files.sort(key=lambda f: f.file_path)
     if config.dedupe_content:
         skip_duplicate_content(result)
@@ -391,7 +406,7 @@ def _consider(
     real: str,
     config: DiscoverConfig,
     result: DiscoverResult,
-    seen_real: set[str],
+    seen_real: dict[str, str],
     progress: Callable[[int], None] | None,
 ) -> None:
     """Hash one file (``real``: its resolved path, for de-duplication across roots)."""
@@ -402,7 +417,7 @@ def _consider(
         return
     if real in seen_real:
         return
-    seen_real.add(real)
+    seen_real[real] = file_path
     try:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
