@@ -455,6 +455,14 @@ def test_a_deeper_search_ranks_first_what_a_search_for_top_k_returns(
                 # A search for 10 results is another configuration (a larger pool).
                 moved += _ids(r.search(query, top_k=10, **settings))[:2] != _ids(short)
             assert moved, f"{name}: no query where a larger pool ranks others first"
+        # Deeper than the legs (prefetch 3): the legs stay as the search for top_k has them
+        # (wider legs fuse, normalise and blend other scores), and no more is ranked.
+        for settings in ({}, {"fusion_method": "rrf"}, {"mode": "dense"}, {"doc_weight": 0.0}):
+            for query in queries:
+                short = r.search(query, top_k=2, prefetch=3, **settings)
+                deep = r.search(query, top_k=2, prefetch=3, depth=10, **settings)
+                assert _ids(deep)[:2] == _ids(short), (settings, query)
+                assert len(deep.hits) <= (3 if settings.get("mode") == "dense" else 6)
         # Past the pool (2 x 4 = 8 reranked), the rest follow in retrieval order.
         deep = r.search(QUERIES[1], top_k=2, depth=10, **reranker)
         assert _ids(deep)[8:] == _ids(r.search(QUERIES[1], top_k=10))[8:]
@@ -569,6 +577,26 @@ def test_llm_filter_outcomes(
         filtered = r.search(QUERIES[2], top_k=3, llm_filter=True)
     assert filtered.trace["llm_filter"]["status"] == status
     assert _ids(filtered) == [_ids(plain)[i] for i in kept]
+
+
+def test_an_eval_of_the_llm_filter_ranks_what_the_search_returns(
+    indexed_edge: RagpipeConfig,
+) -> None:
+    """The filter judges the first top_k (one prompt, as the search for top_k sends it),
+    and nothing past them is ranked; the eval says its @10 is over those."""
+    from ragpipe.evaluation.golden import GoldenItem, GoldenSet
+    from ragpipe.evaluation.retrieval import Granularity, Variant, run_retrieval_eval
+
+    with Retriever(indexed_edge, llm=ScriptedLLM('{"scores": [0.9, 0.1, 0.7]}')) as r:
+        plain = r.search(QUERIES[2], top_k=3)
+        deep = r.search(QUERIES[2], top_k=3, depth=10, llm_filter=True)
+        assert _ids(deep) == [_ids(plain)[i] for i in (0, 2)]
+        golden = GoldenSet("bread", [GoldenItem("oven", QUERIES[2], {"bread.md": 3})])
+        result = run_retrieval_eval(indexed_edge, golden, [Variant("filtered", {
+            "llm_filter": True, "top_k": 3})], depth=10, retriever=r,
+            granularity=Granularity.FILE)  # fmt: skip
+    assert len(result.rows[0].retrieved) <= 2
+    assert any("llm_filter ranks at most top_k=3 chunks" in w for w in result.warnings)
 
 
 def test_llm_filter_with_the_real_model(indexed_edge: RagpipeConfig, smollm: Any) -> None:

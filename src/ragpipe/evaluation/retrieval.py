@@ -193,9 +193,10 @@ def search_depth(depth: int, granularity: Granularity, settings: dict[str, Any])
 
     chunk: ``depth``. file: a file counts at its best chunk, and several
     chunks of one file would leave fewer than ``depth`` files, so the
-    retriever is asked for its whole candidate list (``prefetch``, at least
-    ``depth``). ``Retriever.search(depth=...)`` ranks its first top_k as a
-    user's search does, so the order is the one a user gets.
+    retriever is asked for as many chunks as its legs hold (``prefetch``, at
+    least ``depth``; it never ranks past its legs). ``Retriever.search(depth=...)``
+    ranks its first top_k as a user's search does, so the order is the one a
+    user gets.
     """
     if granularity == Granularity.CHUNK:
         return depth
@@ -351,6 +352,14 @@ def run_retrieval_eval(
         warnings.append(
             f"only {n} queries (< {SMALL_N}): confidence intervals are wide and unstable"
         )
+    for variant in variants:  # the LLM filter's cut is all the search returns
+        chosen = settings[variant.name]
+        if chosen.get("llm_filter") and int(chosen["top_k"]) < DEEPEST_CUTOFF:
+            warnings.append(
+                f"{variant.name}: retrieve.llm_filter ranks at most top_k={chosen['top_k']} "
+                f"chunks (what the search returns), so its @{DEEPEST_CUTOFF} metrics are over "
+                "them"
+            )
     return EvalResult(
         name=name or golden.name,
         golden=golden,

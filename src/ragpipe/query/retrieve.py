@@ -311,7 +311,9 @@ class Retriever:
                 vector = self._hyde(text, vector, cfg, where, trace)
             if cfg.mode != RetrievalMode.SPARSE and cfg.prf:
                 vector = self._prf(vector, cfg, where, trace)
-            for hit in self._candidates(text, vector, max(pool, final_k), cfg, where):
+            # The legs follow from the settings too: deeper legs fuse (and blend) otherwise.
+            legs = max(cfg.prefetch, pool)
+            for hit in self._candidates(text, vector, max(pool, final_k), legs, cfg, where):
                 kept = best.get(hit.point_id)
                 if kept is None or hit.score > kept.score:
                     best[hit.point_id] = hit
@@ -358,10 +360,12 @@ class Retriever:
         text: str,
         vector: npt.NDArray[np.float32],
         n: int,
+        legs: int,
         cfg: RetrieveConfig,
         where: Where | None,
     ) -> list[Retrieved]:
-        legs = max(cfg.prefetch, n)
+        """The first ``n`` fused candidates of legs of ``legs`` each (fewer when the legs hold
+        fewer: a search never ranks past its legs, so that a deeper one ranks alike)."""
         if cfg.mode == RetrievalMode.DENSE:
             return self._with_payloads(ranked(self._dense(vector, legs, cfg, where))[:n])
         if cfg.mode == RetrievalMode.SPARSE:
