@@ -138,6 +138,11 @@ def test_an_exact_lookup_takes_only_the_same_question() -> None:
     cache.put(_v(1, 0, 0), "ask", "v1", "a long question", "its answer")
     assert cache.get(_v(1, 0, 0), "ask", "v1", "another long one", exact=True) is None
     assert cache.get(_v(1, 0, 0), "ask", "v1", "another long one") is not None  # by vector
+    # An entry stored from a question the embedder did not read whole: only its own text.
+    cache.put(_v(0, 1, 0), "ask", "v1", "a log, then why", "the log's answer", whole=False)
+    assert cache.get(_v(0, 1, 0), "ask", "v1", "a short question") is None
+    held = cache.get(_v(0, 1, 0), "ask", "v1", "a log, then why")
+    assert held is not None and held.value == "the log's answer"
     hit = cache.get(_v(1, 0, 0), "ask", "v1", "a long question", exact=True)
     assert hit is not None and hit.value == "its answer"
 
@@ -403,7 +408,8 @@ def test_a_question_past_the_embedders_window_is_served_only_its_own_answer(
     from ragpipe.models.embedders import reads_whole
 
     cfg = _index(tmp_path)
-    log = "ERROR foo.service: connection refused on port 8080; retrying. " * 20
+    line = "ERROR foo.service: connection refused by the upstream host; retrying. "
+    log = line * 20
     fix, who = f"I get this log: {log} How do I fix it?", f"I get this log: {log} Who wrote Foo?"
     assert not reads_whole(onnx_embedder, fix) and reads_whole(onnx_embedder, BREAD)
     assert len(fix) < cfg.serve.max_query_chars  # a question serve takes
@@ -418,6 +424,14 @@ def test_a_question_past_the_embedders_window_is_served_only_its_own_answer(
         again = client.post("/ask", json={"question": fix}).json()  # the same text: its own
         assert again["cache"]["hit"] is True and again["cache"]["cached_query"] == fix
         assert replier.calls == 2
+        # A question that fits the window is not served the long one's answer either (the
+        # stored vector stands for the log alone: cosine 0.990 here, over the threshold).
+        short = f"I get this log: {line * 12} Who maintains foo.service?"
+        assert reads_whole(onnx_embedder, short)
+        cosine = float(onnx_embedder.embed_query(fix) @ onnx_embedder.embed_query(short))
+        assert cosine >= cfg.serve.cache_threshold
+        assert client.post("/ask", json={"question": short}).json()["cache"] == {"hit": False}
+        assert replier.calls == 3
 
 
 def test_reads_whole_counts_tokens_where_bytes_cannot_tell(onnx_embedder: Any) -> None:

@@ -420,7 +420,8 @@ class Service:
         self, endpoint: str, vector: Any, scope: str, version: str, text: str, value: Any
     ) -> None:
         if self.caches(endpoint):
-            self.cache.put(vector, scope, version, text, value)
+            whole = reads_whole(self.index.embedder, text)
+            self.cache.put(vector, scope, version, text, value, whole)
             self.metrics.cache_entries.set(len(self.cache))
 
     def _warm_up(self) -> tuple[float | None, str | None]:

@@ -47,6 +47,7 @@ class _Entry:
     query: str
     value: Any
     stored_at: float
+    whole: bool = True  # the embedder read all of ``query``: else only ``query`` itself hits
 
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
@@ -207,7 +208,7 @@ class SemanticCache:
         """The closest entry of ``scope`` at or above the threshold whose question does not
         conflict with ``text`` (``meaning_conflict``), or None (a miss). ``exact``: only an
         entry whose question is ``text`` itself (the embedder did not read all of it, so
-        its vector does not stand for all of it)."""
+        its vector does not stand for all of it); so too for an entry stored so."""
         query = unit(vector)
         now = time.monotonic()
         with self._lock:
@@ -229,7 +230,7 @@ class SemanticCache:
                 entry = self._entries[held]
                 if entry.scope != scope:
                     continue
-                if exact and entry.query != text:
+                if (exact or not entry.whole) and entry.query != text:
                     continue
                 if text is not None and meaning_conflict(text, entry.query) is not None:
                     continue
@@ -248,8 +249,11 @@ class SemanticCache:
         version: str | None,
         query: str,
         value: Any,
+        whole: bool = True,
     ) -> None:
-        """Store ``value`` for ``query``; dropped when the index moved on meanwhile."""
+        """Store ``value`` for ``query``; dropped when the index moved on meanwhile.
+        ``whole``: the embedder read all of ``query`` (else its vector stands for its
+        opening only, and only the same text is served it)."""
         with self._lock:
             if version != self.version:  # computed on a version the cache has left
                 return
@@ -266,7 +270,7 @@ class SemanticCache:
             self._vectors[slot] = v
             self._used[slot] = self._tick()
             self._slot_keys[slot] = self._next
-            self._entries[self._next] = _Entry(slot, scope, query, value, time.monotonic())
+            self._entries[self._next] = _Entry(slot, scope, query, value, time.monotonic(), whole)
             self._next += 1
 
     def clear(self, version: str | None = None) -> None:
