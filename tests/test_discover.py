@@ -158,3 +158,32 @@ def test_a_root_holding_ragpipes_own_data_never_indexes_it(
     own = {s.file_path for s in skipped if s.reason == "ragpipe_data"}
     assert own == {"reports", "store-edge", ".store-edge.published", ".store-edge.ingest.lock",
                    "work-edge"}  # fmt: skip
+
+
+@pytest.mark.integration
+def test_own_data_by_another_name_or_in_a_local_qdrant_store_is_never_indexed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """qdrant-client's local store under the root (its meta.json was indexed: 1 point, then
+    3), and, with follow_symlinks, a link by another name to the work dir or into it."""
+    from ragpipe import checkpoint
+    from ragpipe.ingest.pipeline import run_ingest
+    from ragpipe.ingest.runner import WorkDir
+    from ragpipe.schemas import Skip
+    from tests.support.corpora import make_config, stored, topic_doc
+
+    (tmp_path / "wings.md").write_text(topic_doc("wings"), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    cfg = make_config(Path("."), tmp_path, backend="qdrant",
+                      discover={"follow_symlinks": True},
+                      eval={"reports_dir": tmp_path / "reports"})  # fmt: skip
+    assert run_ingest(cfg).added == 1
+    os.symlink(tmp_path / "work-qdrant", tmp_path / "w")
+    os.symlink(tmp_path / "work-qdrant" / "discover" / "manifest.json", tmp_path / "m.json")
+    for _ in range(2):
+        line = run_ingest(cfg).line()
+        assert line.startswith("seen=1 added=0 changed=0 unchanged=1 removed=0 failed=0"), line
+    assert {p["file_path"] for p in stored(cfg).values()} == {"wings.md"}
+    skipped = checkpoint.read_records(WorkDir(cfg.paths.work_dir).skipped, Skip)
+    own = {s.file_path for s in skipped if s.reason == "ragpipe_data"}
+    assert {"store-qdrant", "w", "m.json", "work-qdrant"} <= own

@@ -199,14 +199,14 @@ def _walk(
     rules: IgnoreRules,
     follow: bool,
     on_error: Callable[[OSError, str], None],
-    kept_out: Callable[[str, str], bool] = lambda path, rel: False,
+    kept_out: Callable[[os.DirEntry[str], str], bool] = lambda entry, rel: False,
 ) -> Iterator[tuple[os.DirEntry[str], str]]:
     """Depth-first, name-sorted: (entry, root-relative path) of everything but directories.
 
     Symbolic links to directories are yielded (not entered) unless ``follow``;
     followed directories already visited (a link loop) are not entered again.
     Directories an ignore glob covers entirely are not entered at all, nor those
-    ``kept_out(path, rel)`` names. A directory that cannot be read is passed to
+    ``kept_out(entry, rel)`` names. A directory that cannot be read is passed to
     ``on_error`` with its root-relative path ("" the root).
     """
     seen_dirs: set[tuple[int, int]] = set()
@@ -240,7 +240,7 @@ def _walk(
                 is_dir = False
             if not is_dir:
                 yield entry, rel
-            elif not rules.prunes(rel) and not kept_out(entry.path, rel):
+            elif not rules.prunes(rel) and not kept_out(entry, rel):
                 (linked if entry.is_symlink() else subdirs).append((entry.path, rel))
         stack.extend(reversed(subdirs))
 
@@ -261,9 +261,11 @@ def discover(
             where a root holds them, each a ``ragpipe_data`` skip row.
 
     Returns:
-        Files sorted by ``file_path``, de-duplicated by real path (first root
-        wins), plus failure rows (unreadable, too large, broken link) and
-        skips (symlinks when not followed, unsupported types).
+        Files sorted by ``file_path``, de-duplicated by real path (a file under
+        its own path wins over one reached through a link, then the first root),
+        plus failure rows (unreadable, too large, broken link) and skips
+        (symlinks when not followed or to a file indexed already, unsupported
+        types, ragpipe's own data).
     """
     result = DiscoverResult()
     seen_real: dict[str, str] = {}  # real path -> the path it is indexed under
@@ -271,6 +273,7 @@ def discover(
     rules = IgnoreRules(config.ignore)
     own_real = {os.path.realpath(p) for p in own}
     own_names = {os.path.basename(p) for p in own_real}  # a cheap test before realpath
+    own_dirs = tuple(p + os.sep for p in own_real)
     for root in roots or config.roots:
         root_label = PurePosixPath(os.path.normpath(root).replace(os.sep, "/")).as_posix()
         if not root.exists():
@@ -297,16 +300,23 @@ def discover(
         follow = config.follow_symlinks
         prefix = f"{root_label}/" if root_label != "." else ""
 
-        def kept_out(path: str, rel: str, prefix: str = prefix) -> bool:
+        def kept_out(
+            entry: os.DirEntry[str], rel: str, prefix: str = prefix, follow: bool = follow
+        ) -> bool:
             """ragpipe's own data below a root (``ingest .``): its work dir, its store and
-            the store's published copies, its reports, its locks."""
-            if os.path.basename(path) not in own_names or os.path.realpath(path) not in own_real:
+            the store's published copies, its reports, its locks; followed links too, by
+            whatever name, to them or into them."""
+            linked = follow and entry.is_symlink()
+            if entry.name not in own_names and not linked:
+                return False
+            real = os.path.realpath(entry.path)
+            if real not in own_real and not (linked and real.startswith(own_dirs)):
                 return False
             result.skipped.append(Skip(prefix + rel, OWN_DATA, OWN_DATA_DETAIL))
             return True
 
         for entry, rel in _walk(str(root), rules, follow, on_error, kept_out):
-            if rules.ignores(rel) or kept_out(entry.path, rel):
+            if rules.ignores(rel) or kept_out(entry, rel):
                 continue
             file_path = prefix + rel
             if not _is_utf8(file_path):
@@ -488,6 +498,8 @@ def own_paths(config: RagpipeConfig) -> list[Path]:
     paths = [config.paths.work_dir, config.eval.reports_dir, lock_path(config)]
     if config.store.backend == StoreBackend.EDGE:
         paths += [config.store.path, published.root(config.store.path)]
+    elif config.store.url is None and str(config.store.path) != ":memory:":
+        paths.append(config.store.path)  # qdrant-client's local mode
     return paths
 
 
