@@ -435,17 +435,22 @@ def test_a_question_past_the_embedders_window_is_served_only_its_own_answer(
 
 
 def test_reads_whole_counts_tokens_where_bytes_cannot_tell(onnx_embedder: Any) -> None:
-    from ragpipe.models.embedders import TruncatedEmbedder, reads_whole
+    from ragpipe.models.embedders import TruncatedEmbedder, _Prefixed, reads_whole
 
     words = "bread " * 200  # 1,200 bytes, 200 word-pieces: read whole by the tokenizer
     assert reads_whole(onnx_embedder, words) and not reads_whole(onnx_embedder, words * 2)
     assert reads_whole(TruncatedEmbedder(onnx_embedder, 64), words)  # forwarded
 
     class Served:  # a server's embedder: no tokenizer here, so only the byte bound
-        max_tokens, query_prefix = 64, "search_query: "
+        max_tokens, query_prefix, dim = 64, "search_query: ", 16
 
     assert reads_whole(Served(), "x" * 40)  # type: ignore[arg-type]
     assert not reads_whole(Served(), "x" * 50)  # type: ignore[arg-type]  # 14 + 50 + 4 > 64
+    # A wrapper's prefix counts: the text the model reads is the prefixed one.
+    assert not reads_whole(TruncatedEmbedder(Served(), 8), "x" * 50)  # type: ignore[arg-type]
+    prefixed = _Prefixed(onnx_embedder, "", "Represent this sentence for searching: ")
+    fits = "error code " * 125  # 252 word-pieces: whole alone, 258 with the prefix
+    assert reads_whole(onnx_embedder, fits) and not reads_whole(prefixed, fits)
 
 
 def test_a_flagged_answer_is_shown_with_its_flags_and_never_cached(

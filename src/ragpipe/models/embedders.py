@@ -84,8 +84,12 @@ def reads_whole(embedder: Embedder, text: str) -> bool:
     bytes (with a query prefix) fit the window, since a token holds at least one byte;
     beyond that the in-process models' tokenizers count. An embedder that cannot tell (a
     server) is taken not to. Two texts with one long opening embed alike past the window."""
-    prefix = str(getattr(embedder, "query_prefix", "") or "")
-    if len((prefix + text).encode("utf-8")) + SPECIAL_TOKENS <= embedder.max_tokens:
+    prefixed = len(text.encode("utf-8"))  # with every wrapper's prefix
+    layer: Any = embedder
+    while layer is not None:
+        prefixed += len(str(getattr(layer, "query_prefix", "") or "").encode("utf-8"))
+        layer = getattr(layer, "inner", None)
+    if prefixed + SPECIAL_TOKENS <= embedder.max_tokens:
         return True
     reads = getattr(embedder, "reads_whole", None)
     return bool(reads(text)) if reads is not None else False
@@ -632,6 +636,9 @@ class _Prefixed(_Wrapper):
 
     def embed_query(self, text: str) -> Matrix:
         return self.inner.embed_query(self.query_prefix + text)
+
+    def reads_whole(self, text: str) -> bool | None:
+        return super().reads_whole(self.query_prefix + text)  # what the model reads
 
 
 def embedder_name(config: EmbedConfig) -> str:
