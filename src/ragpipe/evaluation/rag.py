@@ -67,7 +67,6 @@ from ragpipe.query.generate import (
     NOT_FOUND,
     Answer,
     configured_answer,
-    says_sources_lack,
     without_citation_marks,
 )
 from ragpipe.query.results import Retrieved
@@ -790,12 +789,48 @@ def is_refusal(text: str) -> bool:
     return answers.normalize_answer(_CITATIONS.sub(" ", text)) == _REFUSAL
 
 
+# A reply that says the sources lack the answer in other words than the not-found sentence
+# ("The provided documents do not contain this information [1].", "Not found in the
+# sources.", "None of the sources mention this."). The sources are named as such, with an
+# article ("the sources", not "open source", "source()" or "provided by"), next to the
+# negation, so that answers about files not found or packages built from source are not
+# taken for refusals.
+_THE_SOURCES = (
+    r"(?:the|these|those|your|my)\s+(?:provided\s+|given\s+|retrieved\s+|available\s+)?"
+    r"(?:documents?|sources?|context|passages?|texts?|excerpts?)(?:\s+provided|\s+given)?"
+)
+_SAYS = r"(?:contain|mention|include|provide|cover|say|state|specify|give|answer|address|discuss)"
+_LACKS = re.compile(
+    "|".join(
+        [
+            rf"\b{_THE_SOURCES}\s+(?:do|does|did)\s*(?:n[o']t|not)\s+{_SAYS}",
+            rf"\bnone\s+of\s+{_THE_SOURCES}\s+{_SAYS}s?\b",
+            rf"\bno\s+(?:provided\s+|given\s+)?(?:documents?|sources?|passages?)\s+{_SAYS}s?\b",
+            r"\bnot\s+(?:be\s+)?(?:found|mentioned|given|provided|stated|covered|specified|"
+            rf"addressed|answered)\s+(?:in|by|within|among)\s+{_THE_SOURCES}",
+            rf"\b(?:is|are)\s*(?:n[o']t|not)\s+(?:in|among)\s+{_THE_SOURCES}",
+            r"\b(?:could|can|cannot|can't|couldn't)\s*(?:not\s+)?(?:find|answer|determine)\b"
+            rf".{{0,60}}?\b(?:in|from|using)\s+{_THE_SOURCES}",
+            rf"\bno\s+(?:relevant\s+)?information\b.{{0,60}}?\b(?:in|from)\s+{_THE_SOURCES}",
+            r"^no\s+(?:relevant\s+)?information\s+(?:was|is)\s+(?:found|available|given)\b",
+            r"^i\s+(?:do\s*(?:n[o']t|not)|don't)\s+know\b",
+        ]
+    ),
+    re.IGNORECASE,
+)
+# A sentence ends at . ! ? before a capital letter or the end ("e.g. the FAQ" goes on).
+_SENTENCE_END = re.compile(r"[.!?](?=\s+[A-Z]|\s*$)")
+
+
 def reads_as_refusal(text: str) -> bool:
     """A one-sentence reply (citations aside) that says the sources lack the answer without
     being the not-found sentence: neither an answer nor a refusal in the required form, so
     the refusal metrics cannot score it (``score_answer``). A reply of more sentences may
     answer in part ("Bake at 230 C [1]. The documents do not say how long."): an answer."""
-    return not is_refusal(text) and says_sources_lack(text)
+    prose = " ".join(_CITATIONS.sub(" ", text).split())
+    if is_refusal(text) or not prose or len(_SENTENCE_END.findall(prose)) > 1:
+        return False
+    return _LACKS.search(prose) is not None
 
 
 def supporting(source_payloads: dict[int, dict[str, Any]], item: GoldenItem) -> set[int]:

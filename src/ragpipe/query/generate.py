@@ -106,10 +106,6 @@ TRUNCATED = "truncated"  # stopped at max_tokens
 WITHDRAWN = "answer_withdrawn"  # wrote an answer, then said not found: shown as not found
 # A sourced answer the model ended with the not-found sentence: shown without it.
 NOT_FOUND_DROPPED = "not_found_dropped"
-# One sentence saying the sources lack the answer, in other words than the not-found reply
-# ("The provided documents do not contain this information [1]."): neither an answer nor
-# the refusal asked for; shown with the flag, never cached as an answer.
-REFUSAL_WORDED = "refusal_in_own_words"
 # An answer "taken from the sources": more than half of its word pairs occur in them.
 # Measured on 2026-11-29 (qwen2.5-coder-1.5b over the sample index): the two R-FAQ
 # answers it ended with "Not found in the provided documents. [n]" had 0.72 and 0.88 of
@@ -249,53 +245,8 @@ def only_not_found(text: str) -> bool:
     citation grammar makes of it ("Not found in the provided documents. [1]"). Said over
     and over, it is a loop, withdrawn with what the model wrote kept."""
     rest, said = _NOT_FOUND_RE.subn(" ", text)
-    return said == 1 and re.fullmatch(r"[\s\[\],;.\d]*", rest) is not None
-
-
-# A reply that says the sources lack the answer in other words than the not-found sentence
-# ("The provided documents do not contain this information [1].", "Not found in the
-# sources.", "None of the sources mention this."). The sources are named as such, with an
-# article ("the sources", not "open source", "source()" or "provided by"), next to the
-# negation, so that answers about files not found or packages built from source are not
-# taken for refusals.
-_THE_SOURCES = (
-    r"(?:the|these|those|your|my)\s+(?:provided\s+|given\s+|retrieved\s+|available\s+)?"
-    r"(?:documents?|sources?|context|passages?|texts?|excerpts?)(?:\s+provided|\s+given)?"
-)
-_SAYS = r"(?:contain|mention|include|provide|cover|say|state|specify|give|answer|address|discuss)"
-_LACKS = re.compile(
-    "|".join(
-        [
-            rf"\b{_THE_SOURCES}\s+(?:do|does|did)\s*(?:n[o']t|not)\s+{_SAYS}",
-            rf"\bnone\s+of\s+{_THE_SOURCES}\s+{_SAYS}s?\b",
-            rf"\bno\s+(?:provided\s+|given\s+)?(?:documents?|sources?|passages?)\s+{_SAYS}s?\b",
-            r"\bnot\s+(?:be\s+)?(?:found|mentioned|given|provided|stated|covered|specified|"
-            rf"addressed|answered)\s+(?:in|by|within|among)\s+{_THE_SOURCES}",
-            rf"\b(?:is|are)\s*(?:n[o']t|not)\s+(?:in|among)\s+{_THE_SOURCES}",
-            r"\b(?:could|can|cannot|can't|couldn't)\s*(?:not\s+)?(?:find|answer|determine)\b"
-            rf".{{0,60}}?\b(?:in|from|using)\s+{_THE_SOURCES}",
-            rf"\bno\s+(?:relevant\s+)?information\b.{{0,60}}?\b(?:in|from)\s+{_THE_SOURCES}",
-            r"^no\s+(?:relevant\s+)?information\s+(?:was|is)\s+(?:found|available|given)\b",
-            r"^i\s+(?:do\s*(?:n[o']t|not)|don't)\s+know\b",
-        ]
-    ),
-    re.IGNORECASE,
-)
-# A sentence ends at . ! ? before a capital letter or the end ("e.g. the FAQ" goes on).
-_SENTENCE_END = re.compile(r"[.!?](?=\s+[A-Z]|\s*$)")
-
-
-_CITED = re.compile(r"\[\d+(?:\s*,\s*\d+)*\]")
-
-
-def says_sources_lack(text: str) -> bool:
-    """A one-sentence reply (citations aside) that says the sources lack the answer, in
-    words of its own or the not-found sentence's. A reply of more sentences may answer in
-    part ("Bake at 230 C [1]. The documents do not say how long."): an answer."""
-    prose = " ".join(_CITED.sub(" ", text).split())
-    if not prose or len(_SENTENCE_END.findall(prose)) > 1:
-        return False
-    return _LACKS.search(prose) is not None
+    rest = re.sub(r"\[\d+(?:\s*,\s*\d+)*\]", " ", rest)  # citations, not stray numbers
+    return said == 1 and re.fullmatch(r"[\s.]*", rest) is not None
 
 
 _WORD = re.compile(r"\w+")
@@ -518,8 +469,6 @@ def answer(
         flags.append(INVALID_CITATIONS)
     if not not_found and not cited:
         flags.append(UNCITED)
-    if not not_found and says_sources_lack(text):
-        flags.append(REFUSAL_WORDED)
     return Answer(
         question=question,
         text=text,
@@ -552,8 +501,6 @@ def flag_warnings(reply: Answer) -> list[str]:
         TRUNCATED: "the answer was cut at llm.max_tokens",
         WITHDRAWN: "the model wrote text of its own, then said the sources do not contain the "
         "answer: not found (its text is kept under 'withdrawn' in --json)",
-        REFUSAL_WORDED: "the model said in its own words that the sources do not hold the "
-        "answer: read it as not found",
         NOT_FOUND_DROPPED: "the model ended an answer taken from the sources (most of its "
         "word pairs are theirs) with the not-found sentence; that sentence was taken out",
     }
