@@ -104,6 +104,9 @@ items:
          "{file: b.md, heading: G}, {file: a.md, heading: H, grade: 1}]}",
          r"\(id x\), chunk target 3: the same target as chunk target 1 \(a\.md#heading=H; "
          r"grades 3 and 1\): keep one, with the grade you mean"),
+        ("- {id: x, query: q, chunks: [{file: a.md, contains: 'two  words'}, "
+         "{file: a.md, contains: 'two words'}]}",
+         r"chunk target 2: the same target as chunk target 1"),  # whitespace as matches reads it
         # Every answer scored F1 0 against it, as a value (the attack review).
         ("- {id: x, query: q, expected_files: [a], expected_answer: '   '}",
          r"'expected_answer' '   ' has no word to score an answer against \(blank, or only "

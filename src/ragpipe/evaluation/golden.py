@@ -147,6 +147,16 @@ def _grade(value: Any, where: str) -> int:
     return value
 
 
+def _same(a: ChunkTarget, b: ChunkTarget) -> bool:
+    """Two targets that match the same chunks (``contains`` reads runs of whitespace as
+    one space, as ``matches`` does)."""
+
+    def spaced(text: str | None) -> str | None:
+        return " ".join(text.split()) if text is not None else None
+
+    return (a.file, a.heading, spaced(a.contains)) == (b.file, b.heading, spaced(b.contains))
+
+
 def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
     where = f"{source}: item {index + 1}"
     if not isinstance(raw, dict):
@@ -222,7 +232,7 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
                 )
         grade = _grade(target.get("grade", 1), cw)
         new = ChunkTarget(str(target["file"]), target.get("contains"), target.get("heading"), grade)
-        same = next((k for k, c in enumerate(chunks, start=1) if c.key == new.key), None)
+        same = next((k for k, c in enumerate(chunks, start=1) if _same(c, new)), None)
         if same is not None:
             # One target twice would be one relevant item counted twice: a second chunk of
             # it credited as relevant, and its grade the one listed last.
