@@ -146,7 +146,7 @@ def main() -> int:
         times_all = []
         for text, vector in fresh:
             started = time.perf_counter()
-            retriever._candidates(text, vector, 10, retrieve, None)
+            retriever._candidates(text, vector, 10, max(retrieve.prefetch, 10), retrieve, None)
             times_all.append(time.perf_counter() - started)
         for start in range(0, len(times_all), 500):
             curve.append(1000 * statistics.median(times_all[start : start + 500]))
@@ -163,7 +163,9 @@ def main() -> int:
         return qe.QueryRequest(limit=10, query=store._sparse_query(text), with_payload=True)
 
     parts: dict[str, Callable[[str, Any], Any]] = {
-        "hybrid (ours)": lambda t, v: retriever._candidates(t, v, 10, retrieve, None),
+        "hybrid (ours)": lambda t, v: retriever._candidates(
+            t, v, 10, max(retrieve.prefetch, 10), retrieve, None
+        ),
         "dense leg (ours)": lambda t, v: retriever._dense(v, legs, retrieve, None),
         "dense prefetch": lambda t, v: store.query_dense(v, legs),
         "lead query": lead_query,

@@ -229,7 +229,7 @@ texts = json.loads(Path(sys.argv[5]).read_text())
 times = []
 for i, (text, vector) in enumerate(zip(texts, data)):
     started = time.perf_counter()
-    retriever._candidates(text, vector, 10, cfg.retrieve, None)
+    retriever._candidates(text, vector, 10, max(cfg.retrieve.prefetch, 10), cfg.retrieve, None)
     if i >= 100:
         times.append(time.perf_counter() - started)
 status = open("/proc/self/status").read().splitlines()
@@ -507,7 +507,9 @@ def bench_upkeep(
             store.query_dense(vector, 10)
             dense.append(time.perf_counter() - started)
             started = time.perf_counter()
-            retriever._candidates(text, vector, 10, cfg.retrieve, None)
+            retriever._candidates(
+                text, vector, 10, max(cfg.retrieve.prefetch, 10), cfg.retrieve, None
+            )
             hybrid.append(time.perf_counter() - started)
         return 1000 * statistics.median(dense), 1000 * statistics.median(hybrid)
 

@@ -137,6 +137,12 @@ def test_at_5_scores_what_a_search_for_top_k_returns(
             assert row.retrieved[:2] == judged_hits(own, item, Granularity.CHUNK)[0]
     # The settings reported are the variant's, the depth apart.
     assert result.settings["rerank"]["top_k"] == 2 and result.depth == 10
+    # Legs of 5 (prefetch 5): the search ranks no deeper, and the run says so.
+    narrow = run_retrieval_eval(eval_config, golden, [Variant("narrow", {
+        "mode": "dense", "prefetch": 5})], depth=10)  # fmt: skip
+    assert all(len(row.retrieved) == 5 for row in narrow.rows)
+    assert any("narrow: its legs hold 5 candidates" in w for w in narrow.warnings)
+    assert not any("legs hold" in w for w in result.warnings)
 
 
 def test_file_granularity_deduplicates_by_file(eval_config: RagpipeConfig) -> None:

@@ -30,7 +30,7 @@ from ragpipe.evaluation.metrics import (
 )
 from ragpipe.evaluation.names import DEEPEST_CUTOFF
 from ragpipe.query.results import Retrieved
-from ragpipe.query.retrieve import Retriever
+from ragpipe.query.retrieve import Retriever, leg_size
 
 logger = logging.getLogger(__name__)
 
@@ -352,13 +352,22 @@ def run_retrieval_eval(
         warnings.append(
             f"only {n} queries (< {SMALL_N}): confidence intervals are wide and unstable"
         )
-    for variant in variants:  # the LLM filter's cut is all the search returns
+    for variant in variants:  # what the search can rank is all it is scored on
         chosen = settings[variant.name]
         if chosen.get("llm_filter") and int(chosen["top_k"]) < DEEPEST_CUTOFF:
             warnings.append(
                 f"{variant.name}: retrieve.llm_filter ranks at most top_k={chosen['top_k']} "
                 f"chunks (what the search returns), so its @{DEEPEST_CUTOFF} metrics are over "
                 "them"
+            )
+            continue
+        legs = leg_size(RetrieveConfig.model_validate(chosen))
+        if chosen["mode"] != "sparse" and legs < asked[variant.name]:
+            warnings.append(
+                f"{variant.name}: its legs hold {legs} candidates (retrieve.prefetch), fewer "
+                f"than the {asked[variant.name]} chunks the eval ranks, and a search never "
+                f"ranks past them: its @{DEEPEST_CUTOFF} metrics may be over fewer; raise "
+                "prefetch to score deeper"
             )
     return EvalResult(
         name=name or golden.name,

@@ -135,6 +135,21 @@ Question: {query}
 _RERANKERS_LOCK = threading.Lock()
 
 
+def candidate_pool(cfg: RetrieveConfig) -> int:
+    """The candidates a search reranks, diversifies and boosts: top_k x candidate_mul with a
+    reranker or MMR, else top_k. Set by the settings, never by how many results are asked
+    for (``Retriever.search(depth=...)``)."""
+    rerank = cfg.rerank and cfg.reranker.lower() != "none"
+    return cfg.top_k * cfg.candidate_mul if (rerank or cfg.mmr) else cfg.top_k
+
+
+def leg_size(cfg: RetrieveConfig) -> int:
+    """The candidates each leg (dense, BM25) gives a hybrid or dense search: ``prefetch``,
+    or the pool when larger. A search never ranks past them (BM25 alone is not fused, and
+    ranks as deep as asked)."""
+    return max(cfg.prefetch, candidate_pool(cfg))
+
+
 class Retriever:
     """Runs queries against the index with one configuration (overridable per call)."""
 
@@ -273,7 +288,7 @@ class Retriever:
             raise ConfigError(f"depth must be at least 1, not {depth}")
         rerank = cfg.rerank and cfg.reranker.lower() != "none"
         final_k = depth or cfg.top_k
-        pool = cfg.top_k * cfg.candidate_mul if (rerank or cfg.mmr) else cfg.top_k
+        pool = candidate_pool(cfg)
         trace: dict[str, Any] = {
             "mode": cfg.mode.value,
             "sparse_engine": cfg.sparse_engine.value,
@@ -312,7 +327,7 @@ class Retriever:
             if cfg.mode != RetrievalMode.SPARSE and cfg.prf:
                 vector = self._prf(vector, cfg, where, trace)
             # The legs follow from the settings too: deeper legs fuse (and blend) otherwise.
-            legs = max(cfg.prefetch, pool)
+            legs = leg_size(cfg)
             for hit in self._candidates(text, vector, max(pool, final_k), legs, cfg, where):
                 kept = best.get(hit.point_id)
                 if kept is None or hit.score > kept.score:
