@@ -202,7 +202,8 @@ def test_citations_to_sources_not_given_are_removed_and_uncited_answers_flagged(
     # The sentence as the citation grammar ends it, or in another case: a plain not found
     # (it was withdrawn, "the model wrote text of its own", and never cached).
     for said in (f"{NOT_FOUND} [1]", "not found in the provided documents [2].",
-                 "NOT FOUND IN THE PROVIDED  DOCUMENTS. [1, 2]"):  # fmt: skip
+                 "NOT FOUND IN THE PROVIDED  DOCUMENTS. [1, 2]", f"{NOT_FOUND} [1], [2]",
+                 f"{NOT_FOUND} [1]; [2]!", f"[1] {NOT_FOUND}"):  # fmt: skip
         plain_refusal = answer("q", given, Streamer([said]))
         assert plain_refusal.text == NOT_FOUND and plain_refusal.not_found, said
         assert plain_refusal.flags == [] and plain_refusal.withdrawn is None, said
@@ -251,6 +252,8 @@ def test_a_sourced_answer_ended_with_the_not_found_sentence_is_kept_without_it()
     # Text after the not-found sentence: the model's answer is unclear, withdrawn.
     after = answer("q", given, Streamer([ended, NOT_FOUND, " Try ?make.names [2]"]))
     assert after.flags == [WITHDRAWN]
+    number = answer("q", given, Streamer([ended, NOT_FOUND, " 40. [2]"]))  # "40." is text
+    assert number.flags == [WITHDRAWN]
     # A sourced answer that looped into the not-found sentence stays withdrawn.
     looped = answer("q", given, Streamer([ended, (NOT_FOUND + " ") * 30, "[2]"]))
     assert DEGENERATE in looped.flags and WITHDRAWN in looped.flags and looped.not_found

@@ -245,8 +245,14 @@ def only_not_found(text: str) -> bool:
     citation grammar makes of it ("Not found in the provided documents. [1]"). Said over
     and over, it is a loop, withdrawn with what the model wrote kept."""
     rest, said = _NOT_FOUND_RE.subn(" ", text)
-    rest = re.sub(r"\[\d+(?:\s*,\s*\d+)*\]", " ", rest)  # citations, not stray numbers
-    return said == 1 and re.fullmatch(r"[\s.]*", rest) is not None
+    return said == 1 and only_citations(rest)
+
+
+def only_citations(text: str) -> bool:
+    """Nothing but citations (``[1]``, ``[1, 2]``), spaces and punctuation between them; a
+    number outside brackets ("40.") is text."""
+    rest = re.sub(r"\[\d+(?:\s*,\s*\d+)*\]", " ", text)
+    return re.fullmatch(r"[\s.,;:!]*", rest) is not None
 
 
 _WORD = re.compile(r"\w+")
@@ -278,7 +284,7 @@ def sourced_before_not_found(text: str, sources: Sequence[str]) -> str | None:
     if found is None:
         return None
     before, after = text[: found.start()].strip(), _NOT_FOUND_RE.sub(" ", text[found.start() :])
-    if not before or not re.fullmatch(r"[\s\[\],;.\d]*", after):
+    if not before or not only_citations(after):
         return None
     if sourced_share(before, sources) <= SOURCED_SHARE:
         return None
