@@ -441,6 +441,9 @@ def test_a_refusal_in_other_words_is_no_answer_and_no_refusal_score(text: str) -
         "The API returns 404 when the document is not found [2].",
         "Open source licenses do not cover trademarks [1].",
         "No information is sent to external sources [1].",
+        # Things named after sources, and what a program cannot find (a review's finds).
+        "If apt cannot find a package in the sources, run apt-get update first [1].",
+        "A mirror is not found in the sources list until apt-get update runs [2].",
     ],
 )
 def test_answers_that_mention_sources_or_absence_are_answers(text: str) -> None:

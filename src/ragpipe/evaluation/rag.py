@@ -797,7 +797,9 @@ def is_refusal(text: str) -> bool:
 # taken for refusals.
 _THE_SOURCES = (
     r"(?:the|these|those|your|my)\s+(?:provided\s+|given\s+|retrieved\s+|available\s+)?"
-    r"(?:documents?|sources?|context|passages?|texts?|excerpts?)(?:\s+provided|\s+given)?"
+    r"(?:documents?|sources?|context|passages?|texts?|excerpts?)\b(?:\s+provided|\s+given)?"
+    # ... and not a thing named after them: "the sources list", "the source tree"
+    r"(?!\s*(?:\.list|lists?|code|trees?|files?|director(?:y|ies)|folders?|packages?|menus?)\b)"
 )
 _SAYS = r"(?:contain|mention|include|provide|cover|say|state|specify|give|answer|address|discuss)"
 _LACKS = re.compile(
@@ -809,7 +811,9 @@ _LACKS = re.compile(
             r"\bnot\s+(?:be\s+)?(?:found|mentioned|given|provided|stated|covered|specified|"
             rf"addressed|answered)\s+(?:in|by|within|among)\s+{_THE_SOURCES}",
             rf"\b(?:is|are)\s*(?:n[o']t|not)\s+(?:in|among)\s+{_THE_SOURCES}",
-            r"\b(?:could|can|cannot|can't|couldn't)\s*(?:not\s+)?(?:find|answer|determine)\b"
+            # "I could not find ...", not "if apt cannot find a package in the sources"
+            r"\b(?:i|we)\s+(?:could|can|cannot|can't|couldn't)\s*(?:not\s+)?"
+            r"(?:find|answer|determine)\b"
             rf".{{0,60}}?\b(?:in|from|using)\s+{_THE_SOURCES}",
             rf"\bno\s+(?:relevant\s+)?information\b.{{0,60}}?\b(?:in|from)\s+{_THE_SOURCES}",
             r"^no\s+(?:relevant\s+)?information\s+(?:was|is)\s+(?:found|available|given)\b",
