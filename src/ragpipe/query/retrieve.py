@@ -289,6 +289,8 @@ class Retriever:
         rerank = cfg.rerank and cfg.reranker.lower() != "none"
         final_k = depth or cfg.top_k
         pool = candidate_pool(cfg)
+        # The legs follow from the settings too: deeper legs fuse (and blend) otherwise.
+        legs = leg_size(cfg)
         trace: dict[str, Any] = {
             "mode": cfg.mode.value,
             "sparse_engine": cfg.sparse_engine.value,
@@ -326,8 +328,6 @@ class Retriever:
                 vector = self._hyde(text, vector, cfg, where, trace)
             if cfg.mode != RetrievalMode.SPARSE and cfg.prf:
                 vector = self._prf(vector, cfg, where, trace)
-            # The legs follow from the settings too: deeper legs fuse (and blend) otherwise.
-            legs = leg_size(cfg)
             for hit in self._candidates(text, vector, max(pool, final_k), legs, cfg, where):
                 kept = best.get(hit.point_id)
                 if kept is None or hit.score > kept.score:
