@@ -251,7 +251,7 @@ def only_not_found(text: str) -> bool:
 def only_citations(text: str) -> bool:
     """Nothing but citations (``[1]``, ``[1, 2]``), spaces and punctuation between them; a
     number outside brackets ("40.") is text."""
-    rest = re.sub(r"\[\d+(?:\s*,\s*\d+)*\]", " ", text)
+    rest = _CITATION.sub(" ", text)
     return re.fullmatch(r"[\s.,;:!]*", rest) is not None
 
 
