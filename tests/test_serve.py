@@ -400,6 +400,23 @@ def test_a_rephrased_question_is_served_from_the_cache(tmp_path: Path, onnx_embe
         assert "ragpipe_answer_first_token_seconds_count 3.0" in metrics
 
 
+def test_a_cached_search_answers_with_the_query_it_was_asked(
+    tmp_path: Path, onnx_embedder: Any
+) -> None:
+    """A /search hit replied with the cached query's text in ``query``."""
+    cfg = _index(tmp_path, cache_search=True)
+    with (
+        running(create_app(cfg, onnx_embedder)) as url,
+        httpx.Client(base_url=url, timeout=60) as client,
+    ):
+        first = client.post("/search", json={"query": BREAD}).json()
+        assert first["cache"] == {"hit": False} and first["query"] == BREAD
+        again = client.post("/search", json={"query": "how long should bread bake"}).json()
+        assert again["cache"]["hit"] is True and again["cache"]["cached_query"] == BREAD
+        assert again["query"] == "how long should bread bake"
+        assert again["hits"] == first["hits"]
+
+
 def test_a_question_past_the_embedders_window_is_served_only_its_own_answer(
     tmp_path: Path, onnx_embedder: Any
 ) -> None:

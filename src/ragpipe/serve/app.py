@@ -645,8 +645,8 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
             assert result is not None
             body, media = _render(result, request.format, version)
             service.store("search", vector, scope, version, text, (body, media))
-        if request.format == "json":
-            return JSONResponse({**body, "cache": _cache_info(hit)})
+        if request.format == "json":  # a hit's ranking is the cached query's; the query is this one
+            return JSONResponse({**body, "query": text, "cache": _cache_info(hit)})
         headers = {"X-Ragpipe-Cache": "hit" if hit else "miss", "X-Ragpipe-Index": version}
         return Response(body, media_type=media, headers=headers)
 
