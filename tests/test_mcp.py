@@ -109,6 +109,9 @@ async def _exercise(client: Any, cfg: RagpipeConfig, config_file: Path) -> None:
         ({"query": "", "k": 3}, "at least 1 character"),
         ({"query": BREAD, "k": 0}, "greater than or equal to 1"),
         ({"query": BREAD, "k": 21}, "less than or equal to 20"),
+        ({"query": BREAD, "k": True}, "valid integer"),  # as /search refuses them
+        ({"query": BREAD, "k": "2"}, "valid integer"),
+        ({"query": BREAD, "k": 2.5}, "fraction"),
         ({"query": BREAD, "mode": "fuzzy"}, "'dense', 'sparse' or 'hybrid'"),
         ({"k": 3}, "query"),
         ({"query": "   "}, "the query is empty"),

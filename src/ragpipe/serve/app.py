@@ -58,7 +58,6 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import (
     AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -77,6 +76,7 @@ from ragpipe.models.llm import GenerationCancelled
 from ragpipe.query.generate import Source, configured_answer, source_json
 from ragpipe.query.render import search_json, to_text, to_xml
 from ragpipe.serve.cache import SemanticCache
+from ragpipe.serve.fields import JSON_INTEGER
 from ragpipe.serve.index import LiveIndex
 from ragpipe.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from ragpipe.serve.reports import index_page, inside, trend_page
@@ -106,20 +106,6 @@ T = TypeVar("T")
 # Schema, pydantic's regex engine and client-side generators agree: a query must hold one
 # character outside it.
 NOT_ONLY_SPACE = r"[^\t-\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
-
-
-def _json_integer(value: Any) -> Any:
-    """A JSON integer, strictly: 3 and 3.0 (the same number in JSON), never true or "3"."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError("Input should be a valid integer")
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ValueError("Input should be a valid integer, got a number with a fraction")
-        return int(value)
-    return value
-
-
-JSON_INTEGER = BeforeValidator(_json_integer)  # after the bounds, or the schema loses them
 
 
 class Filters(BaseModel):

@@ -25,6 +25,7 @@ from ragpipe.models.embedders import embedder_name
 from ragpipe.models.llm import GenerationCancelled
 from ragpipe.query.generate import configured_answer
 from ragpipe.query.render import search_json
+from ragpipe.serve.fields import JSON_INTEGER
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
@@ -129,7 +130,11 @@ def build_server(tools: IndexTools, offload: Offload[Any] = in_thread) -> "MCPSe
 
     serve = tools.config.serve
     Text = Annotated[str, Field(min_length=1, max_length=serve.max_query_chars)]
-    K = Annotated[int, Field(ge=1, le=serve.max_k, description="Chunks returned (retrieve.top_k).")]
+    K = Annotated[
+        int,
+        Field(ge=1, le=serve.max_k, description="Chunks returned (retrieve.top_k)."),
+        JSON_INTEGER,  # as over HTTP: never true or "2"
+    ]
     Mode = Literal["dense", "sparse", "hybrid"]
     File = Annotated[str, Field(description="Only chunks of a stored file path ending in this.")]
     Heading = Annotated[str, Field(description="Only chunks with this heading on their path.")]
