@@ -160,6 +160,26 @@ def test_a_root_holding_ragpipes_own_data_never_indexes_it(
                    "work-edge"}  # fmt: skip
 
 
+def test_a_root_that_is_ragpipes_own_data_or_inside_it_is_not_walked(tmp_path: Path) -> None:
+    """`roots: [data/work]`: only entries below a root were checked, so a root in the work
+    dir was walked whole and its checkpoints indexed."""
+    work = tmp_path / "work"
+    (work / "discover").mkdir(parents=True)
+    (work / "discover" / "notes.md").write_text("# Checkpoint\n\nnot a document\n", "utf-8")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# A\n\na document\n", "utf-8")
+    (tmp_path / "lock").write_text("123\n", "utf-8")
+    roots = [work, work / "discover", work / "discover" / "notes.md", tmp_path / "lock",
+             tmp_path / "docs"]  # fmt: skip
+    result = discover(DiscoverConfig(roots=roots), own=[work, tmp_path / "lock"])
+    assert [f.file_path for f in result.files] == [f"{tmp_path.as_posix()}/docs/a.md"]
+    assert [(s.file_path, s.reason) for s in result.skipped] == [
+        (r.as_posix(), "ragpipe_data") for r in roots[:4]
+    ]
+    assert result.skipped[0].detail.startswith("the root is ragpipe's own work dir")
+    assert result.failures == []
+
+
 @pytest.mark.integration
 def test_own_data_by_another_name_or_in_a_local_qdrant_store_is_never_indexed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

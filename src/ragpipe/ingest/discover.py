@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 STAGE = "discover"
 OWN_DATA = "ragpipe_data"
-OWN_DATA_DETAIL = "ragpipe's own work dir, store, reports or lock, under a root: never indexed"
+OWN_DATA_DETAIL = "ragpipe's own work dir, store, reports or lock: never indexed"
 KINDS = {
     "pdf": "pdf",
     "md": "markdown",
@@ -281,6 +281,10 @@ def discover(
                 Failure(root_label, STAGE, "missing_root", f"root {root} does not exist")
             )
             continue
+        real_root = os.path.realpath(root)
+        if real_root in own_real or real_root.startswith(own_dirs):  # roots: [data/work]
+            result.skipped.append(Skip(root_label, OWN_DATA, f"the root is {OWN_DATA_DETAIL}"))
+            continue
         if root.is_file():
             if not rules.ignores(root.name):
                 real = os.path.realpath(root)
@@ -296,7 +300,6 @@ def discover(
             result.failures.append(Failure(where, STAGE, "unreadable", exc.strerror or str(exc)))
 
         # Without following links every directory below the root is a real one.
-        real_root = os.path.realpath(root)
         follow = config.follow_symlinks
         prefix = f"{root_label}/" if root_label != "." else ""
 
