@@ -219,6 +219,26 @@ def test_is_degenerate_share_threshold_inclusive() -> None:
     assert is_degenerate(text, share=1 / 9)
 
 
+def test_chinese_and_japanese_are_counted_in_characters() -> None:
+    """Written without spaces, a Chinese answer was one "word" per sentence: one that looped
+    ran to max_tokens, never flagged."""
+    from ragpipe.evaluation.answers import answer_tokens
+
+    loop = "软件包可以安装。" * 3  # 8 characters a sentence, "。" a token too
+    assert answer_tokens(loop) == (list(loop), 6)  # mostly characters: 6-grams
+    # 24 tokens -> 19 6-grams; the first 8 are new, every later one repeats one 8 back: 11
+    assert repetition_share(loop) == pytest.approx(11 / 19) and is_degenerate(loop)
+    mixed = ["北", "京", "is", "the", "capital", "[1]"]
+    assert answer_tokens("北京 is the capital [1]") == (mixed, 3)  # mostly words: trigrams
+    # Japanese prose repeats a fifth of its character trigrams, 3 % of these 6-grams.
+    prose = (
+        "Rのパッケージをインストールするには、Rコンソールでinstall.packages関数を使用します。"
+        "この関数はCRANミラーからパッケージをダウンロードし、依存関係も自動的にインストールします。"
+    )
+    assert repetition_share(prose) == pytest.approx(2 / 74) and not is_degenerate(prose)
+    assert len(prose.split()) == 1  # one whitespace word
+
+
 # --- citation_scores ------------------------------------------------------------
 
 

@@ -281,6 +281,8 @@ def test_a_looping_answer_is_stopped_as_it_starts_and_flagged() -> None:
     assert unguarded.written == 1000 and DEGENERATE in whole.flags  # still marked afterwards
     varied = Streamer([f"Step {i} adds flour number {i} [1]. " for i in range(60)])
     assert answer("q", _scored(0.5), varied).flags == [] and varied.written == 60
+    chinese = Streamer(["软件包可以安装。"] * 500)  # no spaces: one word to a whitespace split
+    assert DEGENERATE in answer("q", _scored(0.5), chinese).flags and chinese.written < 64
 
 
 def test_the_floor_is_the_one_measured_for_the_index_embedder() -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ragpipe.config import GenerateConfig
-from ragpipe.evaluation.answers import is_degenerate
+from ragpipe.evaluation.answers import answer_tokens, is_degenerate
 from ragpipe.models.llm import LLM, GenerationCancelled, Message
 from ragpipe.query.fusion import lost_in_the_middle
 from ragpipe.query.results import Retrieved
@@ -379,7 +379,8 @@ class _Looping(GenerationCancelled):
     """The answer started repeating itself; generation stopped."""
 
 
-# The repetition guard looks every this many pieces, once the answer has this many words.
+# The repetition guard looks every this many pieces, once the answer has this many words
+# (a Chinese or Japanese character counts as one: ``answer_tokens``).
 LOOP_CHECK_EVERY = 8
 LOOP_MIN_WORDS = 40
 
@@ -432,8 +433,8 @@ def answer(
         if (
             stop_looping
             and len(pieces) % LOOP_CHECK_EVERY == 0
-            and len(text_so_far := "".join(pieces).split()) >= LOOP_MIN_WORDS
-            and is_degenerate(" ".join(text_so_far))
+            and len(answer_tokens(so_far := "".join(pieces))[0]) >= LOOP_MIN_WORDS
+            and is_degenerate(so_far)
         ):
             raise _Looping(f"stopped after {len(pieces)} pieces: the answer repeats itself")
 
