@@ -339,7 +339,10 @@ def eval_rag(
     ] = None,
     judge_model: Annotated[
         str | None,
-        typer.Option(help="Judge model (same provider as the generator); default: the generator."),
+        typer.Option(
+            help="Judge model, in eval.judge's provider (the generator's when eval.judge is "
+            "unset); default: eval.judge, else the generator."
+        ),
     ] = None,
     labels: Annotated[
         Path | None,
@@ -386,13 +389,7 @@ def eval_rag(
              "allow_draft": allow_draft or None,
              "judge_probe_size": probe_size},
         )  # fmt: skip
-        generator = {k: v for k, v in {"provider": llm.value if llm else None,
-                                       "model": model}.items() if v is not None}  # fmt: skip
-        llm_cfg = cfg.llm.model_copy(update=generator)
-        judge_cfg = llm_cfg.model_copy(update={"model": judge_model}) if judge_model else None
-        cfg = cfg.model_copy(
-            update={"llm": llm_cfg, "eval": cfg.eval.model_copy(update={"judge": judge_cfg})}
-        )
+        cfg = rag_models(cfg, llm.value if llm else None, model, judge_model)
     except RagpipeError as exc:
         fail(exc, 2)
     with interruptible(_eval_stopped(cfg)):
@@ -403,6 +400,23 @@ def eval_rag(
         except RagpipeError as exc:
             fail(exc, 2)
     _print_eval(summary)
+
+
+def rag_models(
+    cfg: RagpipeConfig, provider: str | None, model: str | None, judge_model: str | None
+) -> RagpipeConfig:
+    """``cfg`` with eval rag's --llm, --model and --judge-model applied: the generator's
+    provider and model; the judge is ``eval.judge`` (the generator when unset), its model
+    replaced by --judge-model. Without --judge-model a configured judge stays (it was
+    dropped, and the generator judged its own answers)."""
+    generator = {k: v for k, v in {"provider": provider, "model": model}.items() if v is not None}
+    llm_cfg = cfg.llm.model_copy(update=generator)
+    judge_cfg = cfg.eval.judge
+    if judge_model:
+        judge_cfg = (judge_cfg or llm_cfg).model_copy(update={"model": judge_model})
+    return cfg.model_copy(
+        update={"llm": llm_cfg, "eval": cfg.eval.model_copy(update={"judge": judge_cfg})}
+    )
 
 
 @eval_app.command("import-beir")

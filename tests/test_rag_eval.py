@@ -1785,3 +1785,23 @@ def test_scores_given_without_the_judge_do_not_dilute_its_failure_share(
         "not shown as values and feeding no gate: context_recall (judge failed on 2 of 6 "
         "(> 20%); judge not calibrated)" in result.warnings
     )
+
+
+def test_eval_rags_options_keep_a_configured_judge() -> None:
+    """`eval rag` without --judge-model replaced eval.judge with None: the generator judged
+    its own answers while the config named a judge server."""
+    from flows.cli_eval import rag_models
+
+    judge = {"provider": "openai", "model": "big-judge", "base_url": "http://127.0.0.1:9"}
+    cfg = RagpipeConfig.model_validate({"eval": {"judge": judge}})
+    kept = rag_models(cfg, None, None, None)
+    assert kept.eval.judge is not None and kept.eval.judge.model == "big-judge"
+    assert kept.eval.judge.base_url == "http://127.0.0.1:9"
+    renamed = rag_models(cfg, "ollama", "small-gen", "bigger-judge")
+    assert renamed.llm.model == "small-gen" and renamed.llm.provider == "ollama"
+    assert renamed.eval.judge is not None and renamed.eval.judge.model == "bigger-judge"
+    assert renamed.eval.judge.provider == "openai"  # eval.judge's server, another model
+    plain = RagpipeConfig()
+    assert rag_models(plain, None, None, None).eval.judge is None  # the generator judges
+    own = rag_models(plain, None, "small-gen", "judge.gguf").eval.judge
+    assert own is not None and own.model == "judge.gguf" and own.provider == plain.llm.provider
