@@ -219,6 +219,22 @@ def test_is_degenerate_share_threshold_inclusive() -> None:
     assert is_degenerate(text, share=1 / 9)
 
 
+def test_rouge_l_and_token_f1_score_answers_in_any_script() -> None:
+    """rouge-score's tokens are [a-z0-9]+: an exact answer in Chinese or Russian was no
+    token and scored ROUGE-L 0 (a silent 0 in the headline); Chinese was one F1 token."""
+    assert rouge_l("北京是中国的首都", "北京是中国的首都") == 1.0
+    assert rouge_l("Москва — столица России", "Москва — столица России") == 1.0
+    # 5 of 8 characters, in order: P 5/5, R 5/8 -> F1 2 * 5/8 / (1 + 5/8) = 10/13
+    assert rouge_l("北京是首都", "北京是中国的首都") == pytest.approx(10 / 13)
+    assert token_f1("北京是首都", "北京是中国的首都") == pytest.approx(10 / 13)
+    # "—" is not in string.punctuation: a SQuAD token. P 2/2, R 2/4 -> 2/3
+    assert token_f1("Москва столица", "Москва — столица России") == pytest.approx(2 / 3)
+    from ragpipe.evaluation.answers import _rouge_tokens
+
+    # ASCII text is tokenised as rouge-score tokenises it.
+    assert _rouge_tokens("Hello, wor_ld! 3.5 R-FAQ") == ["hello", "wor", "ld", "3", "5", "r", "faq"]
+
+
 def test_chinese_and_japanese_are_counted_in_characters() -> None:
     """Written without spaces, a Chinese answer was one "word" per sentence: one that looped
     ran to max_tokens, never flagged."""

@@ -39,7 +39,13 @@ DEGENERATE_MIN_NGRAMS = 8
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation)
-_NON_ALNUM = re.compile(r"[^a-z0-9]+")
+# Scripts written without spaces between words: each character is a token (Hangul,
+# written with spaces, is split at them as other scripts are).
+_UNSPACED = "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
+_TOKEN = re.compile(f"[{_UNSPACED}]|[^\\s{_UNSPACED}]+")
+# rouge-score's tokens, [a-z0-9]+, for every script: a run of letters and digits (no
+# underscore), or one Chinese or Japanese character.
+_ROUGE_TOKEN = re.compile(f"[{_UNSPACED}]|[^\\W_{_UNSPACED}]+")
 
 
 def normalize_answer(text: str) -> str:
@@ -63,7 +69,9 @@ def normalize_answer(text: str) -> str:
 def token_f1(prediction: str, reference: str) -> float:
     """SQuAD token F1 between a prediction and a reference answer.
 
-    Tokens are ``normalize_answer(...).split()``; overlap is the multiset
+    Tokens are ``normalize_answer(...).split()``, a Chinese or Japanese character
+    a token of its own (as CMRC scores Chinese; else an answer in those scripts is one
+    token per sentence, all right or all wrong); overlap is the multiset
     (``Counter``) intersection, so a repeated token matches at most as often
     as it occurs in both.
 
@@ -75,8 +83,8 @@ def token_f1(prediction: str, reference: str) -> float:
         F1 in [0, 1]. When either side has no tokens: 1.0 if both are empty,
         else 0.0 (the SQuAD v2 rule).
     """
-    pred_tokens = normalize_answer(prediction).split()
-    ref_tokens = normalize_answer(reference).split()
+    pred_tokens = _TOKEN.findall(normalize_answer(prediction))
+    ref_tokens = _TOKEN.findall(normalize_answer(reference))
     if not pred_tokens or not ref_tokens:
         return 1.0 if pred_tokens == ref_tokens else 0.0
     common = sum((Counter(pred_tokens) & Counter(ref_tokens)).values())
@@ -88,8 +96,8 @@ def token_f1(prediction: str, reference: str) -> float:
 
 
 def _rouge_tokens(text: str) -> list[str]:
-    # rouge-score's default tokenizer without stemming.
-    return _NON_ALNUM.sub(" ", text.lower()).split()
+    # rouge-score's default tokenizer without stemming, for every script.
+    return _ROUGE_TOKEN.findall(text.lower())
 
 
 def _lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
@@ -110,9 +118,13 @@ def rouge_l(prediction: str, reference: str) -> float:
     """ROUGE-L F1 (beta = 1) between a prediction and a reference answer.
 
     Tokenised like Google's ``rouge-score`` default tokenizer without
-    stemming: lower case, every character outside ``[a-z0-9]`` becomes a
-    space, split on whitespace. Precision and recall are the longest common
-    subsequence length over the prediction and reference lengths.
+    stemming: lower case, runs of letters and digits, everything else a
+    separator; rouge-score's letters are ``[a-z]`` only, so "Москва" and
+    "北京" were no token and an exact answer in them scored 0: here a letter
+    is any script's, and a Chinese or Japanese character is a token of its
+    own. On ASCII text the tokens are rouge-score's. Precision and recall are
+    the longest common subsequence length over the prediction and reference
+    lengths.
 
     Args:
         prediction: The generated answer.
@@ -165,12 +177,6 @@ def cosine(
 def _check_n(n: int) -> None:
     if n < 1:
         raise ValueError(f"n-gram size must be at least 1, got n={n}")
-
-
-# Scripts written without spaces between words: each character is a token (Hangul,
-# written with spaces, is split at them as other scripts are).
-_UNSPACED = "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
-_TOKEN = re.compile(f"[{_UNSPACED}]|[^\\s{_UNSPACED}]+")
 
 
 def answer_tokens(text: str, n: int = 3) -> tuple[list[str], int]:
