@@ -81,6 +81,27 @@ items:
     assert q3.relevance == {"a.md": 1, "b.md": 1}  # relevance is the user's word
 
 
+def test_a_target_names_a_graded_file_by_a_shorter_or_longer_suffix(tmp_path: Path) -> None:
+    """relevance: {sample/R-FAQ.pdf: 3} and a chunk target in R-FAQ.pdf: the target's file was
+    added as a second name, and the item refused at file level for a name never written
+    (scored anyway, a perfect ranking got NDCG 0.613)."""
+    golden = load_golden(_write(tmp_path, """
+items:
+  - id: q1
+    query: How should I cite R?
+    relevance: {sample/R-FAQ.pdf: 3}
+    chunks: [{file: R-FAQ.pdf, heading: Citing R, grade: 3}]
+  - id: q2
+    query: Implied twice
+    expected_files: [R-FAQ.pdf]
+    chunks: [{file: sample/R-FAQ.pdf, heading: Citing R, grade: 2}, {file: Q-FAQ.pdf, heading: H}]
+"""))  # fmt: skip
+    q1, q2 = golden.items
+    assert q1.relevance == {"sample/R-FAQ.pdf": 3}
+    assert q2.relevance == {"R-FAQ.pdf": 2, "Q-FAQ.pdf": 1}  # not a suffix of R-FAQ.pdf
+    assert [c.file for c in q2.chunks] == ["sample/R-FAQ.pdf", "Q-FAQ.pdf"]
+
+
 @pytest.mark.parametrize(
     ("items", "message"),
     [
@@ -113,6 +134,18 @@ items:
          r"punctuation and articles\); write the answer or remove the key"),
         ("- {id: x, query: q, expected_files: [a], expected_answer: 'The.'}",
          r"'expected_answer' 'The\.' has no word"),
+        # Found by the attack review: each loaded, and scored something else.
+        ("- {id: x, query: q, chunks: [{file: a.md, contains: '   '}]}",
+         r"chunk target 1: 'contains' is blank; it would match every chunk"),
+        ("- {id: x, query: q, chunks: [{file: ' ', heading: H}]}", r"'file' is blank"),
+        ("- {id: x, query: q, expected_files: R-FAQ.pdf}",  # the letters R, -, F, ...
+         r"'expected_files' must be a list of file suffixes, got 'R-FAQ\.pdf'"),
+        ("- {id: x, query: q, expected_files: {R-FAQ.pdf: 3}}",  # grade 1, silently
+         r"'expected_files' must be a list .*\(grades go under 'relevance'\)"),
+        ("- {id: x, query: q, chunks: {file: a.md, heading: H}}", r"'chunks' must be a list"),
+        ("- {id: 0, query: q, expected_files: [a]}\n- {id: false, query: q, expected_files: [a]}",
+         r"item 2: 'id' must be text or a number, got False"),
+        ("- {id: [a, b], query: q, expected_files: [a]}", r"'id' must be text or a number"),
     ],
 )  # fmt: skip
 def test_validation_names_the_item_and_the_fix(tmp_path: Path, items: str, message: str) -> None:

@@ -157,6 +157,12 @@ def _same(a: ChunkTarget, b: ChunkTarget) -> bool:
     return (a.file, a.heading, spaced(a.contains)) == (b.file, b.heading, spaced(b.contains))
 
 
+def _one_file(a: str, b: str) -> bool:
+    """Whether two file suffixes name one file as far as their text tells: equal, or one
+    ends the other at a path separator (``sample/a.pdf``, ``a.pdf``)."""
+    return file_matches(a, b) or file_matches(b, a)
+
+
 def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
     where = f"{source}: item {index + 1}"
     if not isinstance(raw, dict):
@@ -166,7 +172,10 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
         raise ConfigError(
             f"{where}: unknown keys {sorted(unknown)} (allowed: {', '.join(sorted(ITEM_KEYS))})"
         )
-    item_id = str(raw.get("id") or "").strip()
+    raw_id = raw.get("id")
+    if isinstance(raw_id, bool) or not isinstance(raw_id, str | int | None):
+        raise ConfigError(f"{where}: 'id' must be text or a number, got {raw_id!r}")
+    item_id = "" if raw_id is None else str(raw_id).strip()
     if not item_id:
         raise ConfigError(f"{where}: 'id' is missing")
     where = f"{source}: item {index + 1} (id {item_id})"
@@ -211,25 +220,40 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
     explicit = set(relevance)
 
     def implied(file: str, grade: int) -> None:
-        """A file ``relevance`` does not grade takes the highest grade given to it."""
-        if file not in explicit:
-            relevance[file] = max(relevance.get(file, grade), grade)
+        """A file ``relevance`` does not grade takes the highest grade given to it. A file
+        already named by a longer or shorter suffix (``sample/a.pdf`` and ``a.pdf``) is
+        that name's: a second name for one file was refused when matched."""
+        name = next((k for k in relevance if _one_file(k, file)), file)
+        if name not in explicit:
+            relevance[name] = max(relevance.get(name, grade), grade)
 
-    for file in raw.get("expected_files") or []:
-        implied(str(file), 1)
+    expected = raw.get("expected_files") or []
+    if not isinstance(expected, list) or not all(isinstance(f, str) for f in expected):
+        raise ConfigError(
+            f"{where}: 'expected_files' must be a list of file suffixes, got {expected!r} "
+            "(grades go under 'relevance')"
+        )
+    for file in expected:
+        implied(file, 1)
+    targets = raw.get("chunks") or []
+    if not isinstance(targets, list):
+        raise ConfigError(f"{where}: 'chunks' must be a list of chunk targets, got {targets!r}")
     chunks: list[ChunkTarget] = []
-    for j, target in enumerate(raw.get("chunks") or []):
+    for j, target in enumerate(targets):
         cw = f"{where}, chunk target {j + 1}"
         if not isinstance(target, dict) or not target.get("file"):
             raise ConfigError(f"{cw}: needs 'file' and one of 'contains' or 'heading'")
-        if bool(target.get("contains")) == bool(target.get("heading")):
-            raise ConfigError(f"{cw}: give exactly one of 'contains' or 'heading'")
         for key in ("file", "contains", "heading"):
             if target.get(key) is not None and not isinstance(target[key], str):
                 raise ConfigError(
                     f"{cw}: '{key}' must be text, got {target[key]!r}; quote it "
                     f'({key}: "{target[key]}")'
                 )
+            if isinstance(target.get(key), str) and not target[key].strip():
+                # "" is in every text: a blank target matched the file's first chunk
+                raise ConfigError(f"{cw}: '{key}' is blank; it would match every chunk")
+        if bool(target.get("contains")) == bool(target.get("heading")):
+            raise ConfigError(f"{cw}: give exactly one of 'contains' or 'heading'")
         grade = _grade(target.get("grade", 1), cw)
         new = ChunkTarget(str(target["file"]), target.get("contains"), target.get("heading"), grade)
         same = next((k for k, c in enumerate(chunks, start=1) if _same(c, new)), None)
