@@ -297,6 +297,14 @@ def test_the_floor_is_the_one_measured_for_the_index_embedder() -> None:
     assert relevance_floor(GenerateConfig(min_relevance=0.4), "anything") == 0.4
     with pytest.raises(ValueError, match="between -1 and 1"):
         GenerateConfig(min_relevance=2)
+    import yaml
+
+    # YAML reads a bare `off` as false: it was a floor of 0.0, `on` one of 1.0 (every
+    # question "not found" without asking the model).
+    off = GenerateConfig.model_validate(yaml.safe_load("min_relevance: off"))
+    assert relevance_floor(off, "all-MiniLM-L6-v2") is None
+    with pytest.raises(ValueError, match="write auto, off or a cosine floor"):
+        GenerateConfig.model_validate(yaml.safe_load("min_relevance: on"))
 
 
 def test_the_citation_grammar_is_what_llama_cpp_is_given() -> None:

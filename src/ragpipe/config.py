@@ -1258,6 +1258,17 @@ class GenerateConfig(_Section):
         "floored.",
     )
 
+    @field_validator("min_relevance", mode="before")
+    @classmethod
+    def _yaml_words(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false, and pydantic took false as a floor of 0.0
+        # (`on`, `yes`: 1.0, so that every question was "not found").
+        if value is False:
+            return "off"
+        if value is True:
+            raise ValueError("write auto, off or a cosine floor (true is none of them)")
+        return value
+
     @field_validator("min_relevance")
     @classmethod
     def _floor_range(cls, value: Any) -> Any:
