@@ -62,6 +62,14 @@ def test_bad_enum_and_regex(tmp_path: Path) -> None:
         load_config(path)
     assert "convert.pdf_mode" in str(err.value) and "turbo" in str(err.value)
     assert "invalid regular expression '(unclosed'" in str(err.value)
+    # A pattern matching the empty string dropped every body line: headings alone indexed.
+    path.write_text("clean:\n  extra_patterns: ['^DRAFT', 'Confidential|']\n")
+    with pytest.raises(
+        ConfigError,
+        match=r"clean.extra_patterns: .*extra_patterns\[1\] "
+        r"'Confidential\|' matches the empty string, so it would drop every line",
+    ):
+        load_config(path)
 
 
 def test_missing_and_unparsable_files(tmp_path: Path) -> None:

@@ -526,13 +526,19 @@ class CleanConfig(_Section):
     @field_validator("extra_patterns")
     @classmethod
     def _compile_patterns(cls, value: list[str]) -> list[str]:
-        for pattern in value:
+        for i, pattern in enumerate(value):
             try:
-                re.compile(pattern)
+                compiled = re.compile(pattern)
             except re.error as exc:
                 raise ValueError(
                     f"invalid regular expression {pattern!r}: {exc}; escape special characters"
                 ) from exc
+            if compiled.search(""):  # '', 'Confidential|', 'x*': every body line dropped
+                raise ValueError(
+                    f"extra_patterns[{i}] {pattern!r} matches the empty string, so it would "
+                    "drop every line; remove an empty alternative ('a|') or a pattern that "
+                    "can match nothing ('x*')"
+                )
         return value
 
 
