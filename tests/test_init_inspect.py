@@ -119,6 +119,17 @@ def test_init_keeps_nothing_when_it_cannot_finish_and_quotes_what_it_writes(
     assert golden["description"] == "Questions about the documents in docs: x #y."
     assert yaml.safe_load((odd / "prefect.yaml").read_text("utf-8"))["name"] == "007"
     assert load_config(odd / "ragpipe.yaml").discover.roots == [Path("docs: x #y")]
+    # Characters past the BMP: json.dumps wrote "\\ud83d\\ude00", which YAML reads as two
+    # lone surrogates, so the root and the deployments' folder never matched the real ones.
+    emoji = tmp_path / "proj ü 😀"
+    made = runner.invoke(app, ["init", str(emoji), "--roots", "😀 docs"])
+    assert made.exit_code == 0, made.output
+    assert load_config(emoji / "ragpipe.yaml").discover.roots == [Path("😀 docs")]
+    deployed = yaml.safe_load((emoji / "prefect.yaml").read_text("utf-8"))
+    (pulled,) = deployed["pull"][0].values()
+    assert pulled["directory"] == str(emoji)
+    config_path = deployed["deployments"][0]["parameters"]["config_path"]
+    assert config_path == str(emoji / "ragpipe.yaml")
 
 
 def test_init_stopped_midway_takes_back_what_it_wrote(

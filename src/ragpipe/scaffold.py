@@ -11,7 +11,6 @@ checked out). It writes nothing when any of them exists.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -191,6 +190,18 @@ def project_name(folder: Path) -> str:
     return slug or "ragpipe"
 
 
+def _quoted(value: str | list[str]) -> str:
+    """``value`` as a double-quoted YAML scalar (or a flow list of them) that reads back as
+    written: json.dumps wrote an emoji as two \\u surrogate escapes, which YAML reads as
+    two other characters (a root or folder that never matched)."""
+    import yaml
+
+    dumped = yaml.safe_dump(
+        value, default_style='"', default_flow_style=True, allow_unicode=True, width=2**31 - 1
+    )
+    return str(dumped).strip()
+
+
 def _one_line(text: str) -> str:
     """``text`` fit for a YAML comment (no line breaks)."""
     return " ".join(str(text).split())
@@ -260,26 +271,26 @@ def scaffold(folder: Path, roots: list[str] | None = None, name: str = "my-docs"
         )
     project = project_name(folder)
     index = RagpipeConfig(store={"path": folder / "data" / "store"})  # type: ignore[arg-type]
-    listed_roots = "\n".join(f"    - {json.dumps(r)}" for r in roots)
+    listed_roots = "\n".join(f"    - {_quoted(r)}" for r in roots)
     texts = {
         made.config: CONFIG_TEMPLATE.format(
             folder=_one_line(str(folder)),
             roots=listed_roots,
             name=name,
-            ignore=json.dumps(_ignored(folder, roots)),
+            ignore=_quoted(_ignored(folder, roots)),
         ),
         made.golden: GOLDEN_TEMPLATE.format(
             name=name,
-            name_json=json.dumps(name),
-            description=json.dumps(f"Questions about the documents in {', '.join(roots)}."),
+            name_json=_quoted(name),
+            description=_quoted(f"Questions about the documents in {', '.join(roots)}."),
         ),
         made.prefect: PREFECT_TEMPLATE.format(
             folder=_one_line(str(folder)),
-            name=json.dumps(project),
+            name=_quoted(project),
             project=project,
-            folder_json=json.dumps(str(folder)),
-            config_json=json.dumps(str(made.config)),
-            resource_json=json.dumps(index_resource_id(index)),
+            folder_json=_quoted(str(folder)),
+            config_json=_quoted(str(made.config)),
+            resource_json=_quoted(index_resource_id(index)),
         ),
     }
     # Each file whole or not at all and never over one made meanwhile; whatever stops the
