@@ -106,3 +106,102 @@ def test_table_padding_is_removed_and_alignment_kept() -> None:
     assert result.dropped == {"table_padding": 1}
     kept = clean_markdown(docling + "\n", CleanConfig(compact_tables=False))
     assert kept.markdown == docling + "\n"
+
+
+def test_lists_and_settings_that_end_in_a_number_are_not_a_table_of_contents() -> None:
+    """A contents entry ended in its number after one space, or in a word of i, v, x, l, c,
+    d, m: lists of years, requirements and formats, and code constants, were dropped."""
+    for text in [
+        "Company history:\n\n- Founded in 1998\n- IPO in 2004\n- Acquired in 2012\n",
+        "Requirements:\n\n- Python 3\n- 8 GB RAM\n- Ubuntu 22\n",
+        "Formats:\n\n- Blu-ray\n- DVD\n- CD\n",
+        "MAX_RETRIES = 5\nTIMEOUT = 30\nPORT = 8080\n",
+        "1. Preheat to 180\n2. Knead for 10\n3. Bake for 35\n",  # a Markdown list
+        "Loading.... one\nLoading.... two\nLoading.... three\n",  # no page after the dots
+    ]:
+        result = clean_markdown(text, CleanConfig(), "markdown")
+        assert result.markdown == text and result.dropped == {}, text
+    # Numbered sections whose pages go down are not contents either.
+    down = "1 Setup 12\n2 Usage 4\n3 Errors 9\n"
+    assert clean_markdown(down, CleanConfig(), "pdf").dropped == {}
+    gap = "Introduction  1\nScope\tiv\nMethods  12\n"  # a gap before the page: contents
+    assert clean_markdown(gap, CleanConfig(), "docx").dropped == {"toc": 1}
+
+
+def test_a_text_file_keeps_its_lines_and_indentation() -> None:
+    """Code and config read as text: the constants block went as a contents page, every
+    indentation became one space, and a line of one number went as a page number."""
+    code = (
+        "import os\n\nMAX_RETRIES = 5\nTIMEOUT = 30\n\n\ndef connect(host):\n"
+        "    for attempt in range(MAX_RETRIES):\n        if attempt > 2:\n"
+        "            return None\n    return host\n\n# (c) by the authors\n42\n"
+    )
+    kept = clean_markdown(code, CleanConfig(), "text")
+    assert kept.markdown == code and kept.dropped == {}
+    # Invisible characters are still fixed, and the user's own patterns still apply.
+    odd = clean_markdown("a\u200bb\nSECRET x\nc\n", CleanConfig(extra_patterns=["^SECRET"]),
+                         "text")  # fmt: skip
+    assert odd.markdown == "ab\nc\n" and odd.dropped == {"ocr_fix": 1, "custom": 1}
+    # Nested lists in Markdown keep their nesting too.
+    nested = "- a\n    - b\n- c  d\n"
+    assert clean_markdown(nested, CleanConfig(), "markdown").markdown == "- a\n    - b\n- c d\n"
+
+
+def test_comments_are_removed_within_a_block_never_across_a_section() -> None:
+    """A literal <!-- in the text ran to the next --> sections later: two headings and
+    three paragraphs went as one comment. Fenced code keeps its comments."""
+    text = (
+        "# HTML basics\n\nA comment starts with <!-- on the same or a later line.\n\n"
+        "## Attributes\n\nAttributes go in the tag.\n\n## Ending comments\n\n"
+        "A comment ends with --> after its text.\n\n<!-- image -->\n\n"
+        "```html\n<!-- a comment -->\n<div>x</div>\n```\n"
+    )
+    result = clean_markdown(text, CleanConfig(), "html")
+    assert result.markdown == text.replace("<!-- image -->\n\n", "")
+    assert result.dropped == {"html_comment": 1}
+    # Linear: 20,000 unterminated openers took 36 s.
+    import time
+
+    started = time.perf_counter()
+    clean_markdown("text <!-- " * 20_000, CleanConfig(), "html")
+    assert time.perf_counter() - started < 5
+
+
+def test_a_fence_that_text_runs_into_is_still_code() -> None:
+    text = "Example:\n```python\ndef f():\n\n    return 1\n1\n```\nAfter.\n"
+    result = clean_markdown(text, CleanConfig(), "markdown")
+    assert result.markdown == (
+        "Example:\n\n```python\ndef f():\n\n    return 1\n1\n```\n\nAfter.\n"
+    )
+    assert result.dropped == {}
+
+
+def test_line_rules_spare_table_rows_clauses_list_items_and_times() -> None:
+    licences = (
+        "| package | licence | notice |\n|---|---|---|\n"
+        "| numpy | BSD-3 | Copyright 2005 NumPy Developers |\n"
+        "| requests | Apache-2.0 | Copyright 2019 Kenneth Reitz |\n"
+    )
+    assert clean_markdown(licences, CleanConfig(), "pdf").markdown == licences
+    for line in [
+        "(c) by the agent, acting for both parties in good faith.",
+        "Copyright by default belongs to the creator of the work.",
+        "- 22",
+        "12:30:45",
+    ]:
+        assert clean_markdown(line + "\n", CleanConfig(), "pdf").markdown == line + "\n", line
+    # What they are there for still goes.
+    furniture = "Copyright (C) 2005 Free Software Foundation\n- 12 -\n2001:db8::1\nText.\n"
+    assert clean_markdown(furniture, CleanConfig(), "pdf").markdown == "Text.\n"
+
+
+def test_page_furniture_is_a_pdfs_and_a_lone_number_elsewhere_is_text() -> None:
+    """A record {"text": "42"} cleaned to its title alone; "well-\\nknown" in a Markdown
+    source became "wellknown"."""
+    record = "# Answer\n\n42\n"
+    assert clean_markdown(record, CleanConfig(), "record").markdown == record
+    wrapped = "A well-\nknown case.\n"
+    assert clean_markdown(wrapped, CleanConfig(), "markdown").markdown == wrapped
+    assert clean_markdown(wrapped, CleanConfig(), "pdf").markdown == "A wellknown case.\n"
+    stamped = "Body.\n© 2021 Example Corp. All rights reserved.\n"
+    assert clean_markdown(stamped, CleanConfig(), "html").markdown == "Body.\n"

@@ -2,7 +2,13 @@
 
 Every rule is switchable in :class:`~ragpipe.config.CleanConfig`, and every
 removal or fix is counted by reason, so a run can say what cleaning did.
-Fenced code blocks and ragpipe's page markers are left untouched.
+Fenced code blocks and ragpipe's page markers are left untouched, and so are
+table rows by the line rules.
+
+Rules follow the document's kind (``KIND_RULES``): page furniture (page numbers,
+download stamps, print timestamps, IP addresses) and words hyphenated across a
+line break are a PDF's; a text file (code, config, plain text) keeps every
+character but invisible ones, its indentation included.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from ragpipe.config import CleanConfig, RagpipeConfig, fingerprint
@@ -24,20 +31,22 @@ from ragpipe.schemas import (
 )
 
 STAGE = "clean"
-CLEAN_VERSION = "3"  # 3: tables: cell padding removed, a TOC only by its dot leaders
+# 3: tables: cell padding removed, a TOC only by its dot leaders. 4: rules by kind, a TOC
+# entry needs a page-number gap, comments only within a block, indentation kept.
+CLEAN_VERSION = "4"
 
 _PAGE_MARKER = re.compile(PAGE_MARKER_RE)
-_COMMENT = re.compile(r"<!--(?!\s*ragpipe:page).*?-->", re.DOTALL)
 
 # Each pattern matches a whole line (after stripping).
 BOILERPLATE: dict[str, list[re.Pattern[str]]] = {
     "page_number": [
         re.compile(r"(?i)^(?:page\s+)?\d{1,4}\s*(?:of|/)\s*\d{1,4}$"),
         re.compile(r"(?i)^page\s+\d{1,4}$"),
-        re.compile(r"^[-–—]?\s*\d{1,4}\s*[-–—]?$"),
+        re.compile(r"^(?:[-–—]\s*\d{1,4}\s*[-–—]|\d{1,4})$"),  # "- 22" is a list item
     ],
     "copyright": [
-        re.compile(r"(?i)^.{0,120}(?:©|\(c\)|copyright)\s*(?:\d{4}|by\b).{0,120}$"),
+        # "(c) by the agent" (a clause) and "Copyright by default belongs..." are text.
+        re.compile(r"(?i)^.{0,120}(?:©|(?:\(c\)|copyright)\s*(?:\(c\)\s*)?\d{4}).{0,120}$"),
         re.compile(r"(?i)^.{0,160}\ball rights reserved\b.{0,80}$"),
     ],
     "download_notice": [
@@ -52,7 +61,8 @@ BOILERPLATE: dict[str, list[re.Pattern[str]]] = {
     ],
     "ip_address": [
         re.compile(r"^(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?$"),
-        re.compile(r"^[0-9a-fA-F]{1,4}(?::[0-9a-fA-F]{0,4}){2,7}$"),
+        # IPv6: a hex letter or "::" (12:30:45 is a time).
+        re.compile(r"^(?=.*(?:[a-fA-F]|::))[0-9a-fA-F]{1,4}(?::[0-9a-fA-F]{0,4}){2,7}$"),
     ],
 }
 
@@ -80,10 +90,20 @@ _LIGATURE_RE = re.compile("|".join(map(re.escape, [*LIGATURES, *OCR_FIXES])))
 # "-\n" between two letters before and two lowercase letters after. Lookarounds, not
 # captured words: a greedy word pattern backtracks quadratically on a long letter run.
 _HYPHEN_RE = re.compile(r"(?<=[^\W\d_]{2})-\n(?=[a-z]{2})")
-_TOC_ENTRY = re.compile(
-    r"(?:(?:\.\s*){3,}|\s{2,}|\s)(?:\d{1,4}|[ivxlcdm]{1,6})\s*\|?$", re.IGNORECASE
+# A page number as a contents page writes it: arabic, or a roman numeral up to 39 in one
+# case (a front matter's pages), never empty.
+_ROMAN = r"x{0,3}(?:ix|iv|vi{0,3}|i{1,3})|x{1,3}"
+_PAGE = rf"(?:\d{{1,4}}|{_ROMAN}|{_ROMAN.upper()})"
+# A contents entry ends in its page number after dot leaders or a gap of two spaces or a
+# tab: after one space it is the end of a sentence or list item ("IPO in 2004", "DVD").
+_TOC_ENTRY = re.compile(rf"(?:(?:\.\s*){{3,}}|\s{{2,}}|\t){_PAGE}\s*\|?$")
+# Or, after one space, where the line starts with a section number ("2.1 Data 7"; not
+# "1. Step": a Markdown list) and the block's pages never go down.
+_NUMBERED_ENTRY = re.compile(
+    r"^(?:\d+(?:\.\d+)*|chapter\s+\d+|appendix\s+[a-z])\s+\S.*\s(\d{1,4})$", re.IGNORECASE
 )
 _DOT_LEADER = re.compile(r"(?:\.\s?){4,}")
+_LEADER_ENTRY = re.compile(rf"(?:\.\s?){{4,}}\s*{_PAGE}\b")  # ". . . . 12", not "Loading...."
 # The delimiter row under a pipe table's header (``|---|:-:|``, Docling also writes ``| - |``).
 TABLE_DELIMITER = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
 
@@ -102,22 +122,53 @@ class CleanResult:
 
 
 def _blocks(markdown: str) -> list[str]:
-    """Split into blank-line separated blocks, keeping fenced code blocks whole."""
+    """Split into blank-line separated blocks; a fenced code block is a block of its own,
+    whole (its blank lines kept), also where text runs into it with no blank line."""
     blocks: list[str] = []
     current: list[str] = []
     fenced = False
+
+    def flush() -> None:
+        if current:
+            blocks.append("\n".join(current))
+            current.clear()
+
     for line in markdown.split("\n"):
-        if line.lstrip().startswith("```"):
+        fence = line.lstrip().startswith("```")
+        if fence and not fenced:
+            flush()  # "Example:" and the fence under it: two blocks
+        if fence:
             fenced = not fenced
-        if not fenced and not line.strip() and not line.lstrip().startswith("```"):
-            if current:
-                blocks.append("\n".join(current))
-                current = []
+        if not fenced and not fence and not line.strip():
+            flush()
             continue
         current.append(line)
-    if current:
-        blocks.append("\n".join(current))
+        if fence and not fenced:
+            flush()  # the closing fence ends the block
+    flush()
     return blocks
+
+
+def strip_comments(text: str) -> tuple[str, int]:
+    """``text`` without its HTML comments (ragpipe's page markers kept), and how many.
+
+    Linear: a ``<!--`` with no ``-->`` after it ends the search (so does every later
+    one), where a lazy pattern rescanned the rest of the text for each of them.
+    """
+    out: list[str] = []
+    start = removed = 0
+    while (opened := text.find("<!--", start)) >= 0:
+        closed = text.find("-->", opened + 4)
+        if closed < 0:
+            break
+        if _PAGE_MARKER.match(text, opened):
+            out.append(text[start : closed + 3])
+        else:
+            out.append(text[start:opened])
+            removed += 1
+        start = closed + 3
+    out.append(text[start:])
+    return "".join(out), removed
 
 
 _CELL_SPLIT = re.compile(r"(?<!\\)\|")
@@ -190,26 +241,42 @@ def _is_toc(block: str, config: CleanConfig) -> bool:
         entries = [m for ln in lines if not ln.startswith("#") and (m := _TOC_ENTRY.search(ln))]
         if len(entries) / len(lines) >= config.toc_ratio:
             return True
-    # Converters may join TOC lines into one paragraph: count dot leaders instead.
-    return len(_DOT_LEADER.findall(block)) >= config.toc_min_lines
+        numbered = [int(m[1]) for ln in lines if (m := _NUMBERED_ENTRY.match(ln))]
+        pages_rise = all(a <= b for a, b in pairwise(numbered))
+        if pages_rise and len(numbered) / len(lines) >= config.toc_ratio:
+            return True
+    # Converters may join TOC lines into one paragraph: count leaders to a page instead.
+    return len(_LEADER_ENTRY.findall(block)) >= config.toc_min_lines
 
 
-def clean_markdown(markdown: str, config: CleanConfig) -> CleanResult:
-    """Apply the configured cleaning rules.
+# Which rules a document's kind gets; a kind not listed gets MARKUP.
+PAGE_RULES = frozenset({"toc", "boilerplate", "page_furniture", "hyphenation", "comments"})
+MARKUP = frozenset({"toc", "boilerplate", "comments"})
+KIND_RULES: dict[str | None, frozenset[str]] = {
+    None: PAGE_RULES,  # unknown: every rule
+    "pdf": PAGE_RULES,
+    "text": frozenset(),  # code, config, plain text: as written
+}
+# The boilerplate patterns that are page furniture (a PDF's running heads and stamps); the
+# rest (copyright lines) are anyone's.
+PAGE_FURNITURE = frozenset({"page_number", "download_notice", "timestamp", "ip_address"})
+_RUNS_OF_SPACE = re.compile(r"(?<=\S)[ \t]{2,}")  # inside a line: indentation is structure
+
+
+def clean_markdown(markdown: str, config: CleanConfig, kind: str | None = None) -> CleanResult:
+    """Apply the configured cleaning rules that ``kind`` takes (``KIND_RULES``).
 
     Args:
         markdown: Converted Markdown (page markers allowed).
         config: Which rules run.
+        kind: The document's kind (``SourceFile.kind``); None applies every rule.
 
     Returns:
         The cleaned text and counts of what each rule removed or fixed.
     """
     dropped: Counter[str] = Counter()
     custom = [re.compile(p) for p in config.extra_patterns]
-
-    if config.html_comments:
-        markdown, n = _COMMENT.subn("", markdown)
-        dropped["html_comment"] += n
+    rules = KIND_RULES.get(kind, MARKUP)
     if config.ligatures:
 
         def fix(match: re.Match[str]) -> str:
@@ -219,18 +286,34 @@ def clean_markdown(markdown: str, config: CleanConfig) -> CleanResult:
 
         markdown = _LIGATURE_RE.sub(fix, markdown)
 
+    if not rules:  # a text file: invisible characters fixed, the rest as written
+        kept = [
+            ln
+            for ln in markdown.split("\n")
+            if not _line_drop_reason(ln.strip(), config, custom, rules)
+        ]
+        dropped["custom"] += markdown.count("\n") + 1 - len(kept)
+        cleaned = "\n".join(kept).strip("\n")
+        return CleanResult(cleaned + "\n" if cleaned.strip() else "",
+                           {k: v for k, v in dropped.items() if v})  # fmt: skip
+
     out: list[str] = []
     for block in _blocks(markdown):
         stripped = block.strip()
         if stripped.startswith("```") or _PAGE_MARKER.match(stripped):
             out.append(block)
             continue
-        if config.toc and _is_toc(block, config):
+        if config.html_comments and "comments" in rules:
+            block, n = strip_comments(block)  # within a block: never a section's text
+            dropped["html_comment"] += n
+            if not block.strip():
+                continue
+        if config.toc and "toc" in rules and _is_toc(block, config):
             dropped["toc"] += 1
             continue
         kept_lines = []
         for line in block.split("\n"):
-            reason = _line_drop_reason(line.strip(), config, custom)
+            reason = _line_drop_reason(line.strip(), config, custom, rules)
             if reason:
                 dropped[reason] += 1
             else:
@@ -238,23 +321,27 @@ def clean_markdown(markdown: str, config: CleanConfig) -> CleanResult:
         if not kept_lines:
             continue
         text = "\n".join(kept_lines)
-        if config.hyphenation:
+        if config.hyphenation and "hyphenation" in rules:
             text, n = _HYPHEN_RE.subn("", text)
             dropped["hyphenation"] += n
         if config.compact_tables:
             text, n = compact_tables(text)
             dropped["table_padding"] += n
-        text = re.sub(r"[ \t]{2,}", " ", text) if not text.lstrip().startswith("|") else text
+        text = _RUNS_OF_SPACE.sub(" ", text) if not text.lstrip().startswith("|") else text
         out.append(text)
     cleaned = "\n\n".join(out).strip()
     return CleanResult(cleaned + "\n" if cleaned else "", {k: v for k, v in dropped.items() if v})
 
 
-def _line_drop_reason(line: str, config: CleanConfig, custom: list[re.Pattern[str]]) -> str | None:
+def _line_drop_reason(
+    line: str, config: CleanConfig, custom: list[re.Pattern[str]], rules: frozenset[str]
+) -> str | None:
     if not line or line.startswith("#"):
         return None
-    if config.boilerplate:
-        for reason, patterns in BOILERPLATE.items():
+    if config.boilerplate and "boilerplate" in rules and not line.startswith("|"):
+        for reason, patterns in BOILERPLATE.items():  # a table row is data, never furniture
+            if reason in PAGE_FURNITURE and "page_furniture" not in rules:
+                continue
             if any(p.match(line) for p in patterns):
                 return reason
     if any(p.search(line) for p in custom):
@@ -289,7 +376,7 @@ def run_clean(
     docs = runner.read_input(config, converted, "documents.parquet", Document)
 
     def clean_one(doc: Document) -> CleanedDocument:
-        result = clean_markdown(doc.markdown, config.clean)
+        result = clean_markdown(doc.markdown, config.clean, doc.kind)
         if not result.markdown.strip():
             raise InputError("no_text", "nothing left after cleaning (all boilerplate?)")
         return CleanedDocument(
