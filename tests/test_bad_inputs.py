@@ -70,7 +70,7 @@ def build_zoo(root: Path) -> None:
     (root / "junk.md").write_bytes(os.urandom(3000) + b"\x00")
     (root / "latin1.txt").write_bytes("caf\xe9 cr\xe8me br\xfbl\xe9e".encode("latin-1"))
     (root / "huge.txt").write_bytes(b"x" * 300_000)
-    (root / "boilerplate.md").write_text("Page 3 of 7\n\n12\n\n© 2024 ACME Corp.\n")
+    (root / "boilerplate.md").write_text("Page 3 of 7\n\n© 2024 ACME Corp.\n")
     (root / "sub").mkdir()
     (root / "sub" / "loop").symlink_to(root)  # a directory link back up: a loop
     (root / "sub" / "dangling.md").symlink_to(root / "gone.md")

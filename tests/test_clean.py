@@ -203,5 +203,7 @@ def test_page_furniture_is_a_pdfs_and_a_lone_number_elsewhere_is_text() -> None:
     wrapped = "A well-\nknown case.\n"
     assert clean_markdown(wrapped, CleanConfig(), "markdown").markdown == wrapped
     assert clean_markdown(wrapped, CleanConfig(), "pdf").markdown == "A wellknown case.\n"
-    stamped = "Body.\n© 2021 Example Corp. All rights reserved.\n"
+    stamped = "Body.\n© 2021 Example Corp. All rights reserved.\nPage 3 of 7\n"
     assert clean_markdown(stamped, CleanConfig(), "html").markdown == "Body.\n"
+    changelog = "## Releases\n\n2024-01-05\n\n10.0.0.1\n"  # a date, an address: text
+    assert clean_markdown(changelog, CleanConfig(), "markdown").markdown == changelog

@@ -42,7 +42,7 @@ BOILERPLATE: dict[str, list[re.Pattern[str]]] = {
     "page_number": [
         re.compile(r"(?i)^(?:page\s+)?\d{1,4}\s*(?:of|/)\s*\d{1,4}$"),
         re.compile(r"(?i)^page\s+\d{1,4}$"),
-        re.compile(r"^(?:[-–—]\s*\d{1,4}\s*[-–—]|\d{1,4})$"),  # "- 22" is a list item
+        _LONE_NUMBER := re.compile(r"^(?:[-–—]\s*\d{1,4}\s*[-–—]|\d{1,4})$"),  # not "- 22"
     ],
     "copyright": [
         # "(c) by the agent" (a clause) and "Copyright by default belongs..." are text.
@@ -257,9 +257,11 @@ KIND_RULES: dict[str | None, frozenset[str]] = {
     "pdf": PAGE_RULES,
     "text": frozenset(),  # code, config, plain text: as written
 }
-# The boilerplate patterns that are page furniture (a PDF's running heads and stamps); the
-# rest (copyright lines) are anyone's.
-PAGE_FURNITURE = frozenset({"page_number", "download_notice", "timestamp", "ip_address"})
+# The boilerplate lines that are page furniture only in a PDF (its running heads and
+# stamps): elsewhere a line of one number, a date or an address is the text's own ("42",
+# a changelog's "2024-01-05"). "Page 3 of 7", copyright lines and download notices are
+# boilerplate in any kind.
+PAGE_FURNITURE = frozenset({_LONE_NUMBER, *BOILERPLATE["timestamp"], *BOILERPLATE["ip_address"]})
 _RUNS_OF_SPACE = re.compile(r"(?<=\S)[ \t]{2,}")  # inside a line: indentation is structure
 
 
@@ -339,10 +341,9 @@ def _line_drop_reason(
     if not line or line.startswith("#"):
         return None
     if config.boilerplate and "boilerplate" in rules and not line.startswith("|"):
+        pdf = "page_furniture" in rules
         for reason, patterns in BOILERPLATE.items():  # a table row is data, never furniture
-            if reason in PAGE_FURNITURE and "page_furniture" not in rules:
-                continue
-            if any(p.match(line) for p in patterns):
+            if any(p.match(line) for p in patterns if pdf or p not in PAGE_FURNITURE):
                 return reason
     if any(p.search(line) for p in custom):
         return "custom"
