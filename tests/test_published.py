@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import subprocess
 import sys
@@ -367,3 +368,81 @@ def test_a_failing_tidy_is_logged_and_fails_no_night(
     with caplog.at_level("WARNING", logger="ragpipe.store"):
         assert remove_leftovers(cfg.store) == 0
     assert "the next ingest tries again" in caplog.text and "is not valid JSON" in caplog.text
+
+
+def test_a_damaged_live_version_is_published_again(corpus: Path, tmp_path: Path) -> None:
+    """A power cut after CURRENT was synced, before the copy's files were (cp syncs none):
+    readers failed on it, and every later night, a no-op, left it so."""
+    from ragpipe.errors import StageError
+
+    cfg = make_config(corpus, tmp_path)
+    first = run_ingest(cfg)
+    generation = published.current(cfg.store.path)
+    assert generation is not None
+    live = published.root(cfg.store.path) / generation
+    sizes = published._sync_tree(live)  # what was recorded: every file, at its size
+    recorded = (live / published.SIZES_FILE).read_text("utf-8")
+    own = (published.VERSION_FILE, published.SIZES_FILE)
+    assert json.loads(recorded) == {k: v for k, v in sizes.items() if k not in own}
+    assert published.intact(live)
+    cut = [p for p in (live / "segments").rglob("*") if p.is_file() and p.stat().st_size]
+    for path in cut:
+        path.write_bytes(b"")
+    assert not published.intact(live)
+    with pytest.raises(StageError):
+        open_reader(cfg.store, ONNX)
+    again = run_ingest(cfg)
+    assert (again.added, again.changed, again.failed) == (0, 0, 0)
+    assert again.stages["upsert"]["published"] == 1
+    assert published.current(cfg.store.path) == generation and published.intact(live)
+    reader = open_reader(cfg.store, ONNX)
+    assert reader is not None
+    try:
+        assert reader.count() == first.points_total
+    finally:
+        reader.close()
+    assert run_ingest(cfg).stages["upsert"]["published"] == 0  # whole again: a no-op
+
+
+def test_a_copy_that_cannot_be_removed_fails_no_night(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dead reader's copy in a folder this user may not write failed every ingest, a no-op
+    too, after the new version was live."""
+    cfg = make_config(corpus, tmp_path)
+    run_ingest(cfg)
+
+    def denied(copy: Path) -> None:
+        raise PermissionError(13, "Permission denied", str(copy))
+
+    monkeypatch.setattr(published, "drop_copy", denied)
+    monkeypatch.setattr(published, "_reader_gone", lambda readers, name: True)
+    readers = published.root(cfg.store.path) / published.READERS
+    (readers / "1-deadbeef").mkdir(parents=True)
+    (corpus / "new.txt").write_text(topic_doc("gardens"), encoding="utf-8")
+    with caplog.at_level("WARNING", logger="ragpipe.store"):
+        changed = run_ingest(cfg)
+        assert changed.added == 1 and changed.failed == 0
+        assert changed.stages["upsert"]["published"] == 1
+        assert run_ingest(cfg).failed == 0  # and a no-op night
+    assert "Permission denied" in caplog.text and "the next ingest tries again" in caplog.text
+    assert (readers / "1-deadbeef").is_dir()
+
+
+def test_a_working_shard_never_published_is_not_read(corpus: Path, tmp_path: Path) -> None:
+    """A first ingest killed in upsert: readers opened its half-written working shard as the
+    index (22 of 45 points, no warning), and held it, failing the next ingest."""
+    from ragpipe.errors import StageError
+
+    cfg = make_config(corpus, tmp_path)
+    store = open_store(cfg.store, ONNX, 384)
+    assert store is not None
+    store.close()
+    with pytest.raises(StageError, match="has not been published: the ingest that wrote it "
+                       "did not finish"):  # fmt: skip
+        open_reader(cfg.store, ONNX)
+    assert open_reader(make_config(corpus, tmp_path / "none").store, ONNX) is None  # no index
+    run_ingest(cfg)
+    reader = open_reader(cfg.store, ONNX)
+    assert reader is not None
+    reader.close()

@@ -104,10 +104,10 @@ def cache_key(
     The key is content, not pickled objects: the stage's configuration fingerprint, the previous
     stage's output fingerprint and plan, the work dir, for a stage that reads the store the Edge
     store's generation token (a store written by anyone since changes it), and for upsert the
-    published version readers open (a lost or hand-promoted one makes upsert run, and publish,
-    again). A qdrant server has no such token: its plan, embed and upsert always run. A hit is
-    only as good as the work dir it left behind: check it with ``runner.cached_summary`` before
-    trusting it.
+    published version readers open (a lost, damaged or hand-promoted one makes upsert run, and
+    publish, again). A qdrant server has no such token: its plan, embed and upsert always run.
+    A hit is only as good as the work dir it left behind: check it with
+    ``runner.cached_summary`` before trusting it.
     """
     if stage.settings is None or previous is None:
         return None
@@ -128,7 +128,7 @@ def cache_key(
         parts += [str(config.store.path.resolve()), generation]
     if stage.name == "upsert":  # it publishes (or stages) what readers open: repair a loss
         live = published.current(config.store.path)
-        there = live is not None and (published.root(config.store.path) / live).is_dir()
+        there = live is not None and published.intact(published.root(config.store.path) / live)
         parts += [live or "", str(there)]
     return f"ragpipe-{stage.name}-{combine_fingerprints(parts)}"
 

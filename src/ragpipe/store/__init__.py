@@ -100,15 +100,16 @@ def open_reader(
     """Open the index for reading (search, ask, evals): for Qdrant Edge, a private copy of
     its current published version (or of ``version``: a generation or a unique prefix of
     one, staged and held versions included), so readers never meet the writer nor each
-    other (see ``published``). Before the first publish, the working shard itself. None:
-    no index.
+    other (see ``published``). None: no index.
 
     For a Qdrant server, the collection (or the alias, with ``index.gate``) that
     ``store.collection`` names, or ``version``'s own collection.
 
     Raises:
         ConfigError: ``version`` of a Qdrant server that keeps no versions.
-        StageError: no version matches ``version``; versions exist but none is live.
+        StageError: no version matches ``version``; versions exist but none is live; a
+            working shard that was never published (a killed first ingest: readers saw
+            part of a run, and held the shard the next ingest needed).
     """
     if config.backend != StoreBackend.EDGE:
         return _server_reader(config, embedder, version)
@@ -137,7 +138,13 @@ def open_reader(
             f"one through{what}. See `ragpipe index list`; `ragpipe search --version V` "
             "reads one, `ragpipe index promote V` makes it live"
         )
-    return open_store(config, embedder, None)
+    if config.path.exists():  # a working shard, never published: its ingest did not finish
+        raise StageError(
+            f"the index at {config.path} has not been published: the ingest that wrote it "
+            "did not finish (killed or failed before publishing), so it may hold part of "
+            "a run. Run `ragpipe ingest` again: it finishes the work and publishes"
+        )
+    return None
 
 
 def _server_reader(config: StoreConfig, embedder: str, version: str | None) -> VectorStore | None:
@@ -189,14 +196,7 @@ def remove_leftovers(config: StoreConfig) -> int:
     ingest tries again)."""
     if config.backend != StoreBackend.EDGE:
         return 0
-    try:
-        return published.remove_unused(config.path)
-    except (StageError, OSError) as exc:
-        logger.warning(
-            "could not remove what killed readers and runs left under %s (the next ingest "
-            "tries again): %s", published.root(config.path), exc,
-        )  # fmt: skip
-        return 0
+    return published.tidy(config.path)
 
 
 def unbuilt_index(config: StoreConfig) -> bool:

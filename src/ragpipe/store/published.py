@@ -55,6 +55,9 @@ logger = logging.getLogger(__name__)
 
 CURRENT = "CURRENT"
 VERSION_FILE = "ragpipe-version.json"
+# Each file of a version and its size when published: a copy a power cut or a disk cut
+# short is seen (``intact``) and published again.
+SIZES_FILE = "ragpipe-files.json"
 READERS = "readers"
 # Beside each reader's copy <pid>-<hex>: who made it (host, pid namespace, pid, start),
 # locked and touched by its owner while the copy is open (``owners``).
@@ -129,6 +132,41 @@ def _copy(source: Path, target: Path) -> None:
     shutil.copytree(source, target)
 
 
+def _sync_tree(directory: Path) -> dict[str, int]:
+    """fsync every file and folder under ``directory`` (``cp`` syncs none: ``CURRENT``,
+    synced, could name a version whose files a power cut left empty); returns each file's
+    size by its path relative to ``directory``."""
+    sizes: dict[str, int] = {}
+    for folder, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(folder, name)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                sizes[os.path.relpath(path, directory)] = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+        fsync_dir(Path(folder))
+    return sizes
+
+
+def intact(directory: Path) -> bool:
+    """Whether a published version holds every file it was published with, at its size
+    (True for one published before sizes were recorded, as nothing can be told)."""
+    if IndexVersion.read(directory) is None:
+        return False
+    try:
+        sizes = json.loads((directory / SIZES_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):
+        return False
+    try:
+        return all(os.stat(directory / rel).st_size == size for rel, size in sizes.items())
+    except (OSError, AttributeError):  # a file gone; not a mapping of sizes
+        return False
+
+
 def _disk_bytes(directory: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in directory.rglob("*") if p.is_file())
 
@@ -147,6 +185,8 @@ def _materialize(
         tmp = base / f".{generation}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             _copy_tree(store_path, tmp)
+            sizes = _sync_tree(tmp)
+            atomic_write_bytes(tmp / SIZES_FILE, json.dumps(sizes, sort_keys=True).encode())
             version = IndexVersion(
                 generation, datetime.now(UTC).isoformat(), points, files, index_fingerprint,
                 round(time.perf_counter() - started, 3), _disk_bytes(tmp),
@@ -161,15 +201,31 @@ def _materialize(
     return version
 
 
+def _live(store_path: Path, generation: str) -> bool:
+    """Whether ``generation`` is live and whole on disk. A damaged live copy is removed, to
+    be published again (readers fail on it anyway), unless a reader is copying it now."""
+    base = root(store_path)
+    if current(store_path) != generation or not (base / generation).is_dir():
+        return False
+    if intact(base / generation):
+        return True
+    if not _remove_version(base, generation):
+        logger.warning("the live index version %s is damaged and a reader is copying it: "
+                       "the next run publishes it again", generation[:12])  # fmt: skip
+        return True
+    logger.warning("the live index version %s was damaged (files missing or cut short, a "
+                   "power cut?): publishing it again", generation[:12])  # fmt: skip
+    return False
+
+
 def publish(
     store_path: Path, generation: str, points: int, files: int, index_fingerprint: str
 ) -> IndexVersion | None:
     """Publish the working shard as ``generation`` (the caller holds the ingest lock and
     has closed the store). Returns the new version, or None when it was current already
     (what a run killed while removing a version left, a temp copy, is removed then too)."""
-    base = root(store_path)
-    if current(store_path) == generation and (base / generation).is_dir():
-        remove_unused(store_path)
+    if _live(store_path, generation):
+        tidy(store_path)
         return None
     started = time.perf_counter()
     version = _materialize(store_path, generation, points, files, index_fingerprint)
@@ -187,9 +243,9 @@ def stage(
     """Write ``generation`` beside the live version without switching readers to it (a
     gate decides). None when it is live already; a version decided before keeps its
     status (a no-op night does not re-judge a held version)."""
-    base = root(store_path)
-    if current(store_path) == generation and (base / generation).is_dir():
-        remove_unused(store_path)  # what a killed run left, as publish does
+    was_live = current(store_path) == generation
+    if _live(store_path, generation):
+        tidy(store_path)  # what a killed run left, as publish does
         return None
     recorded = statuses(store_path).get(generation, {})
     if recorded.get("status") == DISCARDED:
@@ -197,10 +253,12 @@ def stage(
                        generation[:12])  # fmt: skip
         return None
     version = _materialize(store_path, generation, points, files, index_fingerprint)
+    if was_live:  # a damaged live version, written again: nothing for a gate to decide
+        return None
     if not recorded:
         _set_status(store_path, generation, STAGED, {})
     logger.info("staged index version %s (%d points): the gate decides", generation[:12], points)
-    remove_unused(store_path)  # older held ones beyond KEEP_HELD
+    tidy(store_path)  # older held ones beyond KEEP_HELD
     return version
 
 
@@ -229,7 +287,7 @@ def hold(store_path: Path, generation: str, verdict: dict[str, Any]) -> None:
     """Record that the gate kept ``generation`` from readers; it stays on disk (the newest
     ``KEEP_HELD`` held versions do)."""
     _set_status(store_path, generation, HELD, {"verdict": verdict})
-    remove_unused(store_path)
+    tidy(store_path)
 
 
 def promote(
@@ -256,7 +314,7 @@ def promote(
     # roll-back target's record.
     _set_status(store_path, generation, PROMOTED, recorded)
     atomic_write_bytes(base / CURRENT, generation.encode())
-    removed = remove_unused(store_path)
+    removed = tidy(store_path)
     if removed:
         logger.info("removed %d superseded index version(s)", removed)
 
@@ -428,6 +486,20 @@ def remove_unused(store_path: Path) -> int:
             if _reader_gone(readers, name):
                 drop_copy(readers / name)
     return removed
+
+
+def tidy(store_path: Path) -> int:
+    """``remove_unused``, best effort: what cannot be removed (a dead reader's copy in a
+    folder this user may not write, say) is logged and left for the next run; the version
+    written or switched stands, and the run that did its work is not failed for it."""
+    try:
+        return remove_unused(store_path)
+    except (StageError, OSError) as exc:
+        logger.warning(
+            "could not remove what killed readers and runs left under %s (the next ingest "
+            "tries again): %s", root(store_path), exc,
+        )  # fmt: skip
+        return 0
 
 
 def drop_copy(copy: Path) -> None:
