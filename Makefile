@@ -37,6 +37,7 @@ bench: setup
 	.venv/bin/python bench/convert.py
 	.venv/bin/python bench/convert_formats.py
 	.venv/bin/python bench/index.py
+	.venv/bin/python bench/publish.py --json bench/results/publish.json
 	.venv/bin/python bench/query.py
 	.venv/bin/python bench/modes.py
 	.venv/bin/python bench/eval.py
