@@ -171,3 +171,27 @@ def test_the_quality_profile_loads_with_its_measured_settings() -> None:
     assert profile.embed.model == "all-mpnet-base-v2"
     assert profile.chunk.tokenizer == "all-mpnet-base-v2" and profile.chunk.max_tokens == 384
     assert profile.retrieve.alpha == 0.7 and not profile.chunk.whole_sections
+
+
+def test_paths_expand_home_and_an_empty_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`~/docs` was a folder named "~" for pathlib (a missing root; a './~' tree made, whose
+    checkpoints pyarrow wrote under $HOME instead: a traceback); "" was ".", so an empty root
+    indexed the whole working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        "discover: {roots: ['~/docs']}\nstore: {path: ~/store}\npaths: {work_dir: ~/work}\n"
+        "eval: {golden: ~/g.yaml, reports_dir: ~/reports}\n"
+    )
+    cfg = load_config(path)
+    assert cfg.discover.roots == [tmp_path / "docs"]
+    assert (cfg.store.path, cfg.paths.work_dir) == (tmp_path / "store", tmp_path / "work")
+    assert (cfg.eval.golden, cfg.eval.reports_dir) == (tmp_path / "g.yaml", tmp_path / "reports")
+    for field, text in [("discover.roots.0", "discover: {roots: ['']}"),
+                        ("store.path", "store: {path: ''}"),
+                        ("paths.work_dir", "paths: {work_dir: ' '}")]:  # fmt: skip
+        path.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=rf"{field}: is empty: give a path"):
+            load_config(path)

@@ -17,10 +17,12 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -49,6 +51,22 @@ TEXT_EXTENSIONS_DEFAULT = [
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _a_path(value: Any) -> Any:
+    # "" is Path("."): an empty root indexed the whole working directory.
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("is empty: give a path ('.' for the working directory)")
+    return value
+
+
+def _home(value: Path) -> Path:
+    # "~/docs": pathlib made a folder named "~" here while pyarrow wrote under $HOME.
+    return value.expanduser()
+
+
+LocalPath = Annotated[Path, BeforeValidator(_a_path), AfterValidator(_home)]
+"""A file-system path of the config: never empty, ``~`` expanded."""
 
 
 class RecordsRule(_Section):
@@ -97,7 +115,7 @@ class RecordsRule(_Section):
 class DiscoverConfig(_Section):
     """Which files the pipeline sees."""
 
-    roots: list[Path] = Field(
+    roots: list[LocalPath] = Field(
         default_factory=lambda: [Path("data/sample")],
         description="Directories (or single files) to scan; relative paths are taken from the "
         "working directory. Merged and de-duplicated by real path. Object-storage URLs "
@@ -444,7 +462,7 @@ class ConvertConfig(_Section):
         "in artifacts_path or Docling's cache. auto: accurate when weights are present, "
         "else fast. Never downloads.",
     )
-    artifacts_path: Path | None = Field(
+    artifacts_path: LocalPath | None = Field(
         default=None,
         description="Directory with pre-downloaded Docling model weights (e.g. from "
         "`docling-tools models download`). None: Docling's default cache.",
@@ -750,7 +768,7 @@ class StoreConfig(_Section):
         description="edge: Qdrant Edge in-process at store.path. qdrant: qdrant-client against "
         "store.url (a server or cluster), or its local mode at store.path when url is unset.",
     )
-    path: Path = Field(
+    path: LocalPath = Field(
         default=Path("data/store"),
         description="edge: the shard directory. qdrant without url: qdrant-client local-mode "
         "directory (':memory:' for a throw-away store).",
@@ -829,7 +847,7 @@ class GateConfig(_Section):
     """When a new index version may go live: evaluated on the same golden items as the
     live version (paired), it is promoted only when every check holds, else held."""
 
-    golden: list[Path] = Field(
+    golden: list[LocalPath] = Field(
         default_factory=list,
         description="Golden sets (YAML) replayed against the staged and the live version.",
     )
@@ -1301,7 +1319,7 @@ class GenerateConfig(_Section):
 class EvalConfig(_Section):
     """Evaluation runs: which golden set, how to score, where reports go."""
 
-    golden: Path = Field(
+    golden: LocalPath = Field(
         default=Path("eval/golden/r-faq-dev.yaml"), description="Golden set (YAML) to replay."
     )
     granularity: Literal["chunk", "file"] = Field(
@@ -1412,13 +1430,13 @@ class EvalConfig(_Section):
         "pairs 10; 4 pairs never suffice). 0 skips the probe, and the judge's metrics are "
         "then headlined 'judge not calibrated'.",
     )
-    labels: Path | None = Field(
+    labels: LocalPath | None = Field(
         default=None,
         description="Human labels for judged metrics (CSV item_id,metric,value, or YAML/JSON): "
         "each judged metric with labels gets a prediction-powered (PPI) estimate and CI beside "
         "the judge's raw mean. Label a random sample of 30-100 items.",
     )
-    reports_dir: Path = Field(
+    reports_dir: LocalPath = Field(
         default=Path("eval/reports"),
         description="Each run writes <reports_dir>/<timestamp>-<name>/; history.parquet "
         "collects every run's metrics that are values, history-flagged.parquet the flagged "
@@ -1566,7 +1584,7 @@ class ServeConfig(_Section):
 class PathsConfig(_Section):
     """Where state lives."""
 
-    work_dir: Path = Field(
+    work_dir: LocalPath = Field(
         default=Path("data/work"),
         description="Checkpoints, manifests and the failures table are written here.",
     )
