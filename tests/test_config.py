@@ -195,3 +195,34 @@ def test_paths_expand_home_and_an_empty_one_is_refused(
         path.write_text(text + "\n")
         with pytest.raises(ConfigError, match=rf"{field}: is empty: give a path"):
             load_config(path)
+
+
+def test_a_list_in_the_environment_not_written_as_json_names_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RAGPIPE_DISCOVER__IGNORE='*.tmp' was a traceback (pydantic-settings' SettingsError),
+    or 'invalid configuration (from the command line)' when an option was given."""
+    monkeypatch.setenv("RAGPIPE_DISCOVER__IGNORE", "*.tmp")
+    for overrides in (None, {"retrieve": {"mode": "dense"}}):
+        with pytest.raises(
+            ConfigError,
+            match=r"from the environment: RAGPIPE_DISCOVER__IGNORE\)"
+            r".*written as JSON, e\.g\. RAGPIPE_DISCOVER__IGNORE='\[\"\*\.tmp\"\]'",
+        ):
+            load_config(None, overrides)  # fmt: skip
+    monkeypatch.setenv("RAGPIPE_DISCOVER__IGNORE", '["*.tmp"]')
+    assert load_config(None).discover.ignore == ["*.tmp"]
+
+
+def test_a_mistake_in_the_file_is_the_files_when_an_option_sets_the_same_section(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text("retrieve:\n  prefetch_mul: 4\n")
+    for overrides in ({"retrieve": {}}, {"retrieve": {"mode": "dense"}}):
+        with pytest.raises(ConfigError) as err:
+            load_config(path, overrides)
+        assert f"(from {path}" in str(err.value) and "command line" not in str(err.value)
+    path.write_text("retrieve:\n  mode: dense\n")
+    with pytest.raises(ConfigError, match=r"from the command line"):
+        load_config(path, {"retrieve": {"top_k": 0}})  # the option's own mistake

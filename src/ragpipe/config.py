@@ -32,7 +32,12 @@ from pydantic import (
     model_validator,
 )
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from ragpipe import yamlio
 from ragpipe.errors import ConfigError
@@ -1759,10 +1764,12 @@ def load_config(
             )
         data = loaded
     if overrides:
-        try:  # the overrides alone first, so that a mistake in them is named as theirs
+        try:  # with the overrides first, so that a mistake in them is named as theirs
             RagpipeConfig.model_validate(_deep_merge(data, overrides))
         except ValidationError as exc:
-            if any(_within(err["loc"], overrides) for err in exc.errors()):
+            # Theirs only when the file and the environment alone are valid: a file's
+            # mistake in a section an option also sets was blamed on the command line.
+            if _valid(data):
                 # from None: pydantic's own error shows each input, a secret's too
                 raise ConfigError(
                     _format_validation_error(exc, overrides_from, hint=False)
@@ -1772,6 +1779,8 @@ def load_config(
         config = RagpipeConfig(**data)
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(exc, source)) from None  # as above
+    except SettingsError as exc:
+        raise environment_error(exc) from None
     finally:
         _OVERRIDES.reset(token)
     origins = dict.fromkeys(_dotted(data), source)
@@ -1799,14 +1808,27 @@ def _dotted(tree: dict[str, Any], prefix: str = "") -> list[str]:
     return names
 
 
-def _within(loc: tuple[int | str, ...], overrides: dict[str, Any]) -> bool:
-    """Whether an error location lies inside the given (nested) overrides."""
-    node: Any = overrides
-    for part in loc:
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
+def _valid(data: dict[str, Any]) -> bool:
+    """Whether ``data`` with the environment (and no overrides) is a valid configuration."""
+    try:
+        RagpipeConfig.model_validate(data)
+    except (ValidationError, SettingsError):
+        return False
     return True
+
+
+def environment_error(exc: SettingsError) -> ConfigError:
+    """A variable pydantic-settings could not parse (a list or mapping not written as JSON:
+    RAGPIPE_DISCOVER__IGNORE='*.tmp'), named, with the fix; it was a traceback."""
+    found = re.search(r'field "(\w+)"', str(exc))
+    prefix = f"RAGPIPE_{found[1].upper()}__" if found else "RAGPIPE_"
+    names = [n for n in environment_overrides() if n.upper().startswith(prefix)]
+    example = names[0] if names else "RAGPIPE_DISCOVER__IGNORE"
+    return ConfigError(
+        f"invalid configuration (from the environment: {', '.join(names) or prefix + '*'}): "
+        f"{exc}. A list or a mapping is written as JSON, e.g. {example}='[\"*.tmp\"]' or "
+        "RAGPIPE_DISCOVER__ROOTS='[\"docs\"]'; text and numbers as they are"
+    )
 
 
 def environment_overrides() -> list[str]:

@@ -244,7 +244,9 @@ def scaffold(folder: Path, roots: list[str] | None = None, name: str = "my-docs"
         ConfigError: a name that is not a plain file name, a folder that cannot hold the
             files, or any of the files exists (nothing is written then, nor left behind).
     """
-    from ragpipe.config import RagpipeConfig
+    from pydantic_settings import SettingsError
+
+    from ragpipe.config import RagpipeConfig, environment_error
     from ragpipe.locking import index_resource_id
 
     if not _NAME.match(name):
@@ -270,7 +272,10 @@ def scaffold(folder: Path, roots: list[str] | None = None, name: str = "my-docs"
             "nothing over a file (move it away, or init another folder)"
         )
     project = project_name(folder)
-    index = RagpipeConfig(store={"path": folder / "data" / "store"})  # type: ignore[arg-type]
+    try:  # the environment's RAGPIPE_STORE__* too: the index the deployments will open
+        index = RagpipeConfig(store={"path": folder / "data" / "store"})  # type: ignore[arg-type]
+    except SettingsError as exc:
+        raise environment_error(exc) from None
     listed_roots = "\n".join(f"    - {_quoted(r)}" for r in roots)
     texts = {
         made.config: CONFIG_TEMPLATE.format(
