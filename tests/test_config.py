@@ -5,7 +5,14 @@ from pathlib import Path
 import pytest
 
 from ragpipe import yamlio
-from ragpipe.config import ChunkerKind, PdfMode, RagpipeConfig, fingerprint, load_config
+from ragpipe.config import (
+    ChunkConfig,
+    ChunkerKind,
+    PdfMode,
+    RagpipeConfig,
+    fingerprint,
+    load_config,
+)
 from ragpipe.errors import ConfigError
 
 
@@ -226,3 +233,16 @@ def test_a_mistake_in_the_file_is_the_files_when_an_option_sets_the_same_section
     path.write_text("retrieve:\n  mode: dense\n")
     with pytest.raises(ConfigError, match=r"from the command line"):
         load_config(path, {"retrieve": {"top_k": 0}})  # the option's own mistake
+
+
+def test_a_variable_that_sets_nothing_is_warned_about(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("RAGPIPE_CHUNK_SIZE", "5")  # one underscore: passed by in silence
+    monkeypatch.setenv("RAGPIPE_CHUNKS__SIZE", "5")  # no such section
+    monkeypatch.setenv("RAGPIPE_MODEL_CACHE", "/tmp/models")  # not a setting, but known
+    with caplog.at_level("WARNING", logger="ragpipe.config"):
+        assert load_config(None).chunk.size == ChunkConfig().size
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2 and all("sets nothing" in w for w in warned)
+    assert "RAGPIPE_CHUNKS__SIZE sets nothing" in warned[0] and "RAGPIPE_CHUNK_SIZE" in warned[1]

@@ -1789,6 +1789,12 @@ def load_config(
     origins.update(dict.fromkeys(_dotted(overrides or {}), overrides_from))
     config._origins.update(origins)
     config = _keys_from_blocks(config)
+    for name in unknown_variables():
+        logger.warning(
+            "%s sets nothing: a setting is RAGPIPE_<SECTION>__<FIELD> with two underscores "
+            "after the section (%s), e.g. RAGPIPE_CHUNK__SIZE", name,
+            ", ".join(sorted(RagpipeConfig.model_fields)),
+        )  # fmt: skip
     logger.info(
         "configuration: %s; environment: %s; %s: %s",
         source, ", ".join(environment_overrides()) or "none", overrides_from,
@@ -1829,6 +1835,21 @@ def environment_error(exc: SettingsError) -> ConfigError:
         f"{exc}. A list or a mapping is written as JSON, e.g. {example}='[\"*.tmp\"]' or "
         "RAGPIPE_DISCOVER__ROOTS='[\"docs\"]'; text and numbers as they are"
     )
+
+
+# RAGPIPE_* variables that are not settings: read where they are used.
+OTHER_VARIABLES = frozenset(
+    {"RAGPIPE_MODEL_CACHE", "RAGPIPE_HOME", "RAGPIPE_VARIANTS", "RAGPIPE_REGEN_GOLDEN",
+     "RAGPIPE_TORTURE_ROUNDS", "RAGPIPE_TORTURE_SEED"}
+)  # fmt: skip
+
+
+def unknown_variables() -> list[str]:
+    """``RAGPIPE_*`` variables that set nothing (``RAGPIPE_CHUNK_SIZE``, one underscore, or
+    ``RAGPIPE_CHUNKS__SIZE``, no such section): pydantic-settings passes them by."""
+    settings = set(environment_overrides())
+    return sorted(k for k in os.environ if k.upper().startswith("RAGPIPE_")
+                  and k not in settings and k.upper() not in OTHER_VARIABLES)  # fmt: skip
 
 
 def environment_overrides() -> list[str]:
