@@ -3,6 +3,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import random
+from pathlib import Path
 
 import pytest
 
@@ -149,9 +150,22 @@ def test_overlap_validation() -> None:
         ChunkConfig(size=100, overlap=100)
 
 
-def test_unknown_tokenizer_is_config_error() -> None:
+def test_unknown_tokenizer_is_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"chunk.tokenizer"):
         TokenCounter("/no/such/tokenizer.json").count("x")
+    # Refused at load, naming the fix: it was a failure row for every document, after
+    # convert and clean had run.
+    from ragpipe.config import load_config
+
+    path = tmp_path / "r.yaml"
+    path.write_text("chunk: {tokenizer: all-minilm-l6-v2}\n")
+    with pytest.raises(ConfigError, match=r"chunk.tokenizer: .*did you mean 'all-MiniLM-L6-v2'"):
+        load_config(path)
+    path.write_text(f"chunk: {{tokenizer: {tmp_path}}}\n")  # a folder without tokenizer.json
+    with pytest.raises(ConfigError, match=r"nor an existing tokenizer.json"):
+        load_config(path)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert load_config(path).chunk.tokenizer == str(tmp_path)
 
 
 # -- tables ----------------------------------------------------------------------------

@@ -614,6 +614,27 @@ class ChunkConfig(_Section):
         "embedder's own, so that no chunk is truncated at embed time.",
     )
 
+    @field_validator("tokenizer")
+    @classmethod
+    def _a_tokenizer(cls, value: str) -> str:
+        # At load, not per document after the conversion: a wrong name was a traceback and
+        # a failure row for every document, after convert and clean had run.
+        from ragpipe.models.packaged_embedder import PACKAGED_EMBEDDERS
+
+        known = sorted({*PACKAGED_EMBEDDERS, "all-MiniLM-L6-v2"})
+        path = Path(value).expanduser()
+        if value in known or value == "sentence-transformers/all-MiniLM-L6-v2":
+            return value
+        if path.is_file() or (path / "tokenizer.json").is_file():
+            return str(path)
+        near = [k for k in known if k.lower() == value.lower().rsplit("/", 1)[-1]]
+        raise ValueError(
+            f"{value!r} is neither one of {', '.join(known)} nor an existing tokenizer.json "
+            "(or a folder holding one); "
+            + (f"did you mean {near[0]!r}?" if near else
+               "point it at your embedding model's tokenizer")
+        )  # fmt: skip
+
     @model_validator(mode="after")
     def _overlap_below_size(self) -> ChunkConfig:
         if self.overlap >= self.size:
