@@ -731,7 +731,10 @@ def report(
         console.print("[red]error:[/red] --last must be at least 1")
         raise typer.Exit(2)
     # Flagged and withheld metrics too: the table shows them with their flag, no trend does.
-    rows = read_history(cfg.eval.reports_dir, flagged=True)
+    try:
+        rows = read_history(cfg.eval.reports_dir, flagged=True)
+    except RagpipeError as exc:
+        fail(exc, 2)
     if not rows:
         print(f"no evaluation runs in {cfg.eval.reports_dir} yet: run `ragpipe eval retrieval`")
         return
@@ -748,7 +751,11 @@ def report(
         )
         raise typer.Exit(2)
     out_dir = html_dir or cfg.eval.reports_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file where the folder goes, or no permission
+        fail(ConfigError(f"cannot write the trend pages to {out_dir}: {exc.strerror or exc}; "
+                         "pass --html-dir a folder you can write"), 2)  # fmt: skip
     for g in sorted({r["golden"] for r in rows}):
         mine = [r for r in rows if r["golden"] == g]
         groups: dict[str, list[dict[str, Any]]] = {}

@@ -284,3 +284,29 @@ def test_a_golden_set_with_flagged_runs_only_has_no_trend_link(tmp_path: Path) -
     assert in_history(tmp_path, summary.run_id) and not in_history(tmp_path, "other")
     (tmp_path / "history-flagged.parquet").write_bytes(b"not parquet")
     assert not in_history(tmp_path, summary.run_id)
+
+
+def test_a_damaged_history_is_one_error_for_report_and_kept_aside_by_the_next_run(
+    tmp_path: Path,
+) -> None:
+    """garbage, an empty file, another table: a 72-line traceback (exit 1) from report, and
+    an eval run that did all its work failed at its end."""
+    runner = CliRunner()
+    history = tmp_path / "history.parquet"
+    other = pa.Table.from_pylist([{"x": 1}])
+    for damage in (lambda: history.write_bytes(b"garbage"), lambda: history.write_bytes(b""),
+                   lambda: pq.write_table(other, history)):  # fmt: skip
+        damage()
+        shown = runner.invoke(app, ["report", "--reports-dir", str(tmp_path)])
+        assert shown.exit_code == 2, shown.output
+        assert "is not a ragpipe history file" in shown.output
+        assert "Traceback" not in shown.output
+    _append_runs(tmp_path, "nightly", 1)  # the run is recorded; the damaged file kept aside
+    assert [r["run_id"] for r in read_history(tmp_path)] == ["nightly-0"]
+    (aside,) = tmp_path.glob("history.parquet.damaged-*")
+    assert pq.read_table(aside).equals(other)
+    blocked = tmp_path / "afile"
+    blocked.write_text("")
+    shown = runner.invoke(app, ["report", "--reports-dir", str(tmp_path), "--html-dir",
+                                str(blocked)])  # fmt: skip
+    assert shown.exit_code == 2 and "cannot write the trend pages to" in shown.output

@@ -162,3 +162,18 @@ def test_the_index_heads_every_kind_of_run_with_real_metric_names(tmp_path: Path
     scope = "the first 20 of 75 items (--limit), top_k 5"
     assert (f"<td>{scope}</td><td><span>0.432 [0.300, 0.550] (n=20)</span></td>"
             "<td><span>0.876 [0.800, 0.950] (n=20)</span></td>") in page  # fmt: skip
+
+
+def test_a_damaged_history_is_503_naming_it(tmp_path: Path) -> None:
+    """Read as a ConfigError now (ragpipe report's own message), which _readable let out as
+    a 500."""
+    from fastapi import HTTPException
+
+    from ragpipe.serve.app import _readable
+    from ragpipe.serve.reports import index_page
+
+    (tmp_path / "history.parquet").write_bytes(b"garbage")
+    with pytest.raises(HTTPException) as err:
+        _readable(index_page, tmp_path)
+    assert err.value.status_code == 503
+    assert "history.parquet is not a ragpipe history file" in str(err.value.detail)

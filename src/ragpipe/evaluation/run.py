@@ -19,6 +19,8 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
+import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator, Sequence
@@ -57,6 +59,8 @@ from ragpipe.evaluation.retrieval import (
 )
 from ragpipe.models.embedders import embedder_name
 from ragpipe.query.retrieve import Retriever
+
+logger = logging.getLogger(__name__)
 
 HISTORY = "history.parquet"
 # Flagged and withheld metrics, apart: a reader of history.parquet (an older ragpipe on the
@@ -610,7 +614,12 @@ def with_drift(summary: RunSummary, golden: GoldenSet, view: IndexView, root: Pa
     the last run of the same golden set in ``root`` (a metric that moves there may be a
     stale label rather than retrieval)."""
     summary.evidence = evidence(golden, view)
-    runs = sorted({(r["finished_at"], r["run_id"]) for r in read_history(root)
+    try:
+        history = read_history(root)
+    except ConfigError as exc:  # the run goes on; its history is mended when it is recorded
+        logger.warning("no drift check: %s", exc)
+        history = []
+    runs = sorted({(r["finished_at"], r["run_id"]) for r in history
                    if r["golden"] == golden.name}, reverse=True)  # fmt: skip
     here = _store_identity(summary.config)
     for _, run_id in runs[:DRIFT_LOOKBACK]:  # the last run of this set on this index
@@ -735,13 +744,28 @@ def _append_both(root: Path, rows: list[dict[str, Any]]) -> None:
             continue
         new = pa.Table.from_pylist(mine, schema=HISTORY_SCHEMA)
         if path.is_file():
-            new = pa.concat_tables([_history_table(path), new])
+            try:
+                new = pa.concat_tables([_history_table(path), new])
+            except ConfigError as exc:  # kept aside, not lost, and the run still recorded
+                aside = path.with_name(f"{path.name}.damaged-{datetime.now(UTC):%Y%m%dT%H%M%SZ}")
+                os.replace(path, aside)
+                logger.warning("%s; moved to %s, a new history starts with this run", exc, aside)
         write_table(path, new)
 
 
 def _history_table(path: Path) -> pa.Table:
     """history.parquet in today's schema (files from before the ``kind`` column get it from
     their granularity: ``answer`` is a RAG run)."""
+    try:
+        return _read_history_table(path)
+    except (OSError, pa.ArrowException, KeyError) as exc:
+        raise ConfigError(
+            f"{path} is not a ragpipe history file ({type(exc).__name__}: {exc}); move it "
+            "away (the next evaluation run starts a new one) or restore it from a backup"
+        ) from exc
+
+
+def _read_history_table(path: Path) -> pa.Table:
     table = pq.read_table(path)
     if "kind" not in table.column_names:
         kinds = ["rag" if g == "answer" else "retrieval" for g in table["granularity"].to_pylist()]

@@ -468,7 +468,7 @@ def _readable(render: Callable[..., T], *args: Any) -> T:
     """A reports page, or 503 naming the file when the history cannot be read."""
     try:
         return render(*args)
-    except (OSError, ValueError) as exc:  # pyarrow's errors are ValueErrors (ArrowInvalid)
+    except (OSError, ValueError, RagpipeError) as exc:  # pyarrow's: ValueErrors (ArrowInvalid)
         raise HTTPException(503, f"cannot read the reports' history: {exc}") from exc
 
 
