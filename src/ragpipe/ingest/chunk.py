@@ -51,7 +51,9 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 STAGE = "chunk"
-CHUNK_VERSION = "2"  # 2: tables split between rows, header repeated
+# 2: tables split between rows, header repeated. 3: a fence that fits is never cut, a large
+# table's caption and header are a chunk, "C#" is a heading's title.
+CHUNK_VERSION = "3"
 
 
 # Sections that ``whole_sections`` keeps whole are at most this many times chunk.size long.
@@ -66,7 +68,8 @@ WHOLE_SECTIONS_VERSION = "2"
 CHUNK_NAMESPACE = uuid.UUID("0b5a3c52-9d3e-4d7e-8f0a-6a2f4f1d2e77")
 
 _PAGE_MARKER = re.compile(PAGE_MARKER_RE)
-_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+# A closing run of "#" needs a space before it (CommonMark): "# C#" is titled "C#".
+_HEADING = re.compile(r"^(#{1,6})\s+(.+?)(?:\s+#+)?\s*$")
 
 Span = tuple[int, int]
 # A chunk's span and, for a table's part, the header its text starts with ("": the part
@@ -240,6 +243,25 @@ class _Splitter:
         # prefix), and a code point is at most 4 bytes: spans this short fit untested.
         # Without this, splitting a long paragraph into words tokenises every word.
         self.surely_fits = (max_tokens - 3) // 4
+        self._fences: list[Span] | None = None
+
+    def fences(self) -> list[Span]:
+        """Spans of the text's fenced code blocks (an unclosed one runs to the end)."""
+        if self._fences is None:
+            self._fences = []
+            opened: int | None = None
+            pos = 0
+            for line in self.text.split("\n"):
+                if line.lstrip().startswith("```"):
+                    if opened is None:
+                        opened = pos
+                    else:
+                        self._fences.append((opened, pos + len(line)))
+                        opened = None
+                pos += len(line) + 1
+            if opened is not None:
+                self._fences.append((opened, len(self.text)))
+        return self._fences
 
     def count(self, start: int, end: int) -> int:
         return self.counter.count(self.text[start:end])
@@ -283,6 +305,10 @@ class _Splitter:
                     cuts.append(cut)
                 pos = self.text.find(sep, cut, end)
         cuts = sorted({c for c in cuts if start <= c < end} | {start})
+        if sep in ("\n\n", "\n"):  # never inside a fence that fits whole: its blank lines
+            whole = [(a, b) for a, b in self.fences() if start <= a and b <= end and
+                     self.fits(a, b)]  # fmt: skip
+            cuts = [c for c in cuts if not any(a < c <= b for a, b in whole)]
         return [*cuts, end]
 
 
@@ -388,6 +414,10 @@ def table_parts(text: str, table: _Table, splitter: _Splitter, config: ChunkConf
                   counter.count(text[table.start : rows[0][0]]))  # fmt: skip
         parts.append(((table.start, rows[j - 1][1]), ""))
         i = j
+    else:  # no row fits after them: the heading, caption and header are a part of their own
+        head = _trim(text, (table.start, rows[0][0]))
+        if head is not None:
+            parts.extend((span, "") for span in splitter.split(*head))
     while i < len(rows):
         for rank, prefix in enumerate(prefixes):
             start = rows[i][0]

@@ -11,7 +11,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-_HEADING_RE = re.compile(r"^\s{0,3}(#{1,6})\s+(.+?)\s*#*\s*$")
+_HEADING_RE = re.compile(r"^\s{0,3}(#{1,6})\s+(.+?)(?:\s+#+)?\s*$")  # "# C#": "C#"
 _COMMENT_RE = re.compile(r"<!--.*?-->", re.DOTALL)
 _TOKEN_RE = re.compile(r"\w+", re.UNICODE)
 
