@@ -310,3 +310,19 @@ def test_a_damaged_history_is_one_error_for_report_and_kept_aside_by_the_next_ru
     shown = runner.invoke(app, ["report", "--reports-dir", str(tmp_path), "--html-dir",
                                 str(blocked)])  # fmt: skip
     assert shown.exit_code == 2 and "cannot write the trend pages to" in shown.output
+
+
+def test_the_settings_list_every_setting_the_variants_differ_in() -> None:
+    """`eval compare base:fusion_method=rrf rrf-w:fusion_method=rrf,dense_weight=2` (the
+    help's own example) listed two identical Settings lines."""
+    from ragpipe.evaluation.report import settings_lines
+
+    common = {"mode": "hybrid", "fusion_method": "rrf", "alpha": 0.5, "doc_weight": 0.3,
+              "rrf_k": 60, "prefetch": 40, "top_k": 5, "rerank": False, "mmr": False,
+              "hyde": "off", "dense_weight": 1.0, "sparse_weight": 1.0}  # fmt: skip
+    lines = settings_lines({"base": common, "rrf-w": {**common, "dense_weight": 2.0}})
+    assert lines["base"].endswith("top_k=5, rerank=False, mmr=False, hyde=off, dense_weight=1.0")
+    assert lines["rrf-w"].endswith("dense_weight=2.0")
+    assert "sparse_weight" not in lines["base"]  # the same in both: not listed
+    (alone,) = settings_lines({"only": common}).values()
+    assert alone.startswith("mode=hybrid, fusion_method=rrf") and "dense_weight" not in alone

@@ -280,20 +280,23 @@ def render_markdown(summary: RunSummary) -> str:
         lines += ["", "## Golden targets that cannot be scored (skipped)", ""]
         lines += [f"- {u}" for u in check["unmatched"]]
     lines += ["", "## Settings", ""]
-    for v, s in summary.variants.items():
-        keys = (
-            "mode",
-            "fusion_method",
-            "alpha",
-            "doc_weight",
-            "rrf_k",
-            "prefetch",
-            "rerank",
-            "mmr",
-            "hyde",
-        )
-        lines.append(f"- **{v}**: " + ", ".join(f"{k}={s[k]}" for k in keys))
+    lines += [f"- **{v}**: {shown}" for v, shown in settings_lines(summary.variants).items()]
     return "\n".join(lines) + "\n"
+
+
+SETTINGS_SHOWN = ("mode", "fusion_method", "alpha", "doc_weight", "rrf_k", "prefetch", "top_k",
+                  "rerank", "mmr", "hyde")  # fmt: skip
+
+
+def settings_lines(variants: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Each variant's settings as the report lists them: the usual ones, and every other
+    one on which the variants differ (a compare of dense_weight 1 and 2 listed two equal
+    lines)."""
+    settings = list(variants.values())
+    varied = sorted({k for s in settings for k in s if k not in SETTINGS_SHOWN
+                     and any(o.get(k) != s.get(k) for o in settings)})  # fmt: skip
+    keys = [k for k in (*SETTINGS_SHOWN, *varied) if any(k in s for s in settings)]
+    return {v: ", ".join(f"{k}={s.get(k)}" for k in keys) for v, s in variants.items()}
 
 
 def svg(fig: Any) -> str:
