@@ -234,13 +234,13 @@ def test_flagged_and_withheld_metrics_are_listed_with_their_flag_never_as_trend_
     # 7 of 8 ones and a 0.6: mean 0.95; a resample's mean is 0.95 + k x 0.05 steps of 8.
     flagged = history_cell(rows[("20261201T", "faithfulness")])
     assert flagged.startswith("0.950 [") and flagged.endswith(f"(n=8); {blind}")
-    assert history_cell(withheld) == f"{failing} (n=5)"
+    assert history_cell(withheld) == f"{failing} (n=5, 5 failed)"
     assert history_cell(rows[("20261202T", "answer_f1")]) == "0.950 (n=1, no CI)"
 
     shown = CliRunner().invoke(app, ["report", "--reports-dir", str(tmp_path), "--metric",
                                      "faithfulness"], env={"COLUMNS": "400"})  # fmt: skip
     assert shown.exit_code == 0, shown.output
-    assert blind in shown.output and f"{failing} (n=5)" in shown.output
+    assert blind in shown.output and f"{failing} (n=5, 5 failed)" in shown.output
     assert "no run has faithfulness as a value (flagged or withheld in 2 run(s)" in shown.output
     trend = (tmp_path / "trend-faq.html").read_text(encoding="utf-8")
     assert "answer_f1" in trend and "faithfulness" not in trend
@@ -254,7 +254,7 @@ def test_flagged_and_withheld_metrics_are_listed_with_their_flag_never_as_trend_
     page = index_page(tmp_path)
     assert "<a href='trend/faq'>trend of every metric</a>" in page
     assert "<span>0.950 (n=1, no CI)</span>" in page
-    assert "<span class='flag'>judge failed on 5 of 10 (&gt; 20%) (n=5)</span>" in page
+    assert "<span class='flag'>judge failed on 5 of 10 (&gt; 20%) (n=5, 5 failed)</span>" in page
     assert "a blind judge does as well with p=0.14)</span>" in page
 
 
@@ -326,3 +326,26 @@ def test_the_settings_list_every_setting_the_variants_differ_in() -> None:
     assert "sparse_weight" not in lines["base"]  # the same in both: not listed
     (alone,) = settings_lines({"only": common}).values()
     assert alone.startswith("mode=hybrid, fusion_method=rrf") and "dense_weight" not in alone
+
+
+def test_the_lists_of_runs_show_failed_and_not_applicable_as_the_headline(
+    tmp_path: Path,
+) -> None:
+    """The history kept n alone: report.md said 0.567 [0.500, 0.700] (n=6, 1 failed, 1 n/a)
+    and `ragpipe report` (n=6)."""
+    import types
+
+    from ragpipe.evaluation.report import headline_cell, history_cell
+    from ragpipe.evaluation.run import append_history
+
+    ci = {"mean": 0.567, "ci_low": 0.5, "ci_high": 0.7, "n": 6, "n_failed": 1,
+          "n_not_applicable": 1}  # fmt: skip
+    golden = types.SimpleNamespace(name="faq", queries=8, selection="all 8 items")
+    summary = types.SimpleNamespace(
+        run_id="r1", finished_at="r1", name="rag", golden=golden, granularity="answer",
+        kind="rag", depth=5, judge=None, git_revision="",
+        metrics={"rag": {"answer_f1": ci}},
+    )  # fmt: skip
+    append_history(tmp_path, summary)  # type: ignore[arg-type]
+    (row,) = read_history(tmp_path)
+    assert history_cell(row) == headline_cell(ci) == "0.567 [0.500, 0.700] (n=6, 1 failed, 1 n/a)"

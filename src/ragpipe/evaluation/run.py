@@ -96,6 +96,10 @@ HISTORY_SCHEMA = pa.schema(
         ("ci_low", pa.float64()),
         ("ci_high", pa.float64()),
         ("n", pa.int64()),
+        # Items the metric failed on and did not apply to (null in files from before),
+        # shown beside n as the headline shows them.
+        ("n_failed", pa.int64()),
+        ("n_not_applicable", pa.int64()),
         ("git_revision", pa.string()),
         # Why the number is not to be read as a value (a judge not calibrated, too many
         # items not scored; a withheld metric has no mean either); null for a value. Such
@@ -717,6 +721,8 @@ def append_history(root: Path, summary: RunSummary) -> None:
             "ci_low": None if ci.get("withheld") else ci["ci_low"],
             "ci_high": None if ci.get("withheld") else ci["ci_high"],
             "n": ci["n"],
+            "n_failed": ci.get("n_failed"),
+            "n_not_applicable": ci.get("n_not_applicable"),
             "git_revision": summary.git_revision or "",
             # A withheld or flagged number (an uncalibrated judge's) is no trend point.
             "flag": _history_flag(ci),
@@ -771,7 +777,8 @@ def _read_history_table(path: Path) -> pa.Table:
         kinds = ["rag" if g == "answer" else "retrieval" for g in table["granularity"].to_pylist()]
         table = table.append_column("kind", pa.array(kinds, pa.string()))
     for name, kind in (("queries", pa.int64()), ("scope", pa.string()), ("judge", pa.string()),
-                       ("flag", pa.string())):  # fmt: skip
+                       ("flag", pa.string()), ("n_failed", pa.int64()),
+                       ("n_not_applicable", pa.int64())):  # fmt: skip
         if name not in table.column_names:  # files from before the column
             table = table.append_column(name, pa.nulls(table.num_rows, kind))
     table = table.select(HISTORY_SCHEMA.names).cast(HISTORY_SCHEMA)
