@@ -160,21 +160,26 @@ def test_a_root_holding_ragpipes_own_data_never_indexes_it(
                    "work-edge"}  # fmt: skip
 
 
-def test_a_root_that_is_ragpipes_own_data_or_inside_it_is_not_walked(tmp_path: Path) -> None:
-    """`roots: [data/work]`: only entries below a root were checked, so a root in the work
-    dir was walked whole and its checkpoints indexed."""
-    work = tmp_path / "work"
+def test_a_root_that_is_ragpipes_own_data_or_inside_its_index_is_not_walked(
+    tmp_path: Path,
+) -> None:
+    """`roots: [data/work]`: only entries below a root were checked, so such a root was
+    walked whole and its checkpoints indexed. A root inside the work dir that is the user's
+    (work_dir: data, roots: [data/docs]) is walked, ragpipe's own entries below it skipped."""
+    work, store = tmp_path / "data", tmp_path / "store"
     (work / "discover").mkdir(parents=True)
-    (work / "discover" / "notes.md").write_text("# Checkpoint\n\nnot a document\n", "utf-8")
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "a.md").write_text("# A\n\na document\n", "utf-8")
+    (work / "discover" / "manifest.json").write_text("{}", "utf-8")
+    (work / "docs").mkdir()
+    (work / "docs" / "a.md").write_text("# A\n\na document\n", "utf-8")
+    (store / "segments").mkdir(parents=True)
+    (store / "segments" / "notes.txt").write_text("not a document\n", "utf-8")
     (tmp_path / "lock").write_text("123\n", "utf-8")
-    roots = [work, work / "discover", work / "discover" / "notes.md", tmp_path / "lock",
-             tmp_path / "docs"]  # fmt: skip
-    result = discover(DiscoverConfig(roots=roots), own=[work, tmp_path / "lock"])
-    assert [f.file_path for f in result.files] == [f"{tmp_path.as_posix()}/docs/a.md"]
+    roots = [work, store / "segments", tmp_path / "lock", work / "docs"]
+    result = discover(DiscoverConfig(roots=roots), own=[work, store, tmp_path / "lock"],
+                      sealed_own=[store])  # fmt: skip
+    assert [f.file_path for f in result.files] == [f"{(work / 'docs').as_posix()}/a.md"]
     assert [(s.file_path, s.reason) for s in result.skipped] == [
-        (r.as_posix(), "ragpipe_data") for r in roots[:4]
+        (r.as_posix(), "ragpipe_data") for r in roots[:3]
     ]
     assert result.skipped[0].detail.startswith("the root is ragpipe's own work dir")
     assert result.failures == []

@@ -442,6 +442,9 @@ def test_a_working_shard_never_published_is_not_read(corpus: Path, tmp_path: Pat
                        "did not finish"):  # fmt: skip
         open_reader(cfg.store, ONNX)
     assert open_reader(make_config(corpus, tmp_path / "none").store, ONNX) is None  # no index
+    empty = make_config(corpus, tmp_path / "empty")
+    empty.store.path.mkdir(parents=True)  # a folder, no index (a wrong --store-path)
+    assert open_reader(empty.store, ONNX) is None
     run_ingest(cfg)
     reader = open_reader(cfg.store, ONNX)
     assert reader is not None

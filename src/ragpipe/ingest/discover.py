@@ -250,6 +250,7 @@ def discover(
     roots: list[Path] | None = None,
     progress: Callable[[int], None] | None = None,
     own: Iterable[Path] = (),
+    sealed_own: Iterable[Path] = (),
 ) -> DiscoverResult:
     """Walk the roots, keep ingestible files, hash them.
 
@@ -258,7 +259,10 @@ def discover(
         roots: Overrides ``config.roots`` (e.g. paths given on the CLI).
         progress: Called with 1 for each file hashed.
         own: ragpipe's own folders and files (``own_paths``): never walked or indexed
-            where a root holds them, each a ``ragpipe_data`` skip row.
+            where a root holds them, each a ``ragpipe_data`` skip row; nor is a root
+            that is one of them.
+        sealed_own: those of them that hold nothing of the user's (the index's folders):
+            a root inside one is a ``ragpipe_data`` skip row too.
 
     Returns:
         Files sorted by ``file_path``, de-duplicated by real path (a file under
@@ -274,6 +278,7 @@ def discover(
     own_real = {os.path.realpath(p) for p in own}
     own_names = {os.path.basename(p) for p in own_real}  # a cheap test before realpath
     own_dirs = tuple(p + os.sep for p in own_real)
+    sealed = tuple(p + os.sep for p in (os.path.realpath(p) for p in sealed_own))
     for root in roots or config.roots:
         root_label = PurePosixPath(os.path.normpath(root).replace(os.sep, "/")).as_posix()
         if not root.exists():
@@ -282,7 +287,10 @@ def discover(
             )
             continue
         real_root = os.path.realpath(root)
-        if real_root in own_real or real_root.startswith(own_dirs):  # roots: [data/work]
+        # roots: [data/work], or a folder of the index: all ragpipe's. A root inside the
+        # work dir or the reports (work_dir: data, roots: [data/docs]) may be the user's:
+        # walked, with ragpipe's own entries below it skipped as under any root.
+        if real_root in own_real or real_root.startswith(sealed):
             result.skipped.append(Skip(root_label, OWN_DATA, f"the root is {OWN_DATA_DETAIL}"))
             continue
         if root.is_file():
@@ -490,20 +498,27 @@ class DiscoverCounts(runner.Counts):
     records_files_parsed: int = field(default=0, metadata={"optional": True})
 
 
+def index_paths(config: RagpipeConfig) -> list[Path]:
+    """The folders of the index itself (``own_paths``' Edge store and published versions,
+    or qdrant-client's local store): nothing of the user's is ever inside them."""
+    from ragpipe.store import published
+
+    if config.store.backend == StoreBackend.EDGE:
+        return [config.store.path, published.root(config.store.path)]
+    if config.store.url is None and str(config.store.path) != ":memory:":
+        return [config.store.path]
+    return []
+
+
 def own_paths(config: RagpipeConfig) -> list[Path]:
     """What ragpipe writes for this config, which a root may hold (``ragpipe ingest .``):
     the work dir, the Edge store with its published versions and reader copies, the
     reports, and the locks. Indexing them would index the index (and fail the next run,
     as the published copies it indexed are tidied away)."""
     from ragpipe.locking import lock_path
-    from ragpipe.store import published
 
-    paths = [config.paths.work_dir, config.eval.reports_dir, lock_path(config)]
-    if config.store.backend == StoreBackend.EDGE:
-        paths += [config.store.path, published.root(config.store.path)]
-    elif config.store.url is None and str(config.store.path) != ":memory:":
-        paths.append(config.store.path)  # qdrant-client's local mode
-    return paths
+    return [config.paths.work_dir, config.eval.reports_dir, lock_path(config),
+            *index_paths(config)]  # fmt: skip
 
 
 def run_discover(
@@ -521,7 +536,7 @@ def run_discover(
     stale = checkpoint.remove_stale_temps(config.paths.work_dir)
     if stale:
         logger.warning("removed %d temp files left by an interrupted run", stale)
-    result = discover(config.discover, roots, own=own_paths(config))
+    result = discover(config.discover, roots, own=own_paths(config), sealed_own=index_paths(config))
     stored = run_objects(config, config.discover.object_roots)
     web = run_fetch(config)
     for other in (stored, web):

@@ -138,7 +138,7 @@ def open_reader(
             f"one through{what}. See `ragpipe index list`; `ragpipe search --version V` "
             "reads one, `ragpipe index promote V` makes it live"
         )
-    if config.path.exists():  # a working shard, never published: its ingest did not finish
+    if (config.path / "segments").is_dir():  # a shard never published: its ingest did not finish
         raise StageError(
             f"the index at {config.path} has not been published: the ingest that wrote it "
             "did not finish (killed or failed before publishing), so it may hold part of "
