@@ -207,3 +207,40 @@ def test_page_furniture_is_a_pdfs_and_a_lone_number_elsewhere_is_text() -> None:
     assert clean_markdown(stamped, CleanConfig(), "html").markdown == "Body.\n"
     changelog = "## Releases\n\n2024-01-05\n\n10.0.0.1\n"  # a date, an address: text
     assert clean_markdown(changelog, CleanConfig(), "markdown").markdown == changelog
+
+
+def test_prose_tables_of_years_and_notices_in_sentences_are_kept() -> None:
+    """The review of the kind rules: ellipses before a number or "I", rows of years with
+    rising numbers, and sentences that mention access, ©, copyright or rights went."""
+    kept = [
+        "Well.... I do not know.... I mean.... I guess we could try it.",
+        "Checking dependencies.... 3 found\nResolving.... 12 packages\n"
+        "Downloading.... 100% done\nInstalling.... 12 packages installed",
+        "Revenue by year (EUR million):\n2019 Europe and Asia 120\n2020 Europe and Asia 135\n"
+        "2021 Europe and Asia 160\n2022 Europe and Asia 210",
+        "1 Sign the contract within 30\n2 Pay the deposit within 60\n3 Move in after 90",
+        "Accessed from the main menu, the Settings page lets you change the port.",
+        "Retrieved from the cache, a page is served without calling the origin server.",
+        "Press Option-G to type the © sign on a Mac keyboard.",
+        "Works published after 1978 are protected: copyright 1978 and later lasts longer.",
+        "The licensor keeps all rights reserved under section 4 unless the licence says so.",
+        "3/4",
+        "1 of 3",
+    ]
+    for text in kept:
+        result = clean_markdown(f"Intro.\n\n{text}\n", CleanConfig(), "markdown")
+        assert result.markdown == f"Intro.\n\n{text}\n" and result.dropped == {}, text
+    # PDF page furniture and a contents page with sections still go.
+    pdf = "Body.\n3/4\nAccessed on 2024-01-05 from https://example.org\n"
+    assert clean_markdown(pdf, CleanConfig(), "pdf").markdown == "Body.\n"
+    toc = "1 Introduction 1\n1.1 Scope 2\n2 Methods 5\n"
+    assert clean_markdown(toc, CleanConfig(), "pdf").dropped == {"toc": 1}
+    index = "assignment . . . . . . . . . . 5, 11 atomic . . . . . . . . . . 7 call . . . . . . 9"
+    assert clean_markdown(index, CleanConfig(), "pdf").dropped == {"toc": 1}  # a book index
+
+
+def test_a_text_files_comment_lines_meet_the_users_patterns() -> None:
+    licence = "# SPDX-License-Identifier: MIT\n# Copyright 2024 ACME\n// Copyright 2024 ACME\nx\n"
+    patterns = ["SPDX-License-Identifier", "Copyright"]
+    result = clean_markdown(licence, CleanConfig(extra_patterns=patterns), "text")
+    assert result.markdown == "x\n" and result.dropped == {"custom": 3}

@@ -74,9 +74,16 @@ def test_bad_enum_and_regex(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError,
         match=r"clean.extra_patterns: .*extra_patterns\[1\] "
-        r"'Confidential\|' matches the empty string, so it would drop every line",
+        r"'Confidential\|' matches an empty stretch of any line, so it would drop every line",
     ):
         load_config(path)
+    for pattern, refused in (("(?=.)", True), ("x*", True), ("^$", False), ("^\\s*$", False)):
+        path.write_text(f"clean:\n  extra_patterns: ['{pattern}']\n")
+        if refused:
+            with pytest.raises(ConfigError, match="would drop every line"):
+                load_config(path)
+        else:
+            assert load_config(path).clean.extra_patterns == [pattern]
 
 
 def test_missing_and_unparsable_files(tmp_path: Path) -> None:

@@ -556,11 +556,14 @@ class CleanConfig(_Section):
                 raise ValueError(
                     f"invalid regular expression {pattern!r}: {exc}; escape special characters"
                 ) from exc
-            if compiled.search(""):  # '', 'Confidential|', 'x*': every body line dropped
+            # '', 'Confidential|', 'x*', '(?=.)' match nothing inside any line, so every
+            # line: the index kept the headings alone. ('^$' matches blank lines only.)
+            probe = compiled.search("zq9 a line of its own")
+            if probe is not None and probe.start() == probe.end():
                 raise ValueError(
-                    f"extra_patterns[{i}] {pattern!r} matches the empty string, so it would "
-                    "drop every line; remove an empty alternative ('a|') or a pattern that "
-                    "can match nothing ('x*')"
+                    f"extra_patterns[{i}] {pattern!r} matches an empty stretch of any line, so "
+                    "it would drop every line; remove an empty alternative ('a|') or a "
+                    "pattern that can match nothing ('x*')"
                 )
         return value
 

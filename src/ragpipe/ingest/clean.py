@@ -40,14 +40,18 @@ _PAGE_MARKER = re.compile(PAGE_MARKER_RE)
 # Each pattern matches a whole line (after stripping).
 BOILERPLATE: dict[str, list[re.Pattern[str]]] = {
     "page_number": [
-        re.compile(r"(?i)^(?:page\s+)?\d{1,4}\s*(?:of|/)\s*\d{1,4}$"),
+        re.compile(r"(?i)^page\s+\d{1,4}\s*(?:of|/)\s*\d{1,4}$"),
+        _N_OF_M := re.compile(r"(?i)^\d{1,4}\s*(?:of|/)\s*\d{1,4}$"),  # "3/4": a PDF's only
         re.compile(r"(?i)^page\s+\d{1,4}$"),
         _LONE_NUMBER := re.compile(r"^(?:[-–—]\s*\d{1,4}\s*[-–—]|\d{1,4})$"),  # not "- 22"
     ],
     "copyright": [
-        # "(c) by the agent" (a clause) and "Copyright by default belongs..." are text.
-        re.compile(r"(?i)^.{0,120}(?:©|(?:\(c\)|copyright)\s*(?:\(c\)\s*)?\d{4}).{0,120}$"),
-        re.compile(r"(?i)^.{0,160}\ball rights reserved\b.{0,80}$"),
+        # A line that starts with the notice and a year soon after: "© 2021 Example",
+        # "Copyright (C) 2005 FSF", "Copyright c© 1998-2020 Kurt Hornik". Not "(c) by the
+        # agent", "Copyright by default belongs...", "type the © sign".
+        re.compile(r"(?i)^(?:©|\(c\)|copyright\b).{0,30}?\d{4}.{0,200}$"),
+        # ... or that ends in the reservation (and perhaps a page): not a sentence about it.
+        re.compile(r"(?i)^.{0,160}\ball rights reserved\b[.,;]?(?:\s+\S{1,8})?$"),
     ],
     "download_notice": [
         re.compile(r"(?i)^this content downloaded from\b.*$"),
@@ -99,11 +103,19 @@ _PAGE = rf"(?:\d{{1,4}}|{_ROMAN}|{_ROMAN.upper()})"
 _TOC_ENTRY = re.compile(rf"(?:(?:\.\s*){{3,}}|\s{{2,}}|\t){_PAGE}\s*\|?$")
 # Or, after one space, where the line starts with a section number ("2.1 Data 7"; not
 # "1. Step": a Markdown list) and the block's pages never go down.
+# A section number is short ("2019 Europe 120" is a row of a table of years).
 _NUMBERED_ENTRY = re.compile(
-    r"^(?:\d+(?:\.\d+)*|chapter\s+\d+|appendix\s+[a-z])\s+\S.*\s(\d{1,4})$", re.IGNORECASE
+    r"^(\d{1,2}(?:\.\d{1,3})*|chapter\s+\d{1,2}|appendix\s+[a-z])\s+\S.*\s(\d{1,4})$",
+    re.IGNORECASE,
 )
 _DOT_LEADER = re.compile(r"(?:\.\s?){4,}")
-_LEADER_ENTRY = re.compile(rf"(?:\.\s?){{4,}}\s*{_PAGE}\b")  # ". . . . 12", not "Loading...."
+# Leaders to a page: long ones (a contents page's, a book index's ". . . . 26, 27 term"),
+# or short ones followed by the line's end or the next entry (a section number, a
+# title), as prose's ellipses are not: "Resolving.... 12 packages", "Well.... I mean".
+_LEADER_ENTRY = re.compile(
+    rf"(?:\.\s?){{8,}}\s*{_PAGE}\b"
+    rf"|(?:\.\s?){{4,7}}\s*{_PAGE}(?=\s*$|\s+(?:\d+(?:\.\d+)*\s|[A-Z]))"
+)
 # The delimiter row under a pipe table's header (``|---|:-:|``, Docling also writes ``| - |``).
 TABLE_DELIMITER = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
 
@@ -241,9 +253,12 @@ def _is_toc(block: str, config: CleanConfig) -> bool:
         entries = [m for ln in lines if not ln.startswith("#") and (m := _TOC_ENTRY.search(ln))]
         if len(entries) / len(lines) >= config.toc_ratio:
             return True
-        numbered = [int(m[1]) for ln in lines if (m := _NUMBERED_ENTRY.match(ln))]
+        matched = [m for ln in lines if (m := _NUMBERED_ENTRY.match(ln))]
+        numbered = [int(m[2]) for m in matched]
         pages_rise = all(a <= b for a, b in pairwise(numbered))
-        if pages_rise and len(numbered) / len(lines) >= config.toc_ratio:
+        # A contents page has sections below chapters ("2.1"); numbered steps do not.
+        sections = any("." in m[1] for m in matched)
+        if sections and pages_rise and len(numbered) / len(lines) >= config.toc_ratio:
             return True
     # Converters may join TOC lines into one paragraph: count leaders to a page instead.
     return len(_LEADER_ENTRY.findall(block)) >= config.toc_min_lines
@@ -258,10 +273,13 @@ KIND_RULES: dict[str | None, frozenset[str]] = {
     "text": frozenset(),  # code, config, plain text: as written
 }
 # The boilerplate lines that are page furniture only in a PDF (its running heads and
-# stamps): elsewhere a line of one number, a date or an address is the text's own ("42",
-# a changelog's "2024-01-05"). "Page 3 of 7", copyright lines and download notices are
-# boilerplate in any kind.
-PAGE_FURNITURE = frozenset({_LONE_NUMBER, *BOILERPLATE["timestamp"], *BOILERPLATE["ip_address"]})
+# stamps): elsewhere a line of one number, "3/4", a date, an address or "Accessed from
+# the main menu, ..." is the text's own ("42", a changelog's "2024-01-05"). "Page 3 of
+# 7" and copyright lines are boilerplate in any kind.
+PAGE_FURNITURE = frozenset(
+    {_LONE_NUMBER, _N_OF_M, *BOILERPLATE["timestamp"], *BOILERPLATE["ip_address"],
+     *BOILERPLATE["download_notice"]}
+)  # fmt: skip
 _RUNS_OF_SPACE = re.compile(r"(?<=\S)[ \t]{2,}")  # inside a line: indentation is structure
 
 
@@ -338,7 +356,7 @@ def clean_markdown(markdown: str, config: CleanConfig, kind: str | None = None) 
 def _line_drop_reason(
     line: str, config: CleanConfig, custom: list[re.Pattern[str]], rules: frozenset[str]
 ) -> str | None:
-    if not line or line.startswith("#"):
+    if not line or (line.startswith("#") and rules):  # a heading; in a text file, a comment
         return None
     if config.boilerplate and "boilerplate" in rules and not line.startswith("|"):
         pdf = "page_furniture" in rules
