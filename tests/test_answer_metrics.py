@@ -227,10 +227,16 @@ def test_rouge_l_and_token_f1_score_answers_in_any_script() -> None:
     # 5 of 8 characters, in order: P 5/5, R 5/8 -> F1 2 * 5/8 / (1 + 5/8) = 10/13
     assert rouge_l("北京是首都", "北京是中国的首都") == pytest.approx(10 / 13)
     assert token_f1("北京是首都", "北京是中国的首都") == pytest.approx(10 / 13)
-    # "—" is not in string.punctuation: a SQuAD token. P 2/2, R 2/4 -> 2/3
-    assert token_f1("Москва столица", "Москва — столица России") == pytest.approx(2 / 3)
+    # "—" is punctuation (SQuAD's script kept it as a token): P 2/2, R 2/3 -> 0.8
+    assert token_f1("Москва столица", "Москва — столица России") == pytest.approx(0.8)
     from ragpipe.evaluation.answers import _rouge_tokens
 
+    # Any script's punctuation is punctuation: "北京。" scored F1 0.8, «Москва» 0.
+    assert token_f1("北京。", "北京") == token_f1("«Москва»", "Москва") == 1.0
+    # A Devanagari word keeps its vowel signs (combining marks): 2 tokens, not 5; LCS 1,
+    # P 1/2, R 1/1 -> 2/3.
+    assert _rouge_tokens("नमस्ते दुनिया") == ["नमस्ते", "दुनिया"]
+    assert rouge_l("नमस्ते दुनिया", "नमस्ते") == pytest.approx(2 / 3)
     # ASCII text is tokenised as rouge-score tokenises it.
     assert _rouge_tokens("Hello, wor_ld! 3.5 R-FAQ") == ["hello", "wor", "ld", "3", "5", "r", "faq"]
 
@@ -244,6 +250,9 @@ def test_chinese_and_japanese_are_counted_in_characters() -> None:
     assert answer_tokens(loop) == (list(loop), 6)  # mostly characters: 6-grams
     # 24 tokens -> 19 6-grams; the first 8 are new, every later one repeats one 8 back: 11
     assert repetition_share(loop) == pytest.approx(11 / 19) and is_degenerate(loop)
+    from ragpipe.evaluation.answers import answer_tokens as tokens
+
+    assert tokens("가 나 다 라 마 바")[1] == 3  # Hangul is written with spaces: words
     mixed = ["北", "京", "is", "the", "capital", "[1]"]
     assert answer_tokens("北京 is the capital [1]") == (mixed, 3)  # mostly words: trigrams
     # Japanese prose repeats a fifth of its character trigrams, 3 % of these 6-grams.

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import string
+import unicodedata
 from collections import Counter
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -45,14 +46,23 @@ _UNSPACED = "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u
 _TOKEN = re.compile(f"[{_UNSPACED}]|[^\\s{_UNSPACED}]+")
 # rouge-score's tokens, [a-z0-9]+, for every script: a run of letters and digits (no
 # underscore), or one Chinese or Japanese character.
-_ROUGE_TOKEN = re.compile(f"[{_UNSPACED}]|[^\\W_{_UNSPACED}]+")
+_UNSPACED_CHAR = re.compile(f"[{_UNSPACED}]")
+
+
+def _is_punctuation(ch: str) -> bool:
+    """SQuAD's punctuation (``string.punctuation``), and any script's (a Chinese 。, a
+    «quote», an em dash: SQuAD keeps them as tokens, so "北京。" scored F1 0.8 against
+    "北京")."""
+    return ch in _PUNCTUATION or (ch > "\x7f" and unicodedata.category(ch).startswith("P"))
 
 
 def normalize_answer(text: str) -> str:
     """Normalise an answer as the official SQuAD v1.1 evaluation script does.
 
-    Lower case, drop every character in ``string.punctuation``, drop the
-    articles "a", "an", "the" as whole words, and collapse whitespace.
+    Lower case, drop every character in ``string.punctuation`` and every
+    other script's punctuation (Unicode category P: 。, «», —, curly quotes,
+    which SQuAD's script keeps as tokens), drop the articles "a", "an",
+    "the" as whole words, and collapse whitespace. On ASCII text, SQuAD's.
 
     Args:
         text: Raw answer text.
@@ -61,7 +71,7 @@ def normalize_answer(text: str) -> str:
         The normalised text, tokens separated by single spaces.
     """
     lowered = text.lower()
-    no_punct = "".join(ch for ch in lowered if ch not in _PUNCTUATION)
+    no_punct = "".join(ch for ch in lowered if not _is_punctuation(ch))
     no_articles = _ARTICLES.sub(" ", no_punct)
     return " ".join(no_articles.split())
 
@@ -96,8 +106,23 @@ def token_f1(prediction: str, reference: str) -> float:
 
 
 def _rouge_tokens(text: str) -> list[str]:
-    # rouge-score's default tokenizer without stemming, for every script.
-    return _ROUGE_TOKEN.findall(text.lower())
+    """rouge-score's default tokens without stemming, for every script: runs of letters,
+    digits and combining marks (a Devanagari word's vowel signs are marks, which ``\\w``
+    leaves out), or one Chinese or Japanese character. On ASCII, rouge-score's own."""
+    tokens: list[str] = []
+    run: list[str] = []
+    for ch in text.lower():
+        if _UNSPACED_CHAR.match(ch) or unicodedata.category(ch)[0] not in "LNM":
+            if run:
+                tokens.append("".join(run))
+                run.clear()
+            if _UNSPACED_CHAR.match(ch):
+                tokens.append(ch)
+        else:
+            run.append(ch)
+    if run:
+        tokens.append("".join(run))
+    return tokens
 
 
 def _lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
@@ -189,7 +214,7 @@ def answer_tokens(text: str, n: int = 3) -> tuple[list[str], int]:
     6-grams). Without this a Chinese answer was one "word" per sentence and never looped.
     """
     tokens = _TOKEN.findall(text.lower())
-    unspaced = sum(1 for t in tokens if len(t) == 1 and "\u3040" <= t <= "\uff9f")
+    unspaced = sum(1 for t in tokens if len(t) == 1 and _UNSPACED_CHAR.match(t))
     return tokens, 2 * n if 2 * unspaced > len(tokens) else n
 
 
