@@ -483,3 +483,27 @@ def test_a_qdrant_index_keeps_other_collections_and_a_promotion_killed_before_it
     names = {c.name for c in client.get_collections().collections}
     client.close()
     assert {"ragpipe-ragpipe-archive", "ragpipe-ragpipe-x-ragpipe-work"} <= names
+
+
+def test_a_damaged_live_version_of_a_gated_index_is_published_again(tmp_path: Path) -> None:
+    """As without a gate: a live version cut short is written again, under a new token and
+    live at once (the gate passed that index already), and the damaged copy goes."""
+    from ragpipe.store import published
+
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    cfg = _config(corpus, tmp_path)
+    first = run_ingest(cfg)
+    live = index_versions.current(cfg.store)
+    assert first.gate["outcome"] == "promoted" and live is not None
+    copy = published.root(cfg.store.path) / live
+    largest = max((p for p in copy.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    largest.write_bytes(b"")
+    with pytest.raises(StageError, match="is damaged"):
+        _points(cfg)
+    again = run_ingest(cfg)
+    renewed = index_versions.current(cfg.store)
+    assert renewed not in (None, live) and again.failed == 0
+    assert _points(cfg) == first.points_total
+    assert not copy.exists()
+    statuses = published.statuses(cfg.store.path)
+    assert statuses[renewed]["status"] == "promoted" and live not in statuses

@@ -385,16 +385,20 @@ def test_a_damaged_live_version_is_published_again(corpus: Path, tmp_path: Path)
     own = (published.VERSION_FILE, published.SIZES_FILE)
     assert json.loads(recorded) == {k: v for k, v in sizes.items() if k not in own}
     assert published.intact(live)
-    cut = [p for p in (live / "segments").rglob("*") if p.is_file() and p.stat().st_size]
-    for path in cut:
-        path.write_bytes(b"")
+    largest = max((p for p in (live / "segments").rglob("*") if p.is_file()),
+                  key=lambda p: p.stat().st_size)  # fmt: skip
+    largest.write_bytes(largest.read_bytes()[: largest.stat().st_size // 2])
     assert not published.intact(live)
-    with pytest.raises(StageError):
+    # Refused, not opened: a version with a payload file cut in half opened and searched.
+    with pytest.raises(StageError, match=r"is damaged .* the next `ragpipe ingest` publishes"):
         open_reader(cfg.store, ONNX)
     again = run_ingest(cfg)
     assert (again.added, again.changed, again.failed) == (0, 0, 0)
     assert again.stages["upsert"]["published"] == 1
-    assert published.current(cfg.store.path) == generation and published.intact(live)
+    # Under a new token, so that a running server (polling for one) switches to it.
+    renewed = published.current(cfg.store.path)
+    assert renewed not in (None, generation) and _versions(cfg.store.path) == [renewed]
+    assert published.intact(published.root(cfg.store.path) / renewed)
     reader = open_reader(cfg.store, ONNX)
     assert reader is not None
     try:

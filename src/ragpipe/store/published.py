@@ -50,6 +50,7 @@ from typing import Any
 from ragpipe.checkpoint import atomic_write_bytes, disk_full, fsync_dir, is_no_space
 from ragpipe.errors import StageError
 from ragpipe.store import owners
+from ragpipe.store.base import GENERATION_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -202,20 +203,26 @@ def _materialize(
 
 
 def _live(store_path: Path, generation: str) -> bool:
-    """Whether ``generation`` is live and whole on disk. A damaged live copy is removed, to
-    be published again (readers fail on it anyway), unless a reader is copying it now."""
+    """Whether ``generation`` is live and whole on disk."""
     base = root(store_path)
-    if current(store_path) != generation or not (base / generation).is_dir():
-        return False
-    if intact(base / generation):
-        return True
-    if not _remove_version(base, generation):
-        logger.warning("the live index version %s is damaged and a reader is copying it: "
-                       "the next run publishes it again", generation[:12])  # fmt: skip
-        return True
-    logger.warning("the live index version %s was damaged (files missing or cut short, a "
-                   "power cut?): publishing it again", generation[:12])  # fmt: skip
-    return False
+    return (
+        current(store_path) == generation
+        and (base / generation).is_dir()
+        and intact(base / generation)
+    )
+
+
+def _renewed(store_path: Path, generation: str) -> str:
+    """A new token for the working shard when its live copy ``generation`` is damaged: it
+    is published again under the new one, so readers and servers switch to it (a server
+    polls for a new token), and the damaged copy goes as any superseded version."""
+    token = uuid.uuid4().hex
+    atomic_write_bytes(store_path / GENERATION_FILE, token.encode())
+    logger.warning(
+        "the live index version %s is damaged (files missing or cut short, a power cut?): "
+        "publishing the index again as %s", generation[:12], token[:12],
+    )  # fmt: skip
+    return token
 
 
 def publish(
@@ -227,6 +234,8 @@ def publish(
     if _live(store_path, generation):
         tidy(store_path)
         return None
+    if current(store_path) == generation and (root(store_path) / generation).is_dir():
+        generation = _renewed(store_path, generation)
     started = time.perf_counter()
     version = _materialize(store_path, generation, points, files, index_fingerprint)
     promote(store_path, generation, {"gate": None})
@@ -252,9 +261,13 @@ def stage(
         logger.warning("index version %s was discarded by hand: not staged again",
                        generation[:12])  # fmt: skip
         return None
-    version = _materialize(store_path, generation, points, files, index_fingerprint)
-    if was_live:  # a damaged live version, written again: nothing for a gate to decide
+    if was_live:  # lost or damaged: the live index again, nothing for a gate to decide
+        if (root(store_path) / generation).is_dir():
+            generation = _renewed(store_path, generation)
+        _materialize(store_path, generation, points, files, index_fingerprint)
+        promote(store_path, generation, {"gate": "the live version, published again"})
         return None
+    version = _materialize(store_path, generation, points, files, index_fingerprint)
     if not recorded:
         _set_status(store_path, generation, STAGED, {})
     logger.info("staged index version %s (%d points): the gate decides", generation[:12], points)
@@ -570,6 +583,11 @@ def reader_copy(
                 raise StageError(f"no index version {version} under {base}")
             if not held or not source.is_dir():
                 continue
+            if not intact(source):  # a power cut, a disk: it would open, or half-open
+                raise StageError(
+                    f"index version {generation[:12]} under {base} is damaged (files missing "
+                    "or cut short); the next `ragpipe ingest` publishes the index again"
+                )
             readers = base / READERS
             readers.mkdir(exist_ok=True)
             target = readers / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
