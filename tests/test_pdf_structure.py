@@ -56,3 +56,24 @@ def test_monospace_block_becomes_code() -> None:
         "```\nx <- c(1, 2)\nmean(x)\n```\n\nand read the result.\n"
     )
     assert stats["code_blocks"] == 1
+
+
+def test_a_line_that_starts_with_a_minus_or_an_option_is_no_list_item() -> None:
+    """A dash took no space after it to be a bullet: "-40 degrees" became the item
+    "- 40 degrees" (the sign lost, the paragraph cut), "--vanilla" became "- -vanilla"."""
+    lines = [
+        _line(1, 100, "Freezing points differ. At sea level the temperature where both agree is"),
+        _line(1, 114, "-40 degrees, which surprises many readers when they first convert them."),
+        _line(1, 128, "Run R with the option that skips all startup files, which is named"),
+        _line(1, 142, "--vanilla and is equivalent to --no-environ --no-site-file together."),
+        _line(1, 156, "- a dash and a space is still a bullet", x1=300),
+    ]
+    markdown, _ = lines_to_markdown(lines)
+    assert markdown == (
+        "<!-- ragpipe:page 1 -->\n\n"
+        "Freezing points differ. At sea level the temperature where both agree is -40 degrees, "
+        "which surprises many readers when they first convert them. Run R with the option that "
+        "skips all startup files, which is named --vanilla and is equivalent to --no-environ "
+        "--no-site-file together.\n\n"
+        "- a dash and a space is still a bullet\n"
+    )

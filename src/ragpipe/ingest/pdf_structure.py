@@ -68,8 +68,10 @@ _PAGE_NUMBER_RE = re.compile(
 _NUMBERING_RE = re.compile(
     r"^(?:(?:chapter|section|appendix)\s+)?(\d+(?:\.\d+)*|[A-Z](?:\.\d+)*)\.?\s+\S"
 )
+# A dash or an asterisk is a bullet with a space after it: "-40 degrees" is a number and
+# "--vanilla" an option, which a wrapped line may start with.
 _BULLET_RE = re.compile(
-    r"^(?:[•●◦▪▫■□‣⁃∙·∞\uf0b7\uf0a7\-–—*]\s*|\(?\d{1,3}[.)]\s+|\(?[a-z][.)]\s+)"
+    r"^(?:[•●◦▪▫■□‣⁃∙·∞\uf0b7\uf0a7]\s*|[\-–—*]\s+|\(?\d{1,3}[.)]\s+|\(?[a-z][.)]\s+)"
 )
 _SENTENCE_END_RE = re.compile(r"[.!?:;)\"'”’]$")
 _DOT_LEADER_RE = re.compile(r"(?:\.\s*){4,}\S*$")
