@@ -126,6 +126,28 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     }
 
 
+def test_a_utf16_text_file_is_read_and_a_utf16_markdown_file_refused(
+    converter: Converter, tmp_path: Path
+) -> None:
+    """What Windows' Notepad saves as "Unicode": its NUL bytes said "binary"."""
+    text = "# Notes\n\nCafé crème, 北京.\r\n"
+    for codec in ("utf-16-le", "utf-16-be", "utf-32-le"):
+        path = tmp_path / f"{codec}.txt"
+        path.write_bytes(("\ufeff" + text).encode(codec))  # with its byte-order mark
+        doc = converter.convert(_source(path, "text"), "fp")
+        assert doc.markdown == "# Notes\n\nCafé crème, 北京.\n", codec
+    markdown = tmp_path / "notes.md"
+    markdown.write_bytes(("\ufeff" + text).encode("utf-16-le"))
+    with pytest.raises(InputError, match=r"UTF-16.*iconv -f utf-16 -t utf-8") as err:
+        converter.convert(_source(markdown, "markdown"), "fp")
+    assert err.value.category == "encoding"
+    late_nul = tmp_path / "late.txt"
+    late_nul.write_bytes(b"text " * 3000 + b"\x00 more")  # past the first 8 KiB
+    with pytest.raises(InputError) as err:
+        converter.convert(_source(late_nul, "text"), "fp")
+    assert err.value.category == "binary"
+
+
 @pytest.mark.slow
 def test_bad_inputs_raise_categorised_input_errors(converter: Converter, tmp_path: Path) -> None:
     expected = {

@@ -17,6 +17,7 @@ page (``schemas.PAGE_MARKER``).
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import logging
 import os
@@ -296,6 +297,13 @@ class Converter:
     def _convert_simple(self, path: Path, kind: str, head: bytes) -> tuple[str, str, None]:
         if kind in ("markdown", "html", "asciidoc", "latex", "vtt"):
             text = _read_text(path)  # binary junk / non-UTF-8 fail here with a clear category
+            wide = next((codec for bom, codec in _WIDE_BOMS if head.startswith(bom)), None)
+            if wide is not None:  # Docling reads these files' bytes as UTF-8
+                raise InputError(
+                    "encoding",
+                    f"the file is {wide.upper()}, which Docling does not read for {kind}; "
+                    f"re-encode it as UTF-8 (e.g. iconv -f {wide} -t utf-8)",
+                )
             limit = self.config.max_html_depth
             if kind == "html" and html_depth(text, limit) > limit:
                 raise InputError(
@@ -420,9 +428,29 @@ def _is_encrypted_pdf(path: Path) -> bool:
     return False
 
 
+# UTF-32 first: its little-endian mark begins with UTF-16's.
+_WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
+              (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # fmt: skip
+
+
 def _read_text(path: Path) -> str:
     data = path.read_bytes()
-    if b"\x00" in data[:8192]:
+    # A byte-order mark says UTF-16 or UTF-32 (what Windows' Notepad saves as "Unicode"):
+    # read as such, where its NUL bytes said "binary".
+    wide = next((codec for bom, codec in _WIDE_BOMS if data.startswith(bom)), None)
+    if wide is not None:
+        try:
+            text = data.decode(wide)
+        except UnicodeDecodeError as exc:
+            raise InputError(
+                "encoding",
+                f"starts as {wide.upper()} but is not valid {wide.upper()} at byte "
+                f"{exc.start}; re-encode the file as UTF-8 (e.g. iconv -f {wide} -t utf-8)",
+            ) from exc
+        if "\x00" in text:
+            raise InputError("binary", "file holds binary data (NUL characters), not text")
+        return text.replace("\r\n", "\n").replace("\r", "\n")
+    if b"\x00" in data:  # anywhere: one past the first 8 KiB reached the chunks
         raise InputError("binary", "file holds binary data (NUL bytes), not text")
     try:
         text = data.decode("utf-8-sig")
