@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -30,6 +31,7 @@ from flows.cli_common import (
 )
 from ragpipe.config import (
     DEFAULT_CONFIG_FILE,
+    LLMConfig,
     LLMProvider,
     RagpipeConfig,
     load_config,
@@ -410,13 +412,23 @@ def rag_models(
     replaced by --judge-model. Without --judge-model a configured judge stays (it was
     dropped, and the generator judged its own answers)."""
     generator = {k: v for k, v in {"provider": provider, "model": model}.items() if v is not None}
-    llm_cfg = cfg.llm.model_copy(update=generator)
+    # Validated as the config is (a missing .gguf is refused now, not after Prefect's start
+    # and the judge's calibration probe).
+    llm_cfg = _checked(cfg.llm, generator, "--llm/--model")
     judge_cfg = cfg.eval.judge
     if judge_model:
-        judge_cfg = (judge_cfg or llm_cfg).model_copy(update={"model": judge_model})
+        judge_cfg = _checked(judge_cfg or llm_cfg, {"model": judge_model}, "--judge-model")
     return cfg.model_copy(
         update={"llm": llm_cfg, "eval": cfg.eval.model_copy(update={"judge": judge_cfg})}
     )
+
+
+def _checked(base: LLMConfig, update: dict[str, Any], option: str) -> LLMConfig:
+    try:
+        return LLMConfig.model_validate({**base.model_dump(), **update})
+    except ValidationError as exc:
+        reasons = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        raise ConfigError(f"{option}: {reasons}") from None
 
 
 @eval_app.command("import-beir")

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ragpipe.config import RagpipeConfig
+from ragpipe.errors import ConfigError
 from ragpipe.evaluation.golden import load_golden
 from ragpipe.evaluation.rag import FAILED, NOT_APPLICABLE, OK, RAG_METRICS, run_rag_eval
 from ragpipe.evaluation.run import RAG_QUERY_SCHEMA, rag_summary, rag_table, write_run
@@ -1803,5 +1804,9 @@ def test_eval_rags_options_keep_a_configured_judge() -> None:
     assert renamed.eval.judge.provider == "openai"  # eval.judge's server, another model
     plain = RagpipeConfig()
     assert rag_models(plain, None, None, None).eval.judge is None  # the generator judges
-    own = rag_models(plain, None, "small-gen", "judge.gguf").eval.judge
-    assert own is not None and own.model == "judge.gguf" and own.provider == plain.llm.provider
+    own = rag_models(plain, "ollama", "small-gen", "big-judge").eval.judge
+    assert own is not None and own.model == "big-judge" and own.provider == "ollama"
+    with pytest.raises(ConfigError, match=r"--llm/--model: .*/nope\.gguf does not exist"):
+        rag_models(plain, None, "/nope.gguf", None)  # at once, not after the probe
+    with pytest.raises(ConfigError, match=r"--judge-model: .*/nope\.gguf does not exist"):
+        rag_models(plain, None, None, "/nope.gguf")

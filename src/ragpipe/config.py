@@ -1031,9 +1031,10 @@ class RetrieveConfig(_Section):
         default=40,
         gt=0,
         le=100_000,
-        description="Candidates each leg contributes to fusion (at least top_k). Independent "
-        "of top_k, so a search for 5 results ranks them exactly as the first 5 of a search for "
-        "10 (score normalisation depends on the candidate list).",
+        description="Candidates each leg contributes to fusion; below what the search ranks "
+        "(top_k, or top_k x candidate_mul with a reranker or MMR) a leg gives that many. "
+        "Independent of top_k, so a search for 5 results ranks them exactly as the first 5 of "
+        "a search for 10 (score normalisation depends on the candidate list).",
     )
     rrf_k: int = Field(
         default=60,
