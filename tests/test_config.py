@@ -8,6 +8,7 @@ from ragpipe import yamlio
 from ragpipe.config import (
     ChunkConfig,
     ChunkerKind,
+    DiscoverConfig,
     PdfMode,
     RagpipeConfig,
     fingerprint,
@@ -126,6 +127,9 @@ def test_fingerprint_tracks_config_and_version() -> None:
 def test_example_config_loads_and_yaml_off_means_off(tmp_path: Path) -> None:
     example = load_config(Path(__file__).resolve().parents[1] / "ragpipe.example.yaml")
     assert example.retrieve.hyde == "off" and example.llm.provider == "llamacpp"
+    # Copied as its header says, it keeps the default ignores (it dropped .venv's and
+    # node_modules').
+    assert set(DiscoverConfig().ignore) <= set(example.discover.ignore)
     path = tmp_path / "ragpipe.yaml"
     path.write_text("retrieve:\n  hyde: off\n  mode: dense\n", encoding="utf-8")
     assert load_config(path).retrieve.hyde == "off"  # YAML reads a bare `off` as false
