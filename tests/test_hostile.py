@@ -1083,3 +1083,37 @@ def test_a_client_that_leaves_after_the_sources_event_stops_the_model(
         assert dripper.finished.wait(10)
         assert dripper.written < 200  # it stops at its next token or two, not after 1,000
         assert "ragpipe_answers_cancelled_total 1.0" in client.get("/metrics").text
+
+
+def test_a_client_near_another_clients_query_gets_its_own_query_back_and_bad_k_refused(
+    tmp_path: Path, onnx_embedder: Any
+) -> None:
+    """The search cache served a hit with the other client's query text in ``query`` (its
+    own only under cache.cached_query); a damaged history under the reports is a 503 naming
+    it, not a 500; k as true or "2" is refused as over HTTP."""
+    import httpx
+
+    from ragpipe.serve.app import create_app
+    from ragpipe.serve.server import running
+    from tests.test_serve import _index
+
+    cfg = _index(tmp_path, cache_search=True)
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "history.parquet").write_bytes(b"PAR1 not a parquet file")
+    cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"reports_dir": reports})})
+    hostile = "how long should bread bake\u0007"  # a control character, as a client may send
+    with (
+        running(create_app(cfg, onnx_embedder)) as url,
+        httpx.Client(base_url=url, timeout=60) as client,
+    ):
+        first = client.post("/search", json={"query": "How long should bread bake?"}).json()
+        again = client.post("/search", json={"query": hostile}).json()
+        assert again["cache"]["hit"] is True and again["query"] == hostile
+        assert again["hits"] == first["hits"]
+        for k in (True, "2", 2.5):
+            refused = client.post("/search", json={"query": hostile, "k": k})
+            assert refused.status_code == 422, (k, refused.text)
+        page = client.get("/reports/")
+        assert page.status_code == 503
+        assert "history.parquet is not a ragpipe history file" in page.json()["detail"]
