@@ -226,12 +226,18 @@ def test_prose_tables_of_years_and_notices_in_sentences_are_kept() -> None:
         "The licensor keeps all rights reserved under section 4 unless the licence says so.",
         "3/4",
         "1 of 3",
+        # The second review: a year soon after "(c)" or "Copyright" is not a notice.
+        "(c) any work published before 1923 is in the public domain in the United States.",
+        "Copyright Act of 1976 extended the term of protection for works created after 1978.",
+        "Copyright law changed in 1998 when the Sonny Bono act passed.",
+        "(c) In 2019 the committee approved the budget for the next three years.",
     ]
     for text in kept:
         result = clean_markdown(f"Intro.\n\n{text}\n", CleanConfig(), "markdown")
         assert result.markdown == f"Intro.\n\n{text}\n" and result.dropped == {}, text
     # PDF page furniture and a contents page with sections still go.
-    pdf = "Body.\n3/4\nAccessed on 2024-01-05 from https://example.org\n"
+    pdf = ("Body.\n3/4\nAccessed on 2024-01-05 from https://example.org\n© Copyright 2014 IBM\n"
+           "Copyright c© 1998-2020 Kurt Hornik\n")  # fmt: skip
     assert clean_markdown(pdf, CleanConfig(), "pdf").markdown == "Body.\n"
     toc = "1 Introduction 1\n1.1 Scope 2\n2 Methods 5\n"
     assert clean_markdown(toc, CleanConfig(), "pdf").dropped == {"toc": 1}

@@ -78,7 +78,8 @@ def test_bad_enum_and_regex(tmp_path: Path) -> None:
         r"'Confidential\|' matches an empty stretch of any line, so it would drop every line",
     ):
         load_config(path)
-    for pattern, refused in (("(?=.)", True), ("x*", True), ("^$", False), ("^\\s*$", False)):
+    for pattern, refused in (("(?=.)", True), ("x*", True), (".*", True), ("[^|]*", True),
+                             ("^$", False), ("^\\s*$", False)):  # fmt: skip
         path.write_text(f"clean:\n  extra_patterns: ['{pattern}']\n")
         if refused:
             with pytest.raises(ConfigError, match="would drop every line"):
@@ -207,6 +208,18 @@ def test_paths_expand_home_and_an_empty_one_is_refused(
     assert cfg.discover.roots == [tmp_path / "docs"]
     assert (cfg.store.path, cfg.paths.work_dir) == (tmp_path / "store", tmp_path / "work")
     assert (cfg.eval.golden, cfg.eval.reports_dir) == (tmp_path / "g.yaml", tmp_path / "reports")
+    # "~name" is a folder of that name, not a user's home ('~backup' was /var/backups, and
+    # '~nosuchuser/docs' a traceback).
+    path.write_text("discover: {roots: ['~backup', '~nosuchuser/docs']}\n")
+    assert load_config(path).discover.roots == [Path("~backup"), Path("~nosuchuser/docs")]
+
+    def homeless(self: Path) -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "expanduser", homeless)  # no HOME, no passwd entry
+    path.write_text("discover: {roots: ['~/docs']}\n")
+    with pytest.raises(ConfigError, match=r"discover.roots.0: cannot expand '~'"):
+        load_config(path)
     for field, text in [("discover.roots.0", "discover: {roots: ['']}"),
                         ("store.path", "store: {path: ''}"),
                         ("paths.work_dir", "paths: {work_dir: ' '}")]:  # fmt: skip

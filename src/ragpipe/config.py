@@ -66,8 +66,14 @@ def _a_path(value: Any) -> Any:
 
 
 def _home(value: Path) -> Path:
-    # "~/docs": pathlib made a folder named "~" here while pyarrow wrote under $HOME.
-    return value.expanduser()
+    # "~/docs": pathlib made a folder named "~" here while pyarrow wrote under $HOME. Only
+    # "~" itself: "~backup" stays a folder of that name (expanduser made it a user's home).
+    if value.parts[:1] != ("~",):
+        return value
+    try:
+        return value.expanduser()
+    except RuntimeError as exc:  # no HOME, no passwd entry
+        raise ValueError(f"cannot expand '~' ({exc}); write the path in full") from None
 
 
 LocalPath = Annotated[Path, BeforeValidator(_a_path), AfterValidator(_home)]
@@ -558,8 +564,8 @@ class CleanConfig(_Section):
                 ) from exc
             # '', 'Confidential|', 'x*', '(?=.)' match nothing inside any line, so every
             # line: the index kept the headings alone. ('^$' matches blank lines only.)
-            probe = compiled.search("zq9 a line of its own")
-            if probe is not None and probe.start() == probe.end():
+            probe = compiled.finditer("zq9 a line of its own")
+            if any(m.start() == m.end() for m in probe):  # '.*' too: it ends in an empty one
                 raise ValueError(
                     f"extra_patterns[{i}] {pattern!r} matches an empty stretch of any line, so "
                     "it would drop every line; remove an empty alternative ('a|') or a "

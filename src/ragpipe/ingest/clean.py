@@ -46,10 +46,14 @@ BOILERPLATE: dict[str, list[re.Pattern[str]]] = {
         _LONE_NUMBER := re.compile(r"^(?:[-–—]\s*\d{1,4}\s*[-–—]|\d{1,4})$"),  # not "- 22"
     ],
     "copyright": [
-        # A line that starts with the notice and a year soon after: "© 2021 Example",
-        # "Copyright (C) 2005 FSF", "Copyright c© 1998-2020 Kurt Hornik". Not "(c) by the
-        # agent", "Copyright by default belongs...", "type the © sign".
-        re.compile(r"(?i)^(?:©|\(c\)|copyright\b).{0,30}?\d{4}.{0,200}$"),
+        # A line that starts with the notice and its year: "© 2021 Example", "Copyright
+        # (C) 2005 FSF", "Copyright c© 1998-2020 Kurt Hornik", "© Copyright 2014 IBM". Not
+        # "(c) by the agent", "(c) In 2019 the committee...", "Copyright law changed in
+        # 1998", "type the © sign".
+        re.compile(
+            r"(?i)^(?:©|\(c\)|copyright)(?:\s*(?:©|\(c\)|c©|copyright))*\s*\d{4}"
+            r"(?:\s*[-–,]\s*\d{4})*\b.{0,200}$"
+        ),
         # ... or that ends in the reservation (and perhaps a page): not a sentence about it.
         re.compile(r"(?i)^.{0,160}\ball rights reserved\b[.,;]?(?:\s+\S{1,8})?$"),
     ],
