@@ -270,3 +270,24 @@ def test_a_variable_that_sets_nothing_is_warned_about(
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 2 and all("sets nothing" in w for w in warned)
     assert "RAGPIPE_CHUNKS__SIZE sets nothing" in warned[0] and "RAGPIPE_CHUNK_SIZE" in warned[1]
+
+
+def test_a_section_as_json_sets_it_and_a_mistake_is_blamed_where_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RAGPIPE_CHUNK='{...}' (pydantic-settings reads a section as JSON) was warned about as
+    setting nothing; an option's own mistake was blamed on the file when the option also
+    mended the file's."""
+    monkeypatch.setenv("RAGPIPE_CHUNK", '{"size": 500, "overlap": 50}')
+    with caplog.at_level("WARNING", logger="ragpipe.config"):
+        assert load_config(None).chunk.size == 500
+    assert "sets nothing" not in caplog.text
+    monkeypatch.setenv("RAGPIPE_CHUNK", "{not json")
+    with pytest.raises(ConfigError, match=r"from the environment: RAGPIPE_CHUNK\)"):
+        load_config(None)
+    monkeypatch.delenv("RAGPIPE_CHUNK")
+    path = tmp_path / "r.yaml"
+    path.write_text("chunk: {overlap: 1200}\n")  # invalid alone: overlap over the size
+    overrides = {"chunk": {"size": 2000}, "retrieve": {"top_k": -5}}
+    with pytest.raises(ConfigError, match=r"(?s)from the command line\).*retrieve\.top_k"):
+        load_config(path, overrides)

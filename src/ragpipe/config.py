@@ -1798,9 +1798,10 @@ def load_config(
         try:  # with the overrides first, so that a mistake in them is named as theirs
             RagpipeConfig.model_validate(_deep_merge(data, overrides))
         except ValidationError as exc:
-            # Theirs only when the file and the environment alone are valid: a file's
-            # mistake in a section an option also sets was blamed on the command line.
-            if _valid(data):
+            # Theirs when the file and the environment alone are valid, or when every error
+            # is at a value they set: a file's mistake in a section an option also sets was
+            # blamed on the command line.
+            if _valid(data) or all(_sets(e["loc"], overrides) for e in exc.errors()):
                 # from None: pydantic's own error shows each input, a secret's too
                 raise ConfigError(
                     _format_validation_error(exc, overrides_from, hint=False)
@@ -1845,6 +1846,17 @@ def _dotted(tree: dict[str, Any], prefix: str = "") -> list[str]:
     return names
 
 
+def _sets(loc: tuple[int | str, ...], overrides: dict[str, Any]) -> bool:
+    """Whether an error's location is a value the overrides set (not a section they share
+    with the file: a section's own check may be the file's to answer)."""
+    node: Any = overrides
+    for part in loc:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return bool(loc) and not isinstance(node, dict)
+
+
 def _valid(data: dict[str, Any]) -> bool:
     """Whether ``data`` with the environment (and no overrides) is a valid configuration."""
     try:
@@ -1858,8 +1870,10 @@ def environment_error(exc: SettingsError) -> ConfigError:
     """A variable pydantic-settings could not parse (a list or mapping not written as JSON:
     RAGPIPE_DISCOVER__IGNORE='*.tmp'), named, with the fix; it was a traceback."""
     found = re.search(r'field "(\w+)"', str(exc))
-    prefix = f"RAGPIPE_{found[1].upper()}__" if found else "RAGPIPE_"
-    names = [n for n in environment_overrides() if n.upper().startswith(prefix)]
+    section = f"RAGPIPE_{found[1].upper()}" if found else "RAGPIPE_"
+    prefix = f"{section}__" if found else section
+    names = [n for n in environment_overrides()
+             if n.upper() == section or n.upper().startswith(prefix)]  # fmt: skip
     example = names[0] if names else "RAGPIPE_DISCOVER__IGNORE"
     return ConfigError(
         f"invalid configuration (from the environment: {', '.join(names) or prefix + '*'}): "
@@ -1884,9 +1898,11 @@ def unknown_variables() -> list[str]:
 
 
 def environment_overrides() -> list[str]:
-    """Names of the ``RAGPIPE_*`` configuration variables set in this environment."""
-    sections = {f"RAGPIPE_{name.upper()}__" for name in RagpipeConfig.model_fields}
-    return sorted(k for k in os.environ if any(k.upper().startswith(s) for s in sections))
+    """Names of the ``RAGPIPE_*`` configuration variables set in this environment: a field
+    (``RAGPIPE_CHUNK__SIZE``) or a whole section as JSON (``RAGPIPE_CHUNK='{"size": 500}'``)."""
+    sections = {f"RAGPIPE_{name.upper()}" for name in RagpipeConfig.model_fields}
+    return sorted(k for k in os.environ if k.upper() in sections
+                  or (k.upper().split("__", 1)[0] in sections and "__" in k))  # fmt: skip
 
 
 def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
