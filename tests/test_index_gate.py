@@ -485,25 +485,58 @@ def test_a_qdrant_index_keeps_other_collections_and_a_promotion_killed_before_it
     assert {"ragpipe-ragpipe-archive", "ragpipe-ragpipe-x-ragpipe-work"} <= names
 
 
+def _damage(cfg: RagpipeConfig, generation: str) -> None:
+    from ragpipe.store import published
+
+    copy = published.root(cfg.store.path) / generation
+    largest = max((p for p in copy.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    largest.write_bytes(b"")
+
+
 def test_a_damaged_live_version_of_a_gated_index_is_published_again(tmp_path: Path) -> None:
     """As without a gate: a live version cut short is written again, under a new token and
-    live at once (the gate passed that index already), and the damaged copy goes."""
+    live at once (the gate passed that index already), reported as published, and the
+    version it replaced stays the one to roll back to; the damaged copy goes."""
     from ragpipe.store import published
 
     corpus = write_topics(tmp_path / "corpus", 6, ".txt")
     cfg = _config(corpus, tmp_path)
     first = run_ingest(cfg)
-    live = index_versions.current(cfg.store)
-    assert first.gate["outcome"] == "promoted" and live is not None
-    copy = published.root(cfg.store.path) / live
-    largest = max((p for p in copy.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-    largest.write_bytes(b"")
-    with pytest.raises(StageError, match="is damaged"):
+    (corpus / "extra.txt").write_text("The knitting circle meets on Tuesdays.\n", "utf-8")
+    second = run_ingest(cfg)
+    before, live = first.gate["generation"], index_versions.current(cfg.store)
+    assert second.gate["outcome"] == "promoted" and live == second.gate["generation"]
+    _damage(cfg, live)
+    with pytest.raises(StageError, match=r"is damaged .* the next `ragpipe ingest` publishes"):
         _points(cfg)
+    with pytest.raises(StageError, match=r"is damaged .* cannot be made live"):
+        index_versions.promote(cfg.store, live)
     again = run_ingest(cfg)
     renewed = index_versions.current(cfg.store)
-    assert renewed not in (None, live) and again.failed == 0
-    assert _points(cfg) == first.points_total
-    assert not copy.exists()
+    assert renewed not in (None, live, before) and again.failed == 0
+    assert again.stages["upsert"]["published"] == 1  # it said 0: a new version went live
+    assert _points(cfg) == second.points_total
     statuses = published.statuses(cfg.store.path)
-    assert statuses[renewed]["status"] == "promoted" and live not in statuses
+    assert statuses[renewed]["previous"] == before and statuses[renewed]["keep_previous"]
+    assert live not in statuses and sorted(statuses) == sorted([before, renewed])
+    assert _points(cfg, before) == first.points_total  # still there to roll back to
+
+
+def test_a_changed_corpus_over_a_damaged_live_version_is_judged_as_a_first_version(
+    tmp_path: Path,
+) -> None:
+    """The gate opened the damaged live version to compare with, and every ingest failed
+    on it ("the next ingest publishes the index again", which never came)."""
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    cfg = _config(corpus, tmp_path)
+    first = run_ingest(cfg)
+    live = index_versions.current(cfg.store)
+    assert live is not None
+    _damage(cfg, live)
+    (corpus / "extra.txt").write_text("The knitting circle meets on Tuesdays.\n", "utf-8")
+    again = run_ingest(cfg)
+    assert (
+        again.gate["outcome"] == "promoted" and again.gate["verdict"]["golden"][0]["live"] is None
+    )
+    assert index_versions.current(cfg.store) == again.gate["generation"] != live
+    assert _points(cfg) == first.points_total + again.chunks_written - again.chunks_deleted

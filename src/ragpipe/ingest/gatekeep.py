@@ -88,7 +88,12 @@ def decide(config: RagpipeConfig) -> Decision | None:
         )  # fmt: skip
         logger.warning("index gate: %s", line)
         return Decision(outcome, generation, live, {}, line)
-    if status == published.HELD:  # a no-op night: judged already
+    broken = versions.damaged(config.store, live)
+    if broken:  # judged as a first version: the live one cannot be read to compare with
+        logger.warning("index gate: the live version %s is damaged: version %s is judged as "
+                       "a first version", (live or "")[:12], generation[:12])  # fmt: skip
+        live = None
+    if status == published.HELD and not broken:  # a no-op night: judged already
         verdict = recorded.get("verdict", {})
         line = f"version {generation[:12]} is still held since {recorded.get('at', '?')}"
         logger.warning("index gate: %s (ragpipe index list; promote or discard it)", line)
@@ -100,7 +105,8 @@ def decide(config: RagpipeConfig) -> Decision | None:
     verdict = evaluate_gate(config, generation, live)
     data = verdict.as_dict()
     if verdict.passed:
-        versions.promote(config.store, generation, {"verdict": data}, keep_previous=True)
+        # A damaged version is no version to roll back to.
+        versions.promote(config.store, generation, {"verdict": data}, keep_previous=not broken)
         logger.info("index gate: %s", verdict.line())
         decision = Decision(PROMOTED, generation, live, data, verdict.line())
     else:

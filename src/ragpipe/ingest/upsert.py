@@ -360,8 +360,10 @@ def _publish(
     else:
         files = len(stored_versions(config))
     if gated:  # a decision: ragpipe.ingest.gatekeep
-        versions.stage(config.store, generation, points, files, index_fp)
-        return None
+        staged = versions.stage(config.store, generation, points, files, index_fp)
+        # Live already: a damaged live version published again (the gate passed it before).
+        live = staged is not None and staged.generation == versions.current(config.store)
+        return staged if live else None
     return published.publish(config.store.path, generation, points, files, index_fp)
 
 

@@ -262,11 +262,15 @@ def stage(
                        generation[:12])  # fmt: skip
         return None
     if was_live:  # lost or damaged: the live index again, nothing for a gate to decide
+        old = statuses(store_path).get(generation, {})
         if (root(store_path) / generation).is_dir():
             generation = _renewed(store_path, generation)
-        _materialize(store_path, generation, points, files, index_fingerprint)
-        promote(store_path, generation, {"gate": "the live version, published again"})
-        return None
+        version = _materialize(store_path, generation, points, files, index_fingerprint)
+        # What the damaged version replaced stays the one to roll back to.
+        promote(store_path, generation,
+                {"gate": "the live version, published again", "previous": old.get("previous")},
+                keep_previous=bool(old.get("keep_previous")))  # fmt: skip
+        return version
     version = _materialize(store_path, generation, points, files, index_fingerprint)
     if not recorded:
         _set_status(store_path, generation, STAGED, {})
@@ -319,6 +323,11 @@ def promote(
     base = root(store_path)
     if IndexVersion.read(base / generation) is None:
         raise StageError(f"no index version {generation} under {base}")
+    if not intact(base / generation):
+        raise StageError(
+            f"index version {generation[:12]} under {base} is damaged (files missing or cut "
+            "short): it cannot be made live; discard it (`ragpipe index discard`)"
+        )
     _lock_file(base, generation).touch()
     previous = current(store_path)
     recorded = {"previous": previous, "keep_previous": keep_previous, **(extra or {})}
@@ -584,9 +593,12 @@ def reader_copy(
             if not held or not source.is_dir():
                 continue
             if not intact(source):  # a power cut, a disk: it would open, or half-open
+                fix = ("the next `ragpipe ingest` publishes the index again"
+                       if generation == current(store_path) else
+                       "discard it (`ragpipe index discard`)")  # fmt: skip
                 raise StageError(
                     f"index version {generation[:12]} under {base} is damaged (files missing "
-                    "or cut short); the next `ragpipe ingest` publishes the index again"
+                    f"or cut short); {fix}"
                 )
             readers = base / READERS
             readers.mkdir(exist_ok=True)

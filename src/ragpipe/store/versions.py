@@ -36,6 +36,15 @@ def current(config: StoreConfig) -> str | None:
     return published.current(config.path) if _edge(config) else server_versions.current(config)
 
 
+def damaged(config: StoreConfig, generation: str | None) -> bool:
+    """Whether an Edge version's files are missing or cut short (``published.intact``);
+    a Qdrant server's collections are the server's to keep whole."""
+    if generation is None or not _edge(config):
+        return False
+    folder = published.root(config.path) / generation
+    return folder.is_dir() and not published.intact(folder)
+
+
 def statuses(config: StoreConfig) -> dict[str, dict[str, Any]]:
     if _edge(config):
         return published.statuses(config.path)
