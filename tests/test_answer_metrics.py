@@ -237,6 +237,18 @@ def test_rouge_l_and_token_f1_score_answers_in_any_script() -> None:
     # P 1/2, R 1/1 -> 2/3.
     assert _rouge_tokens("नमस्ते दुनिया") == ["नमस्ते", "दुनिया"]
     assert rouge_l("नमस्ते दुनिया", "नमस्ते") == pytest.approx(2 / 3)
+    # The second review: "・" is punctuation inside a katakana name, and a decomposed
+    # (NFD) answer is the composed one.
+    assert (
+        rouge_l("ジョン・スミス", "ジョンスミス")
+        == token_f1("ジョン・スミス", "ジョンスミス")
+        == 1.0
+    )
+    import unicodedata
+
+    decomposed = unicodedata.normalize("NFD", "がっこう")
+    assert rouge_l(decomposed, "がっこう") == token_f1(decomposed, "がっこう") == 1.0
+    assert normalize_answer(unicodedata.normalize("NFD", "thé")) == "thé"  # not "the" + mark
     # ASCII text is tokenised as rouge-score tokenises it.
     assert _rouge_tokens("Hello, wor_ld! 3.5 R-FAQ") == ["hello", "wor", "ld", "3", "5", "r", "faq"]
 

@@ -70,7 +70,7 @@ def normalize_answer(text: str) -> str:
     Returns:
         The normalised text, tokens separated by single spaces.
     """
-    lowered = text.lower()
+    lowered = unicodedata.normalize("NFC", text).lower()
     no_punct = "".join(ch for ch in lowered if not _is_punctuation(ch))
     no_articles = _ARTICLES.sub(" ", no_punct)
     return " ".join(no_articles.split())
@@ -111,12 +111,13 @@ def _rouge_tokens(text: str) -> list[str]:
     leaves out), or one Chinese or Japanese character. On ASCII, rouge-score's own."""
     tokens: list[str] = []
     run: list[str] = []
-    for ch in text.lower():
-        if _UNSPACED_CHAR.match(ch) or unicodedata.category(ch)[0] not in "LNM":
+    for ch in unicodedata.normalize("NFC", text).lower():
+        kind = unicodedata.category(ch)[0]
+        if kind not in "LNM" or _UNSPACED_CHAR.match(ch):  # "・" is punctuation, not a word
             if run:
                 tokens.append("".join(run))
                 run.clear()
-            if _UNSPACED_CHAR.match(ch):
+            if kind in "LN" and _UNSPACED_CHAR.match(ch):
                 tokens.append(ch)
         else:
             run.append(ch)
@@ -213,7 +214,7 @@ def answer_tokens(text: str, n: int = 3) -> tuple[list[str], int]:
     characters long: Japanese prose repeats 21 % of its character trigrams, 7 % of its
     6-grams). Without this a Chinese answer was one "word" per sentence and never looped.
     """
-    tokens = _TOKEN.findall(text.lower())
+    tokens = _TOKEN.findall(unicodedata.normalize("NFC", text).lower())
     unspaced = sum(1 for t in tokens if len(t) == 1 and _UNSPACED_CHAR.match(t))
     return tokens, 2 * n if 2 * unspaced > len(tokens) else n
 

@@ -764,7 +764,7 @@ def _history_table(path: Path) -> pa.Table:
     their granularity: ``answer`` is a RAG run)."""
     try:
         return _read_history_table(path)
-    except (OSError, pa.ArrowException, KeyError) as exc:
+    except (pa.ArrowException, KeyError) as exc:  # not a file it cannot open (EACCES): that is
         raise ConfigError(
             f"{path} is not a ragpipe history file ({type(exc).__name__}: {exc}); move it "
             "away (the next evaluation run starts a new one) or restore it from a backup"
