@@ -540,3 +540,36 @@ def test_a_changed_corpus_over_a_damaged_live_version_is_judged_as_a_first_versi
     )
     assert index_versions.current(cfg.store) == again.gate["generation"] != live
     assert _points(cfg) == first.points_total + again.chunks_written - again.chunks_deleted
+
+
+def test_a_damaged_held_version_is_written_again_and_the_roll_back_target_survives(
+    tmp_path: Path,
+) -> None:
+    """The third review: a held version cut short stayed so (promote refused it, discard
+    left the intact working index unable to go live); a version promoted over a damaged
+    live one dropped the intact version to roll back to."""
+    from ragpipe.store import published
+
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    cfg = _config(corpus, tmp_path)
+    first = run_ingest(cfg)
+    (corpus / "extra.txt").write_text("The knitting circle meets on Tuesdays.\n", "utf-8")
+    second = run_ingest(cfg)
+    before, live = first.gate["generation"], second.gate["generation"]
+    for topic in TOPICS[3:]:
+        (corpus / f"{topic}.txt").unlink()
+    with pytest.raises(IndexHeld):
+        run_ingest(cfg, allow_mass_delete=True)
+    held = index_versions.working_generation(cfg.store)
+    assert held is not None and held not in (before, live)
+    _damage(cfg, held)
+    with pytest.raises(IndexHeld):  # still held, and whole again: promotable by hand
+        run_ingest(cfg, allow_mass_delete=True)
+    assert published.intact(published.root(cfg.store.path) / held)
+    _damage(cfg, live)  # the live version now: the held one is judged against `before`
+    with pytest.raises(IndexHeld, match="fell by"):
+        run_ingest(cfg, allow_mass_delete=True)
+    with pytest.raises(StageError, match=r"judges the working version in its place"):
+        _points(cfg)
+    index_versions.promote(cfg.store, before)  # roll back: still there
+    assert _points(cfg) == first.points_total

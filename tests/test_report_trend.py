@@ -349,3 +349,30 @@ def test_the_lists_of_runs_show_failed_and_not_applicable_as_the_headline(
     append_history(tmp_path, summary)  # type: ignore[arg-type]
     (row,) = read_history(tmp_path)
     assert history_cell(row) == headline_cell(ci) == "0.567 [0.500, 0.700] (n=6, 1 failed, 1 n/a)"
+
+
+def test_a_history_with_a_corrupt_page_is_damaged_and_one_it_may_not_read_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyarrow reports a corrupt page as a plain OSError ("ZSTD decompression failed"): it
+    crashed report and every eval run; a file it may not read is not moved aside."""
+    from ragpipe.errors import ConfigError
+
+    for n in range(60):
+        _append_runs(tmp_path, f"night{n}", 1)
+    history = tmp_path / "history.parquet"
+    data = bytearray(history.read_bytes())
+    data[200:240] = bytes(40)  # zeros inside the first column chunk
+    history.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match="is not a ragpipe history file"):
+        read_history(tmp_path)
+    _append_runs(tmp_path, "after", 1)
+    assert [r["run_id"] for r in read_history(tmp_path)] == ["after-0"]
+    assert len(list(tmp_path.glob("history.parquet.damaged-*"))) == 1
+
+    def denied(*_: object, **__: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(pq, "read_table", denied)
+    with pytest.raises(PermissionError):
+        read_history(tmp_path)

@@ -65,9 +65,10 @@ def _a_path(value: Any) -> Any:
     return value
 
 
-def _home(value: Path) -> Path:
-    # "~/docs": pathlib made a folder named "~" here while pyarrow wrote under $HOME. Only
-    # "~" itself: "~backup" stays a folder of that name (expanduser made it a user's home).
+def expand_home(value: Path) -> Path:
+    """``value`` with a leading ``~`` expanded: only ``~`` itself, so that ``~backup``
+    stays a folder of that name (``expanduser`` made it a user's home, and a missing user a
+    RuntimeError). A home that cannot be found is a ValueError (a config error)."""
     if value.parts[:1] != ("~",):
         return value
     try:
@@ -76,7 +77,8 @@ def _home(value: Path) -> Path:
         raise ValueError(f"cannot expand '~' ({exc}); write the path in full") from None
 
 
-LocalPath = Annotated[Path, BeforeValidator(_a_path), AfterValidator(_home)]
+# "~/docs": pathlib made a folder named "~" here while pyarrow wrote under $HOME.
+LocalPath = Annotated[Path, BeforeValidator(_a_path), AfterValidator(expand_home)]
 """A file-system path of the config: never empty, ``~`` expanded."""
 
 
@@ -631,7 +633,7 @@ class ChunkConfig(_Section):
         from ragpipe.models.packaged_embedder import PACKAGED_EMBEDDERS
 
         known = sorted({*PACKAGED_EMBEDDERS, "all-MiniLM-L6-v2"})
-        path = Path(value).expanduser()
+        path = expand_home(Path(value))
         if value in known or value == "sentence-transformers/all-MiniLM-L6-v2":
             return value
         if path.is_file() or (path / "tokenizer.json").is_file():
@@ -1285,7 +1287,7 @@ class LLMConfig(_Section):
         from ragpipe.models.packaged import PACKAGED
 
         if self.provider == LLMProvider.LLAMACPP and self.model not in (None, *PACKAGED):
-            path = Path(str(self.model)).expanduser()
+            path = expand_home(Path(str(self.model)))
             if not path.is_file():
                 raise ValueError(
                     f"model: GGUF file {path} does not exist; set it to a .gguf file or a "

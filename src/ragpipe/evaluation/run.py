@@ -764,7 +764,9 @@ def _history_table(path: Path) -> pa.Table:
     their granularity: ``answer`` is a RAG run)."""
     try:
         return _read_history_table(path)
-    except (pa.ArrowException, KeyError) as exc:  # not a file it cannot open (EACCES): that is
+    except PermissionError:  # a file it may not read is not a damaged one: not moved aside
+        raise
+    except (OSError, pa.ArrowException, KeyError) as exc:  # corrupt pages are plain OSErrors
         raise ConfigError(
             f"{path} is not a ragpipe history file ({type(exc).__name__}: {exc}); move it "
             "away (the next evaluation run starts a new one) or restore it from a backup"

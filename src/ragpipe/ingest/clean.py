@@ -54,6 +54,11 @@ BOILERPLATE: dict[str, list[re.Pattern[str]]] = {
             r"(?i)^(?:©|\(c\)|copyright)(?:\s*(?:©|\(c\)|c©|copyright))*\s*\d{4}"
             r"(?:\s*[-–,]\s*\d{4})*\b.{0,200}$"
         ),
+        # In a PDF, as before the kind rules: © anywhere, or the notice and a year ("(C)
+        # Copyright IBM Corporation 2015", "Copyright © The R Core Team 2020").
+        _PDF_COPYRIGHT := re.compile(
+            r"(?i)^.{0,120}(?:©|(?:\(c\)|copyright)\s*(?:\(c\)\s*)?\d{4}).{0,120}$"
+        ),
         # ... or that ends in the reservation (and perhaps a page): not a sentence about it.
         re.compile(r"(?i)^.{0,160}\ball rights reserved\b[.,;]?(?:\s+\S{1,8})?$"),
     ],
@@ -281,8 +286,8 @@ KIND_RULES: dict[str | None, frozenset[str]] = {
 # the main menu, ..." is the text's own ("42", a changelog's "2024-01-05"). "Page 3 of
 # 7" and copyright lines are boilerplate in any kind.
 PAGE_FURNITURE = frozenset(
-    {_LONE_NUMBER, _N_OF_M, *BOILERPLATE["timestamp"], *BOILERPLATE["ip_address"],
-     *BOILERPLATE["download_notice"]}
+    {_LONE_NUMBER, _N_OF_M, _PDF_COPYRIGHT, *BOILERPLATE["timestamp"],
+     *BOILERPLATE["ip_address"], *BOILERPLATE["download_notice"]}
 )  # fmt: skip
 _RUNS_OF_SPACE = re.compile(r"(?<=\S)[ \t]{2,}")  # inside a line: indentation is structure
 

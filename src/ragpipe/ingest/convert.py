@@ -295,7 +295,7 @@ class Converter:
         return CONVERTER_FAST, markdown, len(result.pages)
 
     def _convert_simple(self, path: Path, kind: str, head: bytes) -> tuple[str, str, None]:
-        if kind in ("markdown", "html", "asciidoc", "latex", "vtt"):
+        if kind in ("markdown", "html", "asciidoc", "latex", "vtt", "csv", "email"):
             text = _read_text(path)  # binary junk / non-UTF-8 fail here with a clear category
             wide = next((codec for bom, codec in _WIDE_BOMS if head.startswith(bom)), None)
             if wide is not None:  # Docling reads these files' bytes as UTF-8

@@ -89,10 +89,16 @@ def decide(config: RagpipeConfig) -> Decision | None:
         logger.warning("index gate: %s", line)
         return Decision(outcome, generation, live, {}, line)
     broken = versions.damaged(config.store, live)
-    if broken:  # judged as a first version: the live one cannot be read to compare with
-        logger.warning("index gate: the live version %s is damaged: version %s is judged as "
-                       "a first version", (live or "")[:12], generation[:12])  # fmt: skip
-        live = None
+    against, keep = live, {"previous": live}
+    if broken:  # the live copy cannot be read: compare with the version it replaced
+        replaced = records.get(live or "", {})
+        keep = {"previous": replaced.get("previous")}  # still the one to roll back to
+        against = keep["previous"] if replaced.get("keep_previous") else None
+        if against is not None and versions.damaged(config.store, against):
+            against = None
+        logger.warning("index gate: the live version %s is damaged: version %s is judged "
+                       "against %s", (live or "")[:12], generation[:12],
+                       against[:12] if against else "nothing (as a first version)")  # fmt: skip
     if status == published.HELD and not broken:  # a no-op night: judged already
         verdict = recorded.get("verdict", {})
         line = f"version {generation[:12]} is still held since {recorded.get('at', '?')}"
@@ -101,18 +107,23 @@ def decide(config: RagpipeConfig) -> Decision | None:
     from ragpipe.evaluation.gate import evaluate_gate  # the query path: only with a gate
 
     logger.info("index gate: evaluating version %s against %s", generation[:12],
-                live[:12] if live else "nothing (the first version)")  # fmt: skip
-    verdict = evaluate_gate(config, generation, live)
+                against[:12] if against else "nothing (the first version)")  # fmt: skip
+    verdict = evaluate_gate(config, generation, against)
     data = verdict.as_dict()
+    line = verdict.line()
+    if broken:  # said: the event and the summary name the damaged version it replaced
+        data["live_damaged"] = live
+        line += f" (the live version {(live or '')[:12]} was damaged)"
     if verdict.passed:
-        # A damaged version is no version to roll back to.
-        versions.promote(config.store, generation, {"verdict": data}, keep_previous=not broken)
-        logger.info("index gate: %s", verdict.line())
-        decision = Decision(PROMOTED, generation, live, data, verdict.line())
+        # A damaged version is no version to roll back to: the one it replaced still is.
+        versions.promote(config.store, generation, {"verdict": data, **keep},
+                         keep_previous=keep["previous"] is not None)  # fmt: skip
+        logger.info("index gate: %s", line)
+        decision = Decision(PROMOTED, generation, live, data, line)
     else:
         versions.hold(config.store, generation, data)
-        logger.error("index gate: %s: %s", verdict.line(), "; ".join(verdict.reasons))
-        decision = Decision(HELD, generation, live, data, verdict.line())
+        logger.error("index gate: %s: %s", line, "; ".join(verdict.reasons))
+        decision = Decision(HELD, generation, live, data, line)
     checkpoint.atomic_write_bytes(
         WorkDir.of(config).root / "gate.json", json.dumps(decision.as_dict(), indent=2).encode()
     )

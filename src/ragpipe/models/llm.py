@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ragpipe.config import LLMConfig, LLMProvider
+from ragpipe.config import LLMConfig, LLMProvider, expand_home
 from ragpipe.errors import ConfigError, StageError
 from ragpipe.models.ollama_api import call_with_retries, ollama_client
 from ragpipe.models.openai_api import OpenAIClient, RequestRefused, api_key
@@ -107,7 +107,7 @@ def resolve_gguf(model: str | Path | None) -> Path:
     name = DEFAULT_PACKAGED if model is None else str(model)
     if name in PACKAGED:
         return gguf_path(name)
-    return Path(name).expanduser()
+    return expand_home(Path(name))
 
 
 class LlamaCppLLM:
@@ -530,7 +530,7 @@ def model_name(config: LLMConfig) -> str:
     name = DEFAULT_PACKAGED if config.model is None else str(config.model)
     if name in PACKAGED:
         return Path(PACKAGED[name].file).stem
-    return Path(name).expanduser().stem
+    return expand_home(Path(name)).stem
 
 
 def model_identity(config: LLMConfig) -> str:
@@ -554,7 +554,7 @@ def gguf_identity(path: Path) -> str:
     for model in PACKAGED.values():
         if model.file == path.name:
             return f"llamacpp:{model.file}:{model.sha256}"
-    return f"llamacpp:{path.expanduser().resolve()}"
+    return f"llamacpp:{expand_home(path).resolve()}"
 
 
 class LazyLLM:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ragpipe.config import expand_home
 from ragpipe.errors import ConfigError
 
 
@@ -16,7 +17,7 @@ class Reranker:
     def __init__(self, model: str) -> None:
         from sentence_transformers import CrossEncoder
 
-        local = Path(model).expanduser()
+        local = expand_home(Path(model))
         try:
             if local.exists():
                 self._model = CrossEncoder(str(local), device="cpu")

@@ -181,6 +181,12 @@ def _materialize(
     base.mkdir(parents=True, exist_ok=True)
     target = base / generation
     version = IndexVersion.read(target) if target.is_dir() else None
+    if version is not None and not intact(target):  # cut short: copied again from the shard
+        if not _remove_version(base, generation):
+            raise StageError(f"index version {generation[:12]} is damaged and a reader is "
+                             "copying it; run the ingest again to write it anew")  # fmt: skip
+        logger.warning("index version %s was damaged: written again", generation[:12])
+        version = None
     if version is None:  # written once, before any reader can see the directory
         shutil.rmtree(target, ignore_errors=True)  # a publish killed before its version file
         tmp = base / f".{generation}.{uuid.uuid4().hex[:8]}.tmp"
@@ -568,6 +574,22 @@ def _shared(lock: Path) -> Iterator[bool]:
         os.close(fd)
 
 
+def _damage_fix(store_path: Path, generation: str) -> str:
+    """What to do about a damaged version, for a reader's message."""
+    try:
+        working = (store_path / GENERATION_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        working = ""
+    if generation != current(store_path):
+        return "discard it (`ragpipe index discard`) or run the ingest that wrote it again"
+    if working == generation:
+        return "the next `ragpipe ingest` publishes the index again"
+    return (
+        "the next `ragpipe ingest` judges the working version in its place; meanwhile "
+        "`ragpipe index list` and `ragpipe index promote` an older version"
+    )
+
+
 def reader_copy(
     store_path: Path, version: str | None = None
 ) -> tuple[Path, IndexVersion | None] | None:
@@ -593,9 +615,7 @@ def reader_copy(
             if not held or not source.is_dir():
                 continue
             if not intact(source):  # a power cut, a disk: it would open, or half-open
-                fix = ("the next `ragpipe ingest` publishes the index again"
-                       if generation == current(store_path) else
-                       "discard it (`ragpipe index discard`)")  # fmt: skip
+                fix = _damage_fix(store_path, generation)
                 raise StageError(
                     f"index version {generation[:12]} under {base} is damaged (files missing "
                     f"or cut short); {fix}"
