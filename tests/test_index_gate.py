@@ -569,7 +569,7 @@ def test_a_damaged_held_version_is_written_again_and_the_roll_back_target_surviv
     _damage(cfg, live)  # the live version now: the held one is judged against `before`
     with pytest.raises(IndexHeld, match="fell by"):
         run_ingest(cfg, allow_mass_delete=True)
-    with pytest.raises(StageError, match=r"judges the working version in its place"):
+    with pytest.raises(StageError, match=r"puts the working index in its place"):
         _points(cfg)
     index_versions.promote(cfg.store, before)  # roll back: still there
     assert _points(cfg) == first.points_total

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -191,7 +192,13 @@ def test_cache_keys_follow_exactly_the_settings_each_stage_reads(tmp_path: Path)
     assert [n for n, k in keys(cfg).items() if k != after_write[n]] == ["upsert"]
     with_dir = keys(cfg)
     (published_root / "g2").mkdir()
+    assert keys(cfg) == with_dir  # a folder without its version file is no version
+    version = published.IndexVersion("g2", "2026-12-03T00:00:00+00:00", 1, 1, "f")
+    (published_root / "g2" / published.VERSION_FILE).write_text(json.dumps(asdict(version)))
     assert [n for n, k in keys(cfg).items() if k != with_dir[n]] == ["upsert"]
+    whole = keys(cfg)  # and one cut short (its recorded sizes) is none either: upsert again
+    (published_root / "g2" / published.SIZES_FILE).write_text('{"segments/x": 10}')
+    assert [n for n, k in keys(cfg).items() if k != whole[n]] == ["upsert"]
     # Another input, another key; a qdrant server (no generation token) keys no store stage.
     other = StageSummary("previous", "e" * 16, None, plan_id="p" * 32)
     assert cache_key(cfg, STAGE_BY_NAME["chunk"], other) != base["chunk"]

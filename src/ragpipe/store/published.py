@@ -585,8 +585,9 @@ def _damage_fix(store_path: Path, generation: str) -> str:
     if working == generation:
         return "the next `ragpipe ingest` publishes the index again"
     return (
-        "the next `ragpipe ingest` judges the working version in its place; meanwhile "
-        "`ragpipe index list` and `ragpipe index promote` an older version"
+        "the next `ragpipe ingest` puts the working index in its place (with index.gate, "
+        "once judged); meanwhile `ragpipe index list` and `ragpipe index promote` an older "
+        "version"
     )
 
 
