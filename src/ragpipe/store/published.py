@@ -268,14 +268,14 @@ def stage(
                        generation[:12])  # fmt: skip
         return None
     if was_live:  # lost or damaged: the live index again, nothing for a gate to decide
-        old = statuses(store_path).get(generation, {})
         if (root(store_path) / generation).is_dir():
             generation = _renewed(store_path, generation)
         version = _materialize(store_path, generation, points, files, index_fingerprint)
         # What the damaged version replaced stays the one to roll back to.
         promote(store_path, generation,
-                {"gate": "the live version, published again", "previous": old.get("previous")},
-                keep_previous=bool(old.get("keep_previous")))  # fmt: skip
+                {"gate": "the live version, published again",
+                 "previous": recorded.get("previous")},
+                keep_previous=bool(recorded.get("keep_previous")))  # fmt: skip
         return version
     version = _materialize(store_path, generation, points, files, index_fingerprint)
     if not recorded:
