@@ -126,6 +126,25 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     }
 
 
+def test_front_matter_is_metadata_and_its_title_the_heading(
+    converter: Converter, tmp_path: Path
+) -> None:
+    """Docling read a YAML front matter as a rule, an empty heading and a run-on paragraph:
+    '##\\n\\ntitle: My Doc author: Jane' was the first chunk, under no heading."""
+    cases = {
+        "---\ntitle: My Doc\nauthor: Jane\n---\n\nIntro text.\n\n## Part\n\nMore.\n":
+            "# My Doc\n\nIntro text.\n\n## Part\n\nMore.",
+        "---\ntitle: 'Quoted'\n---\n# Own Heading\n\nBody.\n": "# Own Heading\n\nBody.",
+        "+++\ntitle = \"TOML\"\n+++\nBody.\n": "# TOML\n\nBody.",
+        "---\nauthor: Jane\n---\nBody.\n": "Body.",  # no title: no heading made up
+        "---\n\nJust a rule above.\n": "Just a rule above.",  # a rule, not metadata
+    }  # fmt: skip
+    for i, (text, expected) in enumerate(cases.items()):
+        path = tmp_path / f"{i}.md"
+        path.write_text(text, encoding="utf-8")
+        assert converter.convert(_source(path, "markdown"), "fp").markdown == expected, text
+
+
 def test_a_utf16_text_file_is_read_and_a_utf16_markdown_file_refused(
     converter: Converter, tmp_path: Path
 ) -> None:

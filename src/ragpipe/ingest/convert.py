@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import io
 import logging
 import os
 import re
@@ -319,7 +320,18 @@ class Converter:
             )
         elif kind in ZIPPED and not head.startswith(b"PK"):
             raise InputError("corrupt", f"not a {kind.upper()} file: the zip header is missing")
-        result = _run_docling(self._simple_converter().convert, path)
+        source: Any = path
+        if kind == "markdown" and (matter := front_matter(text)) is not None:
+            # Docling read the block as a rule, an empty heading and a run-on paragraph
+            # ("##\n\ntitle: My Doc author: Jane"): it is the document's metadata, and its
+            # title the document's heading when the text starts with none.
+            from docling.datamodel.base_models import DocumentStream
+
+            title, body = matter
+            if title and not body.lstrip().startswith("#"):
+                body = f"# {title}\n\n{body}"
+            source = DocumentStream(name=path.name, stream=io.BytesIO(body.encode("utf-8")))
+        result = _run_docling(self._simple_converter().convert, source, path)
         return f"docling-simple-{kind}", result.document.export_to_markdown(**UNESCAPED), None
 
 
@@ -388,12 +400,30 @@ def _no_text_reason(kind: str, converter: str) -> str:
     )
 
 
-def _run_docling(convert: Callable[..., Any], path: Path) -> Any:
+_FRONT_MATTER = re.compile(
+    r"\A(?:---|\+\+\+)[ \t]*\n(.*?)\n(?:---|\+\+\+|\.\.\.)[ \t]*(?:\n|\Z)", re.S
+)
+_TITLE = re.compile(r"""^title\s*[:=]\s*["']?(.+?)["']?\s*$""", re.M | re.I)
+
+
+def front_matter(text: str) -> tuple[str | None, str] | None:
+    """A Markdown file's YAML (``---``) or TOML (``+++``) front matter: its title (if it
+    has one) and the text after it; None when the file has none."""
+    found = _FRONT_MATTER.match(text.lstrip("\ufeff"))
+    if found is None or (":" not in found[1] and "=" not in found[1]):
+        return None  # a thematic break, not metadata
+    title = _TITLE.search(found[1])
+    return (title[1].strip() if title else None), text.lstrip("\ufeff")[found.end() :]
+
+
+def _run_docling(convert: Callable[..., Any], source: Any, path: Path | None = None) -> Any:
+    """Docling's conversion of ``source`` (a path, or a stream of ``path``'s text)."""
     from docling.datamodel.base_models import ConversionStatus
     from docling.exceptions import ConversionError
 
+    path = source if path is None else path
     try:
-        result = convert(path, raises_on_error=False)
+        result = convert(source, raises_on_error=False)
     except ConversionError as exc:
         raise _classify(path, str(exc)) from exc
     except (OSError, RuntimeError, ValueError) as exc:
