@@ -138,6 +138,13 @@ def test_front_matter_is_metadata_and_its_title_the_heading(
         "+++\ntitle = \"TOML\"\n+++\nBody.\n": "# TOML\n\nBody.",
         "---\nauthor: Jane\n---\nBody.\n": "Body.",  # no title: no heading made up
         "---\n\nJust a rule above.\n": "Just a rule above.",  # a rule, not metadata
+        # The last review: a rule, prose, another rule further down was taken for front
+        # matter, and the intro and a whole section went.
+        "---\n\nIntro: the plan.\n\n## Budget\n\nMoney.\n\n---\n\nAppendix.\n":
+            "Intro: the plan.\n\n## Budget\n\nMoney.\n\nAppendix.",  # as Docling reads it
+        "---\nThe ratio a=b holds\n---\nBody\n": "## The ratio a=b holds\n\nBody",  # setext
+        "---\ntitle:\nauthor: Jane\n---\nBody.\n": "Body.",  # an empty title: none
+        "---\ntitle: >\n  Folded title\n---\nBody.\n": "# Folded title\n\nBody.",
     }  # fmt: skip
     for i, (text, expected) in enumerate(cases.items()):
         path = tmp_path / f"{i}.md"

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ragpipe import checkpoint
 from ragpipe.config import ConvertConfig, PdfMode, RagpipeConfig, fingerprint
-from ragpipe.errors import InputError, StageError
+from ragpipe.errors import ConfigError, InputError, StageError
 from ragpipe.ingest import runner
 from ragpipe.ingest.isolate import IsolatedConverter
 from ragpipe.ingest.pdf_structure import Line, lines_to_markdown
@@ -400,20 +400,43 @@ def _no_text_reason(kind: str, converter: str) -> str:
     )
 
 
+# The opening fence, the block up to its own closer (YAML's --- or ..., TOML's +++).
 _FRONT_MATTER = re.compile(
-    r"\A(?:---|\+\+\+)[ \t]*\n(.*?)\n(?:---|\+\+\+|\.\.\.)[ \t]*(?:\n|\Z)", re.S
+    r"\A(?:---[ \t]*\n(?P<yaml>.*?)\n(?:---|\.\.\.)|\+\+\+[ \t]*\n(?P<toml>.*?)\n\+\+\+)"
+    r"[ \t]*(?:\n|\Z)",
+    re.S,
 )
-_TITLE = re.compile(r"""^title\s*[:=]\s*["']?(.+?)["']?\s*$""", re.M | re.I)
+# Each line of a front matter block not indented under another: a key and its value.
+_KEY_LINE = re.compile(r"^(?:[A-Za-z_][\w.-]*[ \t]*[:=]|#|-[ \t])")
 
 
 def front_matter(text: str) -> tuple[str | None, str] | None:
     """A Markdown file's YAML (``---``) or TOML (``+++``) front matter: its title (if it
-    has one) and the text after it; None when the file has none."""
-    found = _FRONT_MATTER.match(text.lstrip("\ufeff"))
-    if found is None or (":" not in found[1] and "=" not in found[1]):
-        return None  # a thematic break, not metadata
-    title = _TITLE.search(found[1])
-    return (title[1].strip() if title else None), text.lstrip("\ufeff")[found.end() :]
+    has one as text) and the text after it; None when the file has none. Only a block of
+    keys that parses as a mapping counts: a document that opens with a ``---`` rule (and
+    has another further down) is text, all of it."""
+    text = text.lstrip("\ufeff")
+    found = _FRONT_MATTER.match(text)
+    if found is None:
+        return None
+    block = found["yaml"] if found["yaml"] is not None else found["toml"]
+    lines = [ln for ln in block.split("\n") if ln.strip() and not ln[0].isspace()]
+    if not lines or not all(_KEY_LINE.match(ln) for ln in lines):
+        return None  # a rule and prose ("Intro: the plan.", "## Budget"), not metadata
+    import tomllib
+
+    from ragpipe import yamlio
+
+    try:  # yamlio: no alias bomb expands past its limit
+        data = (yamlio.load(block, "front matter", yamlio.CONFIG_LIMIT)
+                if found["yaml"] is not None else tomllib.loads(block))  # fmt: skip
+    except (ConfigError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    title = data.get("title")
+    title = " ".join(title.split()) if isinstance(title, str) and title.strip() else None
+    return title, text[found.end() :]
 
 
 def _run_docling(convert: Callable[..., Any], source: Any, path: Path | None = None) -> Any:
