@@ -92,10 +92,10 @@ def decide(config: RagpipeConfig) -> Decision | None:
     against, keep = live, {"previous": live}
     if broken:  # the live copy cannot be read: compare with the version it replaced
         replaced = records.get(live or "", {})
-        keep = {"previous": replaced.get("previous")}  # still the one to roll back to
-        against = keep["previous"] if replaced.get("keep_previous") else None
+        against = replaced.get("previous") if replaced.get("keep_previous") else None
         if against is not None and versions.damaged(config.store, against):
             against = None
+        keep = {"previous": against}  # only a version kept and whole is one to roll back to
         logger.warning("index gate: the live version %s is damaged: version %s is judged "
                        "against %s", (live or "")[:12], generation[:12],
                        against[:12] if against else "nothing (as a first version)")  # fmt: skip
