@@ -77,3 +77,26 @@ def test_a_line_that_starts_with_a_minus_or_an_option_is_no_list_item() -> None:
         "--no-site-file together.\n\n"
         "- a dash and a space is still a bullet\n"
     )
+
+
+def test_a_numbered_list_item_keeps_its_number() -> None:
+    """Every list item became "- text": "1. Install R" and "(b) Restart" lost the numbers
+    that the steps' text refers to ("repeat step 2")."""
+    lines = [
+        _line(1, 100, "To install, follow these steps:"),
+        _line(1, 114, "1. Download the installer from a mirror.", x1=300),
+        _line(1, 128, "2) Run it and accept the defaults.", x1=300),
+        _line(1, 142, "(b) Restart, then repeat step 2.", x1=300),
+        _line(1, 156, "c. Check the version.", x1=300),
+        _line(1, 170, "• A symbol bullet is a plain item.", x1=300),
+    ]
+    markdown, _ = lines_to_markdown(lines)
+    assert markdown == (
+        "<!-- ragpipe:page 1 -->\n\n"
+        "To install, follow these steps:\n\n"
+        "1. Download the installer from a mirror.\n\n"
+        "2) Run it and accept the defaults.\n\n"
+        "- (b) Restart, then repeat step 2.\n\n"
+        "- c. Check the version.\n\n"
+        "- A symbol bullet is a plain item.\n"
+    )

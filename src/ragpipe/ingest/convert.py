@@ -56,7 +56,9 @@ logger = logging.getLogger(__name__)
 # quoted (every output format escapes for its own syntax).
 UNESCAPED: dict[str, bool] = {"escape_html": False, "escape_underscores": False}
 # Bump when conversion output changes for the same input and config.
-CONVERT_VERSION = "3"  # 2: text stored unescaped (no &lt; or \\_ from Docling). 3: "-40" no bullet
+# 2: text stored unescaped (no &lt; or \\_ from Docling). 3: "-40" no bullet.
+# 4: a numbered list item keeps its number ("1. Install", "- (a) Install").
+CONVERT_VERSION = "4"
 DOC_NAMESPACE = uuid.UUID("6f1c3f0e-8a57-4c1e-9f53-2b4f5d7a9c11")
 
 CONVERTER_FAST = "docling-native-pdf+ragpipe-structure"

@@ -73,9 +73,27 @@ _NUMBERING_RE = re.compile(
 _BULLET_RE = re.compile(
     r"^(?:[•●◦▪▫■□‣⁃∙·∞\uf0b7\uf0a7]\s*|[\-–—*]\s+|\(?\d{1,3}[.)]\s+|\(?[a-z][.)]\s+)"
 )
+_ORDERED_RE = re.compile(r"\d{1,3}[.)]")
 _SENTENCE_END_RE = re.compile(r"[.!?:;)\"'”’]$")
 _DOT_LEADER_RE = re.compile(r"(?:\.\s*){4,}\S*$")
 _MARGIN_BAND = 0.09
+
+
+def _list_item(text: str) -> str:
+    """A list item in Markdown: a symbol bullet becomes "- ", a number keeps its place.
+
+    "1." and "2)" are Markdown's own ordered markers; "(a)", "b)" and "(3)" are kept as
+    written after a "- ", so a step's number or letter, which the text may refer to, stays.
+    """
+    match = _BULLET_RE.match(text)
+    if match is None:
+        return f"- {text}"
+    marker, rest = match.group().strip(), text[match.end() :]
+    if _ORDERED_RE.fullmatch(marker):
+        return f"{marker} {rest}"
+    if marker[0].isalnum() or marker[0] == "(":
+        return f"- {marker} {rest}"
+    return f"- {rest}"
 
 
 def is_bold(font: str) -> bool:
@@ -296,7 +314,7 @@ def lines_to_markdown(
             text = current[0]
             for nxt in current[1:]:
                 text = _join(text, nxt)
-            blocks.append(f"- {_BULLET_RE.sub('', text, count=1)}" if kind == "list" else text)
+            blocks.append(_list_item(text) if kind == "list" else text)
             stats["paragraphs"] += 1
         current, kind = [], ""
 
