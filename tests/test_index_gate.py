@@ -542,6 +542,29 @@ def test_a_changed_corpus_over_a_damaged_live_version_is_judged_as_a_first_versi
     assert _points(cfg) == first.points_total + again.chunks_written - again.chunks_deleted
 
 
+def test_a_live_version_whose_folder_is_gone_is_damaged_not_a_crash(tmp_path: Path) -> None:
+    """A live version's folder removed by hand (or lost to a disk): readers said the
+    versions "changed five times while opening one; try again", and the gate judged the
+    next version against it and failed with "no index versions match" every night."""
+    import shutil
+
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    cfg = _config(corpus, tmp_path)
+    first = run_ingest(cfg)
+    live = index_versions.current(cfg.store)
+    assert live is not None
+    shutil.rmtree(published.root(cfg.store.path) / live)
+    assert index_versions.damaged(cfg.store, live)
+    with pytest.raises(StageError, match=r"is damaged \(its folder is gone\); the next `ragpi"):
+        _points(cfg)
+    (corpus / "extra.txt").write_text("The knitting circle meets on Tuesdays.\n", "utf-8")
+    again = run_ingest(cfg)
+    assert again.gate["outcome"] == "promoted"
+    assert again.gate["verdict"]["golden"][0]["live"] is None  # judged as a first version
+    assert index_versions.current(cfg.store) == again.gate["generation"] != live
+    assert _points(cfg) == first.points_total + again.chunks_written - again.chunks_deleted
+
+
 def test_a_damaged_held_version_is_written_again_and_the_roll_back_target_survives(
     tmp_path: Path,
 ) -> None:

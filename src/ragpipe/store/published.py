@@ -602,6 +602,7 @@ def reader_copy(
     """
     base = root(store_path)
     for _ in range(5):  # a publish may replace CURRENT between reading it and locking
+        lost = False
         generation = version or current(store_path)
         if generation is None:
             return None
@@ -613,13 +614,15 @@ def reader_copy(
             source = base / generation
             if version is not None and not source.is_dir():
                 raise StageError(f"no index version {version} under {base}")
-            if not held or not source.is_dir():
+            if not source.is_dir() and version is None and current(store_path) == generation:
+                lost = True  # still live after the lock: gone, not replaced a moment ago
+            elif not held or not source.is_dir():
                 continue
-            if not intact(source):  # a power cut, a disk: it would open, or half-open
+            if lost or not intact(source):  # a power cut, a disk: it would open, or half-open
                 fix = _damage_fix(store_path, generation)
+                what = "its folder is gone" if lost else "files missing or cut short"
                 raise StageError(
-                    f"index version {generation[:12]} under {base} is damaged (files missing "
-                    f"or cut short); {fix}"
+                    f"index version {generation[:12]} under {base} is damaged ({what}); {fix}"
                 )
             readers = base / READERS
             readers.mkdir(exist_ok=True)

@@ -37,12 +37,11 @@ def current(config: StoreConfig) -> str | None:
 
 
 def damaged(config: StoreConfig, generation: str | None) -> bool:
-    """Whether an Edge version's files are missing or cut short (``published.intact``);
-    a Qdrant server's collections are the server's to keep whole."""
+    """Whether an Edge version's files are missing or cut short (``published.intact``), or
+    its folder is gone; a Qdrant server's collections are the server's to keep whole."""
     if generation is None or not _edge(config):
         return False
-    folder = published.root(config.path) / generation
-    return folder.is_dir() and not published.intact(folder)
+    return not published.intact(published.root(config.path) / generation)
 
 
 def statuses(config: StoreConfig) -> dict[str, dict[str, Any]]:
