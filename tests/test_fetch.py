@@ -574,3 +574,116 @@ def _timeless(points: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         pid: {k: v for k, v in p.items() if k not in ("ingested_at", "fetched_at")}
         for pid, p in points.items()
     }
+
+
+# -- found by attack (a review of the fetcher against hostile sites) --------------------
+
+
+def test_an_empty_disallow_ends_a_group_and_versioned_agent_names_match() -> None:
+    """ "User-agent: ragpipe / Disallow: (nothing)" then "User-agent: * / Disallow: /" (the
+    classic "only this bot may crawl") merged into one group: ragpipe was refused every
+    page, and the next run removed them all from the index."""
+    only_us = "User-agent: ragpipe\nDisallow:\n\nUser-agent: *\nDisallow: /\n"
+    assert RobotsRules.parse(only_us, UA).allowed("https://x.org/docs/page")
+    assert not RobotsRules.parse(only_us, "otherbot/2").allowed("https://x.org/docs/page")
+    odd_delay = "User-agent: ragpipe\nCrawl-delay: soon\n\nUser-agent: *\nDisallow: /\n"
+    assert RobotsRules.parse(odd_delay, UA).allowed("https://x.org/a")
+    versioned = "User-agent: RagPipe/1.0\nDisallow: /drafts/\n\nUser-agent: *\nDisallow: /\n"
+    rules = RobotsRules.parse(versioned, UA)
+    assert rules.allowed("https://x.org/a") and not rules.allowed("https://x.org/drafts/b")
+
+
+def test_robots_txt_past_the_cap_is_read_to_it_and_redirect_trouble_is_no_robots_txt() -> None:
+    """A robots.txt over 512 KiB was "unreachable" (so the site was never crawled, blamed on
+    a fetch.max_bytes the user never set); one that redirected to another host, or in a
+    loop, was too. RFC 9309: parse at least 500 KiB; follow redirects across hosts; past
+    five, take robots.txt as unavailable (as a 4xx)."""
+    padding = b"# " + b"x" * 98 + b"\n"
+    big = b"User-agent: *\nDisallow: /private/\n" + padding * 6_000 + b"Disallow: /late/\n"
+    routes = {
+        "/robots.txt": Route(big, "text/plain"),
+        "/late/a": Route(b"a", "text/plain"),
+        "/private/a": Route(b"p", "text/plain"),
+    }
+    with web_site(routes) as site, Fetcher(FetchConfig(), listed_hosts=LOOPBACK) as fetcher:
+        assert fetcher.get(f"{site.url}/late/a").body == b"a"  # past the cap: unread
+        with pytest.raises(Disallowed):
+            fetcher.get(f"{site.url}/private/a")
+    with web_site({"/robots.txt": ROBOTS}) as other:
+        port = other.url.rsplit(":", 1)[1]
+        routes = {
+            "/robots.txt": Route(status=301, location=f"http://localhost:{port}/robots.txt"),
+            "/private/a": Route(b"p", "text/plain"),
+        }
+        with (
+            web_site(routes) as site,
+            Fetcher(FetchConfig(), listed_hosts=(*LOOPBACK, "localhost")) as fetcher,
+            pytest.raises(Disallowed),  # the other host's robots.txt applies
+        ):
+            fetcher.get(f"{site.url}/private/a")
+    loop = {
+        "/robots.txt": Route(status=302, location="/robots2.txt"),
+        "/robots2.txt": Route(status=302, location="/robots.txt"),
+        "/page": Route(b"page", "text/plain"),
+    }
+    with web_site(loop) as site, Fetcher(FetchConfig(), listed_hosts=LOOPBACK) as fetcher:
+        assert fetcher.get(f"{site.url}/page").body == b"page"
+
+
+def test_a_compressed_body_cut_short_is_corrupt_and_raw_deflate_is_read() -> None:
+    import zlib
+
+    page = b"<html><body>" + b"".join(b"<p>paragraph %d</p>" % i for i in range(2000)) + b"</body>"
+    cut = gzip.compress(page)[: len(gzip.compress(page)) // 3]
+    raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    deflated = raw.compress(page) + raw.flush()
+    routes = {
+        "/cut": Route(cut, headers={"Content-Encoding": "gzip"}),
+        "/cut-closed": Route(cut, headers={"Content-Encoding": "gzip"}, send_length=False),
+        "/raw": Route(deflated, headers={"Content-Encoding": "deflate"}),
+        "/zlib": Route(zlib.compress(page), headers={"Content-Encoding": "deflate"}),
+    }
+    with web_site(routes) as site, Fetcher(FetchConfig(), listed_hosts=LOOPBACK) as fetcher:
+        for path in ("/cut", "/cut-closed"):  # before: a third of the page, stored as new
+            with pytest.raises(FetchError) as err:
+                fetcher.get(f"{site.url}{path}")
+            assert err.value.category == "corrupt" and "cut short" in str(err.value)
+        assert fetcher.get(f"{site.url}/raw").body == page  # before: "incorrect header check"
+        assert fetcher.get(f"{site.url}/zlib").body == page
+
+
+def test_sitemap_urls_keep_their_query_and_a_bom_list_is_read() -> None:
+    """html.unescape after the XML parser read "&section=2" as "§ion=2" (HTML's legacy
+    entities need no ";"): the page was never fetched."""
+    urlset = (
+        f"<urlset {NS}><url><loc>https://x.org/view?id=1&amp;section=2&amp;region=eu</loc></url>"
+        "<url><loc>https://x.org/twice?a=1&amp;amp;b=2</loc></url></urlset>"
+    )
+    assert parse_sitemap(urlset.encode(), 10_000)[0] == [
+        "https://x.org/view?id=1&section=2&region=eu",
+        "https://x.org/twice?a=1&b=2",  # escaped twice by the site: mended
+    ]
+    assert parse_sitemap(b"\xef\xbb\xbfhttps://x.org/a\nhttps://x.org/b\n", 1000)[0] == [
+        "https://x.org/a",
+        "https://x.org/b",
+    ]
+
+
+def test_a_utf8_page_with_a_stale_meta_charset_is_stored_as_read(tmp_path: Path) -> None:
+    """The HTTP charset decoded the page, but the stored copy kept its own
+    <meta charset="windows-1252">, which Docling obeyed: "CafÃ© MÃ¼ller" in every chunk."""
+    from ragpipe.config import ConvertConfig
+    from ragpipe.ingest.convert import Converter
+    from ragpipe.schemas import SourceFile
+    from ragpipe.web.pages import _stored_body
+
+    body = (
+        '<html><head><meta charset="windows-1252"><title>Café Müller</title></head>'
+        "<body><h1>Café Müller</h1><p>Das Café Müller öffnet um acht Uhr.</p></body></html>"
+    ).encode()
+    path, title = _stored_body(tmp_path, body, "https://x.org/cafe", "ab" * 32, "html", "utf-8")
+    assert title == "Café Müller"
+    source = SourceFile("https://x.org/cafe", str(path), "https://x.org", "html",
+                        path.stat().st_size, "ab" * 32)  # fmt: skip
+    doc = Converter(ConvertConfig()).convert(source, "fp")
+    assert "Das Café Müller öffnet um acht Uhr." in doc.markdown and "Ã" not in doc.markdown

@@ -844,6 +844,14 @@ def test_numbers_past_any_sense_are_one_line_and_exit_2(monkeypatch: pytest.Monk
     monkeypatch.setenv("RAGPIPE_RETRIEVE__TOP_K", huge)
     result = CliRunner().invoke(app, ["search", "x"])
     assert result.exit_code == 2 and "less than or equal to 10000" in result.output
+    monkeypatch.delenv("RAGPIPE_RETRIEVE__TOP_K")
+    # An infinite or astronomic wait was accepted, then crashed the fetcher's socket layer
+    # (OverflowError) or its watchdog thread.
+    for value, said in (("inf", "finite number"), ("1e300", "less than or equal to 604800")):
+        monkeypatch.setenv("RAGPIPE_FETCH__TIMEOUT_S", value)
+        result = CliRunner().invoke(app, ["search", "x"])
+        assert result.exit_code == 2 and "fetch.timeout_s" in result.output, result.output
+        assert said in result.output, result.output
 
 
 def test_a_newline_in_a_file_name_cannot_fake_a_result_line() -> None:

@@ -54,8 +54,13 @@ TEXT_EXTENSIONS_DEFAULT = [
 ]  # fmt: skip
 
 
+# The longest wait a setting in seconds may ask for (a week): past it a number is a slip,
+# and 1e300 overflowed the socket layer.
+MAX_SECONDS = 7 * 24 * 3600.0
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _a_path(value: Any) -> Any:
@@ -334,6 +339,7 @@ class FetchConfig(_Section):
     timeout_s: float = Field(
         default=10.0,
         gt=0,
+        le=MAX_SECONDS,
         description="Seconds one request may take in all (connect, headers and body); a slower "
         "page gets a 'timeout' failure row.",
     )
@@ -355,10 +361,13 @@ class FetchConfig(_Section):
     delay_s: float = Field(
         default=0.0,
         ge=0,
+        le=MAX_SECONDS,
         description="Seconds between two requests to the same host. A robots.txt Crawl-delay "
         "raises it (up to max_delay_s).",
     )
-    max_delay_s: float = Field(default=30.0, ge=0, description="Cap on a robots.txt Crawl-delay.")
+    max_delay_s: float = Field(
+        default=30.0, ge=0, le=MAX_SECONDS, description="Cap on a robots.txt Crawl-delay."
+    )
     cross_host_redirects: bool = Field(
         default=False,
         description="Follow a redirect to another host (www. aside). Off: such a redirect is a "
@@ -407,6 +416,7 @@ class ObjectStorageConfig(_Section):
     timeout_s: float = Field(
         default=30.0,
         gt=0,
+        le=MAX_SECONDS,
         description="Seconds to connect and, separately, to wait for each read (s3).",
     )
     retries: int = Field(
@@ -503,6 +513,7 @@ class ConvertConfig(_Section):
     timeout_s: float = Field(
         default=600.0,
         ge=0,
+        le=MAX_SECONDS,
         description="Wall-clock budget per document: documents are converted in a child "
         "process, and one that takes longer (or kills the converter) is a failure row "
         "(timeout, crashed) while the batch goes on. A hung conversion otherwise held the "
@@ -760,7 +771,10 @@ class EmbedConfig(_Section):
         "shortened to fit it; text-embedding-3 takes 8191, many local servers 512).",
     )
     timeout_s: float = Field(
-        default=60.0, gt=0, description="Seconds per server request (ollama, openai)."
+        default=60.0,
+        gt=0,
+        le=MAX_SECONDS,
+        description="Seconds per server request (ollama, openai).",
     )
     retries: int = Field(
         default=3,
@@ -944,6 +958,7 @@ class IndexConfig(_Section):
     lock_timeout_s: float = Field(
         default=0.0,
         ge=0,
+        le=MAX_SECONDS,
         description="A second ingest against the same index waits this long for the first to "
         "finish, then refuses (exit 2). 0 refuses at once. A run of a Prefect deployment "
         "queues for the index's writer slot instead.",
@@ -1255,7 +1270,9 @@ class LLMConfig(_Section):
         "the configuration is loaded (needs the Prefect API the flows use); api_key, if set, "
         "wins.",
     )
-    timeout_s: float = Field(default=120.0, gt=0, description="Seconds per request.")
+    timeout_s: float = Field(
+        default=120.0, gt=0, le=MAX_SECONDS, description="Seconds per request."
+    )
     retries: int = Field(
         default=2,
         ge=0,
@@ -1380,7 +1397,10 @@ class EvalConfig(_Section):
         "judge with a stronger model than the one answering.",
     )
     judge_timeout_s: float = Field(
-        default=300.0, gt=0, description="Seconds per judged metric before it counts as failed."
+        default=300.0,
+        gt=0,
+        le=MAX_SECONDS,
+        description="Seconds per judged metric before it counts as failed.",
     )
     judge_max_tokens: int = Field(
         default=1536,
@@ -1576,6 +1596,7 @@ class ServeConfig(_Section):
     body_timeout_s: float = Field(
         default=10.0,
         gt=0,
+        le=MAX_SECONDS,
         description="Seconds a client has to send its whole request body (408 after).",
     )
     max_queued_answers: int = Field(

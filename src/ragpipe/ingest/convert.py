@@ -57,7 +57,8 @@ logger = logging.getLogger(__name__)
 UNESCAPED: dict[str, bool] = {"escape_html": False, "escape_underscores": False}
 # Bump when conversion output changes for the same input and config.
 # 2: text stored unescaped (no &lt; or \\_ from Docling). 3: "-40" no bullet.
-# 4: a numbered list item keeps its number ("1. Install", "- (a) Install").
+# 4: a numbered list item keeps its number ("1. Install", "- (a) Install"); a web page's
+#    stored HTML always declares UTF-8 (a page's stale <meta charset> misread it).
 CONVERT_VERSION = "4"
 DOC_NAMESPACE = uuid.UUID("6f1c3f0e-8a57-4c1e-9f53-2b4f5d7a9c11")
 

@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 ROBOTS_MAX_BYTES = 512 * 1024  # RFC 9309: parse at least 500 KiB
 _REDIRECTS = {301, 302, 303, 307, 308}
+# What makes a robots.txt unavailable (as a 4xx), not unreachable (as a 5xx).
+_ROBOTS_UNAVAILABLE = {"too_many_redirects", "bad_redirect", "private_address"}
 
 
 class FetchError(Exception):
@@ -156,6 +158,11 @@ class _Watchdog:
             self._expire()
 
 
+def _zlib_or_gzip(head: bytes) -> bool:
+    """Whether ``head`` opens a gzip stream or a zlib one (method 8, header check)."""
+    return head[:2] == b"\x1f\x8b" or (head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0)
+
+
 class _Decoder:
     """Content-Encoding undone in steps that never produce more than the room left."""
 
@@ -171,12 +178,19 @@ class _Decoder:
             codings[0] if codings else "", 32 + zlib.MAX_WBITS
         )
         self._zlib = zlib.decompressobj(wbits) if codings else None
+        self._deflate = codings == ["deflate"]
+        self._fed = False
 
     def feed(self, data: bytes, room: int) -> bytes:
         """``data`` decoded, stopping once the output is larger than ``room``: memory stays
         bounded by the cap, whatever the compression ratio."""
         if self._zlib is None:
             return data
+        if not self._fed and self._deflate and len(data) >= 2 and not _zlib_or_gzip(data):
+            # "deflate" sent raw, without its zlib header, as some servers do (browsers
+            # read it too)
+            self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
+        self._fed = True
         out = bytearray()
         try:
             while True:  # the limit is never 0 (which zlib reads as "no limit")
@@ -186,6 +200,14 @@ class _Decoder:
                     return bytes(out)
         except zlib.error as exc:
             raise FetchError("corrupt", f"undecodable response body: {exc}") from exc
+
+    def finish(self) -> None:
+        """Raises ``corrupt`` when the compressed stream stopped before its end: a body
+        cut short (a dropped connection with no length to miss) is not a whole page."""
+        if self._zlib is not None and self._fed and not self._zlib.eof:
+            raise FetchError(
+                "corrupt", "the compressed response body ended before its end (cut short)"
+            )
 
 
 def site_host(url: str) -> str:
@@ -268,8 +290,14 @@ class Fetcher:
     def _load_robots(self, origin: str) -> RobotsRules | FetchError:
         robots_url = f"{origin}/robots.txt"
         try:
-            response = self._follow(robots_url, {}, check_robots=False, cap=ROBOTS_MAX_BYTES)
-        except (FetchError, Disallowed) as exc:
+            response = self._follow(robots_url, {}, check_robots=False, cap=ROBOTS_MAX_BYTES,
+                                    robots=True)  # fmt: skip
+        except FetchError as exc:
+            if exc.category in _ROBOTS_UNAVAILABLE:
+                # RFC 9309 2.3.1.2: past five redirects a crawler may take robots.txt as
+                # unavailable, which is as a 4xx: no rule applies
+                logger.warning("%s: %s; read as no robots.txt", robots_url, exc)
+                return RobotsRules.allow_all()
             return FetchError(
                 "robots_unreachable",
                 f"{robots_url} could not be read ({exc}); RFC 9309 forbids crawling the site "
@@ -283,7 +311,10 @@ class Fetcher:
             )
         if response.status != 200:  # 4xx (no robots.txt): nothing is disallowed
             return RobotsRules.allow_all()
-        text = response.body.decode("utf-8", errors="replace")
+        body = response.body
+        if len(body) >= ROBOTS_MAX_BYTES:  # read this far (RFC 9309): its last line is cut
+            body = body[: body.rfind(b"\n") + 1]
+        text = body.decode("utf-8", errors="replace")
         return RobotsRules.parse(text, self.config.user_agent)
 
     def _check_robots(self, url: str) -> None:
@@ -345,7 +376,12 @@ class Fetcher:
         """
         return self._follow(url, headers or {}, check_robots=True, cap=self.config.max_bytes)
 
-    def _follow(self, url: str, headers: dict[str, str], check_robots: bool, cap: int) -> Response:
+    def _follow(
+        self, url: str, headers: dict[str, str], check_robots: bool, cap: int, robots: bool = False
+    ) -> Response:
+        """GET ``url`` and its redirects. ``robots``: the fetch of a robots.txt, which
+        follows redirects to any host (RFC 9309) and reads up to ``cap`` bytes of a longer
+        file instead of refusing it."""
         current = url
         for _ in range(self.config.max_redirects + 1):
             problem = url_problem(current)
@@ -354,13 +390,14 @@ class Fetcher:
             self._refuse_private(current)  # before its robots.txt is asked for, too
             if check_robots:
                 self._check_robots(current)
-            status, response_headers, body = self._request(current, headers, cap)
+            status, response_headers, body = self._request(current, headers, cap, robots)
             if status in _REDIRECTS and "location" in response_headers:
                 target = urljoin(current, response_headers["location"])
                 problem = url_problem(target)  # a bad port would break normalise_url
                 if problem:
                     raise FetchError("bad_redirect", f"redirected to {target!r}, which {problem}")
-                if not self.config.cross_host_redirects and not same_site(current, target):
+                cross = not same_site(current, target)
+                if cross and not (robots or self.config.cross_host_redirects):
                     raise FetchError(
                         "cross_host_redirect",
                         f"redirected from {urlsplit(current).hostname} to {target}; "
@@ -377,8 +414,10 @@ class Fetcher:
         )
 
     def _request(
-        self, url: str, headers: dict[str, str], cap: int
+        self, url: str, headers: dict[str, str], cap: int, truncate: bool = False
     ) -> tuple[int, httpx.Headers, bytes]:
+        """One GET. Past ``cap`` bytes: ``too_large``, or with ``truncate`` the first
+        ``cap`` bytes (a robots.txt, of which RFC 9309 asks for at least 500 KiB)."""
         self._refuse_private(url)
         self._wait_turn(url)
         self.requests += 1
@@ -390,7 +429,12 @@ class Fetcher:
             with self._client.stream("GET", url, headers=headers) as response:
                 headers_in = True
                 length = response.headers.get("content-length", "")
-                if length.isdigit() and int(length) > cap and response.status_code == 200:
+                if (
+                    length.isdigit()
+                    and int(length) > cap
+                    and response.status_code == 200
+                    and not truncate
+                ):
                     raise FetchError(
                         "too_large",
                         f"Content-Length {length} bytes exceeds fetch.max_bytes={cap}",
@@ -400,6 +444,9 @@ class Fetcher:
                     decoder = _Decoder(response.headers.get("content-encoding", ""))
                     for raw in response.iter_raw():
                         body += decoder.feed(raw, cap - len(body))
+                        if len(body) > cap and truncate:
+                            del body[cap:]
+                            break
                         if len(body) > cap:
                             raise FetchError(
                                 "too_large",
@@ -411,6 +458,8 @@ class Fetcher:
                                 "timeout",
                                 f"body not complete within fetch.timeout_s={timeout:g}s",
                             )
+                    else:
+                        decoder.finish()
                 return response.status_code, response.headers, bytes(body)
         except (httpx.TransportError, httpx.StreamError) as exc:
             if self._watchdog.disarm():

@@ -175,10 +175,12 @@ def _stored_body(
     if kind == "pdf":
         atomic_write_bytes(path, body)
         return path, page_title(kind, None, body)
-    text, encoding = _decode_text(body, charset, kind)
+    text, _ = _decode_text(body, charset, kind)
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if kind == "html" and encoding.replace("-", "") not in ("utf8", "ascii", "utf8sig"):
-        # The bytes become UTF-8; a leading declaration outranks the page's own.
+    if kind == "html":
+        # The bytes become UTF-8; a leading declaration outranks the page's own, which
+        # may name another charset than the HTTP header that decoded it (a stale
+        # <meta charset="windows-1252"> on a UTF-8 page gave "CafÃ©" in every chunk).
         text = '<meta charset="utf-8">\n' + text
     atomic_write_bytes(path, text.encode("utf-8"))
     return path, page_title(kind, text, body)

@@ -36,6 +36,7 @@ class _Group:
     agents: list[str] = field(default_factory=list)
     rules: list[Rule] = field(default_factory=list)
     crawl_delay: float | None = None
+    closed: bool = False  # a rule line came: the next user-agent line starts a new group
 
 
 def pattern_matches(pattern: str, path: str) -> bool:
@@ -94,17 +95,21 @@ class RobotsRules:
             key, _, value = line.partition(":")
             key, value = key.strip().lower(), value.strip()
             if key == "user-agent":
-                if current is None or current.rules or current.crawl_delay is not None:
+                if current is None or current.closed:
                     current = _Group()
                     groups.append(current)
-                current.agents.append(value.lower())
-            elif key in ("allow", "disallow"):
-                if current is not None and value:
-                    current.rules.append(Rule(key == "allow", _normalise(value)))
-            elif key == "crawl-delay":
-                if current is not None:
-                    with contextlib.suppress(ValueError):
-                        current.crawl_delay = max(0.0, float(value))
+                current.agents.append(product_token(value))  # "RagPipe/1.0": ragpipe
+            elif key in ("allow", "disallow", "crawl-delay") and current is not None:
+                # Any rule line ends the group's user-agent lines, an empty "Disallow:"
+                # too (RFC 9309): else "User-agent: ragpipe / Disallow: / User-agent: * /
+                # Disallow: /" gave ragpipe the "*" group's Disallow.
+                current.closed = True
+                if key != "crawl-delay":
+                    if value:
+                        current.rules.append(Rule(key == "allow", _normalise(value)))
+                    continue
+                with contextlib.suppress(ValueError):
+                    current.crawl_delay = max(0.0, float(value))
             elif key == "sitemap" and value:
                 sitemaps.append(value)
         mine = [g for g in groups if token in g.agents]

@@ -7,7 +7,6 @@ last time, so a sitemap outage never empties the index.
 from __future__ import annotations
 
 import gzip
-import html
 import io
 import logging
 import re
@@ -47,7 +46,7 @@ def parse_sitemap(body: bytes, cap: int) -> tuple[list[str], list[str]]:
             raise FetchError("too_large", f"sitemap unpacks to more than {cap} bytes")
     text = body.lstrip(b"\xef\xbb\xbf \t\r\n")
     if not text.startswith(b"<"):
-        lines = body.decode("utf-8", errors="replace").splitlines()
+        lines = text.decode("utf-8", errors="replace").splitlines()  # text: no BOM
         urls = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
         if not all(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", u) for u in urls):
             raise FetchError("corrupt", "sitemap is neither XML nor a list of URLs")
@@ -68,7 +67,10 @@ def parse_sitemap(body: bytes, cap: int) -> tuple[list[str], list[str]]:
             continue
         for part in entry:
             if _local(part.tag) == "loc" and part.text and part.text.strip():
-                locs.append(html.unescape(part.text.strip()))
+                # The parser undid the XML escapes; html.unescape again read "&section=2"
+                # as "§ion=2" (HTML's legacy entities need no ";"). Only a sitemap escaped
+                # twice ("&amp;amp;") is mended.
+                locs.append(part.text.strip().replace("&amp;", "&"))
     return (locs, []) if kind == "urlset" else ([], locs)
 
 
