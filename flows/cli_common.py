@@ -218,7 +218,8 @@ FilterOption = Annotated[
     list[str] | None,
     typer.Option(
         "--filter",
-        help="file=SUFFIX (path ends with), heading=TEXT, sha=SOURCE_SHA256; repeat to AND.",
+        help="file=SUFFIX (path ends with), heading=TEXT, sha=SOURCE_SHA256; repeat to AND "
+        "different keys.",
     ),
 ]
 EmbedderOption = Annotated[

@@ -52,9 +52,17 @@ def _query_config(
         if not sep or key.strip() not in field:
             raise ConfigError(
                 f"--filter {item!r}: use file=SUFFIX, heading=TEXT or sha=SOURCE_SHA256 "
-                "(repeat --filter to combine them with AND)"
+                "(repeat --filter to AND different ones)"
             )
-        overrides["retrieve"][field[key.strip()]] = value.strip()
+        name = field[key.strip()]
+        if not value.strip():  # it was ignored: every chunk matched
+            raise ConfigError(f"--filter {item!r}: give a value after '='")
+        if name in overrides["retrieve"]:  # the last one won, silently
+            raise ConfigError(
+                f"--filter {key.strip()}= is given twice; each of file, heading and sha "
+                "takes one value (repeat --filter to AND different ones)"
+            )
+        overrides["retrieve"][name] = value.strip()
     overrides.update(index_overrides(store_path, embedder))
     if llm:
         overrides["llm"] = {k: v for k, v in llm.items() if v is not None}
@@ -146,7 +154,7 @@ def ask(
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     from ragpipe.models.embedders import embedder_name
     from ragpipe.query.generate import BELOW_FLOOR, configured_answer, flag_warnings
-    from ragpipe.query.render import terminal_safe
+    from ragpipe.query.render import one_line, terminal_safe
     from ragpipe.query.retrieve import Retriever
 
     try:
@@ -187,7 +195,7 @@ def ask(
         for s in shown:
             where = s.file_path + (f" p.{s.page}" if s.page is not None else "")
             line = f"  [{s.number}] {where}" + (f" — {s.heading}" if s.heading else "")
-            print(terminal_safe(line))
+            print(one_line(line))
     for warning in flag_warnings(reply):
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
     first = f", first token {reply.first_token_s:.1f}s" if reply.first_token_s is not None else ""

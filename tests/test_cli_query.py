@@ -39,6 +39,18 @@ def test_search_errors_exit_2_with_a_message(indexed_edge: RagpipeConfig, tmp_pa
     assert bad_filter.exit_code == 2 and "file=SUFFIX" in bad_filter.output
     no_index = runner.invoke(app, ["search", "x", "--store-path", str(tmp_path / "nothing")])
     assert no_index.exit_code == 2 and "ragpipe ingest" in no_index.output
+    # A second value of one key replaced the first, and an empty one was ignored: results
+    # the filters never allowed. Bytes that are no UTF-8 crashed the tokenizer (exit 1).
+    for filters, said in (
+        (["file=backups.md", "file=bread.md"], "given twice"),
+        (["file="], "give a value"),
+    ):
+        args = [f"--filter={f}" for f in filters]
+        result = runner.invoke(app, ["search", "x", *_index(indexed_edge), *args])
+        assert result.exit_code == 2 and said in result.output, result.output
+    for command in ("search", "ask"):
+        result = runner.invoke(app, [command, "bread \udcff\udcfe oven", *_index(indexed_edge)])
+        assert result.exit_code == 2 and "not UTF-8" in result.output, result.output
 
 
 def test_ask_streams_an_answer_and_lists_sources(indexed_edge: RagpipeConfig) -> None:
@@ -89,3 +101,18 @@ def test_ask_reprints_the_checked_answer_when_it_differs_from_the_stream(
     streamed, checked = result.output.split("the answer, as checked (it replaces the text above):")
     assert "[9]" in streamed and checked.strip().startswith("Bake it for 35 minutes [1] on a rack.")
     assert "[9]" not in checked.split("cited sources")[0]
+
+
+def test_an_index_of_another_embedder_is_named_as_the_user_gave_it(
+    indexed_edge: RagpipeConfig,
+) -> None:
+    """The error named the reader's private copy (.../readers/25157-…), a folder the user
+    never gave and that is gone once the error is read."""
+    from ragpipe.errors import ConfigError
+    from ragpipe.store import open_reader
+
+    with pytest.raises(ConfigError) as err:
+        open_reader(indexed_edge.store, "some-other-model")
+    message = str(err.value)
+    assert f"the index at {indexed_edge.store.path} (published version " in message
+    assert "readers" not in message and "some-other-model" in message

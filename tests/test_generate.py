@@ -440,3 +440,84 @@ def test_a_vocabulary_it_cannot_rebuild_keeps_the_estimate(tmp_path: Any) -> Non
     cut.write_bytes(sentencepiece.read_bytes()[:-3])
     with pytest.raises(ValueError, match="damaged GGUF header"):
         read_metadata(cut)
+
+
+# -- found by attack (a review of ask against long questions, small windows, many hits) --
+
+
+def test_sources_are_counted_once_and_a_text_without_spaces_is_cut_not_emptied() -> None:
+    """select_sources re-counted every kept block each time it dropped one (-k 400: 80,172
+    counts, a minute); _cut split on spaces, so Chinese text became an empty source."""
+    calls: list[str] = []
+
+    def counting(text: str) -> int:
+        calls.append(text)
+        return _words(text)
+
+    sources, dropped = select_sources(_hits(400, words=200), budget=2_000, count_tokens=counting)
+    assert len(calls) == 400 and dropped == 391 and len(sources) == 9
+    chinese = Retrieved("p0", 1.0, {"text": "软件包可以安装。" * 200, "file_path": "zh.md"})
+    (only,), _ = select_sources([chinese], budget=300, count_tokens=len)
+    assert only.text == ("软件包可以安装。" * 200)[:268]  # 300 less the block's 32
+    (tiny,), _ = select_sources([chinese], budget=10, count_tokens=len)
+    assert tiny.text == "软件包可以安装。"  # never empty: 8 characters at the least
+
+
+def test_a_prompt_past_the_window_is_an_error_not_an_empty_answer(smollm: LlamaCppLLM) -> None:
+    """llama.cpp's refusal of a prompt past its context arrived inside the stream, where
+    xllamacpp dropped it: `ask` printed an empty answer, "0 tokens in", and exit 0."""
+    from ragpipe.errors import ConfigError, StageError
+
+    small = LlamaCppLLM("smollm2-135m", context_size=512, max_tokens=16)
+    long_text = "Please answer carefully and precisely. " * 200
+    with pytest.raises(StageError, match="exceeds the available context size"):
+        small.chat([{"role": "user", "content": long_text}], on_token=lambda piece: None)
+    with pytest.raises(ConfigError, match=r"raise llm.context_size"):
+        answer(long_text, _hits(3), small, on_token=lambda piece: None)
+    # Sources are cut to what the window leaves (2800 would not fit): the model answers.
+    reply = answer("What is in chunk 0?", _hits(30, words=60), small, context_tokens=2800)
+    assert 0 < reply.tokens_in <= 512 - 16 and len(reply.sources) < 30
+
+
+def test_citations_as_models_write_them_are_read_and_checked() -> None:
+    """[7-9], 【7】, [ 7 ], [7,] and [Source 7] passed as plain text (an invented source
+    shown in a "trusted" answer); a true range [1-3] left the answer "uncited"."""
+    sources = [Source(n, f"p{n}", f"f{n}.md", None, "", "t") for n in (1, 2, 3)]
+    for text, cited, invalid in [
+        ("Bake it [1-3].", [1, 2, 3], []),
+        ("Bake it [1–2] and cool it [3].", [1, 2, 3], []),
+        ("Cool it on a rack [7-9].", [], [7, 8, 9]),
+        ("Cool it 【7】 and bake it 【2】.", [2], [7]),
+        ("Cool it [ 7 ] and [2,].", [2], [7]),
+        ("Cool it [Source 7]; bake [source 1, 3].", [1, 3], [7]),
+        ("Years [1990-2020] are no list.", [], [1990, 2020]),
+    ]:
+        got, bad = check_citations(text, sources)
+        assert ([s.number for s in got], bad) == (cited, invalid), text
+    given = _scored(0.5, 0.5)
+    mixed = answer("q", given, Streamer(["Bake it [1]. Cool it on a rack [7-9]."]))
+    assert mixed.text == "Bake it [1]. Cool it on a rack." and mixed.invalid_citations == [7, 8, 9]
+    assert mixed.flags == [INVALID_CITATIONS] and not mixed.trusted
+    ranged = answer("q", given, Streamer(["Bake it [1-2]."]))
+    assert ranged.flags == [] and [s.number for s in ranged.cited] == [1, 2]
+
+
+def test_a_not_found_phrase_inside_a_sentence_takes_that_sentence_with_it() -> None:
+    """ "The rising time is not found in the provided documents." was cut before the
+    phrase: the answer ended in "The rising time is", with a citation backing it."""
+    oven = "Bake the loaf at 230 degrees Celsius for thirty-five minutes, with steam."
+    hits = _scored(0.5)
+    hits[0].payload["text"] = oven
+    for said in (
+        "Bake the loaf at 230 degrees Celsius for thirty-five minutes [1]. The rising time "
+        "is not found in the provided documents.",
+        "Bake the loaf at 230 degrees Celsius for thirty-five minutes [1]. Whether to use "
+        "a fan oven is not found in the provided documents [1].",
+    ):
+        reply = answer("q", hits, Streamer([said]))
+        assert reply.text == "Bake the loaf at 230 degrees Celsius for thirty-five minutes [1]."
+        assert reply.flags == [NOT_FOUND_DROPPED], said
+    # A decimal point ends no sentence: nothing whole before the phrase, so withdrawn.
+    decimal = answer("q", hits, Streamer(["Bake at 230.5 degrees; the time is not found in "
+                                          "the provided documents."]))  # fmt: skip
+    assert decimal.text == NOT_FOUND and decimal.flags == [WITHDRAWN]

@@ -144,6 +144,14 @@ def test_exact_phrases_quoted_by_default_proper_nouns_on_request() -> None:
     boosted = boost_exact(hits, phrases, 0.2)
     assert [h.point_id for h in boosted] == ["2", "1"]
     assert boosted[0].score == pytest.approx(0.9 * 1.4)
+    # A negative cosine was multiplied, so the phrase's hit fell below the one without it.
+    negative = [
+        Retrieved("a", -0.02, {"text": "nothing relevant"}),
+        Retrieved("b", -0.03, {"text": "the Enigma cipher"}),
+    ]
+    raised = boost_exact(negative, ["Enigma cipher"], 0.5)
+    assert [h.point_id for h in raised] == ["b", "a"]
+    assert raised[0].score == pytest.approx(-0.03 + 0.03 * 0.5)
 
 
 def test_lost_in_the_middle_order() -> None:
@@ -396,6 +404,25 @@ def test_dense_floor_applies_to_cosine_never_to_rrf(indexed_edge: RagpipeConfig)
             )
             sparse = r.search(QUERIES[0], mode="sparse", top_k=10)
             assert set(_ids(cut)) == set(_ids(sparse))  # only the BM25 leg is left
+
+
+def test_hybrid_hits_found_by_bm25_alone_carry_their_own_cosine(
+    indexed_edge: RagpipeConfig,
+) -> None:
+    """Hits fused in the client that never came through the dense leg had no cosine, so
+    the relevance floor was skipped: a min_dense_score that emptied the dense leg turned
+    the floor off for the off-topic questions it is there for."""
+    from ragpipe.query.generate import best_relevance
+
+    with Retriever(indexed_edge) as r:
+        plain = r.search(QUERIES[0], mode="dense", top_k=100, doc_weight=0.0, split_fragments=False)
+        cosines = {h.point_id: h.score for h in plain.hits}
+        for fusion, method, doc in (("client", "convex", 0.5), ("qdrant", "rrf", 0.0)):
+            cut = r.search(QUERIES[0], mode="hybrid", fusion=fusion, fusion_method=method,
+                           doc_weight=doc, top_k=5, min_dense_score=1)  # fmt: skip
+            assert cut.hits and best_relevance(cut.hits) is not None
+            for hit in cut.hits:
+                assert hit.scores["chunk_cosine"] == pytest.approx(cosines[hit.point_id], abs=1e-5)
 
 
 def test_rerank_with_a_real_cross_encoder(

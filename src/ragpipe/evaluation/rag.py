@@ -87,7 +87,6 @@ ANSWER_METRICS = (
     "degenerate",
 )
 ALL_RAG_METRICS = ANSWER_METRICS + RAG_METRICS
-_CITATIONS = re.compile(r"\[\d+(?:\s*,\s*\d+)*\]")
 # What each metric can score. Outside it, the judge's output broke the metric's arithmetic
 # (a small model's context-precision verdicts of 2 or -1 instead of 0/1 gave 5e14).
 # Answer relevancy is a mean cosine similarity.
@@ -786,7 +785,7 @@ _REFUSAL = answers.normalize_answer(NOT_FOUND)
 
 def is_refusal(text: str) -> bool:
     """The answer is the not-found sentence alone (``[n]`` citations and case aside)."""
-    return answers.normalize_answer(_CITATIONS.sub(" ", text)) == _REFUSAL
+    return answers.normalize_answer(without_citation_marks(text)) == _REFUSAL
 
 
 # A reply that says the sources lack the answer in other words than the not-found sentence
@@ -831,7 +830,7 @@ def reads_as_refusal(text: str) -> bool:
     being the not-found sentence: neither an answer nor a refusal in the required form, so
     the refusal metrics cannot score it (``score_answer``). A reply of more sentences may
     answer in part ("Bake at 230 C [1]. The documents do not say how long."): an answer."""
-    prose = " ".join(_CITATIONS.sub(" ", text).split())
+    prose = " ".join(without_citation_marks(text).split())
     if is_refusal(text) or not prose or len(_SENTENCE_END.findall(prose)) > 1:
         return False
     return _LACKS.search(prose) is not None

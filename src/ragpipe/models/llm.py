@@ -192,12 +192,19 @@ class LlamaCppLLM:
             else:
                 pieces: list[str] = []
                 last: dict[str, Any] = {}
-                cancelled: GenerationCancelled | None = None
+                # xllamacpp drops what a callback raises: the reader's own stop (gone, or
+                # looping) and llama.cpp's errors (a prompt past the context: an empty
+                # answer and exit 0) are kept here and raised again after the call, as is.
+                cancelled: BaseException | None = None
 
                 def receive(chunk: Any) -> bool:
                     nonlocal last, cancelled
                     data = json.loads(chunk) if isinstance(chunk, str | bytes) else chunk
-                    _raise_on_error(data, self.name)
+                    try:
+                        _raise_on_error(data, self.name)
+                    except StageError as error:
+                        cancelled = error
+                        return True
                     last = data
                     for choice in data.get("choices", []):
                         piece = (choice.get("delta") or {}).get("content")
@@ -210,8 +217,11 @@ class LlamaCppLLM:
                                 return True  # xllamacpp stops generating when told True
                     return False
 
-                self._server.handle_chat_completions({**request, "stream": True}, receive)
-                if cancelled is not None:  # the reader's own reason (gone, or looping)
+                _raise_on_error(
+                    self._server.handle_chat_completions({**request, "stream": True}, receive),
+                    self.name,
+                )
+                if cancelled is not None:
                     raise cancelled
                 text = "".join(pieces)
                 timings = last.get("timings", {})

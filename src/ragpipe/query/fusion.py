@@ -130,7 +130,8 @@ def exact_phrases(query: str, proper_nouns: bool = False) -> list[str]:
 
 
 def boost_exact(hits: list[Retrieved], phrases: Sequence[str], boost: float) -> list[Retrieved]:
-    """Raise a hit's score by ``boost`` (a share of it) per phrase its text contains."""
+    """Raise a hit's score by ``boost`` (a share of its size) per phrase its text contains;
+    a negative score (a dense cosine can be) rises too: multiplied, it fell."""
     if not phrases or boost <= 0:
         return hits
     lowered = [p.lower() for p in phrases]
@@ -139,7 +140,7 @@ def boost_exact(hits: list[Retrieved], phrases: Sequence[str], boost: float) -> 
         matched = sum(1 for p in lowered if p in text)
         if matched:
             hit.scores["exact_matches"] = matched
-            hit.score *= 1 + boost * matched
+            hit.score += abs(hit.score) * boost * matched
     return ranked(hits)
 
 

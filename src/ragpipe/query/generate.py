@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -10,18 +11,39 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ragpipe.config import GenerateConfig
+from ragpipe.errors import ConfigError
 from ragpipe.evaluation.answers import answer_tokens, is_degenerate
 from ragpipe.models.llm import LLM, GenerationCancelled, Message
 from ragpipe.query.fusion import lost_in_the_middle
 from ragpipe.query.results import Retrieved
 
+logger = logging.getLogger(__name__)
+
 NOT_FOUND = "Not found in the provided documents."
 # A citation: [2], [1, 3] or [1][3], after a space or not ("France[1]", "首都[1]"). Not
 # code (``is_code``): in `backticks` or a fenced block, in [[ ]], or straight after a
 # code-like name ("x[7]", "my_list[2]", "x1[3]" in an R answer).
-_MARK = r"(?<!\[)\[(\d+(?:\s*,\s*\d+)*)\](?!\])"
-_CITATION = re.compile(_MARK)
-_SPACED_CITATION = re.compile(r"(\s*)" + _MARK)
+# Written as models write them too: [1-3] or [1–3] (a range), [ 7 ], [7,], [Source 7],
+# 【7】; before, these passed as plain text: "[7-9]" to two sources was never caught as
+# invalid, and "[1-3]" left a sourced answer "uncited".
+_ITEM = r"(?:source\s*)?\d+(?:\s*[-–]\s*\d+)?"
+_MARK = rf"(?<!\[)[\[【]\s*({_ITEM}(?:\s*,\s*{_ITEM})*)\s*,?\s*[\]】](?!\])"
+_CITATION = re.compile(_MARK, re.IGNORECASE)
+_SPACED_CITATION = re.compile(r"(\s*)" + _MARK, re.IGNORECASE)
+_RANGE_MAX = 20  # a longer "range" is its two ends (a span of years is no list of sources)
+
+
+def mark_numbers(numbers: str) -> list[int]:
+    """The source numbers of one citation's inside: "1, 3-5" -> [1, 3, 4, 5]."""
+    out: list[int] = []
+    for item in numbers.split(","):
+        ends = [int(n) for n in re.findall(r"\d+", item)]
+        if len(ends) == 2 and 0 <= ends[1] - ends[0] <= _RANGE_MAX:
+            ends = list(range(ends[0], ends[1] + 1))
+        out += [n for n in ends if n not in out]
+    return out
+
+
 _CODE_SPAN = re.compile(r"```.*?(?:```|\Z)|`[^`\n]+`", re.DOTALL)
 _NAME_BEFORE = re.compile(r"[\w.]+\Z")
 
@@ -174,8 +196,11 @@ def select_sources(
     becomes an empty prompt.
     """
     kept = list(hits)
-    while kept and sum(count_tokens(_block(0, h)) for h in kept) > budget and len(kept) > 1:
+    sizes = [count_tokens(_block(0, h)) for h in kept]  # once each: -k 400 took a minute
+    total = sum(sizes)
+    while total > budget and len(kept) > 1:
         kept.pop()  # hits arrive best first: drop the weakest
+        total -= sizes.pop()
     dropped = len(hits) - len(kept)
     ordered = lost_in_the_middle(kept)
     sources = []
@@ -187,16 +212,59 @@ def select_sources(
     return sources, dropped
 
 
+# The chat template's own tokens and the prompt's fixed words ("Sources:", "Question:").
+PROMPT_MARGIN = 64
+MIN_SOURCE_TOKENS = 64
+
+
+def source_budget(question: str, llm: LLM, context_tokens: int) -> int:
+    """The tokens the sources may take: ``context_tokens``, less what a model with a known
+    window (llama.cpp's llm.context_size) needs for the instructions, the question and
+    its answer. A prompt past the window was refused inside the stream: an empty answer.
+
+    Raises:
+        ConfigError: The question alone leaves no room for sources in that window.
+    """
+    window = getattr(llm, "context_size", None)
+    if not isinstance(window, int):  # a server's model: its window is the server's
+        return context_tokens
+    asked = llm.count_tokens(question)
+    reply = int(getattr(llm, "max_tokens", 0) or 0)
+    room = window - llm.count_tokens(SYSTEM_PROMPT) - asked - reply - PROMPT_MARGIN
+    if room < MIN_SOURCE_TOKENS:
+        raise ConfigError(
+            f"the question takes {asked} tokens: with the instructions and llm.max_tokens "
+            f"({reply}) for the answer, llm.context_size ({window}) leaves {max(room, 0)} for "
+            "the sources; shorten the question or raise llm.context_size"
+        )
+    if room < context_tokens:
+        logger.warning(
+            "generate.context_tokens (%d) does not fit llm.context_size (%d) with this "
+            "question and llm.max_tokens: the sources get %d tokens (raise llm.context_size, "
+            "or lower generate.context_tokens to silence this)", context_tokens, window, room,
+        )  # fmt: skip
+        return room
+    return context_tokens
+
+
 def _cut(text: str, budget: int, count_tokens: Callable[[str], int]) -> str:
+    """The longest prefix of ``text`` within ``budget`` less the block's header, in whole
+    words; in characters when not one word fits (Chinese or Japanese text has no spaces,
+    and was cut to nothing). Never empty."""
+    room = max(budget - 32, 8)
+
+    def longest(n: int, fits: Callable[[int], bool]) -> int:
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        return lo
+
     words = text.split()
-    lo, hi = 0, len(words)
-    while lo < hi:  # the longest prefix of words within the budget
-        mid = (lo + hi + 1) // 2
-        if count_tokens(" ".join(words[:mid])) <= budget - 32:
-            lo = mid
-        else:
-            hi = mid - 1
-    return " ".join(words[:lo])
+    lo = longest(len(words), lambda n: count_tokens(" ".join(words[:n])) <= room)
+    if lo:
+        return " ".join(words[:lo])
+    return text[: max(longest(len(text), lambda n: count_tokens(text[:n]) <= room), 1)]
 
 
 def _block(number: int, hit: Retrieved | Source) -> str:
@@ -220,8 +288,7 @@ def check_citations(text: str, sources: Sequence[Source]) -> tuple[list[Source],
     cited: list[Source] = []
     invalid: list[int] = []
     for match in citation_marks(text):
-        for part in match.group(1).split(","):
-            n = int(part)
+        for n in mark_numbers(match.group(1)):
             if n in by_number:
                 if by_number[n] not in cited:
                     cited.append(by_number[n])
@@ -272,6 +339,13 @@ def sourced_share(text: str, sources: Sequence[str]) -> float:
     return sum(pair in known for pair in pairs) / len(pairs)
 
 
+# The end of a sentence: its mark, the citations after it, then a space or the text's
+# end ("3.5" is no end); Chinese and Japanese marks need no space.
+_SENTENCE_END = re.compile(
+    rf"(?:[.!?](?:\s*{_MARK})*(?=\s|$)|[。！？](?:\s*{_MARK})*)", re.IGNORECASE
+)
+
+
 def sourced_before_not_found(text: str, sources: Sequence[str]) -> str | None:
     """The answer before a trailing not-found sentence, with the citations that follow
     it, when the rest of the reply is only that sentence (repeated or not) and citations,
@@ -284,11 +358,21 @@ def sourced_before_not_found(text: str, sources: Sequence[str]) -> str | None:
     if found is None:
         return None
     before, after = text[: found.start()].strip(), _NOT_FOUND_RE.sub(" ", text[found.start() :])
-    if not before or not only_citations(after):
+    if not only_citations(after):
         return None
-    if sourced_share(before, sources) <= SOURCED_SHARE:
+    gap = text[len(text[: found.start()].rstrip()) : found.start()]
+    ends = list(_SENTENCE_END.finditer(before))
+    if not (
+        "\n" in gap
+        or (ends and ends[-1].end() == len(before))
+        or re.search(rf"{_MARK}\Z", before, re.IGNORECASE)
+    ):  # the phrase ends a sentence ("… [1]. The rising time is not found in the …"):
+        if not ends:  # that sentence goes with it, or "The rising time is [1]" was shown
+            return None
+        before, after = before[: ends[-1].end()].strip(), ""
+    if not before or sourced_share(before, sources) <= SOURCED_SHARE:
         return None
-    citations = "".join(re.findall(r"\[\d+(?:\s*,\s*\d+)*\]", after))
+    citations = "".join(m.group(0) for m in citation_marks(after))
     return f"{before} {citations}" if citations else before
 
 
@@ -349,7 +433,10 @@ def strip_citations(text: str, numbers: Sequence[int]) -> str:
     def keep(match: re.Match[str]) -> str:
         if is_code(text, match.start(2) - 1, spans):
             return match.group(0)
-        kept = [p.strip() for p in match.group(2).split(",") if int(p) not in drop]
+        numbers = mark_numbers(match.group(2))
+        if not drop & set(numbers):
+            return match.group(0)  # as the model wrote it
+        kept = [str(n) for n in numbers if n not in drop]
         return f"{match.group(1)}[{', '.join(kept)}]" if kept else ""
 
     return _SPACED_CITATION.sub(keep, text) if drop else text
@@ -418,7 +505,8 @@ def answer(
         return Answer(question, NOT_FOUND, [], [], not_found=True, model=llm.name,
                       flags=[BELOW_FLOOR], best_relevance=relevance,
                       seconds=time.perf_counter() - started)  # fmt: skip
-    sources, dropped = select_sources(hits, context_tokens, llm.count_tokens)
+    budget = source_budget(question, llm, context_tokens)
+    sources, dropped = select_sources(hits, budget, llm.count_tokens)
     if on_sources is not None:
         on_sources(sources)
     pieces: list[str] = []

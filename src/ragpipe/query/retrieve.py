@@ -284,6 +284,13 @@ class Retriever:
         query = query.strip()
         if not query:
             raise ConfigError("the query is empty")
+        try:
+            query.encode("utf-8")
+        except UnicodeEncodeError as exc:  # bytes that were no UTF-8, as lone surrogates
+            raise ConfigError(
+                f"the query is not valid text: {query[max(exc.start - 10, 0) : exc.end + 10]!r} "
+                "holds bytes that are not UTF-8 (a terminal in another encoding?)"
+            ) from exc
         if depth is not None and depth < 1:
             raise ConfigError(f"depth must be at least 1, not {depth}")
         rerank = cfg.rerank and cfg.reranker.lower() != "none"
@@ -353,15 +360,19 @@ class Retriever:
             # what this configuration returns, at any depth.
             hits = self._llm_filter(query, hits[: cfg.top_k], cfg.llm_filter_threshold, trace)
         hits = hits[:final_k]
-        if cfg.mode == RetrievalMode.HYBRID and cfg.fuse_in_engine and hits:
-            self._own_cosines(query_vector, hits)
+        if cfg.mode == RetrievalMode.HYBRID:  # hits that came through BM25 alone, too
+            unscored = [h for h in hits if not {"chunk_cosine", "dense"} & h.scores.keys()]
+            if unscored:
+                self._own_cosines(query_vector, unscored)
         trace["seconds"] = time.perf_counter() - started
         return RetrievalResult(query, hits, trace)
 
     def _own_cosines(self, query_vector: npt.NDArray[np.float32], hits: list[Retrieved]) -> None:
-        """Each hit's own cosine (``chunk_cosine``), which the engine's fusion does not return:
-        the relevance floor reads it (``generate.best_relevance``), and without it an ask
-        fused in Qdrant was never floored. One vector fetch for the few hits kept."""
+        """Each hit's own cosine (``chunk_cosine``), which the engine's fusion does not return
+        and a hit found by BM25 alone has not: the relevance floor reads it
+        (``generate.best_relevance``); without it an ask fused in Qdrant, or one whose hits
+        all came from BM25 (a min_dense_score that emptied the dense leg), was never
+        floored. One vector fetch for the few hits kept."""
         stored = self.store.dense_vectors([h.point_id for h in hits])
         query = query_vector / (np.linalg.norm(query_vector) or 1.0)
         for hit in hits:

@@ -117,17 +117,21 @@ def open_reader(
     got = published.reader_copy(config.path, wanted)
     if got is not None:
         path, opened = got
+        label = opened.generation[:12] if opened else path.name
         try:
             store = EdgeStore(
                 path, StoreMeta(embedder, None), config.batch_size, config.scroll_page,
                 config.min_free_mb,
             )  # fmt: skip
+        except ConfigError as exc:  # named the reader's private copy, not the user's index
+            published.drop_copy(path)
+            named = str(exc).replace(str(path), f"{config.path} (published version {label})")
+            raise ConfigError(named) from exc
         except BaseException:
             published.drop_copy(path)
             raise
         store.owned_copy = True
         store.version = opened
-        label = opened.generation[:12] if opened else path.name
         store.location = f"edge:{config.path} (published version {label})"
         return store
     waiting = published.list_versions(config.path)
