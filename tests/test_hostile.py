@@ -53,7 +53,7 @@ from ragpipe.store import (
     open_store,
     peek_meta,
 )
-from tests.support.corpora import TOPICS, make_config, stored, topic_doc
+from tests.support.corpora import TOPICS, make_config, stored, topic_doc, write_topics
 from tests.support.crash_ingest import POINTS
 from tests.support.paths import REPO
 
@@ -1125,3 +1125,28 @@ def test_a_client_near_another_clients_query_gets_its_own_query_back_and_bad_k_r
         page = client.get("/reports/")
         assert page.status_code == 503
         assert "history.parquet is not a ragpipe history file" in page.json()["detail"]
+
+
+def test_the_same_files_under_another_spelling_of_their_root_are_refused_not_doubled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`docs` then `/abs/docs` (or a symlink to it): each file was a new one, the
+    mass-deletion guard held the old entries and the new ones were written, so every
+    document was in the index twice and every search hit came back twice."""
+    corpus = write_topics(tmp_path / "corpus", 6, ".md")
+    monkeypatch.chdir(tmp_path)
+    cfg = make_config(Path("corpus"), tmp_path)
+    first = run_ingest(cfg)
+    for spelling in (tmp_path / "corpus", tmp_path / "link"):
+        if spelling.name == "link":
+            spelling.symlink_to(corpus, target_is_directory=True)
+        moved = make_config(spelling, tmp_path)
+        with pytest.raises(ConfigError) as err:
+            run_ingest(moved)
+        assert "6 indexed file(s) are the same files under another spelling" in str(err.value)
+        assert "Spell the root as before ('corpus')" in str(err.value)
+        assert len(stored(cfg)) == first.points_total  # nothing written
+    relabelled = run_ingest(make_config(tmp_path / "link", tmp_path), allow_mass_delete=True)
+    payloads = stored(cfg).values()
+    assert relabelled.points_total == first.points_total == len(payloads)
+    assert all(p["file_path"].startswith(f"{tmp_path}/link/") for p in payloads)

@@ -136,7 +136,9 @@ class DiscoverConfig(_Section):
     roots: list[LocalPath] = Field(
         default_factory=lambda: [Path("data/sample")],
         description="Directories (or single files) to scan; relative paths are taken from the "
-        "working directory. Merged and de-duplicated by real path. Object-storage URLs "
+        "working directory. Merged and de-duplicated by real path. A file is named by its "
+        "root as written (docs/a.md, /home/me/docs/a.md): the same files under another "
+        "spelling are refused until --allow-mass-delete re-indexes them. Object-storage URLs "
         "(s3://bucket/prefix, gs://…, az://…) written here move to discover.object_roots. May be "
         "empty when another source is given.",
     )

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from ragpipe import checkpoint
 from ragpipe.config import EmbedProvider, RagpipeConfig, StoreBackend
+from ragpipe.errors import ConfigError
 from ragpipe.ingest import runner
 from ragpipe.ingest.chunk import chunk_fingerprint
 from ragpipe.ingest.objects import HOLDING_CATEGORIES
@@ -228,6 +229,9 @@ def run_plan(
         if held and path.startswith(held):
             continue
         entries.append(PlanEntry(path, "removed", None, len(versions[path])))
+    if not config.index.allow_mass_delete:
+        _refuse_relabelled(todo, [e.file_path for e in entries if e.action == "removed"],
+                           versions)  # fmt: skip
     actions = Counter(e.action for e in entries)
     counts = PlanCounts(
         indexed_files=len(versions),
@@ -246,6 +250,39 @@ def run_plan(
         counts,
         started,
         plan_id(config, entries, todo),
+    )
+
+
+def _refuse_relabelled(
+    todo: Sequence[SourceFile], removed: Sequence[str], versions: FileVersions
+) -> None:
+    """ConfigError when files to add are indexed files under another spelling of their
+    root (``docs`` then ``/home/me/docs``, or a symlink to it): a file's identity is its
+    root as written, so each would be indexed twice (the mass-deletion guard held the old
+    entries while the new ones were written), or re-embedded without a word."""
+    by_sha: dict[str, list[SourceFile]] = {}
+    for source in todo:
+        by_sha.setdefault(source.sha256, []).append(source)
+    pairs: list[tuple[str, SourceFile]] = []
+    for path in removed:
+        for sha in {sha for sha, _ in versions.get(path, {})}:
+            for source in by_sha.get(sha, []):
+                try:
+                    if Path(path).is_file() and Path(path).samefile(source.abs_path):
+                        pairs.append((path, source))
+                except OSError:
+                    continue
+    if not pairs:
+        return
+    old, source = pairs[0]
+    below = source.file_path.removeprefix(source.root).lstrip("/")
+    was = old.removesuffix(below).rstrip("/") if old.endswith(below) else old
+    raise ConfigError(
+        f"discover.roots: {len(pairs)} indexed file(s) are the same files under another "
+        f"spelling of their root ({old!r} is now {source.file_path!r}): a file's identity is "
+        f"its root as written, so they would be indexed twice. Spell the root as before "
+        f"({was!r}), or re-index them under the new spelling with --allow-mass-delete "
+        "(index.allow_mass_delete: their old entries are deleted)"
     )
 
 
