@@ -162,6 +162,13 @@ def test_index_list_promote_and_discard_from_the_cli(tmp_path: Path, backend: st
     assert index_versions.statuses(cfg.store)[staged]["by_hand"] is True
     back = runner.invoke(app, ["index", "promote", live[:10], *args])  # roll back
     assert back.exit_code == 0 and index_versions.current(cfg.store) == live
+    # Promoting the live version again recorded it as its own roll-back target, and the
+    # version to roll back to was pruned; "" matched the only version on disk.
+    again = runner.invoke(app, ["index", "promote", live[:10], *args])
+    assert again.exit_code == 0 and "is live already: nothing changed" in again.output
+    assert {v.generation for v in index_versions.list_versions(cfg.store)} == {live, staged}
+    empty = runner.invoke(app, ["index", "promote", "", *args])
+    assert empty.exit_code == 2 and "give an index version" in empty.output
     discarded = runner.invoke(app, ["index", "discard", staged[:10], *args])
     assert discarded.exit_code == 0, discarded.output
     assert [v.generation for v in index_versions.list_versions(cfg.store)] == [live]

@@ -25,7 +25,8 @@ PROMOTED, HELD, STILL_HELD = "promoted", "held", "still-held"
 # The working version stays off without being judged again: discarded by hand, or rolled
 # back from by hand (promoted once, then another version made live).
 DISCARDED, ROLLED_BACK = "discarded", "rolled-back"
-FINE = (PROMOTED, DISCARDED, ROLLED_BACK)  # outcomes that are no failure of the run
+ALREADY_LIVE = "already-live"  # a hand promotion of the live version: nothing changes
+FINE = (PROMOTED, DISCARDED, ROLLED_BACK, ALREADY_LIVE)  # outcomes that are no failure
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,12 @@ def promote_by_hand(config: RagpipeConfig, version: str) -> Decision:
     with ingest_lock(config):
         generation = versions.resolve(config.store, version)
         before = versions.current(config.store)
+        if generation == before:  # it was recorded as its own roll-back target, and the
+            # one to roll back to was pruned; a retried deployment run did that too
+            line = f"version {generation[:12]} is live already: nothing changed"
+            logger.info("index: %s", line)
+            return Decision(ALREADY_LIVE, generation, before, {"by_hand": True, "reasons": []},
+                            line)  # fmt: skip
         versions.promote(config.store, generation, {"by_hand": True}, keep_previous=True)
     line = f"version {generation[:12]} promoted by hand (was {(before or 'none')[:12]})"
     logger.info("index: %s", line)

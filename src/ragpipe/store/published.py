@@ -375,6 +375,8 @@ def resolve(store_path: Path, prefix: str) -> str:
 
 def pick(generations: list[str], prefix: str, where: str) -> str:
     """The one of ``generations`` that starts with ``prefix`` (StageError otherwise)."""
+    if not prefix.strip():  # "" matched the only version on disk
+        raise StageError(f"give an index version (or a prefix of one), not {prefix!r}")
     found = [g for g in generations if g.startswith(prefix)]
     if len(found) == 1:
         return found[0]
