@@ -86,10 +86,11 @@ def ingest(
         typer.Option(
             help="Fan conversion and embedding out over a local Dask cluster of this many "
             "worker processes (prefect-dask); 0 runs them in this process.",
+            min=0,
         ),
     ] = 0,
     batch_size: Annotated[
-        int, typer.Option(help="Files per conversion batch when fanning out.")
+        int, typer.Option(help="Files per conversion batch when fanning out.", min=1)
     ] = 4,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show Prefect and stage logs.")

@@ -188,8 +188,8 @@ def stats_command(
     store_path: StorePathOption = None,
 ) -> None:
     """The index in numbers: points, files, embedder, the version read, every version kept
-    (`ragpipe index list`), its size on disk (Edge) and the points not yet in the HNSW
-    index."""
+    (`ragpipe index list`), its size on disk (Edge) and at most how many points are not
+    yet in the HNSW index (written since its last build; some may be gone since)."""
     from ragpipe.index_inspect import stats
 
     with _opened(config, store_path, version) as (cfg, store):
@@ -202,7 +202,7 @@ def stats_command(
         ("location", numbers.location), ("backend", numbers.backend),
         ("points", numbers.points), ("files", numbers.files),
         ("embedder", numbers.embedder), ("version read", numbers.version),
-        ("disk", disk), ("points outside HNSW", numbers.unindexed),
+        ("disk", disk), ("outside HNSW, at most", numbers.unindexed),
     ):  # fmt: skip
         if value not in (None, ""):
             print(terminal_safe(f"{label:20s} {value}"))

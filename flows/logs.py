@@ -1,10 +1,12 @@
 """ragpipe's own log lines (stage counts, the ingest summary, warnings) in Prefect run logs.
 
-``PREFECT_LOGGING_EXTRA_LOGGERS=ragpipe`` (set by prefect.yaml and the CLI)
-attaches Prefect's handlers to the ``ragpipe`` logger, but the logger keeps
-the root's level (WARNING), so the INFO lines a team reads on a run page were
-dropped. Every flow calls ``library_logs()`` first. The CLI asks for WARNING
-unless ``--verbose``: its console shows progress bars, not log lines.
+Every flow calls ``library_logs()`` first: it gives the ``ragpipe`` logger
+Prefect's handlers (what ``PREFECT_LOGGING_EXTRA_LOGGERS=ragpipe`` does, which
+the CLI and the Makefile set, but a worker started as the docs say, with
+``prefect worker start``, had not: no ragpipe line reached a run's logs) and
+the INFO level (the logger kept the root's WARNING, so the lines a team reads
+on a run page were dropped). The CLI asks for WARNING unless ``--verbose``:
+its console shows progress bars, not log lines.
 """
 
 from __future__ import annotations
@@ -22,4 +24,8 @@ def set_library_level(level: int) -> None:
 
 def library_logs() -> None:
     """Let ragpipe's INFO lines through to Prefect's handlers (the run's logs)."""
-    logging.getLogger("ragpipe").setLevel(_level if _level is not None else logging.INFO)
+    ours = logging.getLogger("ragpipe")
+    ours.setLevel(_level if _level is not None else logging.INFO)
+    for handler in logging.getLogger("prefect.extra").handlers:  # as Prefect's extra loggers
+        if handler not in ours.handlers:
+            ours.addHandler(handler)

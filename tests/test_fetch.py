@@ -259,6 +259,11 @@ def test_config_rejects_non_http_urls(tmp_path: Path) -> None:
         with_sources(cfg, ["https://bob:hunter2@x.org/page"])
     assert "carries credentials" in str(secret.value)
     assert "hunter2" not in str(secret.value) and "bob:***@x.org" in str(secret.value)
+    # `ragpipe ingest ""` (or a blank root in the Prefect form) was Path("") = ".": the
+    # whole working directory was indexed.
+    for blank in ("", "  "):
+        with pytest.raises(ConfigError, match=r"discover\.roots\.0: is empty"):
+            with_sources(cfg, [blank])
 
 
 # -- through the whole ingest --------------------------------------------------------

@@ -223,3 +223,45 @@ def test_an_unchanged_night_shows_its_stage_tasks_cached_and_a_setting_reruns_it
     summary = night.result()
     assert (summary.seen, summary.skipped_unchanged, summary.added, summary.removed) == (3, 3, 0, 0)
     assert stored(cfg) == points
+
+
+LOG_CHECK = """
+import asyncio, logging
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+from prefect.runtime import flow_run
+from flows.logs import library_logs
+
+@flow(name="log-check")
+def run() -> str:
+    library_logs()
+    logging.getLogger("ragpipe.ingest.runner").info("discover: seen=5 (the line to find)")
+    return flow_run.id
+
+async def lines(run_id: str) -> list[str]:
+    async with get_client() as client:
+        found = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+        return [log.message for log in found]
+
+run_id = run()
+for _ in range(50):  # logs are shipped in the background
+    if any("(the line to find)" in line for line in asyncio.run(lines(run_id))):
+        print("FOUND")
+        break
+    __import__("time").sleep(0.2)
+"""
+
+
+def test_ragpipe_lines_reach_the_run_logs_without_prefects_extra_loggers(tmp_path: Path) -> None:
+    """A worker started as the docs say (`prefect worker start`) has no
+    PREFECT_LOGGING_EXTRA_LOGGERS=ragpipe, which only the CLI and the Makefile set: not
+    one stage count reached a deployment run's logs."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_LOGGING_EXTRA_LOGGERS"}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL="", PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-c", LOG_CHECK], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "FOUND" in done.stdout, done.stderr[-2000:]

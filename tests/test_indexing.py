@@ -548,3 +548,22 @@ def test_dedupe_counts_only_the_versions_a_run_keeps() -> None:
         PlanEntry("zz.md", "added", "z", 0),
     ]
     assert _indexed_text_shas(Store(), [], entries, "fp") == {"A", "K", "M"}  # type: ignore[arg-type]
+
+
+def test_inspect_stats_says_at_most_every_point_is_outside_hnsw(tmp_path: Path) -> None:
+    """The record counts points written since the last build, overwritten and deleted
+    ones too: `inspect stats` said "points outside HNSW 15" of an index of 9."""
+    from ragpipe.index_inspect import stats
+    from ragpipe.store.base import UNINDEXED_FILE
+
+    corpus = write_topics(tmp_path / "corpus", 3, ".md")
+    cfg = make_config(corpus, tmp_path)
+    summary = run_ingest(cfg)
+    (cfg.store.path / UNINDEXED_FILE).write_text(json.dumps({"points": 10_000}), "utf-8")
+    store = open_store(cfg.store, "paraphrase-MiniLM-L3-v2", None)
+    assert store is not None
+    try:
+        numbers = stats(store, cfg.store)
+    finally:
+        store.close()
+    assert numbers.points == summary.points_total and numbers.unindexed == numbers.points

@@ -1980,7 +1980,7 @@ def with_sources(config: RagpipeConfig, sources: list[str] | None) -> RagpipeCon
         return config
     data = {
         **config.discover.model_dump(),
-        "roots": [Path(s) for s in sources if not is_url(s) and not is_object_url(s)],
+        "roots": [s for s in sources if not is_url(s) and not is_object_url(s)],
         "object_roots": [s for s in sources if is_object_url(s)],
         "urls": [s for s in sources if is_url(s)],
         "sitemaps": [],
@@ -1988,7 +1988,9 @@ def with_sources(config: RagpipeConfig, sources: list[str] | None) -> RagpipeCon
     try:
         discover = DiscoverConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, "the command line", ("discover",))) from exc
+        raise ConfigError(
+            _format_validation_error(exc, "the command line", ("discover",), hint=False)
+        ) from exc
     return config.model_copy(update={"discover": discover})
 
 
