@@ -140,18 +140,20 @@ def _eval_stopped(cfg: RagpipeConfig) -> Callable[[], str]:
 def _metrics_table(summary: RunSummary, names: list[str], title: str) -> Table:
     from ragpipe.evaluation.report import delta_cell, headline_cell
 
-    table = Table(title=title)
+    # Names are the user's: Rich read "faq [v2]" as markup (shown "faq "), and a variant
+    # "dense[/old]" raised MarkupError after the report was written.
+    table = Table(title=escape(title))
     table.add_column("metric")
     variants = list(summary.metrics)
     for v in variants:
-        table.add_column(v, justify="right")
+        table.add_column(escape(v), justify="right")
     for m in names:
         row = [m]
         for v in variants:
             cell = headline_cell(summary.metrics[v][m])
             if v in summary.deltas:  # report.md's cell: the CI the gate reads, p as the test can
                 cell += f"  Δ {delta_cell(summary.deltas[v][m])}"
-            row.append(cell)
+            row.append(escape(cell))
         table.add_row(*row)
     return table
 
@@ -174,7 +176,8 @@ def _print_eval(summary: RunSummary) -> None:
         title = f"{head}, {summary.granularity} level, mean [95% CI]"
         Console().print(_metrics_table(summary, names, title))
     for warning in summary.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False,
+                      soft_wrap=True)  # fmt: skip
     out = Path(summary.report_dir)
     print(f"report: {out / 'report.html'} (also report.md, summary.json, per_query.parquet)")
 
@@ -463,7 +466,7 @@ def import_beir_command(
     print(f"wrote {files} documents to {corpus_out} and {len(golden.items)} queries to "
           f"{golden_out}")  # fmt: skip
     for note in golden.notes:
-        console.print(f"[yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]note:[/yellow] {escape(note)}", highlight=False, soft_wrap=True)
 
 
 @eval_app.command("compare")
@@ -687,9 +690,13 @@ def _print_tune(summary: TuneSummary) -> None:
         )
     Console().print(table)
     for warning in summary.warnings:
-        console.print(f"[yellow]warning (held-out queries):[/yellow] {warning}", highlight=False)
+        console.print(
+            f"[yellow]warning (held-out queries):[/yellow] {escape(warning)}", highlight=False
+        )
     colour = {"recommend": "green", "refused": "red"}.get(summary.decision, "yellow")
-    console.print(f"[{colour}]{summary.message}[/{colour}]", highlight=False, soft_wrap=True)
+    console.print(
+        f"[{colour}]{escape(summary.message)}[/{colour}]", highlight=False, soft_wrap=True
+    )
     if summary.tuned_config:
         print(f"tuned config: {summary.tuned_config} (use it with --config)")
     if summary.tuned_config and summary.ingest:
@@ -798,20 +805,20 @@ def _print_history(rows: list[dict[str, Any]], last: int, metric: str, what: str
     columns = list(dict.fromkeys((r["run_id"], r["variant"]) for r in rows))
     shown = [c for c in columns if c[0] in runs[-last:]]
     table = Table(
-        title=f"{what}: latest {min(last, len(runs))} of {len(runs)} runs (mean [95% CI])"
+        title=escape(f"{what}: latest {min(last, len(runs))} of {len(runs)} runs (mean [95% CI])")
     )
     table.add_column("metric", no_wrap=True)
     for run_id, variant in shown:
         stamp, _, name = run_id.partition("-")
         # Headers wrap rather than being cut: run name, time, variant on their own lines.
-        table.add_column(f"{name}\n{stamp}\n{variant}", justify="right", overflow="fold")
+        table.add_column(escape(f"{name}\n{stamp}\n{variant}"), justify="right", overflow="fold")
     by_key = {(r["run_id"], r["variant"], r["metric"]): r for r in rows}
     names = [m for m in (*METRICS, *ALL_RAG_METRICS) if any((*c, m) in by_key for c in shown)]
     for m in names:
         cells = []
         for run_id, variant in shown:
             got = by_key.get((run_id, variant, m))
-            cells.append("" if got is None else history_cell(got))  # with its n and flag
+            cells.append("" if got is None else escape(history_cell(got)))  # its n and flag
         table.add_row(m, *cells)
     Console().print(table)
     # One trend per series, keyed as the HTML trend's lines: a compare run's variants and

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from flows.cli_common import (
     ConfigOption,
@@ -197,7 +198,7 @@ def ask(
             line = f"  [{s.number}] {where}" + (f" — {s.heading}" if s.heading else "")
             print(one_line(line))
     for warning in flag_warnings(reply):
-        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
     first = f", first token {reply.first_token_s:.1f}s" if reply.first_token_s is not None else ""
     console.print(
         f"{reply.model}: {reply.tokens_in} tokens in, {reply.tokens_out} out, "

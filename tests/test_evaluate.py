@@ -299,8 +299,9 @@ def test_flows_publish_artifacts_and_cli_reports(
                                  "--last", "1", "--metric", "mrr"], terminal_width=200)  # fmt: skip
     assert latest.exit_code == 0, latest.output
     text = " ".join(latest.output.split())
-    assert "all 4 items, depth 10: latest 1 of 2 runs" in text
-    assert "all 4 items, depth 12: latest 1 of 1 runs" in text
+    questions = f"questions {runs and history[0]['scope'].rsplit(' ', 1)[-1]}"
+    assert f"all 4 items, depth 10, {questions}: latest 1 of 2 runs" in text
+    assert f"all 4 items, depth 12, {questions}: latest 1 of 1 runs" in text
     for run_id in (runs[0], runs[-1]):  # whole headers, folded rather than cut
         stamp, _, name = run_id.partition("-")
         assert stamp in latest.output and name in latest.output
@@ -308,7 +309,7 @@ def test_flows_publish_artifacts_and_cli_reports(
     assert runs[1].partition("-")[0] not in latest.output.split("trend of")[0]  # not the last
     two = runner.invoke(app, ["report", "--reports-dir", str(eval_config.eval.reports_dir),
                               "--last", "2", "--metric", "mrr"], terminal_width=200)  # fmt: skip
-    assert "all 4 items, depth 10: latest 2 of 2 runs" in " ".join(two.output.split())
+    assert f"all 4 items, depth 10, {questions}: latest 2 of 2 runs" in " ".join(two.output.split())
     # Trend bars span the shown range, so the lowest gets 1 block and the highest 40 (a
     # table of one run: 40).
     bars = {line.count("█") for line in two.output.splitlines()
@@ -380,3 +381,46 @@ def test_secrets_never_reach_reports(eval_config: RagpipeConfig) -> None:
         assert secret.encode() not in path.read_bytes(), path
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["llm"]["api_key"] == "**********"
+
+
+def test_names_with_markup_are_shown_as_written_and_escaped_in_html(
+    eval_config: RagpipeConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A variant name went into report.html raw in the worst-questions list (stored XSS,
+    served by `serve /reports/`); in the terminal Rich read "faq [v2]" as markup (shown
+    "faq ") and "dense[/old]" raised MarkupError after the report was written, and every
+    later `ragpipe report` too."""
+    from flows.cli_eval import _print_eval, _print_history
+
+    variants = [parse_variant("base"), parse_variant("<b>dense</b>:mode=dense"),
+                parse_variant("dense[/old]:mode=dense")]  # fmt: skip
+    _, summary = run_retrieval(eval_config, variants, name="faq [v2]")
+    page = (Path(summary.report_dir) / "report.html").read_text(encoding="utf-8")
+    assert "<b>dense</b>" not in page and "&lt;b&gt;dense&lt;/b&gt; " in page
+    _print_eval(summary)
+    _print_history(read_history(eval_config.eval.reports_dir), 5, "ndcg@10", "retrieval")
+    shown = capsys.readouterr().out
+    assert "faq [v2]" in shown and "dense[/old]" in shown
+
+
+def test_an_edited_golden_set_starts_a_new_trend_line_and_says_which_items(
+    eval_config: RagpipeConfig,
+) -> None:
+    """Runs were joined by the set's name alone: an edited query or target moved the trend
+    by -0.06 on an unchanged index, read as a regression."""
+    from ragpipe.evaluation.report import trend_series
+
+    golden = Path(eval_config.eval.golden)
+    _, first = run_retrieval(eval_config, [Variant("dense", {"mode": "dense"})])
+    edit = GOLDEN.replace("How hot should the oven be for bread?", "What bakes bread?")
+    golden.write_text(edit, encoding="utf-8")
+    _, edited = run_retrieval(eval_config, [Variant("dense", {"mode": "dense"})])
+    _, again = run_retrieval(eval_config, [Variant("dense", {"mode": "dense"})])
+    assert not any("questions of" in w for w in first.warnings + again.warnings)
+    (said,) = [w for w in edited.warnings if "questions of" in w]
+    assert said.startswith(
+        f"the questions of 'query-corpus' changed since its last run ({first.run_id}): edited oven."
+    )
+    lines = {r["run_id"]: trend_series(r) for r in read_history(eval_config.eval.reports_dir)}
+    assert lines[first.run_id] != lines[edited.run_id] == lines[again.run_id]
+    assert first.golden.digest and first.golden.digest in lines[first.run_id]

@@ -20,7 +20,13 @@ from ragpipe.config import RagpipeConfig
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.golden import load_golden
 from ragpipe.evaluation.rag import FAILED, NOT_APPLICABLE, OK, RAG_METRICS, run_rag_eval
-from ragpipe.evaluation.run import RAG_QUERY_SCHEMA, rag_summary, rag_table, write_run
+from ragpipe.evaluation.run import (
+    RAG_QUERY_SCHEMA,
+    GoldenInfo,
+    rag_summary,
+    rag_table,
+    write_run,
+)
 from ragpipe.models.llm import Completion
 
 pytestmark = pytest.mark.integration
@@ -396,7 +402,10 @@ def test_answer_metrics_refusals_and_an_unreliable_judge_end_to_end(
 
     history = {r["metric"] for r in read_history(tmp_path / "reports")}
     assert "correct_refusal" in history and not history & set(RAG_METRICS)
-    assert {r["scope"] for r in read_history(tmp_path / "reports")} == {"all 6 items, top_k 2"}
+    questions = f"questions {summary.golden.digest}"
+    assert {r["scope"] for r in read_history(tmp_path / "reports")} == {
+        f"all 6 items, top_k 2, {questions}"
+    }
     # The drill-down: sources by file and heading, what held a target, what was cited.
     page = (out / "report.html").read_text()
     drill = page[page.index("<h2>Worst 6 of 6 questions") :]
@@ -553,6 +562,9 @@ def test_a_false_statement_is_the_true_one_altered_or_given_an_invented_reason()
     assert alter("Bake the loaf for 35 minutes at 230 degrees.") == (
         "Bake the loaf for 42 minutes at 230 degrees.")  # fmt: skip
     assert alter("R 4.1.3 was the last version.") == "R 12.3.3 was the last version."
+    assert alter("The default threshold is 0.0 for every index.") == (
+        "The default threshold is 7 for every index."
+    )  # fmt: skip; x3 kept it 0
     assert alter("The dough is left to rise overnight.") == (
         "The dough is not left to rise overnight.")  # fmt: skip
     assert alter("The dough is not left to rise.") is None  # already negated, no number
@@ -797,6 +809,32 @@ def test_a_judgement_is_believed_only_where_a_blind_judge_rarely_does_as_well() 
     assert failed.by_judgement["answers"].p_chance == 37 / 256
     assert failed.reliable_for("answer_relevancy") is False
     assert failed.short_for("answer_relevancy") == "judge unreliable (kappa -0.25)"
+
+
+def test_a_label_outside_its_metric_is_refused_before_any_question_is_asked(
+    scored_config: RagpipeConfig, onnx_embedder: Any, tmp_path: Path
+) -> None:
+    """It was refused after every question had been generated and judged: the run lost."""
+    labels = tmp_path / "labels.csv"
+    labels.write_text("item_id,metric,value\noven,faithfulness,-0.5\n", encoding="utf-8")
+    evaluation = scored_config.eval.model_copy(update={"labels": labels, "judge_probe_size": 0})
+    config = scored_config.model_copy(update={"eval": evaluation})
+    asked: list[Any] = []
+
+    class Counting:
+        name, takes_grammar = SCRIPT.name, SCRIPT.takes_grammar
+
+        def chat(self, *args: Any, **options: Any) -> Any:
+            asked.append(args)
+            return SCRIPT.chat(*args, **options)
+
+        def count_tokens(self, text: str) -> int:
+            return SCRIPT.count_tokens(text)
+
+    with pytest.raises(ConfigError, match=r"faithfulness for item 'oven' is -0.5, outside"):
+        run_rag_eval(config, load_golden(config.eval.golden), generator=Counting(),
+                     judge_llm=RAMBLER, embedder=onnx_embedder)  # fmt: skip
+    assert asked == []
 
 
 def test_human_labels_give_a_ppi_estimate_beside_the_judge(
@@ -1708,7 +1746,7 @@ def test_a_judged_metric_shares_a_trend_only_with_runs_of_the_same_judge(tmp_pat
              "prompts": "a1b2c3d4e5f6", "context_verdicts": "statement",
              "answer_relevancy_questions": 1, "embedder": "onnx:all-MiniLM-L6-v2",
              "max_tokens": 512, "counts": {"faithfulness": {"ok": 3}}}  # fmt: skip
-    golden = types.SimpleNamespace(selection="all 6 items", queries=6, name="g")
+    golden = GoldenInfo("g", "g.yaml", 6, "all 6 items")
     run = types.SimpleNamespace(kind="rag", depth=5, golden=golden, judge=judge)
     who = judge_identity(run, "faithfulness")  # type: ignore[arg-type]
     assert re.fullmatch(r"qwen2\.5-coder-1\.5b \(settings [0-9a-f]{8}\)", who)

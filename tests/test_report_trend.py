@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.cli_eval import _print_history
 from ragpipe.evaluation.report import trend_series
-from ragpipe.evaluation.run import HISTORY_SCHEMA, read_history
+from ragpipe.evaluation.run import HISTORY_SCHEMA, GoldenInfo, read_history
 
 
 def _row(run: str, golden: str, kind: str, metric: str, mean: float) -> dict[str, object]:
@@ -160,7 +160,7 @@ def _append_runs(root: Path, who: str, runs: int) -> None:
 
     from ragpipe.evaluation.run import append_history
 
-    golden = types.SimpleNamespace(name="faq", queries=4, selection="all 4 items")
+    golden = GoldenInfo("faq", "faq.yaml", 4, "all 4 items")
     for n in range(runs):
         summary = types.SimpleNamespace(
             run_id=f"{who}-{n}", finished_at=f"{who}-{n}", name=who, golden=golden,
@@ -203,7 +203,7 @@ def test_flagged_and_withheld_metrics_are_listed_with_their_flag_never_as_trend_
 
     blind = "judge not calibrated (kappa 0.50 on 8 pairs, a blind judge does as well with p=0.14)"
     failing = "judge failed on 5 of 10 (> 20%)"
-    golden = types.SimpleNamespace(name="faq", queries=10, selection="all 10 items")
+    golden = GoldenInfo("faq", "faq.yaml", 10, "all 10 items")
     runs = {
         "20261201T000000Z-faq-rag": {
             "answer_f1": stats(bootstrap_ci([0.2, 0.3, 0.4], 200, 0)),
@@ -267,7 +267,7 @@ def test_a_golden_set_with_flagged_runs_only_has_no_trend_link(tmp_path: Path) -
     from ragpipe.evaluation.run import append_history, in_history, stats
     from ragpipe.serve.reports import index_page, trend_page
 
-    golden = types.SimpleNamespace(name="faq", queries=3, selection="all 3 items")
+    golden = GoldenInfo("faq", "faq.yaml", 3, "all 3 items")
     summary = types.SimpleNamespace(
         run_id="20261201T000000Z-faq-rag", finished_at="2026-12-01", name="faq-rag",
         golden=golden, granularity="answer", kind="rag", depth=5, judge=None, git_revision="",
@@ -340,7 +340,7 @@ def test_the_lists_of_runs_show_failed_and_not_applicable_as_the_headline(
 
     ci = {"mean": 0.567, "ci_low": 0.5, "ci_high": 0.7, "n": 6, "n_failed": 1,
           "n_not_applicable": 1}  # fmt: skip
-    golden = types.SimpleNamespace(name="faq", queries=8, selection="all 8 items")
+    golden = GoldenInfo("faq", "faq.yaml", 8, "all 8 items")
     summary = types.SimpleNamespace(
         run_id="r1", finished_at="r1", name="rag", golden=golden, granularity="answer",
         kind="rag", depth=5, judge=None, git_revision="",

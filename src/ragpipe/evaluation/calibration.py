@@ -370,7 +370,14 @@ def alter(sentence: str) -> str | None:
     number = _NUMBER.search(sentence)
     if number:
         value = number.group(0)
-        changed = str(int(float(value)) + 7) if "." not in value else f"{float(value) * 3:g}"
+        # x3 for a decimal, +7 for a zero one: 0.0 x 3 is "0", the same value (a true
+        # statement the probe counted false)
+        number_ = float(value)
+        changed = (
+            str(int(number_) + 7)
+            if "." not in value
+            else f"{number_ * 3 if number_ else number_ + 7:g}"
+        )
         return sentence[: number.start()] + changed + sentence[number.end() :]
     aux = _AUXILIARY.search(sentence)
     if aux and not re.search(r"\bnot\b|n't\b", sentence):

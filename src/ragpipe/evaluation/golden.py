@@ -31,7 +31,7 @@ import logging
 import math
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,20 @@ class GoldenItem:
     expected_answer: str | None = None
     answerable: bool = True
     draft: bool = False  # drafted by `ragpipe golden draft`, not yet reviewed
+
+
+def item_digest(item: GoldenItem) -> str:
+    """What an item asks and what scores it, hashed: its query, targets, grades, expected
+    answer and answerability (not its id, nor whether it is a reviewed draft). An edited
+    item is another question: its scores are no point on the same trend line."""
+    asked = {
+        "query": item.query,
+        "relevance": sorted(item.relevance.items()),
+        "chunks": [astuple(c) for c in item.chunks],
+        "expected_answer": item.expected_answer,
+        "answerable": item.answerable,
+    }
+    return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:12]
 
 
 @dataclass

@@ -964,6 +964,19 @@ def judge_calls(verdicts: str, claims: str) -> int:
     return JUDGE_CALLS_PER_ITEM - (claims == "sentences") - (verdicts == "statement")
 
 
+def _check_label_ranges(labels: dict[str, dict[str, float]], source: object) -> None:
+    """ConfigError for a judged metric's label outside that metric's range."""
+    for m, by_item in labels.items():
+        low, high = SCORE_RANGE.get(m, (0.0, 1.0))
+        outside = [(i, v) for i, v in by_item.items() if not low <= v <= high]
+        if m in RAG_METRICS and outside:
+            item, label = outside[0]
+            raise ConfigError(
+                f"{source}: the label of {m} for item {item!r} is {label:g}, outside the "
+                f"metric's range [{low:g}, {high:g}]; fix the value"
+            )
+
+
 def run_rag_eval(
     config: RagpipeConfig,
     golden: GoldenSet,
@@ -1000,6 +1013,7 @@ def run_rag_eval(
     judge = Judge(judge_model, embedder, ev.judge_timeout_s, ev.judge_max_tokens,
                   verdicts=ev.judge_verdicts, claims=ev.faithfulness_claims)  # fmt: skip
     labels = labels_by_metric(load_labels(ev.labels)) if ev.labels else {}
+    _check_label_ranges(labels, ev.labels)  # before a question is asked, not after them all
     rows: list[RagRow] = []
     calibration: Calibration | None = None
     notes: list[str] = []
@@ -1165,13 +1179,6 @@ def _result(
             notes.append(f"labels for {m!r} ignored: only judged metrics ({judged}) take them")
             continue
         low, high = SCORE_RANGE.get(m, (0.0, 1.0))
-        outside = [(i, v) for i, v in by_item.items() if not low <= v <= high]
-        if outside:
-            item, label = outside[0]
-            raise ConfigError(
-                f"{ev.labels}: the label of {m} for item {item!r} is {label:g}, outside the "
-                f"metric's range [{low:g}, {high:g}]; fix the value"
-            )
         # The judge's prediction per applicable item; a failed verdict predicts the range's
         # midpoint, a fixed rule, so the labelled rectifier still corrects it without bias.
         midpoint = (low + high) / 2

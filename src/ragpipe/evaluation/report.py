@@ -441,7 +441,9 @@ def _worst_retrieval(table: pa.Table, metric: str, shown: int) -> str:
         group = by_item[item_id]
         head = group[first]
         relevant: dict[str, int] = json.loads(head["relevant"])
-        scores = ", ".join(f"{v} {group[v][metric]:.3f}" for v in variants if v in group)
+        scores = ", ".join(
+            f"{html.escape(v)} {group[v][metric]:.3f}" for v in variants if v in group
+        )
         expected = "".join(
             f"<li>{html.escape(key)} <span class='grade'>grade {grade}</span></li>"
             for key, grade in sorted(relevant.items(), key=lambda kv: -kv[1])

@@ -45,7 +45,7 @@ from ragpipe.evaluation.check import (
     evidence_changes,
     golden_for_index,
 )
-from ragpipe.evaluation.golden import GoldenSet, load_golden
+from ragpipe.evaluation.golden import GoldenSet, item_digest, load_golden
 from ragpipe.evaluation.metrics import METRICS, Interval
 from ragpipe.evaluation.rag import ALL_RAG_METRICS, RAG_METRICS, RagEvalResult, run_rag_eval
 from ragpipe.evaluation.report import WITHHELD, render_html, render_markdown
@@ -192,6 +192,17 @@ class GoldenInfo:
     source: str
     queries: int
     selection: str = ""  # which items were scored: all, the first N, a sample (rag.item_selection)
+    # Each scored item's golden.item_digest: an edited set is another trend line (scope)
+    # and named in the run's warnings (with_drift). Empty in runs from before it.
+    items: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def digest(self) -> str:
+        """The scored items' digests together (8 hex digits); "" when not recorded."""
+        if not self.items:
+            return ""
+        joined = json.dumps(sorted(self.items.items())).encode()
+        return hashlib.sha256(joined).hexdigest()[:8]
 
 
 @dataclass
@@ -303,6 +314,7 @@ def retrieval_summary(
             result.golden.source,
             len(result.golden.items),
             f"all {len(result.golden.items)} items",
+            {i.id: item_digest(i) for i in result.golden.items},
         ),
         granularity=result.granularity.value,
         depth=result.depth,
@@ -362,6 +374,11 @@ def retrieval_table(result: EvalResult) -> pa.Table:
     )
 
 
+def _scored_digests(result: RagEvalResult) -> dict[str, str]:
+    scored = {r.item_id for r in result.rows}
+    return {i.id: item_digest(i) for i in result.golden.items if i.id in scored}
+
+
 def rag_summary(result: RagEvalResult, config: RagpipeConfig, corpus: dict[str, Any]) -> RunSummary:
     """The typed summary of a RAG run (no run id or directory yet)."""
     return RunSummary(
@@ -371,7 +388,7 @@ def rag_summary(result: RagEvalResult, config: RagpipeConfig, corpus: dict[str, 
         metric_names=list(ALL_RAG_METRICS),
         finished_at=datetime.now(UTC).isoformat(),
         golden=GoldenInfo(result.golden.name, result.golden.source, len(result.rows),
-                          result.selection),
+                          result.selection, _scored_digests(result)),
         granularity="answer",
         depth=config.retrieve.top_k,
         corpus=corpus,
@@ -613,6 +630,43 @@ def with_check(summary: RunSummary, check: GoldenCheck) -> RunSummary:
     return summary
 
 
+def _warn_edited(summary: RunSummary, root: Path, run_id: str) -> None:
+    """A warning naming the items of the golden set that were edited, added or removed
+    since ``run_id``, the last run of a set of that name: its numbers are not comparable
+    with that run's (the trend starts a new line; ``scope``)."""
+    try:
+        data = json.loads((root / run_id / "summary.json").read_text(encoding="utf-8"))
+        before = dict((data.get("golden") or {}).get("items") or {})
+    except (OSError, ValueError, TypeError):
+        return  # a run folder removed by hand, or from before digests were recorded
+    now = summary.golden.items
+    if not before or not now or before == now:
+        return
+    edited = {i for i in now.keys() & before.keys() if now[i] != before[i]}
+    # Items in or out are a change of the set only when both runs scored all of it (a
+    # --limit or --sample run scores some: its own scope, no edit).
+    selections = (summary.golden.selection, (data.get("golden") or {}).get("selection", ""))
+    whole = all(str(selection).startswith("all ") for selection in selections)
+    changes = [
+        (what, sorted(ids))
+        for what, ids in (
+            ("edited", edited),
+            ("added", now.keys() - before.keys() if whole else set()),
+            ("removed", before.keys() - now.keys() if whole else set()),
+        )
+        if ids
+    ]
+    if not changes:
+        return
+    said = "; ".join(
+        f"{what} {', '.join(ids[:10])}{', ...' if len(ids) > 10 else ''}" for what, ids in changes
+    )
+    summary.warnings.append(
+        f"the questions of {summary.golden.name!r} changed since its last run ({run_id}): "
+        f"{said}. Its numbers are not comparable with that run's: the trend starts a new line"
+    )
+
+
 def with_drift(summary: RunSummary, golden: GoldenSet, view: IndexView, root: Path) -> RunSummary:
     """The summary with each item's evidence, and the items whose evidence changed since
     the last run of the same golden set in ``root`` (a metric that moves there may be a
@@ -625,6 +679,8 @@ def with_drift(summary: RunSummary, golden: GoldenSet, view: IndexView, root: Pa
         history = []
     runs = sorted({(r["finished_at"], r["run_id"]) for r in history
                    if r["golden"] == golden.name}, reverse=True)  # fmt: skip
+    if runs:
+        _warn_edited(summary, root, runs[0][1])
     here = _store_identity(summary.config)
     for _, run_id in runs[:DRIFT_LOOKBACK]:  # the last run of this set on this index
         try:
@@ -675,7 +731,8 @@ def scope(summary: RunSummary) -> str:
     the depth, and a sample or the first N items are not the whole set."""
     g = summary.golden
     depth = "top_k" if summary.kind == "rag" else "depth"
-    return f"{g.selection or f'{g.queries} items'}, {depth} {summary.depth}"
+    questions = f", questions {g.digest}" if g.digest else ""  # an edited set: a new line
+    return f"{g.selection or f'{g.queries} items'}, {depth} {summary.depth}{questions}"
 
 
 def judge_identity(summary: RunSummary, metric: str) -> str:
