@@ -474,6 +474,12 @@ def test_a_prompt_past_the_window_is_an_error_not_an_empty_answer(smollm: LlamaC
         small.chat([{"role": "user", "content": long_text}], on_token=lambda piece: None)
     with pytest.raises(ConfigError, match=r"raise llm.context_size"):
         answer(long_text, _hits(3), small, on_token=lambda piece: None)
+    # As ask, serve and eval rag hold the model: loaded on first use, its window known.
+    from ragpipe.config import LLMConfig
+
+    lazy = LazyLLM(LLMConfig(model="smollm2-135m", context_size=512, max_tokens=16))
+    with pytest.raises(ConfigError, match=r"llm.context_size \(512\) leaves 0 for"):
+        answer(long_text, _hits(3), lazy, on_token=lambda piece: None)
     # Sources are cut to what the window leaves (2800 would not fit): the model answers.
     reply = answer("What is in chunk 0?", _hits(30, words=60), small, context_tokens=2800)
     assert 0 < reply.tokens_in <= 512 - 16 and len(reply.sources) < 30

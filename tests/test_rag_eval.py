@@ -4,6 +4,7 @@ the real SmolLM2; judge failures are null with a reason, never 0."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import html
 import itertools
 import json
@@ -834,6 +835,15 @@ def test_a_label_outside_its_metric_is_refused_before_any_question_is_asked(
     with pytest.raises(ConfigError, match=r"faithfulness for item 'oven' is -0.5, outside"):
         run_rag_eval(config, load_golden(config.eval.golden), generator=Counting(),
                      judge_llm=RAMBLER, embedder=onnx_embedder)  # fmt: skip
+    assert asked == []
+    # So is a question the model's window cannot hold: it was an empty answer, scored.
+    small = Counting()
+    small.context_size, small.max_tokens = 512, 16  # type: ignore[attr-defined]
+    golden = load_golden(scored_config.eval.golden)
+    golden.items[2] = dataclasses.replace(golden.items[2], query="Why? " * 2000)
+    with pytest.raises(ConfigError, match=r"raise llm.context_size"):
+        run_rag_eval(scored_config, golden, generator=small, judge_llm=RAMBLER,
+                     embedder=onnx_embedder)  # fmt: skip
     assert asked == []
 
 

@@ -67,6 +67,7 @@ from ragpipe.query.generate import (
     NOT_FOUND,
     Answer,
     configured_answer,
+    source_budget,
     without_citation_marks,
 )
 from ragpipe.query.results import Retrieved
@@ -1014,6 +1015,8 @@ def run_rag_eval(
                   verdicts=ev.judge_verdicts, claims=ev.faithfulness_claims)  # fmt: skip
     labels = labels_by_metric(load_labels(ev.labels)) if ev.labels else {}
     _check_label_ranges(labels, ev.labels)  # before a question is asked, not after them all
+    for item in items:  # a question the model's window cannot hold, before the first
+        source_budget(item.query, generator, config.generate.context_tokens, quiet=True)
     rows: list[RagRow] = []
     calibration: Calibration | None = None
     notes: list[str] = []

@@ -580,6 +580,10 @@ class LazyLLM:
         self.takes_grammar = takes_grammar(config)
         self.continues_reply = config.provider == LLMProvider.LLAMACPP
         self.temperature = config.temperature
+        # What the sources' budget needs (generate.source_budget), known without loading:
+        # the window of an embedded model; a server's is the server's (None).
+        self.context_size = config.context_size if config.provider == LLMProvider.LLAMACPP else None
+        self.max_tokens = config.max_tokens
 
     def model(self) -> LLM:
         with self._loading:  # threads asking at once load it once

@@ -217,7 +217,7 @@ PROMPT_MARGIN = 64
 MIN_SOURCE_TOKENS = 64
 
 
-def source_budget(question: str, llm: LLM, context_tokens: int) -> int:
+def source_budget(question: str, llm: LLM, context_tokens: int, *, quiet: bool = False) -> int:
     """The tokens the sources may take: ``context_tokens``, less what a model with a known
     window (llama.cpp's llm.context_size) needs for the instructions, the question and
     its answer. A prompt past the window was refused inside the stream: an empty answer.
@@ -237,14 +237,13 @@ def source_budget(question: str, llm: LLM, context_tokens: int) -> int:
             f"({reply}) for the answer, llm.context_size ({window}) leaves {max(room, 0)} for "
             "the sources; shorten the question or raise llm.context_size"
         )
-    if room < context_tokens:
+    if room < context_tokens and not quiet:
         logger.warning(
             "generate.context_tokens (%d) does not fit llm.context_size (%d) with this "
             "question and llm.max_tokens: the sources get %d tokens (raise llm.context_size, "
             "or lower generate.context_tokens to silence this)", context_tokens, window, room,
         )  # fmt: skip
-        return room
-    return context_tokens
+    return min(room, context_tokens)
 
 
 def _cut(text: str, budget: int, count_tokens: Callable[[str], int]) -> str:
