@@ -692,3 +692,45 @@ def test_a_utf8_page_with_a_stale_meta_charset_is_stored_as_read(tmp_path: Path)
                         path.stat().st_size, "ab" * 32)  # fmt: skip
     doc = Converter(ConvertConfig()).convert(source, "fp")
     assert "Das Café Müller öffnet um acht Uhr." in doc.markdown and "Ã" not in doc.markdown
+
+
+def test_robots_redirects_past_max_redirects_cr_lines_gzip_members_and_kept_bodies(
+    tmp_path: Path,
+) -> None:
+    """The review of the fixes above: a redirected robots.txt under max_redirects 0 was read
+    as none (its Disallow ignored); a long CR-only robots.txt was cut to nothing; a gzip
+    body of two members kept the first; a page kept by a 304 from before the UTF-8
+    declaration never got it."""
+    from ragpipe.web.pages import UTF8_DECLARATION, _declare_utf8
+
+    routes = {
+        "/robots.txt": Route(status=301, location="/robots-real.txt"),
+        "/robots-real.txt": Route(b"User-agent: *\nDisallow: /private/\n", "text/plain"),
+        "/private/c": Route(b"secret", "text/plain"),
+    }
+    with (
+        web_site(routes) as site,
+        Fetcher(FetchConfig(max_redirects=0), listed_hosts=LOOPBACK) as fetcher,
+        pytest.raises(Disallowed),  # RFC 9309's five hops, whatever fetch.max_redirects says
+    ):
+        fetcher.get(f"{site.url}/private/c")
+    cr = b"User-agent: *\rDisallow: /private/\r" + (b"# " + b"x" * 98 + b"\r") * 6_000
+    page = b"<p>" + b"words " * 200 + b"</p>"
+    members = gzip.compress(page[:300]) + gzip.compress(page[300:])
+    routes = {
+        "/robots.txt": Route(cr, "text/plain"),
+        "/private/a": Route(b"p", "text/plain"),
+        "/two": Route(members, headers={"Content-Encoding": "gzip"}),
+    }
+    with web_site(routes) as site, Fetcher(FetchConfig(), listed_hosts=LOOPBACK) as fetcher:
+        with pytest.raises(Disallowed):
+            fetcher.get(f"{site.url}/private/a")
+        assert fetcher.get(f"{site.url}/two").body == page
+    body = tmp_path / "old.html"
+    old = '<html><head><meta charset="windows-1252"></head><body>Café</body></html>'
+    body.write_text(old, encoding="utf-8")
+    kept = WebPage("https://x.org/", "https://x.org/", "urls", "html", "text/html", None, None,
+                   "ab" * 32, 10, "t", "t", None, str(body))  # fmt: skip
+    _declare_utf8(kept)
+    _declare_utf8(kept)  # once
+    assert body.read_text(encoding="utf-8") == UTF8_DECLARATION + old

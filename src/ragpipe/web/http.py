@@ -38,6 +38,7 @@ from ragpipe.web.robots import RobotsRules, product_token
 logger = logging.getLogger(__name__)
 
 ROBOTS_MAX_BYTES = 512 * 1024  # RFC 9309: parse at least 500 KiB
+ROBOTS_MIN_REDIRECTS = 5  # RFC 9309: follow at least five, whatever fetch.max_redirects says
 _REDIRECTS = {301, 302, 303, 307, 308}
 # What makes a robots.txt unavailable (as a 4xx), not unreachable (as a 5xx).
 _ROBOTS_UNAVAILABLE = {"too_many_redirects", "bad_redirect", "private_address"}
@@ -179,23 +180,35 @@ class _Decoder:
         )
         self._zlib = zlib.decompressobj(wbits) if codings else None
         self._deflate = codings == ["deflate"]
+        self._wbits = wbits
         self._fed = False
+        self._pending = b""  # a first chunk too short to tell zlib from raw deflate
 
     def feed(self, data: bytes, room: int) -> bytes:
         """``data`` decoded, stopping once the output is larger than ``room``: memory stays
         bounded by the cap, whatever the compression ratio."""
         if self._zlib is None:
             return data
-        if not self._fed and self._deflate and len(data) >= 2 and not _zlib_or_gzip(data):
-            # "deflate" sent raw, without its zlib header, as some servers do (browsers
-            # read it too)
-            self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
+        if not self._fed and self._deflate:
+            data, self._pending = self._pending + data, b""
+            if len(data) < 2:
+                self._pending = data
+                return b""
+            if not _zlib_or_gzip(data):
+                # "deflate" sent raw, without its zlib header, as some servers do (browsers
+                # read it too)
+                self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
         self._fed = True
         out = bytearray()
         try:
             while True:  # the limit is never 0 (which zlib reads as "no limit")
                 out += self._zlib.decompress(data, room + 1 - len(out))
                 data = self._zlib.unconsumed_tail
+                if self._zlib.eof and self._zlib.unused_data[:2] == b"\x1f\x8b":
+                    # another gzip member follows (RFC 1952): read it too, not only the first
+                    data = self._zlib.unused_data + data
+                    self._zlib = zlib.decompressobj(self._wbits)
+                    continue
                 if not data or len(out) > room:
                     return bytes(out)
         except zlib.error as exc:
@@ -204,7 +217,7 @@ class _Decoder:
     def finish(self) -> None:
         """Raises ``corrupt`` when the compressed stream stopped before its end: a body
         cut short (a dropped connection with no length to miss) is not a whole page."""
-        if self._zlib is not None and self._fed and not self._zlib.eof:
+        if self._zlib is not None and (self._pending or (self._fed and not self._zlib.eof)):
             raise FetchError(
                 "corrupt", "the compressed response body ended before its end (cut short)"
             )
@@ -290,8 +303,8 @@ class Fetcher:
     def _load_robots(self, origin: str) -> RobotsRules | FetchError:
         robots_url = f"{origin}/robots.txt"
         try:
-            response = self._follow(robots_url, {}, check_robots=False, cap=ROBOTS_MAX_BYTES,
-                                    robots=True)  # fmt: skip
+            response = self._follow(robots_url, {}, check_robots=False,
+                                    cap=ROBOTS_MAX_BYTES + 1, robots=True)  # fmt: skip
         except FetchError as exc:
             if exc.category in _ROBOTS_UNAVAILABLE:
                 # RFC 9309 2.3.1.2: past five redirects a crawler may take robots.txt as
@@ -312,8 +325,9 @@ class Fetcher:
         if response.status != 200:  # 4xx (no robots.txt): nothing is disallowed
             return RobotsRules.allow_all()
         body = response.body
-        if len(body) >= ROBOTS_MAX_BYTES:  # read this far (RFC 9309): its last line is cut
-            body = body[: body.rfind(b"\n") + 1]
+        if len(body) > ROBOTS_MAX_BYTES:  # read this far (RFC 9309): its last line is cut
+            body = body[:ROBOTS_MAX_BYTES]
+            body = body[: max(body.rfind(b"\n"), body.rfind(b"\r")) + 1]
         text = body.decode("utf-8", errors="replace")
         return RobotsRules.parse(text, self.config.user_agent)
 
@@ -383,7 +397,8 @@ class Fetcher:
         follows redirects to any host (RFC 9309) and reads up to ``cap`` bytes of a longer
         file instead of refusing it."""
         current = url
-        for _ in range(self.config.max_redirects + 1):
+        hops = max(self.config.max_redirects, ROBOTS_MIN_REDIRECTS if robots else 0)
+        for _ in range(hops + 1):
             problem = url_problem(current)
             if problem:
                 raise FetchError("bad_redirect", f"redirected to {current!r}, which {problem}")

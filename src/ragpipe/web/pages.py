@@ -25,6 +25,7 @@ time, so a sitemap outage never empties the index.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import html
 import logging
@@ -181,9 +182,26 @@ def _stored_body(
         # The bytes become UTF-8; a leading declaration outranks the page's own, which
         # may name another charset than the HTTP header that decoded it (a stale
         # <meta charset="windows-1252"> on a UTF-8 page gave "CafÃ©" in every chunk).
-        text = '<meta charset="utf-8">\n' + text
+        text = UTF8_DECLARATION + text
     atomic_write_bytes(path, text.encode("utf-8"))
     return path, page_title(kind, text, body)
+
+
+UTF8_DECLARATION = '<meta charset="utf-8">\n'
+
+
+def _declare_utf8(page: WebPage) -> None:
+    """A kept HTML body stored before every one declared UTF-8 (CONVERT_VERSION 4) gets
+    the declaration: a page that answers 304 is never stored again."""
+    if page.kind != "html":
+        return
+    from ragpipe.checkpoint import atomic_write_bytes
+
+    path = Path(page.body_path)
+    with contextlib.suppress(OSError):  # a body gone is fetched again (_intact)
+        body = path.read_bytes()
+        if not body.startswith(UTF8_DECLARATION.encode()):
+            atomic_write_bytes(path, UTF8_DECLARATION.encode() + body)
 
 
 def _intact(page: WebPage) -> bool:
@@ -304,6 +322,7 @@ def _page(
     status = response.status
     if status == 304 and conditional and before is not None:
         result.not_modified += 1
+        _declare_utf8(before)
         return WebPage(**{**before.__dict__, "source": source, "checked_at": now})
     if status in (404, 410):
         raise FetchError(
@@ -331,6 +350,7 @@ def _page(
     result.downloaded += 1
     if before is not None and before.sha256 == sha and before.kind == kind and _intact(before):
         # Same bytes as last time (a server without validators): keep the version.
+        _declare_utf8(before)
         return WebPage(
             **{
                 **before.__dict__,
