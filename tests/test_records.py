@@ -279,3 +279,28 @@ def test_exports_as_they_come(tmp_path: Path) -> None:
     skipped = {(s.file_path, s.reason) for s in checkpoint.read_records(
         cfg.paths.work_dir / "discover" / "skipped.parquet", Skip)}  # fmt: skip
     assert (f"{root}/lines.json#s4", "empty_record") in skipped
+
+
+def test_records_under_another_spelling_of_their_root_are_refused_not_doubled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relabel check looked for a file at "exports/faq.jsonl#q1": records were indexed
+    twice when the root was spelled otherwise. A hard link under the same root is no
+    relabel (the check refused it, blocking the nightly)."""
+    import os
+
+    from ragpipe.errors import ConfigError
+
+    root = tmp_path / "exports"
+    root.mkdir()
+    _write_jsonl(root / "faq.jsonl", FAQ)
+    monkeypatch.chdir(tmp_path)
+    first = run_ingest(_config(Path("exports"), tmp_path, [FAQ_RULE]))
+    with pytest.raises(ConfigError, match=r"3 indexed file\(s\) are the same files"):
+        run_ingest(_config(root, tmp_path, [FAQ_RULE]))
+    os.link(root / "faq.jsonl", root / "a-faq.jsonl")  # the same bytes, first in sort order
+    linked = run_ingest(_config(Path("exports"), tmp_path, [FAQ_RULE]), allow_mass_delete=True)
+    assert linked.points_total == first.points_total
+    assert {p.split("#")[0] for p in _by_file(_config(Path("exports"), tmp_path, []))} == {
+        "exports/a-faq.jsonl"
+    }

@@ -12,8 +12,10 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
+import os
 import time
 import uuid
 from collections import Counter
@@ -259,24 +261,37 @@ def _refuse_relabelled(
     """ConfigError when files to add are indexed files under another spelling of their
     root (``docs`` then ``/home/me/docs``, or a symlink to it): a file's identity is its
     root as written, so each would be indexed twice (the mass-deletion guard held the old
-    entries while the new ones were written), or re-embedded without a word."""
-    by_sha: dict[str, list[SourceFile]] = {}
+    entries while the new ones were written), or re-embedded without a word.
+
+    Told by the path below the root (a record's ``#id`` included) being the same and the
+    two roots being one real folder; a file renamed or hard-linked under the same root is
+    no such case."""
+    below: dict[str, list[SourceFile]] = {}
     for source in todo:
-        by_sha.setdefault(source.sha256, []).append(source)
-    pairs: list[tuple[str, SourceFile]] = []
+        if source.root == ".":  # files below the working directory are named as they are
+            rel = source.file_path
+        elif "://" in source.file_path or not source.file_path.startswith(source.root + "/"):
+            continue  # a page, an object, a root that is a file: no folder spelled otherwise
+        else:
+            rel = source.file_path[len(source.root) + 1 :]
+        below.setdefault(rel, []).append(source)
+    if not below:
+        return
+    real = functools.lru_cache(maxsize=None)(os.path.realpath)
+    pairs: list[tuple[str, SourceFile, str]] = []
     for path in removed:
-        for sha in {sha for sha, _ in versions.get(path, {})}:
-            for source in by_sha.get(sha, []):
-                try:
-                    if Path(path).is_file() and Path(path).samefile(source.abs_path):
-                        pairs.append((path, source))
-                except OSError:
-                    continue
+        if "://" in path or path not in versions:
+            continue
+        parts = path.split("/")
+        for cut in range(len(parts)):  # every split of the path into root + rel
+            rel = "/".join(parts[cut:])
+            old_root = ("/".join(parts[:cut]) or "/") if cut else "."
+            for source in below.get(rel, []):
+                if old_root != source.root and real(old_root) == real(source.root):
+                    pairs.append((path, source, old_root))
     if not pairs:
         return
-    old, source = pairs[0]
-    below = source.file_path.removeprefix(source.root).lstrip("/")
-    was = old.removesuffix(below).rstrip("/") if old.endswith(below) else old
+    old, source, was = pairs[0]
     raise ConfigError(
         f"discover.roots: {len(pairs)} indexed file(s) are the same files under another "
         f"spelling of their root ({old!r} is now {source.file_path!r}): a file's identity is "
