@@ -496,7 +496,7 @@ def test_citations_as_models_write_them_are_read_and_checked() -> None:
         ("Cool it 【7】 and bake it 【2】.", [2], [7]),
         ("Cool it [ 7 ] and [2,].", [2], [7]),
         ("Cool it [Source 7]; bake [source 1, 3].", [1, 3], [7]),
-        ("Years [1990-2020] are no list.", [], [1990, 2020]),
+        ("Years [1990-2020] are no list.", [], []),  # text: no range of sources
     ]:
         got, bad = check_citations(text, sources)
         assert ([s.number for s in got], bad) == (cited, invalid), text
@@ -527,3 +527,45 @@ def test_a_not_found_phrase_inside_a_sentence_takes_that_sentence_with_it() -> N
     decimal = answer("q", hits, Streamer(["Bake at 230.5 degrees; the time is not found in "
                                           "the provided documents."]))  # fmt: skip
     assert decimal.text == NOT_FOUND and decimal.flags == [WITHDRAWN]
+
+
+def test_brackets_that_are_no_citation_stay_as_written() -> None:
+    """The review of the range reading: a regex's class, a span of years, a page range
+    past the sources and a long span were cited, removed or rewritten."""
+    sources = [Source(n, f"p{n}", f"f{n}.md", None, "", "t") for n in (1, 2, 3)]
+    given = _scored(0.5, 0.5, 0.5)
+    for text in (
+        'In R, grepl("^[0-9]+$", x) tests for digits only [1].',
+        "The survey ran in [2020-2021] and again in 2023 [2].",
+        "The range [1-100] is accepted [1].",
+        "Match [1-9]+ digits or ^[1-3] [2].",
+    ):
+        reply = answer("q", given, Streamer([text]))
+        assert reply.text == text and reply.flags == [], text
+    cited, invalid = check_citations("Use x[ 9 ] for the ninth element [9]. Also [1].", sources)
+    assert ([s.number for s in cited], invalid) == ([1], [9])
+    assert strip_citations("Use x[ 9 ] for the ninth element [9]. Also [1].", [9]) == (
+        "Use x[ 9 ] for the ninth element. Also [1]."  # the code's [ 9 ] stays
+    )
+
+
+def test_a_sourced_answer_before_the_not_found_sentence_survives_its_punctuation() -> None:
+    """The review of the sentence rule: an answer ending "[1].**", '."' or ".)" before the
+    sentence was withdrawn; "U.S." and a list's "2." were read as sentence ends, leaving
+    "… for the U.S." and "\\n2." shown."""
+    source = "The rise time of the amplifier is 5 ns and the fall time of the U.S. model is 7 ns."
+    hits = _scored(0.5)
+    hits[0].payload["text"] = source
+    sentence = "The rise time of the amplifier is 5 ns [1]."
+    for said, shown in (
+        (f"**{sentence}** {NOT_FOUND}", f"**{sentence}**"),
+        (f'"{sentence}" {NOT_FOUND}', f'"{sentence}"'),
+        (f"({sentence}) {NOT_FOUND}", f"({sentence})"),
+        (f"{sentence[:-1]}; {NOT_FOUND}", f"{sentence[:-1]};"),
+        (f"{sentence} The fall time of the U.S. model, e.g. the rise time for the U.S. "
+         f"market, is not found in the provided documents.", sentence),
+        (f"1. {sentence}\n2. The fall time is not found in the provided documents.",
+         f"1. {sentence}"),
+    ):  # fmt: skip
+        reply = answer("q", hits, Streamer([said]))
+        assert (reply.text, reply.flags) == (shown, [NOT_FOUND_DROPPED]), said

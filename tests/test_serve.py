@@ -1369,3 +1369,24 @@ def test_the_cache_never_serves_a_question_that_means_something_else() -> None:
     ]:
         assert "mean the opposite" in (meaning_conflict(one, other) or ""), other
     assert meaning_conflict("How long should bread bake?", "How long must bread bake?") is None
+
+
+def test_a_question_the_model_window_cannot_hold_is_422(
+    tmp_path: Path, onnx_embedder: Any, smollm: Any
+) -> None:
+    """llama.cpp refused the prompt inside the stream: an empty answer, 200 and cached.
+    Then the budget was skipped in serve (its model wrapper hid the window), so every
+    long question was a 503 "generation failed" naming llama.cpp."""
+    from ragpipe.models.llm import LlamaCppLLM
+
+    small = LlamaCppLLM("smollm2-135m", context_size=512, max_tokens=16)
+    cfg = _index(tmp_path)
+    with (
+        running(create_app(cfg, onnx_embedder, small)) as url,
+        httpx.Client(base_url=url, timeout=120) as client,
+    ):
+        got = client.post("/ask", json={"question": "How long should bread bake? " * 60})
+        assert got.status_code == 422, got.text
+        assert "raise llm.context_size" in got.json()["detail"]
+        fine = client.post("/ask", json={"question": "How long should bread bake?"})
+        assert fine.status_code == 200 and 0 < fine.json()["tokens_in"] <= 512 - 16

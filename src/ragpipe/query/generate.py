@@ -30,7 +30,17 @@ _ITEM = r"(?:source\s*)?\d+(?:\s*[-–]\s*\d+)?"
 _MARK = rf"(?<!\[)[\[【]\s*({_ITEM}(?:\s*,\s*{_ITEM})*)\s*,?\s*[\]】](?!\])"
 _CITATION = re.compile(_MARK, re.IGNORECASE)
 _SPACED_CITATION = re.compile(r"(\s*)" + _MARK, re.IGNORECASE)
-_RANGE_MAX = 20  # a longer "range" is its two ends (a span of years is no list of sources)
+# A range is sources a to b: 1 <= a < b, at most 20 apart and 99 at most. Anything else
+# in brackets ("[0-9]", "[2020-2021]", "[1-100]") is text, neither cited nor removed.
+_RANGE = re.compile(r"(\d+)\s*[-–]\s*(\d+)")
+_RANGE_MAX, _SOURCE_MAX = 20, 99
+
+
+def _plausible(inside: str) -> bool:
+    return all(
+        1 <= int(a) < int(b) <= min(int(a) + _RANGE_MAX, _SOURCE_MAX)
+        for a, b in _RANGE.findall(inside)
+    )
 
 
 def mark_numbers(numbers: str) -> list[int]:
@@ -38,7 +48,7 @@ def mark_numbers(numbers: str) -> list[int]:
     out: list[int] = []
     for item in numbers.split(","):
         ends = [int(n) for n in re.findall(r"\d+", item)]
-        if len(ends) == 2 and 0 <= ends[1] - ends[0] <= _RANGE_MAX:
+        if len(ends) == 2:
             ends = list(range(ends[0], ends[1] + 1))
         out += [n for n in ends if n not in out]
     return out
@@ -57,10 +67,13 @@ def is_code(text: str, bracket: int, spans: Sequence[tuple[int, int]]) -> bool:
     is inside a code span, or straight after a code-like name: one lowercase ASCII letter
     (``x[7]``; "R[1]" is R cited), or a name with a digit, an underscore or an inner dot
     (``x1[2]``, ``my_list[2]``, ``obj.items[1]``, ``X1[2]``; "sentence.[1]" is a citation),
-    unless it follows an apostrophe: a possessive's "s" is no variable ("the baker's[9]").
+    unless it follows an apostrophe: a possessive's "s" is no variable ("the baker's[9]");
+    or straight after "^", "\\" or "|" (a regular expression's class).
     So a product's name straight before a citation ("Amazon S3[1]") reads as code; the
     citation grammar puts the final citation after a space."""
     if any(a <= bracket < b for a, b in spans):
+        return True
+    if bracket > 0 and text[bracket - 1] in "^\\|":  # a regex's class: "^[1-9]", "\\[2]"
         return True
     found = _NAME_BEFORE.search(text, max(0, bracket - 80), bracket)
     if found is None or found.group().endswith("."):
@@ -75,16 +88,28 @@ def is_code(text: str, bracket: int, spans: Sequence[tuple[int, int]]) -> bool:
             and any(c in "_." or c.isdigit() for c in name))  # fmt: skip
 
 
+def _cites(text: str, match: re.Match[str], bracket: int, spans: Sequence[tuple[int, int]],
+           inside: int = 1) -> bool:  # fmt: skip
+    """Whether a mark of ``_MARK`` (its ``[`` at ``bracket``, its numbers in group
+    ``inside``) is a citation: not code, not followed by a regex quantifier ("[0-9]+"),
+    its ranges plausible."""
+    return (
+        not is_code(text, bracket, spans)
+        and text[match.end() : match.end() + 1] not in ("+", "*", "?", "{")
+        and _plausible(match.group(inside))
+    )
+
+
 def citation_marks(text: str) -> list[re.Match[str]]:
     """The citation markers in ``text`` (group 1: the numbers), code left out."""
     spans = _code_spans(text)
-    return [m for m in _CITATION.finditer(text) if not is_code(text, m.start(), spans)]
+    return [m for m in _CITATION.finditer(text) if _cites(text, m, m.start(), spans)]
 
 
 def without_citation_marks(text: str) -> str:
     """``text`` with every citation marker a space (code kept as written)."""
     spans = _code_spans(text)
-    return _CITATION.sub(lambda m: m.group(0) if is_code(text, m.start(), spans) else " ", text)
+    return _CITATION.sub(lambda m: " " if _cites(text, m, m.start(), spans) else m.group(0), text)
 
 
 SYSTEM_PROMPT = f"""You answer questions using only the numbered sources you are given.
@@ -217,13 +242,21 @@ PROMPT_MARGIN = 64
 MIN_SOURCE_TOKENS = 64
 
 
+class QuestionTooLong(ConfigError):
+    """A question that leaves the model's window no room for sources (exit 2; 422 from
+    ``serve``: the client's question, not the server's configuration)."""
+
+
+_WARNED: set[tuple[int, int]] = set()
+
+
 def source_budget(question: str, llm: LLM, context_tokens: int, *, quiet: bool = False) -> int:
     """The tokens the sources may take: ``context_tokens``, less what a model with a known
     window (llama.cpp's llm.context_size) needs for the instructions, the question and
     its answer. A prompt past the window was refused inside the stream: an empty answer.
 
     Raises:
-        ConfigError: The question alone leaves no room for sources in that window.
+        QuestionTooLong: The question leaves no room for sources in that window.
     """
     window = getattr(llm, "context_size", None)
     if not isinstance(window, int):  # a server's model: its window is the server's
@@ -232,12 +265,13 @@ def source_budget(question: str, llm: LLM, context_tokens: int, *, quiet: bool =
     reply = int(getattr(llm, "max_tokens", 0) or 0)
     room = window - llm.count_tokens(SYSTEM_PROMPT) - asked - reply - PROMPT_MARGIN
     if room < MIN_SOURCE_TOKENS:
-        raise ConfigError(
+        raise QuestionTooLong(
             f"the question takes {asked} tokens: with the instructions and llm.max_tokens "
             f"({reply}) for the answer, llm.context_size ({window}) leaves {max(room, 0)} for "
             "the sources; shorten the question or raise llm.context_size"
         )
-    if room < context_tokens and not quiet:
+    if room < context_tokens and not quiet and (context_tokens, window) not in _WARNED:
+        _WARNED.add((context_tokens, window))  # once a process: serve asks it per request
         logger.warning(
             "generate.context_tokens (%d) does not fit llm.context_size (%d) with this "
             "question and llm.max_tokens: the sources get %d tokens (raise llm.context_size, "
@@ -317,7 +351,7 @@ def only_not_found(text: str) -> bool:
 def only_citations(text: str) -> bool:
     """Nothing but citations (``[1]``, ``[1, 2]``), spaces and punctuation between them; a
     number outside brackets ("40.") is text."""
-    rest = _CITATION.sub(" ", text)
+    rest = without_citation_marks(text)
     return re.fullmatch(r"[\s.,;:!]*", rest) is not None
 
 
@@ -338,11 +372,14 @@ def sourced_share(text: str, sources: Sequence[str]) -> float:
     return sum(pair in known for pair in pairs) / len(pairs)
 
 
-# The end of a sentence: its mark, the citations after it, then a space or the text's
-# end ("3.5" is no end); Chinese and Japanese marks need no space.
-_SENTENCE_END = re.compile(
-    rf"(?:[.!?](?:\s*{_MARK})*(?=\s|$)|[。！？](?:\s*{_MARK})*)", re.IGNORECASE
-)
+# What ends the text before a not-found phrase that starts a sentence: a citation or a
+# sentence's mark, then closing quotes, brackets or emphasis ("[1].**", "ns.)", "[1]…").
+_CLOSERS = "[\"'”’)\\]*_]*"
+_ENDED = re.compile(rf"(?:{_MARK}|[.!?…;:。！？]){_CLOSERS}\Z", re.IGNORECASE)
+# The end of the last cited sentence within that text: its citations, its mark, closers,
+# then a space ("U.S.", "e.g." or a list's "2." end no cited sentence).
+_CITED_END = re.compile(rf"{_MARK}(?:\s*{_MARK})*[.!?…;:。！？]?{_CLOSERS}(?=\s)",
+                        re.IGNORECASE)  # fmt: skip
 
 
 def sourced_before_not_found(text: str, sources: Sequence[str]) -> str | None:
@@ -360,13 +397,11 @@ def sourced_before_not_found(text: str, sources: Sequence[str]) -> str | None:
     if not only_citations(after):
         return None
     gap = text[len(text[: found.start()].rstrip()) : found.start()]
-    ends = list(_SENTENCE_END.finditer(before))
-    if not (
-        "\n" in gap
-        or (ends and ends[-1].end() == len(before))
-        or re.search(rf"{_MARK}\Z", before, re.IGNORECASE)
-    ):  # the phrase ends a sentence ("… [1]. The rising time is not found in the …"):
-        if not ends:  # that sentence goes with it, or "The rising time is [1]" was shown
+    if "\n" not in gap and not _ENDED.search(before):
+        # The phrase ends a sentence ("… [1]. The rising time is not found in the …"):
+        # that sentence goes, back to the last cited one, or "The rising time is" was shown
+        ends = list(_CITED_END.finditer(before + " "))
+        if not ends:
             return None
         before, after = before[: ends[-1].end()].strip(), ""
     if not before or sourced_share(before, sources) <= SOURCED_SHARE:
@@ -430,7 +465,7 @@ def strip_citations(text: str, numbers: Sequence[int]) -> str:
     spans = _code_spans(text)
 
     def keep(match: re.Match[str]) -> str:
-        if is_code(text, match.start(2) - 1, spans):
+        if not _cites(text, match, match.start() + len(match.group(1)), spans, inside=2):
             return match.group(0)
         numbers = mark_numbers(match.group(2))
         if not drop & set(numbers):

@@ -73,7 +73,7 @@ from ragpipe.config import LLM_RERANKER, RagpipeConfig, RetrievalMode, ServeConf
 from ragpipe.errors import ConfigError, RagpipeError
 from ragpipe.models.embedders import embedder_name, known_dim, reads_whole, runtime_of
 from ragpipe.models.llm import GenerationCancelled
-from ragpipe.query.generate import Source, configured_answer, source_json
+from ragpipe.query.generate import QuestionTooLong, Source, configured_answer, source_json
 from ragpipe.query.render import search_json, to_text, to_xml
 from ragpipe.serve.cache import SemanticCache
 from ragpipe.serve.fields import JSON_INTEGER
@@ -684,7 +684,8 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
             finally:  # cancelled before the generation began: its place is given back
                 if slot is not None:
                     slot.give_back_unless_started()
-            return JSONResponse(final[1], status_code=503 if final[0] == "error" else 200)
+            status = final[1].pop("status", 503) if final[0] == "error" else 200
+            return JSONResponse(final[1], status_code=status)
         encode = _sse if request.stream == "sse" else _ndjson
         media = "text/event-stream" if request.stream == "sse" else "application/x-ndjson"
 
@@ -1136,7 +1137,9 @@ def _generate(
         elif kind == "sources":
             yield "sources", {"sources": value}
         elif kind == "error":
-            yield "error", {"detail": f"generation failed: {value}"}
+            # A question the model's window cannot hold is the client's to shorten (422).
+            status = {"status": 422} if isinstance(value, QuestionTooLong) else {}
+            yield "error", {"detail": f"generation failed: {value}", **status}
             return
         else:
             data = {**value.as_dict(), "retrieval": result.trace, "index_version": version}

@@ -62,6 +62,15 @@ class SerialLLM:
     def identity(self) -> str:
         return str(getattr(self._llm, "identity", self._llm.name))
 
+    @property
+    def context_size(self) -> int | None:
+        """The model's window, for the sources' budget (generate.source_budget)."""
+        return getattr(self._llm, "context_size", None)
+
+    @property
+    def max_tokens(self) -> int | None:
+        return getattr(self._llm, "max_tokens", None)
+
     def chat(self, messages: Sequence[Message], **options: Any) -> Completion:
         with self._lock:
             return self._llm.chat(messages, **options)
