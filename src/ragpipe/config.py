@@ -838,7 +838,9 @@ class StoreConfig(_Section):
     https: bool | None = Field(
         default=None, description="Force TLS on or off; None follows the URL scheme."
     )
-    timeout_s: int = Field(default=30, gt=0, description="Seconds per Qdrant request.")
+    timeout_s: int = Field(
+        default=30, gt=0, le=int(MAX_SECONDS), description="Seconds per Qdrant request."
+    )
     retries: int = Field(
         default=3,
         ge=0,
@@ -1610,6 +1612,7 @@ class ServeConfig(_Section):
     reload_seconds: float = Field(
         default=2.0,
         gt=0,
+        le=MAX_SECONDS,
         description="How often the server looks for a newly published index version. It "
         "opens the new version beside the old one and switches; requests in flight finish "
         "on the version they started with.",

@@ -113,7 +113,7 @@ def open_reader(
     """
     if config.backend != StoreBackend.EDGE:
         return _server_reader(config, embedder, version)
-    wanted = published.resolve(config.path, version) if version else None
+    wanted = published.resolve(config.path, version) if version is not None else None
     got = published.reader_copy(config.path, wanted)
     if got is not None:
         path, opened = got
@@ -162,7 +162,9 @@ def _server_reader(config: StoreConfig, embedder: str, version: str | None) -> V
             "this Qdrant index keeps no versions (they are kept with index.gate): drop --version"
         )
     generation = (
-        server_versions.resolve(config, version) if version else server_versions.current(config)
+        server_versions.resolve(config, version)
+        if version is not None
+        else server_versions.current(config)
     )
     if generation is not None:
         name = server_versions.version_collection(config, generation)
