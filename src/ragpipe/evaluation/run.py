@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator, Sequence
@@ -644,9 +645,9 @@ def _warn_edited(summary: RunSummary, root: Path, run_id: str) -> None:
         return
     edited = {i for i in now.keys() & before.keys() if now[i] != before[i]}
     # Items in or out are a change of the set only when both runs scored all of it (a
-    # --limit or --sample run scores some: its own scope, no edit).
+    # --limit or --sample run scores some, --skip-unmatched leaves some out: no edit).
     selections = (summary.golden.selection, (data.get("golden") or {}).get("selection", ""))
-    whole = all(str(selection).startswith("all ") for selection in selections)
+    whole = all(re.fullmatch(r"all \d+ items", str(selection)) for selection in selections)
     changes = [
         (what, sorted(ids))
         for what, ids in (
