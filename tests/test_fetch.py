@@ -734,3 +734,38 @@ def test_robots_redirects_past_max_redirects_cr_lines_gzip_members_and_kept_bodi
     _declare_utf8(kept)
     _declare_utf8(kept)  # once
     assert body.read_text(encoding="utf-8") == UTF8_DECLARATION + old
+
+
+def test_gzip_members_stay_under_the_cap_and_robots_quirks() -> None:
+    """The third review: a first member of exactly the cap and two more crashed the fetch
+    (ValueError: max_length must be non-negative) and a second one was read without any
+    limit (60 MB for a 1,000-byte cap); bytes after the stream were all kept; a robots.txt
+    redirected to a refused private address allowed everything; a BOM hid its first group."""
+    from ragpipe.web.http import _Decoder
+
+    bomb = gzip.compress(b"A" * 1001) + gzip.compress(bytes(5_000_000)) + gzip.compress(b"C")
+    out = _Decoder("gzip").feed(bomb, 1000)
+    assert 1000 < len(out) <= 1001  # over the cap by a byte: too_large, nothing more read
+    decoder = _Decoder("gzip")
+    assert decoder.feed(gzip.compress(b"tiny") + bytes(65_536), 10_000) == b"tiny"
+    assert decoder.feed(bytes(65_536), 10_000) == b"" and decoder._zlib is not None
+    assert len(decoder._zlib.unused_data) <= 65_536  # not every chunk kept
+    decoder.finish()  # whole: the stream ended
+    bom = b"\xef\xbb\xbfUser-agent: *\nDisallow: /private/\n"
+    routes = {"/robots.txt": Route(bom, "text/plain"), "/private/a": Route(b"p", "text/plain")}
+    with (
+        web_site(routes) as site,
+        Fetcher(FetchConfig(), listed_hosts=LOOPBACK) as fetcher,
+        pytest.raises(Disallowed),
+    ):
+        fetcher.get(f"{site.url}/private/a")
+    with web_site({"/robots.txt": ROBOTS}) as other:
+        port = other.url.rsplit(":", 1)[1]
+        moved = {
+            "/robots.txt": Route(status=302, location=f"http://localhost:{port}/robots.txt"),
+            "/secret": Route(b"s", "text/plain"),
+        }
+        with web_site(moved) as site, Fetcher(FetchConfig(), listed_hosts=LOOPBACK) as fetcher:
+            with pytest.raises(FetchError) as err:  # localhost is not listed: refused
+                fetcher.get(f"{site.url}/secret")
+            assert err.value.category == "robots_unreachable"

@@ -41,7 +41,7 @@ ROBOTS_MAX_BYTES = 512 * 1024  # RFC 9309: parse at least 500 KiB
 ROBOTS_MIN_REDIRECTS = 5  # RFC 9309: follow at least five, whatever fetch.max_redirects says
 _REDIRECTS = {301, 302, 303, 307, 308}
 # What makes a robots.txt unavailable (as a 4xx), not unreachable (as a 5xx).
-_ROBOTS_UNAVAILABLE = {"too_many_redirects", "bad_redirect", "private_address"}
+_ROBOTS_UNAVAILABLE = {"too_many_redirects", "bad_redirect"}
 
 
 class FetchError(Exception):
@@ -181,14 +181,18 @@ class _Decoder:
         self._zlib = zlib.decompressobj(wbits) if codings else None
         self._deflate = codings == ["deflate"]
         self._wbits = wbits
+        self._gzip = bool(codings) and codings[0] in ("gzip", "x-gzip")
         self._fed = False
         self._pending = b""  # a first chunk too short to tell zlib from raw deflate
+        self._over = False  # the stream ended; what follows is no member: never fed
 
     def feed(self, data: bytes, room: int) -> bytes:
         """``data`` decoded, stopping once the output is larger than ``room``: memory stays
         bounded by the cap, whatever the compression ratio."""
         if self._zlib is None:
             return data
+        if self._over:
+            return b""
         if not self._fed and self._deflate:
             data, self._pending = self._pending + data, b""
             if len(data) < 2:
@@ -201,17 +205,22 @@ class _Decoder:
         self._fed = True
         out = bytearray()
         try:
-            while True:  # the limit is never 0 (which zlib reads as "no limit")
+            while len(out) <= room:  # so the limit is never 0 (zlib: "no limit") or less
+                if self._zlib.eof:
+                    data = self._zlib.unused_data + data
+                    if not (self._gzip and data[:2] == b"\x1f\x8b"):
+                        # bytes after the stream's end: ignored, as browsers do, and never
+                        # fed again (zlib kept them all, a copy each time)
+                        self._over = bool(data) or self._over
+                        break
+                    # another gzip member follows (RFC 1952): read it too, not only the first
+                    self._zlib = zlib.decompressobj(self._wbits)
+                if not data:
+                    break
                 out += self._zlib.decompress(data, room + 1 - len(out))
                 data = self._zlib.unconsumed_tail
-                if self._zlib.eof and self._zlib.unused_data[:2] == b"\x1f\x8b":
-                    # another gzip member follows (RFC 1952): read it too, not only the first
-                    data = self._zlib.unused_data + data
-                    self._zlib = zlib.decompressobj(self._wbits)
-                    continue
-                if not data or len(out) > room:
-                    return bytes(out)
-        except zlib.error as exc:
+            return bytes(out)
+        except (zlib.error, ValueError) as exc:
             raise FetchError("corrupt", f"undecodable response body: {exc}") from exc
 
     def finish(self) -> None:
@@ -328,7 +337,7 @@ class Fetcher:
         if len(body) > ROBOTS_MAX_BYTES:  # read this far (RFC 9309): its last line is cut
             body = body[:ROBOTS_MAX_BYTES]
             body = body[: max(body.rfind(b"\n"), body.rfind(b"\r")) + 1]
-        text = body.decode("utf-8", errors="replace")
+        text = body.decode("utf-8-sig", errors="replace")  # a BOM hid the first group
         return RobotsRules.parse(text, self.config.user_agent)
 
     def _check_robots(self, url: str) -> None:

@@ -198,10 +198,12 @@ def _declare_utf8(page: WebPage) -> None:
     from ragpipe.checkpoint import atomic_write_bytes
 
     path = Path(page.body_path)
+    declared = UTF8_DECLARATION.encode()
     with contextlib.suppress(OSError):  # a body gone is fetched again (_intact)
-        body = path.read_bytes()
-        if not body.startswith(UTF8_DECLARATION.encode()):
-            atomic_write_bytes(path, UTF8_DECLARATION.encode() + body)
+        with path.open("rb") as fh:  # every kept page, every night: its head only
+            if fh.read(len(declared)) == declared:
+                return
+        atomic_write_bytes(path, declared + path.read_bytes())
 
 
 def _intact(page: WebPage) -> bool:
