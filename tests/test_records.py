@@ -298,6 +298,14 @@ def test_records_under_another_spelling_of_their_root_are_refused_not_doubled(
     first = run_ingest(_config(Path("exports"), tmp_path, [FAQ_RULE]))
     with pytest.raises(ConfigError, match=r"3 indexed file\(s\) are the same files"):
         run_ingest(_config(root, tmp_path, [FAQ_RULE]))
+    # A root that is the records file itself, spelled otherwise: refused too.
+    single = tmp_path / "single"
+    single.mkdir()
+    _write_jsonl(single / "faq.jsonl", FAQ)
+    alone = tmp_path / "alone"
+    run_ingest(_config(Path("single/faq.jsonl"), alone, [FAQ_RULE]))
+    with pytest.raises(ConfigError, match=r"Spell the root as before \('single/faq.jsonl'\)"):
+        run_ingest(_config(single / "faq.jsonl", alone, [FAQ_RULE]))
     os.link(root / "faq.jsonl", root / "a-faq.jsonl")  # the same bytes, first in sort order
     linked = run_ingest(_config(Path("exports"), tmp_path, [FAQ_RULE]), allow_mass_delete=True)
     assert linked.points_total == first.points_total

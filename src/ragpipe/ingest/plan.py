@@ -267,15 +267,17 @@ def _refuse_relabelled(
     two roots being one real folder; a file renamed or hard-linked under the same root is
     no such case."""
     below: dict[str, list[SourceFile]] = {}
+    given: dict[str, list[SourceFile]] = {}  # roots that are files: "" or a record's "#id"
     for source in todo:
         if source.root == ".":  # files below the working directory are named as they are
-            rel = source.file_path
-        elif "://" in source.file_path or not source.file_path.startswith(source.root + "/"):
-            continue  # a page, an object, a root that is a file: no folder spelled otherwise
-        else:
-            rel = source.file_path[len(source.root) + 1 :]
-        below.setdefault(rel, []).append(source)
-    if not below:
+            below.setdefault(source.file_path, []).append(source)
+        elif "://" in source.file_path:
+            continue  # a page or an object: no folder to be spelled otherwise
+        elif source.file_path.startswith(source.root + "/"):
+            below.setdefault(source.file_path[len(source.root) + 1 :], []).append(source)
+        elif source.file_path == source.root or source.file_path.startswith(source.root + "#"):
+            given.setdefault(source.file_path[len(source.root) :], []).append(source)
+    if not below and not given:
         return
     real = functools.lru_cache(maxsize=None)(os.path.realpath)
     pairs: list[tuple[str, SourceFile, str]] = []
@@ -283,10 +285,16 @@ def _refuse_relabelled(
         if "://" in path or path not in versions:
             continue
         parts = path.split("/")
-        for cut in range(len(parts)):  # every split of the path into root + rel
-            rel = "/".join(parts[cut:])
-            old_root = ("/".join(parts[:cut]) or "/") if cut else "."
-            for source in below.get(rel, []):
+        splits = [  # every split of the path into a root folder and the path below it
+            (("/".join(parts[:cut]) or "/") if cut else ".", below.get("/".join(parts[cut:])))
+            for cut in range(len(parts))
+        ]
+        splits += [  # a root that is a file, and a record of it
+            (path[:at], given.get(path[at:]))
+            for at in [len(path), *(i for i, c in enumerate(path) if c == "#")]
+        ]
+        for old_root, sources in splits:
+            for source in sources or []:
                 if old_root != source.root and real(old_root) == real(source.root):
                     pairs.append((path, source, old_root))
     if not pairs:
