@@ -14,6 +14,7 @@ from ragpipe.config import RagpipeConfig
 from ragpipe.ingest.chunk import ChunkCounts
 from ragpipe.ingest.convert import ConvertCounts
 from ragpipe.ingest.discover import DiscoverCounts
+from ragpipe.ingest.gatekeep import FINE
 from ragpipe.ingest.plan import PlanCounts
 from ragpipe.ingest.runner import Counts, StageSummary, WorkDir
 from ragpipe.ingest.upsert import UpsertCounts
@@ -53,8 +54,8 @@ class IngestSummary:
         return (
             self.failed == 0
             and self.deletions_held == 0
-            # gatekeep.FINE: promoted, or kept off by a person's decision
-            and self.gate.get("outcome") in (None, "promoted", "discarded", "rolled-back")
+            # promoted, or kept off by a person's decision
+            and self.gate.get("outcome") in (None, *FINE)
         )
 
     def line(self) -> str:
