@@ -569,3 +569,38 @@ def test_a_sourced_answer_before_the_not_found_sentence_survives_its_punctuation
     ):  # fmt: skip
         reply = answer("q", hits, Streamer([said]))
         assert (reply.text, reply.flags) == (shown, [NOT_FOUND_DROPPED]), said
+
+
+def test_citations_in_emphasis_and_questions_and_cut_backs_that_skip_code() -> None:
+    """The third review: "**Paris [7]**" and "[1]?" were no citations (an invented source in
+    a trusted answer); the cut back to the last cited sentence stopped at a code subscript
+    or a year span, and skipped "(see [1])."; "e.g." and a list's "2." before the
+    not-found sentence were kept as the answer's end; a Chinese sourced answer was
+    withdrawn (a run of characters was one word)."""
+    sources = [Source(n, f"p{n}", f"f{n}.md", None, "", "t") for n in (1, 2)]
+    for text, cited, invalid in [
+        ("Paris is **the capital [7]** of France [1].", [1], [7]),
+        ("The answer is **42 [1]**.", [1], []),
+        ("Did you mean the baker [2]?", [2], []),
+        ("Cite [1-20] but not [1-21] nor [80-100].", [1, 2], list(range(3, 21))),
+    ]:
+        got, bad = check_citations(text, sources)
+        assert ([s.number for s in got], bad) == (cited, invalid), text
+    source = "The rise time of the amplifier is 5 ns and the fall time of the U.S. model is 7 ns."
+    hits = _scored(0.5)
+    hits[0].payload["text"] = source
+    first = "The rise time of the amplifier is 5 ns"
+    for said, shown in (
+        (f"{first} [1]. Set x[2] to 5 first. The fall time is not found in the provided "
+         "documents.", f"{first} [1]."),
+        (f"{first} (see [1]). The fall time is not found in the provided documents.",
+         f"{first} (see [1])."),
+        (f"{first} [1].\n2. {NOT_FOUND}", f"{first} [1]."),
+        (f"{first} [1], e.g. {NOT_FOUND}", f"{first} [1]"),
+    ):  # fmt: skip
+        reply = answer("q", hits, Streamer([said]))
+        assert (reply.text, reply.flags) == (shown, [NOT_FOUND_DROPPED]), said
+    chinese = _scored(0.5)
+    chinese[0].payload["text"] = "放大器的上升时间是5纳秒。"
+    reply = answer("q", chinese, Streamer([f"放大器的上升时间是5纳秒【1】。{NOT_FOUND}"]))
+    assert (reply.text, reply.flags) == ("放大器的上升时间是5纳秒【1】。", [NOT_FOUND_DROPPED])

@@ -43,6 +43,7 @@ _PUNCTUATION = frozenset(string.punctuation)
 # Scripts written without spaces between words: each character is a token (Hangul,
 # written with spaces, is split at them as other scripts are).
 _UNSPACED = "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
+UNSPACED = _UNSPACED  # for other word counts (generate.sourced_share)
 _TOKEN = re.compile(f"[{_UNSPACED}]|[^\\s{_UNSPACED}]+")
 # rouge-score's tokens, [a-z0-9]+, for every script: a run of letters and digits (no
 # underscore), or one Chinese or Japanese character.

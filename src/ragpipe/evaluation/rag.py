@@ -225,13 +225,16 @@ _ITEM = re.compile(r"^\s*(?:[-*+]\s+|(\d{1,3})[.)]\s+)")
 _SOURCES_LABEL = re.compile(r"^(?:sources?|references?|citations?)\s*:?[\s,;.]*$", re.IGNORECASE)
 _TRAILING_LABEL = re.compile(r"\s+(?:Sources?|References?|Citations?):\s*$")
 _CODE_SPAN = re.compile(r"(`+)(.+?)\1")
-_CLAIM_CITATIONS = re.compile(r"(?<![\w\]\[])(?:\[\d+(?:\s*[,\u2013-]\s*\d+)*\])+")
+# A citation in the forms generate reads too ([1, 3], [1-3], [ 7 ], [7,], [Source 7], 【7】):
+# judged claims hold no citation, whichever way the model wrote it.
+_CLAIM_MARK = r"[\[【]\s*(?:source\s*)?\d+(?:\s*[,\u2013-]\s*(?:source\s*)?\d+)*\s*,?\s*[\]】]"
+_CLAIM_CITATIONS = re.compile(rf"(?<![\w\]\[])(?:{_CLAIM_MARK})+", re.IGNORECASE)
 # Emphasis is a pair of marks around text on one line ("**write access**", "*Windows*");
 # a lone mark is text (2**3, *.R files).
 _STRONG = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
 _EMPHASIS = re.compile(r"(?<![\w*])([*_])(?=[^\s*_])(.+?)(?<=[^\s*_])\1(?![\w*])")
 _CITED_PARENTHESES = re.compile(  # "(see [1])": nothing but a citation in parentheses
-    r"\s*\(\s*(?:see\s+|cf\.?\s*)?(?:\[\d+(?:\s*[,\u2013-]\s*\d+)*\][\s,;]*)+\)"
+    rf"\s*\(\s*(?:see\s+|cf\.?\s*)?(?:{_CLAIM_MARK}[\s,;]*)+\)", re.IGNORECASE
 )
 _LOOSE_PUNCTUATION = re.compile(r"\s+(?=[.,;:!?](?:\s|$))|(?:\s*,)+\s*(?=[.!?]?$)")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from ragpipe.config import GenerateConfig
 from ragpipe.errors import ConfigError
-from ragpipe.evaluation.answers import answer_tokens, is_degenerate
+from ragpipe.evaluation.answers import UNSPACED, answer_tokens, is_degenerate
 from ragpipe.models.llm import LLM, GenerationCancelled, Message
 from ragpipe.query.fusion import lost_in_the_middle
 from ragpipe.query.results import Retrieved
@@ -30,7 +30,7 @@ _ITEM = r"(?:source\s*)?\d+(?:\s*[-–]\s*\d+)?"
 _MARK = rf"(?<!\[)[\[【]\s*({_ITEM}(?:\s*,\s*{_ITEM})*)\s*,?\s*[\]】](?!\])"
 _CITATION = re.compile(_MARK, re.IGNORECASE)
 _SPACED_CITATION = re.compile(r"(\s*)" + _MARK, re.IGNORECASE)
-# A range is sources a to b: 1 <= a < b, at most 20 apart and 99 at most. Anything else
+# A range is sources a to b: 1 <= a < b, 20 sources at most, b 99 at most. Anything else
 # in brackets ("[0-9]", "[2020-2021]", "[1-100]") is text, neither cited nor removed.
 _RANGE = re.compile(r"(\d+)\s*[-–]\s*(\d+)")
 _RANGE_MAX, _SOURCE_MAX = 20, 99
@@ -38,7 +38,7 @@ _RANGE_MAX, _SOURCE_MAX = 20, 99
 
 def _plausible(inside: str) -> bool:
     return all(
-        1 <= int(a) < int(b) <= min(int(a) + _RANGE_MAX, _SOURCE_MAX)
+        1 <= int(a) < int(b) <= min(int(a) + _RANGE_MAX - 1, _SOURCE_MAX)
         for a, b in _RANGE.findall(inside)
     )
 
@@ -91,12 +91,14 @@ def is_code(text: str, bracket: int, spans: Sequence[tuple[int, int]]) -> bool:
 def _cites(text: str, match: re.Match[str], bracket: int, spans: Sequence[tuple[int, int]],
            inside: int = 1) -> bool:  # fmt: skip
     """Whether a mark of ``_MARK`` (its ``[`` at ``bracket``, its numbers in group
-    ``inside``) is a citation: not code, not followed by a regex quantifier ("[0-9]+"),
-    its ranges plausible."""
+    ``inside``) is a citation: not code, its ranges plausible, and a range not followed by
+    a regex quantifier ("[1-9]+"; "**Paris [1]**" and "[1]?" stay citations)."""
+    numbers = match.group(inside)
+    quantified = text[match.end() : match.end() + 1] in ("+", "*", "?", "{")
     return (
         not is_code(text, bracket, spans)
-        and text[match.end() : match.end() + 1] not in ("+", "*", "?", "{")
-        and _plausible(match.group(inside))
+        and _plausible(numbers)
+        and not (quantified and _RANGE.search(numbers))
     )
 
 
@@ -355,7 +357,9 @@ def only_citations(text: str) -> bool:
     return re.fullmatch(r"[\s.,;:!]*", rest) is not None
 
 
-_WORD = re.compile(r"\w+")
+# A Chinese or Japanese character is a word of its own (a run of them was one "word", so a
+# sourced answer in Chinese shared no pair with its source).
+_WORD = re.compile(f"[{UNSPACED}]|(?:(?![{UNSPACED}])\\w)+")
 
 
 def sourced_share(text: str, sources: Sequence[str]) -> float:
@@ -375,11 +379,15 @@ def sourced_share(text: str, sources: Sequence[str]) -> float:
 # What ends the text before a not-found phrase that starts a sentence: a citation or a
 # sentence's mark, then closing quotes, brackets or emphasis ("[1].**", "ns.)", "[1]…").
 _CLOSERS = "[\"'”’)\\]*_]*"
-_ENDED = re.compile(rf"(?:{_MARK}|[.!?…;:。！？]){_CLOSERS}\Z", re.IGNORECASE)
+_ENDED = re.compile(rf"(?:{_MARK}|[.!?…。！？]){_CLOSERS}\Z", re.IGNORECASE)
+# ... unless that mark is an abbreviation's ("e.g.", "U.S.") or a list's own ("\n2.").
+_NO_END = re.compile(r"(?:(?:^|[\s(])(?:[A-Za-z]\.)+|(?:^|\n)[ \t]*\d{1,3}[.)])\Z")
 # The end of the last cited sentence within that text: its citations, its mark, closers,
-# then a space ("U.S.", "e.g." or a list's "2." end no cited sentence).
-_CITED_END = re.compile(rf"{_MARK}(?:\s*{_MARK})*[.!?…;:。！？]?{_CLOSERS}(?=\s)",
-                        re.IGNORECASE)  # fmt: skip
+# then a space or a comma ("U.S.", "e.g." or a list's "2." end no cited sentence).
+_CITED_END = re.compile(
+    rf"{_MARK}(?:\s*{_MARK})*{_CLOSERS}[.!?…;:。！？]?{_CLOSERS}(?=[\s,])", re.IGNORECASE
+)
+_CITED_END_WINDOW = 4000  # characters searched back from the phrase (the scan is quadratic)
 
 
 def sourced_before_not_found(text: str, sources: Sequence[str]) -> str | None:
@@ -397,13 +405,21 @@ def sourced_before_not_found(text: str, sources: Sequence[str]) -> str | None:
     if not only_citations(after):
         return None
     gap = text[len(text[: found.start()].rstrip()) : found.start()]
-    if "\n" not in gap and not _ENDED.search(before):
+    ended = "\n" in gap or (_ENDED.search(before) and not _NO_END.search(before))
+    if not ended or _NO_END.search(before):
         # The phrase ends a sentence ("… [1]. The rising time is not found in the …"):
         # that sentence goes, back to the last cited one, or "The rising time is" was shown
-        ends = list(_CITED_END.finditer(before + " "))
+        start = max(0, len(before) - _CITED_END_WINDOW)
+        spans = _code_spans(before)
+        ends = [
+            m.end()
+            for m in _CITED_END.finditer(before + " ", start)
+            if (mark := _CITATION.match(before, m.start())) is not None
+            and _cites(before, mark, m.start(), spans)
+        ]
         if not ends:
             return None
-        before, after = before[: ends[-1].end()].strip(), ""
+        before, after = before[: ends[-1]].strip(), ""
     if not before or sourced_share(before, sources) <= SOURCED_SHARE:
         return None
     citations = "".join(m.group(0) for m in citation_marks(after))

@@ -73,7 +73,13 @@ from ragpipe.config import LLM_RERANKER, RagpipeConfig, RetrievalMode, ServeConf
 from ragpipe.errors import ConfigError, RagpipeError
 from ragpipe.models.embedders import embedder_name, known_dim, reads_whole, runtime_of
 from ragpipe.models.llm import GenerationCancelled
-from ragpipe.query.generate import QuestionTooLong, Source, configured_answer, source_json
+from ragpipe.query.generate import (
+    QuestionTooLong,
+    Source,
+    configured_answer,
+    source_budget,
+    source_json,
+)
 from ragpipe.query.render import search_json, to_text, to_xml
 from ragpipe.serve.cache import SemanticCache
 from ragpipe.serve.fields import JSON_INTEGER
@@ -662,6 +668,11 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
         goes away stops being generated.
         """
         text = service.check(request.question, request.k, "question")
+        try:  # a question the model's window cannot hold is the client's to shorten
+            await run_in_threadpool(source_budget, text, service.index.llm,
+                                    config.generate.context_tokens, quiet=True)  # fmt: skip
+        except QuestionTooLong as exc:
+            raise _unprocessable("question", str(exc)) from exc
         version, vector, scope, hit, result = await service.retrieve("ask", text, request, {})
         cancelled = threading.Event()
         slot: _Slot | None = None
@@ -684,8 +695,7 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
             finally:  # cancelled before the generation began: its place is given back
                 if slot is not None:
                     slot.give_back_unless_started()
-            status = final[1].pop("status", 503) if final[0] == "error" else 200
-            return JSONResponse(final[1], status_code=status)
+            return JSONResponse(final[1], status_code=503 if final[0] == "error" else 200)
         encode = _sse if request.stream == "sse" else _ndjson
         media = "text/event-stream" if request.stream == "sse" else "application/x-ndjson"
 
@@ -1137,9 +1147,7 @@ def _generate(
         elif kind == "sources":
             yield "sources", {"sources": value}
         elif kind == "error":
-            # A question the model's window cannot hold is the client's to shorten (422).
-            status = {"status": 422} if isinstance(value, QuestionTooLong) else {}
-            yield "error", {"detail": f"generation failed: {value}", **status}
+            yield "error", {"detail": f"generation failed: {value}"}
             return
         else:
             data = {**value.as_dict(), "retrieval": result.trace, "index_version": version}
