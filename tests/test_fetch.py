@@ -769,3 +769,21 @@ def test_gzip_members_stay_under_the_cap_and_robots_quirks() -> None:
             with pytest.raises(FetchError) as err:  # localhost is not listed: refused
                 fetcher.get(f"{site.url}/secret")
             assert err.value.category == "robots_unreachable"
+
+
+def test_a_gzip_member_split_after_its_first_byte_is_still_read() -> None:
+    """The fourth review: a second member whose header was split after its first byte by
+    the network was dropped as trailing bytes (1,000 of 2,000 bytes, no error)."""
+    from ragpipe.web.http import _Decoder
+
+    first = gzip.compress(b"A" * 1000)
+    body = first + gzip.compress(b"B" * 1000)
+    for cut in range(len(first) - 2, len(first) + 3):
+        decoder = _Decoder("gzip")
+        out = decoder.feed(body[:cut], 10**6) + decoder.feed(body[cut:], 10**6)
+        decoder.finish()
+        assert out == b"A" * 1000 + b"B" * 1000, cut
+    one_by_one = _Decoder("gzip")
+    assert b"".join(one_by_one.feed(body[i : i + 1], 10**6) for i in range(len(body))) == (
+        b"A" * 1000 + b"B" * 1000
+    )

@@ -181,10 +181,10 @@ class _Decoder:
         self._zlib = zlib.decompressobj(wbits) if codings else None
         self._deflate = codings == ["deflate"]
         self._wbits = wbits
-        self._gzip = bool(codings) and codings[0] in ("gzip", "x-gzip")
         self._fed = False
         self._pending = b""  # a first chunk too short to tell zlib from raw deflate
         self._over = False  # the stream ended; what follows is no member: never fed
+        self._carry = b""  # a next member's first byte, its second in the next chunk
 
     def feed(self, data: bytes, room: int) -> bytes:
         """``data`` decoded, stopping once the output is larger than ``room``: memory stays
@@ -203,12 +203,17 @@ class _Decoder:
                 # read it too)
                 self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
         self._fed = True
+        data, self._carry = self._carry + data, b""
         out = bytearray()
         try:
             while len(out) <= room:  # so the limit is never 0 (zlib: "no limit") or less
                 if self._zlib.eof:
                     data = self._zlib.unused_data + data
-                    if not (self._gzip and data[:2] == b"\x1f\x8b"):
+                    if data == b"\x1f":  # split between two chunks: wait for the next
+                        self._carry = data
+                        self._zlib = zlib.decompressobj(self._wbits)
+                        break
+                    if data[:2] != b"\x1f\x8b":
                         # bytes after the stream's end: ignored, as browsers do, and never
                         # fed again (zlib kept them all, a copy each time)
                         self._over = bool(data) or self._over
@@ -226,6 +231,8 @@ class _Decoder:
     def finish(self) -> None:
         """Raises ``corrupt`` when the compressed stream stopped before its end: a body
         cut short (a dropped connection with no length to miss) is not a whole page."""
+        if self._carry:  # one byte after the stream's end and nothing more: ignored
+            return
         if self._zlib is not None and (self._pending or (self._fed and not self._zlib.eof)):
             raise FetchError(
                 "corrupt", "the compressed response body ended before its end (cut short)"
