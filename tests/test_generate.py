@@ -604,3 +604,27 @@ def test_citations_in_emphasis_and_questions_and_cut_backs_that_skip_code() -> N
     chinese[0].payload["text"] = "放大器的上升时间是5纳秒。"
     reply = answer("q", chinese, Streamer([f"放大器的上升时间是5纳秒【1】。{NOT_FOUND}"]))
     assert (reply.text, reply.flags) == ("放大器的上升时间是5纳秒【1】。", [NOT_FOUND_DROPPED])
+
+
+def test_single_letters_end_sentences_and_a_short_question_loads_no_model() -> None:
+    """The fourth review: "vitamin C." and "plan B." were read as abbreviations and a
+    newline before the not-found sentence no longer ended the answer; serve's early
+    budget check loaded the model for every /ask, cached and floor-refused ones too."""
+    from ragpipe.query.generate import source_budget
+
+    text = "The Eiffel Tower is in Paris [1]. Take vitamin C. Choose plan B."
+    hits = _scored(0.5)
+    hits[0].payload["text"] = text
+    for said in (f"{text} {NOT_FOUND}", f"{text}\n{NOT_FOUND}",
+                 f"{text[:-1]} or the U.S.\n{NOT_FOUND}"):  # fmt: skip
+        reply = answer("q", hits, Streamer([said]))
+        assert reply.text == said.rsplit(NOT_FOUND, 1)[0].strip(), said
+        assert reply.flags == [NOT_FOUND_DROPPED], said
+
+    class Unloaded:
+        context_size, max_tokens, name = 4096, 384, "unloaded"
+
+        def count_tokens(self, text: str) -> int:
+            raise AssertionError("counting loaded the model")
+
+    assert source_budget("How long should bread bake?", Unloaded(), 2800) == 2800  # type: ignore[arg-type]

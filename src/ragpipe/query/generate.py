@@ -263,9 +263,15 @@ def source_budget(question: str, llm: LLM, context_tokens: int, *, quiet: bool =
     window = getattr(llm, "context_size", None)
     if not isinstance(window, int):  # a server's model: its window is the server's
         return context_tokens
-    asked = llm.count_tokens(question)
     reply = int(getattr(llm, "max_tokens", 0) or 0)
-    room = window - llm.count_tokens(SYSTEM_PROMPT) - asked - reply - PROMPT_MARGIN
+    # A token is a byte at least (byte-level BPE; 4 characters for the estimate): a
+    # question that fits counted in bytes needs no count, and no model loaded to count
+    # (serve asks before its cache and the relevance floor).
+    fixed = window - reply - PROMPT_MARGIN
+    if fixed - len(SYSTEM_PROMPT.encode()) - len(question.encode()) >= context_tokens:
+        return context_tokens
+    asked = llm.count_tokens(question)
+    room = fixed - llm.count_tokens(SYSTEM_PROMPT) - asked
     if room < MIN_SOURCE_TOKENS:
         raise QuestionTooLong(
             f"the question takes {asked} tokens: with the instructions and llm.max_tokens "
@@ -381,7 +387,7 @@ def sourced_share(text: str, sources: Sequence[str]) -> float:
 _CLOSERS = "[\"'”’)\\]*_]*"
 _ENDED = re.compile(rf"(?:{_MARK}|[.!?…。！？]){_CLOSERS}\Z", re.IGNORECASE)
 # ... unless that mark is an abbreviation's ("e.g.", "U.S.") or a list's own ("\n2.").
-_NO_END = re.compile(r"(?:(?:^|[\s(])(?:[A-Za-z]\.)+|(?:^|\n)[ \t]*\d{1,3}[.)])\Z")
+_NO_END = re.compile(r"(?:(?:^|[\s(])(?:[A-Za-z]\.){2,}|(?:^|\n)[ \t]*\d{1,3}[.)])\Z")
 # The end of the last cited sentence within that text: its citations, its mark, closers,
 # then a space or a comma ("U.S.", "e.g." or a list's "2." end no cited sentence).
 _CITED_END = re.compile(
@@ -406,7 +412,7 @@ def sourced_before_not_found(text: str, sources: Sequence[str]) -> str | None:
         return None
     gap = text[len(text[: found.start()].rstrip()) : found.start()]
     ended = "\n" in gap or (_ENDED.search(before) and not _NO_END.search(before))
-    if not ended or _NO_END.search(before):
+    if not ended:
         # The phrase ends a sentence ("… [1]. The rising time is not found in the …"):
         # that sentence goes, back to the last cited one, or "The rising time is" was shown
         start = max(0, len(before) - _CITED_END_WINDOW)
