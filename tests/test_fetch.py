@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -598,6 +600,19 @@ def test_an_empty_disallow_ends_a_group_and_versioned_agent_names_match() -> Non
     assert rules.allowed("https://x.org/a") and not rules.allowed("https://x.org/drafts/b")
 
 
+@contextmanager
+def _robots_on_localhost(status: int, page: str) -> Iterator[str]:
+    """A site (its URL) whose robots.txt redirects to ROBOTS on another host, localhost."""
+    with web_site({"/robots.txt": ROBOTS}) as other:
+        port = other.url.rsplit(":", 1)[1]
+        routes = {
+            "/robots.txt": Route(status=status, location=f"http://localhost:{port}/robots.txt"),
+            page: Route(b"p", "text/plain"),
+        }
+        with web_site(routes) as site:
+            yield site.url
+
+
 def test_robots_txt_past_the_cap_is_read_to_it_and_redirect_trouble_is_no_robots_txt() -> None:
     """A robots.txt over 512 KiB was "unreachable" (so the site was never crawled, blamed on
     a fetch.max_bytes the user never set); one that redirected to another host, or in a
@@ -614,18 +629,12 @@ def test_robots_txt_past_the_cap_is_read_to_it_and_redirect_trouble_is_no_robots
         assert fetcher.get(f"{site.url}/late/a").body == b"a"  # past the cap: unread
         with pytest.raises(Disallowed):
             fetcher.get(f"{site.url}/private/a")
-    with web_site({"/robots.txt": ROBOTS}) as other:
-        port = other.url.rsplit(":", 1)[1]
-        routes = {
-            "/robots.txt": Route(status=301, location=f"http://localhost:{port}/robots.txt"),
-            "/private/a": Route(b"p", "text/plain"),
-        }
-        with (
-            web_site(routes) as site,
-            Fetcher(FetchConfig(), listed_hosts=(*LOOPBACK, "localhost")) as fetcher,
-            pytest.raises(Disallowed),  # the other host's robots.txt applies
-        ):
-            fetcher.get(f"{site.url}/private/a")
+    with (
+        _robots_on_localhost(301, "/private/a") as url,
+        Fetcher(FetchConfig(), listed_hosts=(*LOOPBACK, "localhost")) as fetcher,
+        pytest.raises(Disallowed),  # the other host's robots.txt applies
+    ):
+        fetcher.get(f"{url}/private/a")
     loop = {
         "/robots.txt": Route(status=302, location="/robots2.txt"),
         "/robots2.txt": Route(status=302, location="/robots.txt"),
@@ -759,16 +768,13 @@ def test_gzip_members_stay_under_the_cap_and_robots_quirks() -> None:
         pytest.raises(Disallowed),
     ):
         fetcher.get(f"{site.url}/private/a")
-    with web_site({"/robots.txt": ROBOTS}) as other:
-        port = other.url.rsplit(":", 1)[1]
-        moved = {
-            "/robots.txt": Route(status=302, location=f"http://localhost:{port}/robots.txt"),
-            "/secret": Route(b"s", "text/plain"),
-        }
-        with web_site(moved) as site, Fetcher(FetchConfig(), listed_hosts=LOOPBACK) as fetcher:
-            with pytest.raises(FetchError) as err:  # localhost is not listed: refused
-                fetcher.get(f"{site.url}/secret")
-            assert err.value.category == "robots_unreachable"
+    with (
+        _robots_on_localhost(302, "/secret") as url,
+        Fetcher(FetchConfig(), listed_hosts=LOOPBACK) as fetcher,
+        pytest.raises(FetchError) as err,  # localhost is not listed: refused
+    ):
+        fetcher.get(f"{url}/secret")
+    assert err.value.category == "robots_unreachable"
 
 
 def test_a_gzip_member_split_after_its_first_byte_is_still_read() -> None:
