@@ -24,8 +24,12 @@ def set_library_level(level: int) -> None:
 
 def library_logs() -> None:
     """Let ragpipe's INFO lines through to Prefect's handlers (the run's logs)."""
+    from prefect.settings import PREFECT_LOGGING_EXTRA_LOGGERS
+
     ours = logging.getLogger("ragpipe")
     ours.setLevel(_level if _level is not None else logging.INFO)
+    if "ragpipe" in PREFECT_LOGGING_EXTRA_LOGGERS.value():
+        return  # Prefect gave it its handlers already (those of its last logging setup)
     for handler in logging.getLogger("prefect.extra").handlers:  # as Prefect's extra loggers
         if handler not in ours.handlers:
             ours.addHandler(handler)
