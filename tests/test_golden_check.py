@@ -201,7 +201,8 @@ def test_skip_unmatched_scores_the_rest_and_the_report_counts_them(
 
     ids = hashlib.sha256(b"backup-typo\nlovelace-text\noven-typo").hexdigest()[:6]
     assert {r["scope"] for r in read_history(tmp_path / "reports")} == {
-        f"all 2 items (3 of 5 skipped: unmatched targets, ids #{ids}), depth {run.depth}"
+        f"all 2 items (3 of 5 skipped: unmatched targets, ids #{ids}), depth {run.depth}, "
+        f"questions {run.golden.digest}"  # the two items scored
     }
 
 
