@@ -648,10 +648,14 @@ def test_a_compression_bomb_is_refused_without_unpacking_it() -> None:
     from tests.support.raw_server import raw_server
 
     bomb = gzip.compress(b"\0" * (256 << 20), compresslevel=9)  # 256 MiB in ~256 KB
+    members = gzip.compress(b"A" * ((1 << 20) + 1)) + bomb + gzip.compress(b"C")
     config = FetchConfig(max_bytes=1 << 20)
     cases = {
         "gzip": (bomb, "too_large"),
         "gzip, gzip": (gzip.compress(bomb), "unsupported_encoding"),  # stacked: never asked
+        # Members: the first fills the cap, the next is a bomb, a third follows. Before:
+        # the second was read without a limit and the third crashed (ValueError).
+        "x-gzip": (members, "too_large"),
         "br": (b"\x0b\x02\x80hello\x03", "unsupported_encoding"),
         "zstd": (b"(\xb5/\xfd\x00X)\x00\x00hello", "unsupported_encoding"),
     }
