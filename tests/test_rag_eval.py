@@ -1150,6 +1150,10 @@ def test_an_answers_claims_are_its_own_sentences() -> None:
         "It is in base R [3-4]."
     ) == ["In R, x[[1]] and x[1] <- NULL differ.", "library() lists packages.",
           "It is in base R."]  # fmt: skip
+    # The citation forms the answer's check reads are no part of a claim either.
+    assert answer_claims(
+        "Paris is big 【1，2】. Rome is old [Sources 2, 3]. Oslo is cold [1—3]."
+    ) == ["Paris is big.", "Rome is old.", "Oslo is cold."]
     # Headings, rules and table delimiters make no claim; a table row is one; a quote's
     # lines are one paragraph; a "2." inside a paragraph is no list; the sources listed
     # after the answer are no claim.

@@ -225,9 +225,10 @@ _ITEM = re.compile(r"^\s*(?:[-*+]\s+|(\d{1,3})[.)]\s+)")
 _SOURCES_LABEL = re.compile(r"^(?:sources?|references?|citations?)\s*:?[\s,;.]*$", re.IGNORECASE)
 _TRAILING_LABEL = re.compile(r"\s+(?:Sources?|References?|Citations?):\s*$")
 _CODE_SPAN = re.compile(r"(`+)(.+?)\1")
-# A citation in the forms generate reads too ([1, 3], [1-3], [ 7 ], [7,], [Source 7], 【7】):
+# A citation in the forms generate reads too ([1, 3], [1-3], [ 7 ], [7,], [Sources 2, 3], 【7】):
 # judged claims hold no citation, whichever way the model wrote it.
-_CLAIM_MARK = r"[\[【]\s*(?:source\s*)?\d+(?:\s*[,\u2013-]\s*(?:source\s*)?\d+)*\s*,?\s*[\]】]"
+_CLAIM_ITEM = r"(?:sources?\s*)?\d+"
+_CLAIM_MARK = rf"[\[【]\s*{_CLAIM_ITEM}(?:\s*[,，\u2013\u2014-]\s*{_CLAIM_ITEM})*\s*[,，]?\s*[\]】]"
 _CLAIM_CITATIONS = re.compile(rf"(?<![\w\]\[])(?:{_CLAIM_MARK})+", re.IGNORECASE)
 # Emphasis is a pair of marks around text on one line ("**write access**", "*Windows*");
 # a lone mark is text (2**3, *.R files).

@@ -24,15 +24,15 @@ NOT_FOUND = "Not found in the provided documents."
 # code (``is_code``): in `backticks` or a fenced block, in [[ ]], or straight after a
 # code-like name ("x[7]", "my_list[2]", "x1[3]" in an R answer).
 # Written as models write them too: [1-3] or [1–3] (a range), [ 7 ], [7,], [Source 7],
-# 【7】; before, these passed as plain text: "[7-9]" to two sources was never caught as
-# invalid, and "[1-3]" left a sourced answer "uncited".
-_ITEM = r"(?:source\s*)?\d+(?:\s*[-–]\s*\d+)?"
-_MARK = rf"(?<!\[)[\[【]\s*({_ITEM}(?:\s*,\s*{_ITEM})*)\s*,?\s*[\]】](?!\])"
+# 【7】, 【1，2】, [Sources 2, 3], [1—3]; before, these passed as plain text: "[7-9]" to
+# two sources was never caught as invalid, and "[1-3]" left a sourced answer "uncited".
+_ITEM = r"(?:sources?\s*)?\d+(?:\s*[-–—]\s*\d+)?"
+_MARK = rf"(?<!\[)[\[【]\s*({_ITEM}(?:\s*[,，]\s*{_ITEM})*)\s*[,，]?\s*[\]】](?!\])"
 _CITATION = re.compile(_MARK, re.IGNORECASE)
 _SPACED_CITATION = re.compile(r"(\s*)" + _MARK, re.IGNORECASE)
 # A range is sources a to b: 1 <= a < b, 20 sources at most, b 99 at most. Anything else
 # in brackets ("[0-9]", "[2020-2021]", "[1-100]") is text, neither cited nor removed.
-_RANGE = re.compile(r"(\d+)\s*[-–]\s*(\d+)")
+_RANGE = re.compile(r"(\d+)\s*[-–—]\s*(\d+)")
 _RANGE_MAX, _SOURCE_MAX = 20, 99
 
 
@@ -46,7 +46,7 @@ def _plausible(inside: str) -> bool:
 def mark_numbers(numbers: str) -> list[int]:
     """The source numbers of one citation's inside: "1, 3-5" -> [1, 3, 4, 5]."""
     out: list[int] = []
-    for item in numbers.split(","):
+    for item in re.split("[,，]", numbers):
         ends = [int(n) for n in re.findall(r"\d+", item)]
         if len(ends) == 2:
             ends = list(range(ends[0], ends[1] + 1))
