@@ -453,3 +453,31 @@ def test_a_working_shard_never_published_is_not_read(corpus: Path, tmp_path: Pat
     reader = open_reader(cfg.store, ONNX)
     assert reader is not None
     reader.close()
+
+
+def test_a_publish_killed_mid_copy_and_a_users_temp_files_are_left_alone(
+    tmp_path: Path,
+) -> None:
+    """The docs' layout ``work_dir: data``, ``roots: [data/docs]``, store in ``data/store``:
+    the sweep of stale temp files deleted every ".*.tmp" below the work dir. So it deleted
+    a user's ".budget.xlsx.tmp" in the corpus, and hit the folder a publish killed mid-copy
+    leaves (``.<generation>.<uuid>.tmp``): IsADirectoryError, every later night."""
+    data = tmp_path / "data"
+    docs = data / "docs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "engines.md").write_text(topic_doc("engines"), encoding="utf-8")
+    users = [docs / ".budget.xlsx.tmp", docs / "sub" / ".notes.tmp",
+             docs / f".engines.md.{os.getpid()}.{'a' * 12}.tmp"]  # fmt: skip
+    for path in users:
+        path.write_bytes(b"the user's own")
+    cfg = make_config(docs, tmp_path, store={"path": data / "store"}, paths={"work_dir": data})
+    run_ingest(cfg)
+    killed = published.root(cfg.store.path) / f".{'0' * 16}.{'f' * 32}.tmp"
+    (killed / "segments").mkdir(parents=True)
+    ours = data / "plan" / f".plan.parquet.{os.getpid()}.{'b' * 12}.tmp"  # a killed writer's
+    ours.write_bytes(b"half a checkpoint")
+    (docs / "wings.md").write_text(topic_doc("wings"), encoding="utf-8")
+    again = run_ingest(cfg)
+    assert again.added == 1 and again.failed == 0
+    assert all(path.read_bytes() == b"the user's own" for path in users)
+    assert not ours.exists()

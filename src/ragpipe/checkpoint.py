@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import threading
@@ -54,18 +55,33 @@ def _temp_beside(path: Path) -> tuple[int, str]:
     return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
 
 
-def remove_stale_temps(directory: Path) -> int:
+# ``_temp_beside``'s names: ".{name}.{pid}.{12 hex digits}.tmp".
+_OUR_TEMP = re.compile(r"\..+\.\d+\.[0-9a-f]{12}\.tmp")
+
+
+def remove_stale_temps(directory: Path, not_ours: Iterable[Path] = ()) -> int:
     """Delete temp files a killed writer left under ``directory``; returns how many.
+
+    Only files named as ``_temp_beside`` names them, and never below ``not_ours`` (the
+    corpus's roots, the store): a user's ".budget.tmp" in a root under the work dir, or
+    a folder the store's publisher was copying, is no checkpoint's (deleting every
+    ".*.tmp" removed the one and crashed every later run on the other).
 
     Call only while holding the ingest lock: no other writer is mid-write then.
     Temp files are never read (they do not carry a checkpoint's name), so this
     only reclaims space.
     """
     removed = 0
-    if directory.is_dir():
-        for tmp in directory.rglob(".*.tmp"):
-            tmp.unlink(missing_ok=True)
-            removed += 1
+    if not directory.is_dir():
+        return removed
+    skip = {os.path.realpath(p) for p in not_ours}
+    for here, folders, files in os.walk(directory):
+        folders[:] = [f for f in folders if os.path.realpath(os.path.join(here, f)) not in skip]
+        for name in files:
+            path = Path(here, name)
+            if _OUR_TEMP.fullmatch(name) and path.is_file() and not path.is_symlink():
+                path.unlink(missing_ok=True)
+                removed += 1
     return removed
 
 

@@ -533,7 +533,8 @@ def run_discover(
 
     started = time.perf_counter()
     here = runner.WorkDir.of(config).stage("discover")
-    stale = checkpoint.remove_stale_temps(config.paths.work_dir)
+    corpus = [*(roots if roots is not None else config.discover.roots), *index_paths(config)]
+    stale = checkpoint.remove_stale_temps(config.paths.work_dir, not_ours=corpus)
     if stale:
         logger.warning("removed %d temp files left by an interrupted run", stale)
     result = discover(config.discover, roots, own=own_paths(config), sealed_own=index_paths(config))
