@@ -97,6 +97,31 @@ def test_a_file_name_that_is_not_utf8_is_a_failure_row_and_the_batch_goes_on(
     assert "b'" in failure.message and "convmv" in failure.message
 
 
+def test_a_root_or_link_target_whose_name_is_not_utf8_is_a_failure_row_too(
+    tmp_path: Path,
+) -> None:
+    """Only a file's own name was escaped: a missing root, an unreadable folder or a
+    link's target named in bytes that are not UTF-8 made the failure row unwritable, and
+    the whole run failed with UnicodeEncodeError, every night."""
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "good.md").write_text(topic_doc("engines"), encoding="utf-8")
+    os.symlink(b"/gone/caf\xe9.md", os.path.join(os.fsencode(root), b"link.md"))
+    gone = Path(os.fsdecode(os.path.join(os.fsencode(tmp_path), b"gone\xe9")))
+    cfg = make_config(root, tmp_path, discover={"roots": [root, gone], "follow_symlinks": True})
+    from ragpipe.ingest.runner import WorkDir
+    from ragpipe.ingest.summary import read_failures
+
+    summary = run_ingest(cfg)
+    assert summary.added == 1 and summary.failed == 2
+    rows = {(f.category, f.file_path, f.message) for f in read_failures(WorkDir.of(cfg))}
+    assert rows == {
+        ("missing_root", f"{tmp_path.as_posix()}/gone\\xe9",
+         f"root {tmp_path}/gone\\xe9 does not exist"),
+        ("broken_link", f"{root.as_posix()}/link.md", "symlink target /gone/caf\\xe9.md missing"),
+    }  # fmt: skip
+
+
 # -- B. two runs sharing a work dir ----------------------------------------------------
 
 

@@ -85,6 +85,25 @@ class Chunk:
     config_fingerprint: str
 
 
+def storable(text: str) -> str:
+    """``text`` as UTF-8 can store it: a name's bytes that are not UTF-8 (Python keeps
+    them as lone surrogates) written as ``\\xe9``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return text
+
+
+def _storable_fields(row: Any) -> None:
+    """A failure or skip row names what it could not read: a folder, a root or a link's
+    target whose name is not UTF-8 made its row unwritable, and the whole run failed."""
+    for f in fields(row):
+        value = getattr(row, f.name)
+        if isinstance(value, str):
+            object.__setattr__(row, f.name, storable(value))
+
+
 @dataclass(frozen=True)
 class Failure:
     """One document that a stage could not process, and why."""
@@ -95,6 +114,9 @@ class Failure:
     message: str
     source_sha256: str | None = None
 
+    def __post_init__(self) -> None:
+        _storable_fields(self)
+
 
 @dataclass(frozen=True)
 class Skip:
@@ -103,6 +125,9 @@ class Skip:
     file_path: str
     reason: str
     detail: str = field(default="")
+
+    def __post_init__(self) -> None:
+        _storable_fields(self)
 
 
 @dataclass(frozen=True)
