@@ -418,8 +418,8 @@ def test_whole_sections_off_keeps_the_fingerprint_of_indexes_built_before_it() -
     # The default's fingerprint as it would be without the setting: it is not part of it
     # while off (a changed fingerprint re-indexes every file). The value moves with the
     # converter's, cleaner's and chunker's versions (CONVERT 3, CLEAN 4, CHUNK 3:
-    # 7023a98a -> 9fa22c80; CONVERT 4: 47b3b93a).
-    assert chunk_fingerprint(RagpipeConfig()) == "47b3b93af4ed75e8"
+    # 7023a98a -> 9fa22c80; CONVERT 4: 47b3b93a; CLEAN 5, CHUNK 4: f343931d).
+    assert chunk_fingerprint(RagpipeConfig()) == "f343931d69e4371d"
     on = RagpipeConfig.model_validate({"chunk": {"whole_sections": True}})
     assert chunk_fingerprint(on) != chunk_fingerprint(RagpipeConfig())
     # What whole_sections means is versioned: an index built under another meaning re-chunks.
@@ -429,7 +429,7 @@ def test_whole_sections_off_keeps_the_fingerprint_of_indexes_built_before_it() -
     chunk.WHOLE_SECTIONS_VERSION = "0"
     try:
         assert chunk_fingerprint(on) != before
-        assert chunk_fingerprint(RagpipeConfig()) == "47b3b93af4ed75e8"
+        assert chunk_fingerprint(RagpipeConfig()) == "f343931d69e4371d"
     finally:
         chunk.WHOLE_SECTIONS_VERSION = "2"
 
@@ -467,3 +467,25 @@ def test_a_large_tables_caption_and_header_are_in_a_chunk() -> None:
         assert any("# Results" in c.text for c in chunks), words
         for row in rows:  # every row still in some chunk
             assert any(row[:40] in c.text for c in chunks)
+
+
+def test_a_fence_closes_only_on_its_own_kind_and_length() -> None:
+    """Docling writes a four-backtick fence around code that holds a three-backtick one:
+    the inner fence "closed" it, clean put blank lines inside the code, and its "# Setup"
+    comment became a heading with every later section under it."""
+    from ragpipe.config import CleanConfig
+    from ragpipe.ingest.clean import clean_markdown
+
+    code = "````\n```python\n# Setup\nx = 1\n```\n````"
+    tilde = "~~~\n```\n# Not a heading\n```\n~~~"
+    markdown = (f"# Guide\n\nHow to write a code block:\n\n{code}\n\n## Install\n\n"
+                f"Run the installer.\n\n{tilde}\n\n## Use\n\nRun it.\n")  # fmt: skip
+    cleaned = clean_markdown(markdown, CleanConfig(), "markdown").markdown
+    assert code in cleaned and tilde in cleaned  # byte for byte
+    _, chunks = _chunks(cleaned, size=60, overlap=10)
+    paths = [c.heading_path for c in chunks]
+    assert ["Setup"] not in paths and ["Guide", "Not a heading"] not in paths
+    assert paths[-1] == ["Guide", "Use"] and ["Guide", "Install"] in paths
+    # Inline code with three backticks opens no fence: the heading after it is one.
+    _, inline = _chunks("# A\n\n```x``` is code.\n\n## B\n\nText.\n", size=60, overlap=10)
+    assert [c.heading_path for c in inline] == [["A"], ["A", "B"]]

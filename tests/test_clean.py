@@ -245,6 +245,28 @@ def test_prose_tables_of_years_and_notices_in_sentences_are_kept() -> None:
     assert clean_markdown(index, CleanConfig(), "pdf").dropped == {"toc": 1}  # a book index
 
 
+def test_prose_and_listings_with_leaders_are_no_contents_page() -> None:
+    """Three runs of "........ N" anywhere in a paragraph deleted it whole, prose and all,
+    as a contents page: long leaders needed no next entry after their number."""
+    kept = [
+        "Results: Group A ........ 12 patients, Group B ........ 15 patients, Group C "
+        "........ 9 patients.",
+        "The install log shows: Downloading.......... 100% done Unpacking.......... 100% "
+        "done Configuring.......... 100% done, and then it exits.",
+        "lint ........ 0 errors\ntest ........ 0 failures\nbuild ........ 0 warnings",
+    ]
+    for text in kept:
+        for kind in ("markdown", "html", "pdf"):
+            result = clean_markdown(f"# Trial\n\nIntro.\n\n{text}\n", CleanConfig(), kind)
+            assert text in result.markdown and "toc" not in result.dropped, (kind, text)
+    joined = ("1 Introduction . . . . . . . . . . 1 1.1 What is R? . . . . . . . . . 2 "
+              "1.2 Obtaining R . . . . . . . . . . 3")  # fmt: skip
+    assert clean_markdown(joined, CleanConfig(), "pdf").dropped == {"toc": 1}
+    # A record's field is no contents page, however it aligns its numbers.
+    record = "# Inventory for March\n\nStock on hand:\nApples   12\nPears    7\nPlums    30\n"
+    assert clean_markdown(record, CleanConfig(), "record").dropped == {}
+
+
 def test_a_text_files_comment_lines_meet_the_users_patterns() -> None:
     licence = "# SPDX-License-Identifier: MIT\n# Copyright 2024 ACME\n// Copyright 2024 ACME\nx\n"
     patterns = ["SPDX-License-Identifier", "Copyright"]

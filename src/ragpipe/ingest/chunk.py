@@ -38,7 +38,7 @@ from ragpipe import checkpoint
 from ragpipe.config import ChunkConfig, ChunkerKind, RagpipeConfig, fingerprint
 from ragpipe.errors import ConfigError
 from ragpipe.ingest import runner
-from ragpipe.ingest.clean import CLEAN_VERSION, is_table_delimiter
+from ragpipe.ingest.clean import CLEAN_VERSION, Fences, is_table_delimiter
 from ragpipe.ingest.convert import settings_fingerprint as convert_settings_fingerprint
 from ragpipe.schemas import (
     PAGE_MARKER_RE,
@@ -52,8 +52,9 @@ if TYPE_CHECKING:
 
 STAGE = "chunk"
 # 2: tables split between rows, header repeated. 3: a fence that fits is never cut, a large
-# table's caption and header are a chunk, "C#" is a heading's title.
-CHUNK_VERSION = "3"
+# table's caption and header are a chunk, "C#" is a heading's title. 4: a fence closes
+# only on its own character and length (CommonMark), "~~~" fences too.
+CHUNK_VERSION = "4"
 
 
 # Sections that ``whole_sections`` keeps whole are at most this many times chunk.size long.
@@ -199,12 +200,11 @@ def split_sections(text: str, parse_headings: bool = True) -> list[_Section]:
     stack: list[tuple[int, str]] = []
     start = 0
     path: list[str] = []
-    fenced = False
+    fences = Fences()
     pos = 0
     for line in text.split("\n") if parse_headings else []:
-        if line.lstrip().startswith("```"):
-            fenced = not fenced
-        match = None if fenced else _HEADING.match(line)
+        fence = fences.step(line)
+        match = None if fence or fences.inside else _HEADING.match(line)
         if match:
             if pos > start:
                 sections.append(_Section(start, pos, list(path)))
@@ -250,12 +250,13 @@ class _Splitter:
         if self._fences is None:
             self._fences = []
             opened: int | None = None
+            fences = Fences()
             pos = 0
             for line in self.text.split("\n"):
-                if line.lstrip().startswith("```"):
-                    if opened is None:
+                if fences.step(line):
+                    if fences.inside:
                         opened = pos
-                    else:
+                    elif opened is not None:
                         self._fences.append((opened, pos + len(line)))
                         opened = None
                 pos += len(line) + 1
@@ -331,12 +332,11 @@ def find_tables(text: str, start: int, end: int) -> list[_Table]:
         lines.append((pos, line))
         pos += len(line) + 1
     tables: list[_Table] = []
-    fenced = False
+    fences = Fences()
     i = 0
     while i < len(lines):
         at, line = lines[i]
-        if line.lstrip().startswith("```"):
-            fenced = not fenced
+        fenced = fences.step(line) or fences.inside
         is_head = (
             not fenced
             and line.lstrip().startswith("|")

@@ -32,8 +32,9 @@ from ragpipe.schemas import (
 
 STAGE = "clean"
 # 3: tables: cell padding removed, a TOC only by its dot leaders. 4: rules by kind, a TOC
-# entry needs a page-number gap, comments only within a block, indentation kept.
-CLEAN_VERSION = "4"
+# entry needs a page-number gap, comments only within a block, indentation kept. 5: no
+# contents page in a record; leaders need the next entry after their page number.
+CLEAN_VERSION = "5"
 
 _PAGE_MARKER = re.compile(PAGE_MARKER_RE)
 
@@ -118,12 +119,16 @@ _NUMBERED_ENTRY = re.compile(
     re.IGNORECASE,
 )
 _DOT_LEADER = re.compile(r"(?:\.\s?){4,}")
-# Leaders to a page: long ones (a contents page's, a book index's ". . . . 26, 27 term"),
-# or short ones followed by the line's end or the next entry (a section number, a
-# title), as prose's ellipses are not: "Resolving.... 12 packages", "Well.... I mean".
+# Leaders to a page followed by the line's end or the next entry (a section number, a
+# title), as prose's leaders and ellipses are not: "Resolving.... 12 packages", "Group A
+# ........ 12 patients, Group B ........ 15 patients", "Unpacking.......... 100% done".
+# After long leaders the next entry may be a book index's: ". . . . 26, 27 term . . . 30",
+# a term in lower case that reaches its own leaders on the line, with no punctuation.
+_NEXT_ENTRY = r"\s*$|\s+(?:\d+(?:\.\d+)*\s|[A-Z])"
 _LEADER_ENTRY = re.compile(
     rf"(?:\.\s?){{8,}}\s*{_PAGE}\b"
-    rf"|(?:\.\s?){{4,7}}\s*{_PAGE}(?=\s*$|\s+(?:\d+(?:\.\d+)*\s|[A-Z]))"
+    rf"(?={_NEXT_ENTRY}|\s*,\s*\d|[ \t]+[^\W\d_][^,;:.\n]{{0,80}}?(?:\.\s?){{4,}})"
+    rf"|(?:\.\s?){{4,7}}\s*{_PAGE}(?={_NEXT_ENTRY})"
 )
 # The delimiter row under a pipe table's header (``|---|:-:|``, Docling also writes ``| - |``).
 TABLE_DELIMITER = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
@@ -142,12 +147,52 @@ class CleanResult:
     dropped: dict[str, int]
 
 
+_FENCE = re.compile(r"\s*(`{3,}|~{3,})(.*)")
+
+
+class Fences:
+    """Where fenced code is, line by line, as CommonMark reads fences: a fence opens with
+    three or more backticks or tildes and closes only on a line of the same character, at
+    least as long, with nothing after it. Docling writes a four-backtick fence around
+    code that holds a three-backtick one; toggling on every line starting with three
+    backticks closed it there, so the code's "# Setup" comment became a heading and
+    every later section hung under it."""
+
+    def __init__(self) -> None:
+        self.opened: str | None = None
+
+    @property
+    def inside(self) -> bool:
+        return self.opened is not None
+
+    def step(self, line: str) -> bool:
+        """Whether ``line`` opens or closes a fence; reads it as the next line."""
+        match = _FENCE.match(line)
+        if match is None:
+            return False
+        run, rest = match.groups()
+        if self.opened is None:
+            if run[0] == "`" and "`" in rest:  # inline code ("```x```"), no fence
+                return False
+            self.opened = run
+            return True
+        if run[0] == self.opened[0] and len(run) >= len(self.opened) and not rest.strip():
+            self.opened = None
+            return True
+        return False
+
+
+def opens_fence(block: str) -> bool:
+    """Whether ``block`` starts with an opening fence."""
+    return Fences().step(block.lstrip("\n").split("\n", 1)[0])
+
+
 def _blocks(markdown: str) -> list[str]:
     """Split into blank-line separated blocks; a fenced code block is a block of its own,
     whole (its blank lines kept), also where text runs into it with no blank line."""
     blocks: list[str] = []
     current: list[str] = []
-    fenced = False
+    fences = Fences()
 
     def flush() -> None:
         if current:
@@ -155,11 +200,10 @@ def _blocks(markdown: str) -> list[str]:
             current.clear()
 
     for line in markdown.split("\n"):
-        fence = line.lstrip().startswith("```")
-        if fence and not fenced:
+        fence = fences.step(line)
+        fenced = fences.inside
+        if fence and fenced:
             flush()  # "Example:" and the fence under it: two blocks
-        if fence:
-            fenced = not fenced
         if not fenced and not fence and not line.strip():
             flush()
             continue
@@ -280,6 +324,9 @@ KIND_RULES: dict[str | None, frozenset[str]] = {
     None: PAGE_RULES,  # unknown: every rule
     "pdf": PAGE_RULES,
     "text": frozenset(),  # code, config, plain text: as written
+    # A record's fields, written by ragpipe: never a contents page (an aligned listing in
+    # a field, "Apples   12", read as one and was deleted).
+    "record": frozenset({"boilerplate", "comments"}),
 }
 # The boilerplate lines that are page furniture only in a PDF (its running heads and
 # stamps): elsewhere a line of one number, "3/4", a date, an address or "Accessed from
@@ -329,7 +376,7 @@ def clean_markdown(markdown: str, config: CleanConfig, kind: str | None = None) 
     out: list[str] = []
     for block in _blocks(markdown):
         stripped = block.strip()
-        if stripped.startswith("```") or _PAGE_MARKER.match(stripped):
+        if opens_fence(stripped) or _PAGE_MARKER.match(stripped):
             out.append(block)
             continue
         if config.html_comments and "comments" in rules:
