@@ -104,6 +104,10 @@ def test_paired_delta_detects_a_real_difference_and_not_a_null_one() -> None:
     identical = paired_delta(base, base)
     assert identical.interval.mean == 0 and identical.p_value == 1.0
     assert identical.as_dict()["ci_low"] is None  # every delta 0: no CI, not [0, 0]
+    # Every delta 0.2, as float subtraction writes them (0.19999999999999996, ...): no
+    # CI either; it was "+0.200 [+0.200, +0.200]".
+    alike = paired_delta([0.2, 0.4, 0.6, 0.0], [0.4, 0.6, 0.8, 0.2])
+    assert alike.interval.zero_width and alike.as_dict()["ci_low"] is None
     # The gate still reads the bounds: a drop on every query is a drop.
     dropped = paired_delta([1.0] * 5, [0.5] * 5)
     assert (dropped.interval.low, dropped.interval.high) == (-0.5, -0.5)

@@ -34,6 +34,7 @@ import numpy.typing as npt
 
 from ragpipe import yamlio
 from ragpipe.errors import ConfigError
+from ragpipe.evaluation.metrics import SAME
 
 LABEL_FIELDS = ("item_id", "metric", "value")
 LABEL_SUFFIXES = (".csv", ".yaml", ".yml", ".json")
@@ -140,7 +141,7 @@ def _percentile_ci(values: npt.NDArray[np.float64]) -> tuple[float, float]:
     if kept.size == 0:
         return _NAN, _NAN
     low, high = np.quantile(kept, [0.025, 0.975])
-    if low == high:
+    if high - low <= SAME:
         return _NAN, _NAN
     return float(low), float(high)
 

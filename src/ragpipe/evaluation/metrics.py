@@ -54,6 +54,12 @@ def query_metrics(ranked: Sequence[str], qrels: Mapping[str, int]) -> dict[str, 
     }
 
 
+# Bounds closer than this are one value: deltas of 0.2 on every query come out of float
+# subtraction as 0.19999999999999996 and 0.20000000000000007, and a CI "[+0.200, +0.200]"
+# claimed the certainty that "no CI: every delta equal" denies.
+SAME = 1e-9
+
+
 def _finite(value: float) -> float | None:
     return None if math.isnan(value) else value
 
@@ -80,7 +86,7 @@ class Interval:
     def zero_width(self) -> bool:
         """Every resample gave the same mean (all values equal): an interval of no width
         would claim certainty that a handful of equal scores does not give."""
-        return self.has_ci and self.low == self.high
+        return self.has_ci and self.high - self.low <= SAME
 
     @property
     def shown(self) -> bool:

@@ -47,7 +47,7 @@ from ragpipe.evaluation.check import (
     golden_for_index,
 )
 from ragpipe.evaluation.golden import GoldenSet, item_digest, load_golden
-from ragpipe.evaluation.metrics import METRICS, Interval
+from ragpipe.evaluation.metrics import METRICS, SAME, Interval
 from ragpipe.evaluation.rag import ALL_RAG_METRICS, RAG_METRICS, RagEvalResult, run_rag_eval
 from ragpipe.evaluation.report import WITHHELD, render_html, render_markdown
 from ragpipe.evaluation.retrieval import (
@@ -844,7 +844,8 @@ def _read_history_table(path: Path) -> pa.Table:
     table = table.select(HISTORY_SCHEMA.names).cast(HISTORY_SCHEMA)
     # Rows written before n < 2 (or all values equal) meant "no CI" hold a zero-width
     # interval: drop it.
-    flat = pc.fill_null(pc.equal(table["ci_low"], table["ci_high"]), False)
+    width = pc.subtract(table["ci_high"], table["ci_low"])
+    flat = pc.fill_null(pc.less_equal(width, SAME), False)
     one = pc.or_(pc.less(table["n"], 2), flat)
     for name in ("ci_low", "ci_high"):
         column = pc.if_else(one, pa.scalar(None, pa.float64()), table[name])
