@@ -128,6 +128,10 @@ items:
         ("- {id: x, query: q, chunks: [{file: a.md, contains: 'two  words'}, "
          "{file: a.md, contains: 'two words'}]}",
          r"chunk target 2: the same target as chunk target 1"),  # whitespace as matches reads it
+        # One file under two suffixes: two chunks of one section credited (P@5 0.4).
+        ("- {id: x, query: q, chunks: [{file: science/p.md, heading: P}, "
+         "{file: p.md, heading: P}]}",
+         r"chunk target 2: the same target as chunk target 1 \(p\.md#heading=P"),
         # Every answer scored F1 0 against it, as a value (the attack review).
         ("- {id: x, query: q, expected_files: [a], expected_answer: '   '}",
          r"'expected_answer' '   ' has no word to score an answer against \(blank, or only "

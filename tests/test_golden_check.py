@@ -295,14 +295,61 @@ items:
     chunks:
       - {file: science/photosynthesis.md, contains: RuBisCO, grade: 2}
       - {file: science/photosynthesis.md, heading: Light reactions, grade: 1}
+  - id: shared
+    query: How does the Calvin cycle fix carbon dioxide?
+    chunks:
+      - {file: science/photosynthesis.md, heading: Photosynthesis, grade: 3}
+      - {file: science/photosynthesis.md, contains: RuBisCO attaches carbon dioxide, grade: 2}
 """))  # fmt: skip
     store, view = _view(indexed_edge)
     try:
         check = check_golden(golden, view, "chunk")
-        assert check.lines() == [
+        assert check.lines()[:1] == [
             'crowded: chunk target "science/photosynthesis.md#contains=RuBisCO" matches only '
             "chunks that the item's other targets need (a chunk counts for one target), so "
-            "its targets can never all score: merge them, or point this one at another chunk"
+            "its targets can never all score: merge them, or point this one at another chunk",
         ]
+        # The review's attack: the Calvin chunk satisfies both of "shared"'s targets, the
+        # other chunks of the file the heading one: [calvin, light] scored recall@5 0.5,
+        # [light, calvin] 1.0. Named (once), so a run refuses it or skips it.
+        (shared,) = check.lines()[1:]
+        assert shared.startswith(
+            'shared: chunk target "science/photosynthesis.md#contains=RuBisCO attaches carbon '
+            'dioxide" shares a chunk with chunk target "science/photosynthesis.md#heading='
+            'Photosynthesis" (/'
+        )
+        assert shared.endswith(
+            '/science/photosynthesis.md under Photosynthesis > Calvin cycle: "## Calvin cycle '
+            "In the stroma the Calvin …\"): a chunk counts for one target, so the item's score "
+            "would depend on the order its chunks come back in; make the targets name "
+            "different chunks (e.g. a heading target for a subsection), or keep the one you mean"
+        )
+        assert check.unmatched_items == ["crowded", "shared"]
+    finally:
+        store.close()
+
+
+def test_a_file_named_only_by_a_grade_0_chunk_target_is_checked_as_a_file(
+    indexed_edge: RagpipeConfig, tmp_path: Path
+) -> None:
+    # "all" left out of the file checks every file a chunk target names, grade 0 too,
+    # which the chunk checks leave out: "ok", then a file run refused the set.
+    golden = load_golden(_write(tmp_path, "zero", """
+items:
+  - id: zero
+    query: Who wrote the first program?
+    relevance: {history/computing.md: 3, kitchen/typo-bread.md: 2}
+    chunks:
+      - {file: history/computing.md, heading: Ada Lovelace, grade: 3}
+      - {file: kitchen/typo-bread.md, heading: Oven, grade: 0}
+"""))  # fmt: skip
+    store, view = _view(indexed_edge)
+    try:
+        for scope in ("all", "file"):
+            lines = check_golden(golden, view, scope).lines()
+            assert len(lines) == 1 and lines[0].startswith(
+                'zero: file "kitchen/typo-bread.md" matches no file in the index'
+            ), scope
+        assert check_golden(golden, view, "chunk").lines() == []
     finally:
         store.close()

@@ -22,6 +22,7 @@ of text). ``answerable: false`` items have no targets and always pass.
 from __future__ import annotations
 
 import difflib
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -158,6 +159,17 @@ def _closest_passage(text: str, payloads: list[dict[str, Any]]) -> tuple[str, ..
     return (f'"…{best[1]}…"{where}',)
 
 
+def _where(payload: dict[str, Any]) -> str:
+    """A chunk as a person finds it: its file, heading path and opening words."""
+    words = " ".join(str(payload.get("text", "")).split()[:8])
+    heading = " > ".join(payload.get("heading_path") or [])
+    return (
+        f"{payload.get('file_path', '?')}"
+        + (f" under {heading}" if heading else "")
+        + (f': "{words} …"')
+    )
+
+
 def _ambiguous(item: GoldenItem, what: str, files: list[str]) -> Unmatched:
     """A target naming several indexed files: any of them would score as the answer."""
     shown = ", ".join(files[:CLOSEST]) + (", ..." if len(files) > CLOSEST else "")
@@ -243,6 +255,32 @@ def _crowded(item: GoldenItem, found: list[ChunkTarget], view: IndexView) -> lis
     ]
 
 
+def _shared(item: GoldenItem, found: list[ChunkTarget], view: IndexView) -> list[Unmatched]:
+    """Targets that one chunk satisfies together: the chunk is credited to one of them (the
+    higher grade) wherever it ranks, so the same chunks scored differently in another
+    order: [c1, c3] recall 0.5, [c3, c1] recall 1.0, when c1 satisfies both and c3 only
+    one; the better ranking, the answer first, scored lower. Named once per pair."""
+    if len(found) < 2:
+        return []
+    files = sorted({f for t in found for f in view.matching(t.file)})
+    pairs: dict[tuple[int, int], dict[str, Any]] = {}
+    for payload in (p for f in files for p in view.payloads(f)):
+        both = [t for t, target in enumerate(found) if target.matches(payload)]
+        for a, b in itertools.combinations(both, 2):
+            pairs.setdefault((a, b), payload)
+    return [
+        Unmatched(
+            item.id,
+            f'chunk target "{found[b].key}"',
+            f'shares a chunk with chunk target "{found[a].key}" ({_where(payload)}): a chunk '
+            "counts for one target, so the item's score would depend on the order its "
+            "chunks come back in; make the targets name different chunks (e.g. a heading "
+            "target for a subsection), or keep the one you mean",
+        )
+        for (a, b), payload in pairs.items()
+    ]
+
+
 def _scored_targets(item: GoldenItem, scope: str) -> tuple[list[str], list[ChunkTarget]]:
     """The file suffixes and chunk targets of ``item`` that a run of ``scope`` scores."""
     chunks = [t for t in item.chunks if t.grade > 0]
@@ -253,7 +291,9 @@ def _scored_targets(item: GoldenItem, scope: str) -> tuple[list[str], list[Chunk
         return [], chunks
     if scope == "answer":  # citations count chunk targets when there are any, else files
         return ([], chunks) if item.chunks else (files, [])
-    chunk_files = {t.file for t in item.chunks}
+    # A file a graded chunk target names is checked through that target; one named only
+    # by a grade-0 target is checked as a file ("ok" passed a file that matched nothing).
+    chunk_files = {t.file for t in chunks}
     return [s for s in files if s not in chunk_files], chunks
 
 
@@ -321,7 +361,8 @@ def check_golden(golden: GoldenSet, view: IndexView, scope: str = "all") -> Gold
                 unmatched.append(problem)
             else:
                 located.append(target)
-        unmatched += _crowded(item, located, view)
+        crowded = _crowded(item, located, view)
+        unmatched += crowded or _shared(item, located, view)
     return GoldenCheck(
         golden.name, golden.source, len(golden.items), targets, len(view.files), unmatched
     )

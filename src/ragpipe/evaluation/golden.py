@@ -163,12 +163,15 @@ def _grade(value: Any, where: str) -> int:
 
 def _same(a: ChunkTarget, b: ChunkTarget) -> bool:
     """Two targets that match the same chunks (``contains`` reads runs of whitespace as
-    one space, as ``matches`` does)."""
+    one space, as ``matches`` does), their file named by one suffix or another
+    (``science/a.md``, ``a.md``): two relevant items for one section, each credited."""
 
     def spaced(text: str | None) -> str | None:
         return " ".join(text.split()) if text is not None else None
 
-    return (a.file, a.heading, spaced(a.contains)) == (b.file, b.heading, spaced(b.contains))
+    return _one_file(a.file, b.file) and (a.heading, spaced(a.contains)) == (
+        b.heading, spaced(b.contains)
+    )  # fmt: skip
 
 
 def _one_file(a: str, b: str) -> bool:
