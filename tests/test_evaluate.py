@@ -216,6 +216,9 @@ def test_bad_variants_fail_before_any_search(eval_config: RagpipeConfig) -> None
         run_retrieval_eval(eval_config, golden, [Variant("w", {"fusion": "qdrant", "alpha": 0.3})])
     with pytest.raises(ConfigError, match=r"not retrieve\.KEY=VALUE"):
         parse_variant("x:colour=red")
+    # A "|" split the reports' table columns: numbers under the wrong variant's heading.
+    with pytest.raises(ConfigError, match=r"holds a '\|' .* name it e\.g\. sparse-bm25"):
+        parse_variant("sparse|bm25:mode=sparse")
     assert parse_variant("h:mode=hybrid,fusion=client,dense_weight=2,hyde=off") == Variant(
         "h", {"mode": "hybrid", "fusion": "client", "dense_weight": 2, "hyde": False}
     )

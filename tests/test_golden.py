@@ -390,6 +390,21 @@ def test_an_expected_answer_is_stripped(tmp_path: Path) -> None:
     assert golden.items[0].expected_answer == "In 1998."
 
 
+def test_a_long_beir_id_gets_a_file_name_a_file_system_holds(tmp_path: Path) -> None:
+    """A 300-character id crashed the import (File name too long) after writing documents."""
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    long_id = "é" * 300
+    (beir / "corpus.jsonl").write_text(json.dumps({"_id": long_id, "text": "Long."}) + "\n")
+    (beir / "queries.jsonl").write_text(json.dumps({"_id": "q", "text": "long?"}) + "\n")
+    (beir / "qrels" / "test.tsv").write_text(f"q\t{long_id}\t1\n")
+    golden = import_beir(beir, tmp_path / "docs")
+    ((name, grade),) = golden.items[0].relevance.items()
+    assert grade == 1 and len(name.encode()) <= 204 and name.startswith("é" * 94)
+    assert name.endswith("-" + hashlib.sha256(long_id.encode()).hexdigest()[:10] + ".md")
+    assert (tmp_path / "docs" / name).read_text() == "Long.\n"
+
+
 def test_beir_import_never_overwrites_a_document_and_counts_what_it_drops(tmp_path: Path) -> None:
     # The attack review: "doc:1" and "doc_1" both became doc_1.md (the cats text lost under
     # the rockets one), and qrels naming a missing document vanished in silence, shrinking
@@ -402,16 +417,18 @@ def test_beir_import_never_overwrites_a_document_and_counts_what_it_drops(tmp_pa
     (beir / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in docs) + "\n")
     (beir / "queries.jsonl").write_text("\n".join(json.dumps({"_id": q, "text": t}) for q, t in [
         ("q1", "why do cats purr"), ("q2", "how do rockets fly"), ("q3", "moons and cats"),
-        ("q4", "unjudged")]) + "\n")  # fmt: skip
+        ("q4", "unjudged"), ("q5", "another split's")]) + "\n")  # fmt: skip
+    # Graded twice: q1's 1 then 0 (the last row won: q1 was dropped), q2's 1 then 5 (read
+    # as 3, in silence).
     (beir / "qrels" / "test.tsv").write_text(
         "query-id\tcorpus-id\tscore\nq1\tdoc:1\t1\nq2\tdoc_1\t1\nq3\tDoc_1\t1\nq3\tgone\t2\n"
-        "q3\tgone-too\t0\nq9\tdoc_1\t1\n"
+        "q3\tgone-too\t0\nq9\tdoc_1\t1\nq1\tdoc:1\t0\nq2\tdoc_1\t5\nq4\tdoc_1\t0\n"
     )
     golden = import_beir(beir, tmp_path / "docs")
     cats = "doc_1-" + hashlib.sha256(b"doc:1").hexdigest()[:10] + ".md"
     moons = "Doc_1-" + hashlib.sha256(b"Doc_1").hexdigest()[:10] + ".md"  # case-blind clash
     by_id = {i.id: i.relevance for i in golden.items}
-    assert by_id == {"q1": {cats: 1}, "q2": {"doc_1.md": 1}, "q3": {moons: 1}}
+    assert by_id == {"q1": {cats: 1}, "q2": {"doc_1.md": 3}, "q3": {moons: 1}}
     assert (tmp_path / "docs" / "doc_1.md").read_text() == "# Rockets\n\nRockets burn fuel.\n"
     assert (tmp_path / "docs" / cats).read_text() == "# Cats\n\nCats purr.\n"
     assert golden.notes == [
@@ -421,8 +438,13 @@ def test_beir_import_never_overwrites_a_document_and_counts_what_it_drops(tmp_pa
         "kept query(ies) have fewer relevant documents than the dataset says (their recall is "
         "not comparable with published numbers)",
         "1 qrel(s) name queries not in queries.jsonl: left out",
-        "1 of 4 queries have no relevant document in test.tsv (or none left): not in the "
-        "golden set",
+        "1 qrel(s) grade above 3, read as 3: graded metrics (NDCG) are not comparable with "
+        "published numbers",
+        "2 (query, document) pair(s) are graded twice, differently, in test.tsv: the higher "
+        "grade kept",
+        # q5 is another split's, never judged here: not counted (it was, as dropped).
+        "1 of 4 queries judged in test.tsv have no relevant document (or none left): not in "
+        "the golden set",
     ]
     from typer.testing import CliRunner
 

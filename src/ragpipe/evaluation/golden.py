@@ -375,15 +375,25 @@ def import_beir(directory: Path, out_corpus: Path, split: str = "test") -> Golde
     queries = _beir_queries(queries_file)
     graded: dict[str, dict[str, int]] = {}
     no_doc: dict[str, int] = {}  # query -> its relevant qrels whose document is missing
-    no_query = 0
+    no_query = clipped = 0
+    repeated: set[tuple[str, str]] = set()  # (query, document) graded twice, differently
+    judged: set[str] = set()  # this split's queries (the queries file holds every split's)
     for qid, doc_id, score in _beir_qrels(qrels_file):
         if qid not in queries:
             no_query += 1
-        elif doc_id not in names:
+            continue
+        judged.add(qid)
+        if doc_id not in names:
             if score > 0:
                 no_doc[qid] = no_doc.get(qid, 0) + 1
         else:
-            graded.setdefault(qid, {})[names[doc_id]] = min(max(score, 0), MAX_GRADE)
+            grades = graded.setdefault(qid, {})
+            grade = min(max(score, 0), MAX_GRADE)
+            clipped += score > MAX_GRADE
+            before = grades.get(names[doc_id])
+            if before is not None and before != grade:
+                repeated.add((qid, doc_id))  # the highest kept: the last row won, even a 0
+            grades[names[doc_id]] = max(grade, before or 0)
     items = [
         GoldenItem(qid, _beir_text(queries_file, queries[qid]), rel)
         for qid, rel in sorted(graded.items())
@@ -408,10 +418,16 @@ def import_beir(directory: Path, out_corpus: Path, split: str = "test") -> Golde
         )
     if no_query:
         notes.append(f"{no_query} qrel(s) name queries not in {queries_file.name}: left out")
-    unjudged = len(queries) - len(items)
+    if clipped:
+        notes.append(f"{clipped} qrel(s) grade above {MAX_GRADE}, read as {MAX_GRADE}: graded "
+                     "metrics (NDCG) are not comparable with published numbers")  # fmt: skip
+    if repeated:
+        notes.append(f"{len(repeated)} (query, document) pair(s) are graded twice, differently, "
+                     f"in {qrels_file.name}: the higher grade kept")  # fmt: skip
+    unjudged = len(judged) - len(items)
     if unjudged:
-        notes.append(f"{unjudged} of {len(queries)} queries have no relevant document in "
-                     f"{qrels_file.name} (or none left): not in the golden set")  # fmt: skip
+        notes.append(f"{unjudged} of {len(judged)} queries judged in {qrels_file.name} have no "
+                     "relevant document (or none left): not in the golden set")  # fmt: skip
     return GoldenSet(directory.name, items, f"BEIR {directory.name} ({split})", str(directory),
                      notes=notes)  # fmt: skip
 
@@ -449,6 +465,9 @@ def _beir_object(path: Path, line_no: int, line: str, *keys: str) -> dict[str, A
     return value
 
 
+_STEM_BYTES = 200  # a long id's file name is cut to this, ending in the id's hash
+
+
 def _beir_names(corpus_file: Path) -> tuple[dict[str, str], int]:
     """Each document id's file name, and how many ids got a hash to keep their name apart;
     nothing is written yet."""
@@ -460,6 +479,9 @@ def _beir_names(corpus_file: Path) -> tuple[dict[str, str], int]:
         if doc_id in names:
             raise ConfigError(f"{corpus_file}:{line_no}: document id {doc_id!r} repeats")
         stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in doc_id)
+        if len(stem.encode()) > _STEM_BYTES:  # a file name holds 255 bytes: cut, and tell
+            cut = stem.encode()[: _STEM_BYTES - 11].decode("utf-8", "ignore")  # apart by hash
+            stem = f"{cut}-{hashlib.sha256(doc_id.encode()).hexdigest()[:10]}"
         name = stem + ".md"
         if name.lower() in taken:  # another id's name: never write over its document
             name = f"{stem}-{hashlib.sha256(doc_id.encode()).hexdigest()[:10]}.md"

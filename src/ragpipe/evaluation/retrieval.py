@@ -398,6 +398,13 @@ def parse_variant(text: str) -> Variant:
     name, sep, rest = text.partition(":")
     if not name.strip():
         raise ConfigError(f"variant {text!r}: use NAME:key=value,key=value (e.g. dense:mode=dense)")
+    if "|" in name or not name.isprintable():
+        # A column of the reports' tables: "sparse|bm25" split into two columns, and every
+        # number after it stood under the wrong heading.
+        raise ConfigError(
+            f"variant {text!r}: the name {name.strip()!r} holds a '|' or a control character, "
+            "which would break the reports' tables; name it e.g. sparse-bm25"
+        )
     overrides: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in rest.split(","))) if sep else []:
         key, eq, value = part.partition("=")
