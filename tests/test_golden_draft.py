@@ -254,6 +254,15 @@ def test_a_heading_draft_is_refused_by_evals_until_reviewed(tmp_path: Path) -> N
     taken = runner.invoke(app, ["eval", "retrieval", "--config", config, "--golden", str(out),
                                 "--allow-draft"])  # fmt: skip
     assert taken.exit_code == 0, taken.output
+    # The run says it scored drafts: in its warnings and in its scope (only a log line did).
+    (drafted,) = (tmp_path / "reports").glob("*/summary.json")
+    said = json.loads(drafted.read_text(encoding="utf-8"))
+    assert said["golden"]["selection"].endswith("(2 unreviewed drafts)")
+    assert said["warnings"][0].startswith(
+        "2 of the 2 scored golden items are unreviewed drafts (draft: true, scored as "
+        "--allow-draft asks): "
+    )
+    assert "unreviewed drafts" in (drafted.parent / "report.md").read_text(encoding="utf-8")
     # ... for that run only: the next one without the flag is refused again.
     again = runner.invoke(app, ["eval", "retrieval", "--config", config, "--golden", str(out)])
     assert again.exit_code == 2 and "drafts not yet reviewed" in again.output

@@ -556,7 +556,7 @@ def run_retrieval(
             retriever=retriever,
             progress=progress,
         )
-    summary = with_check(retrieval_summary(result, config, corpus), check)
+    summary = with_drafts(with_check(retrieval_summary(result, config, corpus), check), golden)
     summary = with_drift(summary, golden, view, config.eval.reports_dir)
     return result, write_run(summary, retrieval_table(result), config.eval.reports_dir)
 
@@ -573,7 +573,7 @@ def run_rag(
             config, golden, name=name, limit=config.eval.rag_limit,
             sample=config.eval.rag_sample, retriever=retriever, view=view, progress=progress,
         )  # fmt: skip
-    summary = with_check(rag_summary(result, config, corpus), check)
+    summary = with_drafts(with_check(rag_summary(result, config, corpus), check), golden)
     summary = with_drift(summary, golden, view, config.eval.reports_dir)
     return result, write_run(summary, rag_table(result), config.eval.reports_dir)
 
@@ -628,6 +628,26 @@ def with_check(summary: RunSummary, check: GoldenCheck) -> RunSummary:
             f"their targets cannot be scored on the index ({shown}); see golden_check in "
             "summary.json",
         )
+    return summary
+
+
+def with_drafts(summary: RunSummary, golden: GoldenSet) -> RunSummary:
+    """The summary saying which scored items are unreviewed drafts (``--allow-draft``): in
+    its warnings and in the golden set's selection (so in the trend's scope). Only a log
+    line said so: the report, summary.json and the history read as a reviewed set's."""
+    scored = summary.golden.items
+    drafts = [i.id for i in golden.drafts if not scored or i.id in scored]
+    if not drafts:
+        return summary
+    selection = summary.golden.selection or f"{summary.golden.queries} items"
+    summary.golden.selection = f"{selection} ({len(drafts)} unreviewed drafts)"
+    shown = ", ".join(drafts[:10]) + (", ..." if len(drafts) > 10 else "")
+    summary.warnings.insert(
+        0,
+        f"{len(drafts)} of the {summary.golden.queries} scored golden items are unreviewed "
+        f"drafts (draft: true, scored as --allow-draft asks): {shown}. A draft's question and "
+        "targets were written by a model and not yet read by a person",
+    )
     return summary
 
 
