@@ -83,6 +83,15 @@ LONG_MINIMAL_PAIRS = [
      "How do I export the customer table from the old PostgreSQL 9.6 server?"),
     ("Is the cache invalidated when a document in the index is updated overnight?",
      "Is the cache not invalidated when a document in the index is updated overnight?"),
+    # The same words in another order (a review's attack: each a cache hit at 0.97-0.998).
+    ("How do I copy the database backup from server A to server B?",
+     "How do I copy the database backup from server B to server A?"),
+    ("How do I migrate my scripts from Python 2 to Python 3?",
+     "How do I migrate my scripts from Python 3 to Python 2?"),
+    ("How do I convert a data frame to a matrix in R?",
+     "How do I convert a matrix to a data frame in R?"),
+    ("Can the admin delete a user's files on the shared server?",
+     "Can a user delete the admin's files on the shared server?"),
 ]  # fmt: skip
 
 REWRITES = {

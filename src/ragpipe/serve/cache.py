@@ -12,9 +12,10 @@ someone else's answer, and one changed word in a long question moves the
 embedding very little ("Is it safe to grant X to every user?" vs "... unsafe
 ..." scored 0.991). So a hit also needs the two questions to agree on what a
 cosine cannot see (``meaning_conflict``): the same numbers and versions, the
-same quoted phrases, as many negations, and no word in one that is the other's
-with a negating prefix (safe/unsafe, install/uninstall). ``bench/cache_threshold.py``
-measures the threshold on both dev golden sets and the guard on minimal pairs.
+same quoted phrases, as many negations, not the same words in another order,
+and no word in one that is the other's with a negating prefix (safe/unsafe,
+install/uninstall). ``bench/cache_threshold.py`` measures the threshold on both
+dev golden sets and the guard on minimal pairs.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,7 @@ class _Entry:
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _QUOTED = re.compile(r'"([^"]+)"|\u201c([^\u201d]+)\u201d')
 _WORD = re.compile(r"[a-z0-9]+(?:['\u2019-][a-z0-9]+)*")
+_POSSESSIVE = re.compile(r"['\u2019]s$")  # "the admin's files" / "a user's files"
 _NEGATIONS = frozenset(
     ["not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "without", "cannot"]
 )
@@ -88,7 +90,8 @@ def _negations(words: list[str]) -> int:
 
 def meaning_conflict(a: str, b: str) -> str | None:
     """Why questions ``a`` and ``b`` cannot share an answer however close their embeddings,
-    or None: a number, version or quoted phrase differs, one has more negations, a word of
+    or None: a number, version or quoted phrase differs, one has more negations, the same
+    words come in another order ("from A to B", "from B to A"), a word of
     one is a word of the other with a negating prefix, or the two hold a word and its
     opposite (``_ANTONYMS``: high/low, minimum/maximum, before/after, ...)."""
     if sorted(_NUMBER.findall(a)) != sorted(_NUMBER.findall(b)):
@@ -99,6 +102,12 @@ def meaning_conflict(a: str, b: str) -> str | None:
     words_a, words_b = _WORD.findall(a.lower()), _WORD.findall(b.lower())
     if _negations(words_a) != _negations(words_b):
         return "a negation differs"
+    # "from server A to server B" / "from B to A", "Python 2 to 3" / "3 to 2": a mean-pooled
+    # embedding is close to a bag of words (0.99 and over), so one order hit the other's
+    # answer. A rephrasing that only moves words ("On Windows, how ...") pays a miss.
+    plain_a, plain_b = ([_POSSESSIVE.sub("", w) for w in ws] for ws in (words_a, words_b))
+    if plain_a != plain_b and Counter(plain_a) == Counter(plain_b):
+        return "the same words in another order"
     only_a, only_b = set(words_a) - set(words_b), set(words_b) - set(words_a)
     for x in only_a:
         for y in only_b:
