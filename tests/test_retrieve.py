@@ -555,6 +555,22 @@ def test_a_huge_query_is_cut_and_searched_in_bounded_work(indexed_edge: RagpipeC
     assert "backups" in result.hits[0].file_path
 
 
+def test_a_long_query_the_embedder_reads_whole_is_not_cut(indexed_edge: RagpipeConfig) -> None:
+    """A pasted, indented config and a question after it: 1,800 characters, fewer tokens
+    than the window. Cut at 6 characters a token, the question was never searched."""
+    from ragpipe.models.embedders import reads_whole
+    from ragpipe.query.retrieve import embeds_whole
+
+    config = "\n".join(f"{' ' * 40}option_{i}: on" for i in range(35))
+    query = f"{config}\nHow often are backups taken?"
+    with Retriever(indexed_edge) as r:
+        assert len(query) > r.embedder.max_tokens * 6 and reads_whole(r.embedder, query)
+        result = r.search(query, top_k=3)
+        assert "query_cut" not in result.trace and "backups" in result.hits[0].file_path
+        assert embeds_whole(r.embedder, query)
+        assert not embeds_whole(r.embedder, " ".join(["How do I restore a backup?"] * 400))
+
+
 # -- with the real LLM ----------------------------------------------------------------
 
 

@@ -41,7 +41,13 @@ from ragpipe.config import (
     SparseEngine,
 )
 from ragpipe.errors import ConfigError
-from ragpipe.models.embedders import Embedder, embedder_name, make_embedder, normalise
+from ragpipe.models.embedders import (
+    Embedder,
+    embedder_name,
+    make_embedder,
+    normalise,
+    reads_whole,
+)
 from ragpipe.query.fusion import (
     boost_exact,
     exact_phrases,
@@ -111,6 +117,30 @@ def cut_query(query: str, max_chars: int) -> str:
     cut = query[:max_chars]
     space = cut.rfind(" ")
     return cut[:space] if space > max_chars // 2 else cut
+
+
+# Up to this many times the cut's length, the embedder's tokenizer is asked whether it reads
+# the query whole (a pasted config's indentation or long words: fewer tokens than characters
+# / 6), and such a query is not cut; past it the tokenizer's work is not worth it.
+WHOLE_CHECK_FACTOR = 8
+
+
+def searched_query(embedder: Embedder, query: str) -> str:
+    """What a query's vector is made of: ``query``, or its opening cut at a word boundary
+    where it is far past the embedder's window (``QUERY_CHARS_PER_TOKEN``), unless the
+    embedder reads it whole: a 1,848-character question after an indented config is 238
+    tokens, and was cut before its question (the search, and the cache, read another)."""
+    max_chars = embedder.max_tokens * QUERY_CHARS_PER_TOKEN
+    if len(query) <= max_chars:
+        return query
+    if len(query) <= max_chars * WHOLE_CHECK_FACTOR and reads_whole(embedder, query):
+        return query
+    return cut_query(query, max_chars)
+
+
+def embeds_whole(embedder: Embedder, query: str) -> bool:
+    """Whether ``query``'s vector reads all of it: not cut, and within the window."""
+    return searched_query(embedder, query) == query and reads_whole(embedder, query)
 
 
 HYDE_TEMPLATES = [
@@ -210,7 +240,7 @@ class Retriever:
         with ``fragments``, those of the sentences ``search(query, **overrides)`` also
         searches are cached first. A server embeds a query's texts here, side by side with
         other requests, and holds its store's lock only for the searches."""
-        searched = cut_query(query.strip(), self.embedder.max_tokens * QUERY_CHARS_PER_TOKEN)
+        searched = searched_query(self.embedder, query.strip())
         vector = self._embed_query(searched)
         cfg = self._retrieve_config(overrides or {}) if fragments else None
         if cfg is not None and cfg.split_fragments:
@@ -314,8 +344,7 @@ class Retriever:
             "hyde": cfg.hyde.value,
             "index_version": self.index_version.get("generation"),
         }
-        max_chars = self.embedder.max_tokens * QUERY_CHARS_PER_TOKEN
-        searched = cut_query(query, max_chars)
+        searched = searched_query(self.embedder, query)
         if searched != query:
             trace["query_cut"] = {"chars": len(query), "kept": len(searched)}
             logger.info(

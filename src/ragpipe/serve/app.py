@@ -71,7 +71,7 @@ from starlette.routing import Route
 
 from ragpipe.config import LLM_RERANKER, RagpipeConfig, RetrievalMode, ServeConfig
 from ragpipe.errors import ConfigError, RagpipeError
-from ragpipe.models.embedders import embedder_name, known_dim, reads_whole, runtime_of
+from ragpipe.models.embedders import embedder_name, known_dim, runtime_of
 from ragpipe.models.llm import GenerationCancelled
 from ragpipe.query.generate import (
     QuestionTooLong,
@@ -81,6 +81,7 @@ from ragpipe.query.generate import (
     source_json,
 )
 from ragpipe.query.render import search_json, to_text, to_xml
+from ragpipe.query.retrieve import embeds_whole
 from ragpipe.serve.cache import SemanticCache
 from ragpipe.serve.fields import JSON_INTEGER
 from ragpipe.serve.index import LiveIndex
@@ -412,7 +413,7 @@ class Service:
         self, endpoint: str, vector: Any, scope: str, version: str, text: str, value: Any
     ) -> None:
         if self.caches(endpoint):
-            whole = reads_whole(self.index.embedder, text)
+            whole = embeds_whole(self.index.embedder, text)
             self.cache.put(vector, scope, version, text, value, whole)
             self.metrics.cache_entries.set(len(self.cache))
 
@@ -457,7 +458,7 @@ class Service:
                 # also searched by unless a cached answer may make them needless.
                 cached = self.caches(endpoint)
                 vector = retriever.query_vector(text, overrides, fragments=not cached)
-                whole = cached and reads_whole(retriever.embedder, text)
+                whole = cached and embeds_whole(retriever.embedder, text)
                 with held.search:
                     hit = self.lookup(endpoint, vector, scope, version, text, whole)
                     result = None if hit else retriever.search(text, **overrides)
