@@ -259,6 +259,19 @@ def test_a_full_answer_queue_and_a_foreign_host_are_refused_with_reasons(
         page = httpx.post(f"{url}/mcp", json=ping,
                           headers={**accept, "Origin": "https://evil.example"})  # fmt: skip
         assert page.status_code == 403
+        # ... and so does every other endpoint: a rebound page read /search and the reports.
+        evil = {"Host": "evil.example:8080"}
+        for method, path in [("POST", "/search"), ("POST", "/ask"), ("GET", "/reports/"),
+                             ("GET", "/metrics"), ("GET", "/healthz")]:  # fmt: skip
+            got = httpx.request(method, f"{url}{path}", json={"query": BREAD}, headers=evil)
+            assert got.status_code == 421 and "Invalid Host header" in got.text, path
+            sent = httpx.request(method, f"{url}{path}", json={"query": BREAD},
+                                 headers={"Origin": "http://evil.example"})  # fmt: skip
+            assert sent.status_code == 403, path
+        assert httpx.post(f"{url}/search", json={"query": BREAD},
+                          headers={"Host": "localhost"}).status_code == 200  # fmt: skip
+        # A GET's event stream could never carry a message (stateless, JSON): 405.
+        assert httpx.get(f"{url}/mcp", headers=accept, timeout=10).status_code == 405
 
 
 def test_hostile_mcp_requests_get_clear_answers_and_the_server_keeps_serving(

@@ -1052,6 +1052,13 @@ def test_an_answer_stops_when_its_client_leaves_and_the_queue_is_bounded(
         assert dripper.written < 200  # before: all 1,000 (20 s of the model's time)
         metrics = client.get("/metrics").text
         assert "ragpipe_answers_cancelled_total 1.0" in metrics
+        # ... and the request is counted (it was in no status and no latency): 499.
+        left = 'ragpipe_requests_total{endpoint="/ask",status="499"} 1.0'
+        deadline = time.monotonic() + 10
+        while left not in metrics and time.monotonic() < deadline:
+            time.sleep(0.05)
+            metrics = client.get("/metrics").text
+        assert left in metrics
         # The slot is given back: the next question is answered (in full).
         dripper.finished.clear()
         whole = client.post("/ask", json={"question": "Who wrote the first program?"})

@@ -287,6 +287,11 @@ class _BodyLimit:
         await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
 
 
+# The status counted for a request whose client left before its last byte (nginx's "client
+# closed request"): such requests were counted nowhere, in no status and no latency.
+CLIENT_LEFT = "499"
+
+
 class _Measured:
     """Counts requests by endpoint and status; times each to its last byte."""
 
@@ -300,21 +305,29 @@ class _Measured:
         endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
         started = time.perf_counter()
         status = 500
+        counted = False
 
         async def measured(message: Message) -> None:
-            nonlocal status
+            nonlocal status, counted
             if message["type"] == "http.response.start":
                 status = message["status"]
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body", False):
+                counted = True
                 self.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
                 self.metrics.requests.labels(endpoint, str(status)).inc()
 
         try:
             await self.app(scope, receive, measured)
         except Exception:
-            self.metrics.requests.labels(endpoint, "500").inc()
+            if not counted:
+                counted = True
+                self.metrics.requests.labels(endpoint, "500").inc()
             raise
+        finally:
+            if not counted:  # the client left before the last byte (a streamed answer)
+                self.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
+                self.metrics.requests.labels(endpoint, CLIENT_LEFT).inc()
 
 
 # -- the app -------------------------------------------------------------------------
@@ -735,9 +748,15 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     # MCP for agents (streamable HTTP), behind the same token; not in the OpenAPI document.
-    app.router.routes.append(Route("/mcp", _Bearer(agents.endpoint, config.serve.api_key)))
+    # POST only: the transport is stateless and answers in JSON, so a GET's event stream
+    # could never carry a message; it was held open (a connection each, without a token
+    # where none is set) and kept a shutdown waiting. The spec allows 405.
+    app.router.routes.append(
+        Route("/mcp", _Bearer(agents.endpoint, config.serve.api_key), methods=["POST"])
+    )
 
-    # Outermost last: every request is measured, CORS answers preflights, bodies are capped.
+    # Outermost last: every request is measured, a loopback server's Host and Origin are
+    # pinned, CORS answers preflights, bodies are capped.
     app.add_middleware(
         _BodyLimit, limit=config.serve.max_body_bytes, timeout_s=config.serve.body_timeout_s
     )
@@ -748,6 +767,9 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
         )
+    pinned = pinned_hosts(config.serve)
+    if pinned is not None:
+        app.add_middleware(_PinnedHost, hosts=pinned[0], origins=pinned[1])
     app.add_middleware(_Measured, metrics=service.metrics)
     return app
 
@@ -873,20 +895,19 @@ def _mcp_route(service: Service) -> _Agents:
     return _Agents(route.app, server.session_manager)
 
 
-def _mcp_security(serve: ServeConfig) -> Any:
-    """The MCP transport's DNS-rebinding guard (Host and Origin checks) for a server on
-    loopback without a token, as the SDK does, but also accepting ``localhost`` without a
-    port, ``serve.public_url``'s host (a reverse proxy) and ``serve.cors_origins``. Off
-    with a token (a rebound page cannot send it) or on another address (no host to pin),
-    as for every other endpoint."""
+def pinned_hosts(serve: ServeConfig) -> tuple[list[str], list[str]] | None:
+    """The Host and Origin values a server on loopback without a token answers (a
+    ``name:*`` entry: any port), against DNS rebinding: a web page whose name came to point
+    at 127.0.0.1 may send same-origin requests, and read the documents through /search and
+    /ask. ``localhost`` without a port, ``serve.public_url``'s host (a reverse proxy) and
+    ``serve.cors_origins`` are accepted. None, no pinning, with a token (a rebound page
+    cannot send it) or on another address (no host to pin)."""
     from urllib.parse import urlsplit
-
-    from mcp.server.transport_security import TransportSecuritySettings
 
     from ragpipe.serve.server import is_loopback
 
     if serve.api_key is not None or not is_loopback(serve.host):
-        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+        return None
     loopback = ["127.0.0.1", "localhost", "[::1]"]
     hosts = [*loopback, *(f"{h}:*" for h in loopback)]
     origins = [*(f"http://{h}" for h in loopback), *(f"http://{h}:*" for h in loopback)]
@@ -894,11 +915,62 @@ def _mcp_security(serve: ServeConfig) -> Any:
         public = urlsplit(serve.public_url)
         hosts += [public.netloc, public.hostname or public.netloc]
         origins.append(f"{public.scheme}://{public.netloc}")
+    return hosts, [*origins, *serve.cors_origins]
+
+
+def _mcp_security(serve: ServeConfig) -> Any:
+    """The MCP transport's DNS-rebinding guard (``pinned_hosts``), as the SDK checks it;
+    ``_PinnedHost`` checks the same for every other endpoint."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    pinned = pinned_hosts(serve)
+    if pinned is None:
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    hosts, origins = pinned
     return TransportSecuritySettings(
-        enable_dns_rebinding_protection=True,
-        allowed_hosts=hosts,
-        allowed_origins=[*origins, *serve.cors_origins],
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
     )
+
+
+def _allowed(value: str, allowed: list[str]) -> bool:
+    """Whether ``value`` is one of ``allowed`` (``*`` any; ``name:*`` with any port)."""
+    for entry in allowed:
+        if entry in ("*", value):
+            return True
+        if entry.endswith(":*"):
+            head, _, port = value.rpartition(":")
+            if head == entry[:-2] and port.isdigit():
+                return True
+    return False
+
+
+class _PinnedHost:
+    """``pinned_hosts`` in front of every endpoint: a request naming another Host is 421,
+    another Origin 403 (only /mcp was guarded: a rebound page read /search, /ask and the
+    reports of a developer's server)."""
+
+    def __init__(self, app: ASGIApp, hosts: list[str], origins: list[str]) -> None:
+        self.app, self.hosts, self.origins = app, hosts, origins
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            host = headers.get(b"host", b"").decode("latin-1")
+            origin = headers.get(b"origin")
+            refused = None
+            if not _allowed(host, self.hosts):
+                refused = 421, f"Invalid Host header {host!r}"
+            elif origin is not None and not _allowed(origin.decode("latin-1"), self.origins):
+                refused = 403, f"Invalid Origin header {origin.decode('latin-1')!r}"
+            if refused is not None:
+                status, said = refused
+                detail = (f"{said}: this server listens on loopback without serve.api_key "
+                          "and answers only to localhost, 127.0.0.1 or [::1] (set "
+                          "serve.public_url for a proxy's name, serve.cors_origins for a "
+                          "page's origin)")  # fmt: skip
+                await JSONResponse({"detail": detail}, status_code=status)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class FastSearch:

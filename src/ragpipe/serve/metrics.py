@@ -26,7 +26,8 @@ class ServeMetrics:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "ragpipe_requests",
-            "HTTP requests answered, by endpoint and status code.",
+            "HTTP requests answered, by endpoint and status code (499: the client left "
+            "before the last byte).",
             ["endpoint", "status"],
             registry=self.registry,
         )
@@ -62,7 +63,7 @@ class ServeMetrics:
         self.flagged = Counter(
             "ragpipe_answers_flagged",
             "Answers by flag (below_relevance_floor, invalid_citations_removed, uncited, "
-            "degenerate, truncated); flagged answers other than floor refusals are not cached.",
+            "degenerate, truncated); flagged answers are not cached.",
             ["flag"],
             registry=self.registry,
         )
