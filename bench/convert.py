@@ -60,7 +60,7 @@ def main() -> int:
     # Warm-up: imports and first-use initialisation are not what we measure.
     warm = pdfs[0]
     raw.convert(warm)
-    ours.convert(SourceFile(str(warm), str(warm), "", "pdf", 0, "w"), "bench")
+    ours.convert(SourceFile(str(warm), str(warm), "", "pdf", 0, sha256_file(warm)), "bench")
 
     for pdf in [*pdfs, *rdocs]:
         source = SourceFile(str(pdf), str(pdf), "", "pdf", pdf.stat().st_size, sha256_file(pdf))

@@ -12,6 +12,7 @@ compared with a clean reference each time; ``RAGPIPE_TORTURE_ROUNDS`` for more).
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import multiprocessing
@@ -995,7 +996,8 @@ def test_a_converter_that_dies_is_a_failure_row_and_the_next_file_converts(
 
     def source(name: str) -> SourceFile:
         path = docs / name
-        return SourceFile(str(path), str(path), str(docs), "markdown", path.stat().st_size, name)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        return SourceFile(str(path), str(path), str(docs), "markdown", path.stat().st_size, digest)
 
     with IsolatedConverter(ConvertConfig(), timeout_s=60) as converter:
         assert converter.convert(source("a.md"), "fp").markdown.startswith("# A")
@@ -1069,13 +1071,16 @@ def test_a_script_that_ingests_at_import_is_told_to_guard_its_main(
     docs.mkdir()
     (docs / "a.md").write_text("# A\n\nFirst.\n", encoding="utf-8")
     body = f"""
+import hashlib
+
 from ragpipe.config import ConvertConfig
 from ragpipe.ingest.isolate import IsolatedConverter
 from ragpipe.schemas import SourceFile
 
 def main():
     path = {str(docs / "a.md")!r}
-    source = SourceFile(path, path, {str(docs)!r}, "markdown", 13, "a.md")
+    digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    source = SourceFile(path, path, {str(docs)!r}, "markdown", 13, digest)
     with IsolatedConverter(ConvertConfig(), timeout_s=60) as converter:
         print(converter.convert(source, "fp").markdown.splitlines()[0])
 """
@@ -1179,3 +1184,40 @@ def test_the_same_files_under_another_spelling_of_their_root_are_refused_not_dou
     payloads = stored(cfg).values()
     assert relabelled.points_total == first.points_total == len(payloads)
     assert all(p["file_path"].startswith(f"{tmp_path}/link/") for p in payloads)
+
+
+def test_a_file_rewritten_while_the_run_reads_it_is_not_indexed_from_that_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Discovery hashed v2; conversion read a half-written body; the document was stamped
+    with v2's hash, so once the file settled back to v2 the next plan said "unchanged"
+    and the half body stayed indexed for good."""
+    from ragpipe.ingest import convert as convert_module
+    from ragpipe.ingest.runner import WorkDir
+    from ragpipe.ingest.summary import read_failures
+
+    root = _text_corpus(tmp_path / "docs", TOPICS[:2])
+    cfg = make_config(root, tmp_path, convert={"timeout_s": 0})  # in this process
+    run_ingest(cfg)
+    wings = root / f"{TOPICS[0]}.txt"
+    v2 = topic_doc(TOPICS[0], 2)
+    wings.write_text(v2, encoding="utf-8")
+    read = convert_module._read_text
+
+    def mid_write(path: Path) -> str:
+        if path == wings:
+            path.write_text("# Half\n\nSentence 0 of section 0", encoding="utf-8")
+        return read(path)
+
+    monkeypatch.setattr(convert_module, "_read_text", mid_write)
+    torn = run_ingest(cfg)
+    assert torn.failed == 1
+    (failure,) = read_failures(WorkDir.of(cfg))
+    assert (failure.category, failure.file_path) == ("changed", wings.as_posix())
+    texts = " ".join(p["text"] for p in stored(cfg).values())
+    assert "# Half" not in texts and "Half" not in texts
+    monkeypatch.setattr(convert_module, "_read_text", read)
+    wings.write_text(v2, encoding="utf-8")  # settled back: the hash discovery saw
+    settled = run_ingest(cfg)
+    assert settled.changed == 1 and settled.failed == 0
+    assert any(f"{TOPICS[0]} in revision 2" in p["text"] for p in stored(cfg).values())

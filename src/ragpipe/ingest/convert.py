@@ -240,6 +240,7 @@ class Converter:
             converter, markdown, pages = CONVERTER_TEXT, _read_text(path), None
         if not markdown.strip():
             raise InputError("no_text", _no_text_reason(source.kind, converter))
+        _unchanged_since_discovery(source, path)
         return Document(
             doc_id=doc_id_for(source.file_path),
             file_path=source.file_path,
@@ -487,6 +488,29 @@ def _is_encrypted_pdf(path: Path) -> bool:
 # UTF-32 first: its little-endian mark begins with UTF-16's.
 _WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
               (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # fmt: skip
+
+
+def _unchanged_since_discovery(source: SourceFile, path: Path) -> None:
+    """InputError when a file of the corpus no longer holds the bytes discovery hashed: the
+    document is stamped with that hash, so text read from a file being rewritten (a copy
+    over it, an ``rsync --inplace``) was kept under the old hash for good once the file
+    settled back (the next plan said "unchanged"). Pages, objects and records are ragpipe's
+    own copies, hashed otherwise (a page's body, a record's fields), and not rewritten."""
+    if "://" in source.file_path or source.kind == "record":
+        return
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as fh:
+            while block := fh.read(1 << 20):
+                digest.update(block)
+    except OSError as exc:
+        raise InputError("vanished", f"the file went away while it was read: {exc}") from exc
+    if digest.hexdigest() != source.sha256:
+        raise InputError(
+            "changed",
+            "the file changed after discovery hashed it (written while this run read it?): "
+            "not indexed from this read; the next run converts it again",
+        )
 
 
 def _read_text(path: Path) -> str:
