@@ -489,3 +489,19 @@ def test_a_fence_closes_only_on_its_own_kind_and_length() -> None:
     # Inline code with three backticks opens no fence: the heading after it is one.
     _, inline = _chunks("# A\n\n```x``` is code.\n\n## B\n\nText.\n", size=60, overlap=10)
     assert [c.heading_path for c in inline] == [["A"], ["A", "B"]]
+
+
+def test_korean_text_is_neither_over_the_window_nor_mostly_overlap() -> None:
+    """Hangul is two or three word-pieces a syllable. Cut at max_tokens - 2 characters, a
+    run without spaces made chunks of 575 pieces for a window of 256 (the embedder cut
+    them); an overlap of 150 characters left a few new characters a chunk (a 304-character
+    paragraph became 8 chunks, 1,347 characters embedded)."""
+    _, unspaced = _chunks("# T\n\n" + "한국어." * 200, size=1000, overlap=150)
+    assert all(c.token_count <= 256 for c in unspaced) and len(unspaced) < 12
+    sentence = "3) 개정 이유는 다음과 같습니다. 우리 회사의 제품과 서비스를 보다 명확하게 설명하고 "
+    paragraph = (sentence * 6)[:304]
+    text, chunks = _chunks(f"# T\n\n{paragraph}\n", size=1000, overlap=150)
+    assert all(c.token_count <= 256 for c in chunks)
+    assert len(chunks) <= 3 and sum(len(c.text) for c in chunks) < 1.5 * len(text)
+    for before, after in itertools.pairwise(chunks):  # each adds more than its overlap
+        assert after.char_end - before.char_end > before.char_end - after.char_start

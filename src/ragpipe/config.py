@@ -611,7 +611,8 @@ class ChunkConfig(_Section):
         default=150,
         gt=0,
         description="recursive: characters shared with the previous chunk, aligned to word "
-        "boundaries; must be smaller than size.",
+        "boundaries, and at most a quarter of max_tokens' word-pieces (150 characters of "
+        "Korean are more); must be smaller than size.",
     )
     whole_sections: bool = Field(
         default=False,

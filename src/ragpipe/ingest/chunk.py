@@ -53,7 +53,8 @@ if TYPE_CHECKING:
 STAGE = "chunk"
 # 2: tables split between rows, header repeated. 3: a fence that fits is never cut, a large
 # table's caption and header are a chunk, "C#" is a heading's title. 4: a fence closes
-# only on its own character and length (CommonMark), "~~~" fences too.
+# only on its own character and length (CommonMark), "~~~" fences too; an overlap holds
+# at most a quarter of the window's word-pieces; a hard cut is measured in word-pieces.
 CHUNK_VERSION = "4"
 
 
@@ -279,10 +280,7 @@ class _Splitter:
             return [(start, end)]
         sep = self.LEVELS[level]
         if sep == "":
-            # A single "word" longer than the budget: hard cut. WordPiece never
-            # yields more pieces than characters, so max_tokens - 2 chars fit.
-            step = max(1, min(self.size, self.max_tokens - 2))
-            return [(s, min(s + step, end)) for s in range(start, end, step)]
+            return self._hard_cut(start, end)
         bounds = self._boundaries(start, end, sep)
         pieces: list[Span] = []
         for s, e in itertools.pairwise(bounds):
@@ -291,6 +289,27 @@ class _Splitter:
             else:
                 pieces.extend(self.split(s, e, level + 1))
         return pieces
+
+    def _hard_cut(self, start: int, end: int) -> list[Span]:
+        """A single "word" longer than the budget, cut at word-piece starts: as many pieces
+        as the window holds, ``size`` characters at most. (A character may be several
+        pieces: BERT's normaliser makes a Hangul syllable two or three; cut at
+        ``max_tokens - 2`` characters, such text made chunks of 575 pieces for 256.)"""
+        offsets = self.counter.token_starts(self.text[start:end])
+        budget = max(1, self.max_tokens - self.counter.count(""))
+        spans: list[Span] = []
+        s = start
+        while s < end:
+            e = min(s + self.size, end)
+            first = bisect.bisect_left(offsets, s - start)
+            if first + budget < len(offsets):
+                e = min(e, start + offsets[first + budget])
+            while e - s > 1 and not self.fits(s, e):  # a piece's count is not additive
+                e -= max(1, (e - s) // 16)
+            e = max(e, s + 1)
+            spans.append((s, e))
+            s = e
+        return spans
 
     def _boundaries(self, start: int, end: int, sep: str) -> list[int]:
         if sep == "sentence":
@@ -588,6 +607,29 @@ def _overlap_start(
     return None
 
 
+# The overlap holds at most this share of the window: measured in characters only, 150 of
+# Korean (two or three word-pieces a syllable) left room for a few new characters a chunk,
+# and a 304-character paragraph became 8 chunks (1,347 characters embedded).
+OVERLAP_WINDOW_SHARE = 4
+
+
+def _overlap_in_tokens(text: str, start: int, end: int, splitter: _Splitter) -> int | None:
+    """``start``, or a later word start so that the overlap ``start..end`` holds at most a
+    ``1 / OVERLAP_WINDOW_SHARE`` of the window's word-pieces (None: no word start left)."""
+    cap = max(1, splitter.max_tokens // OVERLAP_WINDOW_SHARE)
+    if (end - start) * 4 <= cap:  # no character is more than four word-pieces
+        return start
+    offsets = splitter.counter.token_starts(text[start:end])
+    if len(offsets) <= cap:
+        return start
+    pos = start + offsets[len(offsets) - cap]
+    while pos < end:
+        if text[pos - 1].isspace() and not text[pos].isspace():
+            return pos
+        pos += 1
+    return None
+
+
 def _after_tables(text: str, start: int, limit: int, tables: Sequence[Span]) -> int:
     """``start``, or the end of the table it falls in (then past blank space; ``limit`` at
     most): an overlap that began inside a table would be rows without their header."""
@@ -673,6 +715,8 @@ def recursive_spans(
             ov = _overlap_start(
                 text, spans[-1][0], spans[-1][1], config.overlap, pieces[i][1] - config.size
             )
+            if ov is not None:
+                ov = _overlap_in_tokens(text, ov, spans[-1][1], splitter)
             start = pieces[i][0] if ov is None else _after_tables(text, ov, pieces[i][0], tables)
     return spans
 
