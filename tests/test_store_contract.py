@@ -194,3 +194,14 @@ def test_edge_store_gains_the_chunk_index_index_at_its_next_write(tmp_path: Path
     lead = reopened.query_dense(_vector(1), 5, Where(must={"chunk_index": 0}))
     assert [h.payload["chunk_index"] for h in lead] == [0]
     reopened.close()
+
+
+def test_a_store_urls_credentials_are_never_shown() -> None:
+    """The location /healthz shows (no token), logs and errors carried "user:pass@"."""
+    from ragpipe.store.qdrant import without_credentials
+
+    assert without_credentials("https://me:s3cret@qdrant.example:6333") == (
+        "https://***@qdrant.example:6333"
+    )
+    assert without_credentials("http://token@[::1]:6333/x") == "http://***@[::1]:6333/x"
+    assert without_credentials("http://qdrant:6333") == "http://qdrant:6333"

@@ -86,7 +86,9 @@ def require_reader(config: StoreConfig, embedder: str, version: str | None = Non
     """``open_reader``, or StageError saying how to get an index when there is none."""
     store = open_reader(config, embedder, version)
     if store is None:
-        where = config.url or config.path
+        from ragpipe.store.qdrant import without_credentials
+
+        where = without_credentials(config.url) if config.url else config.path
         raise StageError(
             f"no index at {where}: run `ragpipe ingest` first (or point store.path / "
             "store.url at an existing index)"

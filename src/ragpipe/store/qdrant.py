@@ -55,6 +55,17 @@ GENERATION_KEY = "ragpipe_generation"
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
+def without_credentials(url: str) -> str:
+    """``url`` with any ``user:password@`` written as ``***@``: a store's location is shown
+    by /healthz (open without a token), logs and error messages."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
+
 class _Retrying:
     """A qdrant-client whose requests are retried on timeouts, dropped connections and
     429/5xx answers (bounded, with backoff), then fail with what to check.
@@ -104,7 +115,7 @@ class _Retrying:
                 time.sleep(delay)
                 delay *= 2
         raise StageError(
-            f"Qdrant at {self._config.url} failed {name} after {retries + 1} attempt(s): "
+            f"Qdrant at {_where(self._config)} failed {name} after {retries + 1} attempt(s): "
             f"{type(last).__name__}: {_short(last)}. Is the server up and reachable? Check "
             f"store.url (RAGPIPE_STORE__URL), store.timeout_s ({self._config.timeout_s}s) and "
             "store.retries. Nothing was marked done: the next run picks up from here."
@@ -218,7 +229,7 @@ def connect(config: StoreConfig) -> tuple[QdrantClient, bool]:
 
 def _where(config: StoreConfig) -> str:
     """The server, or the local-mode folder, for messages."""
-    return config.url or str(config.path)
+    return without_credentials(config.url) if config.url else str(config.path)
 
 
 class QdrantStore(_Scrolling):
@@ -244,7 +255,7 @@ class QdrantStore(_Scrolling):
         self._touched = False
         self.version: Any = None  # the IndexVersion a versioned reader reads (server_versions)
         self.location = (
-            f"qdrant:{config.url}/{self.collection}"
+            f"qdrant:{without_credentials(config.url)}/{self.collection}"
             if config.url
             else f"qdrant-local:{config.path}/{self.collection}"
         )
