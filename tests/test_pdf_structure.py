@@ -43,6 +43,25 @@ def test_headings_paragraphs_hyphens_and_running_lines() -> None:
     assert stats["headings"] == 2
 
 
+def test_a_line_broken_at_a_words_own_hyphen_keeps_it() -> None:
+    """TeX breaks a word holding a hyphen only there: "--no-" "restore" was joined as
+    "--norestore", "R-windows@R-" "project.org" as "R-windows@Rproject.org" (in R-intro and
+    R-FAQ, about 15 of 150 joins)."""
+    from ragpipe.ingest.pdf_structure import _join
+
+    for prev, nxt, joined in [
+        ("use --no-", "restore.", "use --no-restore."),
+        ("sent to R-windows@R-", "project.org.", "sent to R-windows@R-project.org."),
+        ("a cut-and-", "paste approach", "a cut-and-paste approach"),
+        ("is DBMS-", "specific,", "is DBMS-specific,"),
+        ("on the R-", "help list", "on the R-help list"),
+        ("the infor-", "mation", "the information"),  # a word TeX broke: joined
+        ("experi-", "ment", "experiment"),
+        ("see page 3-", "and more", "see page 3- and more"),  # not a word's break
+    ]:
+        assert _join(prev, nxt) == joined
+
+
 def test_monospace_block_becomes_code() -> None:
     lines = [
         _line(1, 100, "Run the following:"),

@@ -59,7 +59,8 @@ UNESCAPED: dict[str, bool] = {"escape_html": False, "escape_underscores": False}
 # 2: text stored unescaped (no &lt; or \\_ from Docling). 3: "-40" no bullet.
 # 4: a numbered list item keeps its number ("1. Install", "- (a) Install"); a web page's
 #    stored HTML always declares UTF-8 (a page's stale <meta charset> misread it).
-CONVERT_VERSION = "4"
+# 5: fast PDF: a line broken at a word's own hyphen keeps it ("--no-restore", "cut-and-paste").
+CONVERT_VERSION = "5"
 DOC_NAMESPACE = uuid.UUID("6f1c3f0e-8a57-4c1e-9f53-2b4f5d7a9c11")
 
 CONVERTER_FAST = "docling-native-pdf+ragpipe-structure"

@@ -255,8 +255,17 @@ def _heading_levels(heads: Sequence[Line]) -> dict[float, int]:
     return {size: min(i + 1, 6) for i, size in enumerate(sizes)}
 
 
+# A word broken at a hyphen of its own, which the join keeps: TeX breaks a word that holds a
+# hyphen only there ("cut-and-" "paste", "R-windows@R-" "project.org"), an option's
+# ("--no-" "restore"), or after an acronym or a single letter ("DBMS-" "specific", "R-"
+# "help"). Dropping it wrote "--norestore" and "R-windows@Rproject.org".
+_OWN_HYPHEN = re.compile(r"(?:^|\s)(?:\S*[-@]\S*|-\S*|[A-Z]{2,}|[^\W\d_])-$")
+
+
 def _join(prev: str, nxt: str) -> str:
     if re.search(r"[^\W\d_]-$", prev) and re.match(r"[a-z]", nxt):
+        if _OWN_HYPHEN.search(prev):
+            return prev + nxt  # cut-and-\npaste -> cut-and-paste
         return prev[:-1] + nxt  # infor-\nmation -> information
     return f"{prev} {nxt}"
 
