@@ -281,6 +281,31 @@ def test_exports_as_they_come(tmp_path: Path) -> None:
     assert (f"{root}/lines.json#s4", "empty_record") in skipped
 
 
+def test_a_record_cut_mid_character_is_indexed_mended(tmp_path: Path) -> None:
+    """A JavaScript exporter's "\\ud83d" (half an emoji) is no character: the record's
+    Markdown could not be written, and the whole discovery failed, every run; as an id,
+    its skip row could not be written either."""
+    from ragpipe.schemas import storable
+
+    root = tmp_path / "share"
+    root.mkdir()
+    (root / "cut.jsonl").write_text(
+        '{"id": "q1", "body": "A great day \\ud83d"}\n'
+        '{"id": "q2", "body": "A whole one \\ud83d\\ude00 here."}\n'
+        '{"id": "\\ud800", "body": ""}\n',
+        encoding="utf-8",
+    )
+    cfg = _config(root, tmp_path, [{"glob": "*.jsonl", "text": ["body"], "id": "id"}])
+    run = run_ingest(cfg)
+    assert run.added == 2 and run.failed == 0
+    files = _by_file(cfg)
+    assert files[f"{root}/cut.jsonl#q1"][0]["text"].startswith("A great day")
+    assert "\U0001f600" in files[f"{root}/cut.jsonl#q2"][0]["text"]
+    skipped = checkpoint.read_records(cfg.paths.work_dir / "discover" / "skipped.parquet", Skip)
+    assert [s.file_path for s in skipped] == [f"{root}/cut.jsonl#\ufffd"]
+    assert storable("\ud800x") == "\\ud800x" and storable("caf\udce9") == "caf\\xe9"
+
+
 def test_records_under_another_spelling_of_their_root_are_refused_not_doubled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

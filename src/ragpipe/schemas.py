@@ -91,7 +91,10 @@ def storable(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        try:
+            return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:  # a lone UTF-16 surrogate (a JSON "\ud83d"), not a byte
+            return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
 
 

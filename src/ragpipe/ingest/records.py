@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,6 +132,32 @@ def _iter_records(path: Path, rule: RecordsRule) -> Iterator[tuple[str, Any, str
     text = path.read_text(encoding="utf-8-sig")  # a BOM is not part of the first record
     if not text.strip():
         raise ValueError("the file is empty")
+    if _SURROGATE_ESCAPE.search(text):  # rare: only then is every record walked
+        yield from ((w, _mended(r), e) for w, r, e in _records(text, path, rule))
+    else:
+        yield from _records(text, path, rule)
+
+
+# A JSON escape of a UTF-16 surrogate ("\ud83d"): a pair is one character, a lone one (text
+# cut mid-emoji by a JavaScript exporter) no character at all, and could not be written:
+# the whole discovery failed, every run.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _mended(value: Any) -> Any:
+    """``value`` with each lone surrogate in its strings U+FFFD, as a decoder writes a
+    broken character."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_mended(v) for v in value]
+    if isinstance(value, dict):
+        return {_mended(k): _mended(v) for k, v in value.items()}
+    return value
+
+
+def _records(text: str, path: Path, rule: RecordsRule) -> Iterator[tuple[str, Any, str | None]]:
     if path.suffix.lower() in (".jsonl", ".ndjson"):
         yield from _lines(text)
         return
