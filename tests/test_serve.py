@@ -1382,9 +1382,16 @@ def test_the_cache_never_serves_a_question_that_means_something_else() -> None:
          "How do I copy the backup from server B to server A?"),
         ("Migrate from Python 2 to 3?", "Migrate from Python 3 to 2?"),
         ("Can the admin delete a user's files?", "Can a user delete the admin's files?"),
+        # ... and with another word beside (the review: a hit at 0.992 and 0.991).
+        ("How do I copy the backup from server A to server B?",
+         "How can I copy the backup from server B to server A?"),
+        ("How do I copy the backup from server A to server B?",
+         "How do I copy the backup from server B over to server A?"),
+        ("Migrate from Python 2 to 3?", "Migrating from Python 3 to 2?"),
     ]:  # fmt: skip
         assert meaning_conflict(one, other) == "the same words in another order", other
     assert meaning_conflict("How do I bake bread?", "how do I bake bread") is None
+    assert meaning_conflict("How do I install R 4.2?", "How can I install R 4.2?") is None
 
 
 def test_a_question_the_model_window_cannot_hold_is_422(

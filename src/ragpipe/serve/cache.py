@@ -105,8 +105,10 @@ def meaning_conflict(a: str, b: str) -> str | None:
     # "from server A to server B" / "from B to A", "Python 2 to 3" / "3 to 2": a mean-pooled
     # embedding is close to a bag of words (0.99 and over), so one order hit the other's
     # answer. A rephrasing that only moves words ("On Windows, how ...") pays a miss.
+    # The words both hold are compared in order, so "How can I copy ... from B to A" is
+    # still another question than "How do I copy ... from A to B".
     plain_a, plain_b = ([_POSSESSIVE.sub("", w) for w in ws] for ws in (words_a, words_b))
-    if plain_a != plain_b and Counter(plain_a) == Counter(plain_b):
+    if _shared_order(plain_a, plain_b) != _shared_order(plain_b, plain_a):
         return "the same words in another order"
     only_a, only_b = set(words_a) - set(words_b), set(words_b) - set(words_a)
     for x in only_a:
@@ -114,6 +116,18 @@ def meaning_conflict(a: str, b: str) -> str | None:
             if _opposed(x, y):
                 return f"{x!r} and {y!r} mean the opposite"
     return None
+
+
+def _shared_order(words: list[str], other: list[str]) -> list[str]:
+    """``words`` with those ``other`` lacks left out (a repeated word as often as both have
+    it: the first ones)."""
+    left = Counter(words) & Counter(other)
+    kept = []
+    for word in words:
+        if left[word] > 0:
+            left[word] -= 1
+            kept.append(word)
+    return kept
 
 
 def _opposed(x: str, y: str) -> bool:
