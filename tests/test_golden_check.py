@@ -300,6 +300,11 @@ items:
     chunks:
       - {file: science/photosynthesis.md, heading: Photosynthesis, grade: 3}
       - {file: science/photosynthesis.md, contains: RuBisCO attaches carbon dioxide, grade: 2}
+  - id: passage-in-section
+    query: How does the Calvin cycle fix carbon dioxide?
+    chunks:
+      - {file: science/photosynthesis.md, contains: RuBisCO attaches carbon dioxide, grade: 3}
+      - {file: science/photosynthesis.md, heading: Photosynthesis, grade: 1}
 """))  # fmt: skip
     store, view = _view(indexed_edge)
     try:
@@ -324,6 +329,8 @@ items:
             "would depend on the order its chunks come back in; make the targets name "
             "different chunks (e.g. a heading target for a subsection), or keep the one you mean"
         )
+        # The passage graded above its section is tried first, and every chunk it takes
+        # satisfies the section too: any order credits both. Not named (the review).
         assert check.unmatched_items == ["crowded", "shared"]
     finally:
         store.close()

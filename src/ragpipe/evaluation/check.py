@@ -256,18 +256,27 @@ def _crowded(item: GoldenItem, found: list[ChunkTarget], view: IndexView) -> lis
 
 
 def _shared(item: GoldenItem, found: list[ChunkTarget], view: IndexView) -> list[Unmatched]:
-    """Targets that one chunk satisfies together: the chunk is credited to one of them (the
-    higher grade) wherever it ranks, so the same chunks scored differently in another
-    order: [c1, c3] recall 0.5, [c3, c1] recall 1.0, when c1 satisfies both and c3 only
-    one; the better ranking, the answer first, scored lower. Named once per pair."""
+    """Targets whose credit depends on the order their chunks come back in: chunk c
+    satisfies both, and the one a chunk tries first (``graded_targets``: the higher grade)
+    also some chunk d the other does not. [c, d] credits c to the first and d to nothing,
+    [d, c] both: recall 0.5 or 1.0 for the same two chunks, the better ranking (the answer
+    first) lower. A passage (grade 3) inside its section (grade 1) is no such pair: its
+    chunks all satisfy the section's target, and any order credits both. Named once per
+    pair."""
     if len(found) < 2:
         return []
     files = sorted({f for t in found for f in view.matching(t.file)})
+    order = {item.chunks[t].key: n for n, t in enumerate(graded_targets(item))}
+    satisfied = [
+        ({t for t, target in enumerate(found) if target.matches(p)}, p)
+        for p in (p for f in files for p in view.payloads(f))
+    ]
     pairs: dict[tuple[int, int], dict[str, Any]] = {}
-    for payload in (p for f in files for p in view.payloads(f)):
-        both = [t for t, target in enumerate(found) if target.matches(payload)]
-        for a, b in itertools.combinations(both, 2):
-            pairs.setdefault((a, b), payload)
+    for both, payload in satisfied:
+        for a, b in itertools.combinations(sorted(both), 2):
+            first, then = (a, b) if order[found[a].key] < order[found[b].key] else (b, a)
+            if any(first in these and then not in these for these, _ in satisfied):
+                pairs.setdefault((a, b), payload)
     return [
         Unmatched(
             item.id,
