@@ -908,14 +908,19 @@ def pinned_hosts(serve: ServeConfig) -> tuple[list[str], list[str]] | None:
 
     if serve.api_key is not None or not is_loopback(serve.host):
         return None
-    loopback = ["127.0.0.1", "localhost", "[::1]"]
+    own = f"[{serve.host}]" if ":" in serve.host else serve.host  # 127.0.0.2, ::1
+    loopback = list(dict.fromkeys(["127.0.0.1", "localhost", "[::1]", own.lower()]))
     hosts = [*loopback, *(f"{h}:*" for h in loopback)]
     origins = [*(f"http://{h}" for h in loopback), *(f"http://{h}:*" for h in loopback)]
     if serve.public_url:
         public = urlsplit(serve.public_url)
-        hosts += [public.netloc, public.hostname or public.netloc]
-        origins.append(f"{public.scheme}://{public.netloc}")
-    return hosts, [*origins, *serve.cors_origins]
+        name = (public.hostname or "").lower()
+        name = f"[{name}]" if ":" in name else name
+        default = {"http": 80, "https": 443}.get(public.scheme)
+        port = public.port if public.port not in (None, default) else None
+        hosts += [f"{name}:{port}"] if port else [name, f"{name}:{default}"]
+        origins.append(f"{public.scheme}://{name}" + (f":{port}" if port else ""))
+    return hosts, [*origins, *(o.lower().rstrip("/") for o in serve.cors_origins)]
 
 
 def _mcp_security(serve: ServeConfig) -> Any:
@@ -933,7 +938,9 @@ def _mcp_security(serve: ServeConfig) -> Any:
 
 
 def _allowed(value: str, allowed: list[str]) -> bool:
-    """Whether ``value`` is one of ``allowed`` (``*`` any; ``name:*`` with any port)."""
+    """Whether ``value`` is one of ``allowed`` (``*`` any; ``name:*`` with any port), in
+    any case (a host's name is; browsers send it in lower case)."""
+    value = value.lower()
     for entry in allowed:
         if entry in ("*", value):
             return True
@@ -954,18 +961,21 @@ class _PinnedHost:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            headers = dict(scope["headers"])
-            host = headers.get(b"host", b"").decode("latin-1")
-            origin = headers.get(b"origin")
+            # The first of each header, as Starlette and the MCP SDK read them.
+            host, origin = (
+                next((v.decode("latin-1") for k, v in scope["headers"] if k == name), None)
+                for name in (b"host", b"origin")
+            )
             refused = None
-            if not _allowed(host, self.hosts):
+            # No Host at all is HTTP/1.0 (a load balancer's check): no browser sends that.
+            if host is not None and not _allowed(host, self.hosts):
                 refused = 421, f"Invalid Host header {host!r}"
-            elif origin is not None and not _allowed(origin.decode("latin-1"), self.origins):
-                refused = 403, f"Invalid Origin header {origin.decode('latin-1')!r}"
+            elif origin is not None and not _allowed(origin, self.origins):
+                refused = 403, f"Invalid Origin header {origin!r}"
             if refused is not None:
                 status, said = refused
                 detail = (f"{said}: this server listens on loopback without serve.api_key "
-                          "and answers only to localhost, 127.0.0.1 or [::1] (set "
+                          "and answers only to its own address, localhost, 127.0.0.1 or [::1] (set "
                           "serve.public_url for a proxy's name, serve.cors_origins for a "
                           "page's origin)")  # fmt: skip
                 await JSONResponse({"detail": detail}, status_code=status)(scope, receive, send)
