@@ -108,7 +108,7 @@ def meaning_conflict(a: str, b: str) -> str | None:
     # The words both hold are compared in order, so "How can I copy ... from B to A" is
     # still another question than "How do I copy ... from A to B".
     plain_a, plain_b = ([_POSSESSIVE.sub("", w) for w in ws] for ws in (words_a, words_b))
-    if _shared_order(plain_a, plain_b) != _shared_order(plain_b, plain_a):
+    if not _in_one_order(plain_a, plain_b):
         return "the same words in another order"
     only_a, only_b = set(words_a) - set(words_b), set(words_b) - set(words_a)
     for x in only_a:
@@ -118,16 +118,19 @@ def meaning_conflict(a: str, b: str) -> str | None:
     return None
 
 
-def _shared_order(words: list[str], other: list[str]) -> list[str]:
-    """``words`` with those ``other`` lacks left out (a repeated word as often as both have
-    it: the first ones)."""
-    left = Counter(words) & Counter(other)
-    kept = []
-    for word in words:
-        if left[word] > 0:
-            left[word] -= 1
-            kept.append(word)
-    return kept
+def _in_one_order(a: list[str], b: list[str]) -> bool:
+    """Whether the words ``a`` and ``b`` share come in one order: the longest common
+    subsequence holds all of them. (Taking the shared words in turn read "I have a
+    question. How do I ..." as "How do I ..." reordered: its first "I" is the prefix's.)"""
+    shared = sum((Counter(a) & Counter(b)).values())
+    if shared < 2:
+        return True
+    row = [0] * (len(b) + 1)
+    for word in a:
+        diagonal = 0
+        for j, other in enumerate(b, 1):
+            diagonal, row[j] = row[j], diagonal + 1 if word == other else max(row[j], row[j - 1])
+    return row[-1] == shared
 
 
 def _opposed(x: str, y: str) -> bool:
