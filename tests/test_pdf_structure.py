@@ -62,6 +62,25 @@ def test_a_line_broken_at_a_words_own_hyphen_keeps_it() -> None:
         assert _join(prev, nxt) == joined
 
 
+def test_code_holding_a_fence_gets_a_longer_one() -> None:
+    """An R Markdown chunk in a PDF's code: its "```{r}" and "```" lines closed the fast
+    converter's three-backtick fence, and the real closer opened one to the document's end
+    (every later heading lost)."""
+    from ragpipe.ingest.chunk import split_sections
+
+    code = ["---", "title: Report", "---", "```{r}", "summary(cars)", "```"]
+    lines = [_line(1, 100, "1 Using R Markdown", font="/AB+Times-Bold", size=14, x1=220),
+             _line(1, 130, "A chunk:")]  # fmt: skip
+    lines += [_line(1, 160 + 14 * i, t, font="/AB+CMTT10", x0=90) for i, t in enumerate(code)]
+    lines += [_line(1, 280, "2 Rendering", font="/AB+Times-Bold", size=14, x1=220)]
+    lines += [_line(1, 310 + 14 * i, f"Call render with the file as its first argument {i}")
+              for i in range(8)]  # body text outnumbers code: its font is the body's  # fmt: skip
+    markdown, _ = lines_to_markdown(lines)
+    assert "````\n---\ntitle: Report\n---\n```{r}\nsummary(cars)\n```\n````" in markdown
+    titles = [s.heading_path for s in split_sections(markdown)]
+    assert titles[-1] == ["2 Rendering"]
+
+
 def test_monospace_block_becomes_code() -> None:
     lines = [
         _line(1, 100, "Run the following:"),

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 STAGE = "chunk"
 # 2: tables split between rows, header repeated. 3: a fence that fits is never cut, a large
 # table's caption and header are a chunk, "C#" is a heading's title. 4: a fence closes
-# only on its own character and length (CommonMark), "~~~" fences too; an overlap holds
+# only on backticks at least as long (CommonMark); an overlap holds
 # at most a quarter of the window's word-pieces; a hard cut is measured in word-pieces.
 CHUNK_VERSION = "4"
 

@@ -147,13 +147,15 @@ class CleanResult:
     dropped: dict[str, int]
 
 
-_FENCE = re.compile(r"\s*(`{3,}|~{3,})(.*)")
+# Backticks only: Docling writes every code block so, and a converted paragraph that starts
+# "~~~ Part two ~~~" is text (read as a fence, it took every later heading).
+_FENCE = re.compile(r"\s*(`{3,})(.*)")
 
 
 class Fences:
-    """Where fenced code is, line by line, as CommonMark reads fences: a fence opens with
-    three or more backticks or tildes and closes only on a line of the same character, at
-    least as long, with nothing after it. Docling writes a four-backtick fence around
+    """Where fenced code is, line by line, as CommonMark reads backtick fences: a fence
+    opens with three or more backticks and closes only on a line of backticks at least as
+    long, with nothing after it. Docling writes a four-backtick fence around
     code that holds a three-backtick one; toggling on every line starting with three
     backticks closed it there, so the code's "# Setup" comment became a heading and
     every later section hung under it."""

@@ -315,7 +315,12 @@ def lines_to_markdown(
         if not current:
             return
         if kind == "code":
-            blocks.append("```\n" + textwrap.dedent("\n".join(current)) + "\n```")
+            code = textwrap.dedent("\n".join(current))
+            # Longer than any run of backticks that starts a line of the code (an R Markdown
+            # chunk's "```{r}"), as Docling writes a fence: such a line would close it.
+            runs = re.findall(r"^\s*(`{3,})", code, re.MULTILINE)
+            fence = "`" * max([3, *(len(r) + 1 for r in runs)])
+            blocks.append(f"{fence}\n{code}\n{fence}")
             stats["code_blocks"] += 1
         elif kind == "heading":
             blocks.append(current[0])
