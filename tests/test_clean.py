@@ -254,6 +254,9 @@ def test_prose_and_listings_with_leaders_are_no_contents_page() -> None:
         "The install log shows: Downloading.......... 100% done Unpacking.......... 100% "
         "done Configuring.......... 100% done, and then it exits.",
         "lint ........ 0 errors\ntest ........ 0 failures\nbuild ........ 0 warnings",
+        # A capitalised unit after the number is no next entry (the second review).
+        "lint ........ 0 Errors\ntest ........ 0 Failures\nbuild ........ 0 Warnings",
+        "Subtotal ........ 120 EUR\nShipping ........ 5 EUR\nTax ........ 24 EUR",
     ]
     for text in kept:
         for kind in ("markdown", "html", "pdf"):
@@ -262,6 +265,11 @@ def test_prose_and_listings_with_leaders_are_no_contents_page() -> None:
     joined = ("1 Introduction . . . . . . . . . . 1 1.1 What is R? . . . . . . . . . 2 "
               "1.2 Obtaining R . . . . . . . . . . 3")  # fmt: skip
     assert clean_markdown(joined, CleanConfig(), "pdf").dropped == {"toc": 1}
+    # A book index's terms hold commas and dots (R-ints, R-lang): still an index page.
+    index = ("generic, generic . . . . . . . . . . . . . . . . . . . . 12 generic, internal . . "
+             ". . . . . . . . . . . . . . . . 12 global environment. . . . . . . . . . . . . . . "
+             ". . . . . 23 read.table . . . . . . . . . . . . . 5, 11")  # fmt: skip
+    assert clean_markdown(index, CleanConfig(), "pdf").dropped == {"toc": 1}
     # A record's field is no contents page, however it aligns its numbers.
     record = "# Inventory for March\n\nStock on hand:\nApples   12\nPears    7\nPlums    30\n"
     assert clean_markdown(record, CleanConfig(), "record").dropped == {}

@@ -124,12 +124,19 @@ _DOT_LEADER = re.compile(r"(?:\.\s?){4,}")
 # ........ 12 patients, Group B ........ 15 patients", "Unpacking.......... 100% done".
 # After long leaders the next entry may be a book index's: ". . . . 26, 27 term . . . 30",
 # a term in lower case that reaches its own leaders on the line, with no punctuation.
-_NEXT_ENTRY = r"\s*$|\s+(?:\d+(?:\.\d+)*\s|[A-Z])"
+# A next entry's title reaches its own leaders on its line: "0 Errors\ntest ........" and
+# "120 EUR\nShipping ........" are a unit after a number, not a title.
+_NEXT_ENTRY = r"\s*$|\s+(?:\d+(?:\.\d+)*\s+)?[A-Z][^\n]{0,100}?(?:\.\s?){4}"
 _LEADER_ENTRY = re.compile(
     rf"(?:\.\s?){{8,}}\s*{_PAGE}\b"
     rf"(?={_NEXT_ENTRY}|\s*,\s*\d|[ \t]+[^\W\d_][^,;:.\n]{{0,80}}?(?:\.\s?){{4,}})"
     rf"|(?:\.\s?){{4,7}}\s*{_PAGE}(?={_NEXT_ENTRY})"
 )
+# A book index joined into one paragraph ("generic, internal . . . . . 12 read.table . . .
+# 5, 11"): its terms hold commas and dots, so it is told by long leaders to a page making
+# at least half of the block (0.66 and 0.75 in R-ints and R-lang; prose 0.24 to 0.37).
+_LONG_LEADER = re.compile(rf"(?:\.\s?){{8,}}\s*{_PAGE}\b")
+_INDEX_SHARE = 0.5
 # The delimiter row under a pipe table's header (``|---|:-:|``, Docling also writes ``| - |``).
 TABLE_DELIMITER = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
 
@@ -316,7 +323,10 @@ def _is_toc(block: str, config: CleanConfig) -> bool:
         if sections and pages_rise and len(numbered) / len(lines) >= config.toc_ratio:
             return True
     # Converters may join TOC lines into one paragraph: count leaders to a page instead.
-    return len(_LEADER_ENTRY.findall(block)) >= config.toc_min_lines
+    if len(_LEADER_ENTRY.findall(block)) >= config.toc_min_lines:
+        return True
+    leaders = [m.end() - m.start() for m in _LONG_LEADER.finditer(block)]
+    return len(leaders) >= config.toc_min_lines and sum(leaders) >= _INDEX_SHARE * len(block)
 
 
 # Which rules a document's kind gets; a kind not listed gets MARKUP.
