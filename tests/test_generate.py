@@ -498,6 +498,9 @@ def test_citations_as_models_write_them_are_read_and_checked() -> None:
         ("Cool it [Source 7]; bake [source 1, 3].", [1, 3], [7]),
         ("Cool it 【1，7】 and bake it [Sources 2, 3].", [1, 2, 3], [7]),
         ("Bake it [1—3] and cool it [2—9].", [1, 2, 3], [4, 5, 6, 7, 8, 9]),
+        # Numbers no source has: a range of values and a thousand are text (the review).
+        ("It lies in [0，1] and [0, 1] [2].", [2], []),
+        ("A 【1，000】 yuan fee applies [1].", [1], []),
         ("Years [1990-2020] are no list.", [], []),  # text: no range of sources
     ]:
         got, bad = check_citations(text, sources)

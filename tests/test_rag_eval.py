@@ -1154,6 +1154,10 @@ def test_an_answers_claims_are_its_own_sentences() -> None:
     assert answer_claims(
         "Paris is big 【1，2】. Rome is old [Sources 2, 3]. Oslo is cold [1—3]."
     ) == ["Paris is big.", "Rome is old.", "Oslo is cold."]
+    # ... while a bracket no source could be stays a claim's text, as generate keeps it.
+    assert answer_claims("Values lie in [0—1]. Years [2020—2021] matter [1].") == [
+        "Values lie in [0—1].", "Years [2020—2021] matter."
+    ]  # fmt: skip
     # Headings, rules and table delimiters make no claim; a table row is one; a quote's
     # lines are one paragraph; a "2." inside a paragraph is no list; the sources listed
     # after the answer are no claim.

@@ -67,6 +67,7 @@ from ragpipe.query.generate import (
     NOT_FOUND,
     Answer,
     configured_answer,
+    plausible_citation,
     source_budget,
     without_citation_marks,
 )
@@ -230,6 +231,9 @@ _CODE_SPAN = re.compile(r"(`+)(.+?)\1")
 _CLAIM_ITEM = r"(?:sources?\s*)?\d+"
 _CLAIM_MARK = rf"[\[【]\s*{_CLAIM_ITEM}(?:\s*[,，\u2013\u2014-]\s*{_CLAIM_ITEM})*\s*[,，]?\s*[\]】]"
 _CLAIM_CITATIONS = re.compile(rf"(?<![\w\]\[])(?:{_CLAIM_MARK})+", re.IGNORECASE)
+# The inside of each mark of a run, checked as generate checks a citation: "[0—1]" and
+# "[2020-2021]" are a claim's text.
+_CLAIM_INSIDE = re.compile(r"[\[【]([^\]】]*)[\]】]")
 # Emphasis is a pair of marks around text on one line ("**write access**", "*Windows*");
 # a lone mark is text (2**3, *.R files).
 _STRONG = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
@@ -242,7 +246,11 @@ _LOOSE_PUNCTUATION = re.compile(r"\s+(?=[.,;:!?](?:\s|$))|(?:\s*,)+\s*(?=[.!?]?$
 
 def _plain(text: str) -> str:
     """``text``'s prose without its citations and emphasis marks."""
-    return _EMPHASIS.sub(r"\2", _STRONG.sub(r"\2", _CLAIM_CITATIONS.sub("", text)))
+    uncited = _CLAIM_CITATIONS.sub(
+        lambda m: "" if all(plausible_citation(x) for x in _CLAIM_INSIDE.findall(m[0])) else m[0],
+        text,
+    )
+    return _EMPHASIS.sub(r"\2", _STRONG.sub(r"\2", uncited))
 
 
 def _prose(text: str) -> str:

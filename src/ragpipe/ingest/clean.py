@@ -325,8 +325,8 @@ def _is_toc(block: str, config: CleanConfig) -> bool:
     # Converters may join TOC lines into one paragraph: count leaders to a page instead.
     if len(_LEADER_ENTRY.findall(block)) >= config.toc_min_lines:
         return True
-    leaders = [m.end() - m.start() for m in _LONG_LEADER.finditer(block)]
-    return len(leaders) >= config.toc_min_lines and sum(leaders) >= _INDEX_SHARE * len(block)
+    runs = [m.end() - m.start() for m in _LONG_LEADER.finditer(block)]
+    return len(runs) >= config.toc_min_lines and sum(runs) >= _INDEX_SHARE * len(block)
 
 
 # Which rules a document's kind gets; a kind not listed gets MARKUP.

@@ -36,7 +36,11 @@ _RANGE = re.compile(r"(\d+)\s*[-–—]\s*(\d+)")
 _RANGE_MAX, _SOURCE_MAX = 20, 99
 
 
-def _plausible(inside: str) -> bool:
+def plausible_citation(inside: str) -> bool:
+    """Whether a bracket's numbers can be sources: none 0, zero-padded or past 99 ("[0, 1]",
+    "【1，000】" are a range and a number, not sources 0 and 1), and ranges as ``_RANGE``."""
+    if any(n.startswith("0") or int(n) > _SOURCE_MAX for n in re.findall(r"\d+", inside)):
+        return False
     return all(
         1 <= int(a) < int(b) <= min(int(a) + _RANGE_MAX - 1, _SOURCE_MAX)
         for a, b in _RANGE.findall(inside)
@@ -97,7 +101,7 @@ def _cites(text: str, match: re.Match[str], bracket: int, spans: Sequence[tuple[
     quantified = text[match.end() : match.end() + 1] in ("+", "*", "?", "{")
     return (
         not is_code(text, bracket, spans)
-        and _plausible(numbers)
+        and plausible_citation(numbers)
         and not (quantified and _RANGE.search(numbers))
     )
 
