@@ -427,3 +427,23 @@ def test_an_edited_golden_set_starts_a_new_trend_line_and_says_which_items(
     lines = {r["run_id"]: trend_series(r) for r in read_history(eval_config.eval.reports_dir)}
     assert lines[first.run_id] != lines[edited.run_id] == lines[again.run_id]
     assert first.golden.digest and first.golden.digest in lines[first.run_id]
+
+
+def test_a_run_that_scores_drafts_still_names_the_questions_added(tmp_path: Path) -> None:
+    """The drafts mark in the selection made the run read as scoring part of the set, so an
+    added or removed question went unsaid (the review)."""
+    from types import SimpleNamespace
+
+    from ragpipe.evaluation.run import GoldenInfo, _warn_edited
+
+    (tmp_path / "r1").mkdir()
+    before = {"golden": {"items": {"a": "1", "b": "2"}, "selection": "all 2 items"}}
+    (tmp_path / "r1" / "summary.json").write_text(json.dumps(before), encoding="utf-8")
+    now = GoldenInfo("g", "g.yaml", 3, "all 3 items (1 unreviewed drafts)",
+                     {"a": "1", "b": "2", "c": "3"})  # fmt: skip
+    summary = SimpleNamespace(golden=now, warnings=[])
+    _warn_edited(summary, tmp_path, "r1")  # type: ignore[arg-type]
+    assert summary.warnings == [
+        "the questions of 'g' changed since its last run (r1): added c. Its numbers are not "
+        "comparable with that run's: the trend starts a new line"
+    ]

@@ -667,7 +667,10 @@ def _warn_edited(summary: RunSummary, root: Path, run_id: str) -> None:
     # Items in or out are a change of the set only when both runs scored all of it (a
     # --limit or --sample run scores some, --skip-unmatched leaves some out: no edit).
     selections = (summary.golden.selection, (data.get("golden") or {}).get("selection", ""))
-    whole = all(re.fullmatch(r"all \d+ items", str(selection)) for selection in selections)
+    whole = all(  # unreviewed drafts are scored items too (with_drafts)
+        re.fullmatch(r"all \d+ items(?: \(\d+ unreviewed drafts\))?", str(selection))
+        for selection in selections
+    )
     changes = [
         (what, sorted(ids))
         for what, ids in (

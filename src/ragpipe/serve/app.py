@@ -287,8 +287,9 @@ class _BodyLimit:
         await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
 
 
-# The status counted for a request whose client left before its last byte (nginx's "client
-# closed request"): such requests were counted nowhere, in no status and no latency.
+# The status counted for a streamed response whose client stopped reading (nginx's "client
+# closed request"): such requests were counted nowhere, in no status and no latency. (A
+# client that leaves a whole response is not seen: the server's send drops it silently.)
 CLIENT_LEFT = "499"
 
 

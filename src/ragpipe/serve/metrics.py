@@ -26,8 +26,8 @@ class ServeMetrics:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "ragpipe_requests",
-            "HTTP requests answered, by endpoint and status code (499: the client left "
-            "before the last byte).",
+            "HTTP requests answered, by endpoint and status code (499: a streamed response "
+            "the client stopped reading).",
             ["endpoint", "status"],
             registry=self.registry,
         )
