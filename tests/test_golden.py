@@ -403,6 +403,15 @@ def test_a_long_beir_id_gets_a_file_name_a_file_system_holds(tmp_path: Path) -> 
     assert grade == 1 and len(name.encode()) <= 204 and name.startswith("é" * 94)
     assert name.endswith("-" + hashlib.sha256(long_id.encode()).hexdigest()[:10] + ".md")
     assert (tmp_path / "docs" / name).read_text() == "Long.\n"
+    # Again into the same folder: its own documents are rewritten; another dataset's file
+    # there would be indexed with it, a distractor no qrel knows: refused, nothing written.
+    assert import_beir(beir, tmp_path / "docs").items[0].relevance == {name: 1}
+    (tmp_path / "docs" / "other.md").write_text("Another dataset's document.\n")
+    (tmp_path / "docs" / name).unlink()
+    with pytest.raises(ConfigError, match=r"holds 1 file\(s\) that are not this dataset's "
+                       r"documents \(other\.md\)"):  # fmt: skip
+        import_beir(beir, tmp_path / "docs")
+    assert not (tmp_path / "docs" / name).exists()
 
 
 def test_beir_import_never_overwrites_a_document_and_counts_what_it_drops(tmp_path: Path) -> None:

@@ -401,6 +401,7 @@ def import_beir(directory: Path, out_corpus: Path, split: str = "test") -> Golde
     ]
     if not items:
         raise ConfigError(f"BEIR import: no query in {qrels_file} has a relevant document")
+    _refuse_strangers(out_corpus, set(names.values()))
     _write_beir_corpus(corpus_file, names, out_corpus)
     notes = []
     if renamed:
@@ -536,6 +537,25 @@ def _beir_qrels(qrels_file: Path) -> list[tuple[str, str, int]]:
         raise ConfigError(f"{qrels_file}:{line_no + 1}: not UTF-8 text; BEIR files are "
                           "UTF-8") from exc  # fmt: skip
     return rows
+
+
+def _refuse_strangers(out_corpus: Path, names: set[str]) -> None:
+    """ConfigError when ``out_corpus`` holds files that are not this dataset's documents: an
+    earlier import of another dataset (or split of files) left there would be indexed with
+    it, as distractors no qrel knows, and lower every metric in silence."""
+    if not out_corpus.is_dir():
+        return
+    strangers = sorted(
+        str(p.relative_to(out_corpus)) for p in out_corpus.rglob("*")
+        if p.is_file() and (p.parent != out_corpus or p.name not in names)
+    )  # fmt: skip
+    if strangers:
+        shown = ", ".join(strangers[:5]) + (", ..." if len(strangers) > 5 else "")
+        raise ConfigError(
+            f"BEIR import: --corpus-out {out_corpus} holds {len(strangers)} file(s) that are not "
+            f"this dataset's documents ({shown}); they would be indexed with it as documents no "
+            "qrel knows. Empty the folder or give another one"
+        )
 
 
 def _write_beir_corpus(corpus_file: Path, names: dict[str, str], out_corpus: Path) -> None:
