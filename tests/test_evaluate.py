@@ -96,6 +96,12 @@ def test_rows_and_metric_values_follow_the_retrieved_ranks(eval_config: RagpipeC
         sum(x.metrics["mrr"] for x in result.rows if x.variant == "dense") / 4
     )
     assert result.warnings and "only 4 queries" in result.warnings[0]
+    # A filter scores every item outside it 0 whatever the ranking: said (it was not).
+    assert result.warnings[1] == (
+        "nothing: searches only what filter_file='no/such.md' lets through; an item whose "
+        "targets lie outside it scores 0, whatever the ranking (a filter set for one team's "
+        "search is no setting to evaluate the index with)"
+    )
     _agrees_with_trec_eval(result.rows)
 
 

@@ -354,6 +354,13 @@ def run_retrieval_eval(
         )
     for variant in variants:  # what the search can rank is all it is scored on
         chosen = settings[variant.name]
+        filters = [f"{k}={chosen[k]!r}" for k in FILTERS if chosen.get(k)]
+        if filters:  # items whose answers lie outside score 0 whatever the ranking
+            warnings.append(
+                f"{variant.name}: searches only what {', '.join(filters)} lets through; an "
+                "item whose targets lie outside it scores 0, whatever the ranking (a filter "
+                "set for one team's search is no setting to evaluate the index with)"
+            )
         if chosen.get("llm_filter") and int(chosen["top_k"]) < DEEPEST_CUTOFF:
             warnings.append(
                 f"{variant.name}: retrieve.llm_filter ranks at most top_k={chosen['top_k']} "
@@ -389,6 +396,9 @@ def run_retrieval_eval(
         traces=traces,
         not_applicable=len(golden.items) - len(items),
     )
+
+
+FILTERS = ("filter_file", "filter_heading", "filter_source_sha")
 
 
 def parse_variant(text: str) -> Variant:
