@@ -249,6 +249,8 @@ def test_healthz_reports_the_published_version(served: tuple[RagpipeConfig, Any]
     assert health["index"]["files"] == len(QUERY_CORPUS)
     assert health["uptime_s"] > 0 and health["cache"]["threshold"] == 0.97
     assert client.get("/docs").status_code == 200
+    head = client.head("/healthz")  # a load balancer's check (it was 405)
+    assert head.status_code == 200 and head.content == b""
     assert {"/healthz", "/search", "/ask", "/metrics"} <= set(
         client.get("/openapi.json").json()["paths"]
     )

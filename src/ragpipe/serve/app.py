@@ -601,6 +601,8 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
             raise HTTPException(404, "no such file under eval.reports_dir")
         return FileResponse(found)
 
+    # HEAD too (not in the OpenAPI document): a load balancer's check may send it (405).
+    @app.head("/healthz", include_in_schema=False)
     @app.get("/healthz", response_model=Health)
     def healthz() -> dict[str, Any]:
         """Liveness and what is served: index version, points, embedder, uptime, cache."""
