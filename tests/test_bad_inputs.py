@@ -126,6 +126,8 @@ def test_bad_input_zoo_through_the_cli(prefect_harness: None, tmp_path: Path) ->
     assert "no text layer" in messages["scanned.pdf"] and "do_ocr" in messages["scanned.pdf"]
     assert "iconv" in messages["latin1.txt"]
     assert "max_file_bytes=200000" in messages["huge.txt"]
+    # A file over a lowered limit keeps what was indexed: said, with the way to remove it.
+    assert "stays searchable until the file is added to discover.ignore" in messages["huge.txt"]
     assert all(m and "Traceback" not in m for m in messages.values())
 
     skipped = checkpoint.read_records(work / "discover" / "skipped.parquet", Skip)

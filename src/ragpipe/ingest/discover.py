@@ -448,7 +448,9 @@ def _consider(
                         file_path,
                         STAGE,
                         "too_large",
-                        f"{size} bytes exceeds discover.max_file_bytes={config.max_file_bytes}",
+                        f"{size} bytes exceeds discover.max_file_bytes={config.max_file_bytes}; "
+                        "a version indexed before stays searchable until the file is added to "
+                        "discover.ignore (or fits again)",
                     )
                 )
                 return
@@ -463,7 +465,8 @@ def _consider(
                             f"a line of {longest} bytes (discover.max_line_bytes="
                             f"{config.max_line_bytes}): minified or generated data, not text to "
                             "search? Raise discover.max_line_bytes (0: no limit) to index it "
-                            "anyway, or add it to discover.ignore.",
+                            "anyway, or add it to discover.ignore (which also removes a version "
+                            "indexed before; until then it stays searchable).",
                             digest,
                         )
                     )
