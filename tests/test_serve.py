@@ -256,6 +256,20 @@ def test_healthz_reports_the_published_version(served: tuple[RagpipeConfig, Any]
     )
 
 
+def test_the_warm_up_asks_no_llm(tmp_path: Path, onnx_embedder: Any) -> None:
+    """With HyDE or the LLM filter on, the warm-up search ran the model at start (minutes
+    on a CPU before the first request); it warms the embedder and the store only."""
+    cfg = _index(tmp_path)
+    llm_parts = {"hyde": "standard", "llm_filter": True}
+    retrieve = type(cfg.retrieve).model_validate({**cfg.retrieve.model_dump(), **llm_parts})
+    cfg = cfg.model_copy(update={"retrieve": retrieve})
+    model = Replier("Bake the loaf.")
+    app = create_app(cfg, onnx_embedder, model)
+    with running(app) as url:
+        health = httpx.get(f"{url}/healthz").json()
+    assert health["query_embedder"]["warm_up_error"] is None and model.calls == 0
+
+
 def test_search_returns_what_the_cli_prints(served: tuple[RagpipeConfig, Any]) -> None:
     cfg, client = served
     got = client.post("/search", json={"query": "How do I restore the database?", "k": 3})

@@ -437,8 +437,14 @@ class Service:
         (milliseconds, None), or (None, why) when it failed (logged; the server starts, and
         the same error reaches the first request)."""
         started = time.perf_counter()
-        # An LLM rerank judges every candidate (minutes on a CPU): warm up without it.
-        skip = {"rerank": False} if self.config.retrieve.reranker == LLM_RERANKER else {}
+        # The LLM's parts of a search (a rerank judging every candidate, HyDE's passages, the
+        # filter's scores) take minutes on a CPU: the warm-up is the embedder's and store's.
+        retrieve = self.config.retrieve
+        skip: dict[str, Any] = {"rerank": False} if retrieve.reranker == LLM_RERANKER else {}
+        if retrieve.hyde.value != "off":
+            skip["hyde"] = "off"
+        if retrieve.llm_filter:
+            skip["llm_filter"] = False
         try:
             with self.index.reader() as (retriever, _):
                 retriever.search(WARM_UP_QUERY, **skip)
