@@ -97,6 +97,13 @@ def test_a_refused_export_keeps_the_torch_path_or_stops_when_onnx_is_required(
     # Removing the folder, as the message says, exports and verifies afresh.
     shutil.rmtree(target)
     assert isinstance(onnx_query.onnx_for_queries(auto), onnx_query.OnnxQueryEmbedder)
+    # A copied cache: the graph's mtime is not the one verified. It was refused for good
+    # (torch from then on, until the folder was removed); it is verified again.
+    graph = target / onnx_query.GRAPH
+    os.utime(graph, ns=(graph.stat().st_atime_ns, graph.stat().st_mtime_ns + 10**9))
+    assert onnx_query.verified_graph(_packaged_minilm())[0] is None
+    assert isinstance(onnx_query.onnx_for_queries(auto), onnx_query.OnnxQueryEmbedder)
+    assert onnx_query.verified_graph(_packaged_minilm())[0] == graph
     (target / onnx_query.VERDICT).write_text(json.dumps(verdict), encoding="utf-8")
     strict = RagpipeConfig(embed={"query_runtime": "onnx"}).embed  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"query_runtime onnx: its ONNX export was refused"):

@@ -158,6 +158,11 @@ def _record(target: Path, verdict: dict[str, Any]) -> None:
     atomic_write_bytes(target / VERDICT, json.dumps(verdict, indent=1).encode())
 
 
+# A verdict that no longer describes the graph on disk (the cache copied, which changes its
+# mtime, or the graph removed): exported and verified again, not refused for good.
+STALE = ("the verified graph is missing", "the graph changed since verified")
+
+
 def export(model_dir: Path) -> Path | None:
     """Export ``model_dir`` (a sentence-transformers model) to ONNX and verify it; the
     graph's directory, or None when it was refused (the reason is recorded and logged).
@@ -166,6 +171,8 @@ def export(model_dir: Path) -> Path | None:
     target = graph_dir(model_dir)
     with _exporting(target):
         graph, verdict = verified_graph(model_dir)
+        if verdict is not None and verdict.get("error") in STALE:
+            verdict = None  # exported again below
         if verdict is not None:  # another process finished it meanwhile
             return target if graph is not None else None
         try:
@@ -323,7 +330,8 @@ def onnx_for_queries(config: EmbedConfig) -> Embedder | None:
     model_dir = local_model_dir(config.model)  # its errors hold for torch too: raised as they are
     try:
         graph, verdict = verified_graph(model_dir)
-        if graph is None and verdict is None:  # not exported yet: once, now
+        stale = verdict is not None and verdict.get("error") in STALE
+        if graph is None and (verdict is None or stale):  # not exported yet: once, now
             export(model_dir)
             graph, verdict = verified_graph(model_dir)
         if graph is None:
