@@ -9,6 +9,7 @@ import html
 import itertools
 import json
 import logging
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -868,8 +869,11 @@ def test_human_labels_give_a_ppi_estimate_beside_the_judge(
     # rectifier's 2 labels are all the variance), clipped to the range, [-1, 1]: two labels
     # say nothing at 95% (a normal z claimed [-0.48, 1]).
     ppi = result.ppi["answer_relevancy"]
-    assert (ppi.n_judged, ppi.n_labeled) == (4, 2)
-    assert ppi.mean == pytest.approx(0.5) and ppi.judge_mean == 0.0 and ppi.human_mean == 0.5
+    # The judge judged nothing, and the metric is withheld: no judge mean and 0 judged (it
+    # showed the midpoints' mean, 0.0, over "4 judged").
+    assert (ppi.n_judged, ppi.n_labeled) == (0, 2) and math.isnan(ppi.judge_mean)
+    assert ppi.mean == pytest.approx(0.5) and ppi.human_mean == 0.5
+    assert "answer_relevancy" in result.withheld
     assert (ppi.ci_low, ppi.ci_high) == (-1.0, 1.0)
     assert any(w.startswith("only 2 human label(s) of answer_relevancy: its intervals are wide "
                             "and cover less than 95%") for w in result.warnings)  # fmt: skip
@@ -886,7 +890,7 @@ def test_human_labels_give_a_ppi_estimate_beside_the_judge(
     assert "## Human labels: prediction-powered estimates" in md
     # The same interval as the labels' own, since the judge adds no variance here (and no
     # information).
-    assert "| answer_relevancy | 0.500 [-1.000, 1.000] | 0.500 [-1.000, 1.000] | 2 / 4 |" in md
+    assert "| answer_relevancy | 0.500 [-1.000, 1.000] | 0.500 [-1.000, 1.000] | 2 / 0 |" in md
     assert "calibration: **none**" in md
 
 
@@ -1866,3 +1870,69 @@ def test_eval_rags_options_keep_a_configured_judge() -> None:
         rag_models(plain, None, "/nope.gguf", None)  # at once, not after the probe
     with pytest.raises(ConfigError, match=r"--judge-model: .*/nope\.gguf does not exist"):
         rag_models(plain, None, None, "/nope.gguf")
+
+
+def _scored_reply(text: str, cited: list[int], item: Any) -> dict[str, Any]:
+    """``score_answer`` on three given chunks of one "Oven" section, only the first of which
+    holds the answer sentence."""
+    from ragpipe.evaluation.rag import score_answer
+    from ragpipe.query.generate import Answer, Source
+    from ragpipe.query.results import Retrieved
+
+    texts = ["Bake the loaf at 230 degrees for thirty-five minutes.", "Preheat well.",
+             "Use a stone."]  # fmt: skip
+    hits = [Retrieved(f"p{n}", 0.5, {"file_path": "/d/bread.md", "heading_path": ["Bread", "Oven"],
+                                     "text": t}) for n, t in enumerate(texts, 1)]  # fmt: skip
+    sources = [Source(n, f"p{n}", "/d/bread.md", None, "Bread > Oven", t)
+               for n, t in enumerate(texts, 1)]  # fmt: skip
+    reply = Answer("q", text, sources, [sources[n - 1] for n in cited])
+    scores, _, _, _ = score_answer(item, reply, hits, None)
+    return {m: (j.value, j.status) for m, j in scores.items()}
+
+
+def test_answer_metrics_count_targets_refusals_and_empty_answers_as_they_are() -> None:
+    """A review: citing the one chunk of a section that answers scored citation recall 1/3
+    (three chunks of the section given); a refusal on an answerable item earned F1 0.2 for
+    sharing "in" and "the" with the answer; an empty answer counted as "not a refusal"."""
+    from ragpipe.evaluation.golden import ChunkTarget, GoldenItem
+
+    oven = ChunkTarget("bread.md", heading="Oven", grade=3)
+    item = GoldenItem("oven", "How hot?", {"bread.md": 3}, (oven,),
+                      expected_answer="Set it in the oven at 230 degrees.")  # fmt: skip
+    cited = _scored_reply("Bake the loaf at 230 degrees for thirty-five minutes [1].", [1], item)
+    assert cited["citation_recall"] == (1.0, "ok")  # one target, cited: all of it
+    assert cited["citation_precision"] == (1.0, "ok")
+    refusal = _scored_reply("Not found in the provided documents.", [], item)
+    for m in ("answer_f1", "answer_rouge_l", "answer_cosine"):
+        assert refusal[m] == (0.0, "ok"), m  # F1 was 0.2 ("in", "the")
+    assert refusal["false_refusal"] == (1.0, "ok")
+    empty = _scored_reply("", [], item)
+    assert empty["false_refusal"] == (None, "failed")  # it was 0.0: "did not refuse"
+    # A file target: one cited chunk of the file is all of it (as before).
+    by_file = GoldenItem("oven", "How hot?", {"bread.md": 3})
+    assert _scored_reply("Bake at 230 degrees [2].", [2], by_file)["citation_recall"] == (1.0, "ok")
+
+
+def test_a_hedge_and_an_empty_answer_are_no_claims_for_the_judge(onnx_embedder: Any) -> None:
+    """A review: "The provided documents do not contain this information [1]." was judged
+    for faithfulness as a claim about the passage (1.0 from a lenient judge); an empty
+    answer failed ragas's check and was counted as the judge's failure."""
+    from ragpipe.evaluation.golden import GoldenItem
+    from ragpipe.evaluation.rag import EMPTY_ANSWER, Judge, RagRow
+
+    item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
+    contexts = ["Bake the loaf for thirty-five minutes."]
+    judge = Verdicts({})
+    scorer = Judge(judge, onnx_embedder, timeout_s=5, max_tokens=1536)
+    hedge = RagRow("oven", item.query, "The provided documents do not contain this "
+                   "information [1].", False, contexts, 1, [], 0, 0, 0.0)  # fmt: skip
+    asyncio.run(scorer.judge(hedge, item))
+    faithfulness = hedge.judged["faithfulness"]
+    assert (faithfulness.value, faithfulness.status) == (None, NOT_APPLICABLE)
+    assert not any(p.startswith("Does the passage say") for p in judge.prompts)
+    empty = RagRow("oven", item.query, "", False, contexts, 0, [], 0, 0, 0.0)
+    asyncio.run(scorer.judge(empty, item))
+    assert (empty.judged["faithfulness"].status, empty.judged["faithfulness"].reason) == (
+        NOT_APPLICABLE, EMPTY_ANSWER)  # fmt: skip
+    relevancy = empty.judged["answer_relevancy"]
+    assert (relevancy.value, relevancy.status, relevancy.asked) == (0.0, OK, False)

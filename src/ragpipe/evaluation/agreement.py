@@ -256,12 +256,14 @@ class PPIEstimate:
         mean: Prediction-powered estimate of the metric's mean.
         ci_low: Lower bound of the normal-approximation CI (nan when n_labeled < 2).
         ci_high: Upper bound of that CI.
-        judge_mean: Plain mean of the judge's scores over all N judged items.
+        judge_mean: Plain mean of the judge's scores over all N judged items (a RAG run
+            gives its verdicts' mean, none for a withheld metric).
         human_mean: Classical mean of the human labels alone (n_labeled items).
         human_ci_low: Lower bound of the classical normal CI of the human mean (nan
             when n_labeled < 2).
         human_ci_high: Upper bound of that CI.
-        n_judged: N, items with a judge prediction.
+        n_judged: N, items with a judge prediction (a RAG run: with a verdict; a failed one
+            predicts the midpoint inside the estimate, uncounted here).
         n_labeled: n, items with a human label.
         flag: Why ``mean`` is not to be read as the metric's mean (None when it is): an
             estimate outside the metric's range, kept unclipped with its CI.

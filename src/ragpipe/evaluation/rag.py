@@ -27,6 +27,7 @@ recorded as null with its reason, never as 0.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -757,6 +758,13 @@ class Judge:
             return
         if row.not_found:
             row.judged["faithfulness"] = Judged(None, NOT_APPLICABLE, "'not found' makes no claim")
+        elif not a.strip():  # no judge call can fail on it: the generator's, not the judge's
+            row.judged["faithfulness"] = Judged(None, NOT_APPLICABLE, EMPTY_ANSWER)
+        elif reads_as_refusal(a):  # its one claim is about the sources, not from them
+            row.judged["faithfulness"] = Judged(
+                None, NOT_APPLICABLE, "the reply says the sources lack the answer: no claim "
+                "about them"
+            )  # fmt: skip
         else:
             row.judged["faithfulness"] = await self._one(
                 self.faithfulness, "faithfulness", user_input=q, response=a, retrieved_contexts=ctx
@@ -769,8 +777,12 @@ class Judge:
                 retrieved_contexts=ctx,
                 reference=ref,
             )
-        row.judged["answer_relevancy"] = await self._one(
-            self.answer_relevancy, "answer_relevancy", user_input=q, response=a
+        row.judged["answer_relevancy"] = (
+            Judged(0.0, OK, EMPTY_ANSWER, asked=False)  # nothing answers the question
+            if not a.strip()
+            else await self._one(
+                self.answer_relevancy, "answer_relevancy", user_input=q, response=a
+            )
         )
         if ref:
             row.context_precision_kind = "with_reference"
@@ -793,7 +805,11 @@ class Judge:
             row.judged["context_recall"] = Judged(None, NOT_APPLICABLE, "no expected_answer")
 
 
+_NAN = float("nan")
 _REFUSAL = answers.normalize_answer(NOT_FOUND)
+# An empty reply (a served thinking model's empty content): the generator failed, not the
+# judge (ragas's empty-response check read as a judge failure, and withheld faithfulness).
+EMPTY_ANSWER = "the answer is empty: the generator wrote nothing"
 
 
 def is_refusal(text: str) -> bool:
@@ -864,6 +880,18 @@ def supporting(source_payloads: dict[int, dict[str, Any]], item: GoldenItem) -> 
     }
 
 
+def _held_targets(
+    by_number: dict[int, dict[str, Any]], support: set[int], item: GoldenItem
+) -> dict[int, set[str]]:
+    """Per supporting source, the targets it holds: chunk targets (grade > 0) by key, or,
+    for file targets, its file. A section cut into several chunks given as sources is one
+    target: citing the chunk that answers is all of it (recall was 1/3 for one of three)."""
+    if item.chunks:
+        graded = [t for t in item.chunks if t.grade > 0]
+        return {n: {t.key for t in graded if t.matches(by_number[n])} for n in support}
+    return {n: {str(by_number[n].get("file_path", ""))} for n in support}
+
+
 def score_answer(
     item: GoldenItem, reply: Answer, hits: Sequence[Retrieved], embedder: Embedder | None
 ) -> tuple[dict[str, Judged], list[dict[str, Any]], list[int], float]:
@@ -903,7 +931,14 @@ def score_answer(
     ]  # fmt: skip
     scores: dict[str, Judged] = {}
     expected = item.expected_answer
-    if expected and item.answerable:
+    refused = is_refusal(reply.text)
+    hedged = reads_as_refusal(reply.text)
+    if expected and item.answerable and refused:
+        # Abstaining on an answerable question is no part of its answer (SQuAD v2's rule):
+        # "Not found in the provided documents." shared "in" and "the" with answers (F1 0.2).
+        for m in ("answer_f1", "answer_rouge_l", "answer_cosine"):
+            scores[m] = Judged(0.0, OK, "the answer is a refusal")
+    elif expected and item.answerable:
         # A "[1]" is no word of the answer (code such as "x[1]" is, as generate reads it).
         prose = without_citation_marks(reply.text)
         scores["answer_f1"] = Judged(answers.token_f1(prose, expected), OK)
@@ -917,8 +952,6 @@ def score_answer(
         why = "answerable: false" if not item.answerable else "no expected_answer"
         for m in ("answer_f1", "answer_rouge_l", "answer_cosine"):
             scores[m] = Judged(None, na, why)
-    refused = is_refusal(reply.text)
-    hedged = reads_as_refusal(reply.text)
     if not item.answerable or refused or hedged:
         why = (
             "answerable: false" if not item.answerable
@@ -930,10 +963,10 @@ def score_answer(
     else:
         given = [s.number for s in reply.sources]
         precision, recall = answers.citation_scores(cited, support, given)
-        if not item.chunks and support:  # file targets: one cited chunk of a file is it
-            files = {n: str(by_number[n].get("file_path", "")) for n in by_number}
-            needed = {files[n] for n in support}
-            recall = len({files[n] for n in cited if n in support}) / len(needed)
+        if support:  # recall counts targets: citing one source of a target is citing it
+            holds = _held_targets(by_number, support, item)
+            needed = set().union(*holds.values())
+            recall = len(set().union(*(holds[n] for n in cited if n in holds))) / len(needed)
         scores["citation_precision"] = (
             Judged(precision, OK) if precision is not None else Judged(None, na, "nothing cited")
         )
@@ -946,6 +979,9 @@ def score_answer(
         None, FAILED, "the reply says the sources lack the answer, but not with the "
         f"not-found sentence ({NOT_FOUND!r}): neither an answer nor a refusal to score",
     )  # fmt: skip
+    if not reply.text.strip():  # no reply at all: neither a refusal nor an answer
+        unformed = Judged(None, FAILED, EMPTY_ANSWER)
+        hedged = True
     if item.answerable:
         scores["correct_refusal"] = Judged(None, na, "answerable item")
         if not support:
@@ -1207,7 +1243,16 @@ def _result(
             notes.append(f"{len(by_item) - len(known)} label(s) of {m} are for items this run "
                          "did not judge (not in the run, or not applicable); left out")  # fmt: skip
         if known:
-            ppi[m] = ppi_mean(m, predictions, known, bounds=(low, high))
+            # The judge's own mean and count are of its verdicts: the midpoints stand in for
+            # failed ones inside the estimate only, and a withheld metric has no judge mean
+            # (summary.json showed the unreliable judge's number, failures counted as 0.5).
+            verdicts = [r.judged[m].value for r in rows if r.judged[m].status == OK]
+            given = [float(v) for v in verdicts if v is not None]
+            ppi[m] = dataclasses.replace(
+                ppi_mean(m, predictions, known, bounds=(low, high)),
+                judge_mean=sum(given) / len(given) if given and m not in withheld else _NAN,
+                n_judged=len(given),
+            )
             if len(known) < FEW_LABELS:
                 notes.append(
                     f"only {len(known)} human label(s) of {m}: its intervals are wide and "
