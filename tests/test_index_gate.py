@@ -321,6 +321,24 @@ def test_a_roll_back_and_a_discard_survive_the_next_nightly(tmp_path: Path, back
     assert after.gate["outcome"] == "discarded" and after.ok
     assert held not in {v.generation for v in index_versions.list_versions(cfg.store)}
     assert index_versions.current(cfg.store) == first
+    if backend != "edge":
+        return
+    # versions.json damaged, or removed as its error said: the discard was lost, and the
+    # next night judged the discarded version again and promoted it. Its copy keeps it.
+    status = published.root(cfg.store.path) / published.STATUS_FILE
+    for damage in ("{truncated", None):
+        if damage is None:
+            status.unlink()
+        else:
+            status.write_text(damage, encoding="utf-8")
+        kept = run_ingest(cfg)
+        assert kept.gate["outcome"] == "discarded" and index_versions.current(cfg.store) == first
+    copy = published.root(cfg.store.path) / published.STATUS_COPY
+    status.write_text("{", encoding="utf-8")
+    copy.write_text("{", encoding="utf-8")
+    with pytest.raises(StageError, match=r"nor is its copy .*a version discarded or rolled "
+                       r"back from by hand may be judged, and promoted, again"):  # fmt: skip
+        run_ingest(cfg)
 
 
 @BACKENDS

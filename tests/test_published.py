@@ -364,7 +364,8 @@ def test_a_failing_tidy_is_logged_and_fails_no_night(
 
     cfg = make_config(corpus, tmp_path)
     run_ingest(cfg)
-    (published.root(cfg.store.path) / published.STATUS_FILE).write_text("{", "utf-8")
+    for name in (published.STATUS_FILE, published.STATUS_COPY):  # both damaged
+        (published.root(cfg.store.path) / name).write_text("{", "utf-8")
     with caplog.at_level("WARNING", logger="ragpipe.store"):
         assert remove_leftovers(cfg.store) == 0
     assert "the next ingest tries again" in caplog.text and "is not valid JSON" in caplog.text

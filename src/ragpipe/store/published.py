@@ -64,6 +64,7 @@ READERS = "readers"
 # locked and touched by its owner while the copy is open (``owners``).
 OWNER = ".owner.json"
 STATUS_FILE = "versions.json"
+STATUS_COPY = "versions.copy.json"  # the same, written after it: read when it is damaged
 KEEP_HELD = 3  # held or staged versions kept on disk (the newest), besides the live one
 
 # A version's status: staged (written, not decided), held (the gate said no),
@@ -285,25 +286,49 @@ def stage(
     return version
 
 
-def statuses(store_path: Path) -> dict[str, dict[str, Any]]:
-    """Every version's recorded status: {generation: {status, at, ...}}."""
-    try:
-        data = json.loads((root(store_path) / STATUS_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except ValueError as exc:
-        raise StageError(
-            f"{root(store_path) / STATUS_FILE} is not valid JSON ({exc}); restore it or remove "
-            "it (the live version keeps serving; held versions then show as staged)"
-        ) from exc
+def _read_statuses(path: Path) -> dict[str, dict[str, Any]]:
+    data = json.loads(path.read_text(encoding="utf-8"))
     return data if isinstance(data, dict) else {}
+
+
+def statuses(store_path: Path) -> dict[str, dict[str, Any]]:
+    """Every version's recorded status: {generation: {status, at, ...}}. From its copy
+    (``STATUS_COPY``, written after it) when ``versions.json`` is damaged or gone: the
+    people's decisions live there (a discarded version, a roll-back), and without them the
+    next night judged, and promoted again, the version a person had taken off."""
+    base = root(store_path)
+    main, copy = base / STATUS_FILE, base / STATUS_COPY
+    try:
+        return _read_statuses(main)
+    except (FileNotFoundError, ValueError) as exc:
+        damaged = exc
+    try:
+        recorded = _read_statuses(copy)
+    except FileNotFoundError:
+        if isinstance(damaged, FileNotFoundError):
+            return {}
+        recorded = None
+    except ValueError:
+        recorded = None
+    if recorded is None:
+        raise StageError(
+            f"{main} is not valid JSON ({damaged}), nor is its copy {copy.name}; restore one, "
+            "or remove both: the live version keeps serving, held versions then show as "
+            "staged, and a version discarded or rolled back from by hand may be judged, and "
+            "promoted, again"
+        ) from damaged
+    logger.warning("%s is %s: the version statuses are read from its copy %s", main,
+                   "missing" if isinstance(damaged, FileNotFoundError) else "not valid JSON",
+                   copy.name)  # fmt: skip
+    return recorded
 
 
 def _set_status(store_path: Path, generation: str, status: str, extra: dict[str, Any]) -> None:
     entries = statuses(store_path)
     entries[generation] = {"status": status, "at": datetime.now(UTC).isoformat(), **extra}
-    path = root(store_path) / STATUS_FILE
-    atomic_write_bytes(path, json.dumps(entries, indent=1, sort_keys=True).encode())
+    data = json.dumps(entries, indent=1, sort_keys=True).encode()
+    atomic_write_bytes(root(store_path) / STATUS_FILE, data)
+    atomic_write_bytes(root(store_path) / STATUS_COPY, data)
 
 
 def hold(store_path: Path, generation: str, verdict: dict[str, Any]) -> None:
@@ -501,8 +526,9 @@ def remove_unused(store_path: Path) -> int:
     if gone:  # the record follows what is on disk
         for generation in gone:
             recorded.pop(generation)
-        atomic_write_bytes(base / STATUS_FILE, json.dumps(recorded, indent=1,
-                                                          sort_keys=True).encode())  # fmt: skip
+        data = json.dumps(recorded, indent=1, sort_keys=True).encode()
+        atomic_write_bytes(base / STATUS_FILE, data)
+        atomic_write_bytes(base / STATUS_COPY, data)
     readers = base / READERS
     if readers.is_dir():
         for entry in readers.iterdir():
