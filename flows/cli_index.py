@@ -131,8 +131,10 @@ def list_versions(
     for v in versions:
         verdict = v.verdict or {}
         why = "; ".join(verdict.get("reasons", [])) or (
-            "passed" if verdict.get("passed") else "not gated"
-        )
+            "passed" if verdict.get("passed")
+            else "not judged yet (the next ingest judges it)" if v.status == "staged"
+            else "not gated"
+        )  # fmt: skip
         status = f"{v.status} (live)" if v.live else v.status
         table.add_row(v.generation[:12], status, v.published_at[:19].replace("T", " "),
                       str(v.files), str(v.points), why)  # fmt: skip

@@ -113,6 +113,7 @@ def ingest_flow(
         summary = with_gate(cfg, summary, decision)
     if decision is not None:
         emit_index_decision(cfg, decision, config_path)
+        gatekeep.announced(cfg, decision)  # a run killed before this: announced next night
     publish_ingest_task(cfg, summary)
     if summary.deletions_held:
         raise MassDeletionHeld(

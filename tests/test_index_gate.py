@@ -621,3 +621,57 @@ def test_a_damaged_held_version_is_written_again_and_the_roll_back_target_surviv
         _points(cfg)
     index_versions.promote(cfg.store, before)  # roll back: still there
     assert _points(cfg) == first.points_total
+
+
+def test_a_promotion_killed_before_its_event_is_announced_the_next_night(
+    tmp_path: Path,
+) -> None:
+    """A run killed after the switch, before ``ragpipe.index.promoted`` was sent: no later
+    night decided anything (the version was live), so the event, and the evaluation it
+    triggers, were lost for good; gate.json kept the night before's verdict."""
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    cfg = _config(corpus, tmp_path)
+    first = run_ingest(cfg).gate["generation"]
+    (corpus / "wings.txt").write_text(topic_doc("wings", version=2), encoding="utf-8")
+    second = run_ingest(cfg)
+    gate_file = cfg.paths.work_dir / "gate.json"
+    said = json.loads(gate_file.read_text(encoding="utf-8"))
+    assert (said["outcome"], said["announced"]) == ("promoted", True)
+    assert run_ingest(cfg).gate == {}  # announced: a no-op night decides nothing
+    for killed in (
+        {**said, "announced": False},  # after the switch, before the event
+        {
+            "outcome": "pending",
+            "generation": said["generation"],
+            "live_before": first,
+            "announced": False,
+        },
+    ):  # at the verdict's write
+        gate_file.write_text(json.dumps(killed), encoding="utf-8")
+        late = run_ingest(cfg).gate
+        assert (late["outcome"], late["generation"], late["live_before"]) == (
+            "promoted", second.gate["generation"], first)  # fmt: skip
+        assert late["line"].endswith("stopped before announcing it: announced now")
+        assert run_ingest(cfg).gate == {}  # once
+
+
+def test_a_version_the_gate_could_not_judge_is_listed_as_waiting(tmp_path: Path) -> None:
+    """A gate that failed (a golden target naming no file) left the version staged, and
+    `ragpipe index list` said "not gated" on a gated index; gate.json kept the night
+    before's verdict."""
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    cfg = _config(corpus, tmp_path)
+    run_ingest(cfg)
+    golden = Path(cfg.index.gate.golden[0])  # type: ignore[union-attr]
+    golden.write_text(golden.read_text(encoding="utf-8") + "  - id: typo\n    query: q\n"
+                      "    relevance: {engins.txt: 1}\n", encoding="utf-8")  # fmt: skip
+    (corpus / "wings.txt").write_text(topic_doc("wings", version=2), encoding="utf-8")
+    with pytest.raises(GoldenMismatch):
+        run_ingest(cfg)
+    gate = json.loads((cfg.paths.work_dir / "gate.json").read_text(encoding="utf-8"))
+    assert gate["outcome"] == "pending"
+    config_file = tmp_path / "ragpipe.yaml"
+    config_file.write_text(json.dumps(cfg.model_dump(mode="json")), encoding="utf-8")
+    listed = CliRunner().invoke(app, ["index", "list", "--config", str(config_file)],
+                                env={"COLUMNS": "200"})  # fmt: skip
+    assert listed.exit_code == 0 and "not judged yet (the next ingest judges it)" in listed.output

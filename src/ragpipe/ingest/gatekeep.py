@@ -70,9 +70,11 @@ def decide(config: RagpipeConfig) -> Decision | None:
         return None
     generation = versions.working_generation(config.store)
     live = versions.current(config.store)
-    if generation is None or generation == live:
+    if generation is None:
         return None
     records = versions.statuses(config.store)
+    if generation == live:
+        return _unannounced(config, live, records)
     recorded = records.get(generation, {})
     status = recorded.get("status")
     if status == published.PROMOTED and not records.get(live or "", {}).get("at", "") > (
@@ -109,6 +111,10 @@ def decide(config: RagpipeConfig) -> Decision | None:
 
     logger.info("index gate: evaluating version %s against %s", generation[:12],
                 against[:12] if against else "nothing (the first version)")  # fmt: skip
+    # Said before judging: a gate that fails or is killed leaves "pending", not the last
+    # night's verdict, and a promotion killed before its event is announced the next night.
+    _write_gate(config, {"outcome": PENDING, "generation": generation, "live_before": live,
+                         "announced": False})  # fmt: skip
     verdict = evaluate_gate(config, generation, against)
     data = verdict.as_dict()
     line = verdict.line()
@@ -125,10 +131,47 @@ def decide(config: RagpipeConfig) -> Decision | None:
         versions.hold(config.store, generation, data)
         logger.error("index gate: %s: %s", line, "; ".join(verdict.reasons))
         decision = Decision(HELD, generation, live, data, line)
-    checkpoint.atomic_write_bytes(
-        WorkDir.of(config).root / "gate.json", json.dumps(decision.as_dict(), indent=2).encode()
-    )
+    _write_gate(config, {**decision.as_dict(), "announced": False})
     return decision
+
+
+PENDING = "pending"  # gate.json while a version is being judged
+
+
+def _write_gate(config: RagpipeConfig, data: dict[str, Any]) -> None:
+    checkpoint.atomic_write_bytes(
+        WorkDir.of(config).root / "gate.json", json.dumps(data, indent=2).encode()
+    )
+
+
+def announced(config: RagpipeConfig, decision: Decision) -> None:
+    """Record that ``decision``'s event was sent (the flow calls it after sending)."""
+    _write_gate(config, {**decision.as_dict(), "announced": True})
+
+
+def _unannounced(
+    config: RagpipeConfig, live: str | None, records: dict[str, dict[str, Any]]
+) -> Decision | None:
+    """The promotion of ``live`` again, when the run that judged it stopped before its
+    event was sent (killed after the switch): no later night decided anything, so the
+    ``ragpipe.index.promoted`` event, and the evaluation it triggers, were lost for good."""
+    try:
+        gate = json.loads((WorkDir.of(config).root / "gate.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if (
+        not isinstance(gate, dict)
+        or gate.get("generation") != live
+        or gate.get("announced", True)
+        or gate.get("outcome") not in (PENDING, PROMOTED)
+        or records.get(live or "", {}).get("status") != published.PROMOTED
+    ):
+        return None
+    verdict = dict(records.get(live or "", {}).get("verdict") or gate.get("verdict") or {})
+    line = (f"version {(live or '')[:12]} was promoted by a run that stopped before "
+            "announcing it: announced now")  # fmt: skip
+    logger.warning("index gate: %s", line)
+    return Decision(PROMOTED, live or "", gate.get("live_before"), verdict, line)
 
 
 def held_message(decision: Decision) -> str:

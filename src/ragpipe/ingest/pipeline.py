@@ -162,7 +162,10 @@ def run_ingest(config: RagpipeConfig, allow_mass_delete: bool = False) -> Ingest
     gatekeep.check_golden_sets(config)
     with ingest_lock(config):
         summary = write_summary(config, run_stages(config))
-        summary = with_gate(config, summary, gatekeep.decide(config))
+        decision = gatekeep.decide(config)
+        if decision is not None:  # no event to send from here: nothing left to announce
+            gatekeep.announced(config, decision)
+        summary = with_gate(config, summary, decision)
     if summary.deletions_held:
         raise MassDeletionHeld(
             mass_deletion_message(config, summary.deletions_held, summary.indexed_files)
