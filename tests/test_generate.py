@@ -501,10 +501,14 @@ def test_citations_as_models_write_them_are_read_and_checked() -> None:
         # Numbers no source has: a range of values and a thousand are text (the review).
         ("It lies in [0，1] and [0, 1] [2].", [2], []),
         ("A 【1，000】 yuan fee applies [1].", [1], []),
+        ("东京是首都【１，０００】【２】。", [2], []),  # full-width digits (the review)
         ("Years [1990-2020] are no list.", [], []),  # text: no range of sources
     ]:
         got, bad = check_citations(text, sources)
         assert ([s.number for s in got], bad) == (cited, invalid), text
+    many = [Source(n, f"p{n}", f"f{n}.md", None, "", "t") for n in range(1, 151)]
+    got, bad = check_citations("The answer is 42 [105] and [1][100].", many)  # -k 150
+    assert ([s.number for s in got], bad) == ([105, 1, 100], [])
     given = _scored(0.5, 0.5)
     mixed = answer("q", given, Streamer(["Bake it [1]. Cool it on a rack [7-9]."]))
     assert mixed.text == "Bake it [1]. Cool it on a rack." and mixed.invalid_citations == [7, 8, 9]

@@ -1908,6 +1908,14 @@ def test_answer_metrics_count_targets_refusals_and_empty_answers_as_they_are() -
     assert refusal["false_refusal"] == (1.0, "ok")
     empty = _scored_reply("", [], item)
     assert empty["false_refusal"] == (None, "failed")  # it was 0.0: "did not refuse"
+    assert empty["answer_cosine"] == (0.0, "ok")  # "" embedded scored 0.26
+    # Citations alone are no answer either (precision and recall read 1.0).
+    bare = _scored_reply("[1]", [1], item)
+    assert bare["false_refusal"] == (None, "failed")
+    assert bare["citation_precision"][1] == bare["citation_recall"][1] == "not_applicable"
+    # A refusal in other words earns no answer credit for its "in" and "the" (F1 0.333).
+    hedge = _scored_reply("Not found in the sources.", [], item)
+    assert hedge["answer_f1"] == hedge["answer_rouge_l"] == (0.0, "ok")
     # A file target: one cited chunk of the file is all of it (as before).
     by_file = GoldenItem("oven", "How hot?", {"bread.md": 3})
     assert _scored_reply("Bake at 230 degrees [2].", [2], by_file)["citation_recall"] == (1.0, "ok")
@@ -1936,3 +1944,46 @@ def test_a_hedge_and_an_empty_answer_are_no_claims_for_the_judge(onnx_embedder: 
         NOT_APPLICABLE, EMPTY_ANSWER)  # fmt: skip
     relevancy = empty.judged["answer_relevancy"]
     assert (relevancy.value, relevancy.status, relevancy.asked) == (0.0, OK, False)
+
+
+def test_an_unscorable_answer_is_among_the_worst_questions() -> None:
+    """An empty answer and a hedge left the HTML's worst questions once the judge no longer
+    failed on them: only judged metrics' failures were counted."""
+    import pyarrow as pa
+
+    from ragpipe.evaluation.rag import ALL_RAG_METRICS
+    from ragpipe.evaluation.report import _worst_rag
+
+    def row(item: str, failed: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"item_id": item, "query": item, "answer": item,
+                               "not_found": False, "withdrawn": None, "flags": []}  # fmt: skip
+        for m in ALL_RAG_METRICS:
+            bad = m == failed
+            out |= {m: None if bad else 1.0, f"{m}_status": "failed" if bad else "ok",
+                    f"{m}_reason": "the answer is empty" if bad else ""}  # fmt: skip
+        out["false_refusal"] = out["degenerate"] = 0.0
+        out["correct_refusal"] = None
+        out["correct_refusal_status"] = "not_applicable"
+        return out
+
+    rows = [row(f"fine{i}") for i in range(10)] + [row("z-empty", failed="false_refusal")]
+    shown = _worst_rag(pa.Table.from_pylist(rows), 3)  # ties go by id: "z-empty" last
+    assert "z-empty" in shown and shown.index("z-empty") < min(
+        shown.index(f"fine{i}") for i in range(10) if f"fine{i}" in shown
+    )
+
+
+def test_a_rag_run_through_a_search_filter_says_so(
+    scored_config: RagpipeConfig, onnx_embedder: Any
+) -> None:
+    """Items outside retrieve.filter_file read "no given source holds a golden target" and
+    context scores 0, without a word (the retrieval eval said so; eval rag did not)."""
+    retrieve = scored_config.retrieve.model_copy(update={"filter_file": "kitchen/bread.md"})
+    evaluation = scored_config.eval.model_copy(update={"judge_probe_size": 0})
+    config = scored_config.model_copy(update={"retrieve": retrieve, "eval": evaluation})
+    result = run_rag_eval(config, load_golden(config.eval.golden), generator=SCRIPT,
+                          judge_llm=YES, embedder=onnx_embedder)  # fmt: skip
+    assert (
+        "the search: searches only what filter_file='kitchen/bread.md' lets through; an item "
+        "whose targets lie outside it scores 0, whatever the ranking"
+    ) in " ".join(result.warnings)

@@ -60,6 +60,7 @@ from ragpipe.evaluation.calibration import (
 from ragpipe.evaluation.check import IndexView
 from ragpipe.evaluation.golden import GoldenItem, GoldenSet, file_matches, stratified_sample
 from ragpipe.evaluation.metrics import Interval, bootstrap_ci
+from ragpipe.evaluation.retrieval import filter_warning
 from ragpipe.models.embedders import Embedder, embedder_name, make_embedder
 from ragpipe.models.llm import LLM, make_llm
 from ragpipe.query.generate import (
@@ -758,7 +759,7 @@ class Judge:
             return
         if row.not_found:
             row.judged["faithfulness"] = Judged(None, NOT_APPLICABLE, "'not found' makes no claim")
-        elif not a.strip():  # no judge call can fail on it: the generator's, not the judge's
+        elif is_empty(a):  # no judge call can fail on it: the generator's, not the judge's
             row.judged["faithfulness"] = Judged(None, NOT_APPLICABLE, EMPTY_ANSWER)
         elif reads_as_refusal(a):  # its one claim is about the sources, not from them
             row.judged["faithfulness"] = Judged(
@@ -779,7 +780,7 @@ class Judge:
             )
         row.judged["answer_relevancy"] = (
             Judged(0.0, OK, EMPTY_ANSWER, asked=False)  # nothing answers the question
-            if not a.strip()
+            if is_empty(a)
             else await self._one(
                 self.answer_relevancy, "answer_relevancy", user_input=q, response=a
             )
@@ -809,7 +810,13 @@ _NAN = float("nan")
 _REFUSAL = answers.normalize_answer(NOT_FOUND)
 # An empty reply (a served thinking model's empty content): the generator failed, not the
 # judge (ragas's empty-response check read as a judge failure, and withheld faithfulness).
-EMPTY_ANSWER = "the answer is empty: the generator wrote nothing"
+EMPTY_ANSWER = "the answer is empty: the generator wrote nothing (or citations alone)"
+
+
+def is_empty(text: str) -> bool:
+    """No word in the answer: "", or citations alone ("[1]", which scored citation
+    precision and recall 1.0)."""
+    return not without_citation_marks(text).strip()
 
 
 def is_refusal(text: str) -> bool:
@@ -933,11 +940,15 @@ def score_answer(
     expected = item.expected_answer
     refused = is_refusal(reply.text)
     hedged = reads_as_refusal(reply.text)
-    if expected and item.answerable and refused:
+    empty = is_empty(reply.text)
+    if expected and item.answerable and (refused or hedged or empty):
         # Abstaining on an answerable question is no part of its answer (SQuAD v2's rule):
-        # "Not found in the provided documents." shared "in" and "the" with answers (F1 0.2).
+        # "Not found in the provided documents." shared "in" and "the" with answers (F1 0.2),
+        # a hedge too ("Not found in the sources.": 0.333), and "" embedded (cosine 0.26).
+        why = (EMPTY_ANSWER if empty else "the answer is a refusal" if refused
+               else "the reply says the sources lack the answer")  # fmt: skip
         for m in ("answer_f1", "answer_rouge_l", "answer_cosine"):
-            scores[m] = Judged(0.0, OK, "the answer is a refusal")
+            scores[m] = Judged(0.0, OK, why)
     elif expected and item.answerable:
         # A "[1]" is no word of the answer (code such as "x[1]" is, as generate reads it).
         prose = without_citation_marks(reply.text)
@@ -952,10 +963,11 @@ def score_answer(
         why = "answerable: false" if not item.answerable else "no expected_answer"
         for m in ("answer_f1", "answer_rouge_l", "answer_cosine"):
             scores[m] = Judged(None, na, why)
-    if not item.answerable or refused or hedged:
+    if not item.answerable or refused or hedged or empty:
         why = (
             "answerable: false" if not item.answerable
             else "the answer is a refusal" if refused
+            else f"{EMPTY_ANSWER}: its citations back no claim" if empty
             else "the reply says the sources lack the answer: its citations back no claim"
         )  # fmt: skip
         scores["citation_precision"] = Judged(None, na, why)
@@ -979,12 +991,14 @@ def score_answer(
         None, FAILED, "the reply says the sources lack the answer, but not with the "
         f"not-found sentence ({NOT_FOUND!r}): neither an answer nor a refusal to score",
     )  # fmt: skip
-    if not reply.text.strip():  # no reply at all: neither a refusal nor an answer
+    if empty:  # no reply at all ("", or citations alone): neither a refusal nor an answer
         unformed = Judged(None, FAILED, EMPTY_ANSWER)
         hedged = True
     if item.answerable:
         scores["correct_refusal"] = Judged(None, na, "answerable item")
-        if not support:
+        if empty:  # the generator's failure, counted whether or not a source held a target
+            scores["false_refusal"] = unformed
+        elif not support:
             held = "retrieved hit" if unasked else "given source"
             scores["false_refusal"] = Judged(None, na, f"no {held} holds a golden target")
         else:
@@ -1246,7 +1260,8 @@ def _result(
             # The judge's own mean and count are of its verdicts: the midpoints stand in for
             # failed ones inside the estimate only, and a withheld metric has no judge mean
             # (summary.json showed the unreliable judge's number, failures counted as 0.5).
-            verdicts = [r.judged[m].value for r in rows if r.judged[m].status == OK]
+            verdicts = [r.judged[m].value for r in rows  # not a 0 given without asking
+                        if r.judged[m].status == OK and r.judged[m].asked]  # fmt: skip
             given = [float(v) for v in verdicts if v is not None]
             ppi[m] = dataclasses.replace(
                 ppi_mean(m, predictions, known, bounds=(low, high)),
@@ -1263,6 +1278,9 @@ def _result(
     warnings = []
     if len(rows) < 50:
         warnings.append(f"only {len(rows)} queries (< 50): confidence intervals are wide")
+    filtered = filter_warning("the search", config.retrieve.model_dump())
+    if filtered:  # items outside it read "no given source holds a golden target"
+        warnings.append(filtered)
     failed = sum(counts[m][FAILED] for m in RAG_METRICS)
     if failed:
         warnings.append(f"{failed} judge call(s) failed; they are null, not 0 (see per_query)")

@@ -152,7 +152,8 @@ def _judge_lines(judge: dict[str, Any]) -> list[str]:
         f"{judge.get('context_verdicts', 'not recorded')}",
         "- a judge failure is recorded as null with its reason (never as 0); "
         "not applicable: context_recall without expected_answer, faithfulness of a "
-        "'not found' answer, every judged metric of an answerable: false item",
+        "'not found' answer, of a reply saying the sources lack the answer and of an empty "
+        "one, every judged metric of an answerable: false item",
     ]
     cal = judge.get("calibration")
     if cal:
@@ -505,7 +506,9 @@ def _worst_rag(table: pa.Table, shown: int, notes: dict[str, str] | None = None)
         wrong = (r.get("degenerate") or 0.0) + (r.get("false_refusal") or 0.0)
         correct = r.get("correct_refusal")
         wrong += 1.0 - (correct if correct is not None else 1.0)
-        failed = sum(r[f"{m}_status"] == "failed" for m in RAG_METRICS)
+        # Any metric that could not be scored: an empty answer's or a hedge's refusal
+        # metric too (they left the list once the judge no longer failed on them).
+        failed = sum(r.get(f"{m}_status") == "failed" for m in (*RAG_METRICS, *ANSWER_METRICS))
         f1 = r.get("answer_f1")
         return (-wrong, -failed, f1 if f1 is not None else 1.0, r["item_id"])
 

@@ -354,13 +354,9 @@ def run_retrieval_eval(
         )
     for variant in variants:  # what the search can rank is all it is scored on
         chosen = settings[variant.name]
-        filters = [f"{k}={chosen[k]!r}" for k in FILTERS if chosen.get(k)]
-        if filters:  # items whose answers lie outside score 0 whatever the ranking
-            warnings.append(
-                f"{variant.name}: searches only what {', '.join(filters)} lets through; an "
-                "item whose targets lie outside it scores 0, whatever the ranking (a filter "
-                "set for one team's search is no setting to evaluate the index with)"
-            )
+        filtered = filter_warning(variant.name, chosen)
+        if filtered:
+            warnings.append(filtered)
         if chosen.get("llm_filter") and int(chosen["top_k"]) < DEEPEST_CUTOFF:
             warnings.append(
                 f"{variant.name}: retrieve.llm_filter ranks at most top_k={chosen['top_k']} "
@@ -399,6 +395,19 @@ def run_retrieval_eval(
 
 
 FILTERS = ("filter_file", "filter_heading", "filter_source_sha")
+
+
+def filter_warning(name: str, settings: dict[str, Any]) -> str | None:
+    """The warning for a run searching through ``retrieve.filter_*``: items whose answers
+    lie outside the filter score 0 whatever the ranking (said nowhere before)."""
+    filters = [f"{k}={settings[k]!r}" for k in FILTERS if settings.get(k)]
+    if not filters:
+        return None
+    return (
+        f"{name}: searches only what {', '.join(filters)} lets through; an item whose "
+        "targets lie outside it scores 0, whatever the ranking (a filter set for one team's "
+        "search is no setting to evaluate the index with)"
+    )
 
 
 def parse_variant(text: str) -> Variant:

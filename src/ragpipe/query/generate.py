@@ -37,9 +37,10 @@ _RANGE_MAX, _SOURCE_MAX = 20, 99
 
 
 def plausible_citation(inside: str) -> bool:
-    """Whether a bracket's numbers can be sources: none 0, zero-padded or past 99 ("[0, 1]",
-    "【1，000】" are a range and a number, not sources 0 and 1), and ranges as ``_RANGE``."""
-    if any(n.startswith("0") or int(n) > _SOURCE_MAX for n in re.findall(r"\d+", inside)):
+    """Whether a bracket's numbers can be sources: none 0 or zero-padded ("[0, 1]",
+    "【1，000】", "【１，０００】" are a range and a number, not sources 0 and 1), and ranges
+    as ``_RANGE``. A single number may be any source's: "[105]" of 150 given."""
+    if any(int(n) == 0 or int(n[0]) == 0 for n in re.findall(r"\d+", inside)):
         return False
     return all(
         1 <= int(a) < int(b) <= min(int(a) + _RANGE_MAX - 1, _SOURCE_MAX)
