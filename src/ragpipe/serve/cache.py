@@ -108,7 +108,7 @@ def meaning_conflict(a: str, b: str) -> str | None:
     # The words both hold are compared in order, so "How can I copy ... from B to A" is
     # still another question than "How do I copy ... from A to B".
     plain_a, plain_b = ([_POSSESSIVE.sub("", w) for w in ws] for ws in (words_a, words_b))
-    if not _in_one_order(plain_a, plain_b):
+    if _swapped(plain_a, plain_b):
         return "the same words in another order"
     only_a, only_b = set(words_a) - set(words_b), set(words_b) - set(words_a)
     for x in only_a:
@@ -118,19 +118,43 @@ def meaning_conflict(a: str, b: str) -> str | None:
     return None
 
 
-def _in_one_order(a: list[str], b: list[str]) -> bool:
-    """Whether the words ``a`` and ``b`` share come in one order: the longest common
-    subsequence holds all of them. (Taking the shared words in turn read "I have a
-    question. How do I ..." as "How do I ..." reordered: its first "I" is the prefix's.)"""
-    shared = sum((Counter(a) & Counter(b)).values())
-    if shared < 2:
-        return True
-    row = [0] * (len(b) + 1)
-    for word in a:
-        diagonal = 0
-        for j, other in enumerate(b, 1):
-            diagonal, row[j] = row[j], diagonal + 1 if word == other else max(row[j], row[j - 1])
-    return row[-1] == shared
+def _shared_order(words: list[str], other: list[str]) -> list[str]:
+    """``words`` with those ``other`` lacks left out (a repeated word as often as both have
+    it: the first ones)."""
+    left = Counter(words) & Counter(other)
+    kept = []
+    for word in words:
+        if left[word] > 0:
+            left[word] -= 1
+            kept.append(word)
+    return kept
+
+
+# Longer differing stretches are not checked: a swap is told within this many shared words.
+_SWAP_WORDS = 24
+
+
+def _swapped(a: list[str], b: list[str]) -> bool:
+    """Whether the words ``a`` and ``b`` share read as one with two of its parts swapped
+    across a word or more ("from A to B" / "from B to A", "Python 2 to 3" / "3 to 2", "the
+    admin ... a user" / "a user ... the admin"). Parts that only trade places side by side
+    are a rephrasing ("In R, how can I remove a package?", "font size" / "size of the
+    font"), and so is any other reordering: the cache served those before, and a miss
+    costs a whole answer."""
+    p, q = _shared_order(a, b), _shared_order(b, a)
+    if p == q:
+        return False
+    start = next(i for i, (x, y) in enumerate(zip(p, q, strict=True)) if x != y)
+    end = len(p) - next(i for i, (x, y) in enumerate(zip(p[::-1], q[::-1], strict=True)) if x != y)
+    mid, other = p[start:end], q[start:end]
+    if len(mid) > _SWAP_WORDS:
+        return False
+    n = len(mid)
+    return any(
+        other == mid[n - ly :] + mid[lx : n - ly] + mid[:lx]
+        for lx in range(1, n - 1)
+        for ly in range(1, n - lx)
+    )
 
 
 def _opposed(x: str, y: str) -> bool:
