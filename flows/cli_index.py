@@ -128,12 +128,14 @@ def list_versions(
     table = Table(title=f"index versions ({where})")
     for column in ("version", "status", "published", "files", "points", "gate"):
         table.add_column(column)
+    working = index_versions.working_generation(cfg.store)
     for v in versions:
         verdict = v.verdict or {}
         why = "; ".join(verdict.get("reasons", [])) or (
             "passed" if verdict.get("passed")
-            else "not judged yet (the next ingest judges it)" if v.status == "staged"
-            else "not gated"
+            else "not gated" if v.status != "staged"
+            else "not judged yet (the next ingest judges it)" if v.generation == working
+            else "superseded before it was judged: promote or discard it by hand"
         )  # fmt: skip
         status = f"{v.status} (live)" if v.live else v.status
         table.add_row(v.generation[:12], status, v.published_at[:19].replace("T", " "),

@@ -406,6 +406,8 @@ def test_a_long_beir_id_gets_a_file_name_a_file_system_holds(tmp_path: Path) -> 
     # Again into the same folder: its own documents are rewritten; another dataset's file
     # there would be indexed with it, a distractor no qrel knows: refused, nothing written.
     assert import_beir(beir, tmp_path / "docs").items[0].relevance == {name: 1}
+    (tmp_path / "docs" / ".DS_Store").write_bytes(b"\0")  # hidden: never indexed, allowed
+    assert import_beir(beir, tmp_path / "docs").items[0].relevance == {name: 1}
     (tmp_path / "docs" / "other.md").write_text("Another dataset's document.\n")
     (tmp_path / "docs" / name).unlink()
     with pytest.raises(ConfigError, match=r"holds 1 file\(s\) that are not this dataset's "

@@ -653,6 +653,37 @@ def test_a_promotion_killed_before_its_event_is_announced_the_next_night(
             "promoted", second.gate["generation"], first)  # fmt: skip
         assert late["line"].endswith("stopped before announcing it: announced now")
         assert run_ingest(cfg).gate == {}  # once
+    # A version promoted by hand: `index promote` sent its own event; never again.
+    gatekeep.promote_by_hand(cfg, first[:12])
+    gatekeep.promote_by_hand(cfg, second.gate["generation"][:12])
+    gate_file.write_text(json.dumps({**said, "announced": False}), encoding="utf-8")
+    assert run_ingest(cfg).gate == {}
+
+
+def test_a_discard_killed_before_its_folder_is_removed_stays_a_discard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The folder went first, then the record: killed between, the version was staged
+    again the next night and held ("still held") every night after."""
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    cfg = _config(corpus, tmp_path)
+    run_ingest(cfg)
+    for topic in TOPICS[3:]:
+        (corpus / f"{topic}.txt").unlink()
+    with pytest.raises(IndexHeld):
+        run_ingest(cfg, allow_mass_delete=True)
+    held = next(v.generation for v in index_versions.list_versions(cfg.store)
+                if v.status == "held")  # fmt: skip
+
+    def killed(base: Path, generation: str) -> bool:
+        raise KeyboardInterrupt  # as a kill would, before the folder goes
+
+    monkeypatch.setattr(published, "_remove_version", killed)
+    with pytest.raises(KeyboardInterrupt):
+        index_versions.discard(cfg.store, held)
+    monkeypatch.undo()
+    after = run_ingest(cfg, allow_mass_delete=True)
+    assert after.gate["outcome"] == "discarded" and after.ok
 
 
 def test_a_version_the_gate_could_not_judge_is_listed_as_waiting(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import astuple, dataclass, field
@@ -545,10 +546,15 @@ def _refuse_strangers(out_corpus: Path, names: set[str]) -> None:
     it, as distractors no qrel knows, and lower every metric in silence."""
     if not out_corpus.is_dir():
         return
-    strangers = sorted(
-        str(p.relative_to(out_corpus)) for p in out_corpus.rglob("*")
-        if p.is_file() and (p.parent != out_corpus or p.name not in names)
-    )  # fmt: skip
+    strangers = []
+    for here, folders, files in os.walk(out_corpus, followlinks=True):  # a linked folder too
+        folders[:] = [f for f in folders if not f.startswith(".")]  # .git: never indexed
+        at = Path(here)
+        strangers += [
+            str((at / f).relative_to(out_corpus)) for f in files
+            if not f.startswith(".") and (at != out_corpus or f not in names)
+        ]  # fmt: skip
+    strangers.sort()
     if strangers:
         shown = ", ".join(strangers[:5]) + (", ..." if len(strangers) > 5 else "")
         raise ConfigError(

@@ -165,6 +165,7 @@ def _unannounced(
         or gate.get("announced", True)
         or gate.get("outcome") not in (PENDING, PROMOTED)
         or records.get(live or "", {}).get("status") != published.PROMOTED
+        or records.get(live or "", {}).get("by_hand")  # `index promote` sent its own event
     ):
         return None
     verdict = dict(records.get(live or "", {}).get("verdict") or gate.get("verdict") or {})

@@ -366,7 +366,8 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     model_dir = local_model_dir(sys.argv[1] if len(sys.argv) > 1 else None)
     graph, verdict = verified_graph(model_dir)
-    if graph is None and verdict is None:
+    stale = verdict is not None and verdict.get("error") in STALE  # a copied cache: again
+    if graph is None and (verdict is None or stale):
         export(model_dir)
         graph, verdict = verified_graph(model_dir)
     print(json.dumps({"graph": str(graph) if graph else None, **(verdict or {})}))

@@ -327,8 +327,10 @@ def _set_status(store_path: Path, generation: str, status: str, extra: dict[str,
     entries = statuses(store_path)
     entries[generation] = {"status": status, "at": datetime.now(UTC).isoformat(), **extra}
     data = json.dumps(entries, indent=1, sort_keys=True).encode()
-    atomic_write_bytes(root(store_path) / STATUS_FILE, data)
+    # The copy first: never behind the main file (a kill between the two writes left a
+    # discard in the main file only; damaged later, the copy revived the version).
     atomic_write_bytes(root(store_path) / STATUS_COPY, data)
+    atomic_write_bytes(root(store_path) / STATUS_FILE, data)
 
 
 def hold(store_path: Path, generation: str, verdict: dict[str, Any]) -> None:
@@ -384,9 +386,12 @@ def discard(store_path: Path, generation: str) -> None:
         raise StageError(f"index version {generation[:12]} is live: promote another one first")
     if not (base / generation).is_dir():
         raise StageError(f"no index version {generation} under {base}")
-    if not _remove_version(base, generation):
-        raise StageError(f"a reader is copying index version {generation[:12]}; try again")
+    # The record first, as the server backend does: removed first and killed before the
+    # record, the version was staged again the next night, and held ("still held") for good.
     _set_status(store_path, generation, DISCARDED, {})
+    if not _remove_version(base, generation):
+        raise StageError(f"a reader is copying index version {generation[:12]}: it is "
+                         "discarded, and a later run removes it")  # fmt: skip
 
 
 def resolve(store_path: Path, prefix: str) -> str:
@@ -527,8 +532,8 @@ def remove_unused(store_path: Path) -> int:
         for generation in gone:
             recorded.pop(generation)
         data = json.dumps(recorded, indent=1, sort_keys=True).encode()
-        atomic_write_bytes(base / STATUS_FILE, data)
         atomic_write_bytes(base / STATUS_COPY, data)
+        atomic_write_bytes(base / STATUS_FILE, data)
     readers = base / READERS
     if readers.is_dir():
         for entry in readers.iterdir():
