@@ -1098,7 +1098,7 @@ def test_clients_gone_before_the_model_began_give_their_place_back(
         for _ in range(3):
             with socket.create_connection((host, int(port)), timeout=10) as conn:
                 conn.sendall(
-                    b"POST /ask HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"POST /ask HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                     + f"Content-Length: {len(body)}\r\n\r\n".encode()
                     + body
                 )  # and gone, before any event
@@ -1271,7 +1271,7 @@ def test_a_response_goes_out_in_one_send(served: tuple[RagpipeConfig, Any]) -> N
     host, port = str(client.base_url).removeprefix("http://").rstrip("/").split(":")
     body = b'{"query": "How long should bread bake?", "k": 1}'
     request = (
-        b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /search HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
@@ -1317,7 +1317,7 @@ def test_a_client_gone_before_its_body_ends_gets_no_search(
     body = b'{"query": "How long should bread bake?"}'
     with socket.create_connection((host, int(port)), timeout=10) as conn:
         conn.sendall(
-            b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /search HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(body) + 10}\r\n\r\n".encode()
             + body
         )
@@ -1336,7 +1336,7 @@ def test_a_body_sent_a_byte_at_a_time_gets_408(tmp_path: Path, onnx_embedder: An
         body = b'{"query": "How long should bread bake?"}'
         with socket.create_connection((host, int(port)), timeout=10) as conn:
             conn.sendall(
-                b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"POST /search HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                 + f"Content-Length: {len(body)}\r\n\r\n".encode()
             )
             started = time.monotonic()

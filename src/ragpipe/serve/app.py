@@ -927,7 +927,7 @@ def pinned_hosts(serve: ServeConfig) -> tuple[list[str], list[str]] | None:
         name = f"[{name}]" if ":" in name else name
         default = {"http": 80, "https": 443}.get(public.scheme)
         port = public.port if public.port not in (None, default) else None
-        hosts += [f"{name}:{port}"] if port else [name, f"{name}:{default}"]
+        hosts += [name, f"{name}:{port or default}"]  # as the MCP SDK's guard took it
         origins.append(f"{public.scheme}://{name}" + (f":{port}" if port else ""))
     return hosts, [*origins, *(o.lower().rstrip("/") for o in serve.cors_origins)]
 
