@@ -59,6 +59,16 @@ def _aliases(cfg: RagpipeConfig) -> dict[str, str]:
         client.close()
 
 
+def _held_version(corpus: Path, cfg: RagpipeConfig) -> str:
+    """Half the corpus removed: the gate holds the version (answers lost); its generation."""
+    for topic in TOPICS[3:]:
+        (corpus / f"{topic}.txt").unlink()
+    with pytest.raises(IndexHeld):
+        run_ingest(cfg, allow_mass_delete=True)
+    return next(v.generation for v in index_versions.list_versions(cfg.store)
+                if v.status == "held")  # fmt: skip
+
+
 def _points(cfg: RagpipeConfig, version: str | None = None) -> int:
     store = open_reader(cfg.store, ONNX, version)
     assert store is not None
@@ -310,12 +320,7 @@ def test_a_roll_back_and_a_discard_survive_the_next_nightly(tmp_path: Path, back
     assert again.gate["outcome"] == "rolled-back" and again.ok
     assert index_versions.current(cfg.store) == first
 
-    for topic in TOPICS[3:]:
-        (corpus / f"{topic}.txt").unlink()
-    with pytest.raises(IndexHeld):
-        run_ingest(cfg, allow_mass_delete=True)
-    held = next(v.generation for v in index_versions.list_versions(cfg.store)
-                if v.status == "held")  # fmt: skip
+    held = _held_version(corpus, cfg)
     index_versions.discard(cfg.store, held)
     after = run_ingest(cfg)  # the same working version: not staged, judged or held again
     assert after.gate["outcome"] == "discarded" and after.ok
@@ -668,12 +673,7 @@ def test_a_discard_killed_before_its_folder_is_removed_stays_a_discard(
     corpus = write_topics(tmp_path / "corpus", 6, ".txt")
     cfg = _config(corpus, tmp_path)
     run_ingest(cfg)
-    for topic in TOPICS[3:]:
-        (corpus / f"{topic}.txt").unlink()
-    with pytest.raises(IndexHeld):
-        run_ingest(cfg, allow_mass_delete=True)
-    held = next(v.generation for v in index_versions.list_versions(cfg.store)
-                if v.status == "held")  # fmt: skip
+    held = _held_version(corpus, cfg)
 
     def killed(base: Path, generation: str) -> bool:
         raise KeyboardInterrupt  # as a kill would, before the folder goes
