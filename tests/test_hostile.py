@@ -1221,3 +1221,34 @@ def test_a_file_rewritten_while_the_run_reads_it_is_not_indexed_from_that_read(
     settled = run_ingest(cfg)
     assert settled.changed == 1 and settled.failed == 0
     assert any(f"{TOPICS[0]} in revision 2" in p["text"] for p in stored(cfg).values())
+
+
+def test_a_rebound_page_gets_nothing_from_a_loopback_server_and_a_bare_check_is_answered(
+    tmp_path: Path, onnx_embedder: Any
+) -> None:
+    """DNS rebinding: a page whose name came to point at 127.0.0.1 sends same-origin
+    requests naming its own host; only /mcp refused them, so /search, /ask and the reports
+    were read. Refused now on every endpoint, in any order of headers; a load balancer's
+    HTTP/1.0 check without Host, and the server's own names in any case, are answered."""
+    import socket
+
+    import httpx
+
+    from ragpipe.serve.app import create_app
+    from ragpipe.serve.server import running
+    from tests.test_serve import _index
+
+    cfg = _index(tmp_path)
+    with running(create_app(cfg, onnx_embedder)) as url:
+        port = int(url.rsplit(":", 1)[1])
+        body = {"query": "How long should bread bake?"}
+        for headers in ({"Host": f"evil.example:{port}"},
+                        {"Origin": "http://evil.example"}):  # fmt: skip
+            for method, path in (("POST", "/search"), ("GET", "/reports/"), ("GET", "/metrics")):
+                got = httpx.request(method, f"{url}{path}", json=body, headers=headers)
+                assert got.status_code in (403, 421) and "evil.example" in got.text, path
+        assert httpx.post(f"{url}/search", json=body,
+                          headers={"Host": f"LocalHost:{port}"}).status_code == 200  # fmt: skip
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            conn.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")  # no Host at all
+            assert conn.recv(64).startswith(b"HTTP/1.1 200")
