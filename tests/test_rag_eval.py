@@ -1772,9 +1772,13 @@ def test_a_judged_metric_shares_a_trend_only_with_runs_of_the_same_judge(tmp_pat
     run = types.SimpleNamespace(kind="rag", depth=5, golden=golden, judge=judge)
     who = judge_identity(run, "faithfulness")  # type: ignore[arg-type]
     assert re.fullmatch(r"qwen2\.5-coder-1\.5b \(settings [0-9a-f]{8}\)", who)
-    assert judge_identity(run, "answer_f1") == ""  # type: ignore[arg-type]
+    # The answer metrics scored by other rules before 2026-12-03 start a new line then.
+    assert judge_identity(run, "answer_f1") == "answer rules 2026-12-03"  # type: ignore[arg-type]
+    assert judge_identity(run, "degenerate") == ""  # type: ignore[arg-type]
     # answer_cosine is measured by an embedder: cosines of another are on another scale.
-    assert judge_identity(run, "answer_cosine") == "embedder onnx:all-MiniLM-L6-v2"  # type: ignore[arg-type]
+    assert judge_identity(run, "answer_cosine") == (  # type: ignore[arg-type]
+        "embedder onnx:all-MiniLM-L6-v2, answer rules 2026-12-03"
+    )
     cosine_row = {"kind": "rag", "name": "g-rag", "variant": "rag", "scope": "all 6 items, top_k 5",
                   "judge": "embedder onnx:all-MiniLM-L6-v2"}  # fmt: skip
     assert trend_series(cosine_row) == (
@@ -1802,7 +1806,7 @@ def test_a_judged_metric_shares_a_trend_only_with_runs_of_the_same_judge(tmp_pat
     assert {r["scope"] for r in rows} == {"all 6 items, top_k 5"}
     lines = {trend_series(r) for r in rows}
     assert lines == {
-        "rag: g-rag / rag, all 6 items, top_k 5",  # answer_f1: one line for both runs
+        "rag: g-rag / rag, all 6 items, top_k 5, answer rules 2026-12-03",  # answer_f1: one
         f"rag: g-rag / rag, all 6 items, top_k 5, judge {who}",
         f"rag: g-rag / rag, all 6 items, top_k 5, judge {identity(model='other')}",
     }

@@ -42,7 +42,7 @@ def trend_series(row: dict[str, Any]) -> str:
     kind = "rag" if row["kind"] == "rag" else f"{row['kind']} ({row['granularity']})"
     size = f", {trend_scope(row)}" if trend_scope(row) else ""
     judge = row.get("judge") or ""
-    if judge and not judge.startswith("embedder "):  # answer_cosine's instrument
+    if judge and not judge.startswith(("embedder ", "answer rules ")):  # no judge's
         judge = f"judge {judge}"
     judge = f", {judge}" if judge else ""
     return f"{kind}: {row['name']} / {row['variant']}{size}{judge}"

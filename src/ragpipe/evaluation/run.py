@@ -759,6 +759,14 @@ def scope(summary: RunSummary) -> str:
     return f"{g.selection or f'{g.queries} items'}, {depth} {summary.depth}{questions}"
 
 
+# The answer metrics whose rules changed on 2026-12-03 (citation recall counts targets; a
+# refusal, a hedge and an empty answer score 0 in correctness; an empty answer's refusal
+# metric fails): a run scored by the rules before is no point of their trend line.
+ANSWER_RULES = "2026-12-03"
+RULED = ("answer_f1", "answer_rouge_l", "answer_cosine", "citation_recall", "false_refusal",
+         "correct_refusal")  # fmt: skip
+
+
 def judge_identity(summary: RunSummary, metric: str) -> str:
     """The judge behind a judged metric of a RAG run: its model and a hash of the settings
     that make its verdicts (JUDGE_SETTINGS: prompts, ways of asking, ragas, the embedder of
@@ -766,10 +774,11 @@ def judge_identity(summary: RunSummary, metric: str) -> str:
     another are two instruments, not a trend."""
     if summary.kind != "rag" or not summary.judge:
         return ""
+    rules = f"answer rules {ANSWER_RULES}"  # scored otherwise before: another line
     if metric == "answer_cosine":  # measured by the embedder: another one, another scale
-        return f"embedder {summary.judge.get('embedder')}"
+        return f"embedder {summary.judge.get('embedder')}, {rules}"
     if metric not in RAG_METRICS:
-        return ""
+        return rules if metric in RULED else ""
     settings = {k: summary.judge.get(k) for k in JUDGE_SETTINGS}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
     return f"{summary.judge.get('model')} (settings {digest})"
