@@ -72,9 +72,9 @@ def decide(config: RagpipeConfig) -> Decision | None:
     live = versions.current(config.store)
     if generation is None:
         return None
+    if generation == live:  # nothing to judge (a no-op night reads no status unless owed)
+        return _unannounced(config, live)
     records = versions.statuses(config.store)
-    if generation == live:
-        return _unannounced(config, live, records)
     recorded = records.get(generation, {})
     status = recorded.get("status")
     if status == published.PROMOTED and not records.get(live or "", {}).get("at", "") > (
@@ -149,9 +149,7 @@ def announced(config: RagpipeConfig, decision: Decision) -> None:
     _write_gate(config, {**decision.as_dict(), "announced": True})
 
 
-def _unannounced(
-    config: RagpipeConfig, live: str | None, records: dict[str, dict[str, Any]]
-) -> Decision | None:
+def _unannounced(config: RagpipeConfig, live: str | None) -> Decision | None:
     """The promotion of ``live`` again, when the run that judged it stopped before its
     event was sent (killed after the switch): no later night decided anything, so the
     ``ragpipe.index.promoted`` event, and the evaluation it triggers, were lost for good."""
@@ -164,7 +162,11 @@ def _unannounced(
         or gate.get("generation") != live
         or gate.get("announced", True)
         or gate.get("outcome") not in (PENDING, PROMOTED)
-        or records.get(live or "", {}).get("status") != published.PROMOTED
+    ):
+        return None
+    records = versions.statuses(config.store)
+    if (
+        records.get(live or "", {}).get("status") != published.PROMOTED
         or records.get(live or "", {}).get("by_hand")  # `index promote` sent its own event
     ):
         return None
