@@ -497,16 +497,15 @@ def _unchanged_since_discovery(source: SourceFile, path: Path) -> None:
     over it, an ``rsync --inplace``) was kept under the old hash for good once the file
     settled back (the next plan said "unchanged"). Pages, objects and records are ragpipe's
     own copies, hashed otherwise (a page's body, a record's fields), and not rewritten."""
+    from ragpipe.ingest.discover import sha256_file  # discovery's own hash
+
     if "://" in source.file_path or source.kind == "record":
         return
-    digest = hashlib.sha256()
     try:
-        with path.open("rb") as fh:
-            while block := fh.read(1 << 20):
-                digest.update(block)
+        digest = sha256_file(path)
     except OSError as exc:
         raise InputError("vanished", f"the file went away while it was read: {exc}") from exc
-    if digest.hexdigest() != source.sha256:
+    if digest != source.sha256:
         raise InputError(
             "changed",
             "the file changed after discovery hashed it (written while this run read it?): "

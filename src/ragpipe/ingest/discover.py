@@ -389,9 +389,8 @@ def _is_utf8(path: str) -> bool:
 def _bad_name(path: str) -> Failure:
     """A failure row for a file whose name is not UTF-8, named so that it can be stored."""
     raw = os.fsencode(path)
-    shown = raw.decode("utf-8", "backslashreplace")
     return Failure(
-        shown,
+        path,  # stored escaped, as every failure row (schemas.storable)
         STAGE,
         "bad_name",
         f"the file name is not valid UTF-8 (bytes {raw!r}); paths are stored as UTF-8, so "
