@@ -83,6 +83,19 @@ def test_ollama_chat_retries_then_gives_up(smollm: LlamaCppLLM) -> None:
             OllamaLLM("gemma3:1b", host=host).chat(QUESTION)
 
 
+def test_an_ollama_stream_cut_short_is_an_error_not_an_answer(smollm: LlamaCppLLM) -> None:
+    """A stream that ended without its final line was an answer like any other: shown,
+    trusted, and cached by serve for everyone who asked again."""
+    with ollama_server({}, {"smollm": smollm}) as (host, state):
+        state.cut_streams = True
+        pieces: list[str] = []
+        with pytest.raises(StageError, match=r"ended its stream after [1-9][0-9]* pieces"):
+            _ollama(host, max_tokens=8).chat(QUESTION, on_token=pieces.append)
+        assert pieces  # the text went out before the stream ended: never retried
+        state.cut_streams = False
+        assert _ollama(host, max_tokens=8).chat(QUESTION).finish_reason in ("stop", "length")
+
+
 def test_ollama_chat_unreachable_is_clear_and_fast() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

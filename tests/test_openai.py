@@ -474,3 +474,97 @@ def test_log_probabilities_in_another_shape_give_the_verdict(
         reranker.close()
     finally:
         proxy.close()
+
+
+def _misbehaving(reply: bytes, content_type: str = "application/json") -> Any:
+    """A loopback server answering every POST with ``reply`` as it stands (status 200): a
+    stream cut short, a proxy's page, an error sent with 200."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.end_headers()
+            self.wfile.write(reply)
+            self.close_connection = True
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    from tests.support.loopback import serve
+
+    return serve(Handler)
+
+
+def _sse(*pieces: str) -> bytes:
+    events = [{"choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}
+              for p in pieces]  # fmt: skip
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+
+
+BREAD = [Retrieved("p1", 1.0, {"text": "Bread bakes 35 minutes at 230 degrees.",
+                               "file_path": "bread.md"})]  # fmt: skip
+
+
+def test_a_stream_cut_short_is_an_error_never_a_trusted_answer() -> None:
+    """A stream that ended before [DONE] (a proxy's timeout, a server restarted mid-answer)
+    was shown as the answer, with no flag: serve cached it for everyone who asked again."""
+    cut = _sse("Bread bakes 35 minutes [1]. ", "Then bake it at 230 degrees for only")
+    with _misbehaving(cut, "text/event-stream") as url:
+        shown: list[str] = []
+        with pytest.raises(StageError, match=r"ended its stream before \[DONE\]"):
+            answer("How long does bread bake?", BREAD, _llm(f"{url}/v1"), on_token=shown.append)
+    assert shown  # what went out before the stream ended is not an answer
+    whole = _sse("Bread bakes 35 minutes [1].") + b"data: [DONE]\n\n"
+    with _misbehaving(whole, "text/event-stream") as url:
+        reply = answer("How long does bread bake?", BREAD, _llm(f"{url}/v1"))
+    assert reply.text == "Bread bakes 35 minutes [1]." and reply.trusted
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (b"<html>502 Bad Gateway</html>", "not a JSON object"),
+        (b'["a list"]', "not a JSON object"),
+        (b'{"error": {"message": "model overloaded"}}', "model overloaded"),
+        (b'{"choices": []}', "sent no choices"),
+        (b'{"object": "chat.completion"}', "sent no choices"),
+    ],
+)
+def test_a_reply_that_is_no_completion_is_an_error_not_an_empty_text(
+    tmp_path: Path, body: bytes, said: str
+) -> None:
+    """Read as an empty completion, a failing server gave every passage of an LLM rerank
+    the score 0.5 (exit 0, a ranking made of nothing); a proxy's HTML page was a raw
+    JSONDecodeError traceback."""
+    from ragpipe.query.llm_rerank import LLMReranker
+
+    with _misbehaving(body) as url:
+        reranker = LLMReranker(_llm(f"{url}/v1"), tmp_path / "scores.sqlite")
+        with pytest.raises(StageError, match=said):
+            reranker.score_with_cost("Capital of France?", ["Paris is the capital."])
+        reranker.close()
+
+
+def test_a_connection_broken_mid_stream_is_a_clear_error() -> None:
+    """A server that closed the connection mid-chunk escaped as httpx's
+    RemoteProtocolError: a traceback after the partial text."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", "100000")  # promised, never sent
+            self.end_headers()
+            self.wfile.write(_sse("Paris is the "))
+            self.close_connection = True
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    from tests.support.loopback import serve
+
+    with serve(Handler) as url, pytest.raises(StageError, match="broke off its stream"):
+        _llm(f"{url}/v1").chat(HELLO, on_token=lambda piece: None)

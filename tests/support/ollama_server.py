@@ -5,7 +5,8 @@ Only what ragpipe calls: ``GET /api/tags``, ``POST /api/embed`` and
 schema; ``logprobs``/``top_logprobs`` answered in the first chunk, as Ollama
 does). Requests are recorded; ``fail_next`` makes the next requests answer with
 the given HTTP status codes (to exercise retries), and ``down_after`` fails every
-request after the first N (a server that dies mid-run).
+request after the first N (a server that dies mid-run); ``cut_streams`` ends a streamed
+chat without its final line.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class OllamaState:
     fail_next: list[int] = field(default_factory=list)
     down_after: int | None = None  # from this many requests on, every one answers 503
     hang_s: float = 0.0  # with down_after: hang this long instead of answering 503
+    cut_streams: bool = False  # a streamed chat ends without its final (done) line
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -135,6 +137,9 @@ def _handler(state: OllamaState) -> type[BaseHTTPRequestHandler]:
                 piece(reply.text, [{"token": reply.text, "logprob": 0.0, "top_logprobs": alts}])
             else:
                 reply = llm.chat(body["messages"], on_token=piece, **kwargs)
+            if state.cut_streams:  # a proxy's timeout, a server restarted mid-answer
+                self.close_connection = True
+                return
             self.wfile.write(json.dumps(_final(model, "", reply)).encode() + b"\n")
             self.wfile.flush()
             self.close_connection = True

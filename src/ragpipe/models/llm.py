@@ -378,6 +378,11 @@ class OllamaLLM:
                         f"{len(pieces)} pieces: {exc}"
                     ) from exc
                 raise
+            if final is None:  # a stream cut short: part of an answer, never one
+                raise StageError(
+                    f"Ollama at {self.host} ended its stream after {len(pieces)} pieces "
+                    "without its final message: the answer may be cut short, so it is not used"
+                )
             return final
 
         started = time.perf_counter()
@@ -468,7 +473,14 @@ class OpenAILLM:
         started = time.perf_counter()
         if on_token is None:
             reply = self._post_chat(body)
-            choice = (reply.get("choices") or [{}])[0]
+            choices = reply.get("choices")
+            if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+                # read as an empty reply, every rerank score was 0.5 and HyDE searched ""
+                raise StageError(
+                    f"the server at {self.base_url} sent no choices for /chat/completions: "
+                    f"{json.dumps(reply)[:200]}"
+                )
+            choice = choices[0]
             usage = reply.get("usage") or {}
             return Completion(
                 (choice.get("message") or {}).get("content") or "",

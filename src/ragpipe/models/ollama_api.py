@@ -5,6 +5,7 @@ Shared by the Ollama embedder (``/api/embed``) and the Ollama LLM (``/api/chat``
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -59,6 +60,11 @@ def call_with_retries(
             last = exc
         except (ConnectionError, httpx.TransportError) as exc:
             retryable, last = True, exc
+        except json.JSONDecodeError as exc:  # a proxy's page, a line cut short
+            raise StageError(
+                f"Ollama at {host} sent a reply that is not JSON ({exc}); is {section}."
+                f"{host_field} the Ollama server's URL?"
+            ) from exc
         if not retryable or attempt == retries:
             break
         logger.warning(

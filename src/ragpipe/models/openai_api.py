@@ -74,7 +74,21 @@ class OpenAIClient:
             with self._slots:
                 response = self._http.post(path, json=body)
             self._check(response, path, body)
-            return response.json()  # type: ignore[no-any-return]
+            try:
+                reply = response.json()
+            except ValueError:
+                reply = None
+            if not isinstance(reply, dict):  # a proxy's HTML page, a body cut short
+                raise StageError(
+                    f"the server at {self.base_url} answered {path} with something that is "
+                    f"not a JSON object (HTTP {response.status_code}): "
+                    f"{response.text[:200]!r}; is {self.section}.base_url its /v1 address?"
+                )
+            if "error" in reply:  # some servers send their errors with status 200
+                raise StageError(
+                    f"the server at {self.base_url} failed {path}: {_event_error(reply)}"
+                )
+            return reply
 
         return self._with_retries(request, path)
 
@@ -100,7 +114,7 @@ class OpenAIClient:
 
         slot, response = self._with_retries(opened, path)
         try:
-            yield _events(response)
+            yield _events(response, self.base_url)
         finally:
             response.close()  # a reader that stops early stops the server generating
             slot.release()
@@ -192,9 +206,24 @@ def _error_message(response: httpx.Response) -> str:
     return json.dumps(data)[:300]
 
 
-def _events(response: httpx.Response) -> Iterator[dict[str, Any]]:
-    """The JSON data of each server-sent event until ``[DONE]``."""
-    for line in response.iter_lines():
+def _events(response: httpx.Response, base_url: str) -> Iterator[dict[str, Any]]:
+    """The JSON data of each server-sent event until ``[DONE]``.
+
+    Raises:
+        StageError: The connection broke or timed out mid-stream, or the stream ended
+            without ``[DONE]``: the text so far is part of an answer, never one.
+    """
+    lines = response.iter_lines()
+    while True:
+        try:
+            line = next(lines, None)
+        except httpx.HTTPError as exc:  # reset, closed mid-chunk, no byte for timeout_s
+            raise StageError(f"the server at {base_url} broke off its stream: {exc!r}") from exc
+        if line is None:
+            raise StageError(
+                f"the server at {base_url} ended its stream before [DONE]: the answer may be "
+                "cut short, so it is not used"
+            )
         if not line.startswith("data:"):
             continue
         data = line[len("data:") :].strip()
