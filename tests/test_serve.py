@@ -872,6 +872,44 @@ def test_serve_on_a_gated_qdrant_index_pins_each_request_and_follows_the_alias(
         index.close()
 
 
+def test_an_ungated_qdrant_index_rewritten_with_as_many_points_is_served_anew(
+    tmp_path: Path, onnx_embedder: Any
+) -> None:
+    """A re-ingest that kept the point count (a renamed file, an edited chunk) was never
+    seen by a running server on an ungated Qdrant index: its version was the count, so its
+    file filter matched the old name, and its client BM25 returned text no longer stored."""
+    for name, text in QUERY_CORPUS.items():
+        (tmp_path / "corpus" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "corpus" / name).write_text(text, encoding="utf-8")
+    base = _config(tmp_path)
+    cfg = base.model_validate({
+        **base.model_dump(mode="json"),
+        "store": {"backend": "qdrant", "path": str(tmp_path / "qdrant")},
+        "retrieve": {"sparse_engine": "rank_bm25"},
+    })  # fmt: skip
+    points = run_ingest(cfg).points_total
+    index = LiveIndex(cfg, onnx_embedder)
+    try:
+        with index.reader() as (retriever, _):
+            assert retriever.search("oven", filter_file="bread.md").hits
+            assert "230 degrees" in retriever.search("Celsius", mode="sparse").hits[0].text
+        bread = tmp_path / "corpus" / "kitchen" / "bread.md"
+        bread.with_name("loaf.md").write_text(
+            bread.read_text(encoding="utf-8").replace("230 degrees", "250 degrees"),
+            encoding="utf-8",
+        )
+        bread.unlink()
+        assert run_ingest(cfg).points_total == points
+        assert index.refresh()
+        with index.reader() as (retriever, _):
+            assert {h.file_path for h in retriever.search("oven", filter_file="loaf.md").hits}
+            assert not retriever.search("oven", filter_file="bread.md").hits
+            assert "250 degrees" in retriever.search("Celsius", mode="sparse").hits[0].text
+        assert not index.refresh()  # nothing new
+    finally:
+        index.close()
+
+
 def test_a_published_copy_is_removed_when_the_server_stops(
     tmp_path: Path, onnx_embedder: Any
 ) -> None:

@@ -1641,8 +1641,9 @@ class ServeConfig(_Section):
         default=None,
         gt=0,
         description="Drop cached answers older than this. Edge: entries are dropped when a new "
-        "version is published, so None is safe. qdrant: the server can change without "
-        "ragpipe seeing a new version (only the point count is watched), so set a TTL there.",
+        "version is published, so None is safe. qdrant without index.gate: a ragpipe ingest's "
+        "writing session and the point count are watched; anything else that writes the "
+        "collection is not, so set a TTL if anything else does.",
     )
 
 

@@ -92,10 +92,10 @@ class _Held:
 
 
 def _points(token: str, retriever: Retriever) -> int:
-    """A version's point count: a gateless Qdrant server's token is its count (``_probe``),
+    """A version's point count: a gateless Qdrant server's token holds its count (``_probe``),
     so the two agree; other versions are counted once, when opened."""
     if token.startswith("points:"):
-        return int(token.removeprefix("points:"))
+        return int(token.split(":")[1])
     return retriever.store.count()
 
 
@@ -160,9 +160,9 @@ class LiveIndex:
 
             return server_versions.current(self.config.store) or self._current.version
         if retriever is not None:
-            return f"points:{retriever.store.count()}"
+            return _stored(retriever)
         with self._current.search:  # the client is not shared between threads mid-request
-            return f"points:{self._current.retriever.store.count()}"
+            return _stored(self._current.retriever)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -315,3 +315,13 @@ class LiveIndex:
             close = held.users == 0
         if close:
             held.retriever.close()
+
+
+def _stored(retriever: Retriever) -> str:
+    """What an ungated Qdrant collection holds: its writing session's token and point count
+    (the count alone missed a re-ingest that kept it: a renamed file, an edited chunk)."""
+    generation = getattr(retriever.store, "generation", None)
+    if not generation:
+        return f"points:{retriever.store.count()}"
+    token, count = str(generation).rsplit(":", 1)
+    return f"points:{count}:{token[:12]}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -237,8 +238,9 @@ class QdrantStore(_Scrolling):
 
     ``collection`` overrides ``config.collection`` (an index version's own collection,
     or the working collection of a versioned index: see ``ragpipe.store.server_versions``).
-    The working collection's generation token is rewritten before the first write of
-    every session that writes, as the Edge store's is.
+    The collection's generation token is rewritten before the first write of every
+    session that writes, as the Edge store's is, and (but for a working collection, whose
+    token names the version staged) again when that session closes.
     """
 
     def __init__(self, config: StoreConfig, meta: StoreMeta, collection: str | None = None) -> None:
@@ -277,11 +279,24 @@ class QdrantStore(_Scrolling):
             self.exists = True
 
     def _before_write(self) -> None:
-        """A versioned index's working collection: a new generation token, once per session."""
-        if self._touched or not self.collection.endswith(WORK_SUFFIX):
+        """A new generation token before the first write of a session (and another when it
+        closes): any collection, so that the readers of an ungated index (serve's file list
+        and client BM25) see a re-ingest that left the point count as it was."""
+        if self._touched:
             return
-        self.client.update_collection(self.collection, metadata={GENERATION_KEY: uuid.uuid4().hex})
+        self._stamp()
         self._touched = True
+
+    def _stamp(self) -> None:
+        self.client.update_collection(self.collection, metadata={GENERATION_KEY: uuid.uuid4().hex})
+
+    @property
+    def generation(self) -> str | None:
+        """What the collection holds, as a token: its last writing session's and its point
+        count (which a session still writing changes); None before ragpipe wrote it."""
+        meta = self.client.get_collection(self.collection).config.metadata or {}
+        token = meta.get(GENERATION_KEY)
+        return f"{token}:{self.count()}" if token else None
 
     def check(self, meta: StoreMeta) -> None:
         """Raise ConfigError unless ``meta``'s embedder and dimension fit the collection."""
@@ -539,4 +554,10 @@ class QdrantStore(_Scrolling):
         )
 
     def close(self) -> None:
+        # A reader of an ungated collection that looked mid-session looks again; never a
+        # working collection's token: it names the version the session staged.
+        if self._touched and not self.collection.endswith(WORK_SUFFIX):
+            self._touched = False
+            with contextlib.suppress(Exception):  # a server gone: its readers see nothing
+                self._stamp()
         self.client.close()
