@@ -51,6 +51,35 @@ def test_the_filters_measure_what_they_say() -> None:
     }
 
 
+def test_a_drafted_span_names_its_own_chunk_only() -> None:
+    """The first 80 characters of the longest line were the span: a paragraph cut between
+    two chunks starts the second inside the overlap, and every part of a table repeats its
+    header row, so a grade-3 target credited the chunk before (or every part of the table)
+    as a perfect hit, and `eval check` said "ok"."""
+    from ragpipe.evaluation.draft import _span
+    from ragpipe.evaluation.golden import ChunkTarget
+
+    paragraph = " ".join(f"word{i}" for i in range(60))
+    first = _passage("guide.md", 0, (), "Intro line.\n\n" + paragraph[:300])
+    second = _passage("guide.md", 1, (), paragraph[150:])  # starts in the overlap
+    head = "| Setting name | Default value | What the setting controls in the client |"
+    rows = [f"| option_{i} | {i * 10} | controls the {i}th part of the client |" for i in range(6)]
+    table = [_passage("guide.md", 2 + i, (), "\n".join([head, "|---|---|---|", *rows[2 * i :
+             2 * i + 2]])) for i in range(3)]  # fmt: skip
+    chunks = [first, second, *table]
+    for chunk in chunks:
+        span = _span(chunk, chunks)
+        assert span is not None and len(span) <= 80
+        matched = [c.chunk_index for c in chunks
+                   if ChunkTarget("guide.md", contains=span).matches(
+                       {"file_path": c.file_path, "text": c.text})]  # fmt: skip
+        assert matched == [chunk.chunk_index], (span, matched)
+    assert not _span(second, chunks).startswith(second.text[:20])  # type: ignore[union-attr]
+    assert _span(table[0], chunks) == "| option_1 | 10 | controls the 1th part of the client |"
+    twin = _passage("guide.md", 9, (), second.text)  # the same text twice: nothing is its own
+    assert _span(twin, [*chunks, twin]) is None
+
+
 def test_question_headings_become_items_once_per_file_and_heading() -> None:
     chunks = [
         _passage("faq.md", 0, ("FAQ", "2.7 What documentation exists for R?"),

@@ -332,7 +332,10 @@ def llm_items(
         if check.get("answers") is not True:
             drafted.drop("its chunk does not answer it (model's check)")
             continue
-        span = _span(chunk)
+        span = _span(chunk, [c for c in chunks if c.file_path == chunk.file_path])
+        if span is None:
+            drafted.drop("no span of its chunk that no other chunk of its file has")
+            continue
         item: dict[str, Any] = {
             "id": f"llm-{len(drafted.items) + 1}",
             "query": question,
@@ -348,14 +351,37 @@ def llm_items(
         kept.append(question)
 
 
-def _span(chunk: Passage) -> str:
-    """A verbatim run of the chunk's text that identifies it: its longest line, cut to 80
-    characters at a word boundary (chunk targets match by containment)."""
+SPAN_CHARS = 80
+_SPAN_STARTS = 12  # word offsets tried in each line
+
+
+def _span(chunk: Passage, file_chunks: Sequence[Passage]) -> str | None:
+    """A verbatim run of the chunk's text, at most 80 characters cut at word boundaries,
+    that no other chunk of its file holds (chunk targets match by containment): from its
+    longest lines first, at their start and then further in. None when there is none.
+
+    The longest line's start was taken as it stood: a paragraph cut between two chunks
+    starts the next one inside the overlap, and a table's parts all repeat its header
+    row, so a drafted grade-3 target credited the chunk before, or every part of the
+    table, as a perfect hit."""
+    others = [" ".join(c.text.split()) for c in file_chunks if c.point_id != chunk.point_id]
     lines = [" ".join(line.split()) for line in chunk.text.splitlines()]
-    longest = max((line for line in lines if not line.startswith("#")), key=len, default="")
-    if len(longest) <= 80:
-        return longest
-    return longest[:80].rsplit(" ", 1)[0]
+    for line in sorted((ln for ln in lines if ln and not ln.startswith("#")), key=len,
+                       reverse=True):  # fmt: skip
+        tokens = line.split(" ")
+        for start in range(min(len(tokens), _SPAN_STARTS)):
+            span = _cut_span(" ".join(tokens[start:]))
+            if len(span) < 20 and span != line:  # too short to say which chunk: go on
+                continue
+            if not any(span in other for other in others):
+                return span
+    return None
+
+
+def _cut_span(text: str) -> str:
+    if len(text) <= SPAN_CHARS:
+        return text
+    return text[:SPAN_CHARS].rsplit(" ", 1)[0]
 
 
 def draft_golden(
