@@ -612,6 +612,8 @@ def eval_tune(
                 "allow_draft": allow_draft or None,
             },
         )
+        from dataclasses import replace
+
         from ragpipe.evaluation.golden import load_golden
         from ragpipe.evaluation.metrics import METRICS
         from ragpipe.evaluation.tune import split_queries
@@ -621,7 +623,7 @@ def eval_tune(
             raise ConfigError(f"tune metric {metric!r} is not one of {', '.join(METRICS)}")
         loaded = load_golden(cfg.eval.golden)
         loaded.refuse_drafts(cfg.eval.allow_draft)
-        split_queries(loaded, cfg.eval.seed, share)
+        split_queries(replace(loaded, items=loaded.answerable), cfg.eval.seed, share)
     except RagpipeError as exc:
         fail(exc, 2)
     base = config or (DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None)

@@ -694,3 +694,25 @@ def test_a_stopped_tune_says_out_was_not_written_only_when_it_had_a_pick(tmp_pat
         assert kept() == f"the tune stopped after writing its report ({report})"
     finally:
         run.WRITTEN_RUN_DIRS.remove(report)
+
+
+def test_tune_refuses_too_few_answerable_items_before_building_anything(tmp_path: Path) -> None:
+    """Four items, one unanswerable: --ingest-options built a second index (every chunk
+    embedded again) before refusing a set with three items to split."""
+    golden = tmp_path / "four.yaml"
+    items = [
+        {"id": f"q{i}", "query": f"question {i}?", "relevance": {"a.md": 1}} for i in range(3)
+    ] + [{"id": "none", "query": "nothing?", "answerable": False}]
+    golden.write_text(yaml.safe_dump({"name": "four", "items": items}), encoding="utf-8")
+    config = tmp_path / "ragpipe.yaml"
+    config.write_text(yaml.safe_dump({
+        "discover": {"roots": [str(tmp_path / "corpus")]},
+        "embed": {"provider": "onnx"},
+        "store": {"path": str(tmp_path / "store")},
+        "paths": {"work_dir": str(tmp_path / "work")},
+    }), encoding="utf-8")  # fmt: skip
+    args = ["eval", "tune", "--config", str(config), "--golden", str(golden), "--ingest-options"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "has 3 item(s); tuning needs at least 4" in " ".join(result.output.split())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["four.yaml", "ragpipe.yaml"]

@@ -762,6 +762,7 @@ def tune_and_report(
         view = IndexView(retriever.store)
         golden, check = checked_golden(config, view, config.eval.granularity)
         scored = replace(golden, items=golden.answerable)  # unanswerable items have no ranks
+        split_queries(scored, config.eval.seed, share)  # too few: refused before any index
         # Built before the tune's progress starts: their ingest reports its own stages.
         siblings = build_siblings(config, ingest_space)
         progress.start("tune", 0)  # the number of configurations is not known up front
