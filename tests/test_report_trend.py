@@ -376,3 +376,29 @@ def test_a_history_with_a_corrupt_page_is_damaged_and_one_it_may_not_read_is_not
     monkeypatch.setattr(pq, "read_table", denied)
     with pytest.raises(PermissionError):
         read_history(tmp_path)
+
+
+def test_a_compare_variant_name_with_other_settings_is_another_trend_line(
+    tmp_path: Path,
+) -> None:
+    """`eval compare ... x:mode=dense`, then `... x:mode=sparse`: the two runs' "x" were one
+    trend line, dense and sparse retrieval drawn as one series with no warning."""
+    import types
+
+    from ragpipe.evaluation.report import trend_series
+    from ragpipe.evaluation.run import append_history
+
+    ci = {"mean": 0.5, "ci_low": 0.4, "ci_high": 0.6, "n": 10}
+    golden = GoldenInfo("faq", "faq.yaml", 10, "all 10 items")
+    for run, mode in (("r1", "dense"), ("r2", "sparse"), ("r3", "dense")):
+        append_history(tmp_path, types.SimpleNamespace(  # type: ignore[arg-type]
+            run_id=run, finished_at=run, name="compare", golden=golden, granularity="chunk",
+            kind="compare", depth=10, judge=None, git_revision="",
+            variants={"base": {"mode": "hybrid"}, "x": {"mode": mode}},
+            metrics={"base": {"mrr": ci}, "x": {"mrr": ci}},
+        ))  # fmt: skip
+    rows = read_history(tmp_path)
+    lines = {r["run_id"]: trend_series(r) for r in rows if r["variant"] == "x"}
+    assert lines["r1"] == lines["r3"] != lines["r2"]
+    assert lines["r1"].startswith("compare (chunk): compare / x, all 10 items, depth 10, settings ")
+    assert len({trend_series(r) for r in rows if r["variant"] == "base"}) == 1  # unchanged

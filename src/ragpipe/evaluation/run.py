@@ -790,6 +790,16 @@ def _history_flag(ci: Stats) -> str | None:
     return ci.get("flag") or None
 
 
+def _variant_settings(summary: RunSummary, variant: str) -> str:
+    """A compare's variant is a name typed on the command line: ``x:mode=dense`` one night
+    and ``x:mode=sparse`` the next were one trend line. Its effective settings, hashed,
+    are part of its scope ("" for other runs: a retrieval run's line follows its config)."""
+    if summary.kind != "compare" or variant not in summary.variants:
+        return ""
+    settings = json.dumps(summary.variants[variant], sort_keys=True, default=str)
+    return f", settings {hashlib.sha256(settings.encode()).hexdigest()[:8]}"
+
+
 def append_history(root: Path, summary: RunSummary) -> None:
     """One row per (variant, metric) with a mean in history.parquet: the trend ``ragpipe
     report`` shows; the flagged and withheld ones (``flag``) in history-flagged.parquet,
@@ -804,7 +814,7 @@ def append_history(root: Path, summary: RunSummary) -> None:
             "variant": variant,
             "kind": summary.kind,
             "queries": summary.golden.queries,
-            "scope": scope(summary),
+            "scope": scope(summary) + _variant_settings(summary, variant),
             "judge": judge_identity(summary, metric),
             "metric": metric,
             "mean": None if ci.get("withheld") else ci["mean"],
