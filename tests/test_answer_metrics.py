@@ -211,12 +211,46 @@ def test_is_degenerate_min_ngrams_boundary() -> None:
 
 
 def test_is_degenerate_share_threshold_inclusive() -> None:
-    # 11 tokens -> 9 trigrams; the tail "a b c a b c" repeats abc -> trigrams
-    # ... abc bca cab abc: 1 repeat of 9 -> 1/9
-    text = "p q r s t a b c a b c"
-    assert repetition_share(text) == pytest.approx(1 / 9)
+    # 20 tokens -> 18 trigrams; the tail "a b c d e a b c d e" repeats abc, bcd, cde:
+    # 3 repeats of 18 -> 1/6 (and a run of 5 follows itself: 10 tokens, 8 trigrams)
+    text = "p q r s t u v w x y a b c d e a b c d e"
+    assert repetition_share(text) == pytest.approx(1 / 6)
     assert not is_degenerate(text)
-    assert is_degenerate(text, share=1 / 9)
+    assert is_degenerate(text, share=1 / 6)
+    # The same share without a run that repeats itself verbatim over 10 tokens: no loop.
+    short = "p q r s t a b c a b c"  # 11 tokens, 1 repeat of 9 trigrams; "a b c a b c" is 6
+    assert repetition_share(short) == pytest.approx(1 / 9)
+    assert not is_degenerate(short, share=1 / 9)
+
+
+def test_lists_and_tables_of_one_shape_are_no_loops_and_loops_without_spaces_are() -> None:
+    """A 10-row table of yes/no cells (its pipes and cells repeat) was cut as a loop after
+    7 rows, a 6-step Chinese list after 240 of 322 characters; "[1]" written 300 times,
+    one whitespace "word", was never a loop and ran to max_tokens."""
+    rows = [("Windows", "yes", "yes", 1), ("macOS", "no", "yes", 1), ("Linux", "yes", "yes", 2),
+            ("FreeBSD", "no", "yes", 2), ("Solaris", "no", "no", 3), ("AIX", "no", "no", 3),
+            ("HP-UX", "no", "no", 3), ("OpenBSD", "no", "yes", 2), ("NetBSD", "no", "yes", 2),
+            ("Haiku", "no", "no", 3)]  # fmt: skip
+    table = "| Platform | 32-bit | 64-bit |\n|---|---|---|\n" + "\n".join(
+        f"| {p} | {a} | {b} [{n}] |" for p, a, b, n in rows
+    )
+    assert repetition_share(table) >= DEGENERATE_SHARE and not is_degenerate(table)
+    steps = "安装步骤如下[1]：\n" + "\n".join(
+        f"{i}. 打开终端，然后运行命令 apt-get install {p} 来安装软件包 {p} [{1 + i % 3}]。"
+        for i, p in enumerate(["vim", "git", "curl", "wget", "make", "gcc"], 1)
+    )
+    assert repetition_share(steps) >= DEGENERATE_SHARE and not is_degenerate(steps)
+    english = "\n".join(
+        f"{i}. Open a terminal and run apt-get install {p} to get {p} [2]."
+        for i, p in enumerate(["vim", "git", "curl", "wget", "make"], 1)
+    )
+    assert repetition_share(english) >= DEGENERATE_SHARE and not is_degenerate(english)
+    # Numbered, the loop is still a loop: list numbers are no words.
+    numbered = " ".join(f"{i}. The answer is in the manual [1]." for i in range(1, 8))
+    assert is_degenerate(numbered)
+    assert is_degenerate("Bread is baked at 230 °C [1]" + "[1]" * 300)
+    assert is_degenerate("Bread is baked at 230 °C [1].\n" + "|---" * 300)
+    assert not is_degenerate("Bread is baked at 230 °C [1][2][3].")
 
 
 def test_rouge_l_and_token_f1_score_answers_in_any_script() -> None:

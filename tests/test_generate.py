@@ -285,6 +285,24 @@ def test_a_looping_answer_is_stopped_as_it_starts_and_flagged() -> None:
     assert DEGENERATE in answer("q", _scored(0.5), chinese).flags and chinese.written < 64
 
 
+def test_a_table_answer_runs_whole_and_a_citation_loop_is_stopped() -> None:
+    """A 10-row table was cut as a loop after 7 rows (its pipes and yes/no cells repeat);
+    "[1]" written over and over, no space between, ran to max_tokens unflagged."""
+    names = ["Windows", "macOS", "Linux", "FreeBSD", "Solaris", "AIX", "HP-UX", "OpenBSD",
+             "NetBSD", "Haiku"]  # fmt: skip
+    rows = [f"| {name} | {'yes' if i % 3 else 'no'} | yes [1] |\n" for i, name in enumerate(names)]
+    table = Streamer(["| Platform | 32-bit | 64-bit |\n", "|---|---|---|\n", *rows])
+    whole = answer("q", _scored(0.5), table)
+    assert (
+        whole.flags == []
+        and table.written == 12
+        and whole.text.endswith("| Haiku | no | yes [1] |")
+    )
+    looping = Streamer(["Bread bakes at 230 degrees [1]", *["[1]"] * 400], finish="length")
+    stopped = answer("q", _scored(0.5), looping)
+    assert DEGENERATE in stopped.flags and looping.written < 80
+
+
 def test_the_floor_is_the_one_measured_for_the_index_embedder() -> None:
     from ragpipe.config import GenerateConfig
     from ragpipe.query.generate import relevance_floor

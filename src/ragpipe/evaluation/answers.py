@@ -254,8 +254,52 @@ def repetition_share(text: str, n: int = 3) -> float:
     return repeats / total
 
 
+# A citation is a word of its own when loops are counted ("[1][1][1]..." ran to
+# max_tokens as one "word"); markup ("|", "|---|", "-", "**") and list numbers ("2.",
+# "(3)") are no words: a table of yes/no rows repeated its pipes, not itself.
+_LOOP_CITATION = re.compile(r"(\[[^\[\]\s]{1,12}\])")
+_ENUMERATOR = re.compile(r"\(?\d{1,3}[.):]\)?")
+
+
+def loop_tokens(text: str, n: int = 3) -> tuple[list[str], int]:
+    """``answer_tokens`` as loops are counted: citations split off as words of their own,
+    markup and list numbers left out."""
+    tokens, size = answer_tokens(_LOOP_CITATION.sub(r" \1 ", text), n)
+    return [t for t in tokens if any(c.isalnum() for c in t) and not _ENUMERATOR.fullmatch(t)], size
+
+
+def _repeats_itself(tokens: Sequence[str], least: int) -> bool:
+    """Whether a run of ``tokens`` follows itself verbatim (``x x``, ``x`` of any length p)
+    over at least ``max(2p, least)`` tokens: what a loop does and a templated list of
+    steps or a table of rows, each with a name of its own, does not."""
+    codes = {t: i for i, t in enumerate(dict.fromkeys(tokens))}
+    ids = np.fromiter((codes[t] for t in tokens), dtype=np.int64, count=len(tokens))
+    for period in range(1, len(ids) // 2 + 1):
+        same = np.concatenate(([0], (ids[period:] == ids[:-period]).astype(np.int8), [0]))
+        edges = np.flatnonzero(np.diff(same))  # starts and ends of runs of matches
+        if edges.size and int((edges[1::2] - edges[::2]).max()) >= max(period, least - period):
+            return True
+    return False
+
+
+# A piece of up to 8 characters written 64 times in a row with no space ("[1][1]...",
+# "|---|---...", "!!!!..."): a loop whatever the words around it.
+_UNIT_RUN = re.compile(r"(\S{1,8}?)\1{63,}")
+
+
+def unit_run(text: str) -> bool:
+    """Whether ``text`` holds a piece of at most 8 characters written 64 times running."""
+    return _UNIT_RUN.search(text) is not None
+
+
 def is_degenerate(text: str, n: int = 3, share: float = DEGENERATE_SHARE) -> bool:
-    """Whether an answer loops: long enough and mostly repeated n-grams.
+    """Whether an answer loops: long enough, mostly repeated n-grams, and a run of it
+    repeated verbatim right after itself.
+
+    Counted over ``loop_tokens`` (citations are words, markup and list numbers are not).
+    The repeated run tells a loop from a list or a table whose every item has the same
+    shape ("1. Install vim with apt [2]. 2. Install git with apt [3]."): such answers
+    repeat a third of their n-grams too, and were cut as loops.
 
     Args:
         text: The answer text.
@@ -263,18 +307,28 @@ def is_degenerate(text: str, n: int = 3, share: float = DEGENERATE_SHARE) -> boo
         share: The repetition share at or above which the answer is flagged.
 
     Returns:
-        True when the answer has at least ``DEGENERATE_MIN_NGRAMS`` n-grams and
-        ``repetition_share(text, n) >= share``.
+        True when the answer has at least ``DEGENERATE_MIN_NGRAMS`` n-grams, at least
+        ``share`` of them repeat an earlier one, and a run of it repeats itself at once
+        over as many tokens as those n-grams span; or when it writes a piece of up to 8
+        characters 64 times running (``unit_run``).
 
     Raises:
         ValueError: If ``n`` is less than 1.
     """
     _check_n(n)
-    tokens, size = answer_tokens(text, n)
+    if unit_run(text):
+        return True
+    tokens, size = loop_tokens(text, n)
     n_grams = len(tokens) - size + 1
     if n_grams < DEGENERATE_MIN_NGRAMS:
         return False
-    return repetition_share(text, n) >= share
+    seen: set[tuple[str, ...]] = set()
+    repeats = 0
+    for i in range(n_grams):
+        gram = tuple(tokens[i : i + size])
+        repeats += gram in seen
+        seen.add(gram)
+    return repeats / n_grams >= share and _repeats_itself(tokens, DEGENERATE_MIN_NGRAMS + size - 1)
 
 
 def citation_scores(

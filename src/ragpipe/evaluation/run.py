@@ -761,10 +761,11 @@ def scope(summary: RunSummary) -> str:
 
 # The answer metrics whose rules changed on 2026-12-03 (citation recall counts targets; a
 # refusal, a hedge and an empty answer score 0 in correctness; an empty answer's refusal
-# metric fails): a run scored by the rules before is no point of their trend line.
+# metric fails; a loop is a run that repeats itself, not a table or list of one shape):
+# a run scored by the rules before is no point of their trend line.
 ANSWER_RULES = "2026-12-03"
 RULED = ("answer_f1", "answer_rouge_l", "answer_cosine", "citation_recall", "false_refusal",
-         "correct_refusal")  # fmt: skip
+         "correct_refusal", "degenerate")  # fmt: skip
 
 
 def judge_identity(summary: RunSummary, metric: str) -> str:

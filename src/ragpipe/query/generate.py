@@ -12,7 +12,7 @@ from typing import Any
 
 from ragpipe.config import GenerateConfig
 from ragpipe.errors import ConfigError
-from ragpipe.evaluation.answers import UNSPACED, answer_tokens, is_degenerate
+from ragpipe.evaluation.answers import UNSPACED, is_degenerate, loop_tokens, unit_run
 from ragpipe.models.llm import LLM, GenerationCancelled, Message
 from ragpipe.query.fusion import lost_in_the_middle
 from ragpipe.query.results import Retrieved
@@ -528,7 +528,8 @@ class _Looping(GenerationCancelled):
 
 
 # The repetition guard looks every this many pieces, once the answer has this many words
-# (a Chinese or Japanese character counts as one: ``answer_tokens``).
+# (a Chinese or Japanese character counts as one, a citation too: ``loop_tokens``), or
+# as soon as it writes one short piece over and over (``unit_run``).
 LOOP_CHECK_EVERY = 8
 LOOP_MIN_WORDS = 40
 
@@ -582,7 +583,9 @@ def answer(
         if (
             stop_looping
             and len(pieces) % LOOP_CHECK_EVERY == 0
-            and len(answer_tokens(so_far := "".join(pieces))[0]) >= LOOP_MIN_WORDS
+            and (
+                len(loop_tokens(so_far := "".join(pieces))[0]) >= LOOP_MIN_WORDS or unit_run(so_far)
+            )
             and is_degenerate(so_far)
         ):
             raise _Looping(f"stopped after {len(pieces)} pieces: the answer repeats itself")
