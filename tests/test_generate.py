@@ -521,6 +521,11 @@ def test_citations_as_models_write_them_are_read_and_checked() -> None:
         ("A 【1，000】 yuan fee applies [1].", [1], []),
         ("东京是首都【１，０００】【２】。", [2], []),  # full-width digits (the review)
         ("Years [1990-2020] are no list.", [], []),  # text: no range of sources
+        # Read as text before: an answer citing ［1］ was "uncited", an invented ［7］ passed.
+        ("巴黎是法国的首都［1］，面包烤好了［7］。", [1], [7]),
+        ("Bake it [1; 3] and cool it [1, 2, and 3].", [1, 3, 2], []),
+        # A year in brackets past every source is text, not a citation stripped away.
+        ("In 2020 [2020] it changed [1].", [1], []),
     ]:
         got, bad = check_citations(text, sources)
         assert ([s.number for s in got], bad) == (cited, invalid), text
@@ -531,6 +536,8 @@ def test_citations_as_models_write_them_are_read_and_checked() -> None:
     mixed = answer("q", given, Streamer(["Bake it [1]. Cool it on a rack [7-9]."]))
     assert mixed.text == "Bake it [1]. Cool it on a rack." and mixed.invalid_citations == [7, 8, 9]
     assert mixed.flags == [INVALID_CITATIONS] and not mixed.trusted
+    year = answer("q", given, Streamer(["In 2020 [2020] it changed [1]."]))
+    assert year.text == "In 2020 [2020] it changed [1]." and year.flags == []
     ranged = answer("q", given, Streamer(["Bake it [1-2]."]))
     assert ranged.flags == [] and [s.number for s in ranged.cited] == [1, 2]
 

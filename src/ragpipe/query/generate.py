@@ -26,8 +26,10 @@ NOT_FOUND = "Not found in the provided documents."
 # Written as models write them too: [1-3] or [1–3] (a range), [ 7 ], [7,], [Source 7],
 # 【7】, 【1，2】, [Sources 2, 3], [1—3]; before, these passed as plain text: "[7-9]" to
 # two sources was never caught as invalid, and "[1-3]" left a sourced answer "uncited".
+# Also ［1］ (full-width brackets), [1; 2] and [1, 2, and 3].
 _ITEM = r"(?:sources?\s*)?\d+(?:\s*[-–—]\s*\d+)?"
-_MARK = rf"(?<!\[)[\[【]\s*({_ITEM}(?:\s*[,，]\s*{_ITEM})*)\s*[,，]?\s*[\]】](?!\])"
+_MARK = (rf"(?<!\[)[\[【［]\s*({_ITEM}(?:\s*[,，;；]\s*(?:and\s+)?{_ITEM})*)\s*[,，]?\s*"
+         r"[\]】］](?!\])")  # fmt: skip
 _CITATION = re.compile(_MARK, re.IGNORECASE)
 _SPACED_CITATION = re.compile(r"(\s*)" + _MARK, re.IGNORECASE)
 # A range is sources a to b: 1 <= a < b, 20 sources at most, b 99 at most. Anything else
@@ -51,7 +53,7 @@ def plausible_citation(inside: str) -> bool:
 def mark_numbers(numbers: str) -> list[int]:
     """The source numbers of one citation's inside: "1, 3-5" -> [1, 3, 4, 5]."""
     out: list[int] = []
-    for item in re.split("[,，]", numbers):
+    for item in re.split("[,，;；]", numbers):
         ends = [int(n) for n in re.findall(r"\d+", item)]
         if len(ends) == 2:
             ends = list(range(ends[0], ends[1] + 1))
@@ -333,8 +335,12 @@ def check_citations(text: str, sources: Sequence[Source]) -> tuple[list[Source],
     by_number = {s.number: s for s in sources}
     cited: list[Source] = []
     invalid: list[int] = []
+    beyond = max(len(sources), _SOURCE_MAX)  # "[2020]" of 5 sources: a year, no citation
     for match in citation_marks(text):
-        for n in mark_numbers(match.group(1)):
+        numbers = mark_numbers(match.group(1))
+        if all(n > beyond for n in numbers):
+            continue
+        for n in numbers:
             if n in by_number:
                 if by_number[n] not in cited:
                     cited.append(by_number[n])
