@@ -307,6 +307,28 @@ def test_a_gated_qdrant_index_refuses_a_collection_where_its_alias_goes(tmp_path
     assert refused.exit_code == 2 and "only with index.gate" in refused.output
 
 
+def test_a_gated_qdrant_index_is_not_written_through_its_alias_with_the_gate_off(
+    tmp_path: Path,
+) -> None:
+    """With index.gate taken out, an ingest opened store.collection, now the readers' alias,
+    and wrote the live version's own collection in place: its record said 36 points while
+    it held 45, and the version a roll-back returns to was no longer what was judged."""
+    from ragpipe.store import server_versions
+
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    gated = _config(corpus, tmp_path, "qdrant")
+    live = run_ingest(gated).gate["generation"]
+    (corpus / "extra.txt").write_text(topic_doc("extra"), encoding="utf-8")
+    plain = make_config(corpus, tmp_path, "qdrant")  # the same store, no gate
+    with pytest.raises(ConfigError, match=r"is the alias readers of a gated index query"):
+        run_ingest(plain)
+    (version,) = server_versions.list_versions(gated.store)
+    assert version.generation == live and server_versions.current(gated.store) == live
+    with server_versions._client(gated.store) as client:
+        collection = server_versions.version_collection(gated.store, live)
+        assert client.count(collection, exact=True).count == version.points
+
+
 @BACKENDS
 def test_a_roll_back_and_a_discard_survive_the_next_nightly(tmp_path: Path, backend: str) -> None:
     corpus = write_topics(tmp_path / "corpus", 6, ".txt")

@@ -185,10 +185,13 @@ def run_plan(
     started = time.perf_counter()
     check_store_space(config.store)  # a full disk stops the run here, not after converting
     check_store_settings(config.store)  # so does a setting the store cannot take
-    if config.index.gate is not None and config.store.backend != StoreBackend.EDGE:
-        from ragpipe.store.server_versions import check_alias
+    if config.store.backend != StoreBackend.EDGE:
+        from ragpipe.store.server_versions import check_alias, check_not_alias
 
-        check_alias(config.store)  # readers' alias is free, or is ours
+        if config.index.gate is not None:
+            check_alias(config.store)  # readers' alias is free, or is ours
+        else:
+            check_not_alias(config.store)  # and no gated index's alias is written through
     sources = runner.read_input(config, discovered, "files.parquet", SourceFile)
     # A source that failed discovery (unreadable file, page timing out) still exists,
     # unless the failure says it is gone (a page answering 404).

@@ -124,6 +124,21 @@ def check_alias(config: StoreConfig) -> None:
             )
 
 
+def check_not_alias(config: StoreConfig) -> None:
+    """ConfigError when ``store.collection`` is the versions' alias and no gate is set: an
+    ingest would write the live version's own collection in place, through the alias (its
+    recorded points and files wrong, the version a roll-back returns to rewritten)."""
+    with _client(config) as client:
+        live = _current(client, config)
+    if live is not None:
+        raise ConfigError(
+            f"store.collection {config.collection!r} is the alias readers of a gated index "
+            f"query (version {live[:12]} is live): without index.gate an ingest would write "
+            "that version in place. Set index.gate again (its versions go on), or choose a "
+            "new store.collection for an index without versions"
+        )
+
+
 def statuses(config: StoreConfig) -> dict[str, dict[str, Any]]:
     """Every version's recorded status: {generation: {status, at, ...}}."""
     with _client(config) as client:
