@@ -470,6 +470,10 @@ def test_on_disk_on_a_qdrant_collection_is_fixed_at_creation(corpus: Path, tmp_p
         store.close()
     with pytest.raises(ConfigError, match=r"store.on_disk true \(configured: false\)"):
         run_ingest(make_config(corpus, tmp_path, "qdrant"))
+    from ragpipe.query.retrieve import Retriever
+
+    with Retriever(make_config(corpus, tmp_path, "qdrant")) as retriever:  # a reader: as is
+        assert retriever.search("topic 3 notes").hits
 
 
 def test_int8_on_a_qdrant_collection_is_fixed_at_creation(corpus: Path, tmp_path: Path) -> None:
@@ -493,6 +497,16 @@ def test_int8_on_a_qdrant_collection_is_fixed_at_creation(corpus: Path, tmp_path
         store.close()
     with pytest.raises(ConfigError, match=r"store.quantization int8 \(configured: none\)"):
         run_ingest(make_config(corpus, tmp_path, "qdrant"))
+    # A reader takes the collection as it was created, as Edge's readers do: search, serve
+    # and the evals refused a config that left store.quantization out.
+    plain = make_config(corpus, tmp_path, "qdrant")
+    reader = open_reader(plain.store, "paraphrase-MiniLM-L3-v2")
+    assert isinstance(reader, QdrantStore)
+    try:
+        params = reader._dense_params()  # rescored as the int8 collection needs
+        assert params is not None and params.quantization is not None
+    finally:
+        reader.close()
 
 
 def test_dedupe_never_skips_a_text_whose_only_other_copy_this_run_deletes(

@@ -170,11 +170,11 @@ def _server_reader(config: StoreConfig, embedder: str, version: str | None) -> V
     )
     if generation is not None:
         name = server_versions.version_collection(config, generation)
-        store = QdrantStore(config, StoreMeta(embedder, None), name)
+        store = QdrantStore(config, StoreMeta(embedder, None), name, reader=True)
         store.version = server_versions.version(config, generation)
         store.location += f" (version {generation[:12]})"
         return store
-    store = QdrantStore(config, StoreMeta(embedder, None))
+    store = QdrantStore(config, StoreMeta(embedder, None), reader=True)
     if store.exists:
         return store
     store.close()

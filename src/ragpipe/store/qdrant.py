@@ -243,8 +243,16 @@ class QdrantStore(_Scrolling):
     token names the version staged) again when that session closes.
     """
 
-    def __init__(self, config: StoreConfig, meta: StoreMeta, collection: str | None = None) -> None:
+    def __init__(
+        self,
+        config: StoreConfig,
+        meta: StoreMeta,
+        collection: str | None = None,
+        reader: bool = False,
+    ) -> None:
         from qdrant_client.http import models as qm
+
+        self._reader = reader  # takes the collection's quantization and on_disk as they are
 
         self._qm = qm
         self._embedder = meta.embedder
@@ -314,6 +322,11 @@ class QdrantStore(_Scrolling):
         meta.check(stored, self.location)
         assert isinstance(vectors, dict)
         quantized = Quantization.INT8 if vectors[DENSE].quantization_config else Quantization.NONE
+        # Recorded in the metadata too: qdrant-client's local mode keeps no hnsw_config.
+        on_disk = bool(stored.get("on_disk", info.config.hnsw_config.on_disk))
+        if self._reader:  # creation settings: a reader's config need not repeat them (Edge's
+            self._quantization, self._on_disk = quantized, on_disk  # readers never did)
+            return
         if quantized != self._quantization:
             raise ConfigError(
                 f"collection {self.collection!r} at {self.location} was created with "
@@ -321,8 +334,6 @@ class QdrantStore(_Scrolling):
                 f"{self._quantization.value}); it is fixed when a collection is created. Set "
                 "store.quantization back, or choose a new store.collection."
             )
-        # Recorded in the metadata too: qdrant-client's local mode keeps no hnsw_config.
-        on_disk = bool(stored.get("on_disk", info.config.hnsw_config.on_disk))
         if on_disk != self._on_disk:
             raise ConfigError(
                 f"collection {self.collection!r} at {self.location} was created with "
