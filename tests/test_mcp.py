@@ -93,6 +93,9 @@ async def _exercise(client: Any, cfg: RagpipeConfig, config_file: Path) -> None:
     assert narrowed["hits"] and all(
         h["file_path"].endswith("history/computing.md") for h in narrowed["hits"]
     )
+    spaced = json.loads(_text(await client.call_tool(
+        "search", {"query": BREAD, "file": " computing.md ", "mode": "dense"})))  # fmt: skip
+    assert _ranking(spaced) == _ranking(narrowed)  # stripped, as the CLI strips it
 
     index = await client.read_resource("ragpipe://index")
     (content,) = index.contents
@@ -115,6 +118,9 @@ async def _exercise(client: Any, cfg: RagpipeConfig, config_file: Path) -> None:
         ({"query": BREAD, "mode": "fuzzy"}, "'dense', 'sparse' or 'hybrid'"),
         ({"k": 3}, "query"),
         ({"query": "   "}, "the query is empty"),
+        # An empty filter filtered nothing: every chunk came back (the CLI refuses it).
+        ({"query": BREAD, "file": ""}, "at least 1 character"),
+        ({"query": BREAD, "heading": "  "}, "at least 1 character"),
     ]:
         refused = await client.call_tool("search", arguments)
         assert refused.is_error and reason in _text(refused), (arguments, _text(refused))

@@ -61,6 +61,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    StringConstraints,
     ValidationError,
     create_model,
 )
@@ -115,14 +116,18 @@ T = TypeVar("T")
 NOT_ONLY_SPACE = r"[^\t-\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
 
 
+_Named = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+
+
 class Filters(BaseModel):
     """Payload filters, combined with AND (the CLI's --filter)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    file: str | None = Field(default=None, description="A stored file path ending in this.")
-    heading: str | None = Field(default=None, description="A heading on the chunk's path.")
-    sha: str | None = Field(default=None, description="The source file's SHA-256.")
+    # Stripped, and never empty (as the CLI's --filter): "" filtered nothing at all.
+    file: _Named | None = Field(default=None, description="A stored file path ending in this.")
+    heading: _Named | None = Field(default=None, description="A heading on the chunk's path.")
+    sha: _Named | None = Field(default=None, description="The source file's SHA-256.")
 
 
 class _Query(BaseModel):

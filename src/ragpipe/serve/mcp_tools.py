@@ -18,7 +18,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, StringConstraints, ValidationError
 
 from ragpipe.errors import RagpipeError
 from ragpipe.models.embedders import embedder_name
@@ -136,8 +136,15 @@ def build_server(tools: IndexTools, offload: Offload[Any] = in_thread) -> "MCPSe
         JSON_INTEGER,  # as over HTTP: never true or "2"
     ]
     Mode = Literal["dense", "sparse", "hybrid"]
-    File = Annotated[str, Field(description="Only chunks of a stored file path ending in this.")]
-    Heading = Annotated[str, Field(description="Only chunks with this heading on their path.")]
+    # Stripped, and never empty: "" filtered nothing (every chunk matched) and " bread.md"
+    # matched no file, where the CLI's --filter refuses the one and strips the other.
+    Named = StringConstraints(strip_whitespace=True, min_length=1)
+    File = Annotated[
+        str, Named, Field(description="Only chunks of a stored file path ending in this.")
+    ]
+    Heading = Annotated[
+        str, Named, Field(description="Only chunks with this heading on their path.")
+    ]
     # The SDK configures the root logger when none is: not above WARNING for library callers.
     server: MCPServer = MCPServer(
         name="ragpipe", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
