@@ -337,3 +337,99 @@ def test_records_under_another_spelling_of_their_root_are_refused_not_doubled(
     assert {p.split("#")[0] for p in _by_file(_config(Path("exports"), tmp_path, []))} == {
         "exports/a-faq.jsonl"
     }
+
+
+@pytest.mark.slow
+def test_a_payload_number_no_point_can_hold_is_a_bad_record(tmp_path: Path) -> None:
+    """NaN, Infinity and 1e400 (read as infinity) in a payload field sank the whole ingest
+    at the upsert ("failed to convert NaN into payload number type"): nothing stored, no
+    row. An integer beyond 64 bits came back a float, another number."""
+    root = tmp_path / "share"
+    root.mkdir()
+    (root / "faq.jsonl").write_text(
+        '{"id": "q1", "body": "Reset the password from the account page.", "score": 1.5,'
+        ' "n": 123456789012345678901234567890}\n'
+        '{"id": "q2", "body": "The agent listens on port 8443.", "score": NaN}\n'
+        '{"id": "q3", "body": "Export gives a ZIP.", "score": Infinity}\n'
+        '{"id": "q4", "body": "The API is REST.", "score": -1e400}\n'
+        '{"id": "q5", "body": "Tags may hold numbers.", "score": 2, "n": [1, NaN]}\n'
+        '{"id": "q6", "body": "NaN in the text is only text.", "title": NaN, "score": 3,'
+        ' "n": -9223372036854775808}\n'
+    )
+    (root / "notes.txt").write_text("An ordinary note about gardening and tomatoes.\n")
+    rule = {"glob": "*.jsonl", "text": ["body"], "title": "title", "id": "id",
+            "payload": ["score", "n"]}  # fmt: skip
+    cfg = _config(root, tmp_path, [rule])
+    run = run_ingest(cfg)
+    assert (run.added, run.failed) == (3, 1)
+    (failure,) = checkpoint.read_records(cfg.paths.work_dir / "failures.parquet", Failure)
+    assert (failure.file_path, failure.category) == (f"{root}/faq.jsonl", "bad_records")
+    assert failure.message.startswith(
+        "4 records not indexed: line 2: payload field 'score' is not a finite number; "
+        "line 3: payload field 'score' is not a finite number; "
+        "line 4: payload field 'score' is not a finite number; "
+        "line 5: payload field 'n' holds a number that is not finite."
+    )
+    files = _by_file(cfg)
+    assert sorted(files) == [f"{root}/faq.jsonl#q1", f"{root}/faq.jsonl#q6", f"{root}/notes.txt"]
+    assert files[f"{root}/faq.jsonl#q1"][0]["fields"] == {
+        "score": 1.5,
+        "n": "123456789012345678901234567890",  # its digits, not 1.2345678901234568e+29
+    }
+    (q6,) = files[f"{root}/faq.jsonl#q6"]
+    assert q6["fields"] == {"score": 3, "n": -9223372036854775808}  # 64 bits: a number
+    assert q6["title"] == "NaN"
+
+
+def test_a_record_too_deep_or_too_long_to_read_is_a_bad_line_not_a_sunk_run(
+    tmp_path: Path,
+) -> None:
+    """A record of 5000 nested lists raised RecursionError out of the records stage (the
+    whole run failed, every night); a line with an integer of 5000 digits (a plain
+    ValueError) made the whole file unreadable_records."""
+    import hashlib
+
+    from ragpipe.ingest.records import expand
+    from ragpipe.schemas import SourceFile
+
+    deep = '{"id": "d", "body": "x", "meta": ' + "[" * 5000 + "]" * 5000 + "}"
+    walked = '{"id": "w", "body": "half an emoji \\ud83d", "meta": ' + "[" * 900 + "]" * 900 + "}"
+    nested = json.dumps({"id": "p", "body": "x", "meta": json.loads("[" * 65 + "]" * 65)})
+    contents = {
+        "good.jsonl": '{"id": "g", "body": "A fine record."}\n',
+        "lines.jsonl": "\n".join([
+            '{"id": "a", "body": "Before the deep one \\ud83d"}', deep,
+            '{"id": "n", "body": "x", "n": ' + "1" * 5000 + "}", walked, nested,
+            '{"id": "b", "body": "After them."}',
+        ]) + "\n",
+        "deep.json": "[" + deep + "]",
+        "digits.json": '[{"id": "n", "body": "x", "n": ' + "1" * 5000 + "}]",
+    }  # fmt: skip
+    sources = []
+    for name, text in contents.items():
+        path = tmp_path / name
+        path.write_text(text)
+        sha = hashlib.sha256(path.read_bytes()).hexdigest()
+        sources.append(SourceFile(str(path), str(path), str(tmp_path), "records", 1, sha))
+    rule = {"glob": "*.json*", "text": ["body"], "id": "id", "payload": ["meta"]}
+    cfg = _config(tmp_path, tmp_path, [rule])
+    result = expand(cfg, sources, [], tmp_path / "bodies")
+    assert [f.file_path.rpartition("/")[2] for f in result.files] == [
+        "good.jsonl#g", "lines.jsonl#a", "lines.jsonl#b"
+    ]  # fmt: skip
+    problems = {f.file_path.rpartition("/")[2]: (f.category, f.message) for f in result.failures}
+    assert sorted(problems) == ["deep.json", "digits.json", "lines.jsonl"]
+    assert problems["lines.jsonl"][0] == "bad_records"
+    assert problems["lines.jsonl"][1].startswith(
+        "4 records not indexed: line 2: nested too deeply to read; line 3: not readable "
+        "(Exceeds the limit (4300 digits) for integer string conversion: value has 5000 "
+        "digits); line 4: nested too deeply to read; line 5: payload field 'meta' is nested "
+        "more than 64 levels deep. The others are"
+    )
+    assert problems["deep.json"] == (
+        "unreadable_records",
+        "cannot read records: nested too deeply to read; its indexed records are kept until "
+        "it parses",
+    )
+    assert problems["digits.json"][0] == "unreadable_records"
+    assert "not readable (Exceeds the limit (4300 digits)" in problems["digits.json"][1]

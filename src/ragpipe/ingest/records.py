@@ -9,11 +9,15 @@ record only, and a record that left the file is deleted from the index like a fi
   fields, so a change to a payload field alone updates its points too.
 * A file whose hash is the one the last run expanded is not parsed again: its records come
   from the saved state (``records/records.parquet``).
-* A line that is not JSON, a record without its id, a duplicate id: a ``bad_records`` row
-  for the file that names the lines, and the file's records that are gone are kept this run
-  (the plan keeps ``FILE#…`` of any file with a failure row); the good records are indexed.
-  A file with no records at all (empty, not JSON, not UTF-8) is ``unreadable_records``:
-  everything indexed from it is kept.
+* A line that is not JSON (or not readable: nested too deeply, a number of more than
+  4300 digits), a record without its id, a duplicate id, a payload field holding NaN or
+  Infinity (no point can store it) or nested more than ``MAX_PAYLOAD_DEPTH`` levels: a
+  ``bad_records`` row for the file that names the lines, and the file's records that are
+  gone are kept this run (the plan keeps ``FILE#…`` of any file with a failure row); the
+  good records are indexed. A file with no records at all (empty, not JSON, not UTF-8) is
+  ``unreadable_records``: everything indexed from it is kept.
+* A payload integer outside 64 bits (a point stores a signed 64-bit integer, or turned it
+  into an inexact float) is stored as its digits, a string.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -39,9 +44,14 @@ logger = logging.getLogger(__name__)
 
 KIND = "record"  # Markdown written by ragpipe: read as it is (no Docling), headings parsed
 KIND_FILE = "records"  # a file a rule matches, before it is expanded
-RECORDS_VERSION = "1"
+RECORDS_VERSION = "2"  # 2: integers beyond 64 bits are stored as digits (parsed again)
 MAX_TITLE_CHARS = 300
 MAX_REPORTED_LINES = 10
+TOO_DEEP = "nested too deeply to read"
+# Deeper payloads are refused: Qdrant's JSON and gRPC readers stop at 128 and 100 levels,
+# and reading the stored payload back must not reach Python's recursion limit.
+MAX_PAYLOAD_DEPTH = 64
+_INT64 = range(-(2**63), 2**63)
 
 
 @dataclass
@@ -119,7 +129,50 @@ def render(record: dict[str, Any], rule: RecordsRule) -> tuple[str, str | None]:
 
 
 def _payload(record: dict[str, Any], rule: RecordsRule) -> dict[str, Any]:
-    return {name: _get(record, name) for name in rule.payload}
+    """The record's payload fields as a point can hold them.
+
+    Raises:
+        ValueError: A field is, or holds, NaN or an infinity (``1e400`` reads as one): no
+            point can store it, and it sank the whole upsert.
+    """
+    payload = {}
+    for name in rule.payload:
+        value = _get(record, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"payload field {name!r} is not a finite number")
+        problem = _payload_problem(value)
+        if problem:
+            raise ValueError(f"payload field {name!r} {problem}")
+        payload[name] = _storable(value)
+    return payload
+
+
+def _payload_problem(value: Any) -> str | None:
+    """Why a point cannot hold ``value``, or None. Walked without recursion: a record can
+    be nested as deep as the JSON parser allows, deeper than Python's functions go."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return "holds a number that is not finite"
+        if isinstance(item, (list, dict)):
+            if depth >= MAX_PAYLOAD_DEPTH:
+                return f"is nested more than {MAX_PAYLOAD_DEPTH} levels deep"
+            items = item.values() if isinstance(item, dict) else item
+            stack.extend((v, depth + 1) for v in items)
+    return None
+
+
+def _storable(value: Any) -> Any:
+    """``value`` with each integer beyond 64 bits as its digits: a point stored it as a
+    float, silently another number (123456789012345678901234567890 came back ...e+29)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value not in _INT64:
+        return str(value)
+    if isinstance(value, list):
+        return [_storable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _storable(v) for k, v in value.items()}
+    return value
 
 
 def _iter_records(path: Path, rule: RecordsRule) -> Iterator[tuple[str, Any, str | None]]:
@@ -132,10 +185,15 @@ def _iter_records(path: Path, rule: RecordsRule) -> Iterator[tuple[str, Any, str
     text = path.read_text(encoding="utf-8-sig")  # a BOM is not part of the first record
     if not text.strip():
         raise ValueError("the file is empty")
-    if _SURROGATE_ESCAPE.search(text):  # rare: only then is every record walked
-        yield from ((w, _mended(r), e) for w, r, e in _records(text, path, rule))
-    else:
+    if not _SURROGATE_ESCAPE.search(text):
         yield from _records(text, path, rule)
+        return
+    for where, record, error in _records(text, path, rule):  # rare: only then is every
+        try:  # record walked
+            record = _mended(record)
+        except RecursionError:  # parsed, but deeper than Python's own functions can walk
+            record, error = None, TOO_DEEP
+        yield where, record, error
 
 
 # A JSON escape of a UTF-16 surrogate ("\ud83d"): a pair is one character, a lone one (text
@@ -163,12 +221,14 @@ def _records(text: str, path: Path, rule: RecordsRule) -> Iterator[tuple[str, An
         return
     try:
         document = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # a JSONDecodeError is a ValueError
         lines = [line for line in text.split("\n") if line.strip()]
         if rule.records is None and len(lines) > 1 and lines[-1].lstrip().startswith("{"):
             yield from _lines(text)  # JSON Lines in a .json file
             return
-        raise ValueError(f"not JSON: {_message(exc)} at line {exc.lineno}") from exc
+        if isinstance(exc, json.JSONDecodeError):
+            raise ValueError(f"not JSON: {_message(exc)} at line {exc.lineno}") from exc
+        raise ValueError(_unreadable(exc)) from exc
     records = _get(document, rule.records) if rule.records else document
     if isinstance(records, dict) and rule.records is None:
         records = [records]
@@ -186,13 +246,25 @@ def _lines(text: str) -> Iterator[tuple[str, Any, str | None]]:
         if not line.strip():
             continue
         try:
-            yield f"line {number}", json.loads(line), None
+            record = json.loads(line)
         except json.JSONDecodeError as exc:
             yield f"line {number}", None, f"not JSON ({_message(exc)}, column {exc.colno})"
+        except (ValueError, RecursionError) as exc:  # one line's problem, not the file's
+            yield f"line {number}", None, _unreadable(exc)
+        else:
+            yield f"line {number}", record, None
 
 
 def _message(exc: json.JSONDecodeError) -> str:
     return exc.msg.removesuffix(" at")
+
+
+def _unreadable(exc: ValueError | RecursionError) -> str:
+    """Why JSON that parses could not be read: nested past the recursion limit, or an
+    integer of more than 4300 digits (Python's limit on converting one)."""
+    if isinstance(exc, RecursionError):
+        return TOO_DEEP
+    return f"not readable ({str(exc).partition(';')[0]})"  # its advice is for programmers
 
 
 def _write_body(path: Path, data: bytes) -> None:
@@ -215,7 +287,7 @@ def _expand_file(
     seen: set[str] = set()
     try:
         entries = list(_iter_records(Path(source.abs_path), rule))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         result.failures.append(
             Failure(
                 source.file_path,
@@ -245,13 +317,22 @@ def _expand_file(
             problems.append(f"{where}: id {record_id!r} again (ids must be unique in a file)")
             continue
         seen.add(record_id)
-        markdown, title = render(record, rule)
+        try:
+            markdown, title = render(record, rule)
+            payload = json.dumps(
+                _payload(record, rule), ensure_ascii=False, sort_keys=True, allow_nan=False
+            )
+        except RecursionError:  # parsed, but deeper than rendering can walk
+            problems.append(f"{where}: {TOO_DEEP}")
+            continue
+        except ValueError as exc:
+            problems.append(f"{where}: {exc}")
+            continue
         file_path = f"{source.file_path}#{record_id}"
         if not markdown:
             result.skipped.append(Skip(file_path, "empty_record", "no text in the text fields"))
             result.reparse.add(source.file_path)
             continue
-        payload = json.dumps(_payload(record, rule), ensure_ascii=False, sort_keys=True)
         data = markdown.encode()
         sha = hashlib.sha256(data + b"\x1e" + payload.encode()).hexdigest()
         body = bodies / f"{sha[:32]}.md"
