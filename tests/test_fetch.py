@@ -793,3 +793,47 @@ def test_a_gzip_member_split_after_its_first_byte_is_still_read() -> None:
     assert b"".join(one_by_one.feed(body[i : i + 1], 10**6) for i in range(len(body))) == (
         b"A" * 1000 + b"B" * 1000
     )
+
+
+def test_a_host_name_that_is_no_dns_name_is_a_row_never_a_crash(tmp_path: Path) -> None:
+    """A host "a..b" or one with a 64-character label fails the resolver's IDNA encoding with
+    a UnicodeError, which nothing caught: a robots.txt or page redirecting there, a sitemap
+    listing it, or a typo in discover.urls killed the whole discover stage (rc 1)."""
+    from ragpipe.web.pages import fetch_pages
+
+    long_label = "http://" + "x" * 64 + ".example.org/"
+    with web_site({"/robots.txt": Route(status=301, location="http://a..b/robots.txt")}) as site:
+        site.routes.update({
+            "/page": Route(b"a page", "text/plain"),
+            "/moved": Route(status=302, location=long_label),
+            "/sitemap.xml": Route(
+                f"<urlset {NS}><url><loc>{site.url}/page</loc></url>"
+                "<url><loc>http://c..d/listed</loc></url></urlset>".encode(),
+                "application/xml",
+            ),
+        })  # fmt: skip
+        result = fetch_pages(
+            FetchConfig(cross_host_redirects=True),
+            [f"{site.url}/moved", "http://a..b/typo"],
+            [f"{site.url}/sitemap.xml"],
+            tmp_path / "bodies",
+            [],
+        )
+    # robots.txt redirected to no host at all: read as none (a bad redirect), the page is in.
+    assert [f.file_path for f in result.files] == [f"{site.url}/page"]
+    assert [(f.file_path, f.category) for f in result.failures] == [
+        (f"{site.url}/moved", "bad_redirect")
+    ]
+    assert "no DNS name" in result.failures[0].message
+    assert sorted((s.file_path, s.reason) for s in result.skipped) == [
+        ("http://a..b/typo", "unsupported_scheme"),
+        ("http://c..d/listed", "unsupported_scheme"),
+    ]
+    # In the config, the typo is refused at load, naming the setting and the host.
+    path = tmp_path / "ragpipe.yaml"
+    path.write_text("discover:\n  urls: ['http://docs..example.org/guide']\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "discover.urls: 'http://docs..example.org/guide' has a host name that is no DNS " in (
+        str(err.value)
+    )

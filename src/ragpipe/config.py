@@ -327,6 +327,13 @@ def url_problem(url: str) -> str | None:
         return "is not an http(s) URL; only http and https are fetched"
     if not parts.hostname:
         return "has no host; write an absolute URL such as https://example.com/page"
+    try:
+        parts.hostname.encode("idna")  # what the resolver does: it raised out of the fetch
+    except UnicodeError:
+        return (
+            "has a host name that is no DNS name (an empty label, as in 'a..b', or one over "
+            "63 characters); correct the host"
+        )
     if parts.username or parts.password:
         return (
             "carries credentials (user:password@); URLs are stored in the index and logs, "

@@ -370,7 +370,7 @@ class Fetcher:
             return
         try:
             infos = socket.getaddrinfo(host, parts.port or 443, proto=socket.IPPROTO_TCP)
-        except OSError:
+        except (OSError, UnicodeError):  # UnicodeError: no DNS name (url_problem says so)
             return  # unresolvable: the request itself fails as unreachable
         for *_, address in infos:
             ip = ipaddress.ip_address(str(address[0]).split("%")[0])
@@ -506,7 +506,7 @@ class Fetcher:
                     f"no response within fetch.timeout_s={timeout:g}s ({type(exc).__name__})",
                 ) from exc
             raise FetchError("unreachable", f"{type(exc).__name__}: {exc}") from exc
-        except httpx.InvalidURL as exc:
+        except (httpx.InvalidURL, UnicodeError) as exc:  # a host the IDNA codec refuses
             raise FetchError("unreachable", f"{type(exc).__name__}: {exc}") from exc
         finally:
             self._watchdog.disarm()
