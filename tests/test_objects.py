@@ -452,3 +452,38 @@ def test_every_format_in_a_folder_and_a_bucket_in_one_nightly(s3: S3Server, tmp_
     third = run_ingest(cfg)
     assert third.removed == 1
     assert "s3://mixed-docs/kb/report.pdf" not in _by_file(cfg)
+
+
+@pytest.mark.slow
+def test_a_widened_root_applies_records_rules_to_unchanged_objects(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    """Widened from s3://bkt/kb to s3://bkt, an unchanged object kept the root it was
+    listed under (its whole saved state was reused): discover.records globs, relative to
+    the root, never matched it, and its text copy stayed instead of giving way to the
+    records."""
+    from ragpipe.config import RecordsRule
+
+    faq = [{"id": 1, "q": "How to reset?", "a": "Press the button."},
+           {"id": 2, "q": "How to pay?", "a": "By card."}]  # fmt: skip
+    _bucket(s3, "faq-docs", {"kb/faq.json": json.dumps(faq).encode()})
+    rule = RecordsRule(glob="kb/*.json", text=["q", "a"], id="id")
+
+    def config(root: str) -> RagpipeConfig:
+        cfg = _config(tmp_path, s3.url, [root])
+        return cfg.model_copy(
+            update={"discover": cfg.discover.model_copy(update={"records": [rule]})}
+        )
+
+    narrow = config("s3://faq-docs/kb")
+    run_ingest(narrow)
+    assert sorted(_by_file(narrow)) == ["s3://faq-docs/kb/faq.json"]  # "faq.json": text
+    wide = config("s3://faq-docs")
+    run = run_ingest(wide, allow_mass_delete=True)  # the text copy gives way to the records
+    assert "objects_downloaded" not in run.stages["discover"]  # unchanged: not downloaded
+    assert sorted(_by_file(wide)) == ["s3://faq-docs/kb/faq.json#1", "s3://faq-docs/kb/faq.json#2"]
+    assert (run.added, run.removed) == (2, 1)
+    state = checkpoint.read_records(
+        wide.paths.work_dir / "objects" / "objects.parquet", StoredObject
+    )
+    assert [(o.url, o.root) for o in state] == [("s3://faq-docs/kb/faq.json", "s3://faq-docs")]

@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -306,8 +306,11 @@ def list_objects(
             before = known.get(url)
             if _have_body(before, version, size):
                 assert before is not None
-                result.objects.append(before)
-                _accept(result, before, kind, config)
+                # Under this root now: a root widened (s3://bkt/kb to s3://bkt) kept the old
+                # one, and discover.records globs, relative to it, stopped matching.
+                kept = replace(before, root=root)
+                result.objects.append(kept)
+                _accept(result, kept, kind, config)
             else:
                 todo.append((key, url, kind, size, version))
         _download_all(fs, root, todo, bodies, result, config, progress)
