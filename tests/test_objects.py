@@ -487,3 +487,33 @@ def test_a_widened_root_applies_records_rules_to_unchanged_objects(
         wide.paths.work_dir / "objects" / "objects.parquet", StoredObject
     )
     assert [(o.url, o.root) for o in state] == [("s3://faq-docs/kb/faq.json", "s3://faq-docs")]
+
+
+def test_an_object_grown_past_the_limit_is_downloaded_once(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object that grew past discover.max_file_bytes after its listing was downloaded
+    again and again (retries + 1 times, with backoff): its size does not pass."""
+    from ragpipe.ingest import objects
+
+    monkeypatch.setattr(objects, "BACKOFF_S", 0.0)
+    _bucket(s3, "growing-docs", {"kb/a.txt": b"x" * 2000})
+    faults = Faults()
+    with faulty_proxy(s3.url, faults) as proxy:
+        cfg = _config(tmp_path, proxy, ["s3://growing-docs/kb"])
+        cfg = cfg.model_copy(
+            update={"discover": cfg.discover.model_copy(update={"max_file_bytes": 1000})}
+        )
+        result = objects.ObjectsResult()
+        # Listed at 500 bytes, 2000 when it is read.
+        listed = ("growing-docs/kb/a.txt", "s3://growing-docs/kb/a.txt", "text", 500, "v1")
+        fs = open_filesystem("s3", cfg.object_storage)
+        objects._download_all(fs, "s3://growing-docs/kb", [listed], tmp_path / "bodies",
+                              result, cfg, None)  # fmt: skip
+    assert [(f.file_path, f.category, f.message) for f in result.failures] == [
+        ("s3://growing-docs/kb/a.txt", "too_large",
+         "2000 bytes exceeds discover.max_file_bytes=1000"),
+    ]  # fmt: skip
+    gets = [r for r in faults.requests if r.startswith("GET ") and "a.txt" in r]
+    assert gets == ["GET /growing-docs/kb/a.txt"]  # once: before, 1 + object_storage.retries
+    assert result.files == [] and list((tmp_path / "bodies").iterdir()) == []

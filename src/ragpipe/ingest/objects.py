@@ -141,12 +141,17 @@ def object_version(info: dict[str, Any]) -> str:
     return ""
 
 
+class _TooLarge(Exception):
+    """The object grew past discover.max_file_bytes after it was listed."""
+
+
 def _retrying(call: Callable[[], T], retries: int, what: str) -> T:
-    """``call()``, retried with exponential backoff for errors that may pass."""
+    """``call()``, retried with exponential backoff for errors that may pass (an object
+    grown too large does not shrink: it was downloaded ``retries + 1`` times)."""
     for attempt in range(retries + 1):
         try:
             return call()
-        except (FileNotFoundError, PermissionError, ConfigError):
+        except (FileNotFoundError, PermissionError, ConfigError, _TooLarge):
             raise
         except Exception as exc:
             if attempt == retries or type(exc).__name__ in _NO_CREDENTIALS:
@@ -168,10 +173,6 @@ def body_path(bodies: Path, url: str, sha256: str) -> Path:
     key = hashlib.sha256(url.encode()).hexdigest()[:24]
     suffix = Path(url.rpartition("/")[2]).suffix.lower()
     return bodies / f"{key}-{sha256[:16]}{suffix}"
-
-
-class _TooLarge(Exception):
-    """The object grew past discover.max_file_bytes after it was listed."""
 
 
 @dataclass(frozen=True)
