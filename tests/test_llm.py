@@ -96,6 +96,27 @@ def test_an_ollama_stream_cut_short_is_an_error_not_an_answer(smollm: LlamaCppLL
         assert _ollama(host, max_tokens=8).chat(QUESTION).finish_reason in ("stop", "length")
 
 
+def test_ollama_gets_the_window_the_sources_are_budgeted_to(smollm: LlamaCppLLM) -> None:
+    """Ollama's default window (2048 or 4096 tokens) cut a longer prompt from its start in
+    silence: the instructions and the first sources went, and the answer cited sources the
+    model never read. llm.context_size is sent as num_ctx, and the sources fit it."""
+    from ragpipe.query.generate import PROMPT_MARGIN, answer
+    from ragpipe.query.results import Retrieved
+
+    text = "bread " * 120
+    hits = [Retrieved(f"p{i}", 1 - i / 100, {"text": f"Fact {i}: {text}", "file_path": f"f{i}.md"})
+            for i in range(30)]  # fmt: skip
+    with ollama_server({}, {"smollm": smollm}) as (host, state):
+        llm = make_llm(LLMConfig(provider="ollama", model="smollm", host=host,  # type: ignore[arg-type]
+                                 context_size=1024, max_tokens=8))  # fmt: skip
+        reply = answer("What is fact 3?", hits, llm)
+    (chat,) = [r["body"] for r in state.requests if r["path"] == "/api/chat"]
+    assert chat["options"]["num_ctx"] == 1024
+    prompt = sum(llm.count_tokens(str(m["content"])) for m in chat["messages"])
+    assert 0 < len(reply.sources) < 30 and prompt <= 1024 - 8 - PROMPT_MARGIN + 64
+    assert llm.count_tokens("bread " * 10) == 20  # 3 characters a token: never under
+
+
 def test_ollama_chat_unreachable_is_clear_and_fast() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -1298,7 +1298,10 @@ class LLMConfig(_Section):
     seed: int = Field(default=0, description="Sampling seed (reproducible runs).")
     max_tokens: int = Field(default=384, gt=0, description="Tokens generated at most.")
     context_size: int = Field(
-        default=4096, ge=512, description="llamacpp: context window in tokens."
+        default=4096,
+        ge=512,
+        description="llamacpp, ollama: context window in tokens (ollama: sent as num_ctx; "
+        "its default window cut a longer prompt from its start, in silence).",
     )
     threads: int | None = Field(
         default=None, gt=0, description="llamacpp: CPU threads (default: all cores)."

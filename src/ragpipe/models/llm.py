@@ -317,8 +317,13 @@ class OllamaLLM:
         max_tokens: int = 384,
         temperature: float = 0.0,
         seed: int = 0,
+        context_size: int = 4096,
     ) -> None:
         self._client = ollama_client(host, timeout_s, api_key)
+        # Sent as num_ctx, and the sources budgeted to it: Ollama's own window (2048 or
+        # 4096 by default) cut a longer prompt from its start, in silence: the instructions
+        # and the first sources went, and the answer cited sources the model never read.
+        self.context_size = context_size
         self.name = model
         self.host = host
         self.identity = f"ollama:{host}:{model}"
@@ -345,6 +350,7 @@ class OllamaLLM:
             "num_predict": max_tokens or self.max_tokens,
             "temperature": self.temperature if temperature is None else temperature,
             "seed": self.seed if seed is None else seed,
+            "num_ctx": self.context_size,
         }
         pieces: list[str] = []
         first: list[Any] = []  # the first token's logprobs, when asked for and sent
@@ -407,7 +413,9 @@ class OllamaLLM:
         )
 
     def count_tokens(self, text: str) -> int:
-        return -(-len(text) // 4)  # Ollama exposes no tokenizer endpoint
+        # Ollama exposes no tokenizer endpoint: 3 characters a token, rounded up, so that
+        # the sources budgeted to num_ctx fit it (4 under-counts Markdown by about 28%).
+        return -(-len(text) // 3)
 
 
 class OpenAILLM:
@@ -637,6 +645,7 @@ def make_llm(config: LLMConfig) -> LLM:
             max_tokens=config.max_tokens,
             temperature=config.temperature,
             seed=config.seed,
+            context_size=config.context_size,
         )
     return LlamaCppLLM(
         config.model,
