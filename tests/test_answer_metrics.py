@@ -251,6 +251,12 @@ def test_lists_and_tables_of_one_shape_are_no_loops_and_loops_without_spaces_are
     assert is_degenerate("Bread is baked at 230 °C [1]" + "[1]" * 300)
     assert is_degenerate("Bread is baked at 230 °C [1].\n" + "|---" * 300)
     assert not is_degenerate("Bread is baked at 230 °C [1][2][3].")
+    # A loop that counts is a loop: SmolLM2 wrote "The answer is:" with [7], [8], [9], ...
+    # (every number reads as one), and a table of numbers alone is no loop.
+    counting = "".join(f"The answer is:\n\n[{i}] [1] [2] [3] [4] [5]\n\n" for i in range(6, 20))
+    assert is_degenerate(counting)
+    numbers = "| 4.1 | 2021 |\n| 4.2 | 2022 |\n| 4.3 | 2023 |\n| 4.4 | 2024 |\n| 4.5 | 2025 |\n"
+    assert not is_degenerate(numbers * 2)
 
 
 def test_rouge_l_and_token_f1_score_answers_in_any_script() -> None:

@@ -279,8 +279,15 @@ def test_a_looping_answer_is_stopped_as_it_starts_and_flagged() -> None:
     unguarded = Streamer(loop)
     whole = answer("q", _scored(0.5), unguarded, stop_looping=False)
     assert unguarded.written == 1000 and DEGENERATE in whole.flags  # still marked afterwards
-    varied = Streamer([f"Step {i} adds flour number {i} [1]. " for i in range(60)])
+    # Steps that each add something of their own run whole; ones that differ only in
+    # their number ("Step 5 adds flour number 5") are a loop that counts.
+    names = [f"{a}{b}" for a in ("rye", "oat", "spelt", "corn", "rice", "barley")
+             for b in ("meal", "flakes", "bran", "flour", "grits", "malt", "germ", "hulls",
+                       "groats", "starch")]  # fmt: skip
+    varied = Streamer([f"Step {i} adds {n} [1]. " for i, n in enumerate(names)])
     assert answer("q", _scored(0.5), varied).flags == [] and varied.written == 60
+    counting = Streamer([f"Step {i} adds flour number {i} [1]. " for i in range(60)])
+    assert DEGENERATE in answer("q", _scored(0.5), counting).flags and counting.written < 60
     chinese = Streamer(["软件包可以安装。"] * 500)  # no spaces: one word to a whitespace split
     assert DEGENERATE in answer("q", _scored(0.5), chinese).flags and chinese.written < 64
 

@@ -261,24 +261,36 @@ _LOOP_CITATION = re.compile(r"(\[[^\[\]\s]{1,12}\])")
 _ENUMERATOR = re.compile(r"\(?\d{1,3}[.):]\)?")
 
 
+_DIGITS = re.compile(r"\d+")
+
+
 def loop_tokens(text: str, n: int = 3) -> tuple[list[str], int]:
     """``answer_tokens`` as loops are counted: citations split off as words of their own,
-    markup and list numbers left out."""
+    markup and list numbers left out, and every number the same number ("[7] The answer
+    is" and "[8] The answer is" are one loop, counting)."""
     tokens, size = answer_tokens(_LOOP_CITATION.sub(r" \1 ", text), n)
-    return [t for t in tokens if any(c.isalnum() for c in t) and not _ENUMERATOR.fullmatch(t)], size
+    return [
+        _DIGITS.sub("0", t)
+        for t in tokens
+        if any(c.isalnum() for c in t) and not _ENUMERATOR.fullmatch(t)
+    ], size
 
 
 def _repeats_itself(tokens: Sequence[str], least: int) -> bool:
     """Whether a run of ``tokens`` follows itself verbatim (``x x``, ``x`` of any length p)
-    over at least ``max(2p, least)`` tokens: what a loop does and a templated list of
-    steps or a table of rows, each with a name of its own, does not."""
+    over at least ``max(2p, least)`` tokens, with a word or a citation in it: what a loop
+    does, and a templated list of steps or a table of rows, each with a name of its own,
+    does not (nor a table of numbers alone, its numbers all read as one)."""
     codes = {t: i for i, t in enumerate(dict.fromkeys(tokens))}
     ids = np.fromiter((codes[t] for t in tokens), dtype=np.int64, count=len(tokens))
+    worded = np.fromiter((any(c.isalpha() for c in t) for t in tokens), dtype=bool,
+                         count=len(tokens))  # fmt: skip
     for period in range(1, len(ids) // 2 + 1):
         same = np.concatenate(([0], (ids[period:] == ids[:-period]).astype(np.int8), [0]))
         edges = np.flatnonzero(np.diff(same))  # starts and ends of runs of matches
-        if edges.size and int((edges[1::2] - edges[::2]).max()) >= max(period, least - period):
-            return True
+        for start, end in zip(edges[::2], edges[1::2], strict=True):
+            if end - start >= max(period, least - period) and worded[start : end + period].any():
+                return True
     return False
 
 
