@@ -99,8 +99,9 @@ def files_command(
     store_path: StorePathOption = None,
 ) -> None:
     """Every file in the index: chunks, when it was ingested, its SHA-256; pages and
-    converter when the last run converted it (its checkpoints in paths.work_dir); then the
-    files the last run failed on, with the reason."""
+    converter of the conversion that made its chunks (recorded in paths.work_dir, blank for
+    a file converted before that record was kept); then the files the last run failed on,
+    with the reason."""
     from ragpipe.index_inspect import files
 
     with _opened(config, store_path, version) as (cfg, store):

@@ -245,3 +245,26 @@ def test_inspect_prints_no_escape_sequence_from_indexed_text(tmp_path: Path) -> 
         shown += result.output
     assert "\x1b" not in shown and "\x07" not in shown
     assert "red" in shown and "PWNED" in shown  # the text itself is shown
+
+
+@pytest.mark.integration
+def test_inspect_files_keeps_converters_and_pages_after_a_run_that_changed_nothing(
+    tmp_path: Path,
+) -> None:
+    """The converter and pages came from the last run's convert checkpoint alone: after a
+    run that changed nothing (the tutorial's second run), every file showed neither."""
+    from ragpipe.index_inspect import files
+    from ragpipe.ingest.pipeline import run_ingest
+    from ragpipe.store import open_reader
+    from tests.support.corpora import make_config, write_topics
+
+    cfg = make_config(write_topics(tmp_path / "corpus", 2, ".md"), tmp_path)
+    run_ingest(cfg)
+    assert run_ingest(cfg).stages["plan"]["unchanged"] == 2
+    store = open_reader(cfg.store, "paraphrase-MiniLM-L3-v2")
+    assert store is not None
+    try:
+        rows = files(store, cfg.paths.work_dir)
+    finally:
+        store.close()
+    assert [(r.converter, r.chunks > 0) for r in rows] == [("docling-simple-markdown", True)] * 2

@@ -147,9 +147,13 @@ def files(store: VectorStore, work_dir: Path | None = None) -> list[FileRow]:
             work_dir, "convert/documents.parquet", ["file_path", "source_sha256", "converter",
                                                     "num_pages"]
         )  # fmt: skip
-        for doc in documents:
+        # The last run's conversions, then those of the runs before (convert's record of
+        # them): after a run that changed nothing, every file showed no converter.
+        known = _checkpoint(work_dir, "convert/converters.parquet",
+                            ["file_path", "source_sha256", "converter", "num_pages"])  # fmt: skip
+        for doc in [*documents, *known]:
             row = rows.get(str(doc["file_path"]))
-            if row is not None and doc["source_sha256"] == row.source_sha:
+            if row is not None and row.converter is None and doc["source_sha256"] == row.source_sha:
                 row.converter = doc["converter"]
                 row.pages = _int(doc["num_pages"])
         failures = _checkpoint(work_dir, "failures.parquet", ["file_path", "stage", "message"])

@@ -669,6 +669,7 @@ def run_convert(
             "convert", sources, partial(convert_one, bounded), lambda s: (s.file_path, s.sha256)
         )
     _prune_cache(cache_dir, {_cache_key(s, config_fp) for s in sources})
+    remember_converters(here / CONVERTERS, docs)
     counts = ConvertCounts(
         len(docs),
         stats["converted"],
@@ -686,6 +687,30 @@ def run_convert(
         started,
         plan_id,
     )
+
+
+CONVERTERS = "converters.parquet"  # every indexed file's converter and pages, kept
+
+
+def remember_converters(path: Path, docs: Sequence[Document]) -> None:
+    """Add this run's documents' converter and page count to ``path`` (one row a file, the
+    newest): a run converts only new and changed files, so `ragpipe inspect files` showed
+    no converter and no pages for any file after a run that changed nothing."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows: dict[str, dict[str, Any]] = {}
+    if path.is_file():
+        try:
+            rows = {r["file_path"]: r for r in pq.read_table(path).to_pylist()}
+        except (OSError, ValueError, KeyError, pa.ArrowException):  # informative only
+            logger.warning("%s unreadable: written again from this run's documents", path)
+    for doc in docs:
+        rows[doc.file_path] = {"file_path": doc.file_path, "source_sha256": doc.source_sha256,
+                               "converter": doc.converter, "num_pages": doc.num_pages}  # fmt: skip
+    schema = pa.schema([("file_path", pa.string()), ("source_sha256", pa.string()),
+                        ("converter", pa.string()), ("num_pages", pa.int64())])  # fmt: skip
+    checkpoint.write_table(path, pa.Table.from_pylist(list(rows.values()), schema=schema))
 
 
 def _prune_cache(cache_dir: Path, keep: set[str]) -> None:
