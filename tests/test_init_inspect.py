@@ -77,12 +77,11 @@ def test_init_writes_a_project_that_loads_deploys_and_is_never_overwritten(
     ]
     runtime = RagpipeConfig(store={"path": folder / "data" / "store"})  # type: ignore[arg-type]
     assert trigger["match"]["prefect.resource.id"] == index_resource(runtime)["prefect.resource.id"]
-    # The project's own files are not indexed when a root contains the folder.
+    # No ignore glob for the project's own files: discovery skips them by path
+    # (test_init_project_as_a_root_indexes_another_roots_data_and_eval_folders).
     inner = tmp_path / "inner"
     runner.invoke(app, ["init", str(inner), "--roots", ".."])
-    assert {"inner/data/**", "inner/eval/**", "inner/ragpipe.yaml"} <= set(
-        load_config(inner / "ragpipe.yaml").discover.ignore
-    )
+    assert load_config(inner / "ragpipe.yaml").discover.ignore == RagpipeConfig().discover.ignore
     # Never over a file: exit 2, the file named, nothing written or changed.
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     again = runner.invoke(app, ["init", str(folder), "--name", "other"])
@@ -92,6 +91,36 @@ def test_init_writes_a_project_that_loads_deploys_and_is_never_overwritten(
     bad = runner.invoke(app, ["init", str(tmp_path / "x"), "--name", "../escape"])
     assert bad.exit_code == 2 and "--name" in bad.output
     assert not (tmp_path / "x").exists()
+
+
+def test_init_project_as_a_root_indexes_another_roots_data_and_eval_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`init --roots . --roots OTHER` wrote discover.ignore ["data/**", "eval/**", ...]: a glob
+    applies to every root, so OTHER's own data/ and eval/ folders were dropped, not even
+    counted as skipped. The project's golden set and configuration files are still kept out,
+    by their paths."""
+    from ragpipe.ingest.discover import discover, own_paths
+
+    folder, other = tmp_path / "team", tmp_path / "manuals"
+    for rel in ("data/specs.md", "eval/results.md", "eval/golden/faq.yaml", "guide.md"):
+        (other / rel).parent.mkdir(parents=True, exist_ok=True)
+        (other / rel).write_text(f"# {rel}\n\ntext\n", encoding="utf-8")
+    result = runner.invoke(app, ["init", str(folder), "--roots", ".", "--roots", str(other)])
+    assert result.exit_code == 0, result.output
+    (folder / "notes.md").write_text("# Notes\n\ntext\n", encoding="utf-8")
+    monkeypatch.chdir(folder)  # where the deployments run it
+    cfg = load_config(Path("ragpipe.yaml"))
+    found = discover(cfg.discover, own=own_paths(cfg))
+    assert sorted(f.file_path for f in found.files) == [
+        f"{other.as_posix()}/{rel}"
+        for rel in ("data/specs.md", "eval/golden/faq.yaml", "eval/results.md", "guide.md")
+    ] + ["notes.md"]
+    assert sorted((s.file_path, s.reason) for s in found.skipped) == [
+        ("eval/golden/my-docs.yaml", "ragpipe_data"),
+        ("prefect.yaml", "ragpipe_data"),
+        ("ragpipe.yaml", "ragpipe_data"),
+    ]
 
 
 def test_init_keeps_nothing_when_it_cannot_finish_and_quotes_what_it_writes(

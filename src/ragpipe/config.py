@@ -1693,6 +1693,14 @@ class RagpipeConfig(BaseSettings):
     paths: PathsConfig = Field(default_factory=PathsConfig)
     # Where each value set by load_config came from (dotted field -> origin).
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+    # The YAML file load_config read, if any: discovery never indexes it (ragpipe init's
+    # project is often its own root).
+    _file: Path | None = PrivateAttr(default=None)
+
+    @property
+    def config_file(self) -> Path | None:
+        """The configuration file this was loaded from (None: defaults, or built in code)."""
+        return self._file
 
     def origin(self, dotted: str) -> str:
         """Where the value of ``dotted`` (e.g. ``eval.golden``) came from: the file, an
@@ -1860,6 +1868,7 @@ def load_config(
         origins[name.removeprefix("RAGPIPE_").lower().replace("__", ".")] = name
     origins.update(dict.fromkeys(_dotted(overrides or {}), overrides_from))
     config._origins.update(origins)
+    config._file = path
     config = _keys_from_blocks(config)
     for name in unknown_variables():
         logger.warning(

@@ -207,24 +207,14 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def _ignored(folder: Path, roots: list[str]) -> list[str]:
-    """discover.ignore: the defaults, plus this project's own files (its index, checkpoints,
-    reports, golden sets and configs) under any root that contains the folder."""
+def _ignored() -> list[str]:
+    """discover.ignore: the defaults. Nothing of the project's own: a glob applies to every
+    root (``eval/**`` dropped another root's own eval/ folder, not even counted as skipped);
+    discovery skips the index, work dir, reports, golden sets and this configuration by
+    their paths wherever a root holds them (``own_paths``)."""
     from ragpipe.config import DiscoverConfig
 
-    patterns = list(DiscoverConfig().ignore)
-    for root in roots:
-        base = Path(root).expanduser()
-        base = (base if base.is_absolute() else folder / base).resolve()
-        try:
-            inside = folder.relative_to(base).as_posix()
-        except ValueError:
-            continue
-        prefix = "" if inside == "." else f"{inside}/"
-        for own in ("data/**", "eval/**", CONFIG, PREFECT):
-            if f"{prefix}{own}" not in patterns:
-                patterns.append(f"{prefix}{own}")
-    return patterns
+    return list(DiscoverConfig().ignore)
 
 
 def _missing_folders(files: list[Path]) -> list[Path]:
@@ -282,7 +272,7 @@ def scaffold(folder: Path, roots: list[str] | None = None, name: str = "my-docs"
             folder=_one_line(str(folder)),
             roots=listed_roots,
             name=name,
-            ignore=_quoted(_ignored(folder, roots)),
+            ignore=_quoted(_ignored()),
         ),
         made.golden: GOLDEN_TEMPLATE.format(
             name=name,

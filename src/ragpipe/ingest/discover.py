@@ -25,7 +25,9 @@ logger = logging.getLogger(__name__)
 
 STAGE = "discover"
 OWN_DATA = "ragpipe_data"
-OWN_DATA_DETAIL = "ragpipe's own work dir, store, reports or lock: never indexed"
+OWN_DATA_DETAIL = (
+    "ragpipe's own work dir, store, reports, lock, golden set or configuration: never indexed"
+)
 KINDS = {
     "pdf": "pdf",
     "md": "markdown",
@@ -513,14 +515,24 @@ def index_paths(config: RagpipeConfig) -> list[Path]:
 
 
 def own_paths(config: RagpipeConfig) -> list[Path]:
-    """What ragpipe writes for this config, which a root may hold (``ragpipe ingest .``):
-    the work dir, the Edge store with its published versions and reader copies, the
-    reports, and the locks. Indexing them would index the index (and fail the next run,
-    as the published copies it indexed are tidied away)."""
+    """What ragpipe writes or reads for this config, which a root may hold (``ragpipe ingest
+    .``): the work dir, the Edge store with its published versions and reader copies, the
+    reports, and the locks; indexing them would index the index (and fail the next run, as
+    the published copies it indexed are tidied away). Also the golden sets and labels (their
+    expected answers in the index would flatter every evaluation), the configuration file
+    and the ``prefect.yaml`` beside it (``ragpipe init``'s project is often its own root).
+
+    These are paths, not ignore globs: a glob applies to every root, so ``eval/**`` for the
+    project dropped another root's own eval/ folder unsaid."""
     from ragpipe.locking import lock_path
 
+    evaluation = [config.eval.golden, *([config.eval.labels] if config.eval.labels else [])]
+    if config.index.gate is not None:
+        evaluation.extend(config.index.gate.golden)
+    project = [config.config_file, config.config_file.parent / "prefect.yaml"] if (
+        config.config_file is not None) else []  # fmt: skip
     return [config.paths.work_dir, config.eval.reports_dir, lock_path(config),
-            *index_paths(config)]  # fmt: skip
+            *index_paths(config), *evaluation, *project]  # fmt: skip
 
 
 def run_discover(
