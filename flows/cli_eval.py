@@ -203,10 +203,12 @@ def eval_check(
 
     The format first (every item's fields), then every target: each file must match a file
     in the index by path suffix, each chunk target (heading or contained text) a chunk that
-    scoring can credit to it. Unmatched targets are listed with their closest matches. Exit
-    0 when everything matches, 2 otherwise (or for a bad file or a missing index).
+    scoring can credit to it. Unmatched targets are listed with their closest matches, and,
+    when eval.granularity is chunk (the default) or at --scope chunk, each answerable item
+    without chunk targets (a retrieval run refuses it). Exit 0 when everything matches, 2
+    otherwise (or for a bad file or a missing index).
     """
-    from ragpipe.evaluation.check import IndexView, golden_for_index
+    from ragpipe.evaluation.check import NO_CHUNKS, IndexView, golden_for_index
     from ragpipe.evaluation.run import load_golden_from
     from ragpipe.models.embedders import embedder_name
     from ragpipe.store import require_reader
@@ -224,6 +226,9 @@ def eval_check(
                 skip_unmatched=True,
                 origin=cfg.origin("eval.golden"),
                 scope=scope,
+                # What a run at the configured granularity refuses (scope all), or at chunk.
+                require_chunks=scope == "chunk"
+                or (scope == "all" and cfg.eval.granularity == "chunk"),
             )
         finally:
             store.close()
@@ -242,11 +247,25 @@ def eval_check(
         return
     for line in check.lines():
         console.print(f"[red]unmatched:[/red] {escape(line)}", highlight=False, soft_wrap=True)
-    console.print(
-        f"[red]error:[/red] {len(check.unmatched)} target(s) of {len(check.unmatched_items)} "
-        "item(s) cannot be scored on this index; fix them, or score the rest with --skip-unmatched",
-        highlight=False,
-    )
+    # No chunk targets is no mismatch with the index: --skip-unmatched does not score
+    # around it, the granularity or the items must change.
+    chunkless = [u.item_id for u in check.unmatched if u.target == NO_CHUNKS]
+    others = [u for u in check.unmatched if u.target != NO_CHUNKS]
+    if others:
+        items = len({u.item_id for u in others})
+        console.print(
+            f"[red]error:[/red] {len(others)} target(s) of {items} item(s) cannot be scored "
+            "on this index; fix them, or score the rest with --skip-unmatched",
+            highlight=False,
+        )
+    if chunkless:
+        console.print(
+            f"[red]error:[/red] {len(chunkless)} item(s) have no chunk targets (first: "
+            f"{escape(chunkless[0])}), which chunk granularity needs: set eval.granularity: "
+            "file in the configuration, or add chunks: to each item "
+            "(docs/reference/golden-format.md); --skip-unmatched does not score around them",
+            highlight=False,
+        )
     raise typer.Exit(2)
 
 

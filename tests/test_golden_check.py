@@ -360,3 +360,54 @@ items:
         assert check_golden(golden, view, "chunk").lines() == []
     finally:
         store.close()
+
+
+# Files only, no chunks: what a team writes first (chunks: was called optional).
+FILES_ONLY = """
+name: files-only
+items:
+  - id: calvin
+    query: How does the Calvin cycle fix carbon dioxide?
+    relevance: {science/photosynthesis.md: 3}
+  - id: oven
+    query: How hot should the oven be for bread?
+    relevance: {kitchen/bread.md: 2}
+"""
+
+
+def test_eval_check_names_items_without_chunk_targets_at_chunk_granularity(
+    indexed_edge: RagpipeConfig, tmp_path: Path
+) -> None:
+    """A set without chunks passed `eval check` ("ok: every target matches", exit 0), then
+    `eval retrieval` at the default chunk granularity refused it with "Use granularity
+    'file'", naming no setting."""
+    files_only = str(_write(tmp_path, "files-only", FILES_ONLY))
+    check = _cli(indexed_edge, "eval", "check", files_only)
+    assert check.exit_code == 2, check.output
+    flat = " ".join(check.output.split())
+    assert "every answerable item has an unmatched target" in flat
+    assert "calvin: chunk targets are missing" in flat and "oven: chunk targets" in flat
+    assert "set eval.granularity: file" in flat and "ok:" not in flat
+    # Beside an item that has chunks: each item named, and the fix, not --skip-unmatched.
+    with_chunks = TYPOS.split("items:\n")[1].split("  - id: oven-typo")[0]
+    mixed = FILES_ONLY + with_chunks.replace("id: calvin", "id: calvin-section")
+    check = _cli(indexed_edge, "eval", "check", str(_write(tmp_path, "mixed", mixed)))
+    assert check.exit_code == 2, check.output
+    flat = " ".join(check.output.split())
+    assert "3 items (0 answerable: false), 5 targets" in flat
+    assert "2 item(s) have no chunk targets (first: calvin)" in flat
+    assert "set eval.granularity: file" in flat and "ok:" not in flat
+    assert "cannot be scored on this index" not in flat  # no target mismatches the index
+    run = _cli(indexed_edge, "eval", "retrieval", "--golden", files_only,
+               "--reports-dir", str(tmp_path / "reports"))  # fmt: skip
+    assert run.exit_code == 2, run.output
+    flat = " ".join(run.output.split())
+    assert "2 item(s) have none (first: calvin)" in flat
+    assert "eval.granularity: file" in flat and "--granularity file" in flat
+    # The file scope, and a configuration that scores by file: ok.
+    assert _cli(indexed_edge, "eval", "check", files_only, "--scope", "file").exit_code == 0
+    by_file = tmp_path / "ragpipe.yaml"
+    by_file.write_text("eval:\n  granularity: file\n", encoding="utf-8")
+    ok = _cli(indexed_edge, "eval", "check", files_only, "--config", str(by_file))
+    assert ok.exit_code == 0, ok.output
+    assert "ok: every target matches" in ok.output

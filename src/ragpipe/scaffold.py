@@ -56,6 +56,8 @@ llm:
 
 eval:
   golden: eval/golden/{name}.yaml
+  granularity: chunk         # score by each item's chunks: targets; file if your items
+                             # name only files (relevance:), with no chunks:
   reports_dir: eval/reports  # one folder per run: report.html, report.md, summary.json
 
 # index:
@@ -77,7 +79,9 @@ items: []
 #   - id: install-1
 #     query: How do I install the client?
 #     relevance: {{install.md: 3}}        # path suffix of the answering file -> grade 1..3
-#     chunks:                             # optional: the section that answers it
+#     chunks:                             # the section that answers it: every answerable
+#                                         # item needs one, unless ragpipe.yaml says
+#                                         # eval: {{granularity: file}}
 #       - {{file: install.md, heading: "Installing the client"}}
 #     expected_answer: Run the installer, then sign in.   # optional: for eval rag
 #   - id: off-topic

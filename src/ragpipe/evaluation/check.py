@@ -306,12 +306,26 @@ def _scored_targets(item: GoldenItem, scope: str) -> tuple[list[str], list[Chunk
     return [s for s in files if s not in chunk_files], chunks
 
 
-def check_golden(golden: GoldenSet, view: IndexView, scope: str = "all") -> GoldenCheck:
+NO_CHUNKS = "chunk targets"
+NO_CHUNKS_PROBLEM = (
+    "are missing: at chunk granularity (eval.granularity's default) an item is scored by "
+    "them, and a retrieval run refuses it; set eval.granularity: file (--granularity file "
+    "on `ragpipe eval retrieval`), or add chunks: to the item"
+)
+
+
+def check_golden(
+    golden: GoldenSet, view: IndexView, scope: str = "all", *, require_chunks: bool = False
+) -> GoldenCheck:
     """Match the targets a run of ``scope`` scores against the index; nothing is scored.
 
     Args:
         scope: ``file`` or ``chunk`` (a retrieval run's granularity), ``answer`` (a RAG
             run: its citation metrics), or ``all`` (every target, as ``eval check``).
+        require_chunks: An answerable item without chunk targets is unmatched too (``eval
+            check`` when ``eval.granularity`` is chunk, or at scope ``chunk``): ``chunks:``
+            is optional in the format, but a chunk-granularity run refuses such an item,
+            and "ok" before that refusal read as a set ready to score.
     """
     if scope not in SCOPES:
         raise ConfigError(f"check scope {scope!r} is not one of {', '.join(SCOPES)}")
@@ -319,6 +333,9 @@ def check_golden(golden: GoldenSet, view: IndexView, scope: str = "all") -> Gold
     targets = 0
     for item in golden.items:
         files, chunks = _scored_targets(item, scope)
+        if require_chunks and item.answerable and not item.chunks:
+            targets += 1
+            unmatched.append(Unmatched(item.id, NO_CHUNKS, NO_CHUNKS_PROBLEM))
         if scope != "file" and item.chunks and not chunks:
             # Chunks (and citations) are scored by the chunk targets alone: with every
             # one at grade 0 nothing could count as relevant, and the item would score 0.
@@ -384,6 +401,7 @@ def golden_for_index(
     skip_unmatched: bool,
     origin: str,
     scope: str = "all",
+    require_chunks: bool = False,
 ) -> tuple[GoldenSet, GoldenCheck]:
     """The golden set to score on this index, and its check.
 
@@ -394,6 +412,7 @@ def golden_for_index(
         origin: Where the golden set's path came from (``RagpipeConfig.origin``), so
             that a set picked by a default says so.
         scope: What the run scores (see ``check_golden``).
+        require_chunks: See ``check_golden``.
 
     Raises:
         GoldenMismatch: A target cannot be scored here, as it matches nothing or names
@@ -401,7 +420,7 @@ def golden_for_index(
             no file the set names is in the index at all (always: that set belongs to
             another corpus), or nothing would be left to score.
     """
-    check = check_golden(golden, view, scope)
+    check = check_golden(golden, view, scope, require_chunks=require_chunks)
     answerable = [i for i in golden.items if i.answerable]
     named = {s for i in answerable for s, g in i.relevance.items() if g > 0}
     if answerable and not any(view.matching(s) for s in named):

@@ -274,7 +274,9 @@ def run_retrieval_eval(
         if missing:
             raise ConfigError(
                 f"granularity 'chunk' needs chunk targets; {len(missing)} item(s) have none "
-                f"(first: {missing[0]}). Use granularity 'file' for this golden set."
+                f"(first: {missing[0]}): score by file with eval.granularity: file in the "
+                "configuration (--granularity file on `ragpipe eval retrieval`), or add "
+                "chunks: to each item (docs/reference/golden-format.md)"
             )
     own = retriever is None
     retriever = retriever or Retriever(config)
