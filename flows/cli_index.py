@@ -13,8 +13,8 @@ import typer
 from rich.table import Table
 
 from flows.cli_common import ConfigOption, StorePathOption, console, fail, prefect_env
-from ragpipe.config import RagpipeConfig, load_config
-from ragpipe.errors import ConfigError, RagpipeError
+from ragpipe.config import RagpipeConfig, load_config, relative_path_note
+from ragpipe.errors import ConfigError, RagpipeError, StageError
 
 index_app = typer.Typer(
     help="Look after the index: its versions (list, promote, discard; see index.gate) and "
@@ -116,14 +116,23 @@ def list_versions(
     try:
         cfg = _versioned_config(config, store_path)
         versions = index_versions.list_versions(cfg.store)
-        where = cfg.store.path if cfg.store.backend.value == "edge" else cfg.store.collection
+        edge = cfg.store.backend.value == "edge"
+        # Absolute, and where a relative path was taken from: `--config "other dir/..."`
+        # run elsewhere looked for the working directory's data/store and said "yet", exit 0.
+        where = os.path.abspath(cfg.store.path) if edge else cfg.store.collection
+        note = relative_path_note(cfg.store.path, "store.path", cfg.config_file) if edge else ""
+        if edge and not versions and not cfg.store.path.exists():
+            raise StageError(
+                f"no index at {where}: run `ragpipe ingest` first (or point store.path at an "
+                f"existing index){note}"
+            )
     except RagpipeError as exc:
         fail(exc, 2)
     if as_json:
         print(json.dumps([asdict(v) for v in versions], indent=2))
         return
     if not versions:
-        print(f"no published version of {where} yet: run `ragpipe ingest`")
+        print(f"no published version of {where} yet: run `ragpipe ingest`{note}")
         return
     table = Table(title=f"index versions ({where})")
     for column in ("version", "status", "published", "files", "points", "gate"):

@@ -297,3 +297,43 @@ def test_inspect_files_keeps_converters_and_pages_after_a_run_that_changed_nothi
     finally:
         store.close()
     assert [(r.converter, r.chunks > 0) for r in rows] == [("docling-simple-markdown", True)] * 2
+
+
+def test_a_relative_store_path_run_from_another_folder_names_where_it_looked(
+    indexed_edge: RagpipeConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Relative paths are taken from the working directory. `index list --config "other
+    dir/ragpipe.yaml"` run elsewhere printed "no published version of data/store yet: run
+    `ragpipe ingest`" and exited 0 while the index existed; inspect named "data/store"."""
+    import os
+
+    project, elsewhere = tmp_path / "other dir", tmp_path / "a" / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir(parents=True)
+    store = os.path.relpath(indexed_edge.store.path, project)
+    (project / "ragpipe.yaml").write_text(json.dumps({
+        "embed": {"provider": "onnx"}, "store": {"path": store},
+        "paths": {"work_dir": os.path.relpath(indexed_edge.paths.work_dir, project)},
+    }), encoding="utf-8")  # fmt: skip
+    monkeypatch.chdir(project)  # where it is meant to run: the index is found
+    listed = runner.invoke(app, ["index", "list", "--config", "ragpipe.yaml", "--json"])
+    assert listed.exit_code == 0 and len(json.loads(listed.stdout)) == 1, listed.output
+    monkeypatch.chdir(elsewhere)
+    config = ["--config", "../../other dir/ragpipe.yaml"]
+    for args in (["index", "list", *config], ["inspect", "stats", *config]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        flat = " ".join(result.output.split())
+        assert (
+            f"no index at {os.path.normpath(elsewhere / store)}: run `ragpipe ingest` first" in flat
+        )
+        assert f"store.path {store} is relative, so it is taken from the working directory " \
+               f"{elsewhere}, not from the folder of ../../other dir/ragpipe.yaml: run ragpipe " \
+               f"in {project} (as its deployments do)" in flat  # fmt: skip
+    # In the project folder with no index at all: exit 2 too, with no advice to move.
+    monkeypatch.chdir(project)
+    (project / "ragpipe.yaml").write_text('{"store": {"path": "data/store"}}', encoding="utf-8")
+    none = runner.invoke(app, ["index", "list", "--config", "ragpipe.yaml"])
+    assert none.exit_code == 2, none.output
+    flat = " ".join(none.output.split())
+    assert f"no index at {project / 'data' / 'store'}" in flat and "folder of" not in flat

@@ -79,7 +79,11 @@ def test_golden_set_missing(site: Path) -> None:
 def test_missing_index(site: Path) -> None:
     rc, lines = _run("search", "--store-path", "nowhere", "oven", cwd=site)
     assert rc == 2
-    assert "no index at nowhere" in _one_error(lines)
+    error = _one_error(lines)
+    assert f"no index at {site / 'nowhere'}" in error  # the absolute path it looked at
+    assert (
+        f"store.path nowhere is relative, so it is taken from the working directory {site}" in error
+    )
 
 
 def test_lock_held(site: Path) -> None:

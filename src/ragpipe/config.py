@@ -1796,6 +1796,27 @@ def read_secret_block(field: str, block: str, instead: str) -> str:
         ) from exc
 
 
+def relative_path_note(path: Path, field: str, config_file: Path | None = None) -> str:
+    """For a message about a path that holds nothing: "" when ``path`` is absolute, else that
+    it was taken from the working directory (relative paths in the configuration are, by
+    design: the deployments run in the project folder), and, when ``config_file`` lies in
+    another folder, how to fix it. Without it, ``index list --config "other dir/ragpipe.yaml"``
+    said "no published version of data/store yet" about the working directory's data/store.
+    """
+    if path.is_absolute():
+        return ""
+    here = Path.cwd()
+    note = f"; {field} {path} is relative, so it is taken from the working directory {here}"
+    if config_file is not None:
+        folder = config_file.resolve().parent
+        if folder != here.resolve():
+            note += (
+                f", not from the folder of {config_file}: run ragpipe in {folder} (as its "
+                f"deployments do), or write {field} there as an absolute path"
+            )
+    return note
+
+
 def load_config(
     path: Path | None = None,
     overrides: dict[str, Any] | None = None,

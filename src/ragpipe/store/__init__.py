@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 from ragpipe.config import StoreBackend, StoreConfig
@@ -82,16 +84,28 @@ def open_store(
     return store
 
 
-def require_reader(config: StoreConfig, embedder: str, version: str | None = None) -> VectorStore:
-    """``open_reader``, or StageError saying how to get an index when there is none."""
+def require_reader(
+    config: StoreConfig,
+    embedder: str,
+    version: str | None = None,
+    config_file: Path | None = None,
+) -> VectorStore:
+    """``open_reader``, or StageError saying how to get an index when there is none (its
+    absolute path, and where a relative one was taken from: ``config_file``'s folder is not
+    it unless ragpipe runs there)."""
     store = open_reader(config, embedder, version)
     if store is None:
+        from ragpipe.config import relative_path_note
         from ragpipe.store.qdrant import without_credentials
 
-        where = without_credentials(config.url) if config.url else config.path
+        if config.url:
+            where, note = without_credentials(config.url), ""
+        else:
+            where = os.path.abspath(config.path)
+            note = relative_path_note(config.path, "store.path", config_file)
         raise StageError(
             f"no index at {where}: run `ragpipe ingest` first (or point store.path / "
-            "store.url at an existing index)"
+            f"store.url at an existing index){note}"
         )
     return store
 
