@@ -291,3 +291,23 @@ def test_a_section_as_json_sets_it_and_a_mistake_is_blamed_where_it_is(
     overrides = {"chunk": {"size": 2000}, "retrieve": {"top_k": -5}}
     with pytest.raises(ConfigError, match=r"(?s)from the command line\).*retrieve\.top_k"):
         load_config(path, overrides)
+
+
+def test_a_web_url_in_roots_is_a_page_to_fetch(tmp_path: Path) -> None:
+    """An https:// root was the local path https:/example.org/docs (a missing root, or a
+    folder of that name), where an s3:// one moved to object_roots and the CLI's sources
+    put a web URL in discover.urls."""
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        'discover:\n  roots: [docs, "https://example.org/docs", "s3://b/x"]\n'
+        '  urls: ["https://example.org/a"]\n'
+    )
+    cfg = load_config(path).discover
+    assert cfg.roots == [Path("docs")]
+    assert cfg.urls == ["https://example.org/a", "https://example.org/docs"]
+    assert cfg.object_roots == ["s3://b/x"]
+    only = DiscoverConfig(roots=["HTTP://example.org/"])  # type: ignore[list-item]
+    assert (only.roots, only.urls) == ([], ["HTTP://example.org/"])
+    path.write_text('discover:\n  roots: ["ftp://example.org/docs"]\n')
+    with pytest.raises(ConfigError, match=r"discover\.urls.*'ftp://example\.org/docs' is not an"):
+        load_config(path)

@@ -139,8 +139,8 @@ class DiscoverConfig(_Section):
         "working directory. Merged and de-duplicated by real path. A file is named by its "
         "root as written (docs/a.md, /home/me/docs/a.md): the same files under another "
         "spelling are refused until --allow-mass-delete re-indexes them. Object-storage URLs "
-        "(s3://bucket/prefix, gs://…, az://…) written here move to discover.object_roots. May be "
-        "empty when another source is given.",
+        "(s3://bucket/prefix, gs://…, az://…) written here move to discover.object_roots, web "
+        "URLs (https://…) to discover.urls. May be empty when another source is given.",
     )
     object_roots: list[str] = Field(
         default_factory=list,
@@ -220,18 +220,23 @@ class DiscoverConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _object_urls_out_of_roots(cls, data: Any) -> Any:
-        """``s3://…`` in roots is an object root: a Path would fold its ``//``."""
+        """``s3://…`` in roots is an object root, ``https://…`` a web page (discover.urls),
+        as on the command line (``with_sources``): a Path would fold its ``//``, and
+        ``https://example.org/docs`` became the missing local folder https:/example.org/docs.
+        """
         if not isinstance(data, dict) or not isinstance(data.get("roots"), list):
             return data
         roots = data["roots"]
-        moved = [r for r in roots if isinstance(r, str) and is_object_url(r)]
-        if not moved:
+        objects = [r for r in roots if isinstance(r, str) and is_object_url(r)]
+        pages = [r for r in roots if isinstance(r, str) and is_url(r)]
+        if not objects and not pages:
             return data
-        return {
-            **data,
-            "roots": [r for r in roots if r not in moved],
-            "object_roots": [*data.get("object_roots", []), *moved],
-        }
+        moved = {**data, "roots": [r for r in roots if r not in objects and r not in pages]}
+        if objects:
+            moved["object_roots"] = [*data.get("object_roots", []), *objects]
+        if pages:
+            moved["urls"] = [*data.get("urls", []), *pages]
+        return moved
 
     @field_validator("object_roots")
     @classmethod

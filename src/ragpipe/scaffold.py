@@ -30,7 +30,7 @@ CONFIG_TEMPLATE = """\
 # deployments in prefect.yaml do).
 
 discover:
-  roots:                     # folders (or files) to index; also s3://bucket/prefix,
+  roots:                     # folders (or files) to index; also s3://bucket/prefix, https://…
 {roots}
   ignore: {ignore}
   # urls: ["https://example.org/guide/"]
