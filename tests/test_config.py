@@ -311,3 +311,26 @@ def test_a_web_url_in_roots_is_a_page_to_fetch(tmp_path: Path) -> None:
     path.write_text('discover:\n  roots: ["ftp://example.org/docs"]\n')
     with pytest.raises(ConfigError, match=r"discover\.urls.*'ftp://example\.org/docs' is not an"):
         load_config(path)
+
+
+def test_the_variable_a_config_error_names_is_one_that_sets_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list item's hint was RAGPIPE_DISCOVER__ROOTS__0 (it sets nothing), a whole
+    section's check (embed without a model) RAGPIPE_EMBED, not RAGPIPE_EMBED__MODEL."""
+    path = tmp_path / "r.yaml"
+    path.write_text("discover: {roots: [2024]}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "or RAGPIPE_DISCOVER__ROOTS (the whole list, as JSON)." in str(err.value)
+    assert "__0" not in str(err.value)
+    monkeypatch.setenv("RAGPIPE_DISCOVER__ROOTS", '["docs"]')  # and that one works
+    assert load_config(path).discover.roots == [Path("docs")]
+    path.write_text("embed: {provider: openai}\n")
+    with pytest.raises(ConfigError, match=r"set it in the YAML file or RAGPIPE_EMBED__MODEL$"):
+        load_config(path)
+    monkeypatch.setenv("RAGPIPE_EMBED__MODEL", "text-embedding-3-small")
+    assert load_config(path).embed.model == "text-embedding-3-small"
+    path.write_text("chunk: {size: 100, overlap: 100}\n")
+    with pytest.raises(ConfigError, match=r"or RAGPIPE_CHUNK__SIZE or RAGPIPE_CHUNK__OVERLAP$"):
+        load_config(path)

@@ -2044,6 +2044,29 @@ def with_sources(config: RagpipeConfig, sources: list[str] | None) -> RagpipeCon
     return config.model_copy(update={"discover": discover})
 
 
+def _env_hint(loc: tuple[int | str, ...], msg: str) -> str:
+    """The variable that sets what ``loc`` names. A list is set whole, as JSON (there is no
+    RAGPIPE_DISCOVER__ROOTS__0); a check of a whole section (``embed`` without a model)
+    names the fields its message names (RAGPIPE_EMBED__MODEL, not RAGPIPE_EMBED)."""
+    path: list[str] = []
+    for part in loc:
+        if isinstance(part, int):
+            return "RAGPIPE_" + "__".join(path) + " (the whole list, as JSON)"
+        path.append(str(part).upper())
+    env = "RAGPIPE_" + "__".join(path)
+    fields, _, found = _walk(loc)
+    section = _section(fields[-1].annotation) if found and fields else None
+    if not path or section is None:
+        return env if path else "RAGPIPE_<SECTION>__<FIELD>"
+    dotted = re.escape(".".join(str(p) for p in loc))
+    named = [
+        f"{env}__{field.upper()}"
+        for field in section.model_fields
+        if re.search(rf"(?:^|[\s(]){re.escape(field)}:|\b{dotted}\.{re.escape(field)}\b", msg)
+    ]
+    return " or ".join(named) if named else f"{env}__<FIELD>"
+
+
 def _format_validation_error(
     exc: ValidationError, source: str, prefix: tuple[str, ...] = (), hint: bool = True
 ) -> str:
@@ -2052,7 +2075,7 @@ def _format_validation_error(
     for err in exc.errors():
         loc = prefix + tuple(p for p in err["loc"] if p not in ("function-after",))
         name = ".".join(str(p) for p in loc) or "<root>"
-        env = "RAGPIPE_" + "__".join(str(p).upper() for p in loc)
+        env = _env_hint(loc, err["msg"])
         if err["type"] == "extra_forbidden":
             valid = _walk(loc[:-1])[1]
             lines.append(f"  {name}: unknown field; valid names here: {', '.join(valid)}")
