@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -334,3 +335,23 @@ def test_the_variable_a_config_error_names_is_one_that_sets_it(
     path.write_text("chunk: {size: 100, overlap: 100}\n")
     with pytest.raises(ConfigError, match=r"or RAGPIPE_CHUNK__SIZE or RAGPIPE_CHUNK__OVERLAP$"):
         load_config(path)
+
+
+def test_a_golden_set_given_in_a_section_variable_is_named_as_its_origin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RAGPIPE_EVAL='{"golden": ...}' over a file's eval.golden: the missing set was said to
+    come "(from ragpipe.yaml)", and "see eval/README.md", a file no init project has."""
+    from ragpipe.evaluation.run import load_golden_from
+
+    path = tmp_path / "ragpipe.yaml"
+    path.write_text("eval: {golden: eval/golden/mine.yaml, depth: 20}\n")
+    monkeypatch.setenv("RAGPIPE_EVAL", json.dumps({"golden": str(tmp_path / "nope.yaml")}))
+    cfg = load_config(path)
+    assert (cfg.origin("eval.golden"), cfg.origin("eval.depth")) == ("RAGPIPE_EVAL", str(path))
+    with pytest.raises(ConfigError) as err:
+        load_golden_from(cfg)
+    assert str(err.value) == (
+        f"golden set {tmp_path / 'nope.yaml'} not found (from RAGPIPE_EVAL): pass --golden "
+        "(eval.golden) with your golden set; its format: docs/reference/golden-format.md"
+    )

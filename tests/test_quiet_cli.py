@@ -72,7 +72,7 @@ def test_golden_set_missing(site: Path) -> None:
     assert rc == 2
     assert _one_error(lines) == (
         "error: golden set nope.yaml not found (from the command line): pass "
-        "--golden (eval.golden) with your golden set; see eval/README.md for the format"
+        "--golden (eval.golden) with your golden set; its format: docs/reference/golden-format.md"
     )
 
 

@@ -8,6 +8,7 @@ values (CLI options, a Prefect form's fields). Nothing in the library reads a gl
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -1891,7 +1892,14 @@ def load_config(
         _OVERRIDES.reset(token)
     origins = dict.fromkeys(_dotted(data), source)
     for name in environment_overrides():
-        origins[name.removeprefix("RAGPIPE_").lower().replace("__", ".")] = name
+        dotted = name.upper().removeprefix("RAGPIPE_").lower().replace("__", ".")
+        origins[dotted] = name
+        # A section (or a nested model) as JSON sets each field it names: RAGPIPE_EVAL=
+        # '{"golden": ...}' left eval.golden to the file, "(from ragpipe.yaml)".
+        with contextlib.suppress(ValueError):
+            tree = json.loads(os.environ[name])
+            if isinstance(tree, dict):
+                origins.update(dict.fromkeys(_dotted(tree, f"{dotted}."), name))
     origins.update(dict.fromkeys(_dotted(overrides or {}), overrides_from))
     config._origins.update(origins)
     config._file = path

@@ -601,7 +601,7 @@ def load_golden_from(config: RagpipeConfig, reviewing: bool = False) -> GoldenSe
     if not path.is_file():
         raise ConfigError(
             f"golden set {path} not found (from {config.origin('eval.golden')}): pass --golden "
-            "(eval.golden) with your golden set; see eval/README.md for the format"
+            "(eval.golden) with your golden set; its format: docs/reference/golden-format.md"
         )
     golden = load_golden(path)
     if not reviewing:
