@@ -355,3 +355,19 @@ def test_a_golden_set_given_in_a_section_variable_is_named_as_its_origin(
         f"golden set {tmp_path / 'nope.yaml'} not found (from RAGPIPE_EVAL): pass --golden "
         "(eval.golden) with your golden set; its format: docs/reference/golden-format.md"
     )
+
+
+def test_a_yaml_boolean_is_no_number(tmp_path: Path) -> None:
+    """`chunk: {size: true}` loaded as size 1 (pydantic reads a boolean as 1 or 0 for a
+    number): one-character chunks, and not a word said."""
+    path = tmp_path / "r.yaml"
+    for text, field in [("chunk: {size: true}", "chunk.size"),
+                        ("retrieve: {top_k: false}", "retrieve.top_k"),
+                        ("index: {gate: {golden: [g.yaml], max_drop: true}}",
+                         "index.gate.max_drop")]:  # fmt: skip
+        path.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=rf"{field}: write a number, not (true|false)"):
+            load_config(path)
+    path.write_text("chunk: {size: 500}\ndiscover: {follow_symlinks: true}\n")
+    cfg = load_config(path)  # numbers and real booleans load as before
+    assert (cfg.chunk.size, cfg.discover.follow_symlinks) == (500, True)

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, get_args
+from types import UnionType
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -29,6 +30,7 @@ from pydantic import (
     PrivateAttr,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -62,6 +64,25 @@ MAX_SECONDS = 7 * 24 * 3600.0
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """``size: true`` is a slip, not 1: pydantic's lax mode reads a YAML boolean as the
+        number 1 or 0 (``chunk: {size: true}`` made chunks of one character)."""
+        if isinstance(value, bool) and info.field_name is not None:
+            kinds = _held_types(cls.model_fields[info.field_name].annotation)
+            if bool not in kinds and kinds & {int, float}:
+                raise ValueError(f"write a number, not {str(value).lower()}")
+        return value
+
+
+def _held_types(annotation: Any) -> set[Any]:
+    """The types an annotation admits (``int | None``: int and NoneType; ``list[int]``: a
+    list)."""
+    if get_origin(annotation) in (Union, UnionType, Annotated):
+        return set().union(*(_held_types(a) for a in get_args(annotation)))
+    return {annotation}
 
 
 def _a_path(value: Any) -> Any:

@@ -151,8 +151,9 @@ def config_reference() -> str:
         "```",
         "",
         f"or in the environment as `{ENV_PREFIX}SECTION__NAME` (the environment wins over the "
-        "file, command-line options win over both). Unknown fields are refused at load, with "
-        "the field named.",
+        "file, command-line options win over both; a list is set whole, as JSON: "
+        f"`{ENV_PREFIX}DISCOVER__ROOTS='[\"docs\"]'`). Unknown fields are refused at load, "
+        "with the field named, and so is `true` or `false` where a number goes.",
         "",
     ]
     for name, field in RagpipeConfig.model_fields.items():
