@@ -70,7 +70,7 @@ def test_qdrant_server_down_fails_before_any_conversion(corpus: Path, tmp_path: 
     with pytest.raises(StageError) as err:
         run_ingest(cfg)
     message = str(err.value)
-    assert "failed collection_exists after 3 attempt(s)" in message
+    assert "failed get_aliases after 3 attempt(s)" in message  # the first call: its alias
     assert "store.url" in message and cfg.store.url in message  # type: ignore[operator]
     assert time.monotonic() - started < 10  # 0.5 + 1 s of backoff, no hanging
     assert not (tmp_path / "work" / "convert").exists()
@@ -111,6 +111,8 @@ def test_qdrant_timeouts_and_503s_are_retried_then_fail_clearly(
         first = run_ingest(cfg)
         assert first.ok and first.points_total == first.chunks
         assert fake.calls["PUT /collections/ragpipe/points"] == first.chunks // 8 + 1 + 2
+        stamps = fake.calls["PATCH /collections/ragpipe"]
+        assert stamps == 2  # a session's token: when it starts writing, when it closes
 
         (corpus / "engines.md").write_text(topic_doc("engines", version=2), encoding="utf-8")
         fake.hang_s = 3  # longer than store.timeout_s (1 s)
@@ -120,6 +122,9 @@ def test_qdrant_timeouts_and_503s_are_retried_then_fail_clearly(
             run_ingest(cfg)
         assert "timed out" in str(err.value).lower()
         assert time.monotonic() - started < 30  # 3 timeouts of 1 s plus 1.5 s of backoff
+        # Stamped when the first write began; not again when the store closed after the
+        # failure (that stamp waited out every retry once more before the run failed).
+        assert fake.calls["PATCH /collections/ragpipe"] == stamps + 1
         assert manifest(cfg, "upsert") is not None  # the first run's, not this one's
         assert manifest(cfg, "upsert").counts["points_written"] == first.chunks  # type: ignore[union-attr]
 

@@ -75,6 +75,8 @@ def _handle(fake: QdrantFake, method: str, path: str, body: dict[str, Any]) -> A
     engine = fake.engine
     if path == "/" and method == "GET":
         return {"title": "qdrant (ragpipe test server)", "version": version("qdrant-client")}
+    if path == "/aliases" and method == "GET":
+        return _dump(engine.get_aliases())
     match = _ROUTE.match(path)
     if match is None:
         raise KeyError(path)
@@ -92,6 +94,9 @@ def _handle(fake: QdrantFake, method: str, path: str, body: dict[str, Any]) -> A
             sparse_vectors_config=spec.sparse_vectors,
             metadata=spec.metadata,
         )
+    if route == ("PATCH", ""):
+        update = m.UpdateCollection.model_validate(body)
+        return engine.update_collection(name, metadata=update.metadata)
     if route == ("PUT", "/index"):
         return {"operation_id": 0, "status": "completed"}  # local mode has no payload indexes
     if route == ("PUT", "/points"):
@@ -204,6 +209,9 @@ def _handler(fake: QdrantFake) -> type[BaseHTTPRequestHandler]:
 
         def do_DELETE(self) -> None:
             self._serve("DELETE")
+
+        def do_PATCH(self) -> None:
+            self._serve("PATCH")
 
     return Handler
 

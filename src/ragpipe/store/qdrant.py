@@ -263,6 +263,7 @@ class QdrantStore(_Scrolling):
         self.page = config.scroll_page
         self._sparse = SparseEncoder()
         self._touched = False
+        self._answered = True  # the last write went through (a failed one: no stamp at close)
         self.version: Any = None  # the IndexVersion a versioned reader reads (server_versions)
         self.location = (
             f"qdrant:{without_credentials(config.url)}/{self.collection}"
@@ -424,7 +425,9 @@ class QdrantStore(_Scrolling):
                 for p in points[start : start + self.batch_size]
             ]
             self._before_write()
+            self._answered = False  # until the server took the write
             self.client.upsert(self.collection, batch, wait=True)
+            self._answered = True
             if progress is not None:
                 progress(len(batch))
 
@@ -434,9 +437,11 @@ class QdrantStore(_Scrolling):
             self._before_write()
             flt = self._filter(where)
             assert flt is not None
+            self._answered = False
             self.client.delete(
                 self.collection, points_selector=self._qm.FilterSelector(filter=flt), wait=True
             )
+            self._answered = True
         return n
 
     def count(self, where: Where | None = None) -> int:
@@ -567,7 +572,9 @@ class QdrantStore(_Scrolling):
     def close(self) -> None:
         # A reader of an ungated collection that looked mid-session looks again; never a
         # working collection's token: it names the version the session staged.
-        if self._touched and not self.collection.endswith(WORK_SUFFIX):
+        # Not after a write that failed: the server is down or hung, and the stamp would
+        # wait out every retry again before the run could say so.
+        if self._touched and self._answered and not self.collection.endswith(WORK_SUFFIX):
             self._touched = False
             with contextlib.suppress(Exception):  # a server gone: its readers see nothing
                 self._stamp()
