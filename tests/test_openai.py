@@ -513,11 +513,18 @@ def test_a_stream_cut_short_is_an_error_never_a_trusted_answer() -> None:
     cut = _sse("Bread bakes 35 minutes [1]. ", "Then bake it at 230 degrees for only")
     with _misbehaving(cut, "text/event-stream") as url:
         shown: list[str] = []
-        with pytest.raises(StageError, match=r"ended its stream before \[DONE\]"):
+        with pytest.raises(StageError, match=r"no finish_reason, no \[DONE\]"):
             answer("How long does bread bake?", BREAD, _llm(f"{url}/v1"), on_token=shown.append)
     assert shown  # what went out before the stream ended is not an answer
     whole = _sse("Bread bakes 35 minutes [1].") + b"data: [DONE]\n\n"
     with _misbehaving(whole, "text/event-stream") as url:
+        reply = answer("How long does bread bake?", BREAD, _llm(f"{url}/v1"))
+    assert reply.text == "Bread bakes 35 minutes [1]." and reply.trusted
+    # A stream that says why it finished, then closes with no [DONE] (llama.cpp's server
+    # before 2024-09, TGI before 2024-07, ik_llama.cpp) is whole.
+    stop = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "error": None}
+    said = _sse("Bread bakes 35 minutes [1].") + b"data: " + json.dumps(stop).encode() + b"\n\n"
+    with _misbehaving(said, "text/event-stream") as url:
         reply = answer("How long does bread bake?", BREAD, _llm(f"{url}/v1"))
     assert reply.text == "Bread bakes 35 minutes [1]." and reply.trusted
 

@@ -84,7 +84,7 @@ class OpenAIClient:
                     f"not a JSON object (HTTP {response.status_code}): "
                     f"{response.text[:200]!r}; is {self.section}.base_url its /v1 address?"
                 )
-            if "error" in reply:  # some servers send their errors with status 200
+            if reply.get("error"):  # some servers send their errors with status 200
                 raise StageError(
                     f"the server at {self.base_url} failed {path}: {_event_error(reply)}"
                 )
@@ -211,18 +211,25 @@ def _events(response: httpx.Response, base_url: str) -> Iterator[dict[str, Any]]
 
     Raises:
         StageError: The connection broke or timed out mid-stream, or the stream ended
-            without ``[DONE]``: the text so far is part of an answer, never one.
+            with neither ``[DONE]`` nor a ``finish_reason``: the text so far is part of
+            an answer, never one. (A stream that said why it finished and then closed is
+            whole: llama.cpp's server before September 2024, TGI before July 2024 and
+            ik_llama.cpp send no ``[DONE]``.)
     """
     lines = response.iter_lines()
+    finished = False
     while True:
         try:
             line = next(lines, None)
         except httpx.HTTPError as exc:  # reset, closed mid-chunk, no byte for timeout_s
             raise StageError(f"the server at {base_url} broke off its stream: {exc!r}") from exc
         if line is None:
+            if finished:
+                return
             raise StageError(
-                f"the server at {base_url} ended its stream before [DONE]: the answer may be "
-                "cut short, so it is not used"
+                f"the server at {base_url} ended its stream before it said the answer was "
+                "finished (no finish_reason, no [DONE]): the answer may be cut short, so it "
+                "is not used"
             )
         if not line.startswith("data:"):
             continue
@@ -233,8 +240,12 @@ def _events(response: httpx.Response, base_url: str) -> Iterator[dict[str, Any]]
             event = json.loads(data)
         except ValueError as exc:
             raise StageError(f"the server sent an event that is not JSON: {data[:200]}") from exc
-        if isinstance(event, dict) and "error" in event:
+        if isinstance(event, dict) and event.get("error"):
             raise StageError(f"the server stopped the answer: {_event_error(event)}")
+        if isinstance(event, dict) and any(
+            isinstance(c, dict) and c.get("finish_reason") for c in event.get("choices") or []
+        ):
+            finished = True
         yield event
 
 
