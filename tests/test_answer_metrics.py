@@ -257,6 +257,14 @@ def test_lists_and_tables_of_one_shape_are_no_loops_and_loops_without_spaces_are
     assert is_degenerate(counting)
     numbers = "| 4.1 | 2021 |\n| 4.2 | 2022 |\n| 4.3 | 2023 |\n| 4.4 | 2024 |\n| 4.5 | 2025 |\n"
     assert not is_degenerate(numbers * 2)
+    # The review: one character 70 times, or a run in code, is no loop (a test runner's
+    # rule, a hash of zeros, dot leaders); "=" 300 times in prose is.
+    rule = "=" * 70
+    assert not is_degenerate(f"Run the tests:\n```\n{rule} test session starts {rule}\n```\n")
+    assert not is_degenerate("The genesis block's previous hash is " + "0" * 64 + " [1].")
+    assert not is_degenerate("The contents list: Introduction " + "." * 70 + " 1 [1].")
+    assert not is_degenerate("Use `" + "[1]" * 70 + "` as the pattern [1].")
+    assert is_degenerate("The answer is " + "=" * 300)
 
 
 def test_rouge_l_and_token_f1_score_answers_in_any_script() -> None:

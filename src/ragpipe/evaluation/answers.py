@@ -262,6 +262,9 @@ _ENUMERATOR = re.compile(r"\(?\d{1,3}[.):]\)?")
 
 
 _DIGITS = re.compile(r"\d+")
+# A loop's period is at most this many tokens (about 100 words): each check costs a pass
+# per period, and it runs every 8 pieces of an answer as it is written.
+LOOP_PERIOD_MAX = 128
 
 
 def loop_tokens(text: str, n: int = 3) -> tuple[list[str], int]:
@@ -285,7 +288,7 @@ def _repeats_itself(tokens: Sequence[str], least: int) -> bool:
     ids = np.fromiter((codes[t] for t in tokens), dtype=np.int64, count=len(tokens))
     worded = np.fromiter((any(c.isalpha() for c in t) for t in tokens), dtype=bool,
                          count=len(tokens))  # fmt: skip
-    for period in range(1, len(ids) // 2 + 1):
+    for period in range(1, min(len(ids) // 2, LOOP_PERIOD_MAX) + 1):
         same = np.concatenate(([0], (ids[period:] == ids[:-period]).astype(np.int8), [0]))
         edges = np.flatnonzero(np.diff(same))  # starts and ends of runs of matches
         for start, end in zip(edges[::2], edges[1::2], strict=True):
@@ -294,14 +297,20 @@ def _repeats_itself(tokens: Sequence[str], least: int) -> bool:
     return False
 
 
-# A piece of up to 8 characters written 64 times in a row with no space ("[1][1]...",
-# "|---|---...", "!!!!..."): a loop whatever the words around it.
+# A piece of 2 to 8 characters written 64 times in a row with no space ("[1][1]...",
+# "|---|---..."), or one character 256 times: a loop whatever the words around it. Not
+# in code: a test runner's 70 dashes, a hash of 64 zeros.
 _UNIT_RUN = re.compile(r"(\S{1,8}?)\1{63,}")
+_CODE = re.compile(r"```.*?(?:```|\Z)|`[^`\n]+`", re.DOTALL)
 
 
 def unit_run(text: str) -> bool:
-    """Whether ``text`` holds a piece of at most 8 characters written 64 times running."""
-    return _UNIT_RUN.search(text) is not None
+    """Whether ``text`` (its code aside) writes a piece of 2 to 8 characters 64 times
+    running, or one character 256 times."""
+    for found in _UNIT_RUN.finditer(_CODE.sub(" ", text)):
+        if len(set(found.group(1))) > 1 or len(found.group(0)) >= 256:
+            return True
+    return False
 
 
 def is_degenerate(text: str, n: int = 3, share: float = DEGENERATE_SHARE) -> bool:
