@@ -803,7 +803,8 @@ def report(
             what = "rag runs" if r["kind"] == "rag" else f"retrieval runs, {r['granularity']} level"
             # A --limit 3 run or a sample is not the 75-question run it is named like, nor a
             # run at another depth (as the HTML trend).
-            size = f", {trend_scope(r)}" if trend_scope(r) else ""
+            scope = trend_scope(r, settings=False)  # a compare's variants: one table
+            size = f", {scope}" if scope else ""
             groups.setdefault(what + size, []).append(r)
         for what, group in groups.items():
             _print_history(group, last, metric, f"{g}, {what}")

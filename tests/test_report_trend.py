@@ -402,3 +402,8 @@ def test_a_compare_variant_name_with_other_settings_is_another_trend_line(
     assert lines["r1"] == lines["r3"] != lines["r2"]
     assert lines["r1"].startswith("compare (chunk): compare / x, all 10 items, depth 10, settings ")
     assert len({trend_series(r) for r in rows if r["variant"] == "base"}) == 1  # unchanged
+    # Still one table a run, its variants side by side (the review: one table a variant).
+    shown = CliRunner().invoke(app, ["report", "--reports-dir", str(tmp_path), "--metric", "mrr"])
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.count("latest 3 of 3 runs") == 1 and "settings" not in shown.output.split(
+        "latest")[0]  # fmt: skip

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import io
 import json
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,12 +26,17 @@ if TYPE_CHECKING:
 WITHHELD = "withheld: "  # how history's flag of a withheld metric starts
 
 
-def trend_scope(row: dict[str, Any]) -> str:
+_VARIANT_SETTINGS = re.compile(r", settings [0-9a-f]{8}$")
+
+
+def trend_scope(row: dict[str, Any], settings: bool = True) -> str:
     """A history row's scope (which items, what depth). Rows from before the column hold
     their number of items only: their own series, since their depth and selection are
-    unknown."""
+    unknown. ``settings=False``: without a compare variant's settings hash, which parts
+    its trend line but not the run (a table of the run's variants side by side)."""
     if row.get("scope"):
-        return str(row["scope"])
+        scope = str(row["scope"])
+        return scope if settings else _VARIANT_SETTINGS.sub("", scope)
     return f"{row['queries']} items, scope not recorded" if row.get("queries") else ""
 
 

@@ -83,7 +83,7 @@ def index_page(root: Path) -> str:
             link = f"<a href='{quote(r['run_id'])}/report.html'>{html.escape(r['run_id'])}</a>"
             kind = r["kind"] if r["kind"] == "rag" else f"{r['kind']} ({r['granularity']})"
             cells = [link, html.escape(kind), html.escape(str(r["finished_at"])[:19]),
-                     html.escape(trend_scope(r))]  # fmt: skip
+                     html.escape(trend_scope(r, settings=False))]  # fmt: skip
             # As every headline: the CI or "no CI" with n, the flag; the judge on hover.
             cells += [_cell(r["means"][m]) if m in r["means"] else "" for m in shown]
             rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
