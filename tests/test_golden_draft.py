@@ -76,6 +76,12 @@ def test_a_drafted_span_names_its_own_chunk_only() -> None:
         assert matched == [chunk.chunk_index], (span, matched)
     assert not _span(second, chunks).startswith(second.text[:20])  # type: ignore[union-attr]
     assert _span(table[0], chunks) == "| option_1 | 10 | controls the 1th part of the client |"
+    # A one-line paragraph cut at 1,000 characters with 150 of overlap: the next chunk's
+    # first 12 words all lie in the overlap (the review: 7 of 17 debfaq chunks dropped).
+    long = " ".join(f"w{i}" for i in range(400))
+    cut = [_passage("long.md", 0, (), long[:1000]), _passage("long.md", 1, (), long[850:1850])]
+    span = _span(cut[1], cut)
+    assert span is not None and span not in cut[0].text and span in cut[1].text
     twin = _passage("guide.md", 9, (), second.text)  # the same text twice: nothing is its own
     assert _span(twin, [*chunks, twin]) is None
 

@@ -352,7 +352,6 @@ def llm_items(
 
 
 SPAN_CHARS = 80
-_SPAN_STARTS = 12  # word offsets tried in each line
 
 
 def _span(chunk: Passage, file_chunks: Sequence[Passage]) -> str | None:
@@ -369,7 +368,7 @@ def _span(chunk: Passage, file_chunks: Sequence[Passage]) -> str | None:
     for line in sorted((ln for ln in lines if ln and not ln.startswith("#")), key=len,
                        reverse=True):  # fmt: skip
         tokens = line.split(" ")
-        for start in range(min(len(tokens), _SPAN_STARTS)):
+        for start in range(len(tokens)):  # every word: an overlap of 150 characters is 20+
             span = _cut_span(" ".join(tokens[start:]))
             if len(span) < 20 and span != line:  # too short to say which chunk: go on
                 continue
