@@ -305,7 +305,8 @@ def test_search_returns_what_the_cli_prints(served: tuple[RagpipeConfig, Any]) -
         ({"query": "bread", "k": 0}, 422, "greater than or equal to 1"),
         ({"query": "bread", "top_k": 3}, 422, "Extra inputs are not permitted"),
         ({"query": "bread", "filters": {"page": 3}}, 422, "Extra inputs are not permitted"),
-        ({"query": "bread", "filters": {"file": " "}}, 422, "at least 1 character"),
+        ({"query": "bread", "filters": {"file": " "}}, 422, "more than spaces"),
+        ({"query": "bread", "filters": {"heading": ""}}, 422, "more than spaces"),
         ({"question": "bread"}, 422, "Field required"),
     ],
 )

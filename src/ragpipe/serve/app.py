@@ -61,7 +61,6 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
-    StringConstraints,
     ValidationError,
     create_model,
 )
@@ -116,7 +115,19 @@ T = TypeVar("T")
 NOT_ONLY_SPACE = r"[^\t-\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
 
 
-_Named = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+def _stripped(value: str) -> str:
+    value = value.strip()
+    if not value:
+        raise ValueError("a filter must hold more than spaces (it would filter nothing)")
+    return value
+
+
+# As the schema says (a client's generator makes what it allows), and stripped.
+_Named = Annotated[
+    str,
+    Field(json_schema_extra={"minLength": 1, "pattern": NOT_ONLY_SPACE}),
+    AfterValidator(_stripped),
+]
 
 
 class Filters(BaseModel):
