@@ -158,6 +158,7 @@ def ask(
     from ragpipe.query.render import one_line, terminal_safe
     from ragpipe.query.retrieve import Retriever
 
+    streamed: list[str] = []
     try:
         cfg = _query_config(
             config,
@@ -169,7 +170,6 @@ def ask(
         )
         with Retriever(cfg) as retriever:
             result = retriever.search(question)
-            streamed: list[str] = []
 
             def stream(piece: str) -> None:
                 streamed.append(piece)
@@ -179,6 +179,8 @@ def ask(
                                       embedder_name(cfg.embed),
                                       None if as_json else stream)  # fmt: skip
     except RagpipeError as exc:
+        if streamed:  # the error ended a line of answer: say that line is none
+            print("\n\n(the text above is not an answer: it was cut off)", flush=True)
         fail(exc, 2)
     if as_json:
         print(json.dumps({**reply.as_dict(), "retrieval": result.trace}, indent=2))

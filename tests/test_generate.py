@@ -531,6 +531,9 @@ def test_citations_as_models_write_them_are_read_and_checked() -> None:
         # Read as text before: an answer citing ［1］ was "uncited", an invented ［7］ passed.
         ("巴黎是法国的首都［1］，面包烤好了［7］。", [1], [7]),
         ("Bake it [1; 3] and cool it [1, 2, and 3].", [1, 3, 2], []),
+        ("Bake it [1 and 3], cool it [1, 2 and 3], serve it [2; 3;].", [1, 3, 2], []),
+        # Code written outside backticks: a vector after "=" or "<-" is no citation.
+        ("Write A = [1; 2] or x <- [7] for a column [1].", [1], []),
         # A year in brackets past every source is text, not a citation stripped away.
         ("In 2020 [2020] it changed [1].", [1], []),
     ]:
@@ -669,3 +672,16 @@ def test_single_letters_end_sentences_and_a_short_question_loads_no_model() -> N
             raise AssertionError("counting loaded the model")
 
     assert source_budget("How long should bread bake?", Unloaded(), 2800) == 2800  # type: ignore[arg-type]
+
+
+def test_a_number_past_every_source_is_the_same_text_to_the_answer_and_its_metrics() -> None:
+    """check_citations kept "[404]" as text, the eval's without_citation_marks took it out:
+    the text scored was not the text shown (F1 0 against "404", 0.286 as shown)."""
+    from ragpipe.query.generate import without_citation_marks
+
+    sources = [Source(n, f"p{n}", f"f{n}.md", None, "", "t") for n in (1, 2)]
+    text = "The server answered with status [404] [1]."
+    cited, invalid = check_citations(text, sources)
+    assert ([s.number for s in cited], invalid) == ([1], [])
+    assert without_citation_marks(text, len(sources)) == "The server answered with status [404]  ."
+    assert without_citation_marks("Status [105] [1].", 150) == "Status    ."  # 150 given

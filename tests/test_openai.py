@@ -575,3 +575,19 @@ def test_a_connection_broken_mid_stream_is_a_clear_error() -> None:
 
     with serve(Handler) as url, pytest.raises(StageError, match="broke off its stream"):
         _llm(f"{url}/v1").chat(HELLO, on_token=lambda piece: None)
+
+
+def test_ask_says_a_stream_cut_short_was_no_answer(indexed_edge: RagpipeConfig) -> None:
+    """The cut text stayed on the terminal with the error appended to its line; nothing
+    said the text above was not an answer."""
+    cut = _sse("Bread bakes thirty-five ", "minutes at")
+    with _misbehaving(cut, "text/event-stream") as url:
+        env = {"RAGPIPE_LLM__PROVIDER": "openai", "RAGPIPE_LLM__BASE_URL": f"{url}/v1",
+               "RAGPIPE_LLM__MODEL": "m", "RAGPIPE_GENERATE__MIN_RELEVANCE": "0"}  # fmt: skip
+        args = ["ask", "How long should bread bake?", "--store-path",
+                str(indexed_edge.store.path), "--embedder", "onnx"]  # fmt: skip
+        result = CliRunner().invoke(cli, args, env=env)
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "Bread bakes thirty-five minutes at (the text above is not an answer" in said
+    assert "no finish_reason" in said

@@ -951,7 +951,7 @@ def score_answer(
             scores[m] = Judged(0.0, OK, why)
     elif expected and item.answerable:
         # A "[1]" is no word of the answer (code such as "x[1]" is, as generate reads it).
-        prose = without_citation_marks(reply.text)
+        prose = without_citation_marks(reply.text, len(reply.sources))
         scores["answer_f1"] = Judged(answers.token_f1(prose, expected), OK)
         scores["answer_rouge_l"] = Judged(answers.rouge_l(prose, expected), OK)
         if embedder is not None:

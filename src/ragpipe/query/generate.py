@@ -28,7 +28,8 @@ NOT_FOUND = "Not found in the provided documents."
 # two sources was never caught as invalid, and "[1-3]" left a sourced answer "uncited".
 # Also ［1］ (full-width brackets), [1; 2] and [1, 2, and 3].
 _ITEM = r"(?:sources?\s*)?\d+(?:\s*[-–—]\s*\d+)?"
-_MARK = (rf"(?<!\[)[\[【［]\s*({_ITEM}(?:\s*[,，;；]\s*(?:and\s+)?{_ITEM})*)\s*[,，]?\s*"
+_SEP = r"(?:\s*[,，;；]\s*(?:and\s+)?|\s+and\s+)"  # also [1, 2 and 3], [1 and 2]
+_MARK = (rf"(?<!\[)[\[【［]\s*({_ITEM}(?:{_SEP}{_ITEM})*)\s*[,，;；]?\s*"
          r"[\]】］](?!\])")  # fmt: skip
 _CITATION = re.compile(_MARK, re.IGNORECASE)
 _SPACED_CITATION = re.compile(r"(\s*)" + _MARK, re.IGNORECASE)
@@ -53,7 +54,7 @@ def plausible_citation(inside: str) -> bool:
 def mark_numbers(numbers: str) -> list[int]:
     """The source numbers of one citation's inside: "1, 3-5" -> [1, 3, 4, 5]."""
     out: list[int] = []
-    for item in re.split("[,，;；]", numbers):
+    for item in re.split(r"[,，;；]|\sand\s", numbers):
         ends = [int(n) for n in re.findall(r"\d+", item)]
         if len(ends) == 2:
             ends = list(range(ends[0], ends[1] + 1))
@@ -82,6 +83,8 @@ def is_code(text: str, bracket: int, spans: Sequence[tuple[int, int]]) -> bool:
         return True
     if bracket > 0 and text[bracket - 1] in "^\\|":  # a regex's class: "^[1-9]", "\\[2]"
         return True
+    if text[max(0, bracket - 3) : bracket].rstrip().endswith(("=", "<-")):  # "A = [1; 2]"
+        return True
     found = _NAME_BEFORE.search(text, max(0, bracket - 80), bracket)
     if found is None or found.group().endswith("."):
         return False
@@ -109,16 +112,34 @@ def _cites(text: str, match: re.Match[str], bracket: int, spans: Sequence[tuple[
     )
 
 
-def citation_marks(text: str) -> list[re.Match[str]]:
-    """The citation markers in ``text`` (group 1: the numbers), code left out."""
-    spans = _code_spans(text)
-    return [m for m in _CITATION.finditer(text) if _cites(text, m, m.start(), spans)]
+def _past_every_source(numbers: str, given: int) -> bool:
+    """Whether every number of a mark lies past the sources given and 99: a year
+    ("[2020]"), a status ("[404]"), text rather than a citation."""
+    beyond = max(given, _SOURCE_MAX)
+    return all(n > beyond for n in mark_numbers(numbers))
 
 
-def without_citation_marks(text: str) -> str:
-    """``text`` with every citation marker a space (code kept as written)."""
+def citation_marks(text: str, given: int = 0) -> list[re.Match[str]]:
+    """The citation markers in ``text`` (group 1: the numbers), code left out, and marks
+    past every one of the ``given`` sources and 99 (text: ``_past_every_source``)."""
     spans = _code_spans(text)
-    return _CITATION.sub(lambda m: " " if _cites(text, m, m.start(), spans) else m.group(0), text)
+    return [
+        m
+        for m in _CITATION.finditer(text)
+        if _cites(text, m, m.start(), spans) and not _past_every_source(m.group(1), given)
+    ]
+
+
+def without_citation_marks(text: str, given: int = 0) -> str:
+    """``text`` with every citation marker a space (code kept as written, and a mark past
+    every one of the ``given`` sources and 99, as ``check_citations`` keeps it)."""
+    spans = _code_spans(text)
+
+    def blank(m: re.Match[str]) -> str:
+        cites = _cites(text, m, m.start(), spans) and not _past_every_source(m.group(1), given)
+        return " " if cites else m.group(0)
+
+    return _CITATION.sub(blank, text)
 
 
 SYSTEM_PROMPT = f"""You answer questions using only the numbered sources you are given.
@@ -335,12 +356,8 @@ def check_citations(text: str, sources: Sequence[Source]) -> tuple[list[Source],
     by_number = {s.number: s for s in sources}
     cited: list[Source] = []
     invalid: list[int] = []
-    beyond = max(len(sources), _SOURCE_MAX)  # "[2020]" of 5 sources: a year, no citation
-    for match in citation_marks(text):
-        numbers = mark_numbers(match.group(1))
-        if all(n > beyond for n in numbers):
-            continue
-        for n in numbers:
+    for match in citation_marks(text, len(sources)):  # "[2020]" of 5 sources: a year
+        for n in mark_numbers(match.group(1)):
             if n in by_number:
                 if by_number[n] not in cited:
                     cited.append(by_number[n])
