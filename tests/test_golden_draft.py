@@ -362,3 +362,27 @@ def test_a_gate_with_draft_items_stops_the_ingest_before_it_builds_anything(
     with pytest.raises(ConfigError, match="1 of 1 items are drafts not yet reviewed"):
         run_ingest(config)
     assert not (tmp_path / "store").exists() and not (tmp_path / "work").exists()
+
+
+def test_chunks_and_questions_in_any_script_are_drafted() -> None:
+    """Words were [a-z0-9]+: a Korean, Arabic or Chinese chunk had no words (never sampled),
+    and a question in those scripts was "not a question" ("？" and "؟" were no question
+    marks either)."""
+    from ragpipe.evaluation.draft import is_question, word_count
+
+    korean = " ".join(["한국어", "문서는", "이렇게", "띄어", "씁니다"] * 6)  # 30 words
+    arabic = " ".join(["هذا", "نص", "عربي", "طويل", "جدا"] * 6)
+    chinese = "软件包可以用这个命令安装，也可以从源代码编译安装。" * 3  # 23 characters 3 times
+    assert word_count(korean) == word_count(arabic) == 30
+    assert word_count(chinese) == 69 / 2  # a character half a word; "，" and "。" none
+    chunks = [_passage(f"{n}.md", 0, (), t) for n, t in
+              (("ko", korean), ("ar", arabic), ("zh", chinese))]  # fmt: skip
+    assert len(stratified(chunks, 3, 0)) == 3
+    assert is_question("这个软件包应该怎么安装？", 4)
+    assert is_question("كيف أثبت الحزمة في النظام؟", 4)
+    assert not is_question("软件包？", 4)  # 3 characters: 1.5 words
+    # A Chinese question copying 6 characters of its chunk copies 3 words: kept.
+    from ragpipe.evaluation.draft import COPY_WORDS, _piece_words
+
+    asked = "这个命令安装吗？"
+    assert copied_run(asked, chinese) == 6 < COPY_WORDS * _piece_words(asked)

@@ -31,7 +31,7 @@ from typing import Any
 
 from ragpipe.checkpoint import atomic_create_bytes, signals_deferred
 from ragpipe.errors import RagpipeError
-from ragpipe.evaluation.answers import normalize_answer
+from ragpipe.evaluation.answers import UNSPACED, normalize_answer
 from ragpipe.evaluation.golden import file_matches
 from ragpipe.models.llm import LLM
 from ragpipe.store.base import VectorStore
@@ -49,7 +49,12 @@ ANSWER_MAX_CHARS = 300
 EXPECTED_SENTENCES = 2
 _NUMBERING = re.compile(r"^\s*(?:\d+(?:\.\d+)*\.?|[A-Z]\.(?:\d+\.?)*)\s+")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9(\"'])")
-_WORD = re.compile(r"[a-z0-9]+")
+# A word of any script (Korean, Arabic, Russian: [a-z0-9]+ counted none, and no chunk of
+# theirs was ever drafted); a Chinese or Japanese character is a word of its own, counted
+# as half of one (``word_count``).
+_WORD = re.compile(rf"[{UNSPACED}]|[^\W_{UNSPACED}]+")
+_UNSPACED_CHAR = re.compile(f"[{UNSPACED}]")
+_QUESTION_MARKS = ("?", "？", "؟")  # the full-width and the Arabic marks too
 _MARKUP = re.compile(r"^#+\s.*$|[*_`>|]+", re.M)
 
 QUESTION_PROMPT = """Here is a passage from a team's documentation.
@@ -116,6 +121,19 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
+def word_count(text: str) -> float:
+    """Words, a Chinese or Japanese character counted as half of one (a word of those
+    scripts is about two characters)."""
+    found = words(text)
+    unspaced = sum(1 for w in found if _UNSPACED_CHAR.fullmatch(w))
+    return len(found) - unspaced / 2
+
+
+def is_question(text: str, least: int) -> bool:
+    """Ends with a question mark (any script's) and has ``least`` words or more."""
+    return text.rstrip().endswith(_QUESTION_MARKS) and word_count(text) >= least
+
+
 def copied_run(question: str, passage: str) -> int:
     """The longest run of consecutive words of ``question`` that ``passage`` also has."""
     q, p = words(question), words(passage)
@@ -131,6 +149,14 @@ def copied_run(question: str, passage: str) -> int:
                 best = max(best, current[j])
         previous = current
     return best
+
+
+def _piece_words(text: str) -> int:
+    """Pieces a word takes in ``text``: 2 when it is mostly Chinese or Japanese characters
+    (a copied run is counted in them), else 1."""
+    found = words(text)
+    unspaced = sum(1 for w in found if _UNSPACED_CHAR.fullmatch(w))
+    return 2 if 2 * unspaced > len(found) else 1
 
 
 def overlap(a: str, b: str) -> float:
@@ -207,7 +233,7 @@ def heading_items(chunks: Sequence[Passage], drafted: Drafted) -> None:
             continue
         heading = chunk.heading_path[-1].strip()
         query = _NUMBERING.sub("", heading).strip()
-        if not heading.endswith("?") or len(words(query)) < 3:
+        if not is_question(heading, 0) or word_count(query) < 3:
             continue
         item = items.get(query)
         if item is None:
@@ -237,7 +263,7 @@ def stratified(chunks: Sequence[Passage], n: int, seed: int) -> list[Passage]:
     rng = random.Random(seed)
     by_file: dict[str, list[list[Passage]]] = {}
     for chunk in chunks:
-        if len(words(body(chunk.text))) >= MIN_CHUNK_WORDS:
+        if word_count(body(chunk.text)) >= MIN_CHUNK_WORDS:
             by_file.setdefault(chunk.file_path, []).append([chunk])
     strata: dict[str, list[list[Passage]]] = {}
     for file, singles in by_file.items():
@@ -311,10 +337,10 @@ def llm_items(
             logger.warning("no question for %s: %s", chunk.point_id, exc)
             drafted.drop(f"the model failed ({type(exc).__name__})")
             continue
-        if not question.endswith("?") or len(words(question)) < 4:
+        if not is_question(question, 4):
             drafted.drop("not a question")
             continue
-        if copied_run(question, chunk.text) >= COPY_WORDS:
+        if copied_run(question, chunk.text) >= COPY_WORDS * _piece_words(question):
             drafted.drop(f"copies {COPY_WORDS}+ words of its chunk")
             continue
         if any(overlap(question, other) >= NEAR_DUPLICATE for other in kept):
