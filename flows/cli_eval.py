@@ -642,7 +642,8 @@ def eval_tune(
             raise ConfigError(f"tune metric {metric!r} is not one of {', '.join(METRICS)}")
         loaded = load_golden(cfg.eval.golden)
         loaded.refuse_drafts(cfg.eval.allow_draft)
-        split_queries(replace(loaded, items=loaded.answerable), cfg.eval.seed, share)
+        scored = replace(loaded, items=loaded.answerable)
+        split_queries(scored, cfg.eval.seed, share, "answerable item(s)")
     except RagpipeError as exc:
         fail(exc, 2)
     base = config or (DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None)

@@ -714,5 +714,5 @@ def test_tune_refuses_too_few_answerable_items_before_building_anything(tmp_path
     args = ["eval", "tune", "--config", str(config), "--golden", str(golden), "--ingest-options"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
-    assert "has 3 item(s); tuning needs at least 4" in " ".join(result.output.split())
+    assert "has 3 answerable item(s); tuning needs at least 4" in " ".join(result.output.split())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["four.yaml", "ragpipe.yaml"]

@@ -139,17 +139,19 @@ class TuneOutcome:
         return summary["current"][metric].mean, summary["tuned"][metric].mean
 
 
-def split_queries(golden: GoldenSet, seed: int, share: float = 0.5) -> Split:
+def split_queries(golden: GoldenSet, seed: int, share: float = 0.5, what: str = "item(s)") -> Split:
     """A seeded shuffle of the item ids; the first ``share`` of it tunes.
 
-    Depends only on the ids and the seed, never on queries or relevance.
+    Depends only on the ids and the seed, never on queries or relevance. ``what`` names
+    the items in the refusal ("answerable item(s)": a set of 10 with 7 unanswerable said
+    it "has 3 item(s)").
     """
     if not 0 < share < 1:
         raise ConfigError(f"tune share {share} must lie strictly between 0 and 1 (e.g. 0.5)")
     ids = sorted(item.id for item in golden.items)
     if len(ids) < 4:
         raise ConfigError(
-            f"golden set {golden.name!r} has {len(ids)} item(s); tuning needs at least 4 "
+            f"golden set {golden.name!r} has {len(ids)} {what}; tuning needs at least 4 "
             "(two to tune, two to confirm), and far more for a trustworthy pick"
         )
     order = [ids[i] for i in np.random.default_rng(seed).permutation(len(ids))]
@@ -762,7 +764,7 @@ def tune_and_report(
         view = IndexView(retriever.store)
         golden, check = checked_golden(config, view, config.eval.granularity)
         scored = replace(golden, items=golden.answerable)  # unanswerable items have no ranks
-        split_queries(scored, config.eval.seed, share)  # too few: refused before any index
+        split_queries(scored, config.eval.seed, share, "answerable item(s)")  # before any index
         # Built before the tune's progress starts: their ingest reports its own stages.
         siblings = build_siblings(config, ingest_space)
         progress.start("tune", 0)  # the number of configurations is not known up front
