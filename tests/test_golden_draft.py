@@ -374,6 +374,8 @@ def test_chunks_and_questions_in_any_script_are_drafted() -> None:
     arabic = " ".join(["هذا", "نص", "عربي", "طويل", "جدا"] * 6)
     chinese = "软件包可以用这个命令安装，也可以从源代码编译安装。" * 3  # 23 characters 3 times
     assert word_count(korean) == word_count(arabic) == 30
+    hindi = "क्लाइंट को सर्वर पर कैसे स्थापित करें?"  # 7 words; vowel signs are marks
+    assert word_count(hindi) == 7 and is_question(hindi, 4)
     assert word_count(chinese) == 69 / 2  # a character half a word; "，" and "。" none
     chunks = [_passage(f"{n}.md", 0, (), t) for n, t in
               (("ko", korean), ("ar", arabic), ("zh", chinese))]  # fmt: skip
