@@ -115,6 +115,24 @@ def test_ollama_gets_the_window_the_sources_are_budgeted_to(smollm: LlamaCppLLM)
     prompt = sum(llm.count_tokens(str(m["content"])) for m in chat["messages"])
     assert 0 < len(reply.sources) < 30 and prompt <= 1024 - 8 - PROMPT_MARGIN + 64
     assert llm.count_tokens("bread " * 10) == 20  # 3 characters a token: never under
+    # ask, serve and eval rag load it lazily: the same window before it is loaded.
+    from ragpipe.models.llm import LazyLLM
+    from ragpipe.query.generate import source_budget
+
+    lazy = LazyLLM(
+        LLMConfig(
+            provider="ollama",
+            model="smollm",
+            host=host,
+            context_size=1024,  # type: ignore[arg-type]
+            max_tokens=8,
+        )
+    )
+    assert (
+        source_budget("What is fact 3?", lazy, 2800)
+        == source_budget("What is fact 3?", llm, 2800)
+        < 1024
+    )
 
 
 def test_ollama_chat_unreachable_is_clear_and_fast() -> None:

@@ -601,8 +601,11 @@ class LazyLLM:
         self.continues_reply = config.provider == LLMProvider.LLAMACPP
         self.temperature = config.temperature
         # What the sources' budget needs (generate.source_budget), known without loading:
-        # the window of an embedded model; a server's is the server's (None).
-        self.context_size = config.context_size if config.provider == LLMProvider.LLAMACPP else None
+        # the window of an embedded model, and Ollama's (sent as num_ctx: ask, serve and
+        # eval rag, which load through here, budgeted 2800 tokens to a 1024 window); an
+        # OpenAI server's is the server's (None).
+        windowed = config.provider in (LLMProvider.LLAMACPP, LLMProvider.OLLAMA)
+        self.context_size = config.context_size if windowed else None
         self.max_tokens = config.max_tokens
 
     def model(self) -> LLM:
