@@ -109,6 +109,9 @@ def test_init_project_as_a_root_indexes_another_roots_data_and_eval_folders(
     result = runner.invoke(app, ["init", str(folder), "--roots", ".", "--roots", str(other)])
     assert result.exit_code == 0, result.output
     (folder / "notes.md").write_text("# Notes\n\ntext\n", encoding="utf-8")
+    # A draft and a held-out set beside the configured one: kept out too (the review).
+    for name in ("draft.yaml", "my-docs-test.yaml"):
+        (folder / "eval" / "golden" / name).write_text("name: x\nitems: []\n", encoding="utf-8")
     monkeypatch.chdir(folder)  # where the deployments run it
     cfg = load_config(Path("ragpipe.yaml"))
     found = discover(cfg.discover, own=own_paths(cfg))
@@ -117,7 +120,7 @@ def test_init_project_as_a_root_indexes_another_roots_data_and_eval_folders(
         for rel in ("data/specs.md", "eval/golden/faq.yaml", "eval/results.md", "guide.md")
     ] + ["notes.md"]
     assert sorted((s.file_path, s.reason) for s in found.skipped) == [
-        ("eval/golden/my-docs.yaml", "ragpipe_data"),
+        ("eval/golden", "ragpipe_data"),  # the folder of golden sets, drafts with them
         ("prefect.yaml", "ragpipe_data"),
         ("ragpipe.yaml", "ragpipe_data"),
     ]

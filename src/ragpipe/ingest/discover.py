@@ -519,7 +519,8 @@ def own_paths(config: RagpipeConfig) -> list[Path]:
     .``): the work dir, the Edge store with its published versions and reader copies, the
     reports, and the locks; indexing them would index the index (and fail the next run, as
     the published copies it indexed are tidied away). Also the golden sets and labels (their
-    expected answers in the index would flatter every evaluation), the configuration file
+    expected answers in the index would flatter every evaluation) and a ``golden`` folder
+    holding them or ``eval/golden`` (drafts, held-out sets), the configuration file
     and the ``prefect.yaml`` beside it (``ragpipe init``'s project is often its own root).
 
     These are paths, not ignore globs: a glob applies to every root, so ``eval/**`` for the
@@ -529,6 +530,11 @@ def own_paths(config: RagpipeConfig) -> list[Path]:
     evaluation = [config.eval.golden, *([config.eval.labels] if config.eval.labels else [])]
     if config.index.gate is not None:
         evaluation.extend(config.index.gate.golden)
+    # Their folder too, when it is one of golden sets (eval/golden, as init lays it out and
+    # `golden draft` writes its drafts): a draft's or a held-out set's questions and
+    # answers were indexed, as only the configured sets were left out.
+    folders = [g.parent for g in evaluation if g.parent.name == "golden"]
+    evaluation += [Path("eval/golden"), *folders]
     project = [config.config_file, config.config_file.parent / "prefect.yaml"] if (
         config.config_file is not None) else []  # fmt: skip
     return [config.paths.work_dir, config.eval.reports_dir, lock_path(config),
