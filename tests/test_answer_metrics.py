@@ -257,6 +257,19 @@ def test_lists_and_tables_of_one_shape_are_no_loops_and_loops_without_spaces_are
     assert is_degenerate(counting)
     numbers = "| 4.1 | 2021 |\n| 4.2 | 2022 |\n| 4.3 | 2023 |\n| 4.4 | 2024 |\n| 4.5 | 2025 |\n"
     assert not is_degenerate(numbers * 2)
+    # A number that counts on is a loop's counter; figures of their own are an answer (the
+    # review: revenue year by year was cut as a loop once every number read as one).
+    years = [(2017, 2.1), (2018, 2.4), (2019, 3.0), (2020, 2.2), (2021, 3.8), (2022, 4.5),
+             (2023, 5.1), (2024, 6.3)]  # fmt: skip
+    revenue = "\n".join(f"- In {y}, revenue was {r} million euros [1]." for y, r in years)
+    assert not is_degenerate(revenue)
+    ports = "\n".join(f"- Port {p}: open [{i % 3 + 1}]" for i, p in enumerate([22, 80, 443, 8080,
+                      5432, 6379, 27017]))  # fmt: skip
+    assert not is_degenerate(ports)
+    assert is_degenerate(" ".join(f"The bread bakes for {30 + i} minutes." for i in range(14)))
+    # A loop of any length: a paragraph of 141 words said three times.
+    paragraph = " ".join(f"word{chr(97 + i % 26)}{chr(97 + i // 26)}" for i in range(141))
+    assert is_degenerate(f"{paragraph}. " * 3)
     # The review: one character 70 times, or a run in code, is no loop (a test runner's
     # rule, a hash of zeros, dot leaders); "=" 300 times in prose is.
     rule = "=" * 70

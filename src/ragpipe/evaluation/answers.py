@@ -262,35 +262,68 @@ _ENUMERATOR = re.compile(r"\(?\d{1,3}[.):]\)?")
 
 
 _DIGITS = re.compile(r"\d+")
-# A loop's period is at most this many tokens (about 100 words): each check costs a pass
-# per period, and it runs every 8 pieces of an answer as it is written.
-LOOP_PERIOD_MAX = 128
+# The periods tried: the distances most often seen between an n-gram and its last
+# occurrence (a loop's period is the commonest), at most this many.
+LOOP_PERIODS = 32
 
 
 def loop_tokens(text: str, n: int = 3) -> tuple[list[str], int]:
     """``answer_tokens`` as loops are counted: citations split off as words of their own,
-    markup and list numbers left out, and every number the same number ("[7] The answer
-    is" and "[8] The answer is" are one loop, counting)."""
+    markup and list numbers left out."""
     tokens, size = answer_tokens(_LOOP_CITATION.sub(r" \1 ", text), n)
-    return [
-        _DIGITS.sub("0", t)
-        for t in tokens
-        if any(c.isalnum() for c in t) and not _ENUMERATOR.fullmatch(t)
-    ], size
+    return [t for t in tokens if any(c.isalnum() for c in t) and not _ENUMERATOR.fullmatch(t)], size
 
 
-def _repeats_itself(tokens: Sequence[str], least: int) -> bool:
-    """Whether a run of ``tokens`` follows itself verbatim (``x x``, ``x`` of any length p)
-    over at least ``max(2p, least)`` tokens, with a word or a citation in it: what a loop
-    does, and a templated list of steps or a table of rows, each with a name of its own,
-    does not (nor a table of numbers alone, its numbers all read as one)."""
-    codes = {t: i for i, t in enumerate(dict.fromkeys(tokens))}
-    ids = np.fromiter((codes[t] for t in tokens), dtype=np.int64, count=len(tokens))
+def _counted(tokens: Sequence[str]) -> list[str]:
+    """Every number the same number: "[7] The answer is" and "[8] The answer is" are one
+    loop that counts (``_repeats_itself`` checks that it counts)."""
+    return [_DIGITS.sub("0", t) for t in tokens]
+
+
+def _periods(tokens: Sequence[str], size: int) -> list[int]:
+    """The distances most often seen between an n-gram of ``tokens`` and its last
+    occurrence: the periods a loop could have (no cap on their length: a paragraph of 141
+    words said three times is a loop)."""
+    last: dict[tuple[str, ...], int] = {}
+    seen: Counter[int] = Counter()
+    for i in range(len(tokens) - size + 1):
+        gram = tuple(tokens[i : i + size])
+        if gram in last:
+            seen[i - last[gram]] += 1
+        last[gram] = i
+    return [p for p, _ in seen.most_common(LOOP_PERIODS)]
+
+
+def _repeats_itself(tokens: Sequence[str], least: int, size: int) -> bool:
+    """Whether a run of ``tokens`` follows itself (``x x``, ``x`` of any length p) over at
+    least ``max(2p, least)`` tokens, with a word or a citation in it, its numbers equal or
+    counting: each number one period on differs from it as it did one period before
+    ("[7] ... [8] ... [9]", "Step 5 ... Step 6"). What a loop does, and a templated list of
+    steps or a table of rows does not, each with a name or a figure of its own ("revenue
+    was 2.1 million", "2.4", "3.0"), nor a table of numbers alone."""
+    counted = _counted(tokens)
+    codes = {t: i for i, t in enumerate(dict.fromkeys([*tokens, *counted]))}
+    raw = np.fromiter((codes[t] for t in tokens), dtype=np.int64, count=len(tokens))
+    ids = np.fromiter((codes[t] for t in counted), dtype=np.int64, count=len(tokens))
     worded = np.fromiter((any(c.isalpha() for c in t) for t in tokens), dtype=bool,
                          count=len(tokens))  # fmt: skip
-    for period in range(1, min(len(ids) // 2, LOOP_PERIOD_MAX) + 1):
-        same = np.concatenate(([0], (ids[period:] == ids[:-period]).astype(np.int8), [0]))
-        edges = np.flatnonzero(np.diff(same))  # starts and ends of runs of matches
+
+    def step(j: int, period: int) -> tuple[int, ...]:
+        a, b = _DIGITS.findall(tokens[j]), _DIGITS.findall(tokens[j + period])
+        return tuple(int(y) - int(x) for x, y in zip(a, b, strict=True))
+
+    for period in _periods(counted, size):
+        if period > len(ids) // 2:
+            continue
+        counted_same = ids[period:] == ids[:-period]
+        same = counted_same.copy()
+        for j in np.flatnonzero(same & (raw[period:] != raw[:-period])).tolist():  # a number:
+            same[j] = (  # it counts on (as it did one period before), or it breaks the run
+                j >= period and counted_same[j - period]
+                and step(j, period) == step(j - period, period)
+            )  # fmt: skip
+        runs = np.concatenate(([0], same.astype(np.int8), [0]))
+        edges = np.flatnonzero(np.diff(runs))  # starts and ends of runs of matches
         for start, end in zip(edges[::2], edges[1::2], strict=True):
             if end - start >= max(period, least - period) and worded[start : end + period].any():
                 return True
@@ -343,13 +376,15 @@ def is_degenerate(text: str, n: int = 3, share: float = DEGENERATE_SHARE) -> boo
     n_grams = len(tokens) - size + 1
     if n_grams < DEGENERATE_MIN_NGRAMS:
         return False
+    counted = _counted(tokens)
     seen: set[tuple[str, ...]] = set()
     repeats = 0
     for i in range(n_grams):
-        gram = tuple(tokens[i : i + size])
+        gram = tuple(counted[i : i + size])
         repeats += gram in seen
         seen.add(gram)
-    return repeats / n_grams >= share and _repeats_itself(tokens, DEGENERATE_MIN_NGRAMS + size - 1)
+    least = DEGENERATE_MIN_NGRAMS + size - 1
+    return repeats / n_grams >= share and _repeats_itself(tokens, least, size)
 
 
 def citation_scores(
