@@ -309,6 +309,12 @@ def test_a_web_url_in_roots_is_a_page_to_fetch(tmp_path: Path) -> None:
     assert cfg.object_roots == ["s3://b/x"]
     only = DiscoverConfig(roots=["HTTP://example.org/"])  # type: ignore[list-item]
     assert (only.roots, only.urls) == ([], ["HTTP://example.org/"])
+    # "urls:" left empty (None) took a TypeError traceback; a string is named as it is.
+    path.write_text('discover:\n  roots: ["https://x.org/docs"]\n  urls:\n')
+    assert load_config(path).discover.urls == ["https://x.org/docs"]
+    path.write_text('discover:\n  roots: ["https://x.org/docs"]\n  urls: "https://y.org/"\n')
+    with pytest.raises(ConfigError, match=r"discover\.urls: Input should be a valid list"):
+        load_config(path)
     path.write_text('discover:\n  roots: ["ftp://example.org/docs"]\n')
     with pytest.raises(ConfigError, match=r"discover\.urls.*'ftp://example\.org/docs' is not an"):
         load_config(path)

@@ -532,6 +532,7 @@ def test_citations_as_models_write_them_are_read_and_checked() -> None:
         ("巴黎是法国的首都［1］，面包烤好了［7］。", [1], [7]),
         ("Bake it [1; 3] and cool it [1, 2, and 3].", [1, 3, 2], []),
         ("Bake it [1 and 3], cool it [1, 2 and 3], serve it [2; 3;].", [1, 3, 2], []),
+        ("Bake it [1 AND 3].", [1, 3], []),  # not the range 1 to 3
         # Code written outside backticks: a vector after "=" or "<-" is no citation.
         ("Write A = [1; 2] or x <- [7] for a column [1].", [1], []),
         # A year in brackets past every source is text, not a citation stripped away.

@@ -254,10 +254,13 @@ class DiscoverConfig(_Section):
         if not objects and not pages:
             return data
         moved = {**data, "roots": [r for r in roots if r not in objects and r not in pages]}
-        if objects:
-            moved["object_roots"] = [*data.get("object_roots", []), *objects]
-        if pages:
-            moved["urls"] = [*data.get("urls", []), *pages]
+        for key, found in (("object_roots", objects), ("urls", pages)):
+            held = data.get(key)
+            if not found:
+                continue
+            if held is not None and not isinstance(held, list):
+                return data  # "urls: https://x/" (not a list): pydantic names it as it is
+            moved[key] = [*(held or []), *found]  # "urls:" left empty in YAML is None
         return moved
 
     @field_validator("object_roots")

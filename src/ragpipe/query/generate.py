@@ -54,7 +54,7 @@ def plausible_citation(inside: str) -> bool:
 def mark_numbers(numbers: str) -> list[int]:
     """The source numbers of one citation's inside: "1, 3-5" -> [1, 3, 4, 5]."""
     out: list[int] = []
-    for item in re.split(r"[,，;；]|\sand\s", numbers):
+    for item in re.split(r"[,，;；]|\sand\s", numbers, flags=re.IGNORECASE):  # "[1 AND 4]"
         ends = [int(n) for n in re.findall(r"\d+", item)]
         if len(ends) == 2:
             ends = list(range(ends[0], ends[1] + 1))
