@@ -120,7 +120,8 @@ def list_versions(
         # Absolute, and where a relative path was taken from: `--config "other dir/..."`
         # run elsewhere looked for the working directory's data/store and said "yet", exit 0.
         where = os.path.abspath(cfg.store.path) if edge else cfg.store.collection
-        note = relative_path_note(cfg.store.path, "store.path", cfg.config_file) if edge else ""
+        behind = cfg.file_behind("store.path")
+        note = relative_path_note(cfg.store.path, "store.path", behind) if edge else ""
         if edge and not versions and not cfg.store.path.exists():
             raise StageError(
                 f"no index at {where}: run `ragpipe ingest` first (or point store.path at an "

@@ -53,7 +53,8 @@ def _opened(
 
     try:
         cfg = load_config(config, index_overrides(store_path, None))
-        store = require_reader(cfg.store, embedder_name(cfg.embed), version, cfg.config_file)
+        store = require_reader(cfg.store, embedder_name(cfg.embed), version,
+                               cfg.file_behind("store.path"))  # fmt: skip
     except RagpipeError as exc:
         fail(exc, 2)
     try:

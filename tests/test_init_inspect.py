@@ -333,6 +333,11 @@ def test_a_relative_store_path_run_from_another_folder_names_where_it_looked(
         assert f"store.path {store} is relative, so it is taken from the working directory " \
                f"{elsewhere}, not from the folder of ../../other dir/ragpipe.yaml: run ragpipe " \
                f"in {project} (as its deployments do)" in flat  # fmt: skip
+    # A --store-path given here is no path of the config's folder: no advice to run there.
+    given = runner.invoke(app, ["index", "list", *config, "--store-path", "nothere"])
+    flat = " ".join(given.output.split())
+    assert given.exit_code == 2 and "taken from the working directory" in flat
+    assert "folder of" not in flat, flat
     # In the project folder with no index at all: exit 2 too, with no advice to move.
     monkeypatch.chdir(project)
     (project / "ragpipe.yaml").write_text('{"store": {"path": "data/store"}}', encoding="utf-8")

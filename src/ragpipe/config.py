@@ -1732,6 +1732,14 @@ class RagpipeConfig(BaseSettings):
         """The configuration file this was loaded from (None: defaults, or built in code)."""
         return self._file
 
+    def file_behind(self, dotted: str) -> Path | None:
+        """The configuration file, unless ``dotted`` came from the command line or the
+        environment: a relative path given there is no path of the file's folder (a note
+        said to run in the config's folder of a --store-path given here)."""
+        source = self.origin(dotted)
+        given = source.startswith("RAGPIPE_") or source == "the command line"
+        return None if given else self._file
+
     def origin(self, dotted: str) -> str:
         """Where the value of ``dotted`` (e.g. ``eval.golden``) came from: the file, an
         environment variable, the command line, or the built-in default."""
