@@ -294,6 +294,14 @@ def test_a_section_as_json_sets_it_and_a_mistake_is_blamed_where_it_is(
         load_config(path, overrides)
 
 
+def _refused(path: Path, text: str, message: str) -> ConfigError:
+    """Load ``text`` written to ``path``: refused with ``message`` (a regex)."""
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as err:
+        load_config(path)
+    return err.value
+
+
 def test_a_web_url_in_roots_is_a_page_to_fetch(tmp_path: Path) -> None:
     """An https:// root was the local path https:/example.org/docs (a missing root, or a
     folder of that name), where an s3:// one moved to object_roots and the CLI's sources
@@ -312,12 +320,16 @@ def test_a_web_url_in_roots_is_a_page_to_fetch(tmp_path: Path) -> None:
     # "urls:" left empty (None) took a TypeError traceback; a string is named as it is.
     path.write_text('discover:\n  roots: ["https://x.org/docs"]\n  urls:\n')
     assert load_config(path).discover.urls == ["https://x.org/docs"]
-    path.write_text('discover:\n  roots: ["https://x.org/docs"]\n  urls: "https://y.org/"\n')
-    with pytest.raises(ConfigError, match=r"discover\.urls: Input should be a valid list"):
-        load_config(path)
-    path.write_text('discover:\n  roots: ["ftp://example.org/docs"]\n')
-    with pytest.raises(ConfigError, match=r"discover\.urls.*'ftp://example\.org/docs' is not an"):
-        load_config(path)
+    _refused(
+        path,
+        'discover:\n  roots: ["https://x.org/docs"]\n  urls: "https://y.org/"\n',
+        r"discover\.urls: Input should be a valid list",
+    )
+    _refused(
+        path,
+        'discover:\n  roots: ["ftp://example.org/docs"]\n',
+        r"discover\.urls.*'ftp://example\.org/docs' is not an",
+    )
 
 
 def test_the_variable_a_config_error_names_is_one_that_sets_it(
@@ -333,14 +345,16 @@ def test_the_variable_a_config_error_names_is_one_that_sets_it(
     assert "__0" not in str(err.value)
     monkeypatch.setenv("RAGPIPE_DISCOVER__ROOTS", '["docs"]')  # and that one works
     assert load_config(path).discover.roots == [Path("docs")]
-    path.write_text("embed: {provider: openai}\n")
-    with pytest.raises(ConfigError, match=r"set it in the YAML file or RAGPIPE_EMBED__MODEL$"):
-        load_config(path)
+    _refused(
+        path, "embed: {provider: openai}\n", r"set it in the YAML file or RAGPIPE_EMBED__MODEL$"
+    )
     monkeypatch.setenv("RAGPIPE_EMBED__MODEL", "text-embedding-3-small")
     assert load_config(path).embed.model == "text-embedding-3-small"
-    path.write_text("chunk: {size: 100, overlap: 100}\n")
-    with pytest.raises(ConfigError, match=r"or RAGPIPE_CHUNK__SIZE or RAGPIPE_CHUNK__OVERLAP$"):
-        load_config(path)
+    _refused(
+        path,
+        "chunk: {size: 100, overlap: 100}\n",
+        r"or RAGPIPE_CHUNK__SIZE or RAGPIPE_CHUNK__OVERLAP$",
+    )
 
 
 def test_a_golden_set_given_in_a_section_variable_is_named_as_its_origin(

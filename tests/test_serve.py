@@ -833,6 +833,20 @@ def test_serve_reads_a_qdrant_client_index(
         assert got.json()["hits"][0]["file_path"].endswith("backups.md")
 
 
+def _qdrant_corpus(tmp_path: Path, **sections: Any) -> RagpipeConfig:
+    """The query corpus under tmp_path/corpus, indexed (by the caller) in qdrant-client's
+    local mode with ``sections`` over the test config."""
+    for name, text in QUERY_CORPUS.items():
+        (tmp_path / "corpus" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "corpus" / name).write_text(text, encoding="utf-8")
+    base = _config(tmp_path)
+    return base.model_validate({
+        **base.model_dump(mode="json"),
+        "store": {"backend": "qdrant", "path": str(tmp_path / "qdrant")},
+        **sections,
+    })  # fmt: skip
+
+
 def test_serve_on_a_gated_qdrant_index_pins_each_request_and_follows_the_alias(
     tmp_path: Path, onnx_embedder: Any
 ) -> None:
@@ -842,16 +856,8 @@ def test_serve_on_a_gated_qdrant_index_pins_each_request_and_follows_the_alias(
     item = "  - id: restore\n    query: How do I restore the database?\n"
     golden.write_text(f"name: g\nitems:\n{item}    relevance: {{ops/backups.md: 1}}\n",
                       encoding="utf-8")  # fmt: skip
-    for name, text in QUERY_CORPUS.items():
-        (tmp_path / "corpus" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "corpus" / name).write_text(text, encoding="utf-8")
-    base = _config(tmp_path)
-    cfg = base.model_validate({
-        **base.model_dump(mode="json"),
-        "store": {"backend": "qdrant", "path": str(tmp_path / "qdrant")},
-        "index": {"gate": {"golden": [str(golden)], "max_drop": 0.5}},
-        "eval": {"granularity": "file", "resamples": 200},
-    })  # fmt: skip
+    cfg = _qdrant_corpus(tmp_path, index={"gate": {"golden": [str(golden)], "max_drop": 0.5}},
+                         eval={"granularity": "file", "resamples": 200})  # fmt: skip
     assert run_ingest(cfg).gate["outcome"] == "promoted"
     index = LiveIndex(cfg, onnx_embedder)
     try:
@@ -882,15 +888,7 @@ def test_an_ungated_qdrant_index_rewritten_with_as_many_points_is_served_anew(
     """A re-ingest that kept the point count (a renamed file, an edited chunk) was never
     seen by a running server on an ungated Qdrant index: its version was the count, so its
     file filter matched the old name, and its client BM25 returned text no longer stored."""
-    for name, text in QUERY_CORPUS.items():
-        (tmp_path / "corpus" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "corpus" / name).write_text(text, encoding="utf-8")
-    base = _config(tmp_path)
-    cfg = base.model_validate({
-        **base.model_dump(mode="json"),
-        "store": {"backend": "qdrant", "path": str(tmp_path / "qdrant")},
-        "retrieve": {"sparse_engine": "rank_bm25"},
-    })  # fmt: skip
+    cfg = _qdrant_corpus(tmp_path, retrieve={"sparse_engine": "rank_bm25"})
     points = run_ingest(cfg).points_total
     index = LiveIndex(cfg, onnx_embedder)
     try:
