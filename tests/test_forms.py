@@ -59,6 +59,10 @@ def test_variant_form_is_typed() -> None:
                 {"name": "x", "alpha": 1.5}, {"name": "x", "top_k": 3}):  # fmt: skip
         with pytest.raises(ValidationError):
             VariantForm.model_validate(bad)
+    # A form's true is no 1.0 (it was read as alpha 1.0, dense_weight 0.0 for false).
+    for bad in ({"name": "x", "alpha": True}, {"name": "x", "dense_weight": False}):
+        with pytest.raises(ValidationError, match="write a number, not"):
+            VariantForm.model_validate(bad)
 
 
 @pytest.mark.parametrize("flow", FLOWS)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, field_validator
 
 from ragpipe.config import FusionMethod, RagpipeConfig, RetrievalMode, load_config
 
@@ -94,6 +94,15 @@ class VariantForm(BaseModel):
         default=None, description="Rerank with retrieve.reranker (a cross-encoder, or llm)."
     )
     mmr: bool | None = Field(default=None, description="Diversify the final list with MMR.")
+
+    @field_validator("alpha", "dense_weight", "sparse_weight", mode="before")
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        """``true`` is a slip, not 1.0 (pydantic reads a boolean as a number), as in the
+        configuration (``config._Section``)."""
+        if isinstance(value, bool):
+            raise ValueError(f"write a number, not {str(value).lower()}")
+        return value
 
     def overrides(self) -> dict[str, Any]:
         """``retrieve.*`` overrides of this variant."""
