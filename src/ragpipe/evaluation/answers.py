@@ -334,13 +334,14 @@ def _repeats_itself(tokens: Sequence[str], least: int, size: int) -> bool:
 # "|---|---..."), or one character 256 times: a loop whatever the words around it. Not
 # in code: a test runner's 70 dashes, a hash of 64 zeros.
 _UNIT_RUN = re.compile(r"(\S{1,8}?)\1{63,}")
-_CODE = re.compile(r"```.*?(?:```|\Z)|`[^`\n]+`", re.DOTALL)
+# Code in an answer: a fenced block (to the end if unclosed) or an inline span.
+CODE_SPAN = re.compile(r"```.*?(?:```|\Z)|`[^`\n]+`", re.DOTALL)
 
 
 def unit_run(text: str) -> bool:
     """Whether ``text`` (its code aside) writes a piece of 2 to 8 characters 64 times
     running, or one character 256 times."""
-    for found in _UNIT_RUN.finditer(_CODE.sub(" ", text)):
+    for found in _UNIT_RUN.finditer(CODE_SPAN.sub(" ", text)):
         if len(set(found.group(1))) > 1 or len(found.group(0)) >= 256:
             return True
     return False

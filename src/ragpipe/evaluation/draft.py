@@ -140,12 +140,18 @@ def words(text: str) -> list[str]:
     return (_ASCII_WORD if text.isascii() else _word()).findall(text)
 
 
+def _split(text: str) -> tuple[int, int]:
+    """How many words ``text`` has, and how many of them are Chinese or Japanese
+    characters."""
+    found = words(text)
+    return len(found), sum(1 for w in found if _UNSPACED_CHAR.fullmatch(w))
+
+
 def word_count(text: str) -> float:
     """Words, a Chinese or Japanese character counted as half of one (a word of those
     scripts is about two characters)."""
-    found = words(text)
-    unspaced = sum(1 for w in found if _UNSPACED_CHAR.fullmatch(w))
-    return len(found) - unspaced / 2
+    found, unspaced = _split(text)
+    return found - unspaced / 2
 
 
 def is_question(text: str, least: int) -> bool:
@@ -173,9 +179,8 @@ def copied_run(question: str, passage: str) -> int:
 def _piece_words(text: str) -> int:
     """Pieces a word takes in ``text``: 2 when it is mostly Chinese or Japanese characters
     (a copied run is counted in them), else 1."""
-    found = words(text)
-    unspaced = sum(1 for w in found if _UNSPACED_CHAR.fullmatch(w))
-    return 2 if 2 * unspaced > len(found) else 1
+    found, unspaced = _split(text)
+    return 2 if 2 * unspaced > found else 1
 
 
 def overlap(a: str, b: str) -> float:

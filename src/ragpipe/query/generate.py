@@ -12,7 +12,13 @@ from typing import Any
 
 from ragpipe.config import GenerateConfig
 from ragpipe.errors import ConfigError
-from ragpipe.evaluation.answers import UNSPACED, is_degenerate, loop_tokens, unit_run
+from ragpipe.evaluation.answers import (
+    CODE_SPAN,
+    UNSPACED,
+    is_degenerate,
+    loop_tokens,
+    unit_run,
+)
 from ragpipe.models.llm import LLM, GenerationCancelled, Message
 from ragpipe.query.fusion import lost_in_the_middle
 from ragpipe.query.results import Retrieved
@@ -62,12 +68,11 @@ def mark_numbers(numbers: str) -> list[int]:
     return out
 
 
-_CODE_SPAN = re.compile(r"```.*?(?:```|\Z)|`[^`\n]+`", re.DOTALL)
 _NAME_BEFORE = re.compile(r"[\w.]+\Z")
 
 
 def _code_spans(text: str) -> list[tuple[int, int]]:
-    return [m.span() for m in _CODE_SPAN.finditer(text)]
+    return [m.span() for m in CODE_SPAN.finditer(text)]
 
 
 def is_code(text: str, bracket: int, spans: Sequence[tuple[int, int]]) -> bool:
