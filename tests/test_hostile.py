@@ -1011,6 +1011,45 @@ def test_a_converter_that_dies_is_a_failure_row_and_the_next_file_converts(
         assert again.markdown.startswith("# A") and converter._process is not first
 
 
+def test_an_interrupted_run_leaves_no_converter_and_no_fork_server(tmp_path: Path) -> None:
+    """CI on 2026-12-03: SIGTERM came while the fork server was starting (importing Docling,
+    seconds): the run ended, but the server ran on holding its stdout, and the child it
+    forked meanwhile found its parent's end closed with the reply unread and printed a
+    ConnectionResetError traceback into the run's output."""
+    from multiprocessing import forkserver
+
+    from ragpipe.config import ConvertConfig
+    from ragpipe.ingest.isolate import IsolatedConverter
+    from ragpipe.schemas import SourceFile
+
+    path = tmp_path / "a.md"
+    path.write_text("# A\n\nFirst.\n", encoding="utf-8")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    source = SourceFile(str(path), str(path), str(tmp_path), "markdown", 13, digest)
+    # A reply the parent never reads, then its end closed: the child ends quietly (exit 0).
+    converter = IsolatedConverter(ConvertConfig(), timeout_s=60)
+    conn = converter._child()
+    child = converter._process
+    assert child is not None
+    conn.send((source, "fp"))
+    assert conn.poll(60)  # the reply waits, unread
+    conn.close()
+    child.join(30)
+    assert child.exitcode == 0
+    # Interrupted inside: the child and the fork server are gone when the block ends.
+    with pytest.raises(KeyboardInterrupt), IsolatedConverter(ConvertConfig(), 60) as converter:
+        assert converter.convert(source, "fp").markdown.startswith("# A")
+        second = converter._process
+        server = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+        assert second is not None and server is not None
+        raise KeyboardInterrupt
+    assert second.exitcode == -signal.SIGKILL
+    with pytest.raises(ChildProcessError):  # reaped: no such child any more
+        os.waitpid(server, os.WNOHANG)
+    with IsolatedConverter(ConvertConfig(), timeout_s=60) as converter:  # a new server
+        assert converter.convert(source, "fp").markdown.startswith("# A")
+
+
 def test_sitemaps_and_redirects_cannot_steer_the_fetcher_to_other_hosts(tmp_path: Path) -> None:
     from ragpipe.ingest.runner import WorkDir
     from ragpipe.ingest.summary import read_failures

@@ -137,7 +137,9 @@ def test_a_cli_ingest_waits_lock_timeout_s_in_all_not_once_per_lock(
         )
         with pytest.raises(StageError, match=refused):
             ingest_flow(config=cfg)
-        assert time.monotonic() - started < 11
+        assert (
+            time.monotonic() - started < 14
+        )  # one wait of 8 s in all, not the slot's and the lock's (16)
     finally:
         done.set()
         other.join(60)
@@ -280,6 +282,33 @@ def _ingest(home: Path, cfg: Path) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
+def _descendants(pid: int) -> set[int]:
+    """The processes below ``pid`` now (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (ended, not yet reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def _slot_taken(home: Path, recorded: bool = False) -> bool:
     """The slot is taken (and, with ``recorded``, its holder has recorded itself)."""
     db = home / "prefect.db"
@@ -317,14 +346,16 @@ def test_a_killed_cli_ingest_never_blocks_the_next(tmp_path: Path, sig: signal.S
     while not _slot_taken(home, recorded=True):  # mid-run: slot taken, holder recorded
         assert first.poll() is None and time.monotonic() < deadline, "never took the slot"
         time.sleep(0.1)
+    started = _descendants(first.pid)  # Prefect's server, the converter's fork server, ...
     first.send_signal(sig)
-    started = time.monotonic()
     output, _ = first.communicate(timeout=60)
     if sig == signal.SIGTERM:  # unwinds: slot and locks given back, one line, no traceback
-        assert time.monotonic() - started < 15
         assert first.returncode == 130 and "interrupted: the ingest stopped" in output, output
         assert "Traceback" not in output
         assert not _slot_taken(home)
+        # Nothing it started outlives it. CI on 2026-12-03: the fork server, still importing
+        # Docling when the signal came, ran on for seconds after the run had ended.
+        assert not [pid for pid in started if _running(pid)]
     else:
         assert first.returncode == -signal.SIGKILL and _slot_taken(home)
     second = _ingest(home, cfg)

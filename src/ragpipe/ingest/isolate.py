@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import logging
 import multiprocessing
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -68,7 +69,7 @@ def _serve(conn: Connection, config: ConvertConfig) -> None:
     while True:
         try:
             job = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):  # the run ended or was interrupted: nobody to answer
             return
         if job is None:
             return
@@ -82,7 +83,10 @@ def _serve(conn: Connection, config: ConvertConfig) -> None:
             reply = ("stage", str(exc))
         except Exception as exc:  # one bad document never sinks the batch
             reply = ("error", f"{type(exc).__name__}: {exc}")
-        conn.send(reply)
+        try:
+            conn.send(reply)
+        except OSError:  # the run went while this document converted
+            return
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -124,9 +128,14 @@ class IsolatedConverter:
             process = context.Process(  # type: ignore[attr-defined]
                 target=_serve, args=(theirs, self.config), name="ragpipe-convert", daemon=True
             )
-            with _children_allowed():
-                process.start()
-            theirs.close()
+            try:
+                with _children_allowed():
+                    process.start()
+            except BaseException:  # e.g. SIGTERM while the fork server starts: a child
+                ours.close()  # forked all the same finds its parent's end closed and ends
+                raise
+            finally:
+                theirs.close()
             self._process, self._conn = process, ours
             self._started(ours)
         return self._conn
@@ -211,7 +220,32 @@ class IsolatedConverter:
     def __enter__(self) -> IsolatedConverter:
         return self
 
-    def __exit__(self, exc_type: object, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if exc_type is not None:  # interrupted (SIGTERM, Ctrl-C) or failed: no waiting
             self._stop()
         self.close()
+        if exc_type is not None and not issubclass(exc_type, Exception):  # an interrupt
+            stop_fork_server()
+
+
+def stop_fork_server() -> None:
+    """Kill the fork server, and with it (``PR_SET_PDEATHSIG``) any converter child, when a
+    run is interrupted: the run stops now. On its first start the server spends seconds
+    importing Docling; left alone, it ran on after the interrupted run had ended (holding
+    the run's stdout), and a child it forked as the interrupt came printed a traceback.
+    The next converter starts a new server."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    lock = getattr(server, "_lock", None)
+    if lock is None or not lock.acquire(timeout=5):  # pragma: no cover - another Python
+        return
+    try:
+        pid = server._forkserver_pid  # type: ignore[union-attr]
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        server._stop_unlocked()  # type: ignore[union-attr]  # reaps it, frees its socket
+    finally:
+        lock.release()
