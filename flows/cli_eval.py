@@ -302,7 +302,7 @@ def eval_retrieval(
     The golden set is first checked against the index: a target that matches nothing
     stops the run (exit 2) with its closest matches, unless --skip-unmatched. Metrics per
     query (Recall@5/10, Precision@5, MRR, Success@5, Hit@3, MAP, NDCG@10 linear and
-    exponential gain), means with bootstrap 95% CIs (n >= 2), a history row per run.
+    exponential gain), means with expanded bootstrap 95% CIs (n >= 10), a history row per run.
     """
     if as_flow:
         prefect_env(verbose)
@@ -398,7 +398,7 @@ def eval_rag(
     calibration probe built from the golden set and the index; below eval.judge_min_kappa
     its metrics (faithfulness, answer relevancy, context precision and recall) are headlined
     "judge unreliable" without a value. Every metric shows n scored, failed and not
-    applicable; a CI needs n >= 2. Slow on CPU: the expected duration is logged after the
+    applicable; a CI needs n >= 10. Slow on CPU: the expected duration is logged after the
     calibration probe; use --sample N (stratified) or --limit N.
     """
     prefect_env(verbose)
@@ -685,6 +685,7 @@ def eval_tune(
 def _print_tune(summary: TuneSummary) -> None:
     split = summary.split
     tuning = summary.tuning
+    from ragpipe.evaluation.report import no_ci_reason
     from ragpipe.evaluation.tune import changed_settings, scores_said
 
     said = scores_said(summary.metric, tuning["current"], tuning["best"], tuning["highest"])
@@ -707,7 +708,7 @@ def _print_tune(summary: TuneSummary) -> None:
             f"{d['tuned']:.4f}",
             f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
             if d["ci_low"] is not None
-            else f"{d['mean']:+.4f} (n={d['n']}, no CI)",
+            else f"{d['mean']:+.4f} (n={d['n']}, no CI{no_ci_reason(d['n'], 'every delta equal')})",
             f"{d['p_value']:.3g}",
         )
     Console().print(table)
@@ -822,7 +823,7 @@ def _print_history(rows: list[dict[str, Any]], last: int, metric: str, what: str
     per series (as the HTML trend's lines)."""
     from ragpipe.evaluation.metrics import METRICS
     from ragpipe.evaluation.rag import ALL_RAG_METRICS
-    from ragpipe.evaluation.report import history_cell, trend_series
+    from ragpipe.evaluation.report import history_cell, no_ci_reason, trend_series
 
     runs = list(dict.fromkeys(r["run_id"] for r in rows))
     columns = list(dict.fromkeys((r["run_id"], r["variant"]) for r in rows))
@@ -871,7 +872,6 @@ def _print_history(rows: list[dict[str, Any]], last: int, metric: str, what: str
         for r in mine:
             share = (r["mean"] - low) / (high - low) if high > low else 1.0
             bar = "█" * (1 + round(39 * share))
-            # One item, or every value equal: no CI, as the table says.
-            equal = ": all values equal" if r["n"] > 1 else ""
-            no_ci = f" (n={r['n']}, no CI{equal})" if r["ci_low"] is None else ""
+            # One item, too few, or every value equal: no CI, as the table says.
+            no_ci = f" (n={r['n']}, no CI{no_ci_reason(r['n'])})" if r["ci_low"] is None else ""
             print(f"    {r['run_id']:<{wide}s} {r['mean']:.3f} {bar}{no_ci}")

@@ -184,7 +184,7 @@ def compare_retrieval(
     Raises:
         GateFailed: ``gate`` is set and a variant's delta CI of its metric lies
             entirely below its threshold (with no CI: every paired query's equal delta
-            is below it, or fewer than 2 queries were paired). The report and
+            is below it, or fewer than 10 queries were paired). The report and
             artifacts are written first; the flow run ends Failed.
     """
     library_logs()
@@ -230,7 +230,7 @@ def eval_compare_flow(
         depth: Results retrieved and scored per query (eval.depth, default 10).
         gate_metric: Fail the run when this metric's delta CI lies entirely below
             gate_threshold for any variant (with no CI: when every query's equal
-            delta is below it, or fewer than 2 queries are paired). Empty: no gate.
+            delta is below it, or fewer than 10 queries are paired). Empty: no gate.
         gate_threshold: The gate's bound on the delta, e.g. -0.02 tolerates a small loss.
         skip_unmatched: Leave out golden items whose targets cannot be scored on the index
             (the report counts them) instead of failing the run (eval.skip_unmatched).

@@ -1,5 +1,5 @@
 """The one headline cell every surface shows (terminal, report.md, report.html, Prefect):
-a CI only from n >= 2, the counts, and no number for a withheld metric."""
+a CI only from n >= 10, the counts, and no number for a withheld metric."""
 
 from __future__ import annotations
 
@@ -17,16 +17,18 @@ from ragpipe.evaluation.run import stats
 
 
 def test_cells() -> None:
-    many = stats(bootstrap_ci([1.0, 0.0, 1.0, 1.0], 200, 0), failed=1, not_applicable=2)
+    many = stats(bootstrap_ci([1.0, 0.0, 1.0, 1.0] * 3, 200, 0), failed=1, not_applicable=2)
     low, high = many["ci_low"], many["ci_high"]
-    assert headline_cell(many) == f"0.750 [{low:.3f}, {high:.3f}] (n=4, 1 failed, 2 n/a)"
+    assert headline_cell(many) == f"0.750 [{low:.3f}, {high:.3f}] (n=12, 1 failed, 2 n/a)"
+    few = stats(bootstrap_ci([1.0, 0.0, 1.0, 1.0], 200, 0), failed=1, not_applicable=2)
+    assert headline_cell(few) == "0.750 (n=4, no CI: under 10, 1 failed, 2 n/a)"
     one = stats(bootstrap_ci([0.883], 200, 0), failed=8, not_applicable=3)
     assert headline_cell(one) == "0.883 (n=1, no CI, 8 failed, 3 n/a)"
     assert headline_cell(stats(bootstrap_ci([], 200, 0), failed=4)) == "no value (n=0, 4 failed)"
-    equal = stats(bootstrap_ci([1.0, 1.0, 1.0], 200, 0), not_applicable=1)
-    assert headline_cell(equal) == "1.000 (n=3, no CI: all values equal, 1 n/a)"
+    equal = stats(bootstrap_ci([1.0] * 10, 200, 0), not_applicable=1)
+    assert headline_cell(equal) == "1.000 (n=10, no CI: all values equal, 1 n/a)"
     flagged = stats(bootstrap_ci([0.5, 1.0], 200, 0), flag="judge not calibrated")
-    assert headline_cell(flagged).endswith("(n=2); judge not calibrated")
+    assert headline_cell(flagged).endswith("(n=2, no CI: under 10); judge not calibrated")
     withheld = stats(
         bootstrap_ci([0.883], 200, 0), failed=8, flag="judge unreliable (kappa 0.00)",
         withheld=True,
@@ -43,16 +45,19 @@ def test_cells_of_summaries_written_before_the_counts() -> None:
 def test_delta_cells() -> None:
     # Deltas +1, 0, +1, +1: mean +0.750; a sign flip reaches |mean| 0.75 only when the three
     # non-zero deltas keep one sign, 2 of 8 patterns: p about 0.25.
-    moved = paired_delta([0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], 200, 0, 10000).as_dict()
+    few = paired_delta([0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], 200, 0, 10000).as_dict()
+    assert abs(few["p_value"] - 0.25) < 0.02  # too few for a CI: the p alone
+    assert delta_cell(few) == f"+0.750 (n=4, no CI: under 10) p={few['p_value']:.3g}"
+    moved = paired_delta([0.0, 1.0, 0.0, 0.0] * 3, [1.0] * 12, 200, 0, 10000).as_dict()
     low, high, p = moved["ci_low"], moved["ci_high"], moved["p_value"]
-    assert abs(p - 0.25) < 0.02 and low < 0.75 < high
+    assert p < 0.01 and low < 0.75 < high
     assert delta_cell(moved) == f"+0.750 [{low:+.3f}, {high:+.3f}] p={p:.3g}"
     # Three significant digits: p = 0.0496 read "p=0.050", not under 0.05.
     near = {"mean": 0.1, "ci_low": 0.001, "ci_high": 0.2, "n": 30}
     assert delta_cell({**near, "p_value": 0.0496}).endswith(" p=0.0496")
     assert delta_cell({**near, "p_value": 0.5}).endswith(" p=0.5")
-    same = paired_delta([0.5, 0.2, 0.9], [0.5, 0.2, 0.9], 200, 0).as_dict()  # every delta 0
-    assert delta_cell(same) == "+0.000 (n=3, no CI: every delta equal)"
+    same = paired_delta([0.5, 0.2, 0.9] * 4, [0.5, 0.2, 0.9] * 4, 200, 0).as_dict()  # all 0
+    assert delta_cell(same) == "+0.000 (n=12, no CI: every delta equal)"
     one = paired_delta([0.25], [1.0], 200, 0).as_dict()
     assert delta_cell(one) == "+0.750 (n=1, no CI)"
     # 40 deltas all +0.25 or +0.5: no sign flip reaches the mean, p = 1/(N+1), never 0. It
@@ -88,11 +93,11 @@ def test_ppi_cells() -> None:
 def test_the_terminal_shows_report_mds_delta_cells() -> None:
     # `eval compare` printed "Δ +0.050 p=0.05" for p = 0.047 (report.md: p=0.047), "p=0.00"
     # for p = 1/1001 (the smallest of 1000 sign flips), and never the CI a gate reads.
-    base = stats(bootstrap_ci([0.5, 0.7], 200, 0))
+    base = stats(bootstrap_ci([0.5, 0.7] * 5, 200, 0))
     deltas = {
         "mrr": {"mean": 0.05, "ci_low": 0.002, "ci_high": 0.099, "n": 30, "p_value": 0.047},
         "recall@5": {"mean": 0.198, "ci_low": 0.192, "ci_high": 0.2, "n": 40, "p_value": 1 / 1001},
-        "hit@3": {"mean": 0.0, "ci_low": None, "ci_high": None, "n": 3, "p_value": 1.0},
+        "hit@3": {"mean": 0.0, "ci_low": None, "ci_high": None, "n": 13, "p_value": 1.0},
     }
     summary = SimpleNamespace(
         metrics={"base": dict.fromkeys(deltas, base), "cand": dict.fromkeys(deltas, base)},
@@ -102,12 +107,13 @@ def test_the_terminal_shows_report_mds_delta_cells() -> None:
     console.print(_metrics_table(summary, list(deltas), "t"))
     cells = {line.split("│")[1].strip(): line.split("│")[3].strip()
              for line in console.export_text().splitlines() if line.count("│") == 4}  # fmt: skip
-    head = "0.600 [0.500, 0.700] (n=2)"  # every resample's mean is 0.5, 0.6 or 0.7
+    head = headline_cell(base)
+    assert head.startswith("0.600 [") and head.endswith("] (n=10)")
     assert headline_cell(base) == head
     assert cells == {
         "mrr": f"{head}  Δ +0.050 [+0.002, +0.099] p=0.047",
         "recall@5": f"{head}  Δ +0.198 [+0.192, +0.200] p<0.001",
-        "hit@3": f"{head}  Δ +0.000 (n=3, no CI: every delta equal)",
+        "hit@3": f"{head}  Δ +0.000 (n=13, no CI: every delta equal)",
     }
 
 
@@ -140,17 +146,18 @@ def test_the_bars_mark_a_value_without_ci_and_show_values_below_zero() -> None:
     import re
 
     one = stats(bootstrap_ci([0.9], 200, 0))
-    below = stats(bootstrap_ci([-0.4, -0.2, 0.1], 200, 0))
-    assert below["ci_low"] == pytest.approx(-0.4)  # the resample of three -0.4s
+    below = stats(bootstrap_ci([-0.7] * 5 + [0.1] * 5, 200, 0))
+    assert below["ci_low"] == pytest.approx(-0.54)  # below the axis's old 0
     metrics = {"answer_f1": one, "answer_cosine": below}
     summary = SimpleNamespace(metrics={"rag": metrics}, metric_names=list(metrics), deltas={})
-    table = pa.table({"variant": ["rag"] * 3, "answer_f1": [0.9, None, None],
-                      "answer_cosine": [-0.4, -0.2, 0.1]})  # fmt: skip
+    cosines = [-0.7] * 5 + [0.1] * 5
+    table = pa.table({"variant": ["rag"] * 10, "answer_f1": [0.9] + [None] * 9,
+                      "answer_cosine": cosines})  # fmt: skip
     (bars, _), (boxes, _) = [(svg, t) for t, svg in plots(summary, table)]
     texts = re.findall(r"<!-- (.*?) -->", bars)
     assert texts.count("no CI") == 1  # the one-item bar, labelled and hatched
     assert "−0.4" in texts  # the axis reaches the CI's low end (matplotlib's minus sign)
-    assert "−0.4" in re.findall(r"<!-- (.*?) -->", boxes)
+    assert "−0.6" in re.findall(r"<!-- (.*?) -->", boxes)
 
 
 def test_the_prefect_metrics_table_has_no_bare_number_for_a_flagged_metric() -> None:
@@ -158,15 +165,19 @@ def test_the_prefect_metrics_table_has_no_bare_number_for_a_flagged_metric() -> 
     # a flagged one (a judge a coin matches) sorted and exported as mean 0.6.
     from ragpipe.evaluation.report import metric_rows
 
-    value = stats(bootstrap_ci([0.5, 0.7], 200, 0))
-    flagged = stats(bootstrap_ci([0.5, 0.7], 200, 0), flag="judge not calibrated")
-    withheld = stats(bootstrap_ci([0.5, 0.7], 200, 0), flag="judge unreliable", withheld=True)
+    value = stats(bootstrap_ci([0.5, 0.7] * 5, 200, 0))
+    flagged = stats(bootstrap_ci([0.5, 0.7] * 5, 200, 0), flag="judge not calibrated")
+    withheld = stats(bootstrap_ci([0.5, 0.7] * 5, 200, 0), flag="judge unreliable", withheld=True)
     summary = SimpleNamespace(metrics={"rag": {"answer_f1": value, "faithfulness": flagged,
                                                "context_recall": withheld}})  # fmt: skip
     rows = {r["metric"]: r for r in metric_rows(summary)}  # type: ignore[arg-type]
     numbers = ("mean", "ci_low", "ci_high")
-    assert [rows["answer_f1"][k] for k in numbers] == [0.6, 0.5, 0.7]
+    ci = (round(value["ci_low"], 4), round(value["ci_high"], 4))
+    assert 0.5 < ci[0] < 0.6 < ci[1] < 0.7
+    assert [rows["answer_f1"][k] for k in numbers] == [0.6, *ci]
     for m in ("faithfulness", "context_recall"):
         assert [rows[m][k] for k in numbers] == [None, None, None]
-    assert rows["faithfulness"]["headline"] == "0.600 [0.500, 0.700] (n=2); judge not calibrated"
-    assert rows["context_recall"]["headline"] == "judge unreliable (n=2)"
+    assert rows["faithfulness"]["headline"] == (
+        f"0.600 [{ci[0]:.3f}, {ci[1]:.3f}] (n=10); judge not calibrated"
+    )
+    assert rows["context_recall"]["headline"] == "judge unreliable (n=10)"

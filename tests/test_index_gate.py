@@ -110,7 +110,7 @@ def test_a_version_that_loses_half_its_answers_is_held_and_readers_keep_the_live
     golden = summary["gate"]["verdict"]["golden"][0]
     # Hand-computed: each item scores 1 (its file first) or 0 (its file gone).
     assert (golden["staged"], golden["live"], golden["delta"]) == (0.5, 1.0, -0.5)
-    assert golden["delta_low"] < -0.5 < golden["delta_high"]  # deltas 0 x 3 and -1 x 3
+    assert golden["delta_low"] is None is golden["delta_high"]  # 6 items: too few for a CI
     assert golden["lost"] == ["gardening", "astronomy", "cooking"]
     assert len(golden["unmatched_staged"]) == 3
     assert _points(cfg, staged[:10]) == summary["points_total"] < first.points_total
@@ -282,7 +282,7 @@ def test_the_flow_emits_promoted_and_held_events(prefect_harness: None, tmp_path
     assert held["outcome"] == "held" and held["live_before"] == first.gate["generation"]
     assert held["golden"][0]["delta"] == -0.5 and "fell by 0.5000" in held["reasons"][0]
     low, high = held["golden"][0]["delta_low"], held["golden"][0]["delta_high"]
-    assert low < -0.5 < high  # the lost items' deltas (-1) and the others' (0) spread
+    assert low is None is high  # 6 items, too few for a CI: the drop's mean decides
     assert by_name["ragpipe.index.promoted"]["payload"]["version"] == first.gate["generation"]
     # Discarded by hand: the next nights say so and succeed, and tell no one it is held.
     gatekeep.discard_by_hand(cfg, held["version"][:12])

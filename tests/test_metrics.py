@@ -106,22 +106,48 @@ def test_paired_delta_detects_a_real_difference_and_not_a_null_one() -> None:
     assert identical.as_dict()["ci_low"] is None  # every delta 0: no CI, not [0, 0]
     # Every delta 0.2, as float subtraction writes them (0.19999999999999996, ...): no
     # CI either; it was "+0.200 [+0.200, +0.200]".
-    alike = paired_delta([0.2, 0.4, 0.6, 0.0], [0.4, 0.6, 0.8, 0.2])
+    alike = paired_delta([0.2, 0.4, 0.6, 0.0] * 3, [0.4, 0.6, 0.8, 0.2] * 3)
     assert alike.interval.zero_width and alike.as_dict()["ci_low"] is None
     # The gate still reads the bounds: a drop on every query is a drop.
-    dropped = paired_delta([1.0] * 5, [0.5] * 5)
+    dropped = paired_delta([1.0] * 10, [0.5] * 10)
     assert (dropped.interval.low, dropped.interval.high) == (-0.5, -0.5)
     with pytest.raises(ValueError, match="same queries"):
         paired_delta(base, base[:10])
 
 
-def test_no_ci_from_fewer_than_two_values() -> None:
+def test_no_ci_from_fewer_than_ten_values() -> None:
     one = bootstrap_ci([0.883], resamples=100, seed=0)
     assert one.mean == 0.883 and one.n == 1 and not one.has_ci
     assert one.as_dict()["ci_low"] is None and one.as_dict()["ci_high"] is None
     none = bootstrap_ci([], resamples=100, seed=0)
     assert none.as_dict()["mean"] is None and none.n == 0
-    two = bootstrap_ci([0.0, 1.0], resamples=100, seed=0)
-    assert two.has_ci and two.low <= 0.5 <= two.high
+    # The review: two values' "95% CI" held the mean in about half of simulated runs, and a
+    # compare gate failed on two chance deltas; nine are still too few.
+    nine = bootstrap_ci([0.0, 1.0] * 4 + [1.0], resamples=100, seed=0)
+    assert nine.mean == pytest.approx(5 / 9) and not nine.has_ci and nine.n == 9
+    assert nine.as_dict()["ci_low"] is None
+    ten = bootstrap_ci([0.0, 1.0] * 5, resamples=100, seed=0)
+    assert ten.has_ci and ten.low <= 0.5 <= ten.high
     delta = paired_delta([1.0], [0.0], resamples=100)
     assert not delta.interval.has_ci and delta.as_dict()["p_value"] is None
+    few = paired_delta([0.0, 0.0, 0.0], [1.0, 1.0, 0.5], resamples=100)  # a p, no CI
+    assert few.as_dict()["ci_low"] is None and few.p_value == pytest.approx(0.25, abs=0.02)
+
+
+def test_the_expanded_interval_by_hand() -> None:
+    """Hesterberg (2015): tails at Phi(-sqrt(n/(n-1)) t(0.975, n-1)). By hand with scipy's
+    t: n=10, sqrt(10/9) * 2.262157 = 2.384543, Phi(-2.384543) = 0.008550; n=50,
+    sqrt(50/49) * 2.009575 = 2.029999, Phi(-2.029999) = 0.021180."""
+    from ragpipe.evaluation.metrics import expanded_alpha
+
+    assert expanded_alpha(0.95, 10) == pytest.approx(0.008550, abs=2e-6)
+    assert expanded_alpha(0.95, 50) == pytest.approx(0.021180, abs=2e-6)
+    assert expanded_alpha(0.95, 100_000) == pytest.approx(0.025, abs=1e-4)
+    # The interval is the resampled means' quantiles at those tails.
+    values = np.linspace(0.0, 1.0, 10)
+    ci = bootstrap_ci(values, resamples=1000, seed=3)
+    rng = np.random.default_rng(3)
+    means = values[rng.integers(0, 10, size=(1000, 10))].mean(axis=1)
+    low, high = np.quantile(means, [0.008550, 1 - 0.008550])
+    assert (ci.low, ci.high) == (pytest.approx(low, abs=1e-3), pytest.approx(high, abs=1e-3))
+    assert ci.high - ci.low > np.subtract(*np.quantile(means, [0.975, 0.025]))  # wider

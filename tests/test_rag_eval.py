@@ -391,7 +391,7 @@ def test_answer_metrics_refusals_and_an_unreliable_judge_end_to_end(
     for m in RAG_METRICS:  # a withheld metric shows why, never a number
         cell = md.split(f"| {m} | ")[1].split(" |")[0]
         assert cell.startswith("judge ") and "unreliable" in cell and "(n=" in cell
-    assert "| correct_refusal | 0.500 [" in md and "(n=2, 4 n/a) |" in md
+    assert "| correct_refusal | 0.500 (n=2, no CI: under 10, 4 n/a) |" in md
     assert "| citation_precision | 0.500 (n=1, no CI, 5 n/a) |" in md
     assert f"calibration: **{label}**" in md
     stored = json.loads((out / "summary.json").read_text())
@@ -1675,11 +1675,11 @@ def test_a_withheld_metric_has_no_mean_in_summary_json() -> None:
     from ragpipe.evaluation.metrics import bootstrap_ci
     from ragpipe.evaluation.run import stats
 
-    ci = bootstrap_ci([0.85, 0.9, 0.95, 1.0], 200, 0)
+    ci = bootstrap_ci([0.85, 0.9, 0.95, 1.0] * 3, 200, 0)
     assert ci.mean == pytest.approx(0.925) and ci.has_ci
     shown = stats(ci, failed=1, flag="judge unreliable (kappa 0.10)", withheld=True)
     assert (shown["mean"], shown["ci_low"], shown["ci_high"]) == (None, None, None)
-    assert (shown["n"], shown["n_failed"], shown["withheld"]) == (4, 1, True)
+    assert (shown["n"], shown["n_failed"], shown["withheld"]) == (12, 1, True)
     assert shown["flag"] == "judge unreliable (kappa 0.10)"
     kept = stats(ci)
     assert kept["mean"] == pytest.approx(0.925) and kept["ci_low"] is not None
@@ -1726,7 +1726,7 @@ def test_an_answer_metric_that_could_not_score_most_replies_is_flagged(
 
     hedged, table = run(refused=2)
     assert headline_cell(hedged.metrics["rag"]["correct_refusal"]) == (
-        "1.000 (n=2, no CI: all values equal, 8 failed); 8 of 10 could not be scored (> 20%): "
+        "1.000 (n=2, no CI: under 10, 8 failed); 8 of 10 could not be scored (> 20%): "
         "the mean is over the rest only"
     )
     assert hedged.metrics["rag"]["degenerate"].get("flag") is None  # scored on all ten
@@ -1747,7 +1747,7 @@ def test_an_answer_metric_that_could_not_score_most_replies_is_flagged(
     # Two of ten unscored: 20%, not over it: a value and a trend point, its failures shown.
     most, _ = run(refused=8)
     assert headline_cell(most.metrics["rag"]["correct_refusal"]) == (
-        "1.000 (n=8, no CI: all values equal, 2 failed)"
+        "1.000 (n=8, no CI: under 10, 2 failed)"
     )
     assert "correct_refusal" in {r["metric"] for r in read_history(tmp_path / "refused-8")}
 

@@ -231,9 +231,9 @@ def test_flagged_and_withheld_metrics_are_listed_with_their_flag_never_as_trend_
     rows = {(r["run_id"][:9], r["metric"]): r for r in read_history(tmp_path, flagged=True)}
     withheld = rows[("20261202T", "faithfulness")]
     assert withheld["mean"] is None and withheld["flag"] == f"withheld: {failing}"
-    # 7 of 8 ones and a 0.6: mean 0.95; a resample's mean is 0.95 + k x 0.05 steps of 8.
+    # 7 of 8 ones and a 0.6: mean 0.95, too few items for a CI.
     flagged = history_cell(rows[("20261201T", "faithfulness")])
-    assert flagged.startswith("0.950 [") and flagged.endswith(f"(n=8); {blind}")
+    assert flagged == f"0.950 (n=8, no CI: under 10); {blind}"
     assert history_cell(withheld) == f"{failing} (n=5, 5 failed)"
     assert history_cell(rows[("20261202T", "answer_f1")]) == "0.950 (n=1, no CI)"
 
@@ -248,7 +248,7 @@ def test_flagged_and_withheld_metrics_are_listed_with_their_flag_never_as_trend_
                                      "answer_f1"], env={"COLUMNS": "400"})  # fmt: skip
     bars = [line for line in shown.output.splitlines() if line.startswith("    2026")]
     # 0.300 to 0.950: 1 and 40 blocks; the one-item mean says it has no CI.
-    assert bars == ["    20261201T000000Z-faq-rag 0.300 █",
+    assert bars == ["    20261201T000000Z-faq-rag 0.300 █ (n=3, no CI: under 10)",
                     "    20261202T000000Z-faq-rag 0.950 " + "█" * 40 + " (n=1, no CI)"]  # fmt: skip
 
     page = index_page(tmp_path)

@@ -59,7 +59,7 @@ from ragpipe.evaluation.calibration import (
 )
 from ragpipe.evaluation.check import IndexView
 from ragpipe.evaluation.golden import GoldenItem, GoldenSet, file_matches, stratified_sample
-from ragpipe.evaluation.metrics import Interval, bootstrap_ci
+from ragpipe.evaluation.metrics import MIN_CI_N, Interval, bootstrap_ci
 from ragpipe.evaluation.retrieval import filter_warning
 from ragpipe.models.embedders import Embedder, embedder_name, make_embedder
 from ragpipe.models.llm import LLM, make_llm
@@ -1277,7 +1277,10 @@ def _result(
                 )
     warnings = []
     if len(rows) < 50:
-        warnings.append(f"only {len(rows)} queries (< 50): confidence intervals are wide")
+        warnings.append(
+            f"only {len(rows)} queries (< 50): confidence intervals are wide"
+            + (f", and below {MIN_CI_N} there are none" if len(rows) < MIN_CI_N else "")
+        )
     filtered = filter_warning("the search", config.retrieve.model_dump())
     if filtered:  # items outside it read "no given source holds a golden target"
         warnings.append(filtered)

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import pyarrow as pa
 
 from ragpipe.config import RagpipeConfig
-from ragpipe.evaluation.metrics import METRICS
+from ragpipe.evaluation.metrics import METHOD, METRICS, MIN_CI_N
 from ragpipe.evaluation.rag import ALL_RAG_METRICS, ANSWER_METRICS, RAG_METRICS
 
 if TYPE_CHECKING:
@@ -54,11 +54,20 @@ def trend_series(row: dict[str, Any]) -> str:
     return f"{kind}: {row['name']} / {row['variant']}{size}{judge}"
 
 
+def no_ci_reason(n: int, equal: str = "all values equal") -> str:
+    """Why a mean of ``n`` items has no CI, as the cells say it after "no CI": nothing for
+    one item; too few (under ``MIN_CI_N``: a CI that would not hold the mean as often as
+    it says); or every value the same (a CI of zero width would claim certainty)."""
+    if n <= 1:
+        return ""
+    return f": under {MIN_CI_N}" if n < MIN_CI_N else f": {equal}"
+
+
 def headline_cell(st: dict[str, Any]) -> str:
     """One metric as every headline shows it (terminal, report.md, report.html, Prefect).
 
-    The value with its 95% CI when at least two items were scored, the value alone
-    (``no CI``) for one or when every value is the same, none for zero; then how many
+    The value with its 95% CI when at least ``MIN_CI_N`` items were scored, the value
+    alone (``no CI``) for fewer or when every value is the same, none for zero; then how many
     items it scored, failed on and did not apply to; a withheld metric (an unreliable
     judge, too many judge failures) shows why instead of a value.
     """
@@ -72,8 +81,7 @@ def headline_cell(st: dict[str, Any]) -> str:
     if n == 0 or st.get("mean") is None:
         cell = f"no value (n=0{extra})"
     elif n == 1 or st.get("ci_low") is None:
-        why = "" if n == 1 else ": all values equal"  # a zero-width CI claims certainty
-        cell = f"{st['mean']:.3f} (n={n}, no CI{why}{extra})"
+        cell = f"{st['mean']:.3f} (n={n}, no CI{no_ci_reason(n)}{extra})"
     else:
         cell = f"{st['mean']:.3f} [{st['ci_low']:.3f}, {st['ci_high']:.3f}] (n={n}{extra})"
     return f"{cell}; {flag}" if flag else cell
@@ -112,15 +120,25 @@ def history_cell(row: dict[str, Any]) -> str:
 
 def delta_cell(d: dict[str, Any]) -> str:
     """A paired delta (variant - baseline) as report.md shows it: with its 95% CI and
-    p-value, or why there is no CI (one paired query; every query's delta the same)."""
-    if d.get("ci_low") is None:  # n < 2, or a CI of zero width (summary.json holds null)
-        why = ": every delta equal" if d["n"] >= 2 else ""
-        return f"{d['mean']:+.3f} (n={d['n']}, no CI{why})"
-    p = d["p_value"]
+    p-value, or why there is no CI (one paired query; fewer than ``MIN_CI_N``, then with
+    the permutation test's p; every query's delta the same)."""
+    n, p = d["n"], d.get("p_value")
     # The test's smallest p is 1/(N+1), not 0; three significant digits keep 0.0496 under
     # 0.05 (":.3f" made it p=0.050).
-    shown = "p<0.001" if p < 0.001 else f"p={p:.3g}"
+    shown = "" if p is None else "p<0.001" if p < 0.001 else f"p={p:.3g}"
+    if d.get("ci_low") is None:  # too few, or a CI of zero width (summary.json holds null)
+        why = no_ci_reason(n, "every delta equal")
+        return f"{d['mean']:+.3f} (n={n}, no CI{why})" + (f" {shown}" if 1 < n < MIN_CI_N else "")
     return f"{d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] {shown}"
+
+
+def _method(summary: RunSummary) -> str:
+    return str(summary.statistics.get("method", METHOD)).removesuffix(" over scored queries")
+
+
+def _fewest(summary: RunSummary) -> int:
+    """The fewest items with a CI in the run's method: 2 before the expanded interval."""
+    return MIN_CI_N if _method(summary) == METHOD else 2
 
 
 def _names(summary: RunSummary) -> list[str]:
@@ -242,8 +260,8 @@ def render_markdown(summary: RunSummary) -> str:
         f"(fingerprint {summary.corpus['sha256']})",
         *_index_version_line(summary.corpus.get("index_version") or {}),
         f"- embedder: {summary.models['embedder']}; git {summary.git_revision or 'n/a'}",
-        f"- 95% CIs: percentile bootstrap, {summary.statistics['resamples']} resamples, "
-        f"seed {summary.statistics['seed']}; a CI needs n >= 2 scored items",
+        f"- 95% CIs: {_method(summary)}, {summary.statistics['resamples']} resamples, "
+        f"seed {summary.statistics['seed']}; a CI needs n >= {_fewest(summary)} scored items",
         "",
     ]
     for warning in summary.warnings:

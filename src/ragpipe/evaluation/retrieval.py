@@ -17,11 +17,15 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+import numpy as np
+
 from ragpipe.config import RagpipeConfig, RetrieveConfig
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.golden import GoldenItem, GoldenSet, file_matches
 from ragpipe.evaluation.metrics import (
     METRICS,
+    MIN_CI_N,
+    SAME,
     Interval,
     PairedDelta,
     bootstrap_ci,
@@ -327,10 +331,19 @@ def run_retrieval_eval(
     if gate is not None:
         for candidate, by_metric in deltas.items():
             delta = by_metric[gate.metric].interval
-            if not delta.has_ci:
+            moved = np.subtract(per_variant[candidate][gate.metric], base[gate.metric])
+            alike = moved.size >= 2 and float(np.ptp(moved)) <= SAME  # a drop on each is one
+            if alike:
+                if delta.mean < gate.threshold:
+                    gate_failures.append(
+                        f"{candidate}: {gate.metric} delta is {delta.mean:+.4f} on every one "
+                        f"of the {delta.n} paired queries (no CI: every delta equal), below "
+                        f"{gate.threshold:+.4f} (baseline {variants[0].name})"
+                    )
+            elif not delta.has_ci:
                 gate_failures.append(
                     f"{candidate}: {gate.metric} delta has no CI ({delta.n} paired queries): "
-                    "the gate cannot hold on fewer than 2"
+                    f"the gate cannot hold on fewer than {MIN_CI_N}"
                 )
             elif delta.zero_width and delta.high < gate.threshold:  # every query alike
                 gate_failures.append(
@@ -352,7 +365,8 @@ def run_retrieval_eval(
         )
     if n < SMALL_N:
         warnings.append(
-            f"only {n} queries (< {SMALL_N}): confidence intervals are wide and unstable"
+            f"only {n} queries (< {SMALL_N}): confidence intervals are wide"
+            + (f", and below {MIN_CI_N} there are none" if n < MIN_CI_N else "")
         )
     for variant in variants:  # what the search can rank is all it is scored on
         chosen = settings[variant.name]

@@ -47,7 +47,7 @@ from ragpipe.evaluation.check import (
     golden_for_index,
 )
 from ragpipe.evaluation.golden import GoldenSet, item_digest, load_golden
-from ragpipe.evaluation.metrics import METRICS, SAME, Interval
+from ragpipe.evaluation.metrics import METHOD, METRICS, SAME, Interval
 from ragpipe.evaluation.rag import ALL_RAG_METRICS, RAG_METRICS, RagEvalResult, run_rag_eval
 from ragpipe.evaluation.report import WITHHELD, render_html, render_markdown
 from ragpipe.evaluation.retrieval import (
@@ -330,7 +330,7 @@ def retrieval_summary(
         variants=result.settings,
         baseline=result.baseline,
         statistics={
-            "method": "percentile bootstrap",
+            "method": METHOD,
             "level": 0.95,
             "resamples": result.resamples,
             "seed": result.seed,
@@ -397,7 +397,7 @@ def rag_summary(result: RagEvalResult, config: RagpipeConfig, corpus: dict[str, 
                 "judge": result.judge["model"]},
         variants={"rag": config.retrieve.model_dump(mode="json")},
         baseline="rag",
-        statistics={"method": "percentile bootstrap over scored queries", "level": 0.95,
+        statistics={"method": f"{METHOD} over scored queries", "level": 0.95,
                     "resamples": result.resamples, "seed": result.seed},
         metrics={"rag": {
             m: stats(ci, result.counts[m]["failed"], result.counts[m]["not_applicable"],

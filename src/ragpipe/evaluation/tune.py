@@ -521,7 +521,7 @@ def decide(changes: dict[str, Any], delta: PairedDelta, metric: str) -> tuple[st
     stated = (
         f"{metric} {ci.mean:+.4f} on the held-out queries, {delta_ci(ci)}, p={delta.p_value:.3g}"
     )
-    if ci.high < 0:
+    if ci.high < 0 or (not ci.shown and ci.mean < 0 and delta.p_value < 0.05):
         return (
             "refused",
             f"refused: the tuned settings are worse on the held-out queries ({stated}); "
