@@ -75,6 +75,20 @@ def test_constant_equal_labels_give_nan_kappa() -> None:
     assert math.isnan(result.kappa_low) and math.isnan(result.kappa_high)
 
 
+def test_kappa_is_the_nearest_float_to_the_exact_fraction() -> None:
+    """From shares, 7 of 10 balanced pairs right came out 0.3999999999999999, under a bar
+    of 0.4 it is exactly at: p_o = 7/10, both yes rates 1/2, p_e = 1/2, kappa = 2/5."""
+    truth = [1] * 5 + [0] * 5
+    verdicts = [1, 1, 1, 0, 0, 0, 0, 0, 0, 1]
+    assert agreement(truth, verdicts).kappa == 0.4
+    assert cohen_kappa(truth, verdicts) == 0.4
+    # 28 of 40 right (6 true and 6 false pairs wrong): 2/5 again; 3 of 4 right, one true
+    # pair called false: p_o = 3/4, yes rates 1/2 and 1/4, p_e = 1/2, kappa = 1/2.
+    forty = [1, 0] * 20
+    assert cohen_kappa(forty, [1 - t if i < 12 else t for i, t in enumerate(forty)]) == 0.4
+    assert cohen_kappa([1, 1, 0, 0], [0, 1, 0, 0]) == 0.5
+
+
 def test_cohen_kappa_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="one verdict per truth label"):
         cohen_kappa([1, 0], [1])

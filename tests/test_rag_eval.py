@@ -813,6 +813,44 @@ def test_a_judgement_is_believed_only_where_a_blind_judge_rarely_does_as_well() 
     assert failed.short_for("answer_relevancy") == "judge unreliable (kappa -0.25)"
 
 
+def test_a_judge_exactly_at_the_kappa_bar_is_not_unreliable() -> None:
+    """Kappa from shares came out 0.3999999999999999 for an exact 2/5, and a judge at a bar
+    of 0.4 was "judge unreliable (kappa 0.40 ...; min 0.4)": only a kappa below the bar
+    withholds. 40 answer pairs, 20 true, 6 true and 6 false ones wrong: p_o = 28/40, both
+    yes rates 1/2, kappa = (7/10 - 1/2) / (1/2) = 2/5; a coin gets 28 of 40 with chance
+    0.0083 (under CHANCE_P)."""
+    from ragpipe.evaluation.calibration import MATCHING, MISMATCHED, ProbePair, calibrate
+
+    def pair(n: int) -> ProbePair:
+        kind, truth = ((MATCHING, 1), (MISMATCHED, 0))[n % 2]
+        return ProbePair(kind, truth, f"answer {n}", "x", f"answer {n}")
+
+    def wrong_below(pairs: list[ProbePair], count: int) -> Oracle:
+        wrong = {p.shown for p in pairs[:count]}
+        return Oracle(pairs, lambda p: 1 - p.truth if p.shown in wrong else p.truth)
+
+    pairs = [pair(n) for n in range(40)]
+    at_bar = calibrate(wrong_below(pairs, 12), pairs, min_kappa=0.4, timeout_s=10)
+    assert at_bar.by_judgement["answers"].kappa == 0.4 == at_bar.agreement.kappa
+    assert not at_bar.failed and at_bar.reliable_for("answer_relevancy") is True
+    assert at_bar.short_for("answer_relevancy") == "judge reliable on answers (kappa 0.40)"
+    assert at_bar.label().startswith(
+        "judge not calibrated on statements (no pairs), contexts (no pairs) (kappa 0.40 ["
+    )
+    # The review's 10 pairs, 7 right: at the bar too; a coin gets 7 of 10 with chance
+    # 176/1024, so not calibrated (it was "judge unreliable").
+    ten = pairs[:10]
+    small = calibrate(wrong_below(ten, 3), ten, min_kappa=0.4, timeout_s=10)
+    assert small.agreement.kappa == 0.4 and not small.failed
+    assert small.short_for("answer_relevancy") == (
+        "judge not calibrated on answers (kappa 0.40 on 10 pairs, a blind judge does as well "
+        "with p=0.17)"
+    )
+    # A hair under the bar is under it.
+    under = calibrate(wrong_below(ten, 3), ten, min_kappa=0.41, timeout_s=10)
+    assert under.failed and under.label().startswith("judge unreliable (kappa 0.40 ")
+
+
 def test_a_label_outside_its_metric_is_refused_before_any_question_is_asked(
     scored_config: RagpipeConfig, onnx_embedder: Any, tmp_path: Path
 ) -> None:
