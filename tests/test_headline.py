@@ -160,6 +160,32 @@ def test_the_bars_mark_a_value_without_ci_and_show_values_below_zero() -> None:
     assert "−0.6" in re.findall(r"<!-- (.*?) -->", boxes)
 
 
+def test_names_are_drawn_as_written_and_every_variant_has_a_legend_entry() -> None:
+    """The review: matplotlib read a name's ``$...$`` as math text: ``cost$_{$`` ended a
+    compare run in a parse error after its scoring, ``$x$`` was drawn as an italic x; and
+    a variant named ``_current`` had no legend entry (a label starting with "_" is left
+    out unless the legend is given its handles)."""
+    import re
+
+    value = stats(bootstrap_ci([0.2, 0.4, 0.9], 200, 0))
+    variants = ["_current", "cost$_{$", "$x$"]
+    summary = SimpleNamespace(
+        metrics={v: {"mrr": value} for v in variants}, metric_names=["mrr"], baseline="_current",
+        deltas={v: {"mrr": {"mean": 0.1, "ci_low": 0.0, "ci_high": 0.2}} for v in variants[1:]},
+    )  # fmt: skip
+    table = pa.table({"variant": [v for v in variants for _ in range(3)],
+                      "mrr": [0.2, 0.4, 0.9] * 3})  # fmt: skip
+    figures = plots(summary, table)  # type: ignore[arg-type]
+    titles = [t for t, _ in figures][1:]
+    assert titles == ["Per-query distributions", "Deltas vs baseline (_current)"]
+    (bars, boxes, deltas) = [re.findall(r"<!-- (.*?) -->", svg) for _, svg in figures]
+    assert [t for t in bars if t in variants] == variants  # the legend, in order
+    assert [t for t in boxes if t in variants] == variants  # the box plot's axis
+    assert [t for t in deltas if " - " in t] == ["cost$_{$ - _current", "$x$ - _current"]
+    # Drawn as text: no italic (math) glyph anywhere.
+    assert all("Oblique" not in svg for _, svg in figures)
+
+
 def test_the_prefect_metrics_table_has_no_bare_number_for_a_flagged_metric() -> None:
     # The review: the metrics artifact blanked the number columns of a withheld metric only;
     # a flagged one (a judge a coin matches) sorted and exported as mean 0.6.

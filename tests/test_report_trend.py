@@ -378,6 +378,30 @@ def test_a_history_with_a_corrupt_page_is_damaged_and_one_it_may_not_read_is_not
         read_history(tmp_path)
 
 
+def test_a_name_with_dollars_is_drawn_as_written_in_the_trend(tmp_path: Path) -> None:
+    """The review: a run named ``nightly $_{x$`` finished, then every `ragpipe report` (and
+    serve's trend page) ended in matplotlib's math-text parse error; ``$x$`` was drawn as
+    an italic x."""
+    import re
+
+    from ragpipe.evaluation.report import render_trend
+
+    rows = [
+        _row("20261101T000000Z-nightly $_{x$", "faq", "retrieval", "mrr", 0.61),
+        _row("20261102T000000Z-$x$", "faq", "retrieval", "mrr", 0.72),
+    ]
+    page = render_trend("faq $y$", rows)
+    texts = re.findall(r"<!-- (.*?) -->", page)
+    assert "retrieval (chunk): nightly $_{x$ / retrieval" in texts
+    assert "retrieval (chunk): $x$ / retrieval" in texts
+    assert "20261101T000000Z-nightly $_{x$" in texts and "Oblique" not in page
+    pq.write_table(pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA),
+                   tmp_path / "history.parquet")  # fmt: skip
+    shown = CliRunner().invoke(app, ["report", "--reports-dir", str(tmp_path)])
+    assert shown.exit_code == 0, shown.output
+    assert "nightly $_{x$ / retrieval" in (tmp_path / "trend-faq.html").read_text()
+
+
 def test_a_compare_variant_name_with_other_settings_is_another_trend_line(
     tmp_path: Path,
 ) -> None:

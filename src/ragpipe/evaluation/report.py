@@ -8,7 +8,8 @@ import html
 import io
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -324,6 +325,20 @@ def settings_lines(variants: dict[str, dict[str, Any]]) -> dict[str, str]:
     return {v: ", ".join(f"{k}={s.get(k)}" for k in keys) for v, s in variants.items()}
 
 
+@contextmanager
+def _pyplot() -> Iterator[Any]:
+    """matplotlib's pyplot (Agg), drawing every text as given: a run, variant or golden set
+    name is never math text (``$x$`` was drawn as an italic x, and ``cost$_{$`` a parse
+    error that ended the run after its scoring, or every later trend page)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with plt.rc_context({"text.parse_math": False}):
+        yield plt
+
+
 def svg(fig: Any) -> str:
     buffer = io.StringIO()
     fig.savefig(buffer, format="svg", bbox_inches="tight")
@@ -350,11 +365,11 @@ def _lowest(values: Iterable[float | None]) -> float:
 
 def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
     """(title, inline SVG) figures: metric bars with CI whiskers, distributions, deltas."""
-    import matplotlib
+    with _pyplot() as plt:
+        return _plots(plt, summary, table)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def _plots(plt: Any, summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
     out = []
     variants = list(summary.metrics)
 
@@ -366,6 +381,7 @@ def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
     names = [m for m in _names(summary) if any(drawn(summary.metrics[v][m]) for v in variants)]
     width = 0.8 / len(variants)
     fig, ax = plt.subplots(figsize=(10, 4))
+    handles = []
     for i, v in enumerate(variants):
         cis = [summary.metrics[v][m] for m in names]
         means = [c["mean"] if drawn(c) else float("nan") for c in cis]
@@ -374,7 +390,8 @@ def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
         high = [c["ci_high"] - c["mean"] if drawn(c) and c["ci_high"] is not None else 0.0
                 for c in cis]  # fmt: skip
         xs = [j + i * width for j in range(len(names))]
-        bars = ax.bar(xs, means, width, yerr=[low, high], capsize=3, label=v)
+        bars = ax.bar(xs, means, width, yerr=[low, high], capsize=3)
+        handles.append(bars)
         mark_no_ci(ax, bars, [c["ci_low"] is not None for c in cis])
     ax.set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(names))], names)
     drawn_sts = [summary.metrics[v][m] for v in variants for m in names]
@@ -382,7 +399,9 @@ def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
                  for c in drawn_sts if drawn(c)]  # fmt: skip
     ax.set_ylim(_lowest(drawn_low), 1.05)
     ax.set_ylabel("mean (95% CI)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    # Handles and labels given: matplotlib leaves out an artist whose label starts with "_"
+    # (a variant named _current had no legend entry).
+    ax.legend(handles, variants, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.tick_params(axis="x", rotation=30)
     left_out = "withheld and flagged ones not drawn: the tables above say why"
     out.append((f"Metrics with 95% confidence intervals ({left_out})", svg(fig)))
@@ -410,6 +429,7 @@ def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
         others = list(summary.deltas)
         fig, ax = plt.subplots(figsize=(10, 4))
         width = 0.8 / len(others)
+        handles = []
         for i, v in enumerate(others):
             d = [summary.deltas[v][m] for m in names]
             means = [x["mean"] for x in d]
@@ -423,14 +443,15 @@ def plots(summary: RunSummary, table: pa.Table) -> list[tuple[str, str]]:
                 width,
                 yerr=err,
                 capsize=3,
-                label=f"{v} - {summary.baseline}",
             )
+            handles.append(bars)
             mark_no_ci(ax, bars, [x["ci_low"] is not None for x in d])
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_xticks([j + width * (len(others) - 1) / 2 for j in range(len(names))], names)
         ax.tick_params(axis="x", rotation=30)
         ax.set_ylabel("paired delta (95% CI)")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        labels = [f"{v} - {summary.baseline}" for v in others]
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         out.append((f"Deltas vs baseline ({summary.baseline})", svg(fig)))
         plt.close(fig)
     return out
@@ -680,13 +701,7 @@ def render_trend(golden: str, rows: list[dict[str, Any]]) -> str:
     time with its 95% CI as whiskers, one line per kind of run (retrieval at its
     granularity, RAG), run name and variant, so that different measurements never share
     a line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     runs = sorted({(r["finished_at"], r["run_id"]) for r in rows})
-    position = {run_id: i for i, (_, run_id) in enumerate(runs)}
     metrics = [m for m in (*METRICS, *ANSWER_METRICS, *RAG_METRICS)
                if any(r["metric"] == m for r in rows)]  # fmt: skip
     figures = []
@@ -699,27 +714,41 @@ def render_trend(golden: str, rows: list[dict[str, Any]]) -> str:
         "trend points",
         "",
     ]
-    for m in metrics:
-        series: dict[str, list[dict[str, Any]]] = {}
-        for r in rows:
-            if r["metric"] == m:
-                series.setdefault(trend_series(r), []).append(r)
-        fig, ax = plt.subplots(figsize=(10, 3.5))
-        for label, points in sorted(series.items()):
-            points.sort(key=lambda p: position[p["run_id"]])
-            xs = [position[p["run_id"]] for p in points]
-            ys = [p["mean"] for p in points]
-            low = [p["mean"] - p["ci_low"] if p["ci_low"] is not None else 0.0 for p in points]
-            high = [p["ci_high"] - p["mean"] if p["ci_high"] is not None else 0.0 for p in points]
-            line = ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=3, label=label)
-            bare = [(x, y) for x, y, p in zip(xs, ys, points, strict=True) if p["ci_low"] is None]
-            if bare:  # no CI (n < 2): a hollow marker, never a zero-width whisker
-                ax.plot(*zip(*bare, strict=True), marker="o", linestyle="none", markersize=9,
-                        markerfacecolor="white", color=line[0].get_color())  # fmt: skip
-        ax.set_xticks(range(len(runs)), [run_id for _, run_id in runs])
-        ax.tick_params(axis="x", rotation=30, labelsize=7)
-        ax.set_ylabel(f"{m} (95% CI)")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-        figures.append((m, svg(fig)))
-        plt.close(fig)
+    with _pyplot() as plt:
+        for m in metrics:
+            figures.append((m, _trend_figure(plt, m, rows, runs)))
     return html_page(f"ragpipe trend: {golden}", "\n".join(lines), figures)
+
+
+def _trend_figure(
+    plt: Any, metric: str, rows: list[dict[str, Any]], runs: list[tuple[str, str]]
+) -> str:
+    """One metric's trend as inline SVG: a line per trend series, runs in ``runs``' order."""
+    position = {run_id: i for i, (_, run_id) in enumerate(runs)}
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["metric"] == metric:
+            series.setdefault(trend_series(r), []).append(r)
+    fig, ax = plt.subplots(figsize=(10, 3.5))
+    handles, labels = [], []
+    for label, points in sorted(series.items()):
+        points.sort(key=lambda p: position[p["run_id"]])
+        xs = [position[p["run_id"]] for p in points]
+        ys = [p["mean"] for p in points]
+        low = [p["mean"] - p["ci_low"] if p["ci_low"] is not None else 0.0 for p in points]
+        high = [p["ci_high"] - p["mean"] if p["ci_high"] is not None else 0.0 for p in points]
+        line = ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=3)
+        handles.append(line)
+        labels.append(label)
+        bare = [(x, y) for x, y, p in zip(xs, ys, points, strict=True) if p["ci_low"] is None]
+        if bare:  # no CI (n < 2): a hollow marker, never a zero-width whisker
+            ax.plot(*zip(*bare, strict=True), marker="o", linestyle="none", markersize=9,
+                    markerfacecolor="white", color=line[0].get_color())  # fmt: skip
+    ax.set_xticks(range(len(runs)), [run_id for _, run_id in runs])
+    ax.tick_params(axis="x", rotation=30, labelsize=7)
+    ax.set_ylabel(f"{metric} (95% CI)")
+    # Handles and labels given: a label starting with "_" would be left out.
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    out = svg(fig)
+    plt.close(fig)
+    return out
