@@ -402,6 +402,22 @@ def test_a_name_with_dollars_is_drawn_as_written_in_the_trend(tmp_path: Path) ->
     assert "nightly $_{x$ / retrieval" in (tmp_path / "trend-faq.html").read_text()
 
 
+def test_a_page_with_figures_keeps_its_title() -> None:
+    """The review: html_page's loop over the figures rebound ``title``, so every page with
+    plots was titled by its last figure: the trend of golden set dir/gold was
+    "<title>ndcg@10</title>"."""
+    from ragpipe.evaluation.report import html_page, render_trend
+
+    rows = [_row("20261101T000000Z-a", "dir/gold", "retrieval", m, 0.5)
+            for m in ("mrr", "ndcg@10")]  # fmt: skip
+    page = render_trend("dir/gold", rows)
+    assert page.count("<title>") == 1 and "<title>ragpipe trend: dir/gold</title>" in page
+    assert "<h2>mrr</h2>" in page and "<h2>ndcg@10</h2>" in page
+    page = html_page("run <1>", "# head", [("fig & co", "<svg/>")])
+    assert page.count("<title>") == 1 and "<title>run &lt;1&gt;</title>" in page
+    assert "<h2>fig &amp; co</h2><div class='fig'><svg/></div>" in page
+
+
 def test_a_compare_variant_name_with_other_settings_is_another_trend_line(
     tmp_path: Path,
 ) -> None:

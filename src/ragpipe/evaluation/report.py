@@ -666,8 +666,8 @@ def html_page(title: str, md: str, figures: list[tuple[str, str]], drill: str = 
             body.append(f"<p>{html.escape(line.replace('**', ''))}</p>")
     if in_table:
         body.append("</table>")
-    for title, svg in figures:
-        body.append(f"<h2>{html.escape(title)}</h2><div class='fig'>{svg}</div>")
+    for heading, figure in figures:  # not `title`: the page's <title> is read below
+        body.append(f"<h2>{html.escape(heading)}</h2><div class='fig'>{figure}</div>")
     body.append(drill)
     style = (
         "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
