@@ -397,7 +397,9 @@ def eval_rag(
     items) and false refusals, degenerate (looping) answers. The judge is measured first on a
     calibration probe built from the golden set and the index; below eval.judge_min_kappa
     its metrics (faithfulness, answer relevancy, context precision and recall) are headlined
-    "judge unreliable" without a value. Every metric shows n scored, failed and not
+    "judge unreliable" without a value, and "judge unavailable" when more than half of the
+    probe's calls failed; when every one raised or timed out, the run stops before the first
+    question (exit 2). Every metric shows n scored, failed and not
     applicable; a CI needs n >= 10. Slow on CPU: the expected duration is logged after the
     calibration probe; use --sample N (stratified) or --limit N.
     """

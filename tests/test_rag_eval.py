@@ -99,6 +99,17 @@ def test_judge_failures_are_null_with_reasons_not_zero(
     assert result.counts["answer_relevancy"] == {OK: 0, FAILED: 2, NOT_APPLICABLE: 0}
     assert result.summary["answer_relevancy"].n == 0  # nothing scored: no mean, not 0
     assert any("judge call(s) failed" in w for w in result.warnings)
+    # No probe verdict either: the judge is unavailable (it was "unreliable, kappa -1.00"),
+    # and its metrics are withheld saying so.
+    assert result.calibration is not None and result.calibration.unavailable
+    n = len(result.calibration.pairs)
+    assert result.calibration.label().startswith(
+        f"judge unavailable: {n} of {n} probe calls failed (first: no verdict in "
+    )
+    assert result.flags["faithfulness"].endswith(
+        f"judge unavailable ({n} of {n} probe calls failed)"
+    )
+    assert result.withheld == set(RAG_METRICS)
     summary = rag_summary(result, rag_config, {"files": 5, "points": 0, "sha256": "x"})
     out = Path(write_run(summary, rag_table(result), tmp_path / "reports").report_dir)
     stored = pq.read_table(out / "per_query.parquet")
@@ -849,6 +860,107 @@ def test_a_judge_exactly_at_the_kappa_bar_is_not_unreliable() -> None:
     # A hair under the bar is under it.
     under = calibrate(wrong_below(ten, 3), ten, min_kappa=0.41, timeout_s=10)
     assert under.failed and under.label().startswith("judge unreliable (kappa 0.40 ")
+
+
+def test_a_judge_that_gives_no_verdicts_is_unavailable_not_unreliable() -> None:
+    """The review: a judge whose every call raised was "judge unreliable (kappa -1.00
+    [-1.00, -0.47])", each failure counted as the wrong answer: kappa -1 says the judge
+    always answers the opposite, not that it never answered. More than half the probe's
+    calls failing is "judge unavailable", with the count and the first failure; a few
+    failures are scored as before (counted wrong)."""
+    from ragpipe.evaluation.calibration import MATCHING, MISMATCHED, ProbePair, calibrate
+    from ragpipe.models.llm import OllamaLLM
+    from tests.support.loopback import free_port
+
+    pairs = [ProbePair(*((MATCHING, 1), (MISMATCHED, 0))[n % 2], f"answer {n}", "x",
+                       f"answer {n}") for n in range(8)]  # fmt: skip
+    host = f"http://127.0.0.1:{free_port()}"  # an Ollama server that is down
+    down = calibrate(OllamaLLM("smollm", host=host, retries=0), pairs, min_kappa=0.4,
+                     timeout_s=10)  # fmt: skip
+    assert down.agreement.failed == 8 and down.agreement.kappa == -1.0  # as scored
+    assert down.unavailable and down.unreachable and down.failed and not down.reliable
+    assert down.label().startswith(
+        f"judge unavailable: 8 of 8 probe calls failed (first: StageError: Ollama at {host} "
+        "failed after 1 attempt(s): ConnectError: "
+    )
+    for m in RAG_METRICS:  # withheld, and saying why
+        assert down.reliable_for(m) is False
+        assert down.short_for(m) == "judge unavailable (8 of 8 probe calls failed)"
+    assert down.as_dict()["unavailable"] is True and down.as_dict()["reliable"] is False
+
+    class Flaky(Oracle):
+        """Raises on the first ``n`` pairs it is asked (a judge going down mid-probe)."""
+
+        def __init__(self, n: int) -> None:
+            super().__init__(pairs)
+            self.left = n
+
+        def chat(self, messages: Any, **kwargs: Any) -> Completion:
+            self.left -= 1
+            if self.left >= 0:
+                raise ConnectionError("connection refused")
+            return super().chat(messages, **kwargs)
+
+    most = calibrate(Flaky(5), pairs, min_kappa=0.4, timeout_s=10)
+    assert most.unavailable and not most.unreachable  # 3 were answered: not a stop
+    assert most.label() == (
+        "judge unavailable: 5 of 8 probe calls failed (first: ConnectionError: connection refused)"
+    )
+    assert most.reliable_for("answer_relevancy") is False
+    # One failure of 8, counted wrong: 7 right, kappa 0.75, 9/256 for a coin: trusted.
+    few = calibrate(Flaky(1), pairs, min_kappa=0.4, timeout_s=10)
+    assert not few.unavailable and few.agreement.kappa == 0.75
+    assert few.reliable_for("answer_relevancy") is True
+    assert few.label().startswith(
+        "judge not calibrated on statements (no pairs), contexts (no pairs) (kappa 0.75 "
+    )
+    # A judge that replies but never with a verdict is unavailable too, and reachable.
+    rambling = calibrate(RAMBLER, pairs, min_kappa=0.4, timeout_s=10)
+    assert rambling.unavailable and not rambling.unreachable
+    assert rambling.label() == (
+        "judge unavailable: 8 of 8 probe calls failed (first: no verdict in "
+        '\'{"statements": ["an unfinished\')'
+    )
+
+
+def test_eval_rag_stops_before_any_question_when_the_judge_answers_no_probe_call(
+    scored_config: RagpipeConfig, onnx_embedder: Any
+) -> None:
+    """A judge that is down failed every probe call, then every verdict of every question,
+    each after its generated answer: hours for a report with the judged metrics withheld.
+    The run stops after the probe, before the first question is answered."""
+    from ragpipe.errors import StageError
+    from ragpipe.models.llm import OllamaLLM
+    from tests.support.loopback import free_port
+
+    asked: list[Any] = []
+
+    class Counting:
+        name, takes_grammar = SCRIPT.name, SCRIPT.takes_grammar
+
+        def chat(self, messages: Any, **kwargs: Any) -> Completion:
+            asked.append(messages)
+            return SCRIPT.chat(messages, **kwargs)
+
+        def count_tokens(self, text: str) -> int:
+            return SCRIPT.count_tokens(text)
+
+    host = f"http://127.0.0.1:{free_port()}"
+    judge = OllamaLLM("judge-model", host=host, retries=0)
+    golden = load_golden(scored_config.eval.golden)
+    with pytest.raises(StageError) as err:
+        run_rag_eval(scored_config, golden, generator=Counting(), judge_llm=judge,
+                     embedder=onnx_embedder)  # fmt: skip
+    said = str(err.value)
+    assert said.startswith(
+        "the judge judge-model answered no calibration probe call, 12 of 12 probe calls "
+        f"failed (first: StageError: Ollama at {host} failed after 1 attempt(s): ConnectError"
+    )
+    assert said.endswith(
+        ": stopped before any question was answered; check that the judge is served and "
+        "reachable (eval.judge, else llm), or raise eval.judge_timeout_s if its calls timed out"
+    )
+    assert asked == []
 
 
 def test_a_label_outside_its_metric_is_refused_before_any_question_is_asked(

@@ -94,6 +94,9 @@ CHANCE_P = 0.05
 # The fewest pairs of a judgement, half true, that can be trusted: all 6 right, which a
 # coin matches with chance 1/64 (4 pairs: 1/16, never).
 TRUSTABLE_PAIRS = 6
+# How a failed verdict's reason starts when the judge replied without one (any other
+# reason is a call that raised or timed out: the judge did not answer).
+NO_VERDICT = "no verdict in"
 VERDICT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"verdict": {"type": "integer", "enum": [0, 1]}},
@@ -204,9 +207,19 @@ class Calibration:
     def _passes(self, a: Agreement) -> bool:
         return not np.isnan(a.kappa) and a.kappa >= self.min_kappa
 
+    @staticmethod
+    def _unavailable(a: Agreement) -> bool:
+        """More than half of the pairs got no verdict: the kappa, failures counted as wrong
+        answers, says nothing of the judge's judgement (every call failing read as kappa
+        -1.00, a judge that always says the opposite)."""
+        return 2 * a.failed > a.n
+
     def _trusted(self, a: Agreement) -> bool | None:
-        """False: kappa under the bar; None: too few pairs, or a kappa a judge blind to the
-        truth reaches too often (chance ``>= CHANCE_P``) to tell it from luck; else True."""
+        """False: kappa under the bar, or most pairs unanswered; None: too few pairs, or a
+        kappa a judge blind to the truth reaches too often (chance ``>= CHANCE_P``) to tell
+        it from luck; else True."""
+        if self._unavailable(a):
+            return False
         if a.n < MIN_PAIRS:
             return None
         if not self._passes(a):
@@ -214,10 +227,37 @@ class Calibration:
         return True if a.p_chance < CHANCE_P else None
 
     @property
+    def unavailable(self) -> bool:
+        """More than half of the probe's calls gave no verdict (they raised, timed out, or
+        the reply held none): the judge was not measured, and its metrics are withheld."""
+        return self._unavailable(self.agreement)
+
+    @property
+    def unreachable(self) -> bool:
+        """Every probe call raised or timed out: not one was answered (a judge that is
+        down, or that errs or times out on every request)."""
+        return bool(self.reasons) and all(
+            r is not None and not r.startswith(NO_VERDICT) for r in self.reasons
+        )
+
+    def failures(self) -> str:
+        """How many probe calls failed, and the first one's reason: ``12 of 12 probe calls
+        failed (first: ConnectionError: ...)``."""
+        failed = [r for r in self.reasons if r is not None]
+        first = f" (first: {failed[0]})" if failed else ""
+        return f"{len(failed)} of {len(self.reasons)} probe calls failed{first}"
+
+    @property
     def failed(self) -> bool:
-        """Kappa under the bar (or undefined) overall or for a judgement asked enough pairs."""
-        return not self._passes(self.agreement) or any(
-            not self._passes(a) for a in self.by_judgement.values() if a.n >= MIN_PAIRS
+        """Kappa under the bar (or undefined) overall or for a judgement asked enough pairs,
+        or most calls failed."""
+        return (
+            self.unavailable
+            or not self._passes(self.agreement)
+            or any(
+                self._unavailable(a) or (a.n >= MIN_PAIRS and not self._passes(a))
+                for a in self.by_judgement.values()
+            )
         )
 
     @property
@@ -241,12 +281,15 @@ class Calibration:
         """The agreement that decides ``metric``: its judgement's when that says trusted or
         not; else the whole probe's when that failed (distrust carries over, trust does
         not); else its judgement's when it had MIN_PAIRS pairs (not calibrated: a blind
-        judge does as well); else None."""
+        judge does as well); else None. A probe most of whose calls failed decides every
+        metric: the judge is unavailable, whatever the few answered pairs said."""
+        if self.unavailable:
+            return self.agreement
         a = self.by_judgement.get(METRIC_JUDGEMENT.get(metric, ""))
         if a is not None and self._trusted(a) is not None:
             return a
         whole = self.agreement
-        if whole.n >= MIN_PAIRS and not self._passes(whole):
+        if self._trusted(whole) is False:
             return whole
         return a if a is not None and a.n >= MIN_PAIRS else None
 
@@ -259,10 +302,16 @@ class Calibration:
 
     def label(self) -> str:
         a = self.agreement
+        if self.unavailable:  # a kappa of failures (-1.00 when all failed) is no measure
+            return f"judge unavailable: {self.failures()}"
         state = "reliable" if self.reliable else "unreliable" if self.failed else (
             f"not calibrated on {', '.join(self._why_uncalibrated())}"
         )  # fmt: skip
-        parts = [f"{j} {_kappa(b)}{_chance(b)}" for j, b in self.by_judgement.items()]
+        parts = [
+            f"{j} unavailable ({b.failed} of {b.n} probe calls failed)"
+            if self._unavailable(b) else f"{j} {_kappa(b)}{_chance(b)}"
+            for j, b in self.by_judgement.items()
+        ]  # fmt: skip
         per = f"; {', '.join(parts)}" if parts else ""
         return (
             f"judge {state} (kappa {_kappa(a, ci=True)} on {a.n} probe pairs{per}; "
@@ -294,6 +343,9 @@ class Calibration:
         if deciding is None:
             return "judge not calibrated"
         on = f" on {judgement}" if deciding is not self.agreement else ""
+        if self._unavailable(deciding):
+            failed = f"{deciding.failed} of {deciding.n} probe calls failed"
+            return f"judge unavailable{on} ({failed})"
         trusted = self._trusted(deciding)
         if trusted is None:  # kappa passed, on too few pairs to tell it from luck
             return (
@@ -307,6 +359,7 @@ class Calibration:
             "model": self.model,
             "statement_pairs_asked": self.way,
             "reliable": self.reliable,
+            "unavailable": self.unavailable,
             "min_kappa": self.min_kappa,
             "label": self.label(),
             **self.agreement.as_dict(),
@@ -843,7 +896,7 @@ async def _ask(
         return None, f"timeout after {timeout_s:.0f}s"
     except Exception as exc:  # a model error is a failed verdict, not a crash
         return None, f"{type(exc).__name__}: {str(exc)[:200]}"
-    return verdict, None if verdict is not None else f"no verdict in {text[:80]!r}"
+    return verdict, None if verdict is not None else f"{NO_VERDICT} {text[:80]!r}"
 
 
 def calibrate(

@@ -41,7 +41,7 @@ from importlib import metadata
 from typing import Any, TypeVar
 
 from ragpipe.config import RagpipeConfig
-from ragpipe.errors import ConfigError
+from ragpipe.errors import ConfigError, StageError
 from ragpipe.evaluation import answers
 from ragpipe.evaluation.agreement import PPIEstimate, labels_by_metric, load_labels, ppi_mean
 from ragpipe.evaluation.calibration import (
@@ -1093,6 +1093,13 @@ def run_rag_eval(
                                         max_tokens=ev.judge_max_tokens,
                                         resamples=ev.resamples, seed=ev.seed,
                                         way=ev.judge_verdicts)  # fmt: skip
+                if calibration.unreachable:  # every verdict of the run would fail the same way
+                    raise StageError(
+                        f"the judge {judge_model.name} answered no calibration probe call, "
+                        f"{calibration.failures()}: stopped before any question was answered; "
+                        "check that the judge is served and reachable (eval.judge, else llm), "
+                        "or raise eval.judge_timeout_s if its calls timed out"
+                    )
                 per_call = (time.perf_counter() - probed) / len(probe)
                 calls = judge_calls(ev.judge_verdicts, ev.faithfulness_claims)
                 expected = len(items) * (1 + calls) * per_call

@@ -188,8 +188,8 @@ def _judge_lines(judge: dict[str, Any]) -> list[str]:
         lines += [
             f"- calibration: **{cal['label']}**; accuracy {acc}, {cal['failed']} probe "
             f"verdict(s) failed (counted wrong), 'yes' share {cal['yes_share']:.2f}. Below "
-            "the minimum kappa the judged metrics are withheld from the headline and feed "
-            "no gate.",
+            "the minimum kappa, or with more than half the probe's calls failed (judge "
+            "unavailable), the judged metrics are withheld from the headline and feed no gate.",
             "",
             "| probe pairs | truth | pairs | judged right |",
             "|---|---|---|---|",
