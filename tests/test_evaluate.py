@@ -415,6 +415,33 @@ def test_names_with_markup_are_shown_as_written_and_escaped_in_html(
     assert "faq [v2]" in shown and "dense[/old]" in shown
 
 
+def test_a_long_run_name_is_a_bounded_folder_name_and_kept_whole_in_the_summary(
+    eval_config: RagpipeConfig,
+) -> None:
+    """The review: `--name` of 60 times 評価 (360 bytes of UTF-8) ended in "OSError: File
+    name too long" when the run folder was made, after all the scoring (eval rag: hours).
+    The folder takes 100 bytes at most: the name cut at a character, then 8 hex digits of
+    the whole name's SHA-256; summary.json and the history keep the whole name."""
+    import hashlib
+    import re
+
+    name = "評価" * 60
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    assert digest == "01a107cb"
+    _, summary = run_retrieval(eval_config, [parse_variant("base")], name=name)
+    # 100 - 9 bytes for "-01a107cb" = 91: 30 whole characters of 3 bytes each.
+    assert re.fullmatch(r"\d{8}T\d{6}Z-" + "評価" * 15 + "-01a107cb", summary.run_id)
+    out = Path(summary.report_dir)
+    assert out.name == summary.run_id and (out / "report.html").is_file()
+    assert len(out.name.encode()) == 17 + 90 + 9
+    stored = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert stored["name"] == name and stored["run_id"] == summary.run_id
+    assert {r["name"] for r in read_history(eval_config.eval.reports_dir)} == {name}
+    # Another long name with the same start is another folder.
+    _, other = run_retrieval(eval_config, [parse_variant("base")], name=name + "!")
+    assert other.run_id.endswith("評価-" + hashlib.sha256((name + "!").encode()).hexdigest()[:8])
+
+
 def test_an_edited_golden_set_starts_a_new_trend_line_and_says_which_items(
     eval_config: RagpipeConfig,
 ) -> None:

@@ -454,9 +454,28 @@ def rag_table(result: RagEvalResult) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=RAG_QUERY_SCHEMA)
 
 
+# The most bytes (UTF-8) of a name in a file name: most file systems allow 255 in all, and
+# a run id adds a time stamp and a -N to it.
+SLUG_BYTES = 100
+
+
+def file_slug(name: str, keep: str = "-_") -> str:
+    """``name`` as part of a file name: letters, digits and ``keep`` as they are, anything
+    else "-". Over SLUG_BYTES bytes of UTF-8 it is cut at a character and ends in "-" and
+    the first 8 hex digits of the whole name's SHA-256, so that long names sharing their
+    start stay apart (a run named with 60 times 評価, 360 bytes, was lost at its very end:
+    "File name too long")."""
+    slug = "".join(c if c.isalnum() or c in keep else "-" for c in name)
+    if len(slug.encode()) <= SLUG_BYTES:
+        return slug
+    mark = "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return slug.encode()[: SLUG_BYTES - len(mark)].decode("utf-8", errors="ignore") + mark
+
+
 def run_dir(root: Path, name: str) -> tuple[str, Path]:
-    """A new ``<root>/<UTC time>-<name>/`` directory and its run id."""
-    slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
+    """A new ``<root>/<UTC time>-<slug of name>/`` directory and its run id (the slug at
+    most SLUG_BYTES bytes: ``file_slug``; summary.json keeps the whole name)."""
+    slug = file_slug(name)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     root.mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):  # two runs of one name within a second get -2, -3, ...
