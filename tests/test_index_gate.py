@@ -224,6 +224,28 @@ def test_a_gate_set_with_no_answerable_item_is_refused_not_passed(tmp_path: Path
     assert index_versions.current(cfg.store) is None
 
 
+def test_a_gate_set_without_chunk_targets_is_refused_before_anything_is_built(
+    tmp_path: Path,
+) -> None:
+    """Scored by chunk (the default), a gate set of file-only items was refused by the gate,
+    after the whole ingest: rc 2, a version staged and never judged, every night again."""
+    corpus = write_topics(tmp_path / "corpus", 2, ".txt")
+    cfg = make_config(corpus, tmp_path, "edge",
+                      index={"gate": {"golden": [_golden(tmp_path / "golden.yaml")]}})  # fmt: skip
+    assert cfg.eval.granularity == "chunk"
+    with pytest.raises(ConfigError) as refused:
+        run_ingest(cfg)
+    assert str(refused.value) == (
+        f"index.gate.golden: {tmp_path / 'golden.yaml'}: granularity 'chunk' needs chunk "
+        "targets; 6 item(s) have none (first: engines): score by file with eval.granularity: "
+        "file in the configuration (--granularity file on `ragpipe eval retrieval`), or add "
+        "chunks: to each item (docs/reference/golden-format.md)"
+    )
+    assert not (cfg.paths.work_dir / "discover").exists()  # refused before building anything
+    assert index_versions.current(cfg.store) is None
+    assert index_versions.list_versions(cfg.store) == []
+
+
 def test_without_a_gate_every_version_is_published(tmp_path: Path) -> None:
     corpus = write_topics(tmp_path / "corpus", 3, ".txt")
     cfg = make_config(corpus, tmp_path)

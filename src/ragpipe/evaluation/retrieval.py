@@ -207,6 +207,29 @@ def search_depth(depth: int, granularity: Granularity, settings: dict[str, Any])
     return max(depth, int(settings.get("prefetch", depth)))
 
 
+def refuse_missing_chunks(
+    items: Sequence[GoldenItem], granularity: Granularity, where: str = ""
+) -> None:
+    """Scoring by chunk needs each item's ``chunks:`` targets.
+
+    Args:
+        items: The answerable items to score.
+        granularity: What a hit is judged by.
+        where: Said before the message (e.g. the gate's golden set).
+
+    Raises:
+        ConfigError: some item has no chunk target and ``granularity`` is chunk.
+    """
+    missing = [i.id for i in items if not i.chunks]
+    if granularity == Granularity.CHUNK and missing:
+        raise ConfigError(
+            f"{where}granularity 'chunk' needs chunk targets; {len(missing)} item(s) have "
+            f"none (first: {missing[0]}): score by file with eval.granularity: file in the "
+            "configuration (--granularity file on `ragpipe eval retrieval`), or add "
+            "chunks: to each item (docs/reference/golden-format.md)"
+        )
+
+
 def corpus_fingerprint(retriever: Retriever) -> dict[str, Any]:
     """What was searched: files and versions in the store, hashed."""
     pairs = sorted(
@@ -273,15 +296,7 @@ def run_retrieval_eval(
             f"golden set {golden.name!r} has no answerable item: retrieval metrics need items "
             "with targets (answerable: false items are scored by `ragpipe eval rag` only)"
         )
-    if granularity == Granularity.CHUNK:
-        missing = [i.id for i in items if not i.chunks]
-        if missing:
-            raise ConfigError(
-                f"granularity 'chunk' needs chunk targets; {len(missing)} item(s) have none "
-                f"(first: {missing[0]}): score by file with eval.granularity: file in the "
-                "configuration (--granularity file on `ragpipe eval retrieval`), or add "
-                "chunks: to each item (docs/reference/golden-format.md)"
-            )
+    refuse_missing_chunks(items, granularity)
     own = retriever is None
     retriever = retriever or Retriever(config)
     asked = {v.name: search_depth(depth, granularity, settings[v.name]) for v in variants}

@@ -44,23 +44,27 @@ class Decision:
 
 
 def check_golden_sets(config: RagpipeConfig) -> None:
-    """Before an ingest builds anything: the gate's golden sets load, and hold no unreviewed
-    draft items (unless ``eval.allow_draft``), so a run never stages a version only to
-    refuse to judge it.
+    """Before an ingest builds anything: the gate's golden sets load, hold no unreviewed
+    draft items (unless ``eval.allow_draft``), and can be scored at ``eval.granularity``,
+    so a run never stages a version only to refuse to judge it.
 
     Raises:
-        ConfigError: a golden set that is missing, malformed, holds drafts, or has no
-            answerable item (the gate would judge nothing).
+        ConfigError: a golden set that is missing, malformed, holds drafts, has no
+            answerable item (the gate would judge nothing), or has items without
+            ``chunks:`` while the gate scores by chunk.
     """
     if config.index.gate is None:
         return
     from ragpipe.evaluation.gate import refuse_unjudgeable
     from ragpipe.evaluation.golden import load_golden
+    from ragpipe.evaluation.retrieval import Granularity, refuse_missing_chunks
 
     for path in config.index.gate.golden:
         loaded = load_golden(path)
         loaded.refuse_drafts(config.eval.allow_draft)
         refuse_unjudgeable(loaded, path, config.index.gate.metric)
+        granularity = Granularity(config.eval.granularity)
+        refuse_missing_chunks(loaded.answerable, granularity, f"index.gate.golden: {path}: ")
 
 
 def decide(config: RagpipeConfig) -> Decision | None:
