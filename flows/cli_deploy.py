@@ -44,14 +44,18 @@ def deploy(
     Each deployment's form then shows the values that will run: config_path is this file
     (absolute), and every form field (golden set, mode, fusion, depth, ...) its configured
     value; `golden` offers the sets found under eval/golden/. Values written in
-    prefect.yaml's `parameters` stay as they are. Run it again after changing ragpipe.yaml:
-    the forms hold the values of the last deploy. Needs PREFECT_API_URL (a Prefect server).
+    prefect.yaml's `parameters` stay as they are. A trigger on ragpipe's index events
+    (eval-retrieval's, on ragpipe.index.promoted) is pointed at this configuration's index,
+    whatever resource id prefect.yaml gave it. Run it again after changing ragpipe.yaml:
+    the forms and the triggers hold the values of the last deploy. Needs PREFECT_API_URL (a
+    Prefect server).
     """
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import DeploymentUpdate
     from prefect.flows import load_flow_from_entrypoint
 
     from ragpipe.evaluation.forms import form_defaults, golden_choices
+    from ragpipe.locking import index_resource_id
     from ragpipe.yamlio import CONFIG_LIMIT, load
 
     try:
@@ -73,6 +77,8 @@ def deploy(
             raise typer.Exit(done.returncode)
     choices = golden_choices(Path.cwd(), cfg.eval.golden)
     filled = []
+    retargeted = []
+    resource = index_resource_id(cfg)
     with get_client(sync_client=True) as client:
         for entry in spec.get("deployments") or []:
             flow: Any = load_flow_from_entrypoint(entry["entrypoint"])
@@ -94,9 +100,15 @@ def deploy(
             )
             filled.append(f"{name}: " + json.dumps({k: parameters[k] for k in sorted(parameters)
                                                     if k != "variants"}))  # fmt: skip
+            for old in _retarget_triggers(client, deployment.id, resource):
+                retargeted.append(f"{name}: {old} -> {resource}")
     print(f"forms filled from {path}:")
     for line in filled:
         print(f"  {line}")
+    if retargeted:
+        print(f"triggers now on this configuration's index ({resource}):")
+        for line in retargeted:
+            print(f"  {line}")
     if notify:
         from flows.automations import install_notifications
 
@@ -105,6 +117,41 @@ def deploy(
         except RagpipeError as exc:
             fail(exc, 2)
         print("automations installed: " + "; ".join(installed))
+
+
+def _retarget_triggers(client: Any, deployment_id: Any, resource: str) -> list[str]:
+    """Point the triggers that run the deployment on ragpipe index events at ``resource``;
+    returns the resource ids they matched before, one per trigger changed.
+
+    A trigger whose ``prefect.resource.id`` names a ragpipe index (``ragpipe.index.*``
+    included) is ragpipe's: prefect.yaml wrote the id once (``ragpipe init`` computed it
+    from the store of that day), and after a change of store.path, backend or collection the
+    index's events carry another id, so the trigger would never fire again.
+    """
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger
+    from prefect.events.schemas.events import ResourceSpecification
+
+    changed = []
+    for automation in client.read_resource_related_automations(
+        f"prefect.deployment.{deployment_id}"
+    ):
+        trigger = automation.trigger
+        if not isinstance(trigger, EventTrigger):
+            continue
+        spec = trigger.match
+        match = dict(spec.root if isinstance(spec, ResourceSpecification) else spec)
+        old = match.get("prefect.resource.id")
+        ids = [old] if isinstance(old, str) else list(old or [])
+        if not ids or not all(i.startswith("ragpipe.index.") for i in ids) or ids == [resource]:
+            continue
+        match["prefect.resource.id"] = resource
+        core = AutomationCore.model_validate(
+            automation.model_dump(exclude={"id", "owner_resource"})
+            | {"trigger": trigger.model_copy(update={"match": ResourceSpecification(match)})}
+        )
+        client.update_automation(automation.id, core)
+        changed.append(", ".join(ids))
+    return changed
 
 
 def _with_choices(schema: dict[str, Any], choices: list[str]) -> dict[str, Any]:

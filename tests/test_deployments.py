@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from tests.support.loopback import free_port, stop_group
 from tests.support.paths import QUERY_CORPUS
@@ -357,6 +358,45 @@ def test_a_gated_nightly_triggers_the_eval_and_a_bad_one_is_held(
     assert f"ragpipe index promote {staged[:12]}" in message["body"]
     assert event["payload"]["reasons"][0] in message["body"]
     webhook.close()
+
+
+def test_deploy_points_an_init_projects_trigger_at_the_index_it_configures_now(
+    stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ragpipe init` writes eval-retrieval's trigger with the index id of that day's store;
+    after store.path changes, `ragpipe deploy` points the registered trigger at the new
+    index (else the promotions' events, which carry the new id, never start the eval)."""
+    from ragpipe.config import load_config
+    from ragpipe.locking import index_resource_id
+
+    folder = tmp_path / "team"
+    ragpipe = str(Path(sys.executable).parent / "ragpipe")
+    made = subprocess.run([ragpipe, "init", str(folder), "--roots", "docs"], env=stack.env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    config_file = folder / "ragpipe.yaml"
+    text = config_file.read_text(encoding="utf-8")
+    config_file.write_text(text.replace("path: data/store", "path: data/store-2"), "utf-8")
+    before = yaml.safe_load((folder / "prefect.yaml").read_text(encoding="utf-8"))
+    (trigger,) = next(d for d in before["deployments"]
+                      if d["name"] == "team-eval-retrieval")["triggers"]  # fmt: skip
+    old = trigger["match"]["prefect.resource.id"]
+    monkeypatch.chdir(folder)  # the relative store path is the folder's, as in the deployments
+    new = index_resource_id(load_config(config_file))
+    assert new != old
+    for _ in range(2):  # again: prefect deploy puts prefect.yaml's back, ragpipe's is fixed
+        deployed = subprocess.run(
+            [ragpipe, "deploy", "--config", "ragpipe.yaml"],
+            cwd=folder, env=stack.env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        assert f"eval-retrieval/team-eval-retrieval: {old} -> {new}" in deployed.stdout
+        named = {"deployments": {"name": {"any_": ["team-eval-retrieval"]}}}
+        (deployment,) = stack.post("/deployments/filter", named)
+        (automation,) = [a for a in stack.post("/automations/filter", {})
+                         if a["actions"][0].get("deployment_id") == deployment["id"]]  # fmt: skip
+        assert automation["trigger"]["match"] == {"prefect.resource.id": new}
+        assert automation["trigger"]["expect"] == ["ragpipe.index.promoted"]
 
 
 class _Webhook:
