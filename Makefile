@@ -68,7 +68,8 @@ prefect-server: setup
 
 prefect-deploy: setup
 	.venv/bin/prefect work-pool create ragpipe-process --type process --overwrite
-	RAGPIPE_HOME=$(CURDIR) .venv/bin/prefect --no-prompt deploy --all
+	index=$$(.venv/bin/python -m flows.events) && RAGPIPE_INDEX_ID=$$index \
+	  RAGPIPE_HOME=$(CURDIR) .venv/bin/prefect --no-prompt deploy --all
 
 prefect-worker: setup
 	RAGPIPE_HOME=$(CURDIR) .venv/bin/prefect worker start --pool ragpipe-process

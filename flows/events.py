@@ -84,6 +84,19 @@ def emit_index_decision(
         _emit(HELD_EVENT, config, payload)
 
 
+def default_index_resource_id() -> str:
+    """The resource id of the index a run with no ``config_path`` writes: ragpipe.yaml in
+    the working directory (else the defaults), with the ``RAGPIPE_*`` environment."""
+    from ragpipe.config import load_config
+
+    return index_resource_id(load_config(None))
+
+
 def emit_eval_gate_failed(config: RagpipeConfig, failures: list[str], report: str) -> None:
     """``ragpipe.eval.gate-failed``: an eval-compare regression gate failed."""
     _emit(EVAL_GATE_FAILED_EVENT, config, {"failures": failures, "report": report})
+
+
+if __name__ == "__main__":
+    # `make prefect-deploy`: prefect.yaml's eval-retrieval trigger listens to this index only.
+    print(default_index_resource_id())

@@ -79,6 +79,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "RAGPIPE_HOME": str(REPO),
            "PREFECT_LOGGING_EXTRA_LOGGERS": "ragpipe", "HF_HUB_OFFLINE": "1"}  # fmt: skip
     env.pop("PREFECT_API_KEY", None)
+    # As `make prefect-deploy`: the eval-retrieval trigger listens to the checkout's index.
+    env["RAGPIPE_INDEX_ID"] = subprocess.run(
+        [sys.executable, "-m", "flows.events"], cwd=REPO, env=env, capture_output=True,
+        text=True, timeout=120, check=True,
+    ).stdout.strip()  # fmt: skip
     logs = home / "logs"
     logs.mkdir()
     server = subprocess.Popen(
