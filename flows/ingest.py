@@ -109,7 +109,11 @@ def ingest_flow(
         tidy_task(cfg)  # under the lock, as a publish does it
         update_progress_artifact(progress, 100.0)
         summary = summary_task(cfg, done)
-        decision = gate_task(cfg)  # under the lock: no other run stages or promotes meanwhile
+        try:  # under the lock: no other run stages or promotes meanwhile
+            decision = gate_task(cfg)
+        except Exception as exc:  # the run fails on it, with its summary saying so
+            publish_ingest_task(cfg, summary, gate_error=str(exc))
+            raise
         summary = with_gate(cfg, summary, decision)
     if decision is not None:
         emit_index_decision(cfg, decision, config_path)

@@ -19,7 +19,7 @@ from prefect.context import TaskRunContext
 from ragpipe.config import RagpipeConfig
 from ragpipe.ingest.convert import convert_batch
 from ragpipe.ingest.embed import embed_batch
-from ragpipe.ingest.gatekeep import Decision, decide
+from ragpipe.ingest.gatekeep import HELD, STILL_HELD, Decision, decide, held_message
 from ragpipe.ingest.pipeline import STAGE_BY_NAME, STAGES, Stage, cache_key
 from ragpipe.ingest.runner import RunStore, StageSummary, WorkDir
 from ragpipe.ingest.summary import IngestSummary, read_failures, write_summary
@@ -81,9 +81,15 @@ def gate_task(config: RagpipeConfig) -> Decision | None:
 
 
 @task(name="publish-ingest", cache_policy=NO_CACHE)
-def publish_ingest_task(config: RagpipeConfig, summary: IngestSummary) -> None:
+def publish_ingest_task(
+    config: RagpipeConfig, summary: IngestSummary, gate_error: str | None = None
+) -> None:
     """The run's outcome as Prefect artifacts: ``ingest-summary`` and, when files failed,
-    ``ingest-failures`` (one row per failure: stage, category, file, reason)."""
+    ``ingest-failures`` (one row per failure: stage, category, file, reason).
+
+    The summary says what the index gate decided and why (its reasons, and for a held
+    version which one readers keep and what to do), or ``gate: error: ...`` when the gate
+    raised (``gate_error``; the run then fails on that error)."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     seconds = ", ".join(f"{stage} {s:.1f}s" for stage, s in summary.seconds.items())
@@ -96,7 +102,7 @@ def publish_ingest_task(config: RagpipeConfig, summary: IngestSummary) -> None:
             f"- failures: {summary.failed}"
             + (" (table artifact `ingest-failures`)" if failures else "")
             + f"\n- deletions held by the mass-deletion guard: {summary.deletions_held}\n"
-            + (f"- index gate: {summary.gate['line']}\n" if summary.gate else "")
+            + _gate_markdown(summary.gate, gate_error)
             + f"- seconds per stage: {seconds}\n"
         ),
         description=summary.line(),
@@ -109,6 +115,19 @@ def publish_ingest_task(config: RagpipeConfig, summary: IngestSummary) -> None:
             table=rows,
             description=f"{len(rows)} file(s) not indexed this run, and why",
         )
+
+
+def _gate_markdown(gate: dict[str, Any], error: str | None) -> str:
+    """The summary's lines on the index gate: its line, each reason, the held message."""
+    if error is not None:
+        return f"- index gate: error: {error}\n"
+    if not gate:
+        return ""
+    reasons = gate.get("verdict", {}).get("reasons") or []
+    text = f"- index gate: {gate['line']}\n" + "".join(f"  - {r}\n" for r in reasons)
+    if gate.get("outcome") in (HELD, STILL_HELD):
+        text += f"- held: {held_message(Decision(**gate))}\n"
+    return text
 
 
 @task(name="convert-batch", cache_policy=NO_CACHE)

@@ -297,6 +297,15 @@ def test_the_flow_emits_promoted_and_held_events(prefect_harness: None, tmp_path
         (corpus / f"{topic}.txt").unlink()
     with pytest.raises(IndexHeld):
         ingest_flow(config=cfg, allow_mass_delete=True)
+    # The run's summary artifact says why, not only the gate's one line.
+    from prefect.artifacts import Artifact
+
+    summary = Artifact.get("ingest-summary")
+    assert summary is not None
+    markdown = str(summary.data)
+    assert "  - topics: ndcg@10 fell by 0.5000 on the same 6 items" in markdown
+    assert f"Readers keep version {first.gate['generation'][:12]}." in markdown
+    assert "- held: index version " in markdown and "`ragpipe index promote " in markdown
     events = _ragpipe_events(index_resource(cfg)["prefect.resource.id"], 2)
     by_name = {e["event"]: e for e in events}
     assert set(by_name) == {"ragpipe.index.promoted", "ragpipe.index.held"}
@@ -314,6 +323,25 @@ def test_the_flow_emits_promoted_and_held_events(prefect_harness: None, tmp_path
         ingest_flow(config=cfg, allow_mass_delete=True)
     names = [e["event"] for e in _ragpipe_events(index_resource(cfg)["prefect.resource.id"], 3)]
     assert sorted(names) == ["ragpipe.index.held", "ragpipe.index.held", "ragpipe.index.promoted"]
+
+
+def test_a_gate_that_fails_leaves_a_summary_artifact_saying_so(
+    prefect_harness: None, tmp_path: Path
+) -> None:
+    """A gate that raised (here a golden target naming no file) skipped the summary: the
+    run had no ingest-summary artifact, only a traceback."""
+    from prefect.artifacts import Artifact
+
+    from flows.ingest import ingest_flow
+
+    corpus = write_topics(tmp_path / "corpus", 2, ".txt")  # 2 of the 6 golden topics
+    cfg = _config(corpus, tmp_path)
+    with pytest.raises(GoldenMismatch) as failed:
+        ingest_flow(config=cfg)
+    summary = Artifact.get("ingest-summary")
+    assert summary is not None
+    assert f"- index gate: error: {failed.value}\n" in str(summary.data)
+    assert "cannot be scored" in str(summary.data)
 
 
 def test_a_gated_qdrant_index_refuses_a_collection_where_its_alias_goes(tmp_path: Path) -> None:
