@@ -19,7 +19,9 @@ from ragpipe.config import RagpipeConfig
 from ragpipe.ingest.gatekeep import HELD, PROMOTED, STILL_HELD, Decision
 from ragpipe.locking import index_identity, index_resource_id
 
-logger = logging.getLogger(__name__)
+# Under "ragpipe", the logger library_logs() connects to the run's logs (a module name,
+# "flows.events", reached no handler: the emit's line never showed on a run's page).
+logger = logging.getLogger("ragpipe.flows.events")
 
 PROMOTED_EVENT = "ragpipe.index.promoted"
 HELD_EVENT = "ragpipe.index.held"

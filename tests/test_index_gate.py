@@ -285,14 +285,36 @@ def _ragpipe_events(resource: str, expected: int) -> list[dict[str, Any]]:
             time.sleep(0.5)
 
 
+def _run_logs(run_id: Any) -> list[str]:
+    """The messages the Prefect API stored for flow run ``run_id`` (shipped in the
+    background: waits up to 30 s for the emit's line)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    deadline = time.monotonic() + 30
+    with get_client(sync_client=True) as client:
+        while True:
+            found = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+            lines = [log.message for log in found]
+            if any(line.startswith("emitted ") for line in lines) or time.monotonic() > deadline:
+                return lines
+            time.sleep(0.5)
+
+
 def test_the_flow_emits_promoted_and_held_events(prefect_harness: None, tmp_path: Path) -> None:
     from flows.events import index_resource
     from flows.ingest import ingest_flow
 
     corpus = write_topics(tmp_path / "corpus", 6, ".txt")
     cfg = _config(corpus, tmp_path)
-    first = ingest_flow(config=cfg)
-    assert first.gate["outcome"] == "promoted"
+    state = ingest_flow(config=cfg, return_state=True)
+    assert state.is_completed()
+    # (The summary as written: a state from the API can come back without its data.)
+    promoted = json.loads((cfg.paths.work_dir / "summary.json").read_text("utf-8"))["gate"]
+    assert promoted["outcome"] == "promoted"
+    # The emit's log line reaches the run's logs, as ragpipe's lines do (flows.events
+    # logged under its module name, a logger no handler of the run's logs listens to).
+    assert "emitted ragpipe.index.promoted (sent)" in _run_logs(state.state_details.flow_run_id)
     for topic in TOPICS[3:]:
         (corpus / f"{topic}.txt").unlink()
     with pytest.raises(IndexHeld):
@@ -304,17 +326,17 @@ def test_the_flow_emits_promoted_and_held_events(prefect_harness: None, tmp_path
     assert summary is not None
     markdown = str(summary.data)
     assert "  - topics: ndcg@10 fell by 0.5000 on the same 6 items" in markdown
-    assert f"Readers keep version {first.gate['generation'][:12]}." in markdown
+    assert f"Readers keep version {promoted['generation'][:12]}." in markdown
     assert "- held: index version " in markdown and "`ragpipe index promote " in markdown
     events = _ragpipe_events(index_resource(cfg)["prefect.resource.id"], 2)
     by_name = {e["event"]: e for e in events}
     assert set(by_name) == {"ragpipe.index.promoted", "ragpipe.index.held"}
     held = by_name["ragpipe.index.held"]["payload"]
-    assert held["outcome"] == "held" and held["live_before"] == first.gate["generation"]
+    assert held["outcome"] == "held" and held["live_before"] == promoted["generation"]
     assert held["golden"][0]["delta"] == -0.5 and "fell by 0.5000" in held["reasons"][0]
     low, high = held["golden"][0]["delta_low"], held["golden"][0]["delta_high"]
     assert low is None is high  # 6 items, too few for a CI: the drop's mean decides
-    assert by_name["ragpipe.index.promoted"]["payload"]["version"] == first.gate["generation"]
+    assert by_name["ragpipe.index.promoted"]["payload"]["version"] == promoted["generation"]
     # Discarded by hand: the next nights say so and succeed, and tell no one it is held.
     gatekeep.discard_by_hand(cfg, held["version"][:12])
     assert ingest_flow(config=cfg, allow_mass_delete=True).gate["outcome"] == "discarded"
