@@ -5,11 +5,13 @@ json`, an answer, the index version as a resource, bad arguments answered as too
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -363,3 +365,96 @@ def test_a_cancelled_ask_stops_the_model_at_its_next_token(
         _run(session)
     finally:
         index.close()
+
+
+class Slow:
+    """A scripted model that writes one token every 20 ms, up to ``limit``, and counts them."""
+
+    name = "slow"
+    takes_grammar = False  # a scripted reply: nothing to constrain
+
+    def __init__(self, limit: int = 1000) -> None:
+        self.limit, self.written = limit, 0
+        self.ended: list[str] = []
+
+    def chat(self, messages: Any, on_token: Any = None, **options: Any) -> Any:
+        from ragpipe.models.llm import Completion, GenerationCancelled
+
+        # Distinct words without digits (a loop check reads "word1 word2" as one word again)
+        syllables = ("ba", "ke", "li", "mo", "nu", "pa", "re", "si", "to", "vu")
+        words = ["".join(w) + " " for w in itertools.product(syllables, repeat=3)][: self.limit]
+        try:
+            for word in words:
+                time.sleep(0.02)
+                self.written += 1
+                if on_token is not None:
+                    on_token(word)
+        except GenerationCancelled:
+            self.ended.append("cancelled")
+            raise
+        self.ended.append("finished")
+        return Completion("".join(words), 10, self.limit, self.name, 0.02 * self.limit)
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 4
+
+
+def test_an_mcp_ask_over_http_stops_when_its_client_goes_away(
+    indexed: tuple[RagpipeConfig, Path],
+) -> None:
+    """Each POST to /mcp is its own session, answered in JSON: the transport never read the
+    connection again, so an `ask` whose client gave up ran to the model's last token and
+    held the answer queue (/ask got 429 for 20 s). Now the disconnect cancels the call."""
+    cfg, _ = indexed
+    cfg = cfg.model_copy(update={"serve": cfg.serve.model_copy(
+        update={"max_queued_answers": 0, "cache": False})})  # fmt: skip
+    slow = Slow()
+    call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {"name": "ask", "arguments": {"question": BREAD}}}  # fmt: skip
+    accept = {"Accept": "application/json, text/event-stream"}
+    import anyio
+
+    with running(create_app(cfg, llm=slow)) as url:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up
+            httpx.post(f"{url}/mcp", json=call, headers=accept, timeout=1.5)
+        deadline = time.monotonic() + 10
+        while not slow.ended and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert slow.ended == ["cancelled"]
+        assert 0 < slow.written < 150, slow.written  # ~75 in 1.5 s; all 1,000 before
+        slow.limit = 5
+        asked = httpx.post(f"{url}/ask", json={"question": BREAD}, timeout=60)
+        assert asked.status_code == 200, asked.text  # its place in the queue came back
+        assert asked.json()["answer"] == "bababa babake babali babamo babanu"
+        # A call its client waits for is answered in full, as before.
+        whole = httpx.post(f"{url}/mcp", json=call, headers=accept, timeout=60)
+        assert whole.status_code == 200, whole.text
+        reply = json.loads(whole.json()["result"]["content"][0]["text"])
+        assert reply["answer"] == "bababa babake babali babamo babanu"
+        assert slow.ended == ["cancelled", "finished", "finished"]
+
+        # The SDK's client closes the request of a call it cancels (its cancel notification,
+        # another POST, is another session): the model stops there too.
+        import httpx2
+        from mcp import Client
+        from mcp.client.streamable_http import streamable_http_client
+
+        slow.limit, slow.written = 1000, 0
+
+        async def session() -> None:
+            async with (
+                httpx2.AsyncClient(timeout=300) as http,
+                Client(streamable_http_client(f"{url}/mcp", http_client=http)) as client,
+            ):
+                with anyio.fail_after(60):
+                    async with anyio.create_task_group() as group:
+                        group.start_soon(client.call_tool, "ask", {"question": BREAD})
+                        while not slow.written:
+                            await anyio.sleep(0.01)
+                        group.cancel_scope.cancel()  # the agent gives up
+                    at_cancel = slow.written
+                    while len(slow.ended) < 4:
+                        await anyio.sleep(0.05)
+                assert slow.ended[-1] == "cancelled" and slow.written <= at_cancel + 5
+
+        _run(session)

@@ -775,10 +775,11 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
     # MCP for agents (streamable HTTP), behind the same token; not in the OpenAPI document.
     # POST only: the transport is stateless and answers in JSON, so a GET's event stream
     # could never carry a message; it was held open (a connection each, without a token
-    # where none is set) and kept a shutdown waiting. The spec allows 405.
-    app.router.routes.append(
-        Route("/mcp", _Bearer(agents.endpoint, config.serve.api_key), methods=["POST"])
-    )
+    # where none is set) and kept a shutdown waiting. The spec allows 405. Each POST is its
+    # own session, so a cancel notification (another POST) cannot reach a call: a client
+    # cancels by closing the request, and that cancels its handler.
+    mcp = _CancelOnDisconnect(agents.endpoint)
+    app.router.routes.append(Route("/mcp", _Bearer(mcp, config.serve.api_key), methods=["POST"]))
 
     # Outermost last: every request is measured, a loopback server's Host and Origin are
     # pinned, CORS answers preflights, bodies are capped.
@@ -1108,6 +1109,63 @@ class _Bearer:
                 await denied(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class _CancelOnDisconnect:
+    """A handler cancelled when its client goes away before the answer. MCP's stateless
+    JSON transport reads the request's body and never ``receive()`` again, so it never saw
+    a client that gave up: an ``ask`` ran to the model's last token, holding the model and
+    a place in the answer queue (``/ask`` got 429 meanwhile). Once the body is read, this
+    reads ``receive()`` for the disconnect and cancels the handler; the tool's offloaded
+    call is then abandoned and the model stops at its next token."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        import anyio
+
+        messages: list[Message] = []
+        while True:  # the body limit has read it already: this is its replay
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+        gone = anyio.Event()
+        if messages[-1]["type"] == "http.disconnect":  # gone before its body ended
+            gone.set()
+        answered = False
+
+        async def replay() -> Message:
+            if messages:
+                return messages.pop(0)
+            await gone.wait()  # what the handler would have read next
+            return {"type": "http.disconnect"}
+
+        async def sending(message: Message) -> None:
+            nonlocal answered
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered = True
+            await send(message)
+
+        async with anyio.create_task_group() as group:
+
+            async def watch() -> None:
+                while not gone.is_set():
+                    if (await receive())["type"] == "http.disconnect":
+                        gone.set()
+                if not answered:
+                    logger.info("%s: the client went away; its request is cancelled",
+                                scope.get("path"))  # fmt: skip
+                    group.cancel_scope.cancel()
+
+            if not gone.is_set():
+                group.start_soon(watch)
+            await self.app(scope, replay, sending)
+            group.cancel_scope.cancel()  # answered: the watch ends
 
 
 def _authorisation(key: SecretStr | None) -> tuple[list[Any], dict[int | str, dict[str, Any]]]:
