@@ -11,6 +11,8 @@ import json
 import logging
 import math
 import re
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -1405,6 +1407,58 @@ def test_faithfulness_judges_the_answers_sentences_by_default(onnx_embedder: Any
     judged = row.judged["faithfulness"]
     assert (judged.value, judged.status) == (None, FAILED)
     assert judged.reason == "ValueError: the answer holds no sentence to judge"
+
+
+class Slow(Verdicts):
+    """``Verdicts`` on one model (a lock, as llama.cpp's), slow on one statement."""
+
+    def __init__(self, said: dict[str, str], slow: str, seconds: float) -> None:
+        super().__init__(said)
+        self.slow, self.seconds, self.lock = slow, seconds, threading.Lock()
+
+    def chat(self, messages: Any, **kwargs: Any) -> Completion:
+        with self.lock:
+            if f"Statement: {self.slow}\n" in messages[0]["content"]:
+                time.sleep(self.seconds)
+            return super().chat(messages, **kwargs)
+
+
+def test_a_judge_call_past_its_time_is_waited_out_before_the_next_metric(
+    onnx_embedder: Any,
+) -> None:
+    """The review: faithfulness's call ran past judge_timeout_s and went on holding the
+    model; the next metrics' clocks ran while they waited for it, and context recall, its
+    own prompt answered at once, failed 'timeout after 1s' too (both failures counted
+    towards withholding). The next metric now starts once the call has ended; the probe
+    does the same."""
+    from ragpipe.evaluation.calibration import ProbePair, Settling, _ask, statement_prompt
+    from ragpipe.evaluation.golden import GoldenItem
+    from ragpipe.evaluation.rag import Judge, RagRow
+
+    said = {"Bake it for 35 minutes.": '{"verdict": 1}', "It rises twice.": '{"verdict": 0}',
+            "Bread bakes for 35 minutes.": '{"verdict": 1}'}  # fmt: skip
+    contexts = ["Bake the loaf for thirty-five minutes.", "Preheat the oven to 230 degrees."]
+    item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1},
+                      expected_answer="Bread bakes for 35 minutes.")  # fmt: skip
+    row = RagRow("oven", item.query, "Bake it for 35 minutes [1]. It rises twice.", False,
+                 contexts, 2, [], 0, 0, 0.0)  # fmt: skip
+    judge = Slow(said, "Bake it for 35 minutes.", 2.5)  # 1.5 s past its time
+    asyncio.run(Judge(judge, onnx_embedder, timeout_s=1, max_tokens=1536).judge(row, item))
+    judged = {m: (j.value, j.status, j.reason) for m, j in row.judged.items()}
+    # Waited out for 1 s more (judge_timeout_s), the call still ran; the next metric's
+    # clock started then, and the model was free 0.5 s later.
+    late = "timeout after 1s; the call still ran 1s later, and holds the model"
+    assert judged["faithfulness"] == (None, FAILED, late)
+    assert judged["context_recall"] == (1.0, OK, None)
+    assert judged["answer_relevancy"][1] == judged["context_precision"][1] == OK
+    # The calibration probe: a pair past its time, then one asked at once.
+    slow = Settling(Slow({"It is hot.": '{"verdict": 1}', "It is cold.": '{"verdict": 0}'},
+                         "It is hot.", 2.5))  # fmt: skip
+    pairs = [ProbePair("supported", truth, statement_prompt("The oven is hot.", shown),
+                       "oven", shown, passage="The oven is hot.")
+             for truth, shown in ((1, "It is hot."), (0, "It is cold."))]  # fmt: skip
+    assert asyncio.run(_ask(slow, pairs[0], 1.0, 64)) == (None, late)
+    assert asyncio.run(_ask(slow, pairs[1], 1.0, 64)) == (0, None)
 
 
 def test_a_served_judges_verdicts_are_grouped_by_the_claims_length() -> None:

@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,7 +67,7 @@ import numpy as np
 from ragpipe.evaluation.agreement import Agreement, agreement
 from ragpipe.evaluation.check import IndexView
 from ragpipe.evaluation.golden import GoldenItem, GoldenSet
-from ragpipe.models.llm import LLM
+from ragpipe.models.llm import LLM, Completion, Message
 
 SUPPORTED, UNRELATED, ALTERED = "supported", "unrelated", "altered"
 OTHER_SECTION, INVENTED = "other_section", "invented_reason"
@@ -886,6 +887,60 @@ def _verdict(judge: LLM, pair: ProbePair, max_tokens: int, verdicts: str) -> tup
     return ask_statement(judge, pair.passage, pair.shown)
 
 
+class Settling:
+    """A judge model whose calls can be waited out. A call the eval gave up on
+    (``eval.judge_timeout_s``) runs on in its thread, holding the model; the next metric's
+    clock started while it ran, and that metric timed out waiting for the model (the
+    review: context recall "timeout after 1s" behind faithfulness's timed-out call, its own
+    prompt answered at once). After a timeout the eval waits for the call to end
+    (``settle``) before it asks anything else."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.llm = llm
+        self._calls = 0
+        self._ended = threading.Condition()
+
+    @property
+    def name(self) -> str:
+        return self.llm.name
+
+    @property
+    def takes_grammar(self) -> bool:
+        return self.llm.takes_grammar
+
+    def chat(self, messages: Sequence[Message], **options: Any) -> Completion:
+        with self._ended:
+            self._calls += 1
+        try:
+            return self.llm.chat(messages, **options)
+        finally:
+            with self._ended:
+                self._calls -= 1
+                self._ended.notify_all()
+
+    def count_tokens(self, text: str) -> int:
+        return self.llm.count_tokens(text)
+
+    def __getattr__(self, name: str) -> Any:  # temperature, context_size, ...
+        return getattr(self.llm, name)
+
+    def settle(self, timeout_s: float) -> bool:
+        """Wait until no call is running, ``timeout_s`` at most; whether none is."""
+        with self._ended:
+            return self._ended.wait_for(lambda: self._calls == 0, timeout_s)
+
+
+async def timed_out(llm: LLM, timeout_s: float) -> str:
+    """The reason a judge call that ran past ``timeout_s`` failed, once the call has ended
+    (``Settling.settle``, another ``timeout_s`` at most) so that the next is timed alone."""
+    settle = getattr(llm, "settle", None)
+    ended = True if settle is None else await asyncio.to_thread(settle, timeout_s)
+    why = f"timeout after {timeout_s:.0f}s"
+    if not ended:
+        why += f"; the call still ran {timeout_s:.0f}s later, and holds the model"
+    return why
+
+
 async def _ask(
     judge: LLM, pair: ProbePair, timeout_s: float, max_tokens: int, verdicts: str = "statement"
 ) -> tuple[int | None, str | None]:
@@ -893,7 +948,7 @@ async def _ask(
         asked = asyncio.to_thread(_verdict, judge, pair, max_tokens, verdicts)
         verdict, text = await asyncio.wait_for(asked, timeout_s)
     except TimeoutError:
-        return None, f"timeout after {timeout_s:.0f}s"
+        return None, await timed_out(judge, timeout_s)
     except Exception as exc:  # a model error is a failed verdict, not a crash
         return None, f"{type(exc).__name__}: {str(exc)[:200]}"
     return verdict, None if verdict is not None else f"{NO_VERDICT} {text[:80]!r}"

@@ -52,10 +52,12 @@ from ragpipe.evaluation.calibration import (
     TRUSTABLE_PAIRS,
     VERDICTS,
     Calibration,
+    Settling,
     ask_context,
     ask_statement,
     build_probe,
     calibrate,
+    timed_out,
 )
 from ragpipe.evaluation.check import IndexView
 from ragpipe.evaluation.golden import GoldenItem, GoldenSet, file_matches, stratified_sample
@@ -553,6 +555,8 @@ class Judge:
         prefill: bool | None = None,
         questions: int | None = None,
     ) -> None:
+        llm = llm if isinstance(llm, Settling) else Settling(llm)
+        self.llm = llm
         from ragas.metrics.collections import (
             AnswerRelevancy,
             ContextPrecision,
@@ -713,7 +717,7 @@ class Judge:
         try:
             result = await asyncio.wait_for(metric.ascore(**kwargs), self.timeout_s)
         except TimeoutError:
-            return Judged(None, FAILED, f"timeout after {self.timeout_s:.0f}s")
+            return Judged(None, FAILED, await timed_out(self.llm, self.timeout_s))
         except Exception as exc:  # unparseable judge output, validation errors
             return Judged(None, FAILED, f"{type(exc).__name__}: {str(exc)[:300]}")
         value = getattr(result, "value", result)
@@ -1072,7 +1076,7 @@ def run_rag_eval(
     generator = generator or retriever.llm
     ev = config.eval
     judge_config = ev.judge
-    judge_model = judge_llm or (make_llm(judge_config) if judge_config else generator)
+    judge_model = Settling(judge_llm or (make_llm(judge_config) if judge_config else generator))
     judge = Judge(judge_model, embedder, ev.judge_timeout_s, ev.judge_max_tokens,
                   verdicts=ev.judge_verdicts, claims=ev.faithfulness_claims)  # fmt: skip
     labels = labels_by_metric(load_labels(ev.labels)) if ev.labels else {}
