@@ -753,12 +753,13 @@ def report(
     Runs of different golden sets, retrieval and RAG runs, and retrieval runs at different
     granularities are never mixed in one table or trend. Also writes an HTML trend per
     golden set (every metric over time, 95% CI whiskers): REPORTS_DIR/trend-<golden>.html
-    (trend-<golden>-<name>.html with --name).
+    (trend-<golden>-<name>.html with --name); a name with a capital or a character other
+    than a letter, digit, - _ or . ends in 8 hex digits of its SHA-256 there, one file each.
     """
     from ragpipe.evaluation.metrics import METRICS
     from ragpipe.evaluation.rag import ALL_RAG_METRICS
     from ragpipe.evaluation.report import render_trend, trend_scope
-    from ragpipe.evaluation.run import read_history
+    from ragpipe.evaluation.run import file_slug, read_history
 
     try:
         cfg = load_config(
@@ -812,9 +813,8 @@ def report(
             groups.setdefault(what + size, []).append(r)
         for what, group in groups.items():
             _print_history(group, last, metric, f"{g}, {what}")
-        slug = "".join(
-            c if c.isalnum() or c in "-_." else "-" for c in g + (f"-{name}" if name else "")
-        )
+        # One file per golden set (and --name): "faq v2" and "faq-v2" wrote one another's.
+        slug = file_slug(g + (f"-{name}" if name else ""), keep="-_.", unique=True)
         path = out_dir / f"trend-{slug}.html"
         path.write_text(render_trend(g, [r for r in mine if not r["flag"]]), encoding="utf-8")
         print(f"trend: {path}")

@@ -418,6 +418,37 @@ def test_a_page_with_figures_keeps_its_title() -> None:
     assert "<h2>fig &amp; co</h2><div class='fig'><svg/></div>" in page
 
 
+def test_golden_sets_whose_names_slug_alike_get_a_trend_page_each(tmp_path: Path) -> None:
+    """The review: golden sets named "faq v2" and "faq-v2" both wrote trend-faq-v2.html,
+    the second over the first. A name the file name changes (or with a capital: one file
+    with its lower-case twin on a file system blind to case) ends in 8 hex digits of its
+    SHA-256 there."""
+    import hashlib
+
+    from ragpipe.serve.reports import index_page, trend_page
+
+    rows = [_row("20261101T000000Z-a", "faq v2", "retrieval", "mrr", 0.61),
+            _row("20261102T000000Z-b", "faq-v2", "retrieval", "mrr", 0.72),
+            _row("20261103T000000Z-c", "FAQ", "retrieval", "mrr", 0.5)]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA), tmp_path / "history.parquet")
+    shown = CliRunner().invoke(app, ["report", "--reports-dir", str(tmp_path)])
+    assert shown.exit_code == 0, shown.output
+    assert hashlib.sha256(b"faq v2").hexdigest()[:8] == "4d41dd51"
+    assert hashlib.sha256(b"FAQ").hexdigest()[:8] == "dbc468a1"
+    pages = {p.name: p.read_text(encoding="utf-8") for p in tmp_path.glob("trend-*.html")}
+    assert set(pages) == {"trend-faq-v2-4d41dd51.html", "trend-faq-v2.html",
+                          "trend-FAQ-dbc468a1.html"}  # fmt: skip
+    assert "<h1>Trend: faq v2</h1>" in pages["trend-faq-v2-4d41dd51.html"]
+    assert "<h1>Trend: faq-v2</h1>" in pages["trend-faq-v2.html"]
+    printed = [line for line in shown.output.splitlines() if line.startswith("trend: ")]
+    assert sorted(printed) == sorted(f"trend: {tmp_path / name}" for name in pages)
+    # serve's trend page is found by the set's name, never by file: one for each.
+    assert "<h1>Trend: faq v2</h1>" in (trend_page(tmp_path, "faq v2") or "")
+    assert "<h1>Trend: faq-v2</h1>" in (trend_page(tmp_path, "faq-v2") or "")
+    page = index_page(tmp_path)
+    assert "href='trend/faq%20v2'" in page and "href='trend/faq-v2'" in page
+
+
 def test_a_compare_variant_name_with_other_settings_is_another_trend_line(
     tmp_path: Path,
 ) -> None:

@@ -459,17 +459,19 @@ def rag_table(result: RagEvalResult) -> pa.Table:
 SLUG_BYTES = 100
 
 
-def file_slug(name: str, keep: str = "-_") -> str:
+def file_slug(name: str, keep: str = "-_", unique: bool = False) -> str:
     """``name`` as part of a file name: letters, digits and ``keep`` as they are, anything
     else "-". Over SLUG_BYTES bytes of UTF-8 it is cut at a character and ends in "-" and
     the first 8 hex digits of the whole name's SHA-256, so that long names sharing their
     start stay apart (a run named with 60 times 評価, 360 bytes, was lost at its very end:
-    "File name too long")."""
+    "File name too long"). With ``unique`` (a file named for the name alone, no time stamp)
+    so does a name the slug changed, or one with a capital letter: "faq v2" and "faq-v2"
+    were one file, as "FAQ" and "faq" are on a file system blind to case."""
     slug = "".join(c if c.isalnum() or c in keep else "-" for c in name)
-    if len(slug.encode()) <= SLUG_BYTES:
-        return slug
     mark = "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
-    return slug.encode()[: SLUG_BYTES - len(mark)].decode("utf-8", errors="ignore") + mark
+    if len(slug.encode()) > SLUG_BYTES:
+        return slug.encode()[: SLUG_BYTES - len(mark)].decode("utf-8", errors="ignore") + mark
+    return slug + mark if unique and (slug != name or name != name.lower()) else slug
 
 
 def run_dir(root: Path, name: str) -> tuple[str, Path]:
