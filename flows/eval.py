@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from prefect import flow
-from pydantic import Field, NonNegativeFloat, PositiveInt
+from pydantic import BeforeValidator, Field
 
 from flows.events import emit_eval_gate_failed
 from flows.logs import library_logs
@@ -31,7 +31,18 @@ from ragpipe.config import (
     RetrievalMode,
 )
 from ragpipe.errors import ConfigError, GateFailed
-from ragpipe.evaluation.forms import CURRENT, Granularity, MetricName, VariantForm, form_config
+from ragpipe.evaluation.forms import (
+    CURRENT,
+    Alpha,
+    Count,
+    Granularity,
+    MetricName,
+    Number,
+    VariantForm,
+    Weight,
+    form_config,
+    refuse_bool,
+)
 from ragpipe.evaluation.names import DEEPEST_CUTOFF
 from ragpipe.evaluation.retrieval import Gate, Variant
 from ragpipe.evaluation.run import RunSummary
@@ -44,9 +55,10 @@ from tasks.eval import (
     tune_task,
 )
 
-Share = Annotated[float, Field(gt=0, lt=1)]
+# A boolean is refused where a number goes (pydantic reads true as 1): see refuse_bool.
+Share = Annotated[float, Field(gt=0, lt=1), BeforeValidator(refuse_bool)]
 # Results ranked per query: the deepest metric cutoff (recall@10, NDCG@10) or more.
-Depth = Annotated[int, Field(ge=DEEPEST_CUTOFF)]
+Depth = Annotated[int, Field(ge=DEEPEST_CUTOFF), BeforeValidator(refuse_bool)]
 
 
 def _from_form(config_path: str | None, **values: Any) -> RagpipeConfig:
@@ -71,9 +83,9 @@ def eval_retrieval_flow(
     golden: str | None = None,
     mode: RetrievalMode | None = None,
     fusion_method: FusionMethod | None = None,
-    alpha: Annotated[float, Field(ge=0, le=1)] | None = None,
-    dense_weight: NonNegativeFloat | None = None,
-    sparse_weight: NonNegativeFloat | None = None,
+    alpha: Alpha | None = None,
+    dense_weight: Weight | None = None,
+    sparse_weight: Weight | None = None,
     depth: Depth | None = None,
     rerank: bool | None = None,
     granularity: Granularity | None = None,
@@ -126,12 +138,12 @@ def evaluate_rag(config: RagpipeConfig, name: str | None = None) -> RunSummary:
 @flow(name="eval-rag", log_prints=False)
 def eval_rag_flow(
     golden: str | None = None,
-    sample: PositiveInt | None = None,
+    sample: Count | None = None,
     mode: RetrievalMode | None = None,
     fusion_method: FusionMethod | None = None,
-    dense_weight: NonNegativeFloat | None = None,
-    sparse_weight: NonNegativeFloat | None = None,
-    top_k: PositiveInt | None = None,
+    dense_weight: Weight | None = None,
+    sparse_weight: Weight | None = None,
+    top_k: Count | None = None,
     rerank: bool | None = None,
     skip_unmatched: bool | None = None,
     labels: str | None = None,
@@ -209,7 +221,7 @@ def eval_compare_flow(
     granularity: Granularity | None = None,
     depth: Depth | None = None,
     gate_metric: MetricName | None = None,
-    gate_threshold: float = 0.0,
+    gate_threshold: Number = 0.0,
     skip_unmatched: bool | None = None,
     name: str = "compare",
     config_path: str | None = None,

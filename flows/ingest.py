@@ -23,13 +23,13 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 from prefect.futures import wait
 from prefect.runtime import deployment
-from pydantic import PositiveInt
 
 from flows.concurrency import writer_slot
 from flows.events import emit_index_decision
 from flows.logs import library_logs
 from ragpipe.config import RagpipeConfig, load_config, with_sources
 from ragpipe.errors import MassDeletionHeld
+from ragpipe.evaluation.forms import Count
 from ragpipe.ingest import gatekeep
 from ragpipe.ingest.convert import convert_batches
 from ragpipe.ingest.embed import embed_batches
@@ -162,7 +162,7 @@ def reindex_flow(
     config_path: str | None = None,
     roots: list[str] | None = None,
     allow_mass_delete: bool = False,
-    batch_size: PositiveInt | None = None,
+    batch_size: Count | None = None,
 ) -> IngestSummary:
     """Re-index the configured sources: only what changed is converted and embedded.
 

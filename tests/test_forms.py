@@ -65,6 +65,38 @@ def test_variant_form_is_typed() -> None:
             VariantForm.model_validate(bad)
 
 
+@pytest.mark.parametrize(
+    ("entrypoint", "field", "value"),
+    [("eval_retrieval_flow", "dense_weight", False), ("eval_retrieval_flow", "alpha", True),
+     ("eval_retrieval_flow", "sparse_weight", True), ("eval_retrieval_flow", "depth", True),
+     ("eval_rag_flow", "sample", True), ("eval_rag_flow", "top_k", True),
+     ("eval_rag_flow", "dense_weight", False), ("eval_compare_flow", "gate_threshold", False),
+     ("eval_tune_flow", "share", True), ("reindex_flow", "batch_size", True)],
+)  # fmt: skip
+def test_a_flows_true_or_false_where_a_number_goes_is_refused(
+    entrypoint: str, field: str, value: bool
+) -> None:
+    """A Python call's (or an API run's) parameters: eval_retrieval_flow(dense_weight=False,
+    mode='hybrid') ran with dense_weight 0.0 and alpha=True as 1.0 (only a compare
+    variant's fields refused them)."""
+    import flows.eval
+    import flows.ingest
+
+    flow = getattr(flows.eval, entrypoint, None) or getattr(flows.ingest, entrypoint)
+    given: dict[str, object] = {field: value}
+    if entrypoint in ("eval_retrieval_flow", "eval_rag_flow"):
+        given["mode"] = "hybrid"
+    if entrypoint == "eval_compare_flow":
+        given["variants"] = [{"name": "dense", "mode": "dense"}]
+    with pytest.raises(Exception, match=f"write a number, not {str(value).lower()}") as err:
+        flow.validate_parameters(given)
+    assert type(err.value).__name__ == "ParameterTypeError"
+    assert field in str(err.value)
+    # A number still passes, an int for a float too.
+    number = {"sample": 3, "top_k": 3, "depth": 12, "share": 0.5, "batch_size": 2}.get(field, 1)
+    assert flow.validate_parameters({**given, field: number})[field] == number
+
+
 @pytest.mark.parametrize("flow", FLOWS)
 def test_deployed_forms_are_small_and_described(flow: str) -> None:
     """What `prefect deploy` registers: at most 12 fields, each with a description that

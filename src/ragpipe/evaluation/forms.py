@@ -14,9 +14,25 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, NonNegativeFloat, PositiveInt
 
 from ragpipe.config import FusionMethod, RagpipeConfig, RetrievalMode, load_config
+
+
+def refuse_bool(value: Any) -> Any:
+    """``true`` where a number goes is a slip, not 1 (pydantic reads a boolean as a
+    number), as in the configuration (``config._Section``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"write a number, not {str(value).lower()}")
+    return value
+
+
+_NUMBER = BeforeValidator(refuse_bool)
+# The number types of the forms (a flow's parameters, a compare variant's fields).
+Alpha = Annotated[float, Field(ge=0, le=1), _NUMBER]
+Weight = Annotated[NonNegativeFloat, _NUMBER]
+Count = Annotated[PositiveInt, _NUMBER]
+Number = Annotated[float, _NUMBER]
 
 Granularity = Literal["chunk", "file"]
 
@@ -81,28 +97,17 @@ class VariantForm(BaseModel):
     fusion_method: FusionMethod | None = Field(
         default=None, description="How hybrid fuses its two lists."
     )
-    alpha: Annotated[float, Field(ge=0, le=1)] | None = Field(
-        default=None, description="Dense share of a convex fusion (0..1)."
-    )
-    dense_weight: NonNegativeFloat | None = Field(
+    alpha: Alpha | None = Field(default=None, description="Dense share of a convex fusion (0..1).")
+    dense_weight: Weight | None = Field(
         default=None, description="Weight of the dense list in rrf/dbsf fusion."
     )
-    sparse_weight: NonNegativeFloat | None = Field(
+    sparse_weight: Weight | None = Field(
         default=None, description="Weight of the BM25 list in rrf/dbsf fusion."
     )
     rerank: bool | None = Field(
         default=None, description="Rerank with retrieve.reranker (a cross-encoder, or llm)."
     )
     mmr: bool | None = Field(default=None, description="Diversify the final list with MMR.")
-
-    @field_validator("alpha", "dense_weight", "sparse_weight", mode="before")
-    @classmethod
-    def _a_number(cls, value: Any) -> Any:
-        """``true`` is a slip, not 1.0 (pydantic reads a boolean as a number), as in the
-        configuration (``config._Section``)."""
-        if isinstance(value, bool):
-            raise ValueError(f"write a number, not {str(value).lower()}")
-        return value
 
     def overrides(self) -> dict[str, Any]:
         """``retrieve.*`` overrides of this variant."""
