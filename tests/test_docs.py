@@ -49,3 +49,28 @@ def test_every_yaml_block_in_the_docs_parses() -> None:
                 raise AssertionError(f"{where}: the YAML block does not parse: {exc}") from None
             blocks += 1
     assert blocks >= 18  # the pattern still finds the guide's blocks
+
+
+def test_every_deployment_the_docs_run_is_one_a_prefect_yaml_registers() -> None:
+    """deployments.md ran 'ingest/reindex-now' from a `ragpipe init` folder, whose
+    deployments are named after the folder (ingest/my-project-reindex-now)."""
+    from prefect.flows import load_flow_from_entrypoint
+
+    from ragpipe.scaffold import PREFECT_TEMPLATE
+
+    checkout = yaml.safe_load((ROOT / "prefect.yaml").read_text(encoding="utf-8"))
+    ours = {f"{load_flow_from_entrypoint(d['entrypoint']).name}/{d['name']}"
+            for d in checkout["deployments"]}  # fmt: skip
+    project = set()
+    for suffix, entrypoint in re.findall(
+        r"- name: \{project\}-(\S+)\n(?:.*\n)*?    entrypoint: (\S+)", PREFECT_TEMPLATE
+    ):
+        project.add(f"{load_flow_from_entrypoint(entrypoint).name}/my-project-{suffix}")
+    assert "ingest/my-project-reindex-now" in project and "ingest/reindex-now" in ours
+    pages = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
+    for page in pages:
+        for block in re.findall(r"^```bash\n(.*?)^```", page.read_text("utf-8"), re.M | re.S):
+            # A block that registers with `ragpipe deploy` is in a project folder.
+            known = project if "ragpipe deploy" in block else ours | project
+            for run in re.findall(r"deployment run '([^']+)'", block):
+                assert run in known, f"{page.relative_to(ROOT)}: {run}"
