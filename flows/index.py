@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
 
 from flows.events import emit_index_decision
 from flows.logs import library_logs
-from ragpipe.config import load_config
+from ragpipe.evaluation.forms import run_config
 from ragpipe.ingest.gatekeep import Decision, promote_by_hand
 
 
@@ -22,7 +20,7 @@ def promote_index_flow(version: str, config_path: str | None = None) -> Decision
             RAGPIPE_HOME).
     """
     library_logs()
-    config = load_config(Path(config_path) if config_path else None)
+    config = run_config(config_path)
     decision = promote_by_hand(config, version)
     emit_index_decision(config, decision, config_path)
     return decision

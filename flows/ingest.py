@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Any, cast
 from uuid import UUID
 
@@ -27,9 +26,9 @@ from prefect.runtime import deployment
 from flows.concurrency import writer_slot
 from flows.events import emit_index_decision
 from flows.logs import library_logs
-from ragpipe.config import RagpipeConfig, load_config, with_sources
+from ragpipe.config import RagpipeConfig, with_sources
 from ragpipe.errors import MassDeletionHeld
-from ragpipe.evaluation.forms import Count
+from ragpipe.evaluation.forms import RUN_PARAMETERS, Count, run_config
 from ragpipe.ingest import gatekeep
 from ragpipe.ingest.convert import convert_batches
 from ragpipe.ingest.embed import embed_batches
@@ -78,8 +77,8 @@ def ingest_flow(
             ``ragpipe.index.held`` event was emitted; the summary was written first).
     """
     library_logs()
-    cfg = config if config is not None else load_config(Path(config_path) if config_path else None)
-    cfg = with_sources(with_mass_delete(cfg, allow_mass_delete), roots)
+    cfg = config if config is not None else run_config(config_path)
+    cfg = with_sources(with_mass_delete(cfg, allow_mass_delete), roots, f"{RUN_PARAMETERS}: roots")
     gatekeep.check_golden_sets(cfg)  # before anything is built
     # Progress in the Prefect UI: the share of the stages done.
     progress = cast(
@@ -179,7 +178,7 @@ def reindex_flow(
         batch_size: Fan conversion and embedding out in parallel batches of this many files.
     """
     library_logs()
-    config = load_config(Path(config_path) if config_path else None)
+    config = run_config(config_path)
     return ingest_flow.fn(config, config_path, roots, allow_mass_delete, batch_size)
 
 

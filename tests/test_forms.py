@@ -48,6 +48,34 @@ def test_a_bad_form_value_is_named_as_the_forms(tmp_path: Path) -> None:
         form_config(str(tmp_path / "nope.yaml"), {})
 
 
+def test_a_flows_bad_parameter_is_named_as_the_runs_not_as_a_flag(tmp_path: Path) -> None:
+    """A form's config_path that does not exist said "pass an existing --config file", a
+    form's roots "(from the command line)": a form has no flags."""
+    from flows.eval import eval_retrieval_flow
+    from flows.index import promote_index_flow
+    from flows.ingest import ingest_flow, reindex_flow
+
+    missing = str(tmp_path / "nope.yaml")
+    for run in (lambda: reindex_flow.fn(config_path=missing),
+                lambda: promote_index_flow.fn("0123abcd", config_path=missing),
+                lambda: eval_retrieval_flow.fn(config_path=missing)):  # fmt: skip
+        with pytest.raises(ConfigError) as err:
+            run()
+        assert str(err.value) == (
+            f"config file {missing} not found; set config_path (the run's parameters) to an "
+            "existing file, or leave it empty for ragpipe.yaml in the worker's directory"
+        )
+    with pytest.raises(ConfigError) as err:
+        ingest_flow.fn(config=load_config(None), roots=["ftp://example.org/docs"])
+    assert str(err.value).startswith(
+        "invalid configuration (from the run's parameters: roots):\n  discover.urls: "
+        "'ftp://example.org/docs' is not an http(s) URL"
+    )
+    # The CLI's own words stay its own.
+    with pytest.raises(ConfigError, match=r"not found; pass an existing --config file$"):
+        load_config(Path(missing))
+
+
 def test_metric_choices_are_the_metrics() -> None:
     assert typing.get_args(MetricName) == METRICS
 

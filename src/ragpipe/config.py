@@ -1859,6 +1859,7 @@ def load_config(
     path: Path | None = None,
     overrides: dict[str, Any] | None = None,
     overrides_from: str = "the command line",
+    missing_fix: str = "pass an existing --config file",
 ) -> RagpipeConfig:
     """Load and validate the configuration.
 
@@ -1871,6 +1872,8 @@ def load_config(
         overrides: Values applied over the file and the environment, as a
             nested dict (``{"retrieve": {"mode": "dense"}}``).
         overrides_from: Where the overrides came from, for error messages.
+        missing_fix: What to do when ``path`` does not exist, in the words of the
+            caller (a CLI option, a flow's parameter).
 
     Returns:
         The validated configuration.
@@ -1886,7 +1889,7 @@ def load_config(
     if path is not None:
         source = str(path)
         if not path.is_file():
-            raise ConfigError(f"config file {path} not found; pass an existing --config file")
+            raise ConfigError(f"config file {path} not found; {missing_fix}")
         try:
             loaded = yamlio.load(
                 path.read_text(encoding="utf-8"), f"config file {path}", yamlio.CONFIG_LIMIT
@@ -2056,12 +2059,15 @@ def _section(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def with_sources(config: RagpipeConfig, sources: list[str] | None) -> RagpipeConfig:
+def with_sources(
+    config: RagpipeConfig, sources: list[str] | None, sources_from: str = "the command line"
+) -> RagpipeConfig:
     """``config`` whose sources are ``sources`` (paths, object-storage and http(s) URLs), e.g.
     from the CLI.
 
     Given sources replace ``discover.roots``, ``discover.object_roots``, ``discover.urls`` and
-    ``discover.sitemaps``; none leaves the configuration as it is.
+    ``discover.sitemaps``; none leaves the configuration as it is. ``sources_from`` says
+    where they came from in an error ("the run's parameters: roots" for a flow's).
 
     Raises:
         ConfigError: A source is a URL that cannot be fetched (not http/https).
@@ -2079,7 +2085,7 @@ def with_sources(config: RagpipeConfig, sources: list[str] | None) -> RagpipeCon
         discover = DiscoverConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(
-            _format_validation_error(exc, "the command line", ("discover",), hint=False)
+            _format_validation_error(exc, sources_from, ("discover",), hint=False)
         ) from exc
     return config.model_copy(update={"discover": discover})
 

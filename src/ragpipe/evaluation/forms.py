@@ -73,6 +73,25 @@ def form_overrides(values: Mapping[str, Any]) -> dict[str, Any]:
     return overrides
 
 
+# Where a flow's values come from, in its errors (not the CLI's flags: a form has none).
+RUN_PARAMETERS = "the run's parameters"
+CONFIG_PATH_FIX = (
+    "set config_path (the run's parameters) to an existing file, or leave it empty for "
+    "ragpipe.yaml in the worker's directory"
+)
+
+
+def run_config(config_path: str | None) -> RagpipeConfig:
+    """The configuration a flow's ``config_path`` names (empty: ragpipe.yaml in the working
+    directory, else the defaults), with the ``RAGPIPE_*`` environment.
+
+    Raises:
+        ConfigError: The file is missing or invalid; the message names config_path.
+    """
+    path = Path(config_path) if config_path else None
+    return load_config(path, overrides_from=RUN_PARAMETERS, missing_fix=CONFIG_PATH_FIX)
+
+
 def form_config(config_path: str | None, values: Mapping[str, Any]) -> RagpipeConfig:
     """The configuration of a form: file (or ragpipe.yaml), environment, then the form.
 
@@ -81,7 +100,7 @@ def form_config(config_path: str | None, values: Mapping[str, Any]) -> RagpipeCo
             the message names the field.
     """
     path = Path(config_path) if config_path else None
-    return load_config(path, form_overrides(values), overrides_from="the run's parameters")
+    return load_config(path, form_overrides(values), RUN_PARAMETERS, CONFIG_PATH_FIX)
 
 
 class VariantForm(BaseModel):
