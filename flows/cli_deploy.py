@@ -66,11 +66,13 @@ def deploy(
         spec = load(prefect_file.read_text(encoding="utf-8"), str(prefect_file), CONFIG_LIMIT) or {}
     except (RagpipeError, OSError) as exc:
         fail(exc, 2)
+    resource = index_resource_id(cfg)
     if register:
         done = subprocess.run(
             [str(Path(sys.executable).parent / "prefect"), "--no-prompt", "deploy", "--all",
              "--prefect-file", str(prefect_file)],
-            env={**os.environ, "RAGPIPE_HOME": os.environ.get("RAGPIPE_HOME", os.getcwd())},
+            env={**os.environ, "RAGPIPE_HOME": os.environ.get("RAGPIPE_HOME", os.getcwd()),
+                 "RAGPIPE_INDEX_ID": resource},  # the checkout's trigger: this index
             check=False,
         )  # fmt: skip
         if done.returncode != 0:
@@ -78,7 +80,6 @@ def deploy(
     choices = golden_choices(Path.cwd(), cfg.eval.golden)
     filled = []
     retargeted = []
-    resource = index_resource_id(cfg)
     with get_client(sync_client=True) as client:
         for entry in spec.get("deployments") or []:
             flow: Any = load_flow_from_entrypoint(entry["entrypoint"])
@@ -119,14 +120,21 @@ def deploy(
         print("automations installed: " + "; ".join(installed))
 
 
+# A trigger's resource id that is ragpipe's: an index's, or what the checkout's
+# {{ $RAGPIPE_INDEX_ID }} became when `prefect deploy` ran without it (Prefect writes ""
+# in a trigger, which matches no event).
+_OURS = ("ragpipe.index.", "{{ $RAGPIPE_INDEX_ID }}")
+
+
 def _retarget_triggers(client: Any, deployment_id: Any, resource: str) -> list[str]:
     """Point the triggers that run the deployment on ragpipe index events at ``resource``;
     returns the resource ids they matched before, one per trigger changed.
 
     A trigger whose ``prefect.resource.id`` names a ragpipe index (``ragpipe.index.*``
-    included) is ragpipe's: prefect.yaml wrote the id once (``ragpipe init`` computed it
-    from the store of that day), and after a change of store.path, backend or collection the
-    index's events carry another id, so the trigger would never fire again.
+    and the checkout's ``{{ $RAGPIPE_INDEX_ID }}``, or "" where it was unset) is ragpipe's:
+    prefect.yaml wrote the id once (``ragpipe init`` computed it from the store of that
+    day), and after a change of store.path, backend or collection the index's events carry
+    another id, so the trigger would never fire again.
     """
     from prefect.events.schemas.automations import AutomationCore, EventTrigger
     from prefect.events.schemas.events import ResourceSpecification
@@ -142,7 +150,7 @@ def _retarget_triggers(client: Any, deployment_id: Any, resource: str) -> list[s
         match = dict(spec.root if isinstance(spec, ResourceSpecification) else spec)
         old = match.get("prefect.resource.id")
         ids = [old] if isinstance(old, str) else list(old or [])
-        if not ids or not all(i.startswith("ragpipe.index.") for i in ids) or ids == [resource]:
+        if not ids or not all(i == "" or i.startswith(_OURS) for i in ids) or ids == [resource]:
             continue
         match["prefect.resource.id"] = resource
         core = AutomationCore.model_validate(
@@ -150,7 +158,7 @@ def _retarget_triggers(client: Any, deployment_id: Any, resource: str) -> list[s
             | {"trigger": trigger.model_copy(update={"match": ResourceSpecification(match)})}
         )
         client.update_automation(automation.id, core)
-        changed.append(", ".join(ids))
+        changed.append(", ".join(i or '""' for i in ids))
     return changed
 
 

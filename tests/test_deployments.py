@@ -531,3 +531,48 @@ def _readers_while_the_nightly_writes(stack: Stack, tmp_path: Path, first_report
     after = published.current(cfg.store.path)
     assert after is not None and after != before  # the nightly published a new version
     assert _search(tmp_path, config)["trace"]["index_version"] == after  # seen at next open
+
+
+def test_ragpipe_deploy_from_the_checkout_points_its_trigger_at_the_configured_index(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The checkout's eval-retrieval trigger names ``{{ $RAGPIPE_INDEX_ID }}``, which `make
+    prefect-deploy` sets; `ragpipe deploy` from the checkout registered it unset, and the
+    placeholder matched no event. (Last here: it registers the checkout's deployments again,
+    their forms filled from this configuration.)"""
+    from ragpipe.config import RagpipeConfig
+    from ragpipe.locking import index_resource_id
+
+    config = _config(tmp_path)
+    config_file = tmp_path / "checkout.yaml"
+    config_file.write_text(json.dumps(config), encoding="utf-8")
+    expected = index_resource_id(RagpipeConfig.model_validate(config))
+    env = {k: v for k, v in stack.env.items() if k != "RAGPIPE_INDEX_ID"}
+
+    def trigger() -> Any:
+        named = {"deployments": {"name": {"any_": ["eval-retrieval"]}}}
+        (deployment,) = stack.post("/deployments/filter", named)
+        (automation,) = [a for a in stack.post("/automations/filter", {})
+                         if a["actions"][0].get("deployment_id") == deployment["id"]]  # fmt: skip
+        return automation["trigger"]["match"]["prefect.resource.id"]
+
+    def ragpipe_deploy(*args: str) -> str:
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "ragpipe"), "deploy", "--config",
+             str(config_file), *args],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    # A plain `prefect deploy` without the variable: Prefect writes "", which matches
+    # nothing; `ragpipe deploy --no-register` points that at the configured index ...
+    assert Stack(env, stack.api).cli("deploy", "--all").returncode == 0
+    assert trigger() == ""
+    shown = ragpipe_deploy("--no-register")
+    assert f'eval-retrieval/eval-retrieval: "" -> {expected}' in shown
+    assert trigger() == expected
+    # ... and `ragpipe deploy` registers it with that index's id at once.
+    shown = ragpipe_deploy()
+    assert trigger() == expected
+    assert "triggers now on" not in shown  # nothing left to move
