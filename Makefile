@@ -60,6 +60,8 @@ bench-scale: setup
 # deployments from prefect.yaml, and a process worker. Run server and worker in
 # their own terminals. Only these targets talk to that server (demo and test
 # keep Prefect's ephemeral mode); set PREFECT_API_URL to use another server.
+# RAGPIPE_HOME is unset while deploying: Prefect then keeps {{ $RAGPIPE_HOME }} in the
+# pull step, for each worker to fill from its own (prefect-worker: this checkout).
 PREFECT_SERVER_URL ?= http://127.0.0.1:4200/api
 prefect-deploy prefect-worker: export PREFECT_API_URL ?= $(PREFECT_SERVER_URL)
 
@@ -69,7 +71,7 @@ prefect-server: setup
 prefect-deploy: setup
 	.venv/bin/prefect work-pool create ragpipe-process --type process --overwrite
 	index=$$(.venv/bin/python -m flows.events) && RAGPIPE_INDEX_ID=$$index \
-	  RAGPIPE_HOME=$(CURDIR) .venv/bin/prefect --no-prompt deploy --all
+	  env -u RAGPIPE_HOME .venv/bin/prefect --no-prompt deploy --all
 
 prefect-worker: setup
 	RAGPIPE_HOME=$(CURDIR) .venv/bin/prefect worker start --pool ragpipe-process

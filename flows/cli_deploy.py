@@ -71,7 +71,9 @@ def deploy(
         done = subprocess.run(
             [str(Path(sys.executable).parent / "prefect"), "--no-prompt", "deploy", "--all",
              "--prefect-file", str(prefect_file)],
-            env={**os.environ, "RAGPIPE_HOME": os.environ.get("RAGPIPE_HOME", os.getcwd()),
+            # Without RAGPIPE_HOME: Prefect would write its value of now into the pull step
+            # ({{ $RAGPIPE_HOME }}), which each worker fills from its own environment.
+            env={**{k: v for k, v in os.environ.items() if k != "RAGPIPE_HOME"},
                  "RAGPIPE_INDEX_ID": resource},  # the checkout's trigger: this index
             check=False,
         )  # fmt: skip

@@ -107,7 +107,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         s = Stack(env, api)
         pool = s.cli("work-pool", "create", "ragpipe-process", "--type", "process")
         assert pool.returncode == 0, pool.stdout + pool.stderr
-        deployed = s.cli("deploy", "--all")
+        # As `make prefect-deploy`: no RAGPIPE_HOME while deploying (the worker has it).
+        deploy_env = {k: v for k, v in env.items() if k != "RAGPIPE_HOME"}
+        deployed = Stack(deploy_env, api).cli("deploy", "--all")
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         worker = subprocess.Popen(
             [PREFECT, "worker", "start", "--pool", "ragpipe-process"],
@@ -565,14 +567,27 @@ def test_ragpipe_deploy_from_the_checkout_points_its_trigger_at_the_configured_i
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
+    pulled = [{"prefect.deployments.steps.set_working_directory":
+               {"directory": "{{ $RAGPIPE_HOME }}"}}]  # fmt: skip
+    spec = yaml.safe_load((REPO / "prefect.yaml").read_text(encoding="utf-8"))
+    names = {d["name"] for d in spec["deployments"]}
+    checkout = [d for d in stack.post("/deployments/filter", {}) if d["name"] in names]
+    assert len(checkout) == len(names) == 7
+    # The worker fills RAGPIPE_HOME (the deployments above ran there), not the deploy.
+    assert all(d["pull_steps"] == pulled for d in checkout)
     # A plain `prefect deploy` without the variable: Prefect writes "", which matches
     # nothing; `ragpipe deploy --no-register` points that at the configured index ...
-    assert Stack(env, stack.api).cli("deploy", "--all").returncode == 0
+    plain = {k: v for k, v in env.items() if k != "RAGPIPE_HOME"}
+    assert Stack(plain, stack.api).cli("deploy", "--all").returncode == 0
     assert trigger() == ""
     shown = ragpipe_deploy("--no-register")
     assert f'eval-retrieval/eval-retrieval: "" -> {expected}' in shown
     assert trigger() == expected
-    # ... and `ragpipe deploy` registers it with that index's id at once.
+    # ... and `ragpipe deploy` registers it with that index's id at once, and leaves
+    # RAGPIPE_HOME to the workers though it is set where it runs (env: REPO).
+    assert env["RAGPIPE_HOME"] == str(REPO)
     shown = ragpipe_deploy()
     assert trigger() == expected
     assert "triggers now on" not in shown  # nothing left to move
+    assert all(d["pull_steps"] == pulled
+               for d in stack.post("/deployments/filter", {}) if d["name"] in names)  # fmt: skip
