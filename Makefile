@@ -41,6 +41,7 @@ bench: setup
 	.venv/bin/python bench/query.py
 	.venv/bin/python bench/modes.py
 	.venv/bin/python bench/eval.py
+	.venv/bin/python bench/ci_coverage.py
 	.venv/bin/python bench/fetch.py
 	.venv/bin/python bench/cold_start.py
 	.venv/bin/python bench/retrieval_quality.py
