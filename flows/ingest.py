@@ -139,10 +139,16 @@ def _run_stage(
     state: State[Any] = stage_task(config, previous, store, return_state=True)  # type: ignore[assignment]
     if state.name != "Cached":
         return cast(StageSummary[Any], state.result())
+    # A result that cannot be read is a warning; one that is stale is the ordinary course
+    # of a corpus that went back to an earlier state (A, B, A: A's entry, B's work dir) or
+    # of another index's run in the same work dir, and its stage runs again (INFO: it
+    # read like damage as a WARNING).
+    level = logging.INFO
     try:
         cached = state.result()
     except Exception as exc:  # e.g. written by an older ragpipe; the stage decides again
         cached, why = None, f"the cached result cannot be read ({type(exc).__name__}: {exc})"
+        level = logging.WARNING
     else:
         why = f"the cached result no longer matches the work dir {config.paths.work_dir}"
         if getattr(getattr(cached, "counts", None), "failed", 0):
@@ -151,7 +157,7 @@ def _run_stage(
         current = cached_summary(config, cached)
         if current is not None:
             return current
-    logging.getLogger("ragpipe.ingest").warning("%s: %s; running the stage", stage.name, why)
+    logging.getLogger("ragpipe.ingest").log(level, "%s: %s; running the stage", stage.name, why)
     rerun = stage_task.with_options(refresh_cache=True)
     return rerun(config, previous, store)
 
