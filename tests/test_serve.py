@@ -685,6 +685,99 @@ def test_a_search_embeds_all_its_sentences_before_it_waits_for_the_store(
         service.index.close()
 
 
+class Judge:
+    """A model that answers "yes" (with log-probabilities), each call held until ``release``
+    is set; ``entered`` says a call began."""
+
+    name = "judge"
+    takes_grammar = False
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.calls = 0
+
+    def chat(self, messages: Any, on_token: Any = None, **options: Any) -> Any:
+        from ragpipe.models.llm import Completion
+
+        self.calls += 1
+        self.entered.set()
+        assert self.release.wait(60), "never released"
+        return Completion("yes", 10, 1, self.name, 0.0, "stop", {"yes": -0.1, "no": -2.4})
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 4
+
+
+def test_no_search_waits_for_the_llm_of_another(tmp_path: Path, onnx_embedder: Any) -> None:
+    """A search held the store's lock through its LLM steps: with an LLM rerank of 1 s a
+    call, a plain /search sent meanwhile took 9.7 s instead of 8 ms, and so did MCP's
+    searches. The LLM works with the lock let go; here it works until the test says."""
+    cfg = _index(tmp_path, cache=False)
+    retrieve = cfg.retrieve.model_copy(update={"reranker": "llm"})
+    cfg = cfg.model_copy(update={"retrieve": retrieve})
+    judge = Judge()
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "search", "arguments": {"query": "rye flour", "k": 2}}}  # fmt: skip
+    accept = {"Accept": "application/json, text/event-stream"}
+    reranked: list[httpx.Response] = []
+    try:
+        with running(create_app(cfg, onnx_embedder, judge)) as url:
+
+            def rerank(query: str) -> threading.Thread:
+                body = {"query": query, "rerank": True, "k": 2}
+                worker = threading.Thread(target=lambda: reranked.append(
+                    httpx.post(f"{url}/search", json=body, timeout=120)))  # fmt: skip
+                worker.start()
+                return worker
+
+            workers = [rerank(BREAD)]
+            assert judge.entered.wait(60)
+            # A second one waits for the model: the two held both search threads.
+            workers.append(rerank("Who wrote the first program?"))
+            time.sleep(1)
+            plain = httpx.post(f"{url}/search", json={"query": "rye flour", "k": 2}, timeout=10)
+            assert plain.status_code == 200 and plain.json()["trace"]["reranker"] == "none"
+            agent = httpx.post(f"{url}/mcp", json=ping, headers=accept, timeout=10)
+            assert agent.status_code == 200 and not agent.json()["result"].get("isError")
+            assert judge.calls == 1 and all(w.is_alive() for w in workers)  # still judging
+            judge.release.set()
+            for worker in workers:
+                worker.join(timeout=60)
+        assert [r.status_code for r in reranked] == [200, 200], [r.text for r in reranked]
+        calls = [r.json()["trace"]["llm_rerank"]["model_calls"] for r in reranked]
+        assert sum(calls) == judge.calls and min(calls) > 1
+        assert all("rerank" in hit["scores"] for r in reranked for hit in r.json()["hits"])
+    finally:
+        judge.release.set()
+    # HyDE's passages and the LLM filter: the same, on the index a server reads.
+    for step in ({"hyde": "standard"}, {"llm_filter": True}):
+        judge = Judge()
+        stepped = RagpipeConfig.model_validate({**cfg.model_dump(), "retrieve": {
+            **cfg.retrieve.model_dump(), **step}})  # fmt: skip
+        index = LiveIndex(stepped, onnx_embedder, judge)
+        found: list[Any] = []
+
+        def search(index: LiveIndex, found: list[Any], **overrides: Any) -> None:
+            with index.reader() as (retriever, _):
+                found.append(retriever.search(BREAD, top_k=2, **overrides))
+
+        try:
+            slow = threading.Thread(target=search, args=(index, found))
+            slow.start()
+            assert judge.entered.wait(60)
+            plain = threading.Thread(target=search, args=(index, found),
+                                     kwargs={"hyde": "off", "llm_filter": False})  # fmt: skip
+            plain.start()
+            plain.join(timeout=10)
+            assert not plain.is_alive() and len(found) == 1 and slow.is_alive(), step
+            judge.release.set()
+            slow.join(timeout=60)
+            assert len(found) == 2 and found[1].hits, step
+        finally:
+            judge.release.set()
+            index.close()
+
+
 def test_a_failing_switch_hook_still_closes_the_old_version(
     tmp_path: Path, onnx_embedder: Any
 ) -> None:

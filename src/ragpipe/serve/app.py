@@ -355,6 +355,10 @@ RETRY_AFTER_S = 30
 # Threads that embed queries side by side (an embedding runs outside the GIL; the store is
 # searched by one at a time): measured with bench/serve.py on 2 cores.
 SEARCH_THREADS = 2
+# Threads for searches that ask the LLM (an LLM rerank, HyDE, the LLM filter): minutes
+# each on a CPU, and one model call at a time; on the search threads two of them left no
+# thread for a plain search.
+LLM_SEARCH_THREADS = 2
 WARM_UP_QUERY = "warm-up query"
 
 
@@ -372,6 +376,9 @@ class Service:
         self.index = LiveIndex(config, embedder, llm, on_switch=self._switched)
         try:
             self.worker = ThreadPoolExecutor(SEARCH_THREADS, thread_name_prefix="ragpipe-search")
+            self.llm_worker = ThreadPoolExecutor(
+                LLM_SEARCH_THREADS, thread_name_prefix="ragpipe-llm-search"
+            )
             self.cache.clear(self.index.version)
             self.metrics.index_points.set(self.index.describe()["points"])
             self.warm_up_ms, self.warm_up_error = self._warm_up()
@@ -469,17 +476,30 @@ class Service:
             return None, f"{type(exc).__name__}: {exc}"
         return round((time.perf_counter() - started) * 1e3, 1), None
 
-    async def on_search_thread(self, work: Callable[..., T], *args: Any) -> T:
+    def asks_llm(self, request: _Query) -> bool:
+        """Whether a search of ``request`` asks the LLM: an LLM rerank, HyDE or the filter."""
+        retrieve = self.config.retrieve
+        rerank = retrieve.rerank if request.rerank is None else request.rerank
+        return (
+            (rerank and retrieve.reranker == LLM_RERANKER)
+            or retrieve.hyde.value != "off"
+            or retrieve.llm_filter
+        )
+
+    async def on_search_thread(self, work: Callable[..., T], *args: Any, llm: bool = False) -> T:
         """``work(*args)`` on the search threads (``SEARCH_THREADS``, not the web server's
         rotating pool): queries are embedded side by side, searches of one open store run one
-        at a time, and /search's response is built there too."""
-        return await asyncio.get_running_loop().run_in_executor(self.worker, work, *args)
+        at a time (but while an LLM works), and /search's response is built there too. With
+        ``llm`` (a search that asks the LLM: ``asks_llm``), on threads of its own."""
+        pool = self.llm_worker if llm else self.worker
+        return await asyncio.get_running_loop().run_in_executor(pool, work, *args)
 
     async def retrieve(
         self, endpoint: str, text: str, request: _Query, extra: dict[str, Any]
     ) -> tuple[str, Any, str, Any, RetrievalResult | None]:
         """``retrieved`` on the search threads."""
-        return await self.on_search_thread(self.retrieved, endpoint, text, request, extra)
+        return await self.on_search_thread(self.retrieved, endpoint, text, request, extra,
+                                           llm=self.asks_llm(request))  # fmt: skip
 
     def retrieved(
         self, endpoint: str, text: str, request: _Query, extra: dict[str, Any]
@@ -495,9 +515,10 @@ class Service:
                 cached = self.caches(endpoint)
                 vector = retriever.query_vector(text, overrides, fragments=not cached)
                 whole = cached and embeds_whole(retriever.embedder, text)
-                with held.search:
-                    hit = self.lookup(endpoint, vector, scope, version, text, whole)
-                    result = None if hit else retriever.search(text, **overrides)
+                hit = self.lookup(endpoint, vector, scope, version, text, whole)
+                # The search holds the store's lock but while an LLM works (an LLM rerank,
+                # HyDE, the LLM filter): it blocked every other search for minutes.
+                result = None if hit else retriever.search(text, **overrides)
         except ValidationError as exc:  # an override this server's retrieve.* refuses
             errors = [
                 {"loc": ("body", *err["loc"]), "msg": err["msg"], "type": err["type"]}
@@ -537,6 +558,7 @@ def create_app(
         return _app(config, service)
     except BaseException:  # Ctrl-C or SIGTERM while building it: the index copy goes too
         service.worker.shutdown(wait=False)
+        service.llm_worker.shutdown(wait=False)
         service.index.close()
         raise
 
@@ -552,6 +574,7 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
                 yield
         finally:
             service.worker.shutdown(wait=True)
+            service.llm_worker.shutdown(wait=True)
             service.index.close()
 
     app = FastAPI(
@@ -662,7 +685,8 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
     async def search(request: SearchRequest) -> Response:
         """Ranked chunks for the query, with every stage's score and the trace."""
         text = service.check(request.query, request.k, "query")
-        return await service.on_search_thread(searched, text, request)
+        return await service.on_search_thread(searched, text, request,
+                                              llm=service.asks_llm(request))  # fmt: skip
 
     def searched(text: str, request: SearchRequest) -> Response:
         # The response is built here, on the search thread, while the result is in the

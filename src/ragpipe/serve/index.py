@@ -88,7 +88,9 @@ class _Held:
     points: int  # counted when opened: a version does not change while it is served
     users: int = 0
     retired: bool = False
-    search: threading.Lock = field(default_factory=threading.Lock)  # one search at a time
+    # One search of the store at a time: the retriever's own lock, which a search lets go
+    # while an LLM works (an LLM rerank held it for minutes, and every search waited).
+    search: threading.Lock = field(default_factory=threading.Lock)
 
 
 def _points(token: str, retriever: Retriever) -> int:
@@ -138,10 +140,11 @@ class LiveIndex:
         if store is None:
             where = self.config.store.url or self.config.store.path
             raise StageError(f"no index at {where}: run `ragpipe ingest` first")
-        retriever = Retriever(self.config, self.embedder, store, self.llm, rerankers)
+        lock = threading.Lock()
+        retriever = Retriever(self.config, self.embedder, store, self.llm, rerankers, lock)
         try:
             token = self._probe(retriever)
-            return _Held(retriever, token, _points(token, retriever))
+            return _Held(retriever, token, _points(token, retriever), search=lock)
         except BaseException:
             retriever.close()
             raise
@@ -191,14 +194,16 @@ class LiveIndex:
 
     @contextmanager
     def reader(self) -> Iterator[tuple[Retriever, str]]:
-        """The current retriever and its version, held (and searched alone) until exit."""
-        with self.holding() as held, held.search:
+        """The current retriever and its version, held until exit; its searches take the
+        store's lock themselves (``_Held.search``)."""
+        with self.holding() as held:
             yield held.retriever, held.version
 
     @contextmanager
     def holding(self) -> Iterator[_Held]:
-        """The current version, kept open until exit; its ``search`` lock is the caller's
-        to take around a search (an embedding needs none)."""
+        """The current version, kept open until exit. Its retriever's searches take its
+        ``search`` lock themselves; the caller takes it around any other use of the store
+        (an embedding needs none)."""
         with self._lock:
             held = self._current
             held.users += 1
