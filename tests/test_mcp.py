@@ -126,6 +126,17 @@ async def _exercise(client: Any, cfg: RagpipeConfig, config_file: Path) -> None:
     ]:
         refused = await client.call_tool("search", arguments)
         assert refused.is_error and reason in _text(refused), (arguments, _text(refused))
+    # An argument a tool does not take is refused, as /search refuses it (422): it was
+    # dropped, and a search "filtered" to x.md answered with unfiltered hits.
+    assert all(t.input_schema["additionalProperties"] is False for t in tools.tools)
+    for name, arguments, said in [
+        ("search", {"query": "bread", "top_k": 1, "filters": {"file": "x.md"}},
+         "unknown argument(s) 'filters', 'top_k': search takes query, k, mode, file, heading"),
+        ("ask", {"question": BREAD, "stream": "sse"},
+         "unknown argument(s) 'stream': ask takes question, k, mode, file, heading"),
+    ]:  # fmt: skip
+        refused = await client.call_tool(name, arguments)
+        assert refused.is_error and said in _text(refused), _text(refused)
     unknown = await client.call_tool("delete_everything", {})
     assert unknown.is_error and "delete_everything" in _text(unknown)
 

@@ -18,7 +18,15 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, StringConstraints, ValidationError
+from pydantic import (
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    create_model,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from ragpipe.errors import RagpipeError
 from ragpipe.models.embedders import embedder_name
@@ -29,6 +37,7 @@ from ragpipe.serve.fields import JSON_INTEGER
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.tools import Tool
 
     from ragpipe.config import RagpipeConfig
     from ragpipe.serve.index import LiveIndex
@@ -121,6 +130,37 @@ async def in_thread(call: Callable[[], T]) -> T:
     return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
 
 
+def _strict(fn: Callable[..., Any]) -> "Tool":
+    """The tool of ``fn``, refusing arguments it does not take, and saying so in its input
+    schema (``additionalProperties: false``). The SDK dropped them silently: a search with
+    ``filters`` (the HTTP API's name) answered unfiltered, where /search answers 422."""
+    from mcp.server.mcpserver.tools import Tool
+
+    tool = Tool.from_function(fn)
+    loose = tool.fn_metadata.arg_model
+    accepted = list(loose.model_fields)
+
+    class Strict(loose):  # type: ignore[valid-type,misc]  # the SDK's model of fn's arguments
+        model_config = ConfigDict(extra="forbid")
+
+        @model_validator(mode="before")
+        @classmethod
+        def _known(cls, data: Any) -> Any:
+            unknown = sorted(set(data) - set(accepted)) if isinstance(data, dict) else []
+            if unknown:
+                raise PydanticCustomError(
+                    "unknown_argument",
+                    "unknown argument(s) {unknown}: {tool} takes {accepted}",
+                    {"unknown": ", ".join(map(repr, unknown)), "tool": tool.name,
+                     "accepted": ", ".join(accepted)},
+                )  # fmt: skip
+            return data
+
+    tool.fn_metadata.arg_model = create_model(loose.__name__, __base__=Strict)  # its name
+    tool.parameters = {**tool.parameters, "additionalProperties": False}
+    return tool
+
+
 def build_server(tools: IndexTools, offload: Offload[Any] = in_thread) -> "MCPServer":
     """The MCP server over ``tools``; ``offload`` runs a blocking call off the event loop."""
     from mcp.server.mcpserver import MCPServer
@@ -145,10 +185,6 @@ def build_server(tools: IndexTools, offload: Offload[Any] = in_thread) -> "MCPSe
     Heading = Annotated[
         str, Named, Field(description="Only chunks with this heading on their path.")
     ]
-    # The SDK configures the root logger when none is: not above WARNING for library callers.
-    server: MCPServer = MCPServer(
-        name="ragpipe", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
-    )
 
     async def run(
         call: Callable[[], dict[str, Any]], cancelled: threading.Event | None = None
@@ -162,7 +198,6 @@ def build_server(tools: IndexTools, offload: Offload[Any] = in_thread) -> "MCPSe
             if cancelled is not None:
                 cancelled.set()
 
-    @server.tool()
     async def search(
         query: Annotated[Text, Field(description="The question or keywords.")],
         k: K | None = None,
@@ -177,7 +212,6 @@ def build_server(tools: IndexTools, offload: Offload[Any] = in_thread) -> "MCPSe
             raise ToolError("the query is empty")
         return await run(lambda: tools.search(text, k, mode, file, heading))
 
-    @server.tool()
     async def ask(
         question: Annotated[Text, Field(description="The question to answer from the index.")],
         k: K | None = None,
@@ -193,6 +227,15 @@ def build_server(tools: IndexTools, offload: Offload[Any] = in_thread) -> "MCPSe
             raise ToolError("the question is empty")
         cancelled = threading.Event()
         return await run(lambda: tools.ask(text, k, mode, file, heading, cancelled), cancelled)
+
+    # The SDK configures the root logger when none is: not above WARNING for library callers.
+    server: MCPServer = MCPServer(
+        name="ragpipe",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        log_level="WARNING",
+        tools=[_strict(search), _strict(ask)],
+    )
 
     @server.resource(
         INDEX_URI,
