@@ -613,6 +613,19 @@ def test_cors_is_off_unless_origins_are_configured(
         assert got.headers["access-control-allow-origin"] == "https://chat.example.org"
         evil = other.options("/search", headers={**preflight, "Origin": "https://evil.example"})
         assert "access-control-allow-origin" not in evil.headers
+        # A browser's MCP client: its preflight names the MCP headers (it was refused: 400).
+        sent = "authorization, content-type, mcp-protocol-version, mcp-session-id, last-event-id"
+        agent = other.options("/mcp", headers={**preflight, "Access-Control-Request-Headers": sent})
+        assert agent.status_code == 200, agent.text
+        assert agent.headers["access-control-allow-origin"] == "https://chat.example.org"
+        allowed = agent.headers["access-control-allow-headers"].lower().split(", ")
+        assert set(sent.split(", ")) <= set(allowed)
+        ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+        called = other.post("/mcp", json=ping, headers={
+            "Origin": "https://chat.example.org", "Mcp-Protocol-Version": "2025-06-18",
+            "Accept": "application/json, text/event-stream"})  # fmt: skip
+        assert called.status_code == 200 and called.json()["result"] == {}
+        assert called.headers["access-control-allow-origin"] == "https://chat.example.org"
 
 
 def test_no_index_fails_at_start_with_what_to_run(tmp_path: Path, onnx_embedder: Any) -> None:

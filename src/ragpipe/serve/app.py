@@ -96,6 +96,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ENDPOINTS = ("/healthz", "/search", "/ask", "/metrics")
+# The headers an MCP client may send besides Authorization and Content-Type.
+MCP_HEADERS = ("Mcp-Protocol-Version", "Mcp-Session-Id", "Last-Event-ID")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -815,7 +817,9 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
             CORSMiddleware,
             allow_origins=config.serve.cors_origins,
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
+            # MCP's client sends its protocol version (and a session's id, the last event
+            # it saw): without them a browser's preflight for /mcp failed.
+            allow_headers=["Authorization", "Content-Type", *MCP_HEADERS],
         )
     pinned = pinned_hosts(config.serve)
     if pinned is not None:
