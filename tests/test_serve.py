@@ -575,6 +575,65 @@ def test_the_bearer_token_is_required_and_never_logged(
     assert secret not in caplog.text
 
 
+class Unready:
+    """An embedder whose first query fails, as an embedding server not up yet."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.failed = inner, False
+
+    def embed_query(self, text: str) -> Any:
+        if not self.failed:
+            self.failed = True
+            raise OSError("cannot reach http://10.1.2.3:11434 from /srv/ragpipe")
+        return self.inner.embed_query(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_the_open_healthz_tells_no_path_or_error_text_without_the_token(
+    tmp_path: Path, onnx_embedder: Any
+) -> None:
+    """With a token set, /healthz (open for probes) showed anyone the store's path and the
+    raw text of errors (paths, exception messages): now only with the token."""
+    cfg = _index(tmp_path, api_key="h3alth")
+    base = published.root(cfg.store.path)
+    good = published.current(cfg.store.path)
+    assert good is not None
+    (base / "broken").mkdir()  # a version that cannot be opened
+    token = {"Authorization": "Bearer h3alth"}
+    with running(create_app(cfg, Unready(onnx_embedder))) as url:
+        try:
+            (base / published.CURRENT).write_text("broken", encoding="utf-8")
+            deadline = time.monotonic() + 30
+            while (full := httpx.get(f"{url}/healthz", headers=token).json())["index"][
+                "last_reload_error"] is None:  # fmt: skip
+                assert time.monotonic() < deadline, "the broken version was never tried"
+                time.sleep(0.1)
+            open_ = httpx.get(f"{url}/healthz").json()
+            wrong = httpx.get(f"{url}/healthz", headers={"Authorization": "Bearer nope"}).json()
+        finally:
+            (base / published.CURRENT).write_text(good, encoding="utf-8")
+    assert full["index"]["store"].startswith("edge:") and str(tmp_path) in full["index"]["store"]
+    assert full["index"]["last_reload_error"].startswith("version broken: ")
+    assert "10.1.2.3" in full["query_embedder"]["warm_up_error"]
+    for seen in (open_, wrong):
+        assert seen["status"] == "ok" and "store" not in seen["index"]
+        assert seen["index"]["last_reload_error"] == "last reload failed; details with the token"
+        assert seen["query_embedder"]["warm_up_error"] == (
+            "the warm-up search failed; details with the token")  # fmt: skip
+        assert str(tmp_path) not in json.dumps(seen) and "10.1.2.3" not in json.dumps(seen)
+        # What a probe needs is all there: the version, the embedder, the counts.
+        for section in ("index", "query_embedder", "cache"):
+            kept = {k: v for k, v in full[section].items() if k in seen[section]}
+            hidden = {"last_reload_error", "warm_up_error"}
+            assert {k: v for k, v in seen[section].items() if k not in hidden} == {
+                k: v for k, v in kept.items() if k not in hidden}, section  # fmt: skip
+        assert seen["index"]["version"] == good and seen["index"]["points"] > 8
+        assert seen["index"]["failed_version"] == "broken"
+        assert seen["embedder"] == full["embedder"] == "paraphrase-MiniLM-L3-v2"
+
+
 def test_search_and_mcp_read_the_authorization_header_by_one_rule(
     served: tuple[RagpipeConfig, Any], onnx_embedder: Any
 ) -> None:

@@ -648,14 +648,29 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
             raise HTTPException(404, "no such file under eval.reports_dir")
         return FileResponse(found)
 
+    key = config.serve.api_key
+    expected = key.get_secret_value().encode() if key is not None else None
+
     # HEAD too (not in the OpenAPI document): a load balancer's check may send it (405).
     @app.head("/healthz", include_in_schema=False)
     @app.get("/healthz", response_model=Health)
-    def healthz() -> dict[str, Any]:
-        """Liveness and what is served: index version, points, embedder, uptime, cache."""
+    def healthz(request: Request) -> dict[str, Any]:
+        """Liveness and what is served: index version, points, embedder, uptime, cache.
+        With serve.api_key set, the store's location and the text of errors only with the
+        token."""
         index = service.index.describe()
         service.metrics.index_points.set(index["points"])
         embedder = service.index.embedder
+        warm_up_error = service.warm_up_error
+        # Open to any probe: without the token, no path of this machine, and no error's
+        # text (paths, a server's address, an exception's message).
+        header = next((v for k, v in request.scope["headers"] if k == b"authorization"), None)
+        if not bearer_matches(header, expected):
+            index.pop("store")
+            if index["last_reload_error"] is not None:
+                index["last_reload_error"] = f"last reload failed; {WITH_THE_TOKEN}"
+            if warm_up_error is not None:
+                warm_up_error = f"the warm-up search failed; {WITH_THE_TOKEN}"
         return {
             "status": "ok",
             "index": index,
@@ -666,7 +681,7 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
                 "dim": known_dim(embedder),  # never a call to an embedding server
                 "max_tokens": embedder.max_tokens,
                 "warm_up_ms": service.warm_up_ms,
-                "warm_up_error": service.warm_up_error,
+                "warm_up_error": warm_up_error,
             },
             "uptime_s": round(time.monotonic() - service.started, 3),
             "cache": {
@@ -828,6 +843,9 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
     return app
 
 
+WITH_THE_TOKEN = "details with the token"
+
+
 class Health(BaseModel):
     """What /healthz reports."""
 
@@ -835,14 +853,15 @@ class Health(BaseModel):
     index: dict[str, Any] = Field(
         description="version, points, published_at, files, store, switches; last_reload_error "
         "and failed_version: why the newest published version could not be opened, and which "
-        "(null once one opens)."
+        "(null once one opens). With serve.api_key set and no token sent, no store, and "
+        f"last_reload_error only says 'last reload failed; {WITH_THE_TOKEN}'."
     )
     embedder: str = Field(description="The index's embedder (the stored vectors' model).")
     query_embedder: dict[str, Any] = Field(
         description="What embeds this server's queries: name (the index's embedder), runtime "
         "(onnxruntime, torch, ollama or openai), dim (null while an embedding server has not "
         "answered), max_tokens, and the warm-up search run at start (warm_up_ms; warm_up_error "
-        "when it failed)."
+        "when it failed, its text only with the token when serve.api_key is set)."
     )
     uptime_s: float
     cache: dict[str, Any]
