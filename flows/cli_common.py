@@ -218,8 +218,8 @@ FilterOption = Annotated[
     list[str] | None,
     typer.Option(
         "--filter",
-        help="file=SUFFIX (path ends with), heading=TEXT, sha=SOURCE_SHA256; repeat to AND "
-        "different keys.",
+        help="file=SUFFIX (the stored path ends with these whole path parts: a file name, "
+        "or dir/name), heading=TEXT, sha=SOURCE_SHA256; repeat to AND different keys.",
     ),
 ]
 EmbedderOption = Annotated[

@@ -295,6 +295,36 @@ def test_search_returns_what_the_cli_prints(served: tuple[RagpipeConfig, Any]) -
     assert text.headers["content-type"].startswith("text/plain") and text.text.startswith("1. ")
 
 
+def test_a_file_filter_is_described_as_it_matches(served: tuple[RagpipeConfig, Any]) -> None:
+    """The API, the MCP tools, the CLI and the configuration said a file filter matched a
+    path "ending in this": it matches whole trailing path parts, so .md and read.md matched
+    nothing, silently."""
+    from flows.cli_common import FilterOption
+    from ragpipe.config import RetrieveConfig
+
+    _, client = served
+
+    def files(name: str) -> set[str]:
+        got = client.post("/search", json={"query": BREAD, "k": 10, "filters": {"file": name}})
+        assert got.status_code == 200, got.text
+        return {h["file_path"].rsplit("/corpus/", 1)[1] for h in got.json()["hits"]}
+
+    assert files("bread.md") == files("kitchen/bread.md") == {"kitchen/bread.md"}
+    assert files("read.md") == files(".md") == files("hen/bread.md") == set()
+    said = "ends with these whole path parts (a file name, or dir/name)"
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    assert said in schemas["Filters"]["properties"]["file"]["description"]
+    listed = client.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                         headers={"Accept": "application/json, text/event-stream"})  # fmt: skip
+    tools = listed.json()["result"]["tools"]
+    assert [said in json.dumps(t["inputSchema"]["properties"]["file"]) for t in tools] == [
+        True, True]  # fmt: skip
+    description = RetrieveConfig.model_fields["filter_file"].description
+    assert description is not None and said in description
+    help_text = FilterOption.__metadata__[0].help
+    assert "ends with these whole path parts: a file name, or dir/name" in help_text
+
+
 @pytest.mark.parametrize(
     ("body", "status", "reason"),
     [

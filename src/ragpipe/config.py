@@ -1207,7 +1207,10 @@ class RetrieveConfig(_Section):
         "lowered NDCG.",
     )
     filter_file: str | None = Field(
-        default=None, description="Only chunks of files whose path ends with this."
+        default=None,
+        description="Only chunks of a file whose stored path ends with these whole path parts "
+        "(a file name, or dir/name): bread.md and kitchen/bread.md match kitchen/bread.md, "
+        "read.md and .md match nothing.",
     )
     filter_heading: str | None = Field(
         default=None, description="Only chunks under a heading with exactly this text."

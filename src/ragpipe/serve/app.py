@@ -138,7 +138,12 @@ class Filters(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     # Stripped, and never empty (as the CLI's --filter): "" filtered nothing at all.
-    file: _Named | None = Field(default=None, description="A stored file path ending in this.")
+    file: _Named | None = Field(
+        default=None,
+        description="Only chunks of a file whose stored path ends with these whole path parts "
+        "(a file name, or dir/name): bread.md and kitchen/bread.md match kitchen/bread.md, "
+        "read.md and .md match nothing.",
+    )
     heading: _Named | None = Field(default=None, description="A heading on the chunk's path.")
     sha: _Named | None = Field(default=None, description="The source file's SHA-256.")
 

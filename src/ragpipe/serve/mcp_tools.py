@@ -180,7 +180,13 @@ def build_server(tools: IndexTools, offload: Offload[Any] = in_thread) -> "MCPSe
     # matched no file, where the CLI's --filter refuses the one and strips the other.
     Named = StringConstraints(strip_whitespace=True, min_length=1)
     File = Annotated[
-        str, Named, Field(description="Only chunks of a stored file path ending in this.")
+        str,
+        Named,
+        Field(
+            description="Only chunks of a file whose stored path ends with these whole path "
+            "parts (a file name, or dir/name): bread.md and kitchen/bread.md match "
+            "kitchen/bread.md, read.md and .md match nothing."
+        ),
     ]
     Heading = Annotated[
         str, Named, Field(description="Only chunks with this heading on their path.")
