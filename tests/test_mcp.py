@@ -278,6 +278,14 @@ def test_a_full_answer_queue_and_a_foreign_host_are_refused_with_reasons(
         page = httpx.post(f"{url}/mcp", json=ping,
                           headers={**accept, "Origin": "https://evil.example"})  # fmt: skip
         assert page.status_code == 403
+        # A host's name in any case, as DNS reads it, on /mcp as on /search (421 and 403).
+        port = url.rsplit(":", 1)[1]
+        for shouted in [{"Host": f"LOCALHOST:{port}"}, {"Host": "Ragpipe.Internal:8080"},
+                        {"Origin": f"HTTP://LocalHost:{port}"}]:  # fmt: skip
+            got = httpx.post(f"{url}/mcp", json=ping, headers={**accept, **shouted})
+            assert got.status_code == 200, (shouted, got.status_code, got.text)
+            found = httpx.post(f"{url}/search", json={"query": BREAD}, headers=shouted)
+            assert found.status_code == 200, (shouted, found.text)
         # ... and so does every other endpoint: a rebound page read /search and the reports.
         evil = {"Host": "evil.example:8080"}
         for method, path in [("POST", "/search"), ("POST", "/ask"), ("GET", "/reports/"),

@@ -1360,6 +1360,12 @@ def test_malformed_numbers_and_text_get_422_not_500(served: tuple[RagpipeConfig,
         assert got.status_code == 422, (raw, got.status_code, got.text)
         detail = got.json()["detail"]
         assert detail and (isinstance(detail, str) or {"loc", "msg", "type"} <= set(detail[0]))
+    # Said as what it is (it was "got a number with a fraction").
+    for raw, read in (("1e400", "inf"), ("NaN", "nan"), ("-Infinity", "-inf")):
+        got = client.post("/search", content=f'{{"query": "bread", "k": {raw}}}', headers=headers)
+        assert got.status_code == 422 and [e["msg"] for e in got.json()["detail"]] == [
+            f"Value error, Input should be a valid integer, got {read}: not a finite number"
+        ]
 
 
 # What POST /search may be sent: (body, content type, token); a list is sent in chunks. The

@@ -824,7 +824,7 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
     # where none is set) and kept a shutdown waiting. The spec allows 405. Each POST is its
     # own session, so a cancel notification (another POST) cannot reach a call: a client
     # cancels by closing the request, and that cancels its handler.
-    mcp = _CancelOnDisconnect(agents.endpoint)
+    mcp = _CancelOnDisconnect(_LowerCaseHost(agents.endpoint))
     app.router.routes.append(Route("/mcp", _Bearer(mcp, config.serve.api_key), methods=["POST"]))
 
     # Outermost last: every request is measured, a loopback server's Host and Origin are
@@ -1160,6 +1160,24 @@ class _Bearer:
                 )  # fmt: skip
                 await denied(scope, receive, send)
                 return
+        await self.app(scope, receive, send)
+
+
+class _LowerCaseHost:
+    """Host and Origin in lower case for the MCP SDK's DNS-rebinding guard, which compares
+    them as sent: ``LOCALHOST:8080`` got 421 from /mcp and ``http://LOCALHOST:8080`` 403,
+    where every other endpoint (``_PinnedHost``) takes a host's name in any case, as DNS
+    does."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            folded = [
+                (k, v.lower() if k in (b"host", b"origin") else v) for k, v in scope["headers"]
+            ]
+            scope = {**scope, "headers": folded}
         await self.app(scope, receive, send)
 
 
