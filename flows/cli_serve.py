@@ -87,7 +87,7 @@ def mcp(
     """
     plain_env(verbose=False)  # warnings to stderr; SIGTERM unwinds (the reader copy goes)
     from ragpipe.serve.index import LiveIndex
-    from ragpipe.serve.mcp_tools import IndexTools, build_server
+    from ragpipe.serve.mcp_tools import IndexTools, build_server, serve_stdio
 
     try:
         cfg = load_config(config, index_overrides(store_path, embedder))
@@ -97,6 +97,6 @@ def mcp(
     index.start()
     try:
         server = build_server(IndexTools(index, cfg))
-        server.run("stdio")
+        serve_stdio(server)
     finally:
         index.close()

@@ -243,6 +243,60 @@ def test_stdio_writes_only_protocol_and_sigterm_cleans_up(
     assert set(readers.iterdir()) == before  # removed on the way out
 
 
+def test_stdio_answers_a_line_it_cannot_read(indexed: tuple[RagpipeConfig, Path]) -> None:
+    """A line the SDK could not read (a lone surrogate in the arguments, JSON cut short, JSON
+    that is no JSON-RPC message) got no reply and no log: the client waited until it timed
+    out. Each is answered with a JSON-RPC error (to the request's id where the line names
+    one) and a warning on stderr, and the server goes on serving."""
+    _, config_file = indexed
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ragpipe"), "mcp", "--config", str(config_file)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])},
+    )  # fmt: skip
+    assert process.stdin is not None and process.stdout is not None
+    search = {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+              "params": {"name": "search", "arguments": {"query": BREAD, "k": 1}}}  # fmt: skip
+    lines = [
+        json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"}}}),
+        json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        '{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "search", '
+        '"arguments": {"query": "\\ud800 bread"}}}',
+        '{"jsonrpc": "2.0", "id": 3, "meth',
+        "[1, 2, 3]",
+        json.dumps(search),
+    ]  # fmt: skip
+    assert "\\ud800" in lines[2]  # the escape itself, as a client's JSON writer sends it
+    process.stdin.write("".join(line + "\n" for line in lines).encode())
+    process.stdin.flush()
+    replies = []
+    while not any(r.get("id") == 4 for r in replies):
+        line = process.stdout.readline()
+        assert line, process.stderr.read().decode()[-3000:] if process.stderr else ""
+        replies.append(json.loads(line))
+    _, errors = process.communicate(timeout=60)  # stdin closed: the server ends
+    assert process.returncode == 0, errors.decode()[-3000:]
+    by_id = [(r.get("id"), r.get("error", {}).get("code")) for r in replies]
+    assert by_id == [(1, None), (2, -32700), (None, -32700), (None, -32600), (4, None)]
+    assert "lone surrogate (such as \\ud800)" in replies[1]["error"]["message"]
+    assert "not JSON: Invalid JSON" in replies[2]["error"]["message"]
+    assert "not a JSON-RPC 2.0" in replies[3]["error"]["message"]
+    found = json.loads(replies[4]["result"]["content"][0]["text"])
+    assert found["hits"][0]["file_path"].endswith("bread.md")
+    warned = [li for li in errors.decode().splitlines() if "could not be read" in li]
+    assert warned == [
+        "MCP: a message on stdin could not be read (a string holds a lone surrogate (such as "
+        "\\ud800): not Unicode text); answered with JSON-RPC error -32700 (id 2)",
+        "MCP: a message on stdin could not be read (not JSON: Invalid JSON: control character "
+        "(\\u0000-\\u001F) found while parsing a string at line 2 column 0); answered with "
+        "JSON-RPC error -32700 (id null)",
+        "MCP: a message on stdin could not be read (not a JSON-RPC 2.0 request, notification "
+        "or response); answered with JSON-RPC error -32600 (id null)",
+    ], errors.decode()[-3000:]
+
+
 def test_a_full_answer_queue_and_a_foreign_host_are_refused_with_reasons(
     indexed: tuple[RagpipeConfig, Path],
 ) -> None:

@@ -14,9 +14,10 @@ the reason, never as a crash of the server.
 # No ``from __future__ import annotations``: the SDK reads the tools' signatures, whose
 # types are made in ``build_server`` from this server's limits.
 import json
+import logging
 import threading
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, cast
 
 from pydantic import (
     ConfigDict,
@@ -36,11 +37,16 @@ from ragpipe.query.render import search_json
 from ragpipe.serve.fields import JSON_INTEGER
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.tools import Tool
+    from mcp.shared.message import SessionMessage
 
     from ragpipe.config import RagpipeConfig
     from ragpipe.serve.index import LiveIndex
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Offload = Callable[[Callable[[], T]], Awaitable[T]]
@@ -253,3 +259,117 @@ def build_server(tools: IndexTools, offload: Offload[Any] = in_thread) -> "MCPSe
         return json.dumps(await offload(tools.describe))
 
     return server
+
+
+# -- stdio ---------------------------------------------------------------------------
+
+
+def serve_stdio(server: "MCPServer") -> None:
+    """``server`` on stdin and stdout, as ``server.run("stdio")`` serves it, but a line the
+    SDK cannot read is answered: a JSON-RPC error (-32700, or -32600 for JSON that is not
+    a JSON-RPC message), to the request's id where the line names one, and a warning on
+    stderr. The SDK dropped such a line with a DEBUG log (a lone surrogate, ``\\ud800``, in
+    a tool's arguments): its client waited for the reply until it timed out."""
+    import anyio
+
+    anyio.run(_serve_stdio, server)
+
+
+async def _serve_stdio(server: "MCPServer") -> None:
+    from mcp.server.stdio import stdio_server
+
+    lowlevel = server._lowlevel_server  # what MCPServer.run_stdio_async serves
+    async with stdio_server() as (read_stream, write_stream):
+        await lowlevel.run(
+            _Answered(read_stream, write_stream),
+            write_stream,
+            lowlevel.create_initialization_options(),
+        )
+
+
+class _Answered:
+    """The SDK's stream of messages read from stdin, where a line it could not read (an
+    exception in the stream, which its dispatcher drops) is answered and logged instead."""
+
+    def __init__(self, inner: Any, replies: Any) -> None:
+        self._inner, self._replies = inner, replies
+
+    @property
+    def last_context(self) -> Any:  # the sender's context, as the SDK's own stream keeps it
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> "SessionMessage":
+        while True:
+            item = await self._inner.receive()
+            if not isinstance(item, Exception):
+                return cast("SessionMessage", item)
+            await self._answer(item)
+
+    async def _answer(self, exc: Exception) -> None:
+        from mcp.shared.message import SessionMessage
+        from mcp_types import ErrorData, JSONRPCError
+
+        code, reason, request_id = unreadable(exc)
+        logger.warning(
+            "MCP: a message on stdin could not be read (%s); answered with JSON-RPC error %d "
+            "(id %s)", reason, code, json.dumps(request_id),
+        )  # fmt: skip
+        error = ErrorData(code=code, message=f"cannot read the message: {reason}")
+        await self._replies.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=request_id,
+                                                             error=error)))  # fmt: skip
+
+    def __aiter__(self) -> "_Answered":
+        return self
+
+    async def __anext__(self) -> "SessionMessage":
+        import anyio
+
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> "_Answered":
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: "TracebackType | None",
+    ) -> None:
+        await self.aclose()
+
+
+def unreadable(exc: Exception) -> tuple[int, str, int | str | None]:
+    """What a line the SDK could not read is answered with: the JSON-RPC error code, why,
+    and the request's id when the line names one (so that its client stops waiting)."""
+    from mcp_types import INVALID_REQUEST, PARSE_ERROR
+
+    errors = exc.errors() if isinstance(exc, ValidationError) else []
+    if not errors:
+        return PARSE_ERROR, f"{type(exc).__name__}: {exc}", None
+    first = errors[0]
+    if first["type"] == "json_invalid":
+        try:  # Python's parser reads what the SDK's refuses: a lone surrogate
+            parsed = json.loads(first["input"])
+        except (TypeError, ValueError, RecursionError):
+            return PARSE_ERROR, f"not JSON: {first['msg']}", None
+        try:
+            json.dumps(parsed, ensure_ascii=False).encode("utf-8")
+            reason = str(first["msg"])
+        except UnicodeEncodeError:
+            reason = "a string holds a lone surrogate (such as \\ud800): not Unicode text"
+        return PARSE_ERROR, reason, _request_id(parsed)
+    # JSON, but no JSON-RPC message: each error is one kind of message it is not.
+    data = next((e["input"] for e in errors if isinstance(e.get("input"), dict)), None)
+    return INVALID_REQUEST, "not a JSON-RPC 2.0 request, notification or response", (
+        _request_id(data))  # fmt: skip
+
+
+def _request_id(message: Any) -> int | str | None:
+    found = message.get("id") if isinstance(message, dict) else None
+    return found if isinstance(found, str) or type(found) is int else None
