@@ -196,6 +196,17 @@ def test_serve_offers_mcp_over_http_behind_its_token(
         _run(session)
 
 
+def _stdio_server(config_file: Path) -> subprocess.Popen[bytes]:
+    """A real `ragpipe mcp` on pipes (the test's checkout first on its path)."""
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ragpipe"), "mcp", "--config", str(config_file)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])},
+    )  # fmt: skip
+    assert process.stdin is not None and process.stdout is not None
+    return process
+
+
 def test_stdio_writes_only_protocol_and_sigterm_cleans_up(
     indexed: tuple[RagpipeConfig, Path],
 ) -> None:
@@ -205,12 +216,7 @@ def test_stdio_writes_only_protocol_and_sigterm_cleans_up(
     cfg, config_file = indexed
     readers = published.root(cfg.store.path) / published.READERS
     before = set(readers.iterdir()) if readers.exists() else set()
-    process = subprocess.Popen(
-        [str(Path(sys.executable).parent / "ragpipe"), "mcp", "--config", str(config_file)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])},
-    )  # fmt: skip
-    assert process.stdin is not None and process.stdout is not None
+    process = _stdio_server(config_file)
     messages = [
         {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {},
@@ -249,12 +255,7 @@ def test_stdio_answers_a_line_it_cannot_read(indexed: tuple[RagpipeConfig, Path]
     out. Each is answered with a JSON-RPC error (to the request's id where the line names
     one) and a warning on stderr, and the server goes on serving."""
     _, config_file = indexed
-    process = subprocess.Popen(
-        [str(Path(sys.executable).parent / "ragpipe"), "mcp", "--config", str(config_file)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])},
-    )  # fmt: skip
-    assert process.stdin is not None and process.stdout is not None
+    process = _stdio_server(config_file)
     search = {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
               "params": {"name": "search", "arguments": {"query": BREAD, "k": 1}}}  # fmt: skip
     lines = [
