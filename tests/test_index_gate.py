@@ -301,9 +301,16 @@ def _run_logs(run_id: Any) -> list[str]:
             time.sleep(0.5)
 
 
-def test_the_flow_emits_promoted_and_held_events(prefect_harness: None, tmp_path: Path) -> None:
+def test_the_flow_emits_promoted_and_held_events(
+    prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import flows.logs
     from flows.events import index_resource
     from flows.ingest import ingest_flow
+
+    # A flow's own level (INFO), as on a worker: a CLI test earlier in this process asked
+    # for WARNING (flows.logs._level), which kept the INFO line below from the run's logs.
+    monkeypatch.setattr(flows.logs, "_level", None)
 
     corpus = write_topics(tmp_path / "corpus", 6, ".txt")
     cfg = _config(corpus, tmp_path)
