@@ -532,3 +532,53 @@ def test_an_mcp_ask_over_http_stops_when_its_client_goes_away(
                 assert slow.ended[-1] == "cancelled" and slow.written <= at_cancel + 5
 
         _run(session)
+
+
+def _unreadable(line: str) -> Exception:
+    """What the SDK's stdio reader raises on ``line`` (its own parse)."""
+    import mcp_types
+
+    try:
+        mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except Exception as exc:
+        return exc
+    raise AssertionError(f"{line!r} was read")
+
+
+def test_a_broken_response_and_a_blank_line_get_no_error_under_a_clients_id() -> None:
+    """The review of the stdio answers: a broken *response* (to a request of this server's,
+    whose ids count like the client's) was answered under its id, failing the client's own
+    pending request 5; a blank line between messages drew an error and a warning."""
+    from ragpipe.serve.mcp_tools import _blank, unreadable
+
+    request = '{"jsonrpc": "2.0", "id": 5, "method": "tools/list", "params": {"x": "\\ud800"}}'
+    assert unreadable(_unreadable(request))[2] == 5  # a request: answered under its id
+    response = '{"jsonrpc": "2.0", "id": 5, "result": {"x": "\\ud800"}}'
+    assert unreadable(_unreadable(response))[2] is None
+    assert _blank(_unreadable("\n")) and _blank(_unreadable("  \r\n"))
+    assert not _blank(_unreadable("{"))
+
+
+def test_an_error_behind_the_disconnect_watch_is_raised_as_itself() -> None:
+    """The review: the watch's task group wrapped what the MCP app raised in an
+    ExceptionGroup, which none of the app's exception handlers matches (a plain 500)."""
+    import anyio
+
+    from ragpipe.serve.app import _CancelOnDisconnect
+
+    async def broken(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        raise ValueError("the handler's own error")
+
+    async def receive() -> dict[str, Any]:
+        await anyio.sleep(0)
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: Any) -> None:
+        raise AssertionError("nothing is sent")
+
+    async def call() -> None:
+        await _CancelOnDisconnect(broken)({"type": "http", "path": "/mcp"}, receive, send)
+
+    with pytest.raises(ValueError, match="the handler's own error"):
+        anyio.run(call)

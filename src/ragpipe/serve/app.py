@@ -1221,21 +1221,26 @@ class _CancelOnDisconnect:
                 answered = True
             await send(message)
 
-        async with anyio.create_task_group() as group:
+        try:
+            async with anyio.create_task_group() as group:
 
-            async def watch() -> None:
-                while not gone.is_set():
-                    if (await receive())["type"] == "http.disconnect":
-                        gone.set()
-                if not answered:
-                    logger.info("%s: the client went away; its request is cancelled",
-                                scope.get("path"))  # fmt: skip
-                    group.cancel_scope.cancel()
+                async def watch() -> None:
+                    while not gone.is_set():
+                        if (await receive())["type"] == "http.disconnect":
+                            gone.set()
+                    if not answered:
+                        logger.info("%s: the client went away; its request is cancelled",
+                                    scope.get("path"))  # fmt: skip
+                        group.cancel_scope.cancel()
 
-            if not gone.is_set():
-                group.start_soon(watch)
-            await self.app(scope, replay, sending)
-            group.cancel_scope.cancel()  # answered: the watch ends
+                if not gone.is_set():
+                    group.start_soon(watch)
+                await self.app(scope, replay, sending)
+                group.cancel_scope.cancel()  # answered: the watch ends
+        except BaseExceptionGroup as raised:  # the task group wraps the handler's error:
+            if len(raised.exceptions) == 1:  # raised as is, the app's handlers match it
+                raise raised.exceptions[0] from None
+            raise
 
 
 def _authorisation(key: SecretStr | None) -> tuple[list[Any], dict[int | str, dict[str, Any]]]:

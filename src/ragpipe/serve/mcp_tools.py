@@ -309,6 +309,8 @@ class _Answered:
         from mcp.shared.message import SessionMessage
         from mcp_types import ErrorData, JSONRPCError
 
+        if _blank(exc):  # a client's empty line between messages: nothing to answer
+            return
         code, reason, request_id = unreadable(exc)
         logger.warning(
             "MCP: a message on stdin could not be read (%s); answered with JSON-RPC error %d "
@@ -344,6 +346,13 @@ class _Answered:
         await self.aclose()
 
 
+def _blank(exc: Exception) -> bool:
+    """The line the SDK could not read held nothing but white space."""
+    errors = exc.errors() if isinstance(exc, ValidationError) else []
+    text = errors[0].get("input") if errors and errors[0]["type"] == "json_invalid" else None
+    return isinstance(text, str | bytes) and not text.strip()
+
+
 def unreadable(exc: Exception) -> tuple[int, str, int | str | None]:
     """What a line the SDK could not read is answered with: the JSON-RPC error code, why,
     and the request's id when the line names one (so that its client stops waiting)."""
@@ -371,5 +380,9 @@ def unreadable(exc: Exception) -> tuple[int, str, int | str | None]:
 
 
 def _request_id(message: Any) -> int | str | None:
-    found = message.get("id") if isinstance(message, dict) else None
+    """The id of a request (a message with a method): a response's id is one of this
+    server's own, and an error sent under it would fail another of the client's calls."""
+    if not isinstance(message, dict) or "method" not in message:
+        return None
+    found = message.get("id")
     return found if isinstance(found, str) or type(found) is int else None
