@@ -151,8 +151,12 @@ CACHEABLE = ("plan", "convert", "clean", "chunk", "embed", "upsert")
 
 
 def test_an_unchanged_night_shows_its_stage_tasks_cached_and_a_setting_reruns_its_stage_only(
-    prefect_harness: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    prefect_harness: None,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    import flows.logs
     from flows.ingest import ingest_flow
     from tests.support.corpora import make_config, stored, write_topics
 
@@ -214,7 +218,9 @@ def test_an_unchanged_night_shows_its_stage_tasks_cached_and_a_setting_reruns_it
     library = logging.getLogger("ragpipe")  # Prefect's logging keeps it from the root
     library.addHandler(caplog.handler)
     level = library.level
-    library.setLevel(logging.INFO)
+    # The flow's own level (INFO, as on a worker): a CLI test earlier in this process may
+    # have asked for WARNING (flows.logs._level), which the flow sets as it starts.
+    monkeypatch.setattr(flows.logs, "_level", logging.INFO)
     try:
         night = ingest_flow(guard, return_state=True)
     finally:
