@@ -280,3 +280,62 @@ def test_a_text_files_comment_lines_meet_the_users_patterns() -> None:
     patterns = ["SPDX-License-Identifier", "Copyright"]
     result = clean_markdown(licence, CleanConfig(extra_patterns=patterns), "text")
     assert result.markdown == "x\n" and result.dropped == {"custom": 3}
+
+
+def test_a_contents_page_of_one_entry_per_paragraph_is_judged_as_one() -> None:
+    """A PDF's contents page sets each chapter's entry apart, one paragraph each, and the
+    TOC rule judged block by block, needing three lines: 197 of the R manuals' 1959
+    chunks were mostly dot leaders. A run of adjacent entries is now one candidate, over a
+    page break, up to the next heading or text."""
+    toc = (
+        "## Table of Contents\n\n1 Introduction . . . . . . . . . . 1\n\n"
+        "2 R Basics. . . . . . . . . . 3\n\n3 R and S . . . . . . . . 12\n"
+    )
+    result = clean_markdown(toc, CleanConfig(), "pdf")
+    assert result.markdown == "## Table of Contents\n"
+    assert result.dropped == {"toc": 3}
+    # Entries joined on a line and index entries with pages after a comma are entries; a
+    # contents page goes on over the page (its marker kept), and the text after it stays.
+    pages = (
+        "## Contents\n\nAcknowledgements . . . . . . . . . . . 1\n\n"
+        "3.1 EpiInfo, Minitab . . . . . . . 15 3.2 Octave . . . . . . . . 16\n\n"
+        "<!-- ragpipe:page 4 -->\n\nConcept index. . . . . . . . . . . . 36, 37\n\n"
+        "## Acknowledgements\n\nThe manual owes much to its readers.\n"
+    )
+    result = clean_markdown(pages, CleanConfig(), "pdf")
+    assert result.markdown == (
+        "## Contents\n\n<!-- ragpipe:page 4 -->\n\n"
+        "## Acknowledgements\n\nThe manual owes much to its readers.\n"
+    )
+    assert result.dropped == {"toc": 3}
+    # Markdown gets the rule too; numbered sections with rising pages are entries.
+    numbered = "# Contents\n\n1 Introduction 1\n\n1.1 Scope 2\n\n2 Methods 5\n\nBody.\n"
+    result = clean_markdown(numbered, CleanConfig(), "markdown")
+    assert result.markdown == "# Contents\n\nBody.\n" and result.dropped == {"toc": 3}
+
+
+def test_short_lists_and_entries_apart_from_each_other_are_kept() -> None:
+    """What a run of one-paragraph entries must not take: real short lists, lines that end
+    in a number after a gap or one space, two entries (under toc_min_lines), and entries
+    with text between them (not adjacent)."""
+    kept = [
+        "- Install R\n\n- Run the tests\n\n- Read chapter 2",
+        "1. Preheat to 180\n\n2. Knead for 10\n\n3. Bake for 35",
+        "1 Sign the contract within 30\n\n2 Pay the deposit within 60\n\n3 Move in after 90",
+        "Flour\t200\n\nSugar\t100\n\nEggs\t2",  # a gap is no entry across paragraphs
+        "Results: Group A ........ 12 patients\n\nGroup B ........ 15 patients\n\n"
+        "Group C ........ 9 patients",
+        "Introduction . . . . . . . . 1\n\nUsage . . . . . . . . 3",  # two: not enough
+        "Introduction . . . . . . . . 1\n\nThe chapters follow.\n\nUsage . . . . . . . . 3\n\n"
+        "More text.\n\nErrors . . . . . . . . 7",
+    ]
+    for text in kept:
+        for kind in ("markdown", "pdf"):
+            result = clean_markdown(f"# Notes\n\n{text}\n", CleanConfig(), kind)
+            assert result.markdown == f"# Notes\n\n{text}\n", (kind, text)
+            assert result.dropped == {}, (kind, text)
+    # A heading ends the run: two entries on each side of one are two short lists.
+    split = (
+        "Intro . . . . . . . 1\n\nUsage . . . . . . . 3\n\n## Part two\n\nErrors . . . . . . 7\n"
+    )
+    assert clean_markdown(split, CleanConfig(), "pdf").markdown == split

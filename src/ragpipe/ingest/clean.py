@@ -33,8 +33,9 @@ from ragpipe.schemas import (
 STAGE = "clean"
 # 3: tables: cell padding removed, a TOC only by its dot leaders. 4: rules by kind, a TOC
 # entry needs a page-number gap, comments only within a block, indentation kept. 5: no
-# contents page in a record; leaders need the next entry after their page number.
-CLEAN_VERSION = "5"
+# contents page in a record; leaders need the next entry after their page number. 6: a
+# contents page or index of one entry per paragraph is judged as one block.
+CLEAN_VERSION = "6"
 
 _PAGE_MARKER = re.compile(PAGE_MARKER_RE)
 
@@ -137,6 +138,12 @@ _LEADER_ENTRY = re.compile(
 # at least half of the block (0.66 and 0.75 in R-ints and R-lang; prose 0.24 to 0.37).
 _LONG_LEADER = re.compile(rf"(?:\.\s?){{8,}}\s*{_PAGE}\b")
 _INDEX_SHARE = 0.5
+# A line that ends in leaders to its page or pages: a contents or index entry that is a
+# paragraph of its own ("2 R Basics. . . . . . 3", "cbind . . . . 26, 58"; R's index term
+# ".." runs into its leaders), as a PDF's contents page comes when every chapter's entry is
+# set apart.
+_LEADER_TO_PAGES = re.compile(rf"(?:\.\s?){{4,}}\s*{_PAGE}(?:\s*,\s*{_PAGE})*$")
+
 # The delimiter row under a pipe table's header (``|---|:-:|``, Docling also writes ``| - |``).
 TABLE_DELIMITER = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
 
@@ -329,6 +336,60 @@ def _is_toc(block: str, config: CleanConfig) -> bool:
     return len(runs) >= config.toc_min_lines and sum(runs) >= _INDEX_SHARE * len(block)
 
 
+def _entry_block(block: str) -> bool:
+    """Whether every line of ``block`` could be one contents or index entry: it ends in
+    leaders to its pages, or starts with a section number and ends in one (``2.1 Data
+    7``). A gap before the number (``Flour  200``) is not enough across paragraphs."""
+    lines = [ln.strip() for ln in block.split("\n") if ln.strip()]
+    return bool(lines) and all(
+        not ln.startswith(("#", "|"))
+        and (_LEADER_TO_PAGES.search(ln) is not None or _NUMBERED_ENTRY.match(ln) is not None)
+        for ln in lines
+    )
+
+
+def _toc_blocks(blocks: list[str], config: CleanConfig) -> set[int]:
+    """Which of ``blocks`` are a contents page or a book index, by index.
+
+    A block is judged alone, and so is each run of adjacent blocks that are all entries
+    (``_entry_block``): a PDF's contents page sets each chapter's entry apart, one
+    paragraph each, and a run of them is judged as the lines of one block. Page markers
+    do not end a run (a contents page goes on over the page), headings and text do.
+
+    Args:
+        blocks: The document's blocks (``_blocks``), comments removed.
+        config: The TOC settings.
+    """
+    drop: set[int] = set()
+    run: list[int] = []
+    texts: dict[int, str] = {}
+
+    def judge() -> None:
+        if len(run) > 1 and _is_toc("\n".join(texts[i] for i in run), config):
+            drop.update(run)
+        run.clear()
+
+    for i, block in enumerate(blocks):
+        stripped = block.strip()
+        if _PAGE_MARKER.match(stripped):
+            continue
+        if opens_fence(stripped):
+            judge()
+            continue
+        if _entry_block(block):
+            texts[i] = block
+        else:
+            judge()
+            if _is_toc(block, config):
+                drop.add(i)
+            continue
+        if _is_toc(texts[i], config):
+            drop.add(i)
+        run.append(i)
+    judge()
+    return drop
+
+
 # Which rules a document's kind gets; a kind not listed gets MARKUP.
 PAGE_RULES = frozenset({"toc", "boilerplate", "page_furniture", "hyphenation", "comments"})
 MARKUP = frozenset({"toc", "boilerplate", "comments"})
@@ -385,19 +446,30 @@ def clean_markdown(markdown: str, config: CleanConfig, kind: str | None = None) 
         return CleanResult(cleaned + "\n" if cleaned.strip() else "",
                            {k: v for k, v in dropped.items() if v})  # fmt: skip
 
-    out: list[str] = []
+    blocks: list[str] = []
     for block in _blocks(markdown):
         stripped = block.strip()
-        if opens_fence(stripped) or _PAGE_MARKER.match(stripped):
-            out.append(block)
-            continue
-        if config.html_comments and "comments" in rules:
+        if (
+            config.html_comments
+            and "comments" in rules
+            and not (opens_fence(stripped) or _PAGE_MARKER.match(stripped))
+        ):
             block, n = strip_comments(block)  # within a block: never a section's text
             dropped["html_comment"] += n
             if not block.strip():
                 continue
-        if config.toc and "toc" in rules and _is_toc(block, config):
-            dropped["toc"] += 1
+        blocks.append(block)
+    toc: set[int] = set()
+    if config.toc and "toc" in rules:
+        toc = _toc_blocks(blocks, config)
+        dropped["toc"] += len(toc)
+    out: list[str] = []
+    for i, block in enumerate(blocks):
+        stripped = block.strip()
+        if i in toc:
+            continue
+        if opens_fence(stripped) or _PAGE_MARKER.match(stripped):
+            out.append(block)
             continue
         kept_lines = []
         for line in block.split("\n"):
