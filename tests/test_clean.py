@@ -339,3 +339,40 @@ def test_short_lists_and_entries_apart_from_each_other_are_kept() -> None:
         "Intro . . . . . . . 1\n\nUsage . . . . . . . 3\n\n## Part two\n\nErrors . . . . . . 7\n"
     )
     assert clean_markdown(split, CleanConfig(), "pdf").markdown == split
+
+
+def test_a_pdfs_book_index_set_as_code_is_judged_and_real_code_kept() -> None:
+    """The fast converter fences lines set in a monospace font, and R's manuals set their
+    function index so (14.6 KB of R-intro's index, 14.3 KB of R-ints'); cleaning never
+    looked inside a fence. In a PDF a fence whose every line ends in leaders to its pages
+    (or is a term wrapped onto an indented line that does) is judged as entries."""
+    index = "```\ncbind. . . . . . . 26\ncoef . . . . . . 58\nc . . . . . . . . 7, 9\n```\n"
+    result = clean_markdown(f"## Index\n\n{index}", CleanConfig(), "pdf")
+    assert result.markdown == "## Index\n" and result.dropped == {"toc": 1}
+    # Two fenced lines are short alone, but part of the index's run of entries.
+    run = (
+        "## Function and variable index\n\n..dbf . . . . . . . . . . 21\n\n"
+        "```\n.xls . . . . . . . . . . 23, 32\n.xlsx. . . . . . . . . . 32\n```\n\n"
+        "Bbzfile. . . . . . . . . . 26\n\n"
+        "```\n_R_CHECK_BUILD_VIGNETTES_\n  ELAPSED_TIMEOUT_ . . . . . . 65\n```\n"
+    )
+    result = clean_markdown(run, CleanConfig(), "pdf")
+    assert result.markdown == "## Function and variable index\n"
+    assert result.dropped == {"toc": 4}
+    # A Markdown author's code block is never judged, whatever it holds.
+    assert clean_markdown(index, CleanConfig(), "markdown").markdown == index
+    # Real code with dots, and output whose leaders end in no page, stay in a PDF too; so
+    # do a line of code before leaders (no wrapped term: not indented under it) and a
+    # fence left open.
+    for code in [
+        '```\nf <- function(x, ...) UseMethod("f")\nx[1:3]\nfor (i in 1:10) cat(i, "....")\n```',
+        "```\nChecking files . . . . . . done\nChecking links . . . . . . done\n"
+        "Checking style . . . . . . done\n```",
+        "```\nsummary(fit)\nResiduals . . . . . . 12\nCoefficients . . . . . 3\n"
+        "Sigma . . . . . . 5\n```",
+        "```\ncbind. . . . . . . 26\ncoef . . . . . . 58\nc . . . . . . . . 7, 9\n",
+        "```\ncbind. . . . . 26\ncoef . . . . 58\n```",  # two entries alone: too few
+    ]:
+        text = f"Run this:\n\n{code}\n\nThen read the output.\n"
+        result = clean_markdown(text, CleanConfig(), "pdf")
+        assert result.markdown == text and result.dropped == {}, code

@@ -2,8 +2,8 @@
 
 Every rule is switchable in :class:`~ragpipe.config.CleanConfig`, and every
 removal or fix is counted by reason, so a run can say what cleaning did.
-Fenced code blocks and ragpipe's page markers are left untouched, and so are
-table rows by the line rules.
+Fenced code blocks and ragpipe's page markers are left untouched (but for a PDF's fenced
+book index, see ``_index_listing``), and so are table rows by the line rules.
 
 Rules follow the document's kind (``KIND_RULES``): page furniture (page numbers,
 download stamps, print timestamps, IP addresses) and words hyphenated across a
@@ -34,8 +34,9 @@ STAGE = "clean"
 # 3: tables: cell padding removed, a TOC only by its dot leaders. 4: rules by kind, a TOC
 # entry needs a page-number gap, comments only within a block, indentation kept. 5: no
 # contents page in a record; leaders need the next entry after their page number. 6: a
-# contents page or index of one entry per paragraph is judged as one block.
-CLEAN_VERSION = "6"
+# contents page or index of one entry per paragraph is judged as one block. 7: so is a
+# PDF's book index set as code.
+CLEAN_VERSION = "7"
 
 _PAGE_MARKER = re.compile(PAGE_MARKER_RE)
 
@@ -164,6 +165,7 @@ class CleanResult:
 # Backticks only: Docling writes every code block so, and a converted paragraph that starts
 # "~~~ Part two ~~~" is text (read as a fence, it took every later heading).
 _FENCE = re.compile(r"\s*(`{3,})(.*)")
+_FENCE_CLOSE = re.compile(r"\s*`{3,}\s*")
 
 
 class Fences:
@@ -348,7 +350,34 @@ def _entry_block(block: str) -> bool:
     )
 
 
-def _toc_blocks(blocks: list[str], config: CleanConfig) -> set[int]:
+def _index_listing(block: str) -> str | None:
+    """The lines of a fenced block that is a book index, or None.
+
+    The fast PDF converter fences lines set in a monospace font, and R's manuals set their
+    function index so: 14 KB of ``cbind . . . . . 26`` in R-intro was kept as code. Every
+    line must end in leaders to its pages, or be a term wrapped onto the next, indented,
+    line that does (``_R_CHECK_BUILD_VIGNETTES_`` then ``  ELAPSED_TIMEOUT_ . . . 65``).
+    """
+    rows = block.strip("\n").split("\n")
+    if len(rows) < 3 or not _FENCE_CLOSE.fullmatch(rows[-1]):
+        return None  # a fence left open runs to the document's end: code, not judged
+    lines = [ln.rstrip() for ln in rows[1:-1] if ln.strip()]
+    if not lines:
+        return None
+    for i, line in enumerate(lines):
+        if _LEADER_TO_PAGES.search(line.strip()):
+            continue
+        after = lines[i + 1] if i + 1 < len(lines) else ""
+        indent = len(line) - len(line.lstrip())
+        wrapped = len(after) - len(after.lstrip()) > indent and _LEADER_TO_PAGES.search(
+            after.strip()
+        )
+        if not wrapped:
+            return None
+    return "\n".join(lines)
+
+
+def _toc_blocks(blocks: list[str], config: CleanConfig, fences: bool) -> set[int]:
     """Which of ``blocks`` are a contents page or a book index, by index.
 
     A block is judged alone, and so is each run of adjacent blocks that are all entries
@@ -359,6 +388,7 @@ def _toc_blocks(blocks: list[str], config: CleanConfig) -> set[int]:
     Args:
         blocks: The document's blocks (``_blocks``), comments removed.
         config: The TOC settings.
+        fences: Whether a fenced block may be a book index (``_index_listing``; PDFs).
     """
     drop: set[int] = set()
     run: list[int] = []
@@ -374,9 +404,12 @@ def _toc_blocks(blocks: list[str], config: CleanConfig) -> set[int]:
         if _PAGE_MARKER.match(stripped):
             continue
         if opens_fence(stripped):
-            judge()
-            continue
-        if _entry_block(block):
+            listing = _index_listing(stripped) if fences else None
+            if listing is None:
+                judge()
+                continue
+            texts[i] = listing
+        elif _entry_block(block):
             texts[i] = block
         else:
             judge()
@@ -391,7 +424,11 @@ def _toc_blocks(blocks: list[str], config: CleanConfig) -> set[int]:
 
 
 # Which rules a document's kind gets; a kind not listed gets MARKUP.
-PAGE_RULES = frozenset({"toc", "boilerplate", "page_furniture", "hyphenation", "comments"})
+# "fenced_index": a PDF's book index set in a monospace font, which the fast converter fences
+# as code; a Markdown author's code block is never judged.
+PAGE_RULES = frozenset(
+    {"toc", "fenced_index", "boilerplate", "page_furniture", "hyphenation", "comments"}
+)
 MARKUP = frozenset({"toc", "boilerplate", "comments"})
 KIND_RULES: dict[str | None, frozenset[str]] = {
     None: PAGE_RULES,  # unknown: every rule
@@ -461,7 +498,7 @@ def clean_markdown(markdown: str, config: CleanConfig, kind: str | None = None) 
         blocks.append(block)
     toc: set[int] = set()
     if config.toc and "toc" in rules:
-        toc = _toc_blocks(blocks, config)
+        toc = _toc_blocks(blocks, config, fences="fenced_index" in rules)
         dropped["toc"] += len(toc)
     out: list[str] = []
     for i, block in enumerate(blocks):
