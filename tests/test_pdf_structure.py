@@ -138,3 +138,39 @@ def test_a_numbered_list_item_keeps_its_number() -> None:
         "- c. Check the version.\n\n"
         "- A symbol bullet is a plain item.\n"
     )
+
+
+def test_a_short_chapters_running_head_goes_where_the_others_stand() -> None:
+    """A running head is dropped when it repeats on three pages: a chapter of one or two
+    pages printed its head too few times ("Chapter 14: OS facilities  87" stayed between
+    paragraphs: 45 heads in the six R manuals). A margin line in the heads' font and place
+    that prints its own page's number as they do is a head too; other margin text stays."""
+    head = "/AB+CMR10"
+    lines = []
+    for page in range(1, 8):
+        if page == 1:  # margin text in the heads' place and font, not its page's number
+            lines.append(_line(page, 40, "Set the limit to 3", font=head))
+        if page == 5:  # its page's number in the heads' place, not in their font
+            lines.append(_line(page, 40, "See page 4", font="/AB+Times-Italic"))
+        if page in (1, 5):  # a chapter opens without a head
+            title = "1 Basics" if page == 1 else "2 Short"
+            lines.append(_line(page, 100, title, font="/AB+Times-Bold", size=14, x1=200))
+        else:  # the printed page numbers run one behind the PDF's
+            chapter = "Chapter 1: Basics" if page < 5 else "Chapter 2: Short"
+            lines.append(_line(page, 40, f"{chapter}  {page - 1}", font=head))
+        lines.append(_line(page, 130, f"Body text of page {page} goes on for a line."))
+        if page == 5:  # its page's number in the heads' font, not in their place
+            lines.append(_line(page, 760, "Printed on page 4", font=head))
+    markdown, stats = lines_to_markdown(lines)
+    body = "Body text of page {} goes on for a line."
+    assert markdown == (
+        f"<!-- ragpipe:page 1 -->\n\nSet the limit to 3\n\n# 1 Basics\n\n{body.format(1)}\n\n"
+        f"<!-- ragpipe:page 2 -->\n\n{body.format(2)}\n\n"
+        f"<!-- ragpipe:page 3 -->\n\n{body.format(3)}\n\n"
+        f"<!-- ragpipe:page 4 -->\n\n{body.format(4)}\n\n"
+        f"<!-- ragpipe:page 5 -->\n\nSee page 4\n\n# 2 Short\n\n{body.format(5)}\n\n"
+        "Printed on page 4\n\n"
+        f"<!-- ragpipe:page 6 -->\n\n{body.format(6)}\n\n"
+        f"<!-- ragpipe:page 7 -->\n\n{body.format(7)}\n"
+    )
+    assert stats["running_lines_dropped"] == 5  # three heads of chapter 1, two of chapter 2

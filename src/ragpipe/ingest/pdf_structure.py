@@ -5,7 +5,9 @@ its box and font but no headings or paragraphs. This module rebuilds them
 from geometry and typography alone:
 
 * running headers/footers and page numbers: lines in the top/bottom margin
-  band that repeat across pages (digits ignored) or are bare numbers;
+  band that repeat across pages (digits ignored) or are bare numbers, and
+  a head that is printed too few times to repeat (a short chapter's) where
+  the others are, carrying its page's number;
 * headings: lines set in a non-body font that is larger than the body text
   or bold, short, not part of a table row; levels from the size ranking and
   from section numbering (``2.1.3``);
@@ -115,6 +117,16 @@ def _norm_repeat(text: str) -> str:
     return re.sub(r"\d+", "#", text.strip().lower())
 
 
+# The page number a running head or footer prints at its start or end ("Chapter 14: OS
+# facilities  87", "12  Introduction"), or that is the whole line.
+_FOLIO_RE = re.compile(r"^(\d{1,4})(?:\s+\S.*)?$|^.*\S\s+(\d{1,4})$")
+
+
+def _folio(text: str) -> int | None:
+    match = _FOLIO_RE.match(text.strip())
+    return None if match is None else int(match.group(1) or match.group(2))
+
+
 def merge_row_cells(lines: Sequence[Line]) -> list[Line]:
     """Merge cells printed on the same baseline of a page (table rows, split lines).
 
@@ -168,16 +180,37 @@ def drop_running_lines(lines: Sequence[Line]) -> tuple[list[Line], int]:
         seen = {_norm_repeat(ln.text) for ln in lines if ln.page == page and in_margin(ln)}
         repeats.update(seen)
     min_repeat = 2 if len(pages) <= 4 else 3
+
+    def running(line: Line) -> bool:
+        text = line.text.strip()
+        return bool(_PAGE_NUMBER_RE.match(text)) or (
+            len(pages) > 1 and repeats[_norm_repeat(text)] >= min_repeat
+        )
+
+    # Where the running lines stand (font, top) and how their page numbers relate to the
+    # pages they are on. A short chapter's head ("Chapter 14: OS facilities  87" on one or
+    # two pages) repeats too few times, but stands where the other heads stand, in their
+    # font, and prints its own page's number as they do: 45 such heads were left in the
+    # text of the six R manuals ("Chapter 14: OS facilities  87", "Concept index  37").
+    # Matching all three leaves real text in the margin alone, repeated or not.
+    slots: Counter[tuple[str, int, int]] = Counter()
+    for line in lines:
+        if in_margin(line) and running(line) and (folio := _folio(line.text)) is not None:
+            slots[line.font, round(line.top), line.page - folio] += 1
+
+    def short_run_head(line: Line) -> bool:
+        folio = _folio(line.text)
+        return folio is not None and any(
+            slots[line.font, round(line.top) + shift, line.page - folio] >= min_repeat
+            for shift in (-1, 0, 1)
+        )
+
     kept: list[Line] = []
     dropped = 0
     for line in lines:
-        if in_margin(line):
-            text = line.text.strip()
-            if _PAGE_NUMBER_RE.match(text) or (
-                len(pages) > 1 and repeats[_norm_repeat(text)] >= min_repeat
-            ):
-                dropped += 1
-                continue
+        if in_margin(line) and (running(line) or short_run_head(line)):
+            dropped += 1
+            continue
         kept.append(line)
     return kept, dropped
 
