@@ -60,7 +60,8 @@ UNESCAPED: dict[str, bool] = {"escape_html": False, "escape_underscores": False}
 # 4: a numbered list item keeps its number ("1. Install", "- (a) Install"); a web page's
 #    stored HTML always declares UTF-8 (a page's stale <meta charset> misread it).
 # 5: fast PDF: a line broken at a word's own hyphen keeps it ("--no-restore", "cut-and-paste").
-CONVERT_VERSION = "5"
+# 6: fast PDF: a short chapter's running head (two pages, under min_repeat) is dropped.
+CONVERT_VERSION = "6"
 DOC_NAMESPACE = uuid.UUID("6f1c3f0e-8a57-4c1e-9f53-2b4f5d7a9c11")
 
 CONVERTER_FAST = "docling-native-pdf+ragpipe-structure"
