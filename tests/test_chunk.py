@@ -420,7 +420,7 @@ def test_whole_sections_off_keeps_the_fingerprint_of_indexes_built_before_it() -
     # converter's, cleaner's and chunker's versions (CONVERT 3, CLEAN 4, CHUNK 3:
     # 7023a98a -> 9fa22c80; CONVERT 4: 47b3b93a; CLEAN 5, CHUNK 4: f343931d; CONVERT 5:
     # 32f9dc69; CLEAN 6: f0c33110; CLEAN 7: 8c28e6b0).
-    assert chunk_fingerprint(RagpipeConfig()) == "cb8010f4e343c51e"
+    assert chunk_fingerprint(RagpipeConfig()) == "82701cf99783648f"
     on = RagpipeConfig.model_validate({"chunk": {"whole_sections": True}})
     assert chunk_fingerprint(on) != chunk_fingerprint(RagpipeConfig())
     # What whole_sections means is versioned: an index built under another meaning re-chunks.
@@ -430,7 +430,7 @@ def test_whole_sections_off_keeps_the_fingerprint_of_indexes_built_before_it() -
     chunk.WHOLE_SECTIONS_VERSION = "0"
     try:
         assert chunk_fingerprint(on) != before
-        assert chunk_fingerprint(RagpipeConfig()) == "cb8010f4e343c51e"
+        assert chunk_fingerprint(RagpipeConfig()) == "82701cf99783648f"
     finally:
         chunk.WHOLE_SECTIONS_VERSION = "2"
 
@@ -452,6 +452,29 @@ def test_a_fence_that_fits_a_chunk_is_never_cut_at_its_blank_line() -> None:
     assert any(code in c.text for c in chunks)
     for c in chunks:
         assert c.text.count("```") % 2 == 0, c.text
+
+
+def test_no_overlap_starts_inside_a_fence_that_ends_before_the_next_chunk() -> None:
+    """The overlap was moved out of tables, not out of code: the chunk after this code
+    block began 'package\npip install ragpipe\n# check it …' with its closing fence and no
+    opening one (the attack review's case, at the default settings). A fence longer than
+    a chunk is cut anyway: there the overlap stays, the code's lines before the cut."""
+    code = (
+        "```bash\n# create the environment\npython -m venv .venv\n# install the package\n"
+        "pip install ragpipe\n# check it\nragpipe --version\n# build the first index\n"
+        "ragpipe ingest docs\n# ask it something\nragpipe ask 'what is this'\n```"
+    )
+    lead = ("Run the installer from the project folder first. " * 9).strip()
+    after = ("After that the command line tool is ready and the tutorial continues with the "
+             "first index. " * 7).strip()  # fmt: skip
+    _, chunks = _chunks(f"# Install\n\n{lead}\n\n{code}\n\n{after}\n")
+    assert [c.text for c in chunks] == [f"# Install\n\n{lead}\n\n{code}", after]
+    long = "```python\n" + "\n".join(f"value_{i} = compute_the_value({i})" for i in range(60))
+    text, chunks = _chunks(f"# T\n\n{long}\n```\n\nAfter the code.\n")
+    assert len(chunks) == 4
+    for before, nxt in itertools.pairwise(chunks):
+        assert text[nxt.char_start : nxt.char_start + 6] == "value_"
+        assert 0 < before.char_end - nxt.char_start <= 150
 
 
 def test_a_large_tables_caption_and_header_are_in_a_chunk() -> None:

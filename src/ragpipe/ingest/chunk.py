@@ -54,8 +54,9 @@ STAGE = "chunk"
 # 2: tables split between rows, header repeated. 3: a fence that fits is never cut, a large
 # table's caption and header are a chunk, "C#" is a heading's title. 4: a fence closes
 # only on backticks at least as long (CommonMark); an overlap holds
-# at most a quarter of the window's word-pieces; a hard cut is measured in word-pieces.
-CHUNK_VERSION = "4"
+# at most a quarter of the window's word-pieces; a hard cut is measured in word-pieces. 5: no
+# overlap starts inside a fence that closes before the next chunk's own text.
+CHUNK_VERSION = "5"
 
 
 # Sections that ``whole_sections`` keeps whole are at most this many times chunk.size long.
@@ -221,6 +222,26 @@ def split_sections(text: str, parse_headings: bool = True) -> list[_Section]:
     return sections
 
 
+def fence_spans(text: str, start: int, end: int) -> list[Span]:
+    """Spans of the fenced code blocks in ``text[start:end]``, which starts outside one
+    (a section does: no heading is read inside a fence); an unclosed one runs to ``end``."""
+    spans: list[Span] = []
+    opened: int | None = None
+    fences = Fences()
+    pos = start
+    for line in text[start:end].split("\n"):
+        if fences.step(line):
+            if fences.inside:
+                opened = pos + len(line) - len(line.lstrip())  # at its backticks
+            elif opened is not None:
+                spans.append((opened, pos + len(line)))
+                opened = None
+        pos += len(line) + 1
+    if opened is not None:
+        spans.append((opened, end))
+    return spans
+
+
 def _trim(text: str, span: Span) -> Span | None:
     start, end = span
     while start < end and text[start].isspace():
@@ -249,20 +270,7 @@ class _Splitter:
     def fences(self) -> list[Span]:
         """Spans of the text's fenced code blocks (an unclosed one runs to the end)."""
         if self._fences is None:
-            self._fences = []
-            opened: int | None = None
-            fences = Fences()
-            pos = 0
-            for line in self.text.split("\n"):
-                if fences.step(line):
-                    if fences.inside:
-                        opened = pos
-                    elif opened is not None:
-                        self._fences.append((opened, pos + len(line)))
-                        opened = None
-                pos += len(line) + 1
-            if opened is not None:
-                self._fences.append((opened, len(self.text)))
+            self._fences = fence_spans(self.text, 0, len(self.text))
         return self._fences
 
     def count(self, start: int, end: int) -> int:
@@ -630,16 +638,27 @@ def _overlap_in_tokens(text: str, start: int, end: int, splitter: _Splitter) -> 
     return None
 
 
-def _after_tables(text: str, start: int, limit: int, tables: Sequence[Span]) -> int:
-    """``start``, or the end of the table it falls in (then past blank space; ``limit`` at
-    most): an overlap that began inside a table would be rows without their header."""
+def _after_blocks(
+    text: str, start: int, limit: int, tables: Sequence[Span], fences: Sequence[Span]
+) -> int:
+    """``start``, or the end of the table or fenced code block it falls in (then past blank
+    space; ``limit`` at most): an overlap that began inside a table would be rows without
+    their header, one inside a fence code with its closing fence and no opening one. A
+    fence still open at ``limit`` is being cut anyway (longer than a chunk): the overlap
+    stays, the code's lines before the cut."""
     for table_start, table_end in tables:
         if table_start < start < table_end:
-            pos = table_end
-            while pos < limit and text[pos].isspace():
-                pos += 1
-            return min(pos, limit)
+            return _past_space(text, table_end, limit)
+    for fence_start, fence_end in fences:
+        if fence_start < start < fence_end <= limit:
+            return _past_space(text, fence_end, limit)
     return start
+
+
+def _past_space(text: str, pos: int, limit: int) -> int:
+    while pos < limit and text[pos].isspace():
+        pos += 1
+    return min(pos, limit)
 
 
 def _last_fitting(
@@ -694,10 +713,12 @@ def recursive_spans(
     """Chunk spans of one section for the recursive chunker.
 
     ``tables``: spans of pipe tables; a chunk's overlap never starts inside one (it would be
-    rows without their header), it starts after it instead.
+    rows without their header), nor inside a fenced code block that ends before the next
+    piece: it starts after it instead.
     """
     splitter = _Splitter(text, config.size, config.max_tokens, counter)
     pieces = [p for p in (_trim(text, s) for s in splitter.split(section.start, section.end)) if p]
+    fences = fence_spans(text, section.start, section.end)
     specials = counter.count("")
     spans: list[Span] = []
     i = 0
@@ -717,7 +738,9 @@ def recursive_spans(
             )
             if ov is not None:
                 ov = _overlap_in_tokens(text, ov, spans[-1][1], splitter)
-            start = pieces[i][0] if ov is None else _after_tables(text, ov, pieces[i][0], tables)
+            start = pieces[i][0]
+            if ov is not None:
+                start = _after_blocks(text, ov, start, tables, fences)
     return spans
 
 
