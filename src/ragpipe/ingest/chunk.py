@@ -55,8 +55,9 @@ STAGE = "chunk"
 # table's caption and header are a chunk, "C#" is a heading's title. 4: a fence closes
 # only on backticks at least as long (CommonMark); an overlap holds
 # at most a quarter of the window's word-pieces; a hard cut is measured in word-pieces. 5: no
-# overlap starts inside a fence that closes before the next chunk's own text.
-CHUNK_VERSION = "5"
+# overlap starts inside a fence that closes before the next chunk's own text. 6: a piece is
+# measured without its blank space (a fence of exactly size characters was cut).
+CHUNK_VERSION = "6"
 
 
 # Sections that ``whole_sections`` keeps whole are at most this many times chunk.size long.
@@ -284,7 +285,10 @@ class _Splitter:
         return self.count(start, end) <= self.max_tokens
 
     def split(self, start: int, end: int, level: int = 0) -> list[Span]:
-        if self.fits(start, end):
+        # Measured without the blank space around it, which every piece loses: a fence of
+        # exactly ``size`` characters and its "\n\n" did not fit and were cut at sentences.
+        trimmed = _trim(self.text, (start, end))
+        if trimmed is None or self.fits(*trimmed):
             return [(start, end)]
         sep = self.LEVELS[level]
         if sep == "":
@@ -292,10 +296,7 @@ class _Splitter:
         bounds = self._boundaries(start, end, sep)
         pieces: list[Span] = []
         for s, e in itertools.pairwise(bounds):
-            if self.fits(s, e):
-                pieces.append((s, e))
-            else:
-                pieces.extend(self.split(s, e, level + 1))
+            pieces.extend(self.split(s, e, level + 1))
         return pieces
 
     def _hard_cut(self, start: int, end: int) -> list[Span]:
