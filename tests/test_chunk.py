@@ -67,6 +67,33 @@ def test_heading_paths_and_sections_do_not_mix() -> None:
     ]
 
 
+def test_a_heading_with_nothing_under_it_opens_the_next_sections_chunk() -> None:
+    """'# Install' followed by '## 2.5 How can R be installed?' was a chunk of its own, as
+    was the question (45 such chunks in the R manuals; for R-FAQ, a question alone matched
+    its question with no answer). The headings now open the chunk of the text under them,
+    which has that text's heading path; a heading at the very end has nothing to open."""
+    question = "## 2.5 How can R be installed?"
+    markdown = (
+        f"# Install\n\n{question}\n\n### 2.5.1 Unix-like\n\nBuild it from source.\n\n"
+        "## 2.6 Binaries\n\n## 2.7 Docs\n\nRead the manuals.\n\n"
+        "## Code\n\n```\n# not a heading\n```\n\n## Empty\n"
+    )
+    for config in ({}, {"whole_sections": True}):
+        _, chunks = _chunks(markdown, **config)
+        assert [(c.heading_path, c.text, c.line_start) for c in chunks] == [
+            (["Install", "2.5 How can R be installed?", "2.5.1 Unix-like"],
+             f"# Install\n\n{question}\n\n### 2.5.1 Unix-like\n\nBuild it from source.", 1),
+            (["Install", "2.7 Docs"], "## 2.6 Binaries\n\n## 2.7 Docs\n\nRead the manuals.", 9),
+            (["Install", "Code"], "## Code\n\n```\n# not a heading\n```", 15),
+            (["Install", "Empty"], "## Empty", 21),
+        ], config  # fmt: skip
+    # A long section after it: the headings lead its first chunk, every chunk has its path.
+    text, chunks = _chunks(f"# Install\n\n{question}\n\n" + PARA * 8, size=300, overlap=50)
+    assert chunks[0].text.startswith(f"# Install\n\n{question}\n\nRetrieval quality")
+    assert {tuple(c.heading_path) for c in chunks} == {("Install", question[3:])}
+    assert len(chunks) > 3 and all(c.text == text[c.char_start : c.char_end] for c in chunks)
+
+
 def test_code_fence_hash_lines_are_not_headings_and_text_kind_has_none() -> None:
     markdown = "# Real\n\n```\n# a comment\nx = 1\n```\n"
     _, chunks = _chunks(markdown)
@@ -420,7 +447,7 @@ def test_whole_sections_off_keeps_the_fingerprint_of_indexes_built_before_it() -
     # converter's, cleaner's and chunker's versions (CONVERT 3, CLEAN 4, CHUNK 3:
     # 7023a98a -> 9fa22c80; CONVERT 4: 47b3b93a; CLEAN 5, CHUNK 4: f343931d; CONVERT 5:
     # 32f9dc69; CLEAN 6: f0c33110; CLEAN 7: 8c28e6b0).
-    assert chunk_fingerprint(RagpipeConfig()) == "2e74710a125758fd"
+    assert chunk_fingerprint(RagpipeConfig()) == "04f131628ffd0c20"
     on = RagpipeConfig.model_validate({"chunk": {"whole_sections": True}})
     assert chunk_fingerprint(on) != chunk_fingerprint(RagpipeConfig())
     # What whole_sections means is versioned: an index built under another meaning re-chunks.
@@ -430,7 +457,7 @@ def test_whole_sections_off_keeps_the_fingerprint_of_indexes_built_before_it() -
     chunk.WHOLE_SECTIONS_VERSION = "0"
     try:
         assert chunk_fingerprint(on) != before
-        assert chunk_fingerprint(RagpipeConfig()) == "2e74710a125758fd"
+        assert chunk_fingerprint(RagpipeConfig()) == "04f131628ffd0c20"
     finally:
         chunk.WHOLE_SECTIONS_VERSION = "2"
 

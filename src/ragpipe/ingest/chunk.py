@@ -15,7 +15,8 @@ model's own tokenizer and long pieces are split further.
 
 * ``recursive``: heading sections, then paragraphs, lines, sentences, words;
   pieces are merged up to ``size`` characters, each chunk starting with up
-  to ``overlap`` characters of the previous one, cut at a word boundary.
+  to ``overlap`` characters of the previous one, cut at a word boundary. A
+  heading with nothing under it before the next one opens that section.
 * ``sentence-window``: one sentence per chunk; ``context`` holds the
   ``window`` sentences before and after it within the same section.
 """
@@ -56,8 +57,9 @@ STAGE = "chunk"
 # only on backticks at least as long (CommonMark); an overlap holds
 # at most a quarter of the window's word-pieces; a hard cut is measured in word-pieces. 5: no
 # overlap starts inside a fence that closes before the next chunk's own text. 6: a piece is
-# measured without its blank space (a fence of exactly size characters was cut).
-CHUNK_VERSION = "6"
+# measured without its blank space (a fence of exactly size characters was cut). 7: a
+# heading with nothing under it opens the next section (it was a chunk of its own).
+CHUNK_VERSION = "7"
 
 
 # Sections that ``whole_sections`` keeps whole are at most this many times chunk.size long.
@@ -198,25 +200,35 @@ def strip_page_markers(markdown: str) -> tuple[str, list[tuple[int, int]]]:
 
 
 def split_sections(text: str, parse_headings: bool = True) -> list[_Section]:
-    """Heading sections of Markdown text (fenced code is never a heading)."""
+    """Heading sections of Markdown text (fenced code is never a heading).
+
+    A heading with nothing under it before the next heading is no section of its own: it
+    opens the next one, whose heading path the section has ("# Install" then "## 2.5 How can
+    R be installed?" was a chunk of the one heading, and a question heading alone matched
+    its question with no answer). One at the end of the text stays a section.
+    """
     sections: list[_Section] = []
     stack: list[tuple[int, str]] = []
     start = 0
     path: list[str] = []
     fences = Fences()
     pos = 0
+    empty = True  # the open section holds nothing but headings and blank lines yet
     for line in text.split("\n") if parse_headings else []:
         fence = fences.step(line)
         match = None if fence or fences.inside else _HEADING.match(line)
         if match:
-            if pos > start:
+            if not empty:
                 sections.append(_Section(start, pos, list(path)))
+                start = pos
             level = len(match.group(1))
             while stack and stack[-1][0] >= level:
                 stack.pop()
             stack.append((level, match.group(2).strip()))
             path = [title for _, title in stack]
-            start = pos
+            empty = True
+        elif line.strip():
+            empty = False
         pos += len(line) + 1
     if len(text) > start or not sections:
         sections.append(_Section(start, len(text), list(path)))
