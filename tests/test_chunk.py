@@ -446,7 +446,8 @@ def test_whole_sections_off_keeps_the_fingerprint_of_indexes_built_before_it() -
     # while off (a changed fingerprint re-indexes every file). The value moves with the
     # converter's, cleaner's and chunker's versions (CONVERT 3, CLEAN 4, CHUNK 3:
     # 7023a98a -> 9fa22c80; CONVERT 4: 47b3b93a; CLEAN 5, CHUNK 4: f343931d; CONVERT 5:
-    # 32f9dc69; CLEAN 6: f0c33110; CLEAN 7: 8c28e6b0).
+    # 32f9dc69; CLEAN 6: f0c33110; CLEAN 7: 8c28e6b0; CONVERT 6: cb8010f4; CHUNK 5: 82701cf9;
+    # CHUNK 6: 2e74710a; CHUNK 7: 04f13162).
     assert chunk_fingerprint(RagpipeConfig()) == "04f131628ffd0c20"
     on = RagpipeConfig.model_validate({"chunk": {"whole_sections": True}})
     assert chunk_fingerprint(on) != chunk_fingerprint(RagpipeConfig())
