@@ -561,7 +561,87 @@ def test_dedupe_counts_only_the_versions_a_run_keeps() -> None:
         PlanEntry("kept.md", "unchanged", "k", 1),
         PlanEntry("zz.md", "added", "z", 0),
     ]
-    assert _indexed_text_shas(Store(), [], entries, "fp") == {"A", "K", "M"}  # type: ignore[arg-type]
+    assert _indexed_text_shas(Store(), [], entries, "fp") == {  # type: ignore[arg-type]
+        "A": "aa.md", "K": "kept.md", "M": "under-missing-root/m.md"
+    }  # fmt: skip
+
+
+WARRANTY = "The warranty covers parts and labour for three years from the date of purchase."
+
+
+def _terms_corpus(tmp_path: Path, backend: str = "edge", **index: Any) -> RagpipeConfig:
+    """a.md and b.md, each with a '## Terms' section of the same sentence; chunks small
+    enough that the section is chunks of its own, which dedupe_chunks skips in b.md."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name, line in (("a", "Alpha intro about the first"), ("b", "Beta intro about the second")):
+        (docs / f"{name}.md").write_text(
+            f"# {name.upper()}\n\n{line} product line.\n\n## Terms\n\n{WARRANTY}\n",
+            encoding="utf-8",
+        )
+    return make_config(docs, tmp_path, backend, chunk={"size": 60, "overlap": 10},
+                       embed={"dedupe_chunks": True}, index=index)  # fmt: skip
+
+
+def _holding(cfg: RagpipeConfig, text: str) -> list[str]:
+    return sorted(p["file_path"].rsplit("/", 1)[-1] for p in stored(cfg).values()
+                  if text in p["text"])  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["edge", "qdrant"])
+def test_dedupe_keeps_a_text_whose_holder_changes_while_its_copy_is_unchanged(
+    tmp_path: Path, backend: str
+) -> None:
+    """a.md and b.md repeat a sentence; b.md's copy was skipped as a duplicate. Edit a.md
+    to drop it: the run deleted a.md's old points, b.md (unchanged) was never re-chunked,
+    and its version counted as complete without the text, so the sentence was in no point,
+    then and on every later run."""
+    cfg = _terms_corpus(tmp_path, backend)
+    first = run_ingest(cfg)
+    assert (first.added, first.stages["embed"]["duplicates_skipped"]) == (2, 2)
+    assert _holding(cfg, "warranty") == ["a.md"]
+    b_points = [p for p in stored(cfg).values() if p["file_path"].endswith("/b.md")]
+    held_by = [p.get("dedupe_held_by") for p in sorted(b_points, key=lambda p: p["chunk_index"])]
+
+    a_md = tmp_path / "docs" / "a.md"
+    a_md.write_text("# A\n\nAlpha intro, rewritten without terms.\n", encoding="utf-8")
+    second = run_ingest(cfg)
+    # b.md is unchanged, re-indexed for its duplicates: it now holds the sentence itself.
+    assert _holding(cfg, "warranty") == ["b.md"]
+    assert held_by == [[str(a_md)]]  # b.md's one point said which file held its skipped texts
+    assert (second.changed, second.skipped_unchanged) == (2, 0)
+    assert second.stages["plan"]["changed_for_duplicates"] == 1
+    assert second.stages["embed"]["duplicates_skipped"] == 0
+    points = stored(cfg).values()
+    b_points = [p for p in points if p["file_path"].endswith("/b.md")]
+    assert len(b_points) == b_points[0]["chunk_total"] == 3
+    assert not any("dedupe_held_by" in p for p in points)
+    assert second.points_total == len(points)
+
+    third = run_ingest(cfg)  # for good, and nothing re-indexed again
+    assert (third.changed, third.skipped_unchanged, third.chunks_written) == (0, 2, 0)
+    assert _holding(cfg, "warranty") == ["b.md"]
+    if backend == "edge":
+        assert_versions_current(cfg)
+
+
+def test_dedupe_keeps_a_text_whose_holder_is_removed_or_still_holds_it(tmp_path: Path) -> None:
+    """The holder changed but still holding the text: the copy is skipped again, now said
+    held by the new version. The holder removed: the copy is stored."""
+    cfg = _terms_corpus(tmp_path, allow_mass_delete=True)
+    run_ingest(cfg)
+    a_md = tmp_path / "docs" / "a.md"
+    a_md.write_text(a_md.read_text(encoding="utf-8") + "\nA new closing line.\n", "utf-8")
+    changed = run_ingest(cfg)
+    assert (changed.changed, changed.stages["plan"]["changed_for_duplicates"]) == (2, 1)
+    assert changed.stages["embed"]["duplicates_skipped"] == 2
+    assert _holding(cfg, "warranty") == ["a.md"]
+    a_md.unlink()
+    removed = run_ingest(cfg)
+    assert (removed.removed, removed.changed, removed.skipped_unchanged) == (1, 1, 0)
+    assert _holding(cfg, "warranty") == ["b.md"]
+    points = list(stored(cfg).values())
+    assert len(points) == points[0]["chunk_total"] == 3
 
 
 def test_inspect_stats_says_at_most_every_point_is_outside_hnsw(tmp_path: Path) -> None:

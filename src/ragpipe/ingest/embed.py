@@ -2,7 +2,9 @@
 
 Chunks are embedded in parts of ``PART_SIZE``, each written durably before
 the next, so a crash resumes with the parts already done. A chunk whose text
-is already indexed for another file can be skipped (``index.dedupe_chunks``).
+is already indexed for another file can be skipped (``embed.dedupe_chunks``);
+the file's first stored point then names the files holding its skipped texts
+(``HELD_BY``), so that the plan re-indexes it when one of them changes or goes.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from ragpipe import checkpoint
 from ragpipe.config import RagpipeConfig
 from ragpipe.ingest import runner
 from ragpipe.ingest.chunk import TokenCounter
-from ragpipe.ingest.plan import index_fingerprint, point_id
+from ragpipe.ingest.plan import HELD_BY, index_fingerprint, point_id
 from ragpipe.models.embedders import (
     Embedder,
     contextual_text,
@@ -50,7 +52,9 @@ class EmbeddingRow:
     """One chunk's vectors as checkpointed by *embed*.
 
     ``prefix`` is the contextual prefix the dense vector was computed with;
-    the BM25 term weights are over the same prefixed text.
+    the BM25 term weights are over the same prefixed text. ``held_by``: the
+    files holding texts this chunk's file skipped as duplicates (on the file's
+    first kept chunk only; see ``HELD_BY``).
     """
 
     chunk_id: str
@@ -59,6 +63,7 @@ class EmbeddingRow:
     vector: npt.NDArray[np.float32]
     sparse_indices: list[int]
     sparse_values: list[float]
+    held_by: tuple[str, ...] = ()
 
 
 def embeddings_table(rows: Sequence[EmbeddingRow], dim: int, index_fp: str) -> pa.Table:
@@ -76,6 +81,7 @@ def embeddings_table(rows: Sequence[EmbeddingRow], dim: int, index_fp: str) -> p
             "vector": pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), dim),
             "sparse_indices": pa.array([r.sparse_indices for r in rows], pa.list_(pa.uint32())),
             "sparse_values": pa.array([r.sparse_values for r in rows], pa.list_(pa.float32())),
+            HELD_BY: pa.array([list(r.held_by) for r in rows], pa.list_(pa.string())),
         }
     )
     return table.replace_schema_metadata({"index_fingerprint": index_fp, "dim": str(dim)})
@@ -102,9 +108,16 @@ def read_embeddings(path: Path, index_fp: str | None = None) -> dict[str, Embedd
         table.column(name).to_pylist()
         for name in ("chunk_id", "point_id", "prefix", "sparse_indices", "sparse_values")
     ]
+    held = (
+        table.column(HELD_BY).to_pylist()
+        if HELD_BY in table.column_names
+        else [None] * table.num_rows
+    )
     return {
-        cid: EmbeddingRow(cid, pid, prefix, matrix[i], indices, values)
-        for i, (cid, pid, prefix, indices, values) in enumerate(zip(*columns, strict=True))
+        cid: EmbeddingRow(cid, pid, prefix, matrix[i], indices, values, tuple(by or ()))
+        for i, (cid, pid, prefix, indices, values, by) in enumerate(
+            zip(*columns, held, strict=True)
+        )
     }
 
 
@@ -219,11 +232,13 @@ def run_embed(
         return reused
     chunks = runner.read_input(config, chunked, "chunks.parquet", Chunk)
     kept, duplicates = chunks, 0
+    held_by: dict[str, tuple[str, ...]] = {}
     if config.embed.dedupe_chunks:
         entries = runner.read_output(config, "plan", "plan.parquet", PlanEntry, plan_id)
         with runner.stage_store(config, store) as stores:
             indexed = _indexed_text_shas(stores.existing(), chunks, entries, index_fp)
-            kept, duplicates = _dedupe(chunks, indexed)
+            kept, held_by = _dedupe(chunks, indexed)
+            duplicates = len(chunks) - len(kept)
 
     # Vectors already computed under this fingerprint: the last finished run, then parts.
     parts_dir = work.embed_parts
@@ -260,7 +275,8 @@ def run_embed(
             progress.finish()
     elif done:
         dim = len(next(iter(done.values())).vector)
-    final = [done[c.chunk_id] for c in kept]
+    # This run's holders, on each file's first kept chunk (a reused row keeps none of its own).
+    final = [replace(done[c.chunk_id], held_by=held_by.get(c.chunk_id, ())) for c in kept]
     digest = checkpoint.write_table(work.embeddings, embeddings_table(final, dim or 1, index_fp))
     counts = EmbedCounts(len(chunks), len(todo), reused_n, duplicates, stats["prefix_trimmed"], dim)
     summary = runner.record_stage(
@@ -277,17 +293,18 @@ def _indexed_text_shas(
     chunks: Sequence[Chunk],
     entries: Sequence[PlanEntry],
     index_fp: str,
-) -> set[str]:
-    """Text SHA-256s of the points this run keeps: not those of files it re-indexes or
-    removes, nor stale versions of the files it keeps (upsert deletes them once the new
-    points are in). A text counted from a point the run then deletes was skipped for the
-    file that holds it now, and lost: a new file repeating a removed file's paragraph, or
-    a rerun after a kill with the old version of a changed file still stored."""
+) -> dict[str, str]:
+    """Text SHA-256 -> the file holding it (the first by path), of the points this run
+    keeps: not those of files it re-indexes or removes, nor stale versions of the files it
+    keeps (upsert deletes them once the new points are in). A text counted from a point the
+    run then deletes was skipped for the file that holds it now, and lost: a new file
+    repeating a removed file's paragraph, or a rerun after a kill with the old version of a
+    changed file still stored."""
     if store is None:
-        return set()
+        return {}
     redone = {c.file_path for c in chunks}
     plan = {e.file_path: e for e in entries}
-    kept: set[str] = set()
+    kept: dict[str, str] = {}
     fields = ["file_path", "text_sha", "source_sha", "config_fingerprint"]
     for hit in store.scroll(fields=fields):
         path = hit.payload.get("file_path")
@@ -300,17 +317,37 @@ def _indexed_text_shas(
             version = (hit.payload.get("source_sha"), hit.payload.get("config_fingerprint"))
             if version != (entry.source_sha256, index_fp):
                 continue
-        kept.add(str(hit.payload.get("text_sha")))
+        text = str(hit.payload.get("text_sha"))
+        kept[text] = min(kept.get(text, str(path)), str(path))
     return kept
 
 
-def _dedupe(chunks: Sequence[Chunk], indexed: set[str]) -> tuple[list[Chunk], int]:
-    """First chunk per text SHA-256 (in file, then chunk order), skipping indexed texts."""
-    seen: set[str] = set(indexed)
+def _dedupe(
+    chunks: Sequence[Chunk], indexed: dict[str, str]
+) -> tuple[list[Chunk], dict[str, tuple[str, ...]]]:
+    """First chunk per text SHA-256 (in file, then chunk order), skipping indexed texts.
+
+    ``indexed``: text SHA-256 -> the file whose point holds it. Returns the kept chunks and,
+    for each file that skipped a text another file holds, its first kept chunk's id -> those
+    files, sorted (a file that skipped every chunk has no point to say it on: it stays
+    unstored, and every run plans it as added).
+    """
+    holder: dict[str, str] = dict(indexed)
     kept: list[Chunk] = []
+    skipped_for: dict[str, set[str]] = {}
+    first_kept: dict[str, str] = {}
     for chunk in sorted(chunks, key=lambda c: (c.file_path, c.chunk_index)):
-        if chunk.text_sha256 in seen:
+        held = holder.get(chunk.text_sha256)
+        if held is not None:
+            if held != chunk.file_path:  # a repeat within the file needs no other
+                skipped_for.setdefault(chunk.file_path, set()).add(held)
             continue
-        seen.add(chunk.text_sha256)
+        holder[chunk.text_sha256] = chunk.file_path
         kept.append(chunk)
-    return kept, len(chunks) - len(kept)
+        first_kept.setdefault(chunk.file_path, chunk.chunk_id)
+    held_by = {
+        first_kept[path]: tuple(sorted(files))
+        for path, files in skipped_for.items()
+        if path in first_kept
+    }
+    return kept, held_by

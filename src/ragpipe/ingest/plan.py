@@ -20,7 +20,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from ragpipe.store import (
     FileVersions,
     StoreMeta,
     VersionStats,
+    Where,
     check_store_settings,
     check_store_space,
     peek_meta,
@@ -58,6 +59,13 @@ logger = logging.getLogger(__name__)
 UNLISTED = frozenset({"missing_root", "unreadable"})
 
 POINT_NAMESPACE = uuid.UUID("5d1f0c9e-3b7a-4c2e-9a61-0f8e2b4d7c13")
+
+# The payload field (and embeddings column) naming the other files whose points hold the
+# texts a file's chunks skipped as duplicates (``embed.dedupe_chunks``), on the first point
+# the file keeps. Its chunk_total counts only the chunks it keeps, so its version is
+# complete without them: a change to such another file deleted the only copy of the text,
+# and the unchanged file never got it back. The plan re-indexes it instead.
+HELD_BY = "dedupe_held_by"
 
 
 def index_fingerprint(config: RagpipeConfig) -> str:
@@ -170,6 +178,9 @@ class PlanCounts(runner.Counts):
     unchanged: int = 0
     cleanup: int = 0
     removed: int = 0
+    # Of ``changed``: unchanged files re-indexed as a file holding their duplicate texts
+    # changes or goes (``HELD_BY``).
+    changed_for_duplicates: int = field(default=0, metadata={"optional": True})
 
 
 def run_plan(
@@ -224,16 +235,17 @@ def run_plan(
             action = "changed" if stored else "added"
             todo.append(source)
         entries.append(PlanEntry(source.file_path, action, source.sha256, len(stored)))
-    if todo and config.embed.provider in (EmbedProvider.OLLAMA, EmbedProvider.OPENAI):
-        # A remote embedder that is down or lacks the model fails now, before any
-        # conversion work, not after it (the probe embeds one short text).
-        dim = make_embedder(config.embed).dim
-        logger.info("plan: the %s embedder answers (%d dimensions)", config.embed.provider, dim)
     present = {s.file_path for s in sources} | unreadable
     for path in sorted(set(versions) - present):
         if held and path.startswith(held):
             continue
         entries.append(PlanEntry(path, "removed", None, len(versions[path])))
+    redone = _redo_duplicates(config, store, entries, sources, todo)
+    if todo and config.embed.provider in (EmbedProvider.OLLAMA, EmbedProvider.OPENAI):
+        # A remote embedder that is down or lacks the model fails now, before any
+        # conversion work, not after it (the probe embeds one short text).
+        dim = make_embedder(config.embed).dim
+        logger.info("plan: the %s embedder answers (%d dimensions)", config.embed.provider, dim)
     if not config.index.allow_mass_delete:
         _refuse_relabelled(todo, [e.file_path for e in entries if e.action == "removed"],
                            versions)  # fmt: skip
@@ -245,6 +257,7 @@ def run_plan(
             action: actions[action]
             for action in ("added", "changed", "unchanged", "cleanup", "removed")
         },
+        changed_for_duplicates=redone,
     )
     return runner.finish_stage(
         runner.WorkDir.of(config).stage("plan"),
@@ -256,6 +269,57 @@ def run_plan(
         started,
         plan_id(config, entries, todo),
     )
+
+
+def _redo_duplicates(
+    config: RagpipeConfig,
+    run_store: runner.RunStore | None,
+    entries: list[PlanEntry],
+    sources: Sequence[SourceFile],
+    todo: list[SourceFile],
+) -> int:
+    """Plan as changed (in place) every unchanged file that skipped a duplicate text held by
+    a file whose stored points this run deletes or replaces (changed, cleaned up, removed):
+    its points name those files (``HELD_BY``). Re-chunked, it keeps the text itself unless
+    a point the run keeps holds it still. Returns how many files it re-planned.
+
+    One filtered scroll, only in a run that deletes or replaces stored points; a store
+    written before dedupe_chunks was ever on has no such field and answers nothing."""
+    going = sorted(
+        e.file_path
+        for e in entries
+        if e.action in ("changed", "cleanup", "removed") and e.stored_versions
+    )
+    if not going or not any(e.action in ("unchanged", "cleanup") for e in entries):
+        return 0  # nothing deleted, or every file re-indexed anyway (a new fingerprint)
+    skippers: set[str] = set()
+    with runner.stage_store(config, run_store) as stores:
+        store = stores.existing()
+        if store is None:
+            return 0
+        for start in range(0, len(going), 1024):  # a bounded filter per scroll
+            where = Where(must={HELD_BY: going[start : start + 1024]})
+            skippers.update(
+                str(hit.payload.get("file_path"))
+                for hit in store.scroll(where, fields=["file_path"])
+            )
+    by_path = {s.file_path: s for s in sources}
+    redone = 0
+    for i, entry in enumerate(entries):
+        if entry.file_path in skippers and entry.action in ("unchanged", "cleanup"):
+            entries[i] = PlanEntry(
+                entry.file_path, "changed", entry.source_sha256, entry.stored_versions
+            )
+            todo.append(by_path[entry.file_path])
+            redone += 1
+    if redone:
+        todo.sort(key=lambda s: s.file_path)  # as discovered
+        logger.info(
+            "plan: re-indexing %d unchanged file(s) whose duplicate chunks (embed.dedupe_chunks) "
+            "are held by a file this run changes or removes",
+            redone,
+        )
+    return redone
 
 
 def _refuse_relabelled(

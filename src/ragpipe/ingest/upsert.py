@@ -28,6 +28,7 @@ from ragpipe.ingest import runner
 from ragpipe.ingest.embed import EmbeddingRow, read_embeddings
 from ragpipe.ingest.fetch import web_pages
 from ragpipe.ingest.plan import (
+    HELD_BY,
     PlanCounts,
     index_fingerprint,
     save_versions,
@@ -65,6 +66,10 @@ def build_points(
 ) -> list[IndexPoint]:
     """Points for the embedded chunks; ``chunk_total`` counts each file's stored chunks.
 
+    A file's chunks skipped as duplicates (``embed.dedupe_chunks``) are not among them:
+    its first point names the files holding those texts (``plan.HELD_BY``), which the
+    plan reads to re-index it when one of them changes or goes.
+
     ``records`` maps a JSON/JSONL record (``FILE#ID``) to its title, id, file and payload
     ``fields`` (``records.payload_fields``).
 
@@ -100,6 +105,8 @@ def build_points(
             **page_fields.get(chunk.file_path, {}),
             **(records or {}).get(chunk.file_path, {}),
         }
+        if row.held_by:
+            payload[HELD_BY] = list(row.held_by)
         points.append(
             IndexPoint(row.point_id, row.vector, row.sparse_indices, row.sparse_values, payload)
         )
