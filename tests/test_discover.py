@@ -102,6 +102,25 @@ def test_oversize_file_gets_failure_row(tmp_path: Path) -> None:
     ]
 
 
+def test_a_lone_carriage_return_ends_a_line(tmp_path: Path) -> None:
+    """Lines were split on \\n only: a 163 KB text file with \\r line endings (old Mac) was
+    one line of 163 KB, a long_line failure, though with \\r\\n it passed and convert reads
+    a lone \\r as a line break."""
+    line = b"word " * 16  # 80 bytes
+    (tmp_path / "mac.txt").write_bytes((line + b"\r") * 2048)  # 165,888 bytes
+    (tmp_path / "dos.txt").write_bytes((line + b"\r\n") * 2048)
+    long = line + b"\r" + b"x" * 150_000 + b"\r" + line
+    (tmp_path / "long.txt").write_bytes(long)
+    result = discover(DiscoverConfig(roots=[tmp_path]))  # max_line_bytes 100,000
+    assert sorted(Path(f.file_path).name for f in result.files) == ["dos.txt", "mac.txt"]
+    assert [(Path(f.file_path).name, f.category, f.source_sha256) for f in result.failures] == [
+        ("long.txt", "long_line", hashlib.sha256(long).hexdigest())
+    ]
+    assert result.failures[0].message.startswith("a line of 150000 bytes ")
+    mac = next(f for f in result.files if f.file_path.endswith("mac.txt"))
+    assert mac.sha256 == hashlib.sha256((line + b"\r") * 2048).hexdigest()
+
+
 def test_single_file_root_and_stable_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _tree(tmp_path)
     monkeypatch.chdir(tmp_path)
