@@ -92,6 +92,61 @@ def test_symlinks_skipped_followed_broken_and_looped(tmp_path: Path) -> None:
     assert f"{root}/e-link.md" in {f.file_path for f in linked.files}
 
 
+def test_a_symlink_loop_is_named_and_overlapping_roots_say_each_path_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """loopA -> loopB -> loopA was 'symlink target loopB missing', though loopB exists; with
+    roots [docs, docs/sub] each link below docs/sub was a row twice (a failure row each
+    followed, a symlink skip row each not), and so was a file of a type not ingested."""
+    _tree(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    sub = Path("docs/sub")
+    os.symlink("loopB", sub / "loopA")
+    os.symlink("loopA", sub / "loopB")
+    os.symlink("gone.md", sub / "dangling.md")
+    (sub / "e.bin").write_bytes(b"\x00")
+    os.symlink(tmp_path / "drafts" / "e.md", sub / "outside.md")  # a file no root holds
+    roots = [Path("docs"), sub]
+
+    on = discover(DiscoverConfig(roots=roots, follow_symlinks=True))
+    assert [(f.file_path, f.category, f.message) for f in on.failures] == [
+        ("docs/sub/dangling.md", "broken_link", "symlink target gone.md missing"),
+        ("docs/sub/loopA", "broken_link",
+         "symlink loop: loopA -> loopB -> loopA never reaches a file or folder"),
+        ("docs/sub/loopB", "broken_link",
+         "symlink loop: loopB -> loopA -> loopB never reaches a file or folder"),
+    ]  # fmt: skip
+    assert [f.file_path for f in on.files] == [
+        "docs/a.md", "docs/c.py", "docs/sub/b.txt", "docs/sub/outside.md"
+    ]  # fmt: skip
+    assert sorted((s.file_path, s.reason) for s in on.skipped) == [
+        ("docs/d.bin", "unsupported_type"), ("docs/sub/e.bin", "unsupported_type")
+    ]  # fmt: skip
+    # (and no 'same_file: a link to docs/sub/outside.md' row of the link itself)
+
+    off = discover(DiscoverConfig(roots=roots))
+    assert off.failures == []
+    assert sorted((s.file_path, s.reason) for s in off.skipped) == [
+        ("docs/d.bin", "unsupported_type"),
+        ("docs/sub/dangling.md", "symlink"),
+        ("docs/sub/e.bin", "unsupported_type"),
+        ("docs/sub/loopA", "symlink"),
+        ("docs/sub/loopB", "symlink"),
+        ("docs/sub/outside.md", "symlink"),
+    ]
+
+    # A folder link (up -> ..) lets the root docs/sub, walked first, reach the loop link
+    # docs/loop under a second path: it is said under its own.
+    os.symlink("loop", Path("docs/loop"))
+    os.symlink("..", sub / "up")
+    first = discover(DiscoverConfig(roots=[sub, Path("docs")], follow_symlinks=True))
+    assert [f.file_path for f in first.failures] == [
+        "docs/sub/dangling.md", "docs/sub/loopA", "docs/sub/loopB", "docs/loop"
+    ]  # fmt: skip
+    # (not docs/sub/up/loop as well)
+    assert first.failures[-1].message == "symlink loop: loop -> loop never reaches a file or folder"
+
+
 def test_oversize_file_gets_failure_row(tmp_path: Path) -> None:
     (tmp_path / "big.txt").write_text("x" * 2000)
     (tmp_path / "ok.txt").write_text("fine")

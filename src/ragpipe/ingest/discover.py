@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import json
@@ -282,12 +283,16 @@ def discover(
     result = DiscoverResult()
     seen_real: dict[str, str] = {}  # real path -> the path it is indexed under
     linked: list[tuple[str, str, str, str]] = []
+    walked: set[str] = set()  # file paths handled under an earlier root
+    broken_links: set[str] = set()  # real locations of the broken links said
+    linked_broken: list[tuple[str, Failure]] = []  # broken links reached through a folder link
     rules = IgnoreRules(config.ignore)
     own_real = {os.path.realpath(p) for p in own}
     own_names = {os.path.basename(p) for p in own_real}  # a cheap test before realpath
     own_dirs = tuple(p + os.sep for p in own_real)
     sealed = tuple(p + os.sep for p in (os.path.realpath(p) for p in sealed_own))
-    for root in roots or config.roots:
+    all_roots = roots or config.roots
+    for root in all_roots:
         root_label = PurePosixPath(os.path.normpath(root).replace(os.sep, "/")).as_posix()
         if not root.exists():
             result.failures.append(
@@ -338,6 +343,10 @@ def discover(
             if rules.ignores(rel) or kept_out(entry, rel):
                 continue
             file_path = prefix + rel
+            if len(all_roots) > 1:  # under an earlier root too (roots: [docs, docs/sub])
+                if file_path in walked:
+                    continue
+                walked.add(file_path)
             if not _is_utf8(file_path):
                 result.failures.append(_bad_name(file_path))
                 continue
@@ -347,11 +356,17 @@ def discover(
                         Skip(file_path, "symlink", "discover.follow_symlinks is off")
                     )
                     continue
-                if not os.path.exists(entry.path):
-                    target = os.readlink(entry.path)
-                    result.failures.append(
-                        Failure(file_path, STAGE, "broken_link", f"symlink target {target} missing")
-                    )
+                broken = _broken_link(entry.path, file_path)
+                if broken is not None:
+                    # The link itself, wherever it was reached from: a folder link into a
+                    # folder another root walks reached it again under a second path.
+                    at = os.path.join(os.path.realpath(os.path.dirname(entry.path)), entry.name)
+                    if at == os.path.join(real_root, rel):  # under its own path: said now
+                        if at not in broken_links:
+                            broken_links.add(at)
+                            result.failures.append(broken)
+                    else:
+                        linked_broken.append((at, broken))
                     continue
                 if os.path.isdir(entry.path):
                     continue  # a link to a directory already walked (a loop)
@@ -373,6 +388,13 @@ def discover(
             result.skipped.append(Skip(file_path, "same_file", f"a link to {seen_real[real]}"))
             continue
         _consider(path, file_path, root_label, real, config, result, seen_real, progress)
+    for at, broken in linked_broken:  # a broken link under its own path was said as that
+        if at not in broken_links:
+            broken_links.add(at)
+            result.failures.append(broken)
+    # Overlapping roots meet the same folders (an unreadable one, ragpipe's own data): once.
+    result.failures = list(dict.fromkeys(result.failures))
+    result.skipped = list(dict.fromkeys(result.skipped))
     result.files.sort(key=lambda f: f.file_path)
     if config.dedupe_content:
         skip_duplicate_content(result)
@@ -383,6 +405,55 @@ def discover(
         len(result.skipped),
     )
     return result
+
+
+def _broken_link(path: str, file_path: str) -> Failure | None:
+    """The failure row of a followed symbolic link that leads to nothing (its target is
+    missing, or links lead back to it), else None."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return Failure(
+                file_path,
+                STAGE,
+                "broken_link",
+                f"symlink loop: {_link_chain(path)} never reaches a file or folder",
+            )
+        try:
+            target = os.readlink(path)
+        except OSError:  # gone or replaced since the listing
+            target = "?"
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return Failure(file_path, STAGE, "broken_link", f"symlink target {target} missing")
+        return Failure(
+            file_path,
+            STAGE,
+            "broken_link",
+            f"symlink target {target} cannot be reached: {exc.strerror or exc}",
+        )
+    return None
+
+
+def _link_chain(path: str, most: int = 8) -> str:
+    """``loopA -> loopB -> loopA``: the link's name, then each link's target as written,
+    up to the first one met again (or ``most`` of them)."""
+    steps = [os.path.basename(path)]
+    met = {os.path.abspath(path)}
+    current = path
+    for _ in range(most):
+        try:
+            target = os.readlink(current)
+        except OSError:  # a folder on the way is a link: the kernel's count ends it
+            break
+        steps.append(target)
+        current = os.path.abspath(os.path.join(os.path.dirname(current), target))
+        if current in met:
+            break
+        met.add(current)
+    else:
+        steps.append("...")
+    return " -> ".join(steps)
 
 
 def _is_utf8(path: str) -> bool:
