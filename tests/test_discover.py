@@ -43,10 +43,85 @@ def test_kinds_hashes_and_ignore(tmp_path: Path) -> None:
         ("a/b/c.md", ["a/*.md"], False),
         ("a/c.md", ["a/*.md"], True),
         ("a/b/.DS_Store", ["**/.DS_Store"], True),
+        # Like .gitignore: a trailing / is a folder (at any depth without another /), a
+        # bare name a file or a folder at any depth, a leading / or ./ the root's.
+        ("drafts/x.md", ["drafts/"], True),
+        ("docs/drafts/sub/x.md", ["drafts/"], True),
+        ("drafts", ["drafts/"], True),
+        ("docs/drafts.md", ["drafts/"], False),
+        ("drafts/x.md", ["drafts"], True),
+        ("docs/drafts/x.md", ["drafts"], True),
+        ("docs/drafts", ["drafts"], True),
+        ("docs/drafts.md", ["drafts"], False),
+        ("drafts/x.md", ["./drafts/**"], True),
+        ("docs/drafts/x.md", ["./drafts/**"], False),
+        ("drafts/x.md", ["./drafts"], True),
+        ("docs/drafts/x.md", ["./drafts"], False),
+        ("drafts/x.md", ["/drafts/"], True),
+        ("docs/drafts/x.md", ["/drafts/"], False),
+        ("docs/drafts/x.md", ["docs/drafts/"], True),
+        ("a/docs/drafts/x.md", ["docs/drafts/"], False),
+        ("a/b/c.md", ["a/*"], True),  # b is a folder a/* matches
+        ("a/b/c.md", ["a/**/c.md"], True),
+        ("a/c.md", ["a/**/c.md"], True),
+        ("a/b.md/c.txt", ["*.md"], True),  # a folder named like a file
     ],
 )
 def test_ignore_globs(path: str, patterns: list[str], ignored: bool) -> None:
     assert is_ignored(path, patterns) is ignored
+
+
+@pytest.mark.parametrize(
+    "pattern", ["drafts/", "drafts", "./drafts/**", "./drafts", "/drafts", "drafts/**"]
+)
+def test_an_ignored_folder_is_not_walked(tmp_path: Path, pattern: str) -> None:
+    """`drafts/`, `./drafts/**` and a bare `drafts` ignored nothing below drafts/ (only
+    drafts/** and **/drafts/** did), though the docs said "like .gitignore"."""
+    _tree(tmp_path)
+    (tmp_path / "drafts" / "deeper").mkdir()
+    (tmp_path / "drafts" / "deeper" / "f.md").write_text("draft\n")
+    (tmp_path / "docs" / "drafts.md").write_text("not a folder\n")
+    result = discover(DiscoverConfig(roots=[tmp_path], ignore=[pattern]))
+    names = sorted(Path(f.file_path).relative_to(tmp_path).as_posix() for f in result.files)
+    assert names == ["docs/a.md", "docs/c.py", "docs/drafts.md", "docs/sub/b.txt"]
+
+
+def test_an_ignored_folder_below_a_root_and_in_object_keys(tmp_path: Path) -> None:
+    """A folder pattern with no other '/' matches at any depth, as a bare name does;
+    IgnoreRules.ignores (object keys, records globs: no walk) checks the folders too."""
+    from ragpipe.ingest.discover import IgnoreRules
+
+    _tree(tmp_path)
+    (tmp_path / "docs" / "sub" / "drafts").mkdir()
+    (tmp_path / "docs" / "sub" / "drafts" / "g.md").write_text("draft\n")
+    result = discover(DiscoverConfig(roots=[tmp_path], ignore=["drafts/"]))
+    names = sorted(Path(f.file_path).relative_to(tmp_path).as_posix() for f in result.files)
+    assert names == ["docs/a.md", "docs/c.py", "docs/sub/b.txt"]
+    rules = IgnoreRules(["drafts/", "/build"])
+    assert [rules.ignores(k) for k in ("a/drafts/b/c.md", "drafts", "build/x", "a/build/x")] == [
+        True, False, True, False
+    ]  # fmt: skip
+    # (a file named drafts is no folder)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "problem"),
+    [
+        ("/", "is empty once its slashes are dropped"),
+        ("./", "is empty once its slashes are dropped"),
+        ("docs/../drafts/**", "has an empty, '.' or '..' part"),
+        ("docs//drafts", "has an empty, '.' or '..' part"),
+        ("./.", "has an empty, '.' or '..' part"),
+        ("!keep.md", "starts with '!', but discover.ignore has no negation"),
+    ],
+)
+def test_an_ignore_pattern_that_never_matches_is_warned_about_at_load(
+    pattern: str, problem: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="ragpipe.config"):
+        DiscoverConfig(ignore=[".git/**", pattern, "drafts/", "./drafts", "*.log"])
+    (record,) = caplog.records  # the patterns that can match are not warned about
+    assert record.getMessage().startswith(f"discover.ignore: the pattern {pattern!r} {problem}")
 
 
 def test_roots_merge_and_deduplicate(tmp_path: Path) -> None:

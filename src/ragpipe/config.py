@@ -152,6 +152,39 @@ class RecordsRule(_Section):
         return value
 
 
+def parse_ignore(pattern: str) -> tuple[str, bool, bool]:
+    """A ``discover.ignore`` pattern as (glob, anchored, folders only), like ``.gitignore``:
+    surrounding spaces dropped; a leading ``/`` or ``./`` anchors it at the root (and is
+    dropped), so does a ``/`` inside it; a trailing ``/`` (dropped) makes it match folders
+    only. The glob is ``""`` when nothing is left (``/``, ``./``)."""
+    glob = pattern.strip()
+    anchored = False
+    while glob.startswith(("./", "/")):
+        glob = glob[2:] if glob.startswith("./") else glob[1:]
+        anchored = True
+    folders = glob.endswith("/")
+    glob = glob.rstrip("/")
+    return glob, anchored or "/" in glob, folders
+
+
+def ignore_problem(pattern: str) -> str | None:
+    """Why a ``discover.ignore`` pattern can never do what it says, or None."""
+    glob, _, _ = parse_ignore(pattern)
+    if not glob:
+        return "is empty once its slashes are dropped: it matches nothing"
+    if any(part in ("", ".", "..") for part in glob.split("/")):
+        return (
+            "has an empty, '.' or '..' part, which no path relative to a root has: it never "
+            "matches (write the path from the root: 'docs/drafts/')"
+        )
+    if glob.startswith("!"):
+        return (
+            "starts with '!', but discover.ignore has no negation: it ignores only names "
+            "beginning with '!' (list what to leave out instead)"
+        )
+    return None
+
+
 class DiscoverConfig(_Section):
     """Which files the pipeline sees."""
 
@@ -185,8 +218,14 @@ class DiscoverConfig(_Section):
     ignore: list[str] = Field(
         default_factory=lambda: [".git/**", "**/.git/**", "**/__pycache__/**", "**/.venv/**",
                                  "**/node_modules/**", "**/.DS_Store"],
-        description="Glob patterns, matched against the path relative to its root. "
-        "'dir/**' ignores everything under dir; '**/x' matches x at any depth.",
+        description="Paths to leave out, as .gitignore globs on the path relative to its root "
+        "(object keys: below their prefix). A pattern without a '/' matches a file or folder "
+        "name at any depth ('*.log', 'drafts'); one with a '/' inside, or a leading '/' or "
+        "'./', matches from the root ('docs/*.md', '/drafts', './drafts/**'). A trailing '/' "
+        "matches folders only ('drafts/'). A folder that matches is left out with everything "
+        "below it. '*' and '?' stay within one path part, '**' spans folders ('**/x' is x at "
+        "any depth, 'dir/**' everything below dir), '[abc]' is one of a, b, c. No negation "
+        "('!'). A pattern that can never match is warned about when the config loads.",
     )  # fmt: skip
     text_extensions: list[str] = Field(
         default_factory=lambda: list(TEXT_EXTENSIONS_DEFAULT),
@@ -224,6 +263,15 @@ class DiscoverConfig(_Section):
         "RecordsRule): each record is indexed under FILE#ID with its text fields as text and "
         "its payload fields on every chunk. Files no rule matches are indexed as text.",
     )
+
+    @field_validator("ignore")
+    @classmethod
+    def _ignore_can_match(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            problem = ignore_problem(pattern)
+            if problem:
+                logger.warning("discover.ignore: the pattern %r %s", pattern, problem)
+        return value
 
     @field_validator("text_extensions")
     @classmethod

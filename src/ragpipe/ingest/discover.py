@@ -17,7 +17,13 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from ragpipe import checkpoint
-from ragpipe.config import DiscoverConfig, RagpipeConfig, StoreBackend, fingerprint
+from ragpipe.config import (
+    DiscoverConfig,
+    RagpipeConfig,
+    StoreBackend,
+    fingerprint,
+    parse_ignore,
+)
 from ragpipe.ingest import runner
 from ragpipe.ingest.fetch import run_fetch
 from ragpipe.schemas import Failure, Skip, SourceFile
@@ -97,13 +103,10 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
 
 
 def is_ignored(rel_path: str, patterns: list[str]) -> bool:
-    """Whether a root-relative POSIX path matches any ignore glob.
-
-    ``dir/**`` matches everything below ``dir`` (and ``dir`` itself);
-    ``**/name`` matches ``name`` at any depth; a pattern without a slash
-    matches the file name at any depth (like ``.gitignore``).
-    """
-    return IgnoreRules(patterns).ignores(rel_path)
+    """Whether a root-relative POSIX path, a file's or a folder's, is ignored (see
+    ``IgnoreRules``)."""
+    rules = IgnoreRules(patterns)
+    return rules.ignores(rel_path) or rules.prunes(rel_path)
 
 
 def _any_of(regexes: list[re.Pattern[str]]) -> re.Pattern[str] | None:
@@ -111,34 +114,60 @@ def _any_of(regexes: list[re.Pattern[str]]) -> re.Pattern[str] | None:
 
 
 class IgnoreRules:
-    """Ignore globs compiled once per discovery: one regex per kind of match."""
+    """``discover.ignore`` compiled once per discovery, like ``.gitignore``
+    (``config.parse_ignore``): a pattern without a ``/`` matches a file or folder name at
+    any depth, one with a ``/`` inside (or a leading ``/`` or ``./``) the path from the
+    root; a trailing ``/`` matches folders only; a folder that matches is left out with
+    everything below it; ``dir/**`` matches ``dir`` itself too.
+    """
 
     def __init__(self, patterns: list[str]) -> None:
-        paths, names, dirs = [], [], []
+        file_paths: list[re.Pattern[str]] = []
+        file_names: list[re.Pattern[str]] = []
+        dir_paths: list[re.Pattern[str]] = []
+        dir_names: list[re.Pattern[str]] = []
         for pattern in patterns:
-            pat = pattern.strip().lstrip("/")
-            if not pat:
+            glob, anchored, folders = parse_ignore(pattern)
+            if not glob:
                 continue
-            paths.append(_glob_regex(pat))
-            if "/" not in pat:
-                names.append(_glob_regex(pat))
-            if pat.endswith("/**"):
-                dirs.append(_glob_regex(pat[:-3]))
-        self._path = _any_of(paths)
-        self._name = _any_of(names)
-        self._dir = _any_of(dirs)
+            regex = _glob_regex(glob)
+            (dir_paths if anchored else dir_names).append(regex)
+            if not folders:
+                (file_paths if anchored else file_names).append(regex)
+            if glob.endswith("/**") and len(glob) > 3:
+                dir_paths.append(_glob_regex(glob[:-3]))
+        self._file_path = _any_of(file_paths)
+        self._file_name = _any_of(file_names)
+        self._dir_path = _any_of(dir_paths)
+        self._dir_name = _any_of(dir_names)
 
     def ignores(self, rel_path: str) -> bool:
-        """Whether the file (or link) at ``rel_path`` is ignored."""
-        if self._path is not None and self._path.match(rel_path):
+        """Whether the file (or link) at ``rel_path`` is ignored, itself or as below an
+        ignored folder (an object key, a records glob: nothing walked the folders)."""
+        if self.ignores_entry(rel_path):
             return True
-        if self._name is not None and self._name.match(rel_path.rpartition("/")[2]):
+        folder = rel_path.rpartition("/")[0]
+        while folder:
+            if self.prunes(folder):
+                return True
+            folder = folder.rpartition("/")[0]
+        return False
+
+    def ignores_entry(self, rel_path: str) -> bool:
+        """Whether the file (or link) at ``rel_path`` is ignored by its own path or name
+        (the walk has checked its folders already)."""
+        if self._file_path is not None and self._file_path.match(rel_path):
             return True
-        return self.prunes(rel_path)
+        name = rel_path.rpartition("/")[2]
+        return self._file_name is not None and self._file_name.match(name) is not None
 
     def prunes(self, rel_dir: str) -> bool:
-        """Whether everything below the directory ``rel_dir`` is ignored (skip walking it)."""
-        return self._dir is not None and self._dir.match(rel_dir) is not None
+        """Whether the folder ``rel_dir`` is ignored, with everything below it (skip walking
+        it)."""
+        if self._dir_path is not None and self._dir_path.match(rel_dir):
+            return True
+        name = rel_dir.rpartition("/")[2]
+        return self._dir_name is not None and self._dir_name.match(name) is not None
 
 
 def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
@@ -340,7 +369,7 @@ def discover(
             return True
 
         for entry, rel in _walk(str(root), rules, follow, on_error, kept_out):
-            if rules.ignores(rel) or kept_out(entry, rel):
+            if rules.ignores_entry(rel) or kept_out(entry, rel):
                 continue
             file_path = prefix + rel
             if len(all_roots) > 1:  # under an earlier root too (roots: [docs, docs/sub])
