@@ -150,11 +150,60 @@ items:
         ("- {id: 0, query: q, expected_files: [a]}\n- {id: false, query: q, expected_files: [a]}",
          r"item 2: 'id' must be text or a number, got False"),
         ("- {id: [a, b], query: q, expected_files: [a]}", r"'id' must be text or a number"),
+        # A misspelt key in a chunk target was read as absent: garde: 3 loaded as grade 1
+        # (the attack review's 07-grade-typo.yaml, and `eval check` said ok).
+        ("- {id: x, query: q, chunks: [{file: a.md, heading: H, garde: 3}]}",
+         r"\(id x\), chunk target 1: unknown keys \['garde'\] \('garde' looks like 'grade'; "
+         r"allowed: contains, file, grade, heading\)$"),
+        ("- {id: x, query: q, chunks: [{fiel: a.md, heading: H}]}",  # named before 'needs file'
+         r"chunk target 1: unknown keys \['fiel'\] \('fiel' looks like 'file'; allowed"),
+        ("- {id: x, query: q, chunks: [{file: a.md, contains: t, weight: 2}]}",
+         r"chunk target 1: unknown keys \['weight'\] \(allowed: contains, file, grade, "
+         r"heading\)$"),
+        ("- {id: x, query: q, expected_files: [a], querry: r}",
+         r"item 1: unknown keys \['querry'\] \('querry' looks like 'query'; allowed"),
+        ("- {id: x, query: q, expected_files: [a], provenance: {methd: heading}}",
+         r"\(id x\), provenance: unknown keys \['methd'\] \('methd' looks like 'method'; "
+         r"allowed: file, method, model, point_id, source_sha\)$"),
+        ("- {id: x, query: q, expected_files: [a], provenance: {method: hand}}",
+         r"provenance 'method' is 'hand'; it must be one of heading, llm"),
+        ("- {id: x, query: q, expected_files: [a], provenance: heading}",
+         r"'provenance' must be a mapping \(file, method, model, point_id, source_sha\), got "
+         r"'heading'"),
     ],
 )  # fmt: skip
 def test_validation_names_the_item_and_the_fix(tmp_path: Path, items: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_golden(_write(tmp_path, f"items:\n{items}\n"))
+
+
+def test_a_misspelt_key_of_the_file_is_refused(tmp_path: Path) -> None:
+    """'nmae' was ignored: the set took its file's name, and its reports and trend line
+    another name than the one written."""
+    with pytest.raises(
+        ConfigError,
+        match=r"golden set .*golden\.yaml: unknown keys \['nmae'\] "
+        r"\('nmae' looks like 'name'; allowed: description, items, name\)$",
+    ):
+        load_golden(_write(tmp_path, "nmae: faq\nitems:\n- {id: x, query: q, "
+                                     "expected_files: [a]}\n"))  # fmt: skip
+
+
+def test_a_drafted_items_provenance_loads(tmp_path: Path) -> None:
+    golden = load_golden(_write(tmp_path, """
+items:
+  - id: heading-1
+    query: How do I upgrade the client?
+    chunks: [{file: docs/install.md, heading: "How do I upgrade the client?", grade: 3}]
+    draft: true
+    provenance: {method: heading, file: /c/docs/install.md, point_id: 0d4c, source_sha: 9b1e}
+  - id: llm-2
+    query: Where are the logs?
+    chunks: [{file: docs/logs.md, contains: kept in /var/log, grade: 3}]
+    draft: true
+    provenance: {method: llm, file: /c/docs/logs.md, point_id: 1a, source_sha: 2b, model: m}
+"""))  # fmt: skip
+    assert [i.chunks[0].grade for i in golden.items] == [3, 3]
 
 
 def test_unanswerable_items_load_and_save(tmp_path: Path) -> None:

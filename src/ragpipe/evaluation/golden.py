@@ -25,13 +25,14 @@ matches ``docs/math/trig.md`` but not ``docs/xmath/trig.md``.
 from __future__ import annotations
 
 import csv
+import difflib
 import hashlib
 import json
 import logging
 import math
 import os
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,10 @@ ITEM_KEYS = {
     "draft",
     "provenance",
 }
+FILE_KEYS = {"name", "description", "items"}
+CHUNK_KEYS = {"file", "contains", "heading", "grade"}
+PROVENANCE_KEYS = {"method", "file", "point_id", "source_sha", "model"}
+PROVENANCE_METHODS = ("heading", "llm")  # what `ragpipe golden draft` writes
 
 
 @dataclass(frozen=True)
@@ -181,15 +186,46 @@ def _one_file(a: str, b: str) -> bool:
     return file_matches(a, b) or file_matches(b, a)
 
 
+def _refuse_unknown(raw: dict[Any, Any], allowed: Collection[str], where: str) -> None:
+    """ConfigError naming the keys of ``raw`` not in ``allowed``, each with the allowed key
+    it looks like: a misspelt key was read as absent (``garde: 3`` scored grade 1)."""
+    unknown = sorted(str(k) for k in raw if k not in allowed)
+    if not unknown:
+        return
+    near = [
+        f"{key!r} looks like {close[0]!r}"
+        for key in unknown
+        if (close := difflib.get_close_matches(key.lower(), sorted(allowed), n=1, cutoff=0.6))
+    ]
+    raise ConfigError(
+        f"{where}: unknown keys {unknown} ({'; '.join([*near, ''])}allowed: "
+        f"{', '.join(sorted(allowed))})"
+    )
+
+
+def _check_provenance(raw: Any, where: str) -> None:
+    """Check an item's ``provenance`` (written by ``golden draft``; evaluations read only its
+    method)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"{where}: 'provenance' must be a mapping ({', '.join(sorted(PROVENANCE_KEYS))}), "
+            f"got {raw!r}"
+        )
+    _refuse_unknown(raw, PROVENANCE_KEYS, f"{where}, provenance")
+    method = raw.get("method")
+    if method not in PROVENANCE_METHODS:
+        raise ConfigError(
+            f"{where}: provenance 'method' is {method!r}; it must be one of "
+            f"{', '.join(PROVENANCE_METHODS)} (how `ragpipe golden draft` made the item), or "
+            "remove 'provenance'"
+        )
+
+
 def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
     where = f"{source}: item {index + 1}"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be a mapping with id, query and relevance")
-    unknown = set(raw) - ITEM_KEYS
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown keys {sorted(unknown)} (allowed: {', '.join(sorted(ITEM_KEYS))})"
-        )
+    _refuse_unknown(raw, ITEM_KEYS, where)
     raw_id = raw.get("id")
     if isinstance(raw_id, bool) or not isinstance(raw_id, str | int | None):
         raise ConfigError(f"{where}: 'id' must be text or a number, got {raw_id!r}")
@@ -220,6 +256,8 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
     draft = raw.get("draft", False)
     if not isinstance(draft, bool):
         raise ConfigError(f"{where}: 'draft' must be true or false, got {draft!r}")
+    if "provenance" in raw:
+        _check_provenance(raw["provenance"], where)
     if not answerable:
         keys = ("relevance", "expected_files", "chunks", "expected_answer")
         targets = [k for k in keys if raw.get(k)]
@@ -259,6 +297,8 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
     chunks: list[ChunkTarget] = []
     for j, target in enumerate(targets):
         cw = f"{where}, chunk target {j + 1}"
+        if isinstance(target, dict):
+            _refuse_unknown(target, CHUNK_KEYS, cw)
         if not isinstance(target, dict) or not target.get("file"):
             raise ConfigError(f"{cw}: needs 'file' and one of 'contains' or 'heading'")
         for key in ("file", "contains", "heading"):
@@ -303,6 +343,7 @@ def load_golden(path: Path) -> GoldenSet:
     data = yamlio.load(text, f"golden set {path}", yamlio.DATA_LIMIT)
     if not isinstance(data, dict) or not isinstance(data.get("items"), list):
         raise ConfigError(f"golden set {path}: expected a mapping with an 'items' list")
+    _refuse_unknown(data, FILE_KEYS, f"golden set {path}")
     seen: set[str] = set()
     items = [_item(raw, i, str(path), seen) for i, raw in enumerate(data["items"])]
     if not items:
