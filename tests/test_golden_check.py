@@ -277,6 +277,79 @@ items:
         store.close()
 
 
+def test_a_target_matching_chunks_under_several_headings_is_refused(tmp_path: Path) -> None:
+    """The attack review: contains "the daemon", also in the install section, credited the
+    install chunk at rank 1 to a question about upgrading (MRR 1.0; 0.25 with text only the
+    upgrade section holds), and `eval check` said ok. Refused as a suffix naming several
+    files is: a hit on any of them would score as the answer."""
+    from ragpipe.config import StoreConfig
+    from ragpipe.store import open_store
+    from tests.support.points import DIM, make_points
+
+    store = open_store(StoreConfig(path=tmp_path / "store"), "test-embedder", DIM)
+    assert store is not None
+    files = {
+        "docs/install.md": ["Run the installer; the daemon starts.",
+                            "Stop the daemon first, then run the installer again.",
+                            "Your configuration is kept across upgrades."],
+        "docs/faq.md": ["Run widget --help for examples.", "Run gadget --help for examples."],
+    }  # fmt: skip
+    headings = {
+        ("docs/install.md", 0): ["Install", "Linux"],
+        ("docs/install.md", 1): ["Install", "Upgrade"],
+        ("docs/install.md", 2): ["Install", "Upgrade", "Configuration"],
+        ("docs/faq.md", 0): ["Widget", "Examples"],
+        ("docs/faq.md", 1): ["Gadget", "Examples"],
+    }
+    points = make_points(files=files)
+    for point in points:
+        at = (point.payload["file_path"], point.payload["chunk_index"])
+        point.payload["heading_path"] = headings[at]
+    store.upsert(points)
+    golden = load_golden(_write(tmp_path, "sections", """
+items:
+  - id: toomuch
+    query: How do I upgrade?
+    chunks: [{file: install.md, contains: the daemon, grade: 3}]
+  - id: unique
+    query: How do I upgrade?
+    chunks: [{file: install.md, contains: Stop the daemon first, grade: 3}]
+  - id: section
+    query: How do I upgrade?
+    chunks: [{file: install.md, heading: Upgrade, grade: 3}]
+  - id: whole-file
+    query: How do I install it?
+    chunks: [{file: install.md, heading: Install, grade: 1}]
+  - id: examples
+    query: Where are the examples?
+    chunks: [{file: faq.md, heading: Examples, grade: 2}]
+  - id: one-of-two
+    query: Where are the examples?
+    chunks: [{file: faq.md, contains: "gadget --help", grade: 2}]
+"""))  # fmt: skip
+    try:
+        view = IndexView(store)
+        check = check_golden(golden, view)
+        # A section and its subsections are one heading path's: Upgrade, Install pass.
+        assert check.unmatched_items == ["toomuch", "examples"]
+        assert check.lines() == [
+            'toomuch: chunk target "install.md#contains=the daemon" matches chunks under 2 '
+            "heading paths (Install > Linux; Install > Upgrade), and a hit on any of them "
+            "would score as the answer: give text only the answer's section holds, or target "
+            "that section by heading",
+            'examples: chunk target "faq.md#heading=Examples" matches chunks under 2 heading '
+            "paths (Widget > Examples; Gadget > Examples), and a hit on any of them would "
+            "score as the answer: the heading is in several places, so give text only the "
+            "answer's section holds (contains)",
+        ]
+        with pytest.raises(GoldenMismatch, match=r"2 target\(s\) of 2 item\(s\) cannot be"):
+            golden_for_index(golden, view, skip_unmatched=False, origin="a test")
+        kept, _ = golden_for_index(golden, view, skip_unmatched=True, origin="a test")
+        assert [i.id for i in kept.items] == ["unique", "section", "whole-file", "one-of-two"]
+    finally:
+        store.close()
+
+
 def test_targets_that_need_the_same_chunk_are_named(
     indexed_edge: RagpipeConfig, tmp_path: Path
 ) -> None:

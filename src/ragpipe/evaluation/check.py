@@ -12,7 +12,10 @@ in silence, and a golden set meant for another corpus would score 0 everywhere.
 - a chunk target (grade > 0) must match a point (``heading`` on its heading path,
   ``contains`` in its text, whitespace-normalised) that scoring can credit to it:
   a chunk counts for one target (``retrieval.credit_chunks``), so a target whose
-  only chunks the item's other targets need could never score beside them.
+  only chunks the item's other targets need could never score beside them; and its
+  chunks must lie under one heading path (a heading target's: up to its heading), or a
+  hit on the wrong section would score as the answer, as for a suffix naming several
+  files (refused as that one is).
 
 Each unmatched target is reported with its closest matches (file paths by
 suffix similarity, headings by similarity, the passage sharing the longest run
@@ -201,13 +204,50 @@ def _check_chunk(item: GoldenItem, target: ChunkTarget, view: IndexView) -> Unma
             _closest_headings(target.heading, (h for f in files for h in view.headings[f])),
         )
     payloads = [p for f in files for p in view.payloads(f)]
-    if any(target.matches(p) for p in payloads):
-        return None
+    matched = [p for p in payloads if target.matches(p)]
+    if matched:
+        return _sections(item, target, matched)
     return Unmatched(
         item.id,
         f'text "{target.contains}"',
         f"is in no chunk of {', '.join(files)}",
         _closest_passage(str(target.contains), payloads),
+    )
+
+
+def _section(target: ChunkTarget, payload: dict[str, Any]) -> tuple[str, ...]:
+    """The section of a chunk ``target`` matches: its heading path, cut after the target's
+    heading (the chunks of its subsections are that one section's)."""
+    path = tuple(str(h) for h in payload.get("heading_path") or [])
+    if target.heading is not None and target.heading in path:
+        return path[: path.index(target.heading) + 1]
+    return path
+
+
+def _sections(
+    item: GoldenItem, target: ChunkTarget, matched: list[dict[str, Any]]
+) -> Unmatched | None:
+    """A target whose chunks lie under more than one heading path: a hit on any of them would
+    score as the answer, as for a file suffix that names several files (``_ambiguous``), so
+    it is refused as that one is. "the daemon" in two sections credited the install
+    section's chunk at rank 1 for a question about upgrading: MRR 1.0, 0.25 with text only
+    the upgrade section holds."""
+    found = list(dict.fromkeys(_section(target, p) for p in matched))
+    if len(found) < 2:
+        return None
+    shown = "; ".join(" > ".join(s) or "(no heading)" for s in found[:5])
+    if len(found) > 5:
+        shown += "; ..."
+    fix = (
+        "the heading is in several places, so give text only the answer's section holds (contains)"
+        if target.heading is not None
+        else "give text only the answer's section holds, or target that section by heading"
+    )
+    return Unmatched(
+        item.id,
+        f'chunk target "{target.key}"',
+        f"matches chunks under {len(found)} heading paths ({shown}), and a hit on any of "
+        f"them would score as the answer: {fix}",
     )
 
 
