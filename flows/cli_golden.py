@@ -59,7 +59,7 @@ def draft(
     """
 
     from ragpipe.config import load_config
-    from ragpipe.evaluation.draft import draft_golden, write_draft
+    from ragpipe.evaluation.draft import HEADING_ITEMS_NOTE, draft_golden, write_draft
     from ragpipe.models.embedders import embedder_name
     from ragpipe.store import require_reader
 
@@ -109,4 +109,6 @@ def draft(
           f"{methods.count('llm')} of {drafted.asked} model questions kept")  # fmt: skip
     for reason, count in sorted(drafted.dropped.items(), key=lambda kv: -kv[1]):
         print(f"  dropped {count}: {reason}")
+    if "heading" in methods:
+        print(f"note: the {methods.count('heading')} {HEADING_ITEMS_NOTE}")
     print(f"next: review every item, then `ragpipe eval check {out}`")

@@ -267,6 +267,12 @@ def test_a_heading_draft_is_refused_by_evals_until_reviewed(tmp_path: Path) -> N
                                "--sample", "0"])  # fmt: skip
     assert made.exit_code == 0, made.output
     assert "2 question headings, 0 of 0 model questions kept" in made.output
+    # A heading item asks its chunk's first line: said when drafted, and in the file.
+    flat = " ".join(made.output.split())
+    note = ("question-heading items test lexical matching only: each asks its section's "
+            "heading, the first line of the chunk it targets")  # fmt: skip
+    assert f"note: the 2 {note}" in flat
+    assert f"The {note}" in yaml.safe_load(out.read_text(encoding="utf-8"))["description"]
     items = yaml.safe_load(out.read_text(encoding="utf-8"))["items"]
     assert [(i["query"], i["chunks"][0]["heading"]) for i in items] == [
         ("How do I restore the database?", "How do I restore the database?"),
@@ -297,6 +303,11 @@ def test_a_heading_draft_is_refused_by_evals_until_reviewed(tmp_path: Path) -> N
         "2 of the 2 scored golden items are unreviewed drafts (draft: true, scored as "
         "--allow-draft asks): "
     )
+    assert said["warnings"][0].endswith(
+        "No person has read them yet: 2 drafted from question headings: each asks its "
+        "section's heading, the first line of the chunk it targets, so they test lexical "
+        "matching only (expect scores near 1)"
+    )  # not "written by a model", as it said of every draft
     assert "unreviewed drafts" in (drafted.parent / "report.md").read_text(encoding="utf-8")
     # ... for that run only: the next one without the flag is refused again.
     again = runner.invoke(app, ["eval", "retrieval", "--config", config, "--golden", str(out)])
@@ -388,3 +399,60 @@ def test_chunks_and_questions_in_any_script_are_drafted() -> None:
 
     asked = "这个命令安装吗？"
     assert copied_run(asked, chinese) == 6 < COPY_WORDS * _piece_words(asked)
+
+
+def test_a_run_scoring_drafts_says_how_each_was_made(tmp_path: Path) -> None:
+    """The warning said every draft's question and targets "were written by a model": a
+    heading item's question is its section's heading, the first line of the chunk it
+    targets (it scores near 1.000), and no model wrote it."""
+    from types import SimpleNamespace
+
+    from ragpipe.evaluation.golden import load_golden
+    from ragpipe.evaluation.run import GoldenInfo, with_drafts
+
+    path = tmp_path / "drafts.yaml"
+    path.write_text("""
+items:
+  - id: h1
+    query: How do I restore the database?
+    chunks: [{file: db.md, heading: "How do I restore the database?", grade: 3}]
+    draft: true
+    provenance: {method: heading, file: /d/db.md, point_id: p1, source_sha: s1}
+  - id: l1
+    query: Where do the alerts go?
+    chunks: [{file: db.md, contains: Alerts go to the on-call engineer, grade: 3}]
+    draft: true
+    provenance: {method: llm, file: /d/db.md, point_id: p2, source_sha: s1, model: m}
+  - id: m1
+    query: When do backups run?
+    relevance: {db.md: 2}
+    draft: true
+  - id: r1
+    query: How long does a restore take?
+    relevance: {db.md: 3}
+""", encoding="utf-8")  # fmt: skip
+    golden = load_golden(path)
+    assert [i.drafted_by for i in golden.items] == ["heading", "llm", None, None]
+
+    def warned(ids: list[str]) -> tuple[list[str], str]:
+        info = GoldenInfo("g", str(path), len(ids), "", {i: "x" for i in ids})
+        summary = SimpleNamespace(golden=info, warnings=[])
+        with_drafts(summary, golden)  # type: ignore[arg-type]
+        return summary.warnings, info.selection
+
+    warnings, selection = warned(["h1", "l1", "m1", "r1"])
+    assert selection == "4 items (3 unreviewed drafts)"
+    assert warnings == [
+        "3 of the 4 scored golden items are unreviewed drafts (draft: true, scored as "
+        "--allow-draft asks): h1, l1, m1. No person has read them yet: 1 drafted from "
+        "question headings: each asks its section's heading, the first line of the chunk it "
+        "targets, so they test lexical matching only (expect scores near 1); 1 written by a "
+        "model (question and targets); 1 with no provenance (marked draft by hand)"
+    ]
+    (headings_only,), _ = warned(["h1", "r1"])
+    assert headings_only.endswith(
+        "h1. No person has read them yet: 1 drafted from question headings: each asks its "
+        "section's heading, the first line of the chunk it targets, so they test lexical "
+        "matching only (expect scores near 1)"
+    )
+    assert "model" not in headings_only

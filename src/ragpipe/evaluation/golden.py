@@ -98,6 +98,9 @@ class GoldenItem:
     expected_answer: str | None = None
     answerable: bool = True
     draft: bool = False  # drafted by `ragpipe golden draft`, not yet reviewed
+    # How `golden draft` made it (provenance.method: heading, llm); None when not drafted.
+    # Not scored, so not in item_digest: it only says what a run's drafts are worth.
+    drafted_by: str | None = None
 
 
 def item_digest(item: GoldenItem) -> str:
@@ -203,9 +206,9 @@ def _refuse_unknown(raw: dict[Any, Any], allowed: Collection[str], where: str) -
     )
 
 
-def _check_provenance(raw: Any, where: str) -> None:
-    """Check an item's ``provenance`` (written by ``golden draft``; evaluations read only its
-    method)."""
+def _check_provenance(raw: Any, where: str) -> str:
+    """An item's ``provenance`` (written by ``golden draft``), checked; its method, the one
+    field evaluations read."""
     if not isinstance(raw, dict):
         raise ConfigError(
             f"{where}: 'provenance' must be a mapping ({', '.join(sorted(PROVENANCE_KEYS))}), "
@@ -219,6 +222,7 @@ def _check_provenance(raw: Any, where: str) -> None:
             f"{', '.join(PROVENANCE_METHODS)} (how `ragpipe golden draft` made the item), or "
             "remove 'provenance'"
         )
+    return str(method)
 
 
 def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
@@ -256,8 +260,7 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
     draft = raw.get("draft", False)
     if not isinstance(draft, bool):
         raise ConfigError(f"{where}: 'draft' must be true or false, got {draft!r}")
-    if "provenance" in raw:
-        _check_provenance(raw["provenance"], where)
+    drafted_by = _check_provenance(raw["provenance"], where) if "provenance" in raw else None
     if not answerable:
         keys = ("relevance", "expected_files", "chunks", "expected_answer")
         targets = [k for k in keys if raw.get(k)]
@@ -266,7 +269,8 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
                 f"{where}: 'answerable: false' means the corpus holds no answer; remove "
                 f"{', '.join(targets)} or drop 'answerable: false'"
             )
-        return GoldenItem(item_id, query.strip(), {}, answerable=False, draft=draft)
+        return GoldenItem(item_id, query.strip(), {}, answerable=False, draft=draft,
+                          drafted_by=drafted_by)  # fmt: skip
     relevance: dict[str, int] = {}
     graded = raw.get("relevance") or {}
     if not isinstance(graded, dict):
@@ -329,7 +333,8 @@ def _item(raw: Any, index: int, source: str, seen: set[str]) -> GoldenItem:
             f"{where}: no relevant file (grade > 0): add 'relevance', 'expected_files' or "
             "'chunks' (or 'answerable: false' for a question the corpus does not answer)"
         )
-    return GoldenItem(item_id, query.strip(), relevance, tuple(chunks), answer, draft=draft)
+    return GoldenItem(item_id, query.strip(), relevance, tuple(chunks), answer, draft=draft,
+                      drafted_by=drafted_by)  # fmt: skip
 
 
 def load_golden(path: Path) -> GoldenSet:

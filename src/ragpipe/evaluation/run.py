@@ -657,17 +657,32 @@ def with_drafts(summary: RunSummary, golden: GoldenSet) -> RunSummary:
     its warnings and in the golden set's selection (so in the trend's scope). Only a log
     line said so: the report, summary.json and the history read as a reviewed set's."""
     scored = summary.golden.items
-    drafts = [i.id for i in golden.drafts if not scored or i.id in scored]
-    if not drafts:
+    items = [i for i in golden.drafts if not scored or i.id in scored]
+    if not items:
         return summary
+    drafts = [i.id for i in items]
     selection = summary.golden.selection or f"{summary.golden.queries} items"
     summary.golden.selection = f"{selection} ({len(drafts)} unreviewed drafts)"
     shown = ", ".join(drafts[:10]) + (", ..." if len(drafts) > 10 else "")
+    # Said by how each was made: a heading item's question is its section's heading, also
+    # the first line of the chunk it targets (scores near 1.000), and no model wrote it.
+    made = [i.drafted_by for i in items]
+    how = [
+        said.format(n=made.count(method))
+        for method, said in (
+            ("heading", "{n} drafted from question headings: each asks its section's "
+                        "heading, the first line of the chunk it targets, so they test lexical "
+                        "matching only (expect scores near 1)"),
+            ("llm", "{n} written by a model (question and targets)"),
+            (None, "{n} with no provenance (marked draft by hand)"),
+        )
+        if made.count(method)
+    ]  # fmt: skip
     summary.warnings.insert(
         0,
         f"{len(drafts)} of the {summary.golden.queries} scored golden items are unreviewed "
-        f"drafts (draft: true, scored as --allow-draft asks): {shown}. A draft's question and "
-        "targets were written by a model and not yet read by a person",
+        f"drafts (draft: true, scored as --allow-draft asks): {shown}. No person has read "
+        f"them yet: {'; '.join(how)}",
     )
     return summary
 
