@@ -242,6 +242,9 @@ def eval_check(
     if loaded.drafts:
         print(f"{len(loaded.drafts)} items are drafts (draft: true): evaluations refuse them "
               "until each is reviewed and its 'draft: true' line removed")  # fmt: skip
+    for warning in check.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False,
+                      soft_wrap=True)  # fmt: skip
     if check.ok:
         print("ok: every target matches")
         return

@@ -13,6 +13,8 @@ import pytest
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.golden import (
     ChunkTarget,
+    GoldenItem,
+    GoldenSet,
     file_matches,
     import_beir,
     load_golden,
@@ -204,6 +206,24 @@ items:
     provenance: {method: llm, file: /c/docs/logs.md, point_id: 1a, source_sha: 2b, model: m}
 """))  # fmt: skip
     assert [i.chunks[0].grade for i in golden.items] == [3, 3]
+
+
+def test_items_asking_one_question_are_named() -> None:
+    items = [
+        GoldenItem("a", "Where are the logs?", {"x.md": 1}),
+        GoldenItem("b", "Capital of France?", {}, answerable=False),
+        GoldenItem("c", "where are  the LOGS?", {"y.md": 1}),
+        GoldenItem("d", "Where are the logs kept?", {"x.md": 1}),
+        GoldenItem("e", "Where are the\tlogs?", {"z.md": 2}),
+        GoldenItem("f", "capital of france?", {}, answerable=False),
+    ]
+    assert GoldenSet("g", items).duplicate_queries() == [
+        "items a, c and e ask the same question ('Where are the logs?'): it weighs 3 times "
+        "in every mean; merge them, or reword one",
+        "items b and f ask the same question ('Capital of France?'): it weighs 2 times in "
+        "every mean; merge them, or reword one",
+    ]
+    assert GoldenSet("g", items[:2]).duplicate_queries() == []
 
 
 def test_unanswerable_items_load_and_save(tmp_path: Path) -> None:

@@ -484,3 +484,39 @@ def test_eval_check_names_items_without_chunk_targets_at_chunk_granularity(
     ok = _cli(indexed_edge, "eval", "check", files_only, "--config", str(by_file))
     assert ok.exit_code == 0, ok.output
     assert "ok: every target matches" in ok.output
+
+
+def test_items_asking_one_question_are_warned_of(
+    indexed_edge: RagpipeConfig, tmp_path: Path
+) -> None:
+    """Two items with the same query (one pasted, case and spaces aside) loaded and passed
+    `eval check` unsaid: the question weighed twice in every mean."""
+    path = _write(tmp_path, "twice", """
+name: twice
+items:
+  - id: calvin
+    query: How does the Calvin cycle fix carbon dioxide?
+    chunks: [{file: science/photosynthesis.md, heading: Calvin cycle, grade: 3}]
+  - id: calvin-again
+    query: "how does the  Calvin cycle fix carbon dioxide? "
+    chunks: [{file: science/photosynthesis.md, contains: RuBisCO, grade: 3}]
+  - id: oven
+    query: How hot should the oven be for bread?
+    chunks: [{file: kitchen/bread.md, heading: Oven, grade: 3}]
+""")  # fmt: skip
+    said = (
+        "items calvin and calvin-again ask the same question ('How does the Calvin cycle fix "
+        "carbon dioxide?'): it weighs 2 times in every mean; merge them, or reword one"
+    )
+    check = _cli(indexed_edge, "eval", "check", str(path))
+    assert check.exit_code == 0, check.output  # a warning, not a mismatch
+    flat = " ".join(check.output.split())
+    assert f"warning: {said}" in flat and "ok: every target matches" in flat
+    config = indexed_edge.model_copy(
+        update={"eval": indexed_edge.eval.model_copy(
+            update={"golden": path, "reports_dir": tmp_path / "reports", "resamples": 200})}
+    )  # fmt: skip
+    _, run = run_retrieval(config)
+    assert f"golden set: {said}" in run.warnings
+    summary = json.loads(Path(run.report_dir, "summary.json").read_text())
+    assert summary["golden_check"]["warnings"] == [said]

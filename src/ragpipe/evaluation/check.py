@@ -72,6 +72,9 @@ class GoldenCheck:
     index_files: int
     unmatched: list[Unmatched] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # item ids left out (--skip-unmatched)
+    # What can be scored but is likely a mistake (items asking one question): said, not
+    # refused.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -96,6 +99,7 @@ class GoldenCheck:
             "index_files": self.index_files,
             "unmatched": [u.line() for u in self.unmatched],
             "skipped_items": self.skipped,
+            "warnings": self.warnings,
         }
 
 
@@ -430,7 +434,13 @@ def check_golden(
         crowded = _crowded(item, located, view)
         unmatched += crowded or _shared(item, located, view)
     return GoldenCheck(
-        golden.name, golden.source, len(golden.items), targets, len(view.files), unmatched
+        golden.name,
+        golden.source,
+        len(golden.items),
+        targets,
+        len(view.files),
+        unmatched,
+        warnings=golden.duplicate_queries(),
     )
 
 

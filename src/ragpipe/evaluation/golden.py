@@ -137,6 +137,24 @@ class GoldenSet:
         """Items still marked ``draft: true`` (drafted, not reviewed)."""
         return [i for i in self.items if i.draft]
 
+    def duplicate_queries(self) -> list[str]:
+        """One line per question asked by more than one item (case and runs of whitespace
+        aside), naming the items: a question scored twice weighs twice in every mean, which
+        no one meant when the second copy was a paste."""
+        asked: dict[str, list[GoldenItem]] = {}
+        for item in self.items:
+            asked.setdefault(" ".join(item.query.split()).casefold(), []).append(item)
+        lines = []
+        for same in asked.values():
+            if len(same) > 1:
+                ids = [i.id for i in same]
+                named = ", ".join(ids[:-1]) + f" and {ids[-1]}"
+                lines.append(
+                    f"items {named} ask the same question ({same[0].query!r}): it weighs "
+                    f"{len(same)} times in every mean; merge them, or reword one"
+                )
+        return lines
+
     def refuse_drafts(self, allowed: bool) -> None:
         """ConfigError when items are unreviewed drafts, unless ``allowed``
         (``eval.allow_draft``; logged then)."""

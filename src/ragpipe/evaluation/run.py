@@ -631,8 +631,10 @@ def load_golden_from(config: RagpipeConfig, reviewing: bool = False) -> GoldenSe
 
 
 def with_check(summary: RunSummary, check: GoldenCheck) -> RunSummary:
-    """The summary with the golden check's outcome, and a warning naming skipped items."""
+    """The summary with the golden check's outcome, and warnings naming skipped items and
+    the check's own (items asking one question)."""
     summary.golden_check = check.as_dict()
+    summary.warnings += [f"golden set: {w}" for w in check.warnings]
     if check.skipped:
         # The scope too (history, trends, lists of runs): "all 70 items" of a 75-item set is
         # not the whole set, and two runs that skipped different items are not one series.
