@@ -116,10 +116,21 @@ class IndexView:
             if hit.payload.get("source_sha"):
                 self.shas[path].add(str(hit.payload["source_sha"]))
         self.files = sorted(self.headings)
+        # Files by their last path component: a suffix ends with its file's, so matching
+        # is a lookup and a suffix check of those few, not a scan of every file (1,000
+        # items x 2 targets on 20,000 files: 15 s of CPU in the check, 7.7 s in the evidence).
+        self._by_name: dict[str, list[str]] = defaultdict(list)
+        for path in self.files:
+            self._by_name[_last_part(path)].append(path)
+        self._matched: dict[str, tuple[str, ...]] = {}
         self._texts: dict[str, list[dict[str, Any]]] = {}
 
     def matching(self, suffix: str) -> list[str]:
-        return [f for f in self.files if file_matches(f, suffix)]
+        """The indexed files ``suffix`` names (``golden.file_matches``), in path order."""
+        if suffix not in self._matched:
+            named = self._by_name.get(_last_part(suffix), [])
+            self._matched[suffix] = tuple(f for f in named if file_matches(f, suffix))
+        return list(self._matched[suffix])
 
     def payloads(self, path: str) -> list[dict[str, Any]]:
         """Every chunk of one file (file_path, heading_path, text), loaded once."""
@@ -130,6 +141,11 @@ class IndexView:
             # In document order: a scroll's order is the engine's, not always the same.
             self._texts[path] = sorted(found, key=lambda p: int(p.get("chunk_index") or 0))
         return self._texts[path]
+
+
+def _last_part(path: str) -> str:
+    """A path's last component, as ``file_matches`` splits them (``/`` or ``\\``)."""
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
 
 
 def _closest_files(suffix: str, files: Iterable[str]) -> tuple[str, ...]:
