@@ -162,6 +162,100 @@ def test_file_granularity_deduplicates_by_file(eval_config: RagpipeConfig) -> No
     assert restore.metrics["recall@5"] == 1.0  # both graded files found
 
 
+@pytest.fixture(scope="module")
+def long_file(tmp_path_factory: pytest.TempPathFactory) -> RagpipeConfig:
+    """Twelve files, one of 24 install sections; prefetch 10; a golden set of 12 install
+    questions, each targeting one short install page (gadget.md, widget.md)."""
+    from ragpipe.ingest.pipeline import run_ingest
+    from tests.support.corpora import INSTALL_QUERIES, long_file_project
+
+    base = tmp_path_factory.mktemp("long-file")
+    cfg = long_file_project(base)
+    assert run_ingest(cfg).failed == 0
+    items = [
+        {"id": f"q{i:02d}", "query": q, "relevance": {"widget.md" if i % 2 else "gadget.md": 1}}
+        for i, q in enumerate(INSTALL_QUERIES)
+    ]
+    golden = base / "install.yaml"
+    golden.write_text(yaml.safe_dump({"name": "install", "items": items}), encoding="utf-8")
+    evaluation = {"golden": golden, "reports_dir": base / "reports", "resamples": 200,
+                  "granularity": "file"}  # fmt: skip
+    return cfg.model_copy(update={"eval": cfg.eval.model_copy(update=evaluation)})
+
+
+def test_a_long_file_filling_the_candidates_leaves_ten_files_ranked_all_the_same(
+    long_file: RagpipeConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review: a file whose chunks fill the search's candidates (prefetch=40, a file of 60
+    install sections) ranked that file alone; recall@10 was 0.125 over one file, nothing said
+    so, and prefetch 80 scored 1.0 with the user's top 5 unchanged."""
+    golden = load_golden(long_file.eval.golden)
+    variants = [Variant("p10"), Variant("p20", {"prefetch": 20}),
+                Variant("p40", {"prefetch": 40}), Variant("bm25", {"mode": "sparse"})]  # fmt: skip
+    with Retriever(long_file) as r:
+        result = run_retrieval_eval(
+            long_file, golden, variants, granularity=Granularity.FILE, resamples=200, retriever=r
+        )
+        own = {i.query: r.search(i.query, depth=10).hits for i in golden.items}
+        deep = {i.query: r.search(i.query, depth=40, prefetch=40).hits for i in golden.items}
+    rows = {(x.variant, x.item_id): x for x in result.rows}
+    for item in golden.items:
+        # The variant's own ten candidates: long.md's chunks, all but one query's.
+        held = {h.file_path for h in own[item.query]}
+        assert held == {next(h.file_path for h in own[item.query])} or item.id == "q10"
+        row = rows["p10", item.id]
+        # Ten files, its own first, then in the order of the same settings searched deeper.
+        order: list[str] = []
+        for h in [*own[item.query], *deep[item.query]]:
+            key = next((k for k in item.relevance if h.file_path.endswith("/" + k)), h.file_path)
+            order += [key] if key not in order else []
+        assert row.retrieved == order[:10] and len(row.retrieved) == 10
+        assert row.metrics["recall@10"] == 1.0  # it scored 0: only long.md was ranked
+        # A larger prefetch ranks the same files: it cannot win by letting more in.
+        assert rows["p20", item.id].retrieved == rows["p40", item.id].retrieved == row.retrieved
+        assert row.pool is not None and row.pool.first_files == len(held)
+        assert (row.pool.first_chunks, row.pool.chunks, row.pool.prefetch) == (10, 40, 40)
+        assert rows["bm25", item.id].pool.files == 3  # type: ignore[union-attr]
+    # gadget.md third, widget.md second (by hand, from the rankings above): 1/3 and 1/2.
+    assert result.summary["p10"]["mrr"].mean == pytest.approx(5 / 12)
+    assert all(d.interval.mean == 0 for d in result.deltas["p40"].values())
+    assert result.warnings[1:] == [
+        "p10: 12 of 12 queries' candidates (10 chunks, prefetch=10) held fewer than 10 files "
+        "(fewest: 1): several chunks of one file rank one file. The files after them were "
+        "ranked by the same settings searched deeper (prefetch up to 40); a user's search "
+        "sees only the first files",
+        "p20: 12 of 12 queries' candidates (20 chunks, prefetch=20) held fewer than 10 files "
+        "(fewest: 1): several chunks of one file rank one file. The files after them were "
+        "ranked by the same settings searched deeper (prefetch up to 40); a user's search "
+        "sees only the first files",
+        "bm25: 12 of 12 queries' candidates (10 chunks) held fewer than 10 files (fewest: 1): "
+        "several chunks of one file rank one file. The files after them were ranked by the "
+        "same settings searched deeper (depth up to 40); a user's search sees only the first "
+        "files",
+        # BM25 reaches only the three files with an install word; p40 reached every chunk.
+        "bm25: 12 of 12 queries ranked fewer than 10 files (fewest: 3; the first search's "
+        "candidates held 1): their search reaches no other file (BM25 alone ranks only chunks "
+        "that share a word with the query). Their metrics are over fewer than 10 files",
+    ]
+    # The same warnings in the summary and the report (the CLI prints the summary's).
+    _, run = run_retrieval(long_file, variants[:1])
+    assert run.warnings == result.warnings[:2]
+    assert (
+        f"> **warning:** {result.warnings[1]}" in (Path(run.report_dir) / "report.md").read_text()
+    )
+    # The deeper searches are bounded (FILE_POOL_LIMIT, 2560 chunks): one that stops there
+    # ranks fewer files, and says why.
+    monkeypatch.setattr("ragpipe.evaluation.retrieval.FILE_POOL_LIMIT", 20)
+    bounded = run_retrieval_eval(long_file, golden, variants[:1], granularity=Granularity.FILE)
+    pools = [x.pool for x in bounded.rows]
+    assert [(p.chunks, p.exhausted) for p in pools if p] == [(20, False)] * 12
+    assert bounded.warnings[-1] == (
+        "p10: 12 of 12 queries ranked fewer than 10 files (fewest: 1; the first search's "
+        "candidates held 1): 12 stopped at the bound of 20 chunks. Their metrics are over "
+        "fewer than 10 files"
+    )
+
+
 def test_compare_gate_and_report_files(eval_config: RagpipeConfig) -> None:
     broken = {"mode": "dense", "filter_file": "kitchen/bread.md"}
     variants = [Variant("dense", {"mode": "dense"}), Variant("broken", broken)]

@@ -344,6 +344,31 @@ def test_a_recommended_pick_is_written_as_a_config_that_loads(
     assert tuned.embed.provider == "onnx" and tuned.store.path == cfg.store.path
 
 
+def test_at_file_level_a_larger_prefetch_cannot_win_by_letting_more_files_in(
+    tmp_path: Path,
+) -> None:
+    """The review: a long file's chunks filled the 40 candidates, so one file was ranked;
+    prefetch 80 let the right files in, and tune recommended it (held-out NDCG 0 -> 0.57)
+    though a user's top 5 was the same. Each variant now ranks 10 files: a tie."""
+    from tests.support.corpora import INSTALL_QUERIES, long_file_project
+
+    cfg = long_file_project(tmp_path / "project")
+    assert run_ingest(cfg).failed == 0
+    items = [GoldenItem(f"q{i:02d}", q, {"widget.md" if i % 2 else "gadget.md": 1})
+             for i, q in enumerate(INSTALL_QUERIES)]  # fmt: skip
+    with Retriever(cfg) as r:
+        outcome = run_tune(
+            cfg, GoldenSet("install", items), granularity=Granularity.FILE,
+            space={"prefetch": [10, 40]}, retriever=r,
+        )  # fmt: skip
+    assert [(t.overrides, t.score) for t in outcome.trials] == [
+        ({}, outcome.tuning_current),
+        ({"prefetch": 40}, outcome.tuning_current),
+    ]
+    assert outcome.overrides == {} and outcome.decision == "no change"
+    assert outcome.options["prefetch"].startswith("refused 40: ")
+
+
 def test_tune_tries_llm_rerank_when_asked_and_keeps_it_where_it_wins(
     indexed_edge: RagpipeConfig,
     pairs: list[tuple[str, ChunkTarget, ChunkTarget]],

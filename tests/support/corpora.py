@@ -84,3 +84,59 @@ def write_topics(root: Path, count: int, suffix: str = ".md") -> Path:
     for topic in TOPICS[:count]:
         (root / f"{topic}{suffix}").write_text(topic_doc(topic), encoding="utf-8")
     return root
+
+
+# Install questions: every one matches each section of long.md (its words) before the two
+# short install pages, widget.md and gadget.md, that the golden sets target.
+INSTALL_QUERIES = [
+    "How do I install it?",
+    "install the package",
+    "installer steps",
+    "how to install",
+    "run the install",
+    "verify the install",
+    "installing software",
+    "install it now",
+    "where do I install it",
+    "install guide",
+    "the install script",
+    "install help",
+]
+
+
+def long_file_project(base: Path) -> RagpipeConfig:
+    """Twelve files, one of them (long.md) 24 sections about installing: a search for an
+    install question with prefetch 10 (the config's) or 20 holds long.md's chunks alone.
+    Not ingested; one chunk a section (size 200)."""
+    root = base / "corpus"
+    root.mkdir(parents=True)
+    long = "# Long install manual\n\n" + "".join(
+        f"## Install step {i}\n\nTo install it, step {i}: run the installer, install the "
+        f"package number {i}, and verify the install finished.\n\n"
+        for i in range(24)
+    )
+    (root / "long.md").write_text(long, encoding="utf-8")
+    pages = {
+        "widget": "Download the tarball and run the install script with sudo; it sets up the "
+        "daemon.",
+        "gadget": "Gadget installs with pip inside a virtual environment and needs Python 3.10.",
+        "bread": "Knead the dough, let it rise and bake the loaf at 230 degrees.",
+        "tomato": "Tomatoes need full sun, water and stakes; pinch off side shoots.",
+        "bikes": "Oil the chain, pump the tyres and check the brakes every month.",
+        "tea": "Steep green tea at 80 degrees for two minutes, black tea longer.",
+        "stars": "Telescopes gather light; a larger mirror shows fainter stars.",
+        "chess": "Control the centre, develop the knights and castle early.",
+        "birds": "Robins sing at dawn; feeders with seed bring finches in winter.",
+        "rivers": "Rivers carve valleys; floods leave fertile silt on the plain.",
+        "knots": "A bowline makes a fixed loop that does not slip under load.",
+    }
+    for name, text in pages.items():
+        (root / f"{name}.md").write_text(f"# {name.title()}\n\n{text}\n", encoding="utf-8")
+    return RagpipeConfig(
+        discover={"roots": [root]},  # type: ignore[arg-type]
+        chunk={"size": 200, "overlap": 20},  # type: ignore[arg-type]
+        embed={"provider": "onnx"},  # type: ignore[arg-type]
+        store={"path": base / "store"},  # type: ignore[arg-type]
+        paths={"work_dir": base / "work"},  # type: ignore[arg-type]
+        retrieve={"prefetch": 10},  # type: ignore[arg-type]
+    )

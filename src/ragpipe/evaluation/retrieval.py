@@ -13,13 +13,13 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
 import numpy as np
 
-from ragpipe.config import RagpipeConfig, RetrieveConfig
+from ragpipe.config import RagpipeConfig, RetrievalMode, RetrieveConfig
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.golden import GoldenItem, GoldenSet, file_matches
 from ragpipe.evaluation.metrics import (
@@ -33,12 +33,16 @@ from ragpipe.evaluation.metrics import (
     query_metrics,
 )
 from ragpipe.evaluation.names import DEEPEST_CUTOFF
-from ragpipe.query.results import Retrieved
+from ragpipe.query.results import RetrievalResult, Retrieved
 from ragpipe.query.retrieve import Retriever, leg_size
 
 logger = logging.getLogger(__name__)
 
 SMALL_N = 50
+# The deepest a file-level ranking searches, in chunks, the same bound for every variant: a
+# query whose search's candidates hold fewer than ``depth`` files is searched again with
+# legs and depth doubled until they do, the index has no more, or this bound is reached.
+FILE_POOL_LIMIT = 2560
 
 
 class Granularity(StrEnum):
@@ -73,6 +77,8 @@ class QueryRow:
     search_seconds: float
     # Per rank, what a reader needs to see what came back: file, heading path, snippet.
     ranks: list[dict[str, str]] = field(default_factory=list)
+    # file granularity: the file ranking's searches (``FilePool``); None by chunk.
+    pool: FilePool | None = None
 
 
 @dataclass
@@ -193,18 +199,90 @@ def judged_hits(
 
 
 def search_depth(depth: int, granularity: Granularity, settings: dict[str, Any]) -> int:
-    """Chunks to ask for so that ``depth`` results at the granularity can be ranked.
+    """Chunks a variant's own search is asked for.
 
-    chunk: ``depth``. file: a file counts at its best chunk, and several
-    chunks of one file would leave fewer than ``depth`` files, so the
-    retriever is asked for as many chunks as its legs hold (``prefetch``, at
-    least ``depth``; it never ranks past its legs). ``Retriever.search(depth=...)``
-    ranks its first top_k as a user's search does, so the order is the one a
-    user gets.
+    chunk: ``depth``. file: as many chunks as its legs hold (``prefetch``, at least
+    ``depth``; it never ranks past its legs), since several chunks of one file rank one
+    file; when those still hold fewer than ``depth`` files, ``file_search`` searches
+    deeper. ``Retriever.search(depth=...)`` ranks its first top_k as a user's search does,
+    so the order is the one a user gets.
     """
     if granularity == Granularity.CHUNK:
         return depth
     return max(depth, int(settings.get("prefetch", depth)))
+
+
+@dataclass(frozen=True)
+class FilePool:
+    """How a file-level ranking was searched for one query."""
+
+    first_files: int  # files among the variant's own search's candidates
+    first_chunks: int  # the chunks that search was asked for
+    files: int  # files ranked in the end (at most the eval's depth)
+    chunks: int  # the chunks the deepest search was asked for
+    prefetch: int  # that search's legs (the variant's own prefetch when it went no deeper)
+    exhausted: bool  # the deepest search returned fewer chunks than asked: no more to find
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def file_search(
+    searcher: Retriever,
+    item: GoldenItem,
+    depth: int,
+    settings: dict[str, Any],
+    overrides: Mapping[str, Any],
+) -> tuple[RetrievalResult, list[str], dict[str, int], list[Retrieved], FilePool]:
+    """A variant's file ranking of ``item``: its own search, then deeper ones if needed.
+
+    A file counts at its best chunk, so a long file whose chunks fill the search's
+    candidates (``prefetch`` of them) leaves fewer than ``depth`` files ranked: one file
+    of 60 matching sections ranked that file alone, and recall@10 and NDCG@10 were
+    computed over it. The variant's own ranking is kept as it is, and the files after it
+    come from the same settings searched deeper (legs and depth doubled, up to
+    ``FILE_POOL_LIMIT`` chunks), in that search's order, until ``depth`` files are ranked
+    or a search returns fewer chunks than asked (nothing more to find: the index, a
+    filter, a floor or the LLM filter holds no more). So every variant ranks ``depth``
+    files where the index has them, and a larger ``prefetch`` cannot score higher only by
+    letting more files in.
+
+    Returns:
+        The variant's own search, the ranked file keys, the qrels, the hit standing for
+        each ranked file, and how the ranking was searched.
+    """
+    asked = search_depth(depth, Granularity.FILE, settings)
+    result = searcher.search(item.query, depth=asked, **overrides)
+    ranked, qrels, best = judged_hits(result.hits, item, Granularity.FILE)
+    first = len(ranked)
+    chosen = RetrieveConfig.model_validate(settings)
+    sparse = chosen.mode == RetrievalMode.SPARSE
+    legs = chosen.prefetch  # the deepest search's legs
+    # A fused or dense search returns no more than its legs hold (BM25 alone ranks on).
+    full = len(result.hits) >= (asked if sparse else min(asked, leg_size(chosen)))
+    chunks = asked
+    while len(ranked) < depth and full and chunks < FILE_POOL_LIMIT:
+        chunks = min(2 * chunks, FILE_POOL_LIMIT)
+        deeper = dict(overrides)
+        if not sparse:  # BM25 alone has no legs: it ranks as deep as asked
+            legs = deeper["prefetch"] = max(chunks, chosen.prefetch)
+        more = searcher.search(item.query, depth=chunks, **deeper)
+        keys, _, hits = judged_hits(more.hits, item, Granularity.FILE)
+        for key, hit in zip(keys, hits, strict=True):
+            if key not in ranked:
+                ranked.append(key)
+                best.append(hit)
+        full = len(more.hits) >= chunks
+    pool = FilePool(
+        first_files=first,
+        first_chunks=asked,
+        files=min(len(ranked), depth),
+        chunks=chunks,
+        prefetch=legs,
+        exhausted=not full,
+    )
+    result.trace["file_pool"] = pool.as_dict()
+    return result, ranked, qrels, best, pool
 
 
 def refuse_missing_chunks(
@@ -308,16 +386,24 @@ def run_retrieval_eval(
             for item in items:
                 started = time.perf_counter()
                 searcher = (retrievers or {}).get(variant.name, retriever)
-                # The variant's own search, deeper: its first top_k are what it returns.
-                result = searcher.search(item.query, depth=asked[variant.name], **variant.overrides)
+                pool: FilePool | None = None
+                if granularity == Granularity.FILE:
+                    result, ranked, qrels, best, pool = file_search(
+                        searcher, item, depth, settings[variant.name], variant.overrides
+                    )
+                else:
+                    # The variant's own search, deeper: its first top_k are what it returns.
+                    result = searcher.search(
+                        item.query, depth=asked[variant.name], **variant.overrides
+                    )
+                    ranked, qrels, best = judged_hits(result.hits, item, granularity)
                 elapsed = time.perf_counter() - started
                 search_seconds += elapsed
-                ranked, qrels, best = judged_hits(result.hits, item, granularity)
                 shown = [describe_hit(h) for h in best[:depth]]
                 rows.append(
                     QueryRow(
                         variant.name, item.id, item.query, {}, ranked[:depth], qrels, elapsed,
-                        shown,
+                        shown, pool,
                     )
                 )  # fmt: skip
                 traces.setdefault(variant.name, []).append(result.trace)
@@ -388,12 +474,18 @@ def run_retrieval_eval(
         filtered = filter_warning(variant.name, chosen)
         if filtered:
             warnings.append(filtered)
+        if granularity == Granularity.FILE:
+            warnings += file_pool_warnings(
+                variant.name, chosen, [r.pool for r in rows if r.variant == variant.name], depth
+            )
         if chosen.get("llm_filter") and int(chosen["top_k"]) < DEEPEST_CUTOFF:
             warnings.append(
                 f"{variant.name}: retrieve.llm_filter ranks at most top_k={chosen['top_k']} "
                 f"chunks (what the search returns), so its @{DEEPEST_CUTOFF} metrics are over "
                 "them"
             )
+            continue
+        if granularity == Granularity.FILE:  # file_search searched deeper where it could
             continue
         legs = leg_size(RetrieveConfig.model_validate(chosen))
         if chosen["mode"] != "sparse" and legs < asked[variant.name]:
@@ -425,7 +517,65 @@ def run_retrieval_eval(
     )
 
 
+def file_pool_warnings(
+    name: str, settings: dict[str, Any], pools: Sequence[FilePool | None], depth: int
+) -> list[str]:
+    """What a variant's file rankings say beyond their scores: queries whose own search's
+    candidates held fewer than ``depth`` files (ranked on by deeper searches), and queries
+    that ranked fewer than ``depth`` files all the same (their metrics are over fewer)."""
+    known = [p for p in pools if p is not None]
+    out = []
+    sparse = settings["mode"] == RetrievalMode.SPARSE.value
+    grown = [p for p in known if p.chunks > p.first_chunks]
+    if grown:
+        own = f"{grown[0].first_chunks} chunks" + (
+            "" if sparse else f", prefetch={settings['prefetch']}"
+        )
+        deepest = max(p.chunks if sparse else p.prefetch for p in grown)
+        out.append(
+            f"{name}: {len(grown)} of {len(known)} queries' candidates ({own}) held fewer than "
+            f"{depth} files (fewest: {min(p.first_files for p in grown)}): several chunks of "
+            "one file rank one file. The files after them were ranked by the same settings "
+            f"searched deeper ({'depth' if sparse else 'prefetch'} up to {deepest}); a user's "
+            "search sees only the first files"
+        )
+    # A search that reaches every chunk (dense or hybrid, nothing filtered) and ran out
+    # ranked every file of the index: a complete ranking, short of depth only on a small
+    # index. Anything else ranks only what its settings let through, or stopped at the bound.
+    narrowing = narrowed_by(settings)
+    short = [p for p in known if p.files < depth and (narrowing or not p.exhausted)]
+    if short:
+        bounded = sum(not p.exhausted for p in short)
+        why = f"their search reaches no other file ({'; '.join(narrowing)})"
+        if bounded:
+            why = f"{bounded} stopped at the bound of {FILE_POOL_LIMIT} chunks" + (
+                f", the others' search reaches no other file ({'; '.join(narrowing)})"
+                if bounded < len(short)
+                else ""
+            )
+        out.append(
+            f"{name}: {len(short)} of {len(known)} queries ranked fewer than {depth} files "
+            f"(fewest: {min(p.files for p in short)}; the first search's candidates held "
+            f"{min(p.first_files for p in short)}): {why}. Their metrics are over fewer "
+            f"than {depth} files"
+        )
+    return out
+
+
 FILTERS = ("filter_file", "filter_heading", "filter_source_sha")
+
+
+def narrowed_by(settings: dict[str, Any]) -> list[str]:
+    """What keeps a search from reaching every chunk of the index, said per setting."""
+    said = []
+    if settings["mode"] == RetrievalMode.SPARSE.value:
+        said.append("BM25 alone ranks only chunks that share a word with the query")
+    said += [f"{k}={settings[k]!r} lets only some through" for k in FILTERS if settings.get(k)]
+    if settings.get("min_dense_score") is not None:
+        said.append(f"min_dense_score={settings['min_dense_score']} drops the dense leg's others")
+    if settings.get("llm_filter"):
+        said.append(f"the LLM filter keeps at most top_k={settings['top_k']}")
+    return said
 
 
 def filter_warning(name: str, settings: dict[str, Any]) -> str | None:
