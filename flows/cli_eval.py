@@ -573,9 +573,9 @@ def eval_tune(
     out: Annotated[
         Path | None,
         typer.Option(
-            help="Also write the tuned config here when the verdict is 'recommend' (or "
-            "'recommend, not significant') "
-            "(pass it back with --config)."
+            help="Also write the tuned config here when the verdict is 'recommend' (pass it "
+            "back with --config). A 'recommend, not significant' pick is not written here: "
+            "it stays in the report folder as tuned-not-significant.yaml."
         ),
     ] = None,
     skip_unmatched: SkipUnmatchedOption = None,
@@ -616,9 +616,11 @@ def eval_tune(
     the pick and the current settings are scored on the held-out queries (paired delta,
     bootstrap 95% CI, permutation p-value). Verdict: recommend (tuned.yaml written, with
     your config's other sections kept), recommend, not significant (a gain the test cannot
-    tell from noise; tuned.yaml written too), refused (the pick is worse on the held-out
-    queries: its delta CI lies entirely below zero), or no change. Exit 0 for every
-    verdict; 2 for a bad configuration or golden set.
+    tell from noise: kept in the report folder as tuned-not-significant.yaml, not written
+    to --out), refused (the pick is worse on the held-out queries: its delta CI lies
+    entirely below zero), or no change. A golden set that would hold out fewer than 6
+    queries, on which the sign-flip test cannot reach p < 0.05, is refused before any
+    search. Exit 0 for every verdict; 2 for a bad configuration or golden set.
     """
     prefect_env(verbose)
     try:
@@ -684,10 +686,10 @@ def eval_tune(
             fail(exc, 2)
         finally:
             set_reporter(previous)
-    _print_tune(summary)
+    _print_tune(summary, out)
 
 
-def _print_tune(summary: TuneSummary) -> None:
+def _print_tune(summary: TuneSummary, out: Path | None = None) -> None:
     split = summary.split
     tuning = summary.tuning
     from ragpipe.evaluation.report import no_ci_reason
@@ -727,6 +729,15 @@ def _print_tune(summary: TuneSummary) -> None:
     )
     if summary.tuned_config:
         print(f"tuned config: {summary.tuned_config} (use it with --config)")
+    if summary.weak_config:
+        console.print(
+            "[yellow]not significant: the pick is not written as tuned.yaml"
+            f"{escape(f' nor to {out}') if out else ''}; it is kept as "
+            f"{escape(summary.weak_config)}. Confirm it on more golden queries before you use "
+            "it.[/yellow]",
+            highlight=False,
+            soft_wrap=True,
+        )
     if summary.tuned_config and summary.ingest:
         print(
             f"its chunk settings need the index tune built at {summary.index}: the next "

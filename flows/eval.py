@@ -280,8 +280,8 @@ def tune_retrieval(
         share: Share of the golden queries that tune (seed ``eval.seed``); the
             rest only confirm.
         write_config: Also write the tuned config YAML here when the verdict is
-            ``recommend`` or ``recommend, not significant`` (it is always in the run
-            directory as tuned.yaml).
+            ``recommend`` (it is in the run directory as tuned.yaml too; a ``recommend,
+            not significant`` pick is kept there only, as tuned-not-significant.yaml).
         llm_options: Also try the settings that call the LLM per query (LLM rerank,
             adaptive HyDE): seconds per candidate on a CPU.
         ingest_options: Also try the chunk settings (``chunk.whole_sections``), each on
@@ -315,8 +315,11 @@ def eval_tune_flow(
     """Tune the retrieve settings on a golden set, with an honest hold-out.
 
     A seeded split: the search picks settings on the tuning share only, then the pick
-    and the current settings are scored on the held-out queries. Verdict: recommend or
-    recommend, not significant (tuned.yaml written), refused, or no change.
+    and the current settings are scored on the held-out queries. Verdict: recommend
+    (tuned.yaml written), recommend, not significant (kept in the run folder as
+    tuned-not-significant.yaml, not written to write_config), refused, or no change. A
+    golden set that would hold out fewer than 6 queries (the sign-flip test cannot reach
+    p < 0.05 on them) is refused first.
 
     Args:
         golden: Golden set YAML, e.g. eval/golden/r-faq-dev.yaml (eval.golden).
@@ -324,8 +327,8 @@ def eval_tune_flow(
         metric: What the search maximises and the held-out verdict is about.
         share: Share of the golden queries that tune (0 to 1); the rest only confirm.
         write_config: Also write the tuned config YAML to this path when the verdict is
-            recommend or recommend, not significant (it is always in the run folder as
-            tuned.yaml).
+            recommend (it is in the run folder as tuned.yaml too; a recommend, not
+            significant pick stays in the run folder only, as tuned-not-significant.yaml).
         skip_unmatched: Leave out golden items whose targets cannot be scored on the index
             (the report counts them) instead of failing the run (eval.skip_unmatched).
         name: Run name, the report folder's suffix (default: the golden set's name + -tune).

@@ -48,7 +48,23 @@ items:
   - id: salt
     query: How much salt goes in?
     relevance: {salt.md: 3}
-"""  # four items: what eval tune needs at least
+"""
+# eval tune holds out at least 6 queries (on fewer the sign-flip test cannot reach p < 0.05):
+# twelve items, three a file.
+TUNE_GOLDEN = "name: bread-tune\nitems:\n" + "".join(
+    f"  - {{id: {name.removesuffix('.md')}{n}, query: {query!r}, relevance: {{{name}: 3}}}}\n"
+    for name, queries in {
+        "oven.md": ["How hot should the oven be?", "How long does bread bake?",
+                    "At what temperature is bread baked?"],
+        "dough.md": ["How long does the dough rise?", "Where should dough rise?",
+                     "Does the dough need a warm place?"],
+        "flour.md": ["Which flour has more protein?", "What is strong flour?",
+                     "Is wheat flour high in protein?"],
+        "salt.md": ["How much salt goes in?", "What percent of salt?",
+                    "Salt by flour weight?"],
+    }.items()
+    for n, query in enumerate(queries)
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +74,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, RagpipeConfig]
 
     root = tmp_path_factory.mktemp("interrupts")
     write_project(root, DOCS, GOLDEN, ", granularity: file")
+    (root / "tune.yaml").write_text(TUNE_GOLDEN, encoding="utf-8")
     beir = root / "beir"
     (beir / "qrels").mkdir(parents=True)
     (beir / "corpus.jsonl").write_text("".join(
@@ -237,7 +254,7 @@ EVALS = {
     "retrieval --flow": ["eval", "retrieval", "--flow"],
     "rag": ["eval", "rag", "--sample", "1"],
     "compare": ["eval", "compare", "--variant", "a:mode=dense", "--variant", "b:mode=sparse"],
-    "tune": ["eval", "tune"],
+    "tune": ["eval", "tune", "--golden", "tune.yaml"],
 }
 
 

@@ -40,6 +40,23 @@ items:
     query: Who worked on the Enigma cipher?
     chunks: [{file: computing.md, heading: Alan Turing, grade: 3}]
 """
+# eval-tune holds out at least 6 queries (on fewer the sign-flip test cannot reach p < 0.05):
+# GOLDEN and 8 more, two a section.
+TUNE_GOLDEN = GOLDEN + "".join(
+    f"  - id: {key}{n}\n    query: {query}\n"
+    f"    chunks: [{{file: {file}, heading: {heading}, grade: 3}}]\n"
+    for n, (key, query, file, heading) in enumerate([
+        ("light", "What do the light reactions release?", "photosynthesis.md", "Light reactions"),
+        ("light", "Where is sunlight captured in a plant?", "photosynthesis.md",
+         "Light reactions"),
+        ("ada", "Who wrote the first published program?", "computing.md", "Ada Lovelace"),
+        ("ada", "What could the Analytical Engine compute?", "computing.md", "Ada Lovelace"),
+        ("dough", "How long do I knead the dough?", "bread.md", "Dough"),
+        ("dough", "What goes into bread dough?", "bread.md", "Dough"),
+        ("schedule", "How often are full backups taken?", "ops/backups.md", "Schedule"),
+        ("schedule", "How many backup copies are kept?", "ops/backups.md", "Schedule"),
+    ])
+)  # fmt: skip
 
 
 class Stack:
@@ -179,14 +196,19 @@ def test_deployments_run_on_a_real_server_and_worker(stack: Stack, tmp_path: Pat
 
     _readers_while_the_nightly_writes(stack, tmp_path, report)
 
+    (tmp_path / "tune.yaml").write_text(TUNE_GOLDEN, encoding="utf-8")
+    tune_config = json.loads(config)
+    tune_config["eval"]["golden"] = str(tmp_path / "tune.yaml")
+    (tmp_path / "ragpipe-tune.yaml").write_text(json.dumps(tune_config), encoding="utf-8")
     tuned = stack.cli("deployment", "run", "eval-tune/eval-tune", "--watch",
-                      "--param", f"config_path={config_file}", timeout=600)  # fmt: skip
+                      "--param", f"config_path={tmp_path / 'ragpipe-tune.yaml'}",
+                      timeout=600)  # fmt: skip
     assert "finished successfully" in tuned.stdout, tuned.stdout + tuned.stderr
     (tune_dir,) = (tmp_path / "reports").glob("*-deploy-check-tune")
     verdict = json.loads((tune_dir / "tune.json").read_text())
     assert verdict["decision"] in {"recommend", "recommend, not significant", "refused",
                                    "no change"}  # fmt: skip
-    assert len(verdict["split"]["tuning"]) == len(verdict["split"]["confirmation"]) == 2
+    assert len(verdict["split"]["tuning"]) == len(verdict["split"]["confirmation"]) == 6
 
     # A failing gate ends the flow run Failed (what an automation can notify on).
     gated = stack.cli("deployment", "run", "eval-compare/eval-compare", "--watch", "--params",

@@ -7,13 +7,16 @@ fragments, quoted-phrase boost, MMR, dense pseudo-relevance feedback) picks
 the best configuration on the tuning part only; the confirmation part is
 never searched before the pick is final. Then the pick and the current
 configuration are scored on the confirmation part, and the paired delta
-(bootstrap CI, permutation p-value) decides:
+(bootstrap CI, permutation p-value) decides (a split that would hold out fewer
+than ``MIN_HELD_OUT`` queries, on which p < 0.05 cannot happen, is refused
+before any search):
 
 - ``recommend``: the pick differs from the current settings and gains on the
   held-out queries, its delta CI entirely above zero and the sign-flip test
   agreeing (p < 0.05);
 - ``recommend, not significant``: it gains, by what the tests cannot tell
-  from noise (tuned.yaml is written all the same);
+  from noise (kept in the report folder as tuned-not-significant.yaml, never
+  written as tuned.yaml or to ``--out``);
 - ``refused``: the pick's delta CI lies entirely below zero on the held-out
   queries: it was fitted to the tuning part, and nothing is recommended;
 - ``no change``: the current settings were already the best on the tuning
@@ -22,8 +25,10 @@ configuration are scored on the confirmation part, and the paired delta
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import math
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
@@ -73,11 +78,21 @@ MAX_PASSES = 3
 # A step of the search must beat the incumbent by this much on the tuning queries:
 # smaller gains on a few dozen queries are noise, and each one adds a setting to fit.
 MIN_GAIN = 0.005
-# A pick that gains on the held-out queries by too little to tell from noise is still
-# written as tuned.yaml, under a verdict of its own: tune.json, the Prefect description and
-# the terminal's colour must not read the same "recommend" as a significant gain.
+# A pick that gains on the held-out queries by too little to tell from noise has a verdict
+# of its own: tune.json, the Prefect description and the terminal's colour must not read the
+# same "recommend" as a significant gain. It is kept in the report folder under a name that
+# says so (WEAK_FILE), never as tuned.yaml or --out: a config written on noise was used.
 WEAK = "recommend, not significant"
 RECOMMENDED = ("recommend", WEAK)
+WEAK_FILE = "tuned-not-significant.yaml"
+# The held-out verdict's significance level (the sign-flip test's p-value).
+P_SIGNIFICANT = 0.05
+# The sign-flip test's smallest p-value on n held-out queries is 2 / 2**n (every delta of one
+# sign: 2 of the 2**n sign patterns reach its mean): 0.5, 0.25, 0.125, 0.0625 for n = 2 to
+# 5. On fewer than 6 no pick could be called significant, so tune refuses such a split
+# (it wrote a tuned config "recommend, not significant" at p = 1 on 2 held-out queries).
+MIN_HELD_OUT = next(n for n in itertools.count(1) if 2 / 2**n < P_SIGNIFICANT)
+MIN_TUNING = 2
 
 
 @dataclass(frozen=True)
@@ -145,18 +160,50 @@ def split_queries(golden: GoldenSet, seed: int, share: float = 0.5, what: str = 
     Depends only on the ids and the seed, never on queries or relevance. ``what`` names
     the items in the refusal ("answerable item(s)": a set of 10 with 7 unanswerable said
     it "has 3 item(s)").
+
+    Raises:
+        ConfigError: ``share`` outside (0, 1), or a split that would tune on fewer than
+            ``MIN_TUNING`` items or hold out fewer than ``MIN_HELD_OUT`` (no verdict
+            could then be significant): the message says how many items, or what share,
+            would do.
     """
     if not 0 < share < 1:
         raise ConfigError(f"tune share {share} must lie strictly between 0 and 1 (e.g. 0.5)")
     ids = sorted(item.id for item in golden.items)
-    if len(ids) < 4:
-        raise ConfigError(
-            f"golden set {golden.name!r} has {len(ids)} {what}; tuning needs at least 4 "
-            "(two to tune, two to confirm), and far more for a trustworthy pick"
-        )
+    cut = _cut(len(ids), share)
+    held = len(ids) - cut
+    if held < MIN_HELD_OUT:
+        raise ConfigError(_too_few(golden.name, len(ids), share, what))
     order = [ids[i] for i in np.random.default_rng(seed).permutation(len(ids))]
-    cut = min(max(round(len(ids) * share), 2), len(ids) - 2)
     return Split(sorted(order[:cut]), sorted(order[cut:]))
+
+
+def _cut(n: int, share: float) -> int:
+    """How many of ``n`` items tune at ``share`` (at least MIN_TUNING, and 2 held out)."""
+    return min(max(round(n * share), MIN_TUNING), n - 2)
+
+
+def _too_few(name: str, n: int, share: float, what: str) -> str:
+    """Why a golden set of ``n`` items cannot be split at ``share``, and what would do."""
+    least = MIN_TUNING + MIN_HELD_OUT
+    head = f"golden set {name!r} has {n} {what}; "
+    if n < least:
+        return head + (
+            f"tuning needs at least {least} ({MIN_TUNING} to tune, {MIN_HELD_OUT} held out to "
+            f"confirm the pick: on fewer held-out queries the sign-flip test cannot reach "
+            f"p < {P_SIGNIFICANT:g}), and far more for a trustworthy pick"
+        )
+    held = n - _cut(n, share)
+    needed = next(m for m in itertools.count(n) if m - _cut(m, share) >= MIN_HELD_OUT)
+    # The largest share, in hundredths, that holds out MIN_HELD_OUT of these n.
+    wider = math.floor((n - MIN_HELD_OUT) / n * 100) / 100
+    return head + (
+        f"a share of {share:g} holds out {held} to confirm the pick, and on {held} queries "
+        f"the sign-flip test's smallest p is 2/2^{held} = {2 / 2**held:.4g}, never below "
+        f"{P_SIGNIFICANT:g}: no pick could be recommended. The held-out part needs at least "
+        f"{MIN_HELD_OUT} queries: add items ({needed} at share {share:g}), or tune on a "
+        f"smaller share (--share {wider:g} or less), and far more for a trustworthy pick"
+    )
 
 
 def _subset(golden: GoldenSet, ids: Sequence[str], part: str) -> GoldenSet:
@@ -521,7 +568,7 @@ def decide(changes: dict[str, Any], delta: PairedDelta, metric: str) -> tuple[st
     stated = (
         f"{metric} {ci.mean:+.4f} on the held-out queries, {delta_ci(ci)}, p={delta.p_value:.3g}"
     )
-    if ci.high < 0 or (not ci.shown and ci.mean < 0 and delta.p_value < 0.05):
+    if ci.high < 0 or (not ci.shown and ci.mean < 0 and delta.p_value < P_SIGNIFICANT):
         return (
             "refused",
             f"refused: the tuned settings are worse on the held-out queries ({stated}); "
@@ -539,21 +586,22 @@ def decide(changes: dict[str, Any], delta: PairedDelta, metric: str) -> tuple[st
             f"{allows}. Keep the current settings.",
         )
     if not ci.shown:  # no interval to read: the permutation test decides
-        if delta.p_value < 0.05:
+        if delta.p_value < P_SIGNIFICANT:
             return "recommend", f"recommend: better on the held-out queries ({stated})"
         return (
             WEAK,
-            f"recommend, not significant: {stated}; with no CI and p >= 0.05 the gain may be "
-            "noise (a larger golden set tells)",
+            f"recommend, not significant: {stated}; with no CI and p >= {P_SIGNIFICANT:g} the "
+            "gain may be noise (a larger golden set tells)",
         )
-    if ci.low > 0 and delta.p_value < 0.05:
+    if ci.low > 0 and delta.p_value < P_SIGNIFICANT:
         return "recommend", f"recommend: better on the held-out queries ({stated})"
     if ci.low > 0:  # a percentile CI of few queries is too narrow; the exact-ish test is not
         return (
             WEAK,
             f"recommend, not significant: {stated}; the CI excludes 0, but with {ci.n} "
             "held-out queries a bootstrap CI is too narrow and the sign-flip test finds no "
-            "effect (p >= 0.05): the gain may be noise (a larger golden set tells)",
+            f"effect (p >= {P_SIGNIFICANT:g}): the gain may be noise (a larger golden set "
+            "tells)",
         )
     return (
         WEAK,
@@ -590,6 +638,12 @@ def tuned_yaml(outcome: TuneOutcome, base: Path | None) -> str:
         f"(delta {d.interval.mean:+.4f}, {delta_ci(d.interval)}, p={d.p_value:.3g}).",
         f"# Changed: {json.dumps(outcome.changes, sort_keys=True)}",
     ]
+    if outcome.decision == WEAK:
+        header += [
+            "# NOT SIGNIFICANT: the held-out queries cannot tell this gain from noise, so tune",
+            "# did not write it as tuned.yaml or to --out. Confirm it on more golden queries",
+            "# (`ragpipe eval compare`) before you use it.",
+        ]
     if outcome.ingest:
         header += [
             "# The chunk settings change the points: the next `ragpipe ingest` with this file",
@@ -616,19 +670,22 @@ class TuneSummary:
     golden: dict[str, Any]  # name, path, check (the golden check's outcome)
     granularity: str
     depth: int
-    tuned_config: str | None = None  # the tuned YAML, when the decision is a recommend
+    tuned_config: str | None = None  # the tuned YAML, when the decision is "recommend"
+    # The pick's YAML in the report folder (WEAK_FILE), when "recommend, not significant".
+    weak_config: str | None = None
     report_dir: str = ""
     ingest: dict[str, Any] = field(default_factory=dict)  # chunk settings the pick changes
     index: str = ""  # the store of the pick's index, when it is not the current one
     warnings: list[str] = field(default_factory=list)  # of the held-out confirmation
 
     def as_json(self) -> dict[str, Any]:
-        """tune.json's content (everything but ``report_dir``; no tuned_config unless
-        one was written)."""
+        """tune.json's content (everything but ``report_dir``; no tuned_config or
+        weak_config unless one was written)."""
         data = asdict(self)
         del data["report_dir"]
-        if data["tuned_config"] is None:
-            del data["tuned_config"]
+        for key in ("tuned_config", "weak_config"):
+            if data[key] is None:
+                del data[key]
         return data
 
 
@@ -752,11 +809,15 @@ def tune_and_report(
     """Tune on ``config.eval.golden`` and write ``<reports_dir>/<time>-<name>/``.
 
     The run directory holds ``tune.json`` (split, every trial, the held-out
-    deltas), ``report.md``, and, when the decision is a recommend (RECOMMENDED),
-    ``tuned.yaml``: ``base_config`` with the tuned ``retrieve`` (and, with
-    ``ingest_space``, chunk) settings merged in, also written to
-    ``write_config`` when given. Granularity, depth, resamples and seed come
-    from ``config.eval``.
+    deltas), ``report.md``, and, when the decision is "recommend", ``tuned.yaml``:
+    ``base_config`` with the tuned ``retrieve`` (and, with ``ingest_space``, chunk)
+    settings merged in, also written to ``write_config`` when given. A "recommend,
+    not significant" pick is kept in the run directory only, as ``WEAK_FILE``.
+    Granularity, depth, resamples and seed come from ``config.eval``.
+
+    Raises:
+        ConfigError: a split that cannot confirm a pick (``split_queries``), refused
+            before any index is built or searched.
     """
     progress = reporter()
     plan_siblings(config, ingest_space)  # a bad chunk setting is refused before any work
@@ -792,11 +853,20 @@ def tune_and_report(
     # written last, so that it is never a pick without its report.
     with new_run_dir(config.eval.reports_dir, f"{name or golden.name}-tune") as (_, out):
         summary.report_dir = str(out)
-        if text is not None:
+        if text is not None and outcome.decision == WEAK:
+            atomic_write_bytes(out / WEAK_FILE, text.encode())
+            summary.weak_config = str(out / WEAK_FILE)
+        elif text is not None:
             atomic_write_bytes(out / "tuned.yaml", text.encode())
             summary.tuned_config = str(out / "tuned.yaml")  # --out is not written yet
         atomic_write_bytes(out / "tune.json", json.dumps(summary.as_json(), indent=2).encode())
         md = markdown(outcome)
+        if summary.weak_config:
+            md += (
+                "\n> **Not written as tuned.yaml, nor to --out:** its gain cannot be told "
+                f"from noise. The pick is kept here as `{WEAK_FILE}`; confirm it on more "
+                "golden queries before you use it.\n"
+            )
         if check.skipped:
             md += (
                 f"\n> **warning:** {len(check.skipped)} golden items skipped (--skip-unmatched): "
@@ -804,7 +874,7 @@ def tune_and_report(
             )
         atomic_write_bytes(out / "report.md", md.encode())
         atomic_write_bytes(out / "report.html", render_tune_html(outcome, md).encode())
-    if text is not None and write_config is not None:
+    if text is not None and outcome.decision == "recommend" and write_config is not None:
         write_config.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(write_config, text.encode())
         summary.tuned_config = str(write_config)  # tune.json names the report's copy
