@@ -727,6 +727,12 @@ def _print_tune(summary: TuneSummary, out: Path | None = None) -> None:
     console.print(
         f"[{colour}]{escape(summary.message)}[/{colour}]", highlight=False, soft_wrap=True
     )
+    for warning in summary.config_warnings:
+        console.print(
+            f"[yellow]warning (tuned config):[/yellow] {escape(warning)}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if summary.tuned_config:
         print(f"tuned config: {summary.tuned_config} (use it with --config)")
     if summary.weak_config:

@@ -434,6 +434,57 @@ def test_a_pick_not_significant_is_kept_in_the_report_folder_not_written_as_tune
     )
 
 
+def test_a_tuned_config_names_the_settings_scored_that_it_does_not_give(
+    indexed_edge: RagpipeConfig,
+    pairs: list[tuple[str, ChunkTarget, ChunkTarget]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The review: tune scores the effective settings (RAGPIPE_RETRIEVE__* too), but
+    tuned.yaml starts from the config file, and a variable overrides the file when it is
+    loaded: with RAGPIPE_RETRIEVE__MODE=sparse set, a tuned `mode: hybrid` loaded as sparse."""
+    from flows.cli_eval import _print_tune
+
+    golden = tmp_path / "golden.yaml"
+    save_golden(GoldenSet("tune-test", _items(pairs, lambda _id, d, sparse: sparse)), golden)
+    base = tmp_path / "ragpipe.yaml"
+    base.write_text(yaml.safe_dump({"embed": {"provider": "onnx"},
+                                    "store": {"path": str(indexed_edge.store.path)}}))  # fmt: skip
+    monkeypatch.setenv("RAGPIPE_RETRIEVE__MODE", "hybrid")  # set; BM25 alone will win
+    monkeypatch.setenv("RAGPIPE_RETRIEVE__TOP_K", "7")  # scored; in no file
+    evaluation = {"golden": str(golden), "reports_dir": str(tmp_path / "reports"),
+                  "resamples": 200}  # fmt: skip
+    cfg = load_config(base, {"eval": evaluation})
+    written = tmp_path / "ragpipe.tuned.yaml"
+    outcome, report = tune_and_report(
+        cfg, metric="mrr", space=SPACE, base_config=base, write_config=written
+    )
+    assert outcome.decision == "recommend" and outcome.overrides == {"mode": "sparse"}
+    said = [
+        "retrieve.mode: RAGPIPE_RETRIEVE__MODE is set ('hybrid') and overrides this file's "
+        "'sparse' when it is loaded; unset it to get the settings tune scored",
+        "retrieve.top_k was 7 when tune scored (from RAGPIPE_RETRIEVE__TOP_K); this file gives 5",
+    ]
+    text = written.read_text()
+    assert "# WARNING: loaded, this file does not give every setting tune scored" in text
+    assert all(f"#   {line}\n" in text for line in said)
+    assert report.config_warnings == said
+    out = Path(report.report_dir)
+    assert json.loads((out / "tune.json").read_text())["config_warnings"] == said
+    md = (out / "report.md").read_text()
+    assert all(f"> **warning (the tuned config):** {line}" in md for line in said)
+    _print_tune(report)
+    printed = " ".join(capsys.readouterr().err.split())
+    assert all(f"warning (tuned config): {line}" in printed for line in said)
+    # What each line says: with the variables, the file loads hybrid; without, top_k 5.
+    assert load_config(written).retrieve.mode == "hybrid"
+    monkeypatch.delenv("RAGPIPE_RETRIEVE__MODE")
+    monkeypatch.delenv("RAGPIPE_RETRIEVE__TOP_K")
+    alone = load_config(written).retrieve
+    assert (alone.mode, alone.top_k) == ("sparse", 5)
+
+
 def test_tune_tries_llm_rerank_when_asked_and_keeps_it_where_it_wins(
     indexed_edge: RagpipeConfig,
     pairs: list[tuple[str, ChunkTarget, ChunkTarget]],

@@ -37,10 +37,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import yaml
+from pydantic_settings import SettingsError
 
 from ragpipe import yamlio
 from ragpipe.checkpoint import atomic_write_bytes
-from ragpipe.config import FusionMethod, RagpipeConfig, RetrievalMode, RetrieveConfig
+from ragpipe.config import (
+    FusionMethod,
+    RagpipeConfig,
+    RetrievalMode,
+    RetrieveConfig,
+    environment_overrides,
+)
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.check import IndexView, check_golden
 from ragpipe.evaluation.golden import GoldenSet
@@ -610,13 +617,9 @@ def decide(changes: dict[str, Any], delta: PairedDelta, metric: str) -> tuple[st
     )
 
 
-def tuned_yaml(outcome: TuneOutcome, base: Path | None) -> str:
-    """The base config file with the tuned ``retrieve`` (and chunk) settings merged in, as
-    YAML.
-
-    Only the changed settings are written, under a comment saying how they
-    were chosen; every other section of ``base`` is kept as it was.
-    """
+def tuned_data(outcome: TuneOutcome, base: Path | None) -> dict[str, Any]:
+    """The base config file's content with the tuned ``retrieve`` (and chunk) settings
+    merged in: only the changed settings; every other section of ``base`` as it was."""
     data: dict[str, Any] = {}
     if base is not None and base.is_file():
         loaded = yamlio.load(
@@ -628,6 +631,56 @@ def tuned_yaml(outcome: TuneOutcome, base: Path | None) -> str:
     data["retrieve"] = retrieve
     if outcome.ingest:
         data["chunk"] = {**(data.get("chunk") or {}), **outcome.ingest}
+    return data
+
+
+def unwritten_settings(
+    config: RagpipeConfig, outcome: TuneOutcome, data: dict[str, Any]
+) -> list[str]:
+    """The ``retrieve`` settings tune scored that loading ``data`` (the tuned file) does not
+    give, each with where it came from.
+
+    tuned.yaml starts from the config file, but what was scored is the effective
+    configuration: ``RAGPIPE_RETRIEVE__*`` variables, command-line options and a caller's
+    own configuration too. One of those the file does not carry is lost when the file is
+    loaded without it; and a variable still set overrides the file's own value when it is
+    loaded (RAGPIPE_RETRIEVE__MODE=sparse made a tuned ``mode: hybrid`` load as sparse).
+    """
+    scored = {**outcome.current, **outcome.overrides}
+    try:
+        alone = RetrieveConfig.model_validate(data.get("retrieve") or {}).model_dump(mode="json")
+        loaded = RagpipeConfig(**data).retrieve.model_dump(mode="json")  # with the environment
+    except (ValueError, SettingsError, ConfigError):  # the file's own mistake: load_config says it
+        return []
+    said = []
+    for key, value in scored.items():
+        if alone[key] != value:
+            said.append(
+                f"retrieve.{key} was {value!r} when tune scored (from "
+                f"{config.origin(f'retrieve.{key}')}); this file gives {alone[key]!r}"
+            )
+        elif loaded[key] != value:
+            said.append(
+                f"retrieve.{key}: {_variable(key)} is set ({loaded[key]!r}) and overrides this "
+                f"file's {value!r} when it is loaded; unset it to get the settings tune scored"
+            )
+    return said
+
+
+def _variable(key: str) -> str:
+    """The environment variable that sets ``retrieve.<key>`` (or the whole section)."""
+    names = {name.upper(): name for name in environment_overrides()}
+    return names.get(f"RAGPIPE_RETRIEVE__{key.upper()}") or names.get(
+        "RAGPIPE_RETRIEVE", f"RAGPIPE_RETRIEVE__{key.upper()}"
+    )
+
+
+def tuned_yaml(outcome: TuneOutcome, base: Path | None, unwritten: Sequence[str] = ()) -> str:
+    """The base config file with the tuned ``retrieve`` (and chunk) settings merged in, as
+    YAML (``tuned_data``), under a comment saying how they were chosen, and what of the
+    settings scored the file does not give (``unwritten``, from ``unwritten_settings``).
+    """
+    data = tuned_data(outcome, base)
     d = outcome.delta
     before, after = outcome.means()
     header = [
@@ -643,6 +696,12 @@ def tuned_yaml(outcome: TuneOutcome, base: Path | None) -> str:
             "# NOT SIGNIFICANT: the held-out queries cannot tell this gain from noise, so tune",
             "# did not write it as tuned.yaml or to --out. Confirm it on more golden queries",
             "# (`ragpipe eval compare`) before you use it.",
+        ]
+    if unwritten:
+        header += [
+            "# WARNING: loaded, this file does not give every setting tune scored (set these",
+            "# in it, or load it as they were set):",
+            *(f"#   {line}" for line in unwritten),
         ]
     if outcome.ingest:
         header += [
@@ -677,6 +736,8 @@ class TuneSummary:
     ingest: dict[str, Any] = field(default_factory=dict)  # chunk settings the pick changes
     index: str = ""  # the store of the pick's index, when it is not the current one
     warnings: list[str] = field(default_factory=list)  # of the held-out confirmation
+    # Settings tune scored that the written tuned file does not give (unwritten_settings).
+    config_warnings: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """tune.json's content (everything but ``report_dir``; no tuned_config or
@@ -848,7 +909,11 @@ def tune_and_report(
             progress.finish()
     summary = tune_summary(outcome, config, golden.name)
     summary.golden["check"] = check.as_dict()
-    text = tuned_yaml(outcome, base_config) if outcome.decision in RECOMMENDED else None
+    text = None
+    if outcome.decision in RECOMMENDED:
+        unwritten = unwritten_settings(config, outcome, tuned_data(outcome, base_config))
+        summary.config_warnings = unwritten
+        text = tuned_yaml(outcome, base_config, unwritten)
     # An interrupt takes the run directory back (new_run_dir); write_config, outside it, is
     # written last, so that it is never a pick without its report.
     with new_run_dir(config.eval.reports_dir, f"{name or golden.name}-tune") as (_, out):
@@ -866,6 +931,10 @@ def tune_and_report(
                 "\n> **Not written as tuned.yaml, nor to --out:** its gain cannot be told "
                 f"from noise. The pick is kept here as `{WEAK_FILE}`; confirm it on more "
                 "golden queries before you use it.\n"
+            )
+        if summary.config_warnings:
+            md += "\n" + "".join(
+                f"> **warning (the tuned config):** {w}\n" for w in summary.config_warnings
             )
         if check.skipped:
             md += (
