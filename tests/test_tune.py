@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -25,6 +26,7 @@ from ragpipe.evaluation.metrics import Interval, PairedDelta, paired_delta
 from ragpipe.evaluation.retrieval import Granularity
 from ragpipe.evaluation.sibling import INGEST_SPACE
 from ragpipe.evaluation.tune import (
+    Split,
     coordinate_search,
     decide,
     run_tune,
@@ -64,7 +66,7 @@ def _golden(n: int, name: str = "g") -> GoldenSet:
 # -- pure pieces ------------------------------------------------------------------------
 
 
-def test_split_is_seeded_disjoint_and_depends_only_on_the_ids() -> None:
+def test_split_is_seeded_disjoint_and_depends_only_on_the_ids_when_no_query_repeats() -> None:
     golden = _golden(20)
     split = split_queries(golden, seed=7)
     assert split == split_queries(golden, seed=7)
@@ -73,11 +75,50 @@ def test_split_is_seeded_disjoint_and_depends_only_on_the_ids() -> None:
     assert set(split.tuning) | set(split.confirmation) == {i.id for i in golden.items}
     assert split != split_queries(golden, seed=8)
     # Other queries, other relevance, another item order: the same split.
-    shuffled = GoldenSet("g", [GoldenItem(i.id, "x", {"b.md": 2}) for i in golden.items[::-1]])
+    shuffled = GoldenSet(
+        "g", [GoldenItem(i.id, f"other {i.id}", {"b.md": 2}) for i in golden.items[::-1]]
+    )
     assert split_queries(shuffled, seed=7) == split
+    # No query asked twice: the seeded shuffle of the ids, as it has always been.
+    ids = sorted(i.id for i in golden.items)
+    order = [ids[i] for i in np.random.default_rng(7).permutation(20)]
+    assert split == Split(sorted(order[:10]), sorted(order[10:]))
     assert len(split_queries(golden, seed=7, share=0.3).tuning) == 6
     with pytest.raises(ConfigError, match="strictly between 0 and 1"):
         split_queries(golden, seed=0, share=1.0)
+
+
+def test_items_asking_the_same_query_stay_on_one_side_of_the_split() -> None:
+    """The review: the split was by id alone, so an item and its copy (the same question,
+    another id) could tune and confirm at once."""
+    queries = ["How do I install it?", "install the package", "Where are logs kept?",
+               "rotate log files", "knead dough", "tomato fertiliser"]  # fmt: skip
+    # Each asked twice: as written, and in capitals without its punctuation.
+    items = [GoldenItem(f"a{n}", q, {"a.md": 1}) for n, q in enumerate(queries)]
+    items += [GoldenItem(f"b{n}", q.upper().strip("?") + " ", {"b.md": 1})
+              for n, q in enumerate(queries)]  # fmt: skip
+    golden = GoldenSet("twice", items)
+    for seed in range(20):
+        split = split_queries(golden, seed=seed)
+        assert (len(split.tuning), len(split.confirmation)) == (6, 6)
+        for n in range(len(queries)):
+            assert (f"a{n}" in split.tuning) == (f"b{n}" in split.tuning), (seed, split)
+    from ragpipe.evaluation.tune import query_key
+
+    said = query_key(" How do I\tinstall it? ")
+    assert said == query_key("how do i install it") == "how do i install it"
+    # A group too large to fit the tuning part is held out whole; too little left to tune
+    # is refused, naming the query asked most.
+    crowd = [GoldenItem(f"c{n:02d}", "Why?" if n < 11 else f"q {n}", {"a.md": 1})
+             for n in range(12)]  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        split_queries(GoldenSet("crowd", crowd), seed=0)
+    assert str(refused.value) == (
+        "golden set 'crowd': items asking the same query stay on one side of the split, and "
+        "at share 0.5 that leaves 1 of 12 to tune (tuning needs 2); the largest group asks "
+        "one query 11 times (c00, c01, c02, c03, c04, ...). Ask each question once, or tune "
+        "on a larger share (--share)"
+    )
 
 
 def test_a_split_whose_held_out_part_cannot_reach_significance_is_refused() -> None:
@@ -280,10 +321,11 @@ def test_confirmation_queries_never_influence_the_pick(
     space = {"mode": ["hybrid", "dense", "sparse"], "alpha": [0.3, 0.65, 0.9]}
     with Retriever(indexed_edge) as r:
         first = run_tune(indexed_edge, golden, seed=3, space=space, retriever=r)
-        # Every confirmation item gets another query and another target.
+        # Every confirmation item gets another query (each its own: a query asked twice
+        # stays on one side of the split) and another target.
         held = set(split.confirmation)
         changed = [
-            GoldenItem(i.id, "sourdough pizza", {"ops/backups.md": 1},
+            GoldenItem(i.id, f"sourdough pizza {i.id}", {"ops/backups.md": 1},
                        [ChunkTarget("ops/backups.md", contains="Incremental backups")])
             if i.id in held else i
             for i in items
@@ -305,7 +347,7 @@ def test_a_pick_the_held_out_queries_reject_is_refused(
     # Adversarial golden set: the tuning queries' targets are what BM25 alone ranks first,
     # the held-out queries' targets what the default ranks first.
     ids = [f"q{i:02d}" for i in range(16)]
-    split = split_queries(GoldenSet("g", [GoldenItem(i, "", {"x": 1}) for i in ids]), seed=0)
+    split = split_queries(GoldenSet("g", [GoldenItem(i, i, {"x": 1}) for i in ids]), seed=0)
     tuning = set(split.tuning)
     items = _items(pairs, lambda id_, default, sparse: sparse if id_ in tuning else default)
     cfg = _write(indexed_edge, tmp_path, items)
@@ -408,7 +450,7 @@ def test_a_pick_not_significant_is_kept_in_the_report_folder_not_written_as_tune
 
     weak_file = "tuned-not-significant.yaml"
     ids = [f"q{i:02d}" for i in range(16)]
-    split = split_queries(GoldenSet("g", [GoldenItem(i, "", {"x": 1}) for i in ids]), seed=0)
+    split = split_queries(GoldenSet("g", [GoldenItem(i, i, {"x": 1}) for i in ids]), seed=0)
     # BM25 alone is right on every query but 3 held-out ones: it gains on 5 of the 8.
     losing = set(split.confirmation[:3])
     items = _items(pairs, lambda id_, default, sparse: default if id_ in losing else sparse)

@@ -29,6 +29,7 @@ import itertools
 import json
 import logging
 import math
+import unicodedata
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
@@ -162,11 +163,14 @@ class TuneOutcome:
 
 
 def split_queries(golden: GoldenSet, seed: int, share: float = 0.5, what: str = "item(s)") -> Split:
-    """A seeded shuffle of the item ids; the first ``share`` of it tunes.
+    """A seeded shuffle of the items; the first ``share`` of it tunes.
 
-    Depends only on the ids and the seed, never on queries or relevance. ``what`` names
-    the items in the refusal ("answerable item(s)": a set of 10 with 7 unanswerable said
-    it "has 3 item(s)").
+    Items asking the same query (``query_key``: case, punctuation and spacing aside) move
+    together, to one side: the same question on both sides lets the tuning part tell the
+    pick what the held-out part asks. Depends only on the ids, which of them share a
+    query, and the seed, never on relevance; with no query asked twice, on the ids alone.
+    ``what`` names the items in the refusal ("answerable item(s)": a set of 10 with 7
+    unanswerable said it "has 3 item(s)").
 
     Raises:
         ConfigError: ``share`` outside (0, 1), or a split that would tune on fewer than
@@ -176,13 +180,39 @@ def split_queries(golden: GoldenSet, seed: int, share: float = 0.5, what: str = 
     """
     if not 0 < share < 1:
         raise ConfigError(f"tune share {share} must lie strictly between 0 and 1 (e.g. 0.5)")
-    ids = sorted(item.id for item in golden.items)
-    cut = _cut(len(ids), share)
-    held = len(ids) - cut
-    if held < MIN_HELD_OUT:
-        raise ConfigError(_too_few(golden.name, len(ids), share, what))
-    order = [ids[i] for i in np.random.default_rng(seed).permutation(len(ids))]
-    return Split(sorted(order[:cut]), sorted(order[cut:]))
+    n = len(golden.items)
+    cut = _cut(n, share)
+    if n - cut < MIN_HELD_OUT:
+        raise ConfigError(_too_few(golden.name, n, share, what))
+    asked: dict[str, list[str]] = {}
+    for item in golden.items:
+        asked.setdefault(query_key(item.query), []).append(item.id)
+    groups = sorted(sorted(ids) for ids in asked.values())  # by their first id
+    tuning: list[str] = []
+    confirmation: list[str] = []
+    for i in np.random.default_rng(seed).permutation(len(groups)):
+        # A group that no longer fits the tuning part is held out whole (so the held-out
+        # part only grows, and stays at least MIN_HELD_OUT).
+        fits = len(tuning) + len(groups[i]) <= cut
+        (tuning if fits else confirmation).extend(groups[i])
+    if len(tuning) < MIN_TUNING:
+        repeated = sorted((ids for ids in groups if len(ids) > 1), key=len, reverse=True)
+        raise ConfigError(
+            f"golden set {golden.name!r}: items asking the same query stay on one side of "
+            f"the split, and at share {share:g} that leaves {len(tuning)} of {n} to tune "
+            f"(tuning needs {MIN_TUNING}); the largest group asks one query {len(repeated[0])} "
+            f"times ({', '.join(repeated[0][:5])}{', ...' if len(repeated[0]) > 5 else ''}). "
+            "Ask each question once, or tune on a larger share (--share)"
+        )
+    return Split(sorted(tuning), sorted(confirmation))
+
+
+def query_key(query: str) -> str:
+    """A query as the split compares it: Unicode-normalised, case-folded, without
+    punctuation, spaces collapsed ("How do I install it?" is "how do i install it")."""
+    text = unicodedata.normalize("NFKC", query).casefold()
+    kept = "".join(" " if unicodedata.category(ch).startswith("P") else ch for ch in text)
+    return " ".join(kept.split())
 
 
 def _cut(n: int, share: float) -> int:
