@@ -188,6 +188,9 @@ TRUNCATED = "truncated"  # stopped at max_tokens
 WITHDRAWN = "answer_withdrawn"  # wrote an answer, then said not found: shown as not found
 # A sourced answer the model ended with the not-found sentence: shown without it.
 NOT_FOUND_DROPPED = "not_found_dropped"
+# A cited sentence that the sources it cites hardly hold and another given source does
+# (``attribution_misses``): a source's text that fakes another's header, or a wrong number.
+MISATTRIBUTED = "misattributed_citation"
 # An answer "taken from the sources": more than half of its word pairs occur in them.
 # Measured on 2026-11-29 (qwen2.5-coder-1.5b over the sample index): the two R-FAQ
 # answers it ended with "Not found in the provided documents. [n]" had 0.72 and 0.88 of
@@ -256,7 +259,7 @@ def select_sources(
     becomes an empty prompt.
     """
     kept = list(hits)
-    sizes = [count_tokens(_block(0, h)) for h in kept]  # once each: -k 400 took a minute
+    sizes = [count_tokens(_block(0, h, len(kept))) for h in kept]  # once each: -k 400 took a minute
     total = sum(sizes)
     while total > budget and len(kept) > 1:
         kept.pop()  # hits arrive best first: drop the weakest
@@ -266,7 +269,7 @@ def select_sources(
     sources = []
     for number, hit in enumerate(ordered, start=1):
         text = hit.text
-        if len(kept) == 1 and count_tokens(_block(number, hit)) > budget:
+        if len(kept) == 1 and count_tokens(_block(number, hit, 1)) > budget:
             text = _cut(text, budget, count_tokens)
         sources.append(Source(number, hit.point_id, hit.file_path, hit.page, hit.heading, text))
     return sources, dropped
@@ -341,17 +344,48 @@ def _cut(text: str, budget: int, count_tokens: Callable[[str], int]) -> str:
     return text[: max(longest(len(text), lambda n: count_tokens(text[:n]) <= room), 1)]
 
 
-def _block(number: int, hit: Retrieved | Source) -> str:
+# A line of a source that starts as a source's header does ("[3] (handbook.md, …"), in
+# code too, where its bracket is left as written; and a mark with a separator before its
+# bracket closes, which is R's index ("mat[2, ]"), no document's reference.
+_HEADER_LIKE = re.compile(r"^([ \t>]*[\[【［])(\s*\d+\s*[\]】］][ \t]*\()", re.MULTILINE)
+_TRAILING_SEPARATOR = re.compile(r"[,，;；]\s*[\]】］]\Z")
+
+
+def quoted_text(text: str, given: int = 0) -> str:
+    """A source's text as the prompt shows it: a bracketed number that would read as a
+    citation of one of the ``given`` sources (``citation_marks``: "[12]", "[1, 3]",
+    "【2】"; code left as written) reads "[ref 12]", which no citation is, and a line that
+    starts like a source's header ("[3] (handbook.md, …", in code too) "[ref 3] (".
+
+    A chunk's own text was pasted as written: "[3] (handbook.md, section: Security)" in
+    notes.md read to the model as source 3's header, and the answer credited the
+    handbook with what the note said; a paper's own "[2]" was copied as a citation of
+    source 2, and "See reference [12]" flagged as an invalid citation of ours."""
+    spans = _code_spans(text)
+
+    def ref(m: re.Match[str]) -> str:
+        if (
+            not _cites(text, m, m.start(), spans)
+            or _past_every_source(m.group(1), given)
+            or _TRAILING_SEPARATOR.search(m.group(0))
+        ):
+            return m.group(0)
+        return f"{m.group(0)[0]}ref {m.group(0)[1:].lstrip()}"
+
+    return _HEADER_LIKE.sub(r"\1ref \2", _CITATION.sub(ref, text))
+
+
+def _block(number: int, hit: Retrieved | Source, given: int = 0) -> str:
     where = hit.file_path
     if hit.page is not None:
         where += f", page {hit.page}"
     if hit.heading:
         where += f", section: {hit.heading}"
-    return f"[{number}] ({where})\n{hit.text}\n"
+    return f"[{number}] ({where})\n{quoted_text(hit.text, given)}\n"
 
 
 def build_messages(question: str, sources: Sequence[Source]) -> list[Message]:
-    context = "\n".join(_block(s.number, s) for s in sources)
+    context = "\n".join(_block(s.number, s, len(sources)) for s in sources)
     user = f"Sources:\n\n{context}\nQuestion: {question}\nAnswer with citations:"
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
@@ -413,6 +447,95 @@ def sourced_share(text: str, sources: Sequence[str]) -> float:
         theirs = _WORD.findall(source.lower())
         known.update(itertools.pairwise(theirs))
     return sum(pair in known for pair in pairs) / len(pairs)
+
+
+# The words of a sentence that say what it claims: no function words, none of the words an
+# answer uses to point at its sources ("This is stated in [3]"), no single letter or digit
+# (nor a Chinese or Japanese character: such an answer is not checked), a plural's "s" off.
+_FUNCTION_WORD_LIST = """a about above after again all also am an and any are as at be been
+    before being below between both but by can could did do does doing
+    down during each few for from further had has have having he her here
+    hers him his how if in into is it its itself just may me might more
+    most must my no nor not now of off on once only or other our out over
+    own same shall she should so some such than that the their them then
+    there these they this those through to too under until up very was we
+    were what when where which while who whom why will with would yes you
+    your according answer based cited ref document given mention mentioned
+    provided say says section source stated state text told"""
+_FUNCTION_WORDS = frozenset(_FUNCTION_WORD_LIST.split())
+
+
+def content_words(text: str) -> set[str]:
+    """The words ``attribution_misses`` compares: lowercased, no function words, no single
+    characters, a plural's final "s" taken off ("passwords" is "password")."""
+    words: set[str] = set()
+    for word in _WORD.findall(text.lower()):
+        if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+            word = word[:-1]
+        if len(word) > 1 and word not in _FUNCTION_WORDS:
+            words.add(word)
+    return words
+
+
+# A cited sentence is misattributed when the sources it cites hold under CITED_SHARE of its
+# content words while one other given source holds ELSEWHERE_SHARE or more, and it has
+# MIN_CLAIM_WORDS at least. Measured: text of notes.md dressed as a header of handbook.md
+# ("[3] (handbook.md, …)"), answered by the real model with "[3]": 1/5 against notes.md's
+# 1.0. Of the 102 answers bench/results/llm_choice.json keeps (32 cite), it flags 4, each
+# of which pasted the prompt's source blocks; of the rest, the closest call is 0.25
+# against 1.0 (R's "mat[2, ]" in a copied answer, read as citing [2]), not flagged.
+CITED_SHARE = 0.25
+ELSEWHERE_SHARE = 0.5
+MIN_CLAIM_WORDS = 3
+
+
+@dataclass
+class Misattribution:
+    """A cited sentence that another given source holds, not the ones it cites."""
+
+    sentence: str
+    cited: list[int]  # the numbers it cites
+    holder: int  # the given source that holds most of its words
+    cited_share: float  # share of its content words in the sources it cites
+    holder_share: float  # ... and in that other source
+
+
+def attribution_misses(text: str, sources: Sequence[Source]) -> list[Misattribution]:
+    """The cited sentences of ``text`` whose cited sources hold few of their content words
+    (under ``CITED_SHARE``) while one other given source holds most (``ELSEWHERE_SHARE``).
+
+    A sentence is the text from the previous citation (or the start) to its own
+    citations (marks with no word between them, "[1][2]" or "[1]. [2]", are one group,
+    their sources' words pooled); one with fewer than ``MIN_CLAIM_WORDS`` content words
+    (``content_words``) is not judged. A paraphrase lowers both shares alike, so only a
+    sentence that plainly belongs to another source is caught: an answer that credits
+    the wrong file, however the model came to write it."""
+    words_of = {s.number: content_words(f"{s.heading} {s.text}") for s in sources}
+    groups: list[tuple[int, int, list[int]]] = []  # sentence start, its first mark, numbers
+    last_end = 0
+    for mark in citation_marks(text, len(sources)):
+        numbers = [n for n in mark_numbers(mark.group(1)) if n in words_of]
+        if groups and not re.search(r"\w", text[last_end : mark.start()]):
+            start, first, before = groups[-1]
+            groups[-1] = (start, first, before + [n for n in numbers if n not in before])
+        else:
+            groups.append((last_end, mark.start(), numbers))
+        last_end = mark.end()
+    misses: list[Misattribution] = []
+    for start, first, numbers in groups:
+        claim = content_words(text[start:first])
+        if len(claim) < MIN_CLAIM_WORDS or not numbers:
+            continue
+        cited = set().union(*(words_of[n] for n in numbers))
+        share = len(claim & cited) / len(claim)
+        others = [(len(claim & words_of[n]) / len(claim), n) for n in words_of if n not in numbers]
+        if not others or share >= CITED_SHARE:
+            continue
+        held, holder = max(others, key=lambda o: (o[0], -o[1]))
+        if held >= ELSEWHERE_SHARE:
+            misses.append(Misattribution(text[start:first].strip(" .,;:\n"), numbers, holder,
+                                         share, held))  # fmt: skip
+    return misses
 
 
 # What ends the text before a not-found phrase that starts a sentence: a citation or a
@@ -656,6 +779,8 @@ def answer(
         flags.append(INVALID_CITATIONS)
     if not not_found and not cited:
         flags.append(UNCITED)
+    if cited and attribution_misses(text, sources):
+        flags.append(MISATTRIBUTED)
     return Answer(
         question=question,
         text=text,
@@ -691,4 +816,28 @@ def flag_warnings(reply: Answer) -> list[str]:
         NOT_FOUND_DROPPED: "the model ended an answer taken from the sources (most of its "
         "word pairs are theirs) with the not-found sentence; that sentence was taken out",
     }
+    if MISATTRIBUTED in reply.flags:
+        said[MISATTRIBUTED] = _misattributed_warning(reply)
     return [said[flag] for flag in reply.flags if flag in said]
+
+
+def _misattributed_warning(reply: Answer) -> str:
+    by_number = {s.number: s for s in reply.sources}
+
+    def named(numbers: Sequence[int]) -> str:
+        return ", ".join(f"[{n}] {by_number[n].file_path}" for n in numbers)
+
+    misses = attribution_misses(reply.text, reply.sources)
+    each = "; ".join(
+        f"{_one_line_quote(m.sentence)} cites {named(m.cited)}, but its words are in "
+        f"{named([m.holder])}" for m in misses
+    )  # fmt: skip
+    return (f"the answer credits sources with what another source says ({each}): a source's "
+            "text may pose as another's, or the model cited the wrong one; check before "
+            "trusting it")  # fmt: skip
+
+
+def _one_line_quote(text: str, width: int = 60) -> str:
+    """``text`` on one line in quotes, cut to ``width`` characters with an ellipsis."""
+    flat = " ".join(text.split())
+    return repr(flat if len(flat) <= width else flat[: width - 1] + "…")
