@@ -280,6 +280,38 @@ def test_lists_and_tables_of_one_shape_are_no_loops_and_loops_without_spaces_are
     assert is_degenerate("The answer is " + "=" * 300)
 
 
+PLAN = "Beginner 10 km plan.\n" + "\n".join(
+    f"- Week {i}: run {i + 2} km three times." for i in range(1, 11)
+)
+
+
+def test_a_counting_list_copied_from_a_source_is_no_loop_and_a_loop_still_is() -> None:
+    """The review: the real model's copy of a 10-week plan was cut at week 8 as a loop
+    (its numbers count on, as a loop's counter does). Copied word for word from a source,
+    its last two periods and the seam between them included, it is that source's list."""
+    copy = "\n".join(f"Week {i}: run {i + 2} km three times [1]." for i in range(1, 11))
+    assert is_degenerate(copy)  # no source to compare with: the rule as before
+    assert not is_degenerate(copy, sources=["Unrelated text.", PLAN])
+    # Numbers as written: a week's distance off by one is not the source's list.
+    off = "\n".join(f"Week {i}: run {i + 3} km three times [1]." for i in range(1, 11))
+    assert is_degenerate(off, sources=[PLAN])
+    # Counting on past the source's last week, or the whole list said again (its seam,
+    # week 10 then week 1, is in no source): loops.
+    on = "\n".join(f"Week {i}: run {i + 2} km three times [1]." for i in range(1, 25))
+    assert is_degenerate(on, sources=[PLAN])
+    assert is_degenerate(f"{copy}\n{copy}\n{copy}", sources=[PLAN])
+    # A loop's seam is in no source, whatever the sources say.
+    loop = " ".join(f"Step {i} adds flour number {i} [1]." for i in range(30))
+    assert is_degenerate(loop, sources=[PLAN, "Step 3 adds flour."])
+    # Versions and numbered settings, copied (probe6 of the review: cut at v1.13, step 6).
+    versions = "The 1.x line had these releases: " + ", ".join(f"v1.{i}.0" for i in range(25))
+    assert is_degenerate(versions + " [1].")
+    assert not is_degenerate(versions + " [1].", sources=[versions + "."])
+    steps = "\n".join(f"{i}. Set `opt{i}` to {i * 10} in the config." for i in range(1, 16))
+    said = "\n".join(f"{i}. Set `opt{i}` to {i * 10} in the config [2]." for i in range(1, 16))
+    assert is_degenerate(said) and not is_degenerate(said, sources=[steps])
+
+
 def test_rouge_l_and_token_f1_score_answers_in_any_script() -> None:
     """rouge-score's tokens are [a-z0-9]+: an exact answer in Chinese or Russian was no
     token and scored ROUGE-L 0 (a silent 0 in the headline); Chinese was one F1 token."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -290,6 +291,24 @@ def test_a_looping_answer_is_stopped_as_it_starts_and_flagged() -> None:
     assert DEGENERATE in answer("q", _scored(0.5), counting).flags and counting.written < 60
     chinese = Streamer(["软件包可以安装。"] * 500)  # no spaces: one word to a whitespace split
     assert DEGENERATE in answer("q", _scored(0.5), chinese).flags and chinese.written < 64
+
+
+def test_a_counting_list_copied_from_its_source_runs_whole() -> None:
+    """The review (probe6): a 12-week plan copied from its source was stopped at week 6 and
+    flagged degenerate, 15 numbered settings at the 6th: their numbers count on, as a
+    loop's counter does. The source holds them word for word: they run whole."""
+    plan = " ".join(f"Week {i}: run {i + 4} km three times [1]." for i in range(1, 13))
+    steps = "\n".join(f"{i}. Set `opt{i}` to {i * 10} in the config [1]." for i in range(1, 16))
+    for text in (plan, steps):
+        hits = _scored(0.5)
+        hits[0].payload["text"] = text.replace(" [1]", "")
+        model = Streamer(re.findall(r"\S+\s*", text))
+        reply = answer("q", hits, model)
+        assert reply.flags == [] and reply.text == text and model.written == len(model.pieces)
+        # The same list over a source that does not hold it: stopped, as before.
+        other = Streamer(re.findall(r"\S+\s*", text))
+        stopped = answer("q", _scored(0.5), other)
+        assert DEGENERATE in stopped.flags and other.written < len(other.pieces)
 
 
 def test_a_table_answer_runs_whole_and_a_citation_loop_is_stopped() -> None:

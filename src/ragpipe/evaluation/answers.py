@@ -294,13 +294,45 @@ def _periods(tokens: Sequence[str], size: int) -> list[int]:
     return [p for p, _ in seen.most_common(LOOP_PERIODS)]
 
 
-def _repeats_itself(tokens: Sequence[str], least: int, size: int) -> bool:
+# A word as copies are compared: a run of letters and digits, or one Chinese or Japanese
+# character ("v1.2.0," is v1, 2, 0; "`opt3`" is opt3).
+_COPY_WORD = re.compile(f"[{_UNSPACED}]|(?:(?![{_UNSPACED}])\\w)+")
+
+
+def _copy_words(tokens: Sequence[str]) -> str:
+    """``tokens`` (``loop_tokens``) as the words a copy is compared in, citations left out,
+    one space between them and around them."""
+    words = [w for t in tokens if not _LOOP_CITATION.fullmatch(t) for w in _COPY_WORD.findall(t)]
+    return f" {' '.join(words)} "
+
+
+def _copied(run: Sequence[str], sources: Sequence[str], known: list[str]) -> bool:
+    """Whether the tokens of ``run`` occur word for word, numbers as written, in one of
+    ``sources`` (their ``_copy_words`` kept in ``known`` once worked out)."""
+    if not sources:
+        return False
+    if not known:
+        known.extend(_copy_words(loop_tokens(s)[0]) for s in sources)
+    words = _copy_words(run)
+    return words.strip() != "" and any(words in source for source in known)
+
+
+def _repeats_itself(
+    tokens: Sequence[str], least: int, size: int, sources: Sequence[str] = ()
+) -> bool:
     """Whether a run of ``tokens`` follows itself (``x x``, ``x`` of any length p) over at
     least ``max(2p, least)`` tokens, with a word or a citation in it, its numbers equal or
     counting: each number one period on differs from it as it did one period before
     ("[7] ... [8] ... [9]", "Step 5 ... Step 6"). What a loop does, and a templated list of
     steps or a table of rows does not, each with a name or a figure of its own ("revenue
-    was 2.1 million", "2.4", "3.0"), nor a table of numbers alone."""
+    was 2.1 million", "2.4", "3.0"), nor a table of numbers alone.
+
+    Nor a list copied from one of ``sources``: a run whose last two periods, the seam
+    between them included, occur word for word (numbers as written, citations aside) in
+    one source ("Week 7: run 11 km ... Week 8: run 12 km ..." of a 10-week plan, cut at
+    week 8 as a loop). A loop's seam is its own: "[8] The answer is [9] The answer is"
+    occurs in no source, nor a whole list said again after its last item."""
+    known: list[str] = []
     counted = _counted(tokens)
     codes = {t: i for i, t in enumerate(dict.fromkeys([*tokens, *counted]))}
     raw = np.fromiter((codes[t] for t in tokens), dtype=np.int64, count=len(tokens))
@@ -325,7 +357,11 @@ def _repeats_itself(tokens: Sequence[str], least: int, size: int) -> bool:
         runs = np.concatenate(([0], same.astype(np.int8), [0]))
         edges = np.flatnonzero(np.diff(runs))  # starts and ends of runs of matches
         for start, end in zip(edges[::2], edges[1::2], strict=True):
-            if end - start >= max(period, least - period) and worded[start : end + period].any():
+            if (
+                end - start >= max(period, least - period)
+                and worded[start : end + period].any()
+                and not _copied(tokens[end - period : end + period], sources, known)
+            ):
                 return True
     return False
 
@@ -347,9 +383,11 @@ def unit_run(text: str) -> bool:
     return False
 
 
-def is_degenerate(text: str, n: int = 3, share: float = DEGENERATE_SHARE) -> bool:
+def is_degenerate(
+    text: str, n: int = 3, share: float = DEGENERATE_SHARE, sources: Sequence[str] = ()
+) -> bool:
     """Whether an answer loops: long enough, mostly repeated n-grams, and a run of it
-    repeated verbatim right after itself.
+    repeated verbatim right after itself, not copied from one of ``sources``.
 
     Counted over ``loop_tokens`` (citations are words, markup and list numbers are not).
     The repeated run tells a loop from a list or a table whose every item has the same
@@ -360,12 +398,15 @@ def is_degenerate(text: str, n: int = 3, share: float = DEGENERATE_SHARE) -> boo
         text: The answer text.
         n: The n-gram size.
         share: The repetition share at or above which the answer is flagged.
+        sources: The texts the answer was written from: a run whose last two periods
+            occur in one of them word for word is a list copied from it, not a loop (a
+            12-week plan, 15 numbered settings).
 
     Returns:
         True when the answer has at least ``DEGENERATE_MIN_NGRAMS`` n-grams, at least
         ``share`` of them repeat an earlier one, and a run of it repeats itself at once
-        over as many tokens as those n-grams span; or when it writes a piece of up to 8
-        characters 64 times running (``unit_run``).
+        over as many tokens as those n-grams span, not copied from a source; or when it
+        writes a piece of up to 8 characters 64 times running (``unit_run``).
 
     Raises:
         ValueError: If ``n`` is less than 1.
@@ -385,7 +426,7 @@ def is_degenerate(text: str, n: int = 3, share: float = DEGENERATE_SHARE) -> boo
         repeats += gram in seen
         seen.add(gram)
     least = DEGENERATE_MIN_NGRAMS + size - 1
-    return repeats / n_grams >= share and _repeats_itself(tokens, least, size)
+    return repeats / n_grams >= share and _repeats_itself(tokens, least, size, sources)
 
 
 def citation_scores(

@@ -724,6 +724,7 @@ def answer(
         on_sources(sources)
     pieces: list[str] = []
     first: list[float] = []
+    texts = [s.text for s in sources]  # a list copied from one is no loop (is_degenerate)
 
     def guarded(piece: str) -> None:
         if not first:
@@ -737,7 +738,7 @@ def answer(
             and (
                 len(loop_tokens(so_far := "".join(pieces))[0]) >= LOOP_MIN_WORDS or unit_run(so_far)
             )
-            and is_degenerate(so_far)
+            and is_degenerate(so_far, sources=texts)
         ):
             raise _Looping(f"stopped after {len(pieces)} pieces: the answer repeats itself")
 
@@ -755,7 +756,7 @@ def answer(
         text, tokens_out = "".join(pieces).strip(), len(pieces)
         tokens_in = sum(llm.count_tokens(str(m["content"])) for m in messages)
         flags.append(DEGENERATE)
-    if DEGENERATE not in flags and is_degenerate(text):
+    if DEGENERATE not in flags and is_degenerate(text, sources=texts):
         flags.append(DEGENERATE)
     not_found = is_not_found(text)
     withdrawn = None
@@ -764,7 +765,7 @@ def answer(
     if not_found and text != NOT_FOUND:
         kept = None
         if DEGENERATE not in flags:  # a sourced answer, ended with the not-found sentence
-            kept = sourced_before_not_found(text, [s.text for s in sources])
+            kept = sourced_before_not_found(text, texts)
         if kept is not None:
             text, not_found = kept, False
             flags.append(NOT_FOUND_DROPPED)
