@@ -1253,28 +1253,37 @@ def test_the_real_model_stops_when_its_reader_goes(smollm: Any) -> None:
     assert len(seen) == 3 and time.monotonic() - started < 5
 
 
+# 1,000 distinct words of three letters ("aaa", "baa", ..., "lmb"), none counting on: the
+# Dripper's "word0 word1 ..." read to the repetition guard as one word counting on, a loop,
+# and was stopped after about 40 pieces, so "it wrote under 200" held with no cancel at all.
+DRIP = ["".join(chr(97 + i // 26**k % 26) for k in range(3)) for i in range(1000)]
+
+
 class Dripper:
-    """A generator that writes one token every 20 ms, up to 1,000, and counts them."""
+    """A generator that writes one distinct word every 20 ms, up to ``limit`` (1,000: 20 s
+    of the model's time), and counts them."""
 
     name = "dripper"
     takes_grammar = False  # a scripted reply: nothing to constrain
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = 1000) -> None:
         self.written = 0
+        self.limit = limit
         self.finished = threading.Event()
 
     def chat(self, messages: Any, on_token: Any = None, **options: Any) -> Any:
         from ragpipe.models.llm import Completion
 
+        words = DRIP[: self.limit]
         try:
-            for i in range(1000):  # distinct words: a long answer, not a looping one
+            for word in words:  # a long answer, not a looping one
                 time.sleep(0.02)
                 self.written += 1
                 if on_token is not None:
-                    on_token(f"word{i} ")
+                    on_token(f"{word} ")
         finally:
             self.finished.set()
-        return Completion("".join(f"word{i} " for i in range(1000)), 10, 1000, self.name, 20.0)
+        return Completion("".join(f"{w} " for w in words), 10, len(words), self.name, 20.0)
 
     def count_tokens(self, text: str) -> int:
         return len(text) // 4
@@ -1283,6 +1292,8 @@ class Dripper:
 def test_an_answer_stops_when_its_client_leaves_and_the_queue_is_bounded(
     tmp_path: Path, onnx_embedder: Any
 ) -> None:
+    from ragpipe.evaluation.answers import is_degenerate
+
     cfg = _index(tmp_path, max_queued_answers=0, cache=False)
     dripper = Dripper()
     with (
@@ -1301,6 +1312,7 @@ def test_an_answer_stops_when_its_client_leaves_and_the_queue_is_bounded(
         # The client left after its first tokens: the model stops within a token or two.
         assert dripper.finished.wait(10)
         assert dripper.written < 200  # before: all 1,000 (20 s of the model's time)
+        assert not is_degenerate(" ".join(DRIP))  # no loop guard stopped it: the cancel did
         metrics = client.get("/metrics").text
         assert "ragpipe_answers_cancelled_total 1.0" in metrics
         # ... and the request is counted (it was in no status and no latency): 499.
@@ -1310,10 +1322,14 @@ def test_an_answer_stops_when_its_client_leaves_and_the_queue_is_bounded(
             time.sleep(0.05)
             metrics = client.get("/metrics").text
         assert left in metrics
-        # The slot is given back: the next question is answered (in full).
+        # The slot is given back: the next question is answered in full (60 words, past
+        # the 40 the loop guard starts at: the old Dripper's were cut there as a loop).
         dripper.finished.clear()
+        dripper.limit, dripper.written = 60, 0
         whole = client.post("/ask", json={"question": "Who wrote the first program?"})
-        assert whole.status_code == 200 and whole.json()["answer"].startswith("word")
+        assert whole.status_code == 200 and dripper.written == 60
+        assert whole.json()["answer"] == " ".join(DRIP[:60])
+        assert whole.json()["flags"] == ["uncited"]
 
 
 def test_clients_gone_before_the_model_began_give_their_place_back(
