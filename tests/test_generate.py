@@ -354,7 +354,8 @@ def test_the_floor_is_the_one_measured_for_the_index_embedder() -> None:
 def test_the_citation_grammar_is_what_llama_cpp_is_given() -> None:
     assert citation_grammar(3).splitlines() == [
         'root ::= "Not found in the provided documents." | body',
-        'body ::= [^\\x00]* cite "."?',
+        'body ::= [^\\x00]* word [^\\x00]* cite "."?',
+        "word ::= [^\\x00-\\x2F\\x3A-\\x40\\x5B-\\x60\\x7B-\\x7F]",
         'cite ::= " " "[" number "]" ("[" number "]")*',
         'number ::= "3" | "2" | "1"',
     ]
@@ -834,3 +835,42 @@ def test_a_sources_own_reference_marks_are_no_citations_of_ours() -> None:
     copied = answer("q", hits, Streamer(["Not for children under 16 [ref 2, 4] [1]."]))
     assert copied.flags == [] and [s.number for s in copied.cited] == [1]
     assert copied.text == "Not for children under 16 [ref 2, 4] [1]."
+
+
+def test_citations_alone_are_no_answer_and_a_closing_list_of_sources_cites_nothing() -> None:
+    """The review: " [1]" and "[1][2]." came back trusted with no flag (the grammar let a
+    body of nothing end with a citation), and "Sources:\\n[1] d0.md\\n[2] d2.md" after an
+    answer made every source listed a cited one (citation recall 1.0 for a list)."""
+    from ragpipe.query.generate import NO_TEXT, flag_warnings, reference_list_start
+
+    given = _scored(0.5, 0.5)  # [1] doc0.md, [2] doc1.md
+    for said in (" [1]", "[1][2].", "[1], [2]!", "**[2]**"):
+        bare = answer("q", given, Streamer([said]))
+        assert bare.flags == [NO_TEXT] and not bare.trusted and not bare.not_found, said
+    assert answer("q", given, Streamer(["   "])).flags == [NO_TEXT, UNCITED]
+    assert flag_warnings(answer("q", given, Streamer([" [1]"]))) == [
+        "the model wrote no answer, only citations (or nothing): treat it as no answer"
+    ]
+    assert answer("q", given, Streamer([f"{NOT_FOUND} [1]"])).flags == []  # a refusal
+    assert answer("q", given, Streamer(["42 [1]."])).flags == []  # a number is an answer
+    # A closing list of file names cites nothing: the answer is uncited.
+    listed = "Bread bakes for 40 minutes.\n\nSources:\n[1] doc0.md\n[2] doc1.md"
+    reply = answer("q", given, Streamer([listed]))
+    assert reply.cited == [] and reply.flags == [UNCITED] and reply.text == listed
+    assert reference_list_start(listed) == listed.index("[1]")
+    # Its citations in the text count, the list's do not; in any of these forms.
+    for tail in (
+        "- [1] doc0.md\n- [2]: `doc1.md`",
+        "[1] (doc0.md, page 0, section: Top > Part 0)\n\n[2] (doc1.md, page 1)",
+        "* **[1]** docs/doc0.md\n* [2] - doc1.md.",
+    ):
+        cited = answer("q", given, Streamer([f"Bread bakes for 40 minutes [2].\nSources:\n{tail}"]))
+        assert [s.number for s in cited.cited] == [2] and cited.flags == [], tail
+    # A number in the list with no source is still one: taken out and flagged.
+    wrong = answer("q", given, Streamer(["It bakes for 40 minutes [1].\n[1] doc0.md\n[7] x.md"]))
+    assert wrong.invalid_citations == [7] and wrong.flags == [INVALID_CITATIONS]
+    assert [s.number for s in wrong.cited] == [1]
+    # A last line that says more than a file name is the answer's own.
+    for text in ("It bakes [1].\nSee [2] doc1.md for the times.", "Bread [1].\n[2] It rises."):
+        assert reference_list_start(text) == len(text), text
+        assert [s.number for s in answer("q", given, Streamer([text])).cited] == [1, 2], text

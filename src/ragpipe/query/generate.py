@@ -191,6 +191,8 @@ NOT_FOUND_DROPPED = "not_found_dropped"
 # A cited sentence that the sources it cites hardly hold and another given source does
 # (``attribution_misses``): a source's text that fakes another's header, or a wrong number.
 MISATTRIBUTED = "misattributed_citation"
+# No answer: citations alone (" [1]", "[1][2]."), or nothing at all.
+NO_TEXT = "no_answer_text"
 # An answer "taken from the sources": more than half of its word pairs occur in them.
 # Measured on 2026-11-29 (qwen2.5-coder-1.5b over the sample index): the two R-FAQ
 # answers it ended with "Not found in the provided documents. [n]" had 0.72 and 0.88 of
@@ -390,15 +392,45 @@ def build_messages(question: str, sources: Sequence[Source]) -> list[Message]:
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
+# One line of a reference list: a citation and a file name alone ("[1] d0.md", "- [2]:
+# `docs/install.md`"), or with the page and section a source's header gives them
+# ("[1] (notes.md, page 3, section: Notes)").
+_LISTED = re.compile(
+    rf"[ \t]*(?:[-*•][ \t]*)?[*_]*{_MARK}[*_]*[ \t]*[:.\-–—]?[ \t]*[(`\"'*_]*"
+    r"[^\s()\[\]`\"'*]*\.[A-Za-z0-9]{1,8}(?:,[ \t]*(?:page|p\.)[ \t]*\d+)?"
+    r"(?:,[ \t]*section:[^\n]*)?[)`\"'*_.,;]*[ \t]*",
+    re.IGNORECASE,
+)
+
+
+def reference_list_start(text: str) -> int:
+    """Where a list of references that ends ``text`` starts: the last lines (blank ones
+    between them aside), each a citation and a file name alone ("Sources:\\n[1] d0.md\\n[2]
+    d2.md"); ``len(text)`` when it ends otherwise. Such a list names the sources given,
+    it backs no claim: counted, it made every source listed a cited one."""
+    start = end = len(text)
+    for line in reversed(text.splitlines(keepends=True)):
+        end -= len(line)
+        if not line.strip():
+            continue
+        if _LISTED.fullmatch(line.rstrip("\r\n")) is None or not citation_marks(line):
+            break
+        start = end
+    return start
+
+
 def check_citations(text: str, sources: Sequence[Source]) -> tuple[list[Source], list[int]]:
-    """Sources cited in ``text`` (first-citation order) and cited numbers with no source."""
+    """Sources cited in ``text`` (first-citation order) and cited numbers with no source.
+    A reference list that ends the text (``reference_list_start``) cites nothing; a number
+    in it with no source is one all the same."""
     by_number = {s.number: s for s in sources}
+    listed = reference_list_start(text)
     cited: list[Source] = []
     invalid: list[int] = []
     for match in citation_marks(text, len(sources)):  # "[2020]" of 5 sources: a year
         for n in mark_numbers(match.group(1)):
             if n in by_number:
-                if by_number[n] not in cited:
+                if by_number[n] not in cited and match.start() < listed:
                     cited.append(by_number[n])
             elif n not in invalid:
                 invalid.append(n)
@@ -481,9 +513,11 @@ def content_words(text: str) -> set[str]:
 # content words while one other given source holds ELSEWHERE_SHARE or more, and it has
 # MIN_CLAIM_WORDS at least. Measured: text of notes.md dressed as a header of handbook.md
 # ("[3] (handbook.md, …)"), answered by the real model with "[3]": 1/5 against notes.md's
-# 1.0. Of the 102 answers bench/results/llm_choice.json keeps (32 cite), it flags 4, each
-# of which pasted the prompt's source blocks; of the rest, the closest call is 0.25
-# against 1.0 (R's "mat[2, ]" in a copied answer, read as citing [2]), not flagged.
+# 1.0. Of the 102 answers bench/results/llm_choice.json keeps (29 cite; 3 more only list
+# the prompt's source headers, a reference list that cites nothing), it flags 1: "The
+# closest planet to the Sun is Mercury", then the prompt's source blocks pasted; of the
+# rest, the closest call is 0.25 against 1.0 (R's "mat[2, ]" in a copied answer, read as
+# citing [2]), not flagged.
 CITED_SHARE = 0.25
 ELSEWHERE_SHARE = 0.5
 MIN_CLAIM_WORDS = 3
@@ -512,8 +546,8 @@ def attribution_misses(text: str, sources: Sequence[Source]) -> list[Misattribut
     the wrong file, however the model came to write it."""
     words_of = {s.number: content_words(f"{s.heading} {s.text}") for s in sources}
     groups: list[tuple[int, int, list[int]]] = []  # sentence start, its first mark, numbers
-    last_end = 0
-    for mark in citation_marks(text, len(sources)):
+    last_end, listed = 0, reference_list_start(text)
+    for mark in citation_marks(text[:listed], len(sources)):
         numbers = [n for n in mark_numbers(mark.group(1)) if n in words_of]
         if groups and not re.search(r"\w", text[last_end : mark.start()]):
             start, first, before = groups[-1]
@@ -656,18 +690,21 @@ def strip_citations(text: str, numbers: Sequence[int]) -> str:
 
 def citation_grammar(count: int) -> str:
     """A llama.cpp GBNF grammar for an answer over ``count`` numbered sources: the exact
-    not-found reply, or any text that ends with citations of given sources (``[2]``,
-    ``[1][3]``, after a space, so that no final citation reads as code such as ``x[2]``; an
-    optional full stop after them). The model still chooses what to write
-    and which source to cite; it cannot end uncited or cite a number it was not given at
-    the end (citations inside the text are checked as before)."""
+    not-found reply, or any text with a letter or a digit in it (or any character past
+    ASCII) that ends with citations of given sources (``[2]``, ``[1][3]``, after a space,
+    so that no final citation reads as code such as ``x[2]``; an optional full stop after
+    them). The model still chooses what to write and which source to cite; it cannot end
+    uncited, cite a number it was not given at the end (citations inside the text are
+    checked as before), or answer with citations alone (" [1]" passed as a trusted
+    answer)."""
     if count < 1:
         raise ValueError("a citation grammar needs at least one source")
     numbers = " | ".join(f'"{n}"' for n in range(count, 0, -1))  # "10" before "1"
     return "\n".join(
         [
             f'root ::= "{NOT_FOUND}" | body',
-            'body ::= [^\\x00]* cite "."?',
+            'body ::= [^\\x00]* word [^\\x00]* cite "."?',
+            "word ::= [^\\x00-\\x2F\\x3A-\\x40\\x5B-\\x60\\x7B-\\x7F]",  # not ASCII's marks
             'cite ::= " " "[" number "]" ("[" number "]")*',
             f"number ::= {numbers}",
         ]
@@ -778,6 +815,8 @@ def answer(
     if invalid:
         text = strip_citations(text, invalid)
         flags.append(INVALID_CITATIONS)
+    if not not_found and not re.search(r"\w", without_citation_marks(text, len(sources))):
+        flags.append(NO_TEXT)
     if not not_found and not cited:
         flags.append(UNCITED)
     if cited and attribution_misses(text, sources):
@@ -809,6 +848,7 @@ def flag_warnings(reply: Answer) -> list[str]:
         "was not asked",
         INVALID_CITATIONS: f"the answer cited {reply.invalid_citations}, which are not among "
         f"the {len(reply.sources)} sources; those citations were removed",
+        NO_TEXT: "the model wrote no answer, only citations (or nothing): treat it as no answer",
         UNCITED: "the answer cites none of the sources: treat it as unsupported",
         DEGENERATE: "the model started repeating itself and was stopped",
         TRUNCATED: "the answer was cut at llm.max_tokens",
