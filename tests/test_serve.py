@@ -1363,6 +1363,69 @@ def test_clients_gone_before_the_model_began_give_their_place_back(
         assert got.json()["answer"] == "Bake bread for forty minutes [1]."
 
 
+class _FirstLong:
+    """A generator whose first reply is 1,000 made-up words (no counting, no repeats: the
+    loop guard lets it run) at 20 ms each, and every later one a short sentence; it keeps
+    how many tokens each call wrote."""
+
+    name = "first-long"
+    takes_grammar = False  # a scripted reply: nothing to constrain
+
+    def __init__(self) -> None:
+        letters = np.random.default_rng(7).integers(0, 26, size=(1000, 8))
+        self.words = ["".join(chr(97 + int(c)) for c in row) for row in letters]
+        self.written: list[int] = []
+        self.first_done = threading.Event()
+
+    def chat(self, messages: Any, on_token: Any = None, **options: Any) -> Any:
+        from ragpipe.models.llm import Completion
+
+        first = not self.written
+        words = self.words if first else ["Forty", "minutes", "[1]."]
+        self.written.append(0)
+        try:
+            for word in words:
+                time.sleep(0.02)
+                self.written[-1] += 1
+                if on_token is not None:
+                    on_token(word + " ")
+        finally:
+            if first:
+                self.first_done.set()
+        return Completion(" ".join(words), 10, len(words), self.name, 0.02 * len(words))
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 4
+
+
+def test_a_whole_answer_stops_when_its_client_leaves(tmp_path: Path, onnx_embedder: Any) -> None:
+    """/ask with stream none (the default) whose client gives up: the model stops at its
+    next token, its place is given back, and the request counts as the client's leaving.
+    Before, the model wrote all 1,000 tokens (20 s), every /ask meanwhile got 429, none was
+    counted cancelled, and the request counted as a 200."""
+    cfg = _index(tmp_path, max_queued_answers=0, cache=False)
+    llm = _FirstLong()
+    with (
+        running(create_app(cfg, onnx_embedder, llm)) as url,
+        httpx.Client(base_url=url, timeout=60) as client,
+    ):
+        with pytest.raises(httpx.ReadTimeout):  # the client waits 1 s and leaves
+            httpx.post(url + "/ask", json={"question": "How long should bread bake?"}, timeout=1)
+        left = time.monotonic()
+        assert llm.first_done.wait(5) and time.monotonic() - left < 2
+        assert 0 < llm.written[0] < 150  # 1 s of tokens and one more; not 1,000
+        # The next question is admitted at once (it got 429 for the next 19 s), in full.
+        got = client.post("/ask", json={"question": "Who wrote the first program?"})
+        assert got.status_code == 200, got.text
+        assert got.json()["answer"] == "Forty minutes [1]."
+        assert time.monotonic() - left < 5
+        metrics = client.get("/metrics").text
+        assert "ragpipe_answers_cancelled_total 1.0" in metrics
+        assert 'ragpipe_requests_total{endpoint="/ask",status="499"} 1.0' in metrics
+        assert 'ragpipe_requests_total{endpoint="/ask",status="200"} 1.0' in metrics
+        assert llm.written == [llm.written[0], 3]
+
+
 def test_malformed_numbers_and_text_get_422_not_500(served: tuple[RagpipeConfig, Any]) -> None:
     _, client = served
     headers = {"content-type": "application/json"}

@@ -42,6 +42,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
+from anyio import to_thread
 from fastapi import Depends, FastAPI, HTTPException, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import (
@@ -310,9 +311,10 @@ class _BodyLimit:
         await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
 
 
-# The status counted for a streamed response whose client stopped reading (nginx's "client
-# closed request"): such requests were counted nowhere, in no status and no latency. (A
-# client that leaves a whole response is not seen: the server's send drops it silently.)
+# The status counted for a response whose client left before its end (nginx's "client
+# closed request"): a stream it stopped reading, an /ask or /mcp call it gave up waiting for.
+# Such requests were counted nowhere, in no status and no latency. (Elsewhere a client that
+# leaves a whole response is not seen: the server's send drops it silently.)
 CLIENT_LEFT = "499"
 
 
@@ -749,8 +751,8 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
         """A cited answer from the index (streamed when asked), or "not found".
 
         One answer is generated at a time; ``serve.max_queued_answers`` more may wait, and
-        beyond that the request gets 429 with Retry-After. A streamed answer whose client
-        goes away stops being generated.
+        beyond that the request gets 429 with Retry-After. An answer whose client goes away,
+        streamed or not, stops being generated.
         """
         text = service.check(request.question, request.k, "question")
         try:  # a question the model's window cannot hold is the client's to shorten
@@ -775,9 +777,11 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
             slot = _Slot(service.answer_done)
             events = _generate(service, text, result, version, vector, scope, cancelled, slot)
         if request.stream == "none":
-            try:
-                final = await run_in_threadpool(_last, events)  # the model takes seconds
-            finally:  # cancelled before the generation began: its place is given back
+            try:  # the model takes seconds; a client that leaves cancels this (see below)
+                final = await to_thread.run_sync(_last, events, abandon_on_cancel=True)
+            finally:  # done, or the client went away: the model stops at its next token
+                cancelled.set()
+                # Cancelled before the generation began: its place is given back.
                 if slot is not None:
                     slot.give_back_unless_started()
             return JSONResponse(final[1], status_code=503 if final[0] == "error" else 200)
@@ -827,8 +831,11 @@ def _app(config: RagpipeConfig, service: Service) -> FastAPI:
     mcp = _CancelOnDisconnect(_LowerCaseHost(agents.endpoint))
     app.router.routes.append(Route("/mcp", _Bearer(mcp, config.serve.api_key), methods=["POST"]))
 
-    # Outermost last: every request is measured, a loopback server's Host and Origin are
-    # pinned, CORS answers preflights, bodies are capped.
+    # Outermost last: a client that leaves /ask cancels it (a whole JSON answer's handler
+    # never reads the request again, and its model wrote on to the last token: 20 s with the
+    # queue full and every other /ask 429), every request is measured, a loopback server's
+    # Host and Origin are pinned, CORS answers preflights, bodies are capped.
+    app.add_middleware(_CancelOnDisconnect, paths=("/ask",))
     app.add_middleware(
         _BodyLimit, limit=config.serve.max_body_bytes, timeout_s=config.serve.body_timeout_s
     )
@@ -1185,15 +1192,17 @@ class _CancelOnDisconnect:
     """A handler cancelled when its client goes away before the answer. MCP's stateless
     JSON transport reads the request's body and never ``receive()`` again, so it never saw
     a client that gave up: an ``ask`` ran to the model's last token, holding the model and
-    a place in the answer queue (``/ask`` got 429 meanwhile). Once the body is read, this
-    reads ``receive()`` for the disconnect and cancels the handler; the tool's offloaded
-    call is then abandoned and the model stops at its next token."""
+    a place in the answer queue (``/ask`` got 429 meanwhile); so did ``/ask`` with
+    ``stream: none``. Once the body is read, this reads ``receive()`` for the disconnect and
+    cancels the handler; the offloaded call is then abandoned and the model stops at its
+    next token. Nothing is sent, so the request counts as the client's leaving (499).
+    ``paths``: only these (None: every request)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self, app: ASGIApp, paths: tuple[str, ...] | None = None) -> None:
+        self.app, self.paths = app, paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (self.paths is not None and scope["path"] not in self.paths):
             await self.app(scope, receive, send)
             return
         import anyio
