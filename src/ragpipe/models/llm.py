@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -50,6 +51,56 @@ class Completion:
     # The first generated token's most likely alternatives (token text -> log-probability),
     # when asked for with ``top_logprobs`` and the runtime exposes them; else None.
     top_logprobs: dict[str, float] | None = None
+    # The prompt and the reply filled the model's window (Ollama's num_ctx): Ollama then
+    # cuts the prompt from its start, the instructions first, and says nothing.
+    window_full: bool = False
+
+
+# The pieces a BPE tokenizer never merges across, each counted on its own: an ASCII digit
+# (Qwen and SmolLM write every digit as a token) and the white space before one, a
+# non-ASCII character, a run of ASCII letters (cut where a capital follows a small letter),
+# a run of white space (one space before a word or a mark rides with it), a mark.
+_PIECES = re.compile(
+    r"(?P<digit>[0-9]|\s+(?=[0-9]))|(?P<wide>[^\x00-\x7f])"
+    r"|(?P<word>[A-Z]?[a-z]+|[A-Z]+(?![a-z]))|(?P<space>\s+)|(?P<mark>.)",
+    re.DOTALL,
+)
+
+
+def estimate_tokens(text: str) -> int:
+    """Tokens ``text`` takes in a model whose tokenizer cannot be asked (Ollama, an
+    OpenAI-compatible server): an estimate meant never to fall short by much, so that
+    sources budgeted with it fit the window.
+
+    Each digit, punctuation mark and non-ASCII character is a token (a CJK character; a
+    Latin, Greek, Cyrillic, Hebrew or Arabic letter; 1.5 for other scripts' letters, which
+    the models' vocabularies hold few of; 3 past the Basic Multilingual Plane: emoji), so
+    is white space before a digit, and other white space but a word's one space; a run of
+    ASCII letters is one per 4. Measured against Qwen2.5's own tokenizer in
+    docs/explanation/benchmarks.md ("Counting tokens without the model's tokenizer").
+    """
+    n = 0.0
+    for _digit, wide, word, space, _mark in _PIECES.findall(text):
+        if word:
+            n += -(-len(word) // 4)
+        elif space:
+            n += space != " "
+        elif wide:
+            code = ord(wide)
+            if code < 0x800 or _cjk(code):
+                n += 1
+            else:
+                n += 1.5 if code <= 0xFFFF else 3
+        else:  # a digit (or the white space before one), a mark
+            n += 1
+    return math.ceil(n)
+
+
+def _cjk(code: int) -> bool:
+    """CJK ideographs, kana, Hangul, CJK punctuation and full-width forms: one token or
+    less a character in the models' vocabularies."""
+    return (0x2E80 <= code <= 0x9FFF or 0xAC00 <= code <= 0xD7AF or 0xF900 <= code <= 0xFAFF
+            or 0xFF00 <= code <= 0xFFEF)  # fmt: skip
 
 
 class LLM(Protocol):
@@ -241,13 +292,13 @@ class LlamaCppLLM:
     def count_tokens(self, text: str) -> int:
         # xllamacpp exposes no tokenizer call: the model's own BPE, rebuilt from the GGUF
         # file's vocabulary, counts exactly what llama.cpp counts (gguf_vocab); for a
-        # vocabulary it cannot rebuild, ~4 characters per token, rounded up (an estimate
-        # that under-counts code, tables and non-English text).
+        # vocabulary it cannot rebuild, the estimate (4 characters a token under-counted
+        # code, tables and non-English text).
         from ragpipe.models.gguf_vocab import gguf_tokenizer
 
         tokenizer = gguf_tokenizer(self.path)
         if tokenizer is None:
-            return -(-len(text) // 4)
+            return estimate_tokens(text)
         return len(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
@@ -398,6 +449,17 @@ class OllamaLLM:
         tokens_in = int(getattr(final, "prompt_eval_count", 0) or 0)
         tokens_out = int(getattr(final, "eval_count", 0) or 0)
         finish = getattr(final, "done_reason", None)
+        # Ollama keeps a prompt past num_ctx by cutting it from its start (the instructions
+        # go first) and reports only what it kept: a full window is the one sign of it.
+        full = tokens_in + tokens_out >= self.context_size
+        if full:
+            logger.warning(
+                "Ollama's window was full (%s at %s: %d prompt + %d reply tokens >= num_ctx "
+                "%d): the prompt was probably cut from its start, its instructions with it. "
+                "Raise llm.context_size (the server's memory allowing) or lower "
+                "generate.context_tokens", self.name, self.host, tokens_in, tokens_out,
+                self.context_size,
+            )  # fmt: skip
         alternatives = None
         if first:
             alts = [{"token": a.token, "logprob": a.logprob} for a in first[0].top_logprobs or []]
@@ -410,12 +472,15 @@ class OllamaLLM:
             time.perf_counter() - started,
             finish,
             alternatives,
+            window_full=full,
         )
 
     def count_tokens(self, text: str) -> int:
-        # Ollama exposes no tokenizer endpoint: 3 characters a token, rounded up, so that
-        # the sources budgeted to num_ctx fit it (4 under-counts Markdown by about 28%).
-        return -(-len(text) // 3)
+        # Ollama exposes no tokenizer endpoint: an estimate that does not fall short, so
+        # that the sources budgeted to num_ctx fit it. 3 characters a token counted a
+        # numeric table, hex and Greek at 0.37-0.4 of Qwen's count, Chinese at 0.55: ten
+        # table sources budgeted to 2800 tokens took 6547, past num_ctx 4096.
+        return estimate_tokens(text)
 
 
 class OpenAILLM:
@@ -539,7 +604,9 @@ class OpenAILLM:
             return reply
 
     def count_tokens(self, text: str) -> int:
-        return -(-len(text) // 4)  # the API exposes no tokenizer
+        # The API exposes no tokenizer. 4 characters a token counted code, tables and
+        # non-English text short (a server with a small window refuses such a prompt).
+        return estimate_tokens(text)
 
 
 def takes_grammar(config: LLMConfig) -> bool:

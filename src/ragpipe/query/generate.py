@@ -185,6 +185,9 @@ INVALID_CITATIONS = "invalid_citations_removed"  # [n] with no source n, taken o
 UNCITED = "uncited"  # an answer that cites no given source
 DEGENERATE = "degenerate"  # the model looped; stopped and marked
 TRUNCATED = "truncated"  # stopped at max_tokens
+# The prompt and reply filled the model's window (Completion.window_full, Ollama): the
+# prompt was probably cut from its start, the instructions with it.
+WINDOW_FULL = "window_full"
 WITHDRAWN = "answer_withdrawn"  # wrote an answer, then said not found: shown as not found
 # A sourced answer the model ended with the not-found sentence: shown without it.
 NOT_FOUND_DROPPED = "not_found_dropped"
@@ -787,6 +790,8 @@ def answer(
         text, tokens_in, tokens_out = reply.text.strip(), reply.tokens_in, reply.tokens_out
         if reply.finish_reason == "length":
             flags.append(TRUNCATED)
+        if reply.window_full:
+            flags.append(WINDOW_FULL)
     except _Looping:  # the stopped stream reports no usage: the prompt counted here
         # (by the model's own tokenizer where it has one; the chat template's own tokens
         # left out), never 0 for a prompt the model read
@@ -852,6 +857,9 @@ def flag_warnings(reply: Answer) -> list[str]:
         UNCITED: "the answer cites none of the sources: treat it as unsupported",
         DEGENERATE: "the model started repeating itself and was stopped",
         TRUNCATED: "the answer was cut at llm.max_tokens",
+        WINDOW_FULL: "the prompt and answer filled the model's window (llm.context_size): the "
+        "prompt was probably cut from its start, instructions first; raise llm.context_size "
+        "or lower generate.context_tokens",
         WITHDRAWN: "the model wrote text of its own, then said the sources do not contain the "
         "answer: not found (its text is kept under 'withdrawn' in --json)",
         NOT_FOUND_DROPPED: "the model ended an answer taken from the sources (most of its "
