@@ -2197,3 +2197,63 @@ def test_a_rag_run_through_a_search_filter_says_so(
         "the search: searches only what filter_file='kitchen/bread.md' lets through; an item "
         "whose targets lie outside it scores 0, whatever the ranking"
     ) in " ".join(result.warnings)
+
+
+# -- found by attack: judge prompts past the judge's own window ---------------------------
+
+
+def test_a_judge_prompt_past_the_judges_window_is_a_failure_not_a_score(
+    smollm: Any, onnx_embedder: Any
+) -> None:
+    """Only the generator's window was budgeted: a judge prompt with every context joined
+    (faithfulness, context recall) went to the judge whatever its size, and Ollama cut it
+    from its start in silence and its verdicts were scored. A prompt that leaves its reply
+    no room in the judge's window is not sent and fails the metric saying why; one context
+    at a time (context precision) fits and is asked. A reply given what the window left
+    and cut there fails too."""
+    from ragpipe.evaluation.golden import GoldenItem
+    from ragpipe.evaluation.rag import Judge, JudgeWindowExceeded, RagRow, Windowed
+    from ragpipe.models.llm import OllamaLLM
+    from ragpipe.query.generate import PROMPT_MARGIN
+    from tests.support.ollama_server import ollama_server
+
+    fact = "The loaf bakes at 230 degrees Celsius for thirty-five minutes in a hot oven. "
+    contexts = [fact * 20, fact.replace("230", "250") * 20]
+    item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1},
+                      expected_answer="Bake the loaf for thirty-five minutes.")  # fmt: skip
+    row = RagRow("oven", item.query, "Bake it for thirty-five minutes [1].", False, contexts,
+                 1, [], 0, 0, 0.0)  # fmt: skip
+    with ollama_server({}, {"smollm": smollm}) as (host, state):
+        judge = OllamaLLM("smollm", host=host, context_size=1024, max_tokens=64)
+        assert judge.count_tokens("\n".join(contexts)) > 1024 - PROMPT_MARGIN
+        assert all(judge.count_tokens(c) < 1024 // 2 for c in contexts)
+        asyncio.run(Judge(judge, onnx_embedder, timeout_s=120, max_tokens=160).judge(row, item))
+        prompts = [str(m["content"]) for r in state.requests if r["path"] == "/api/chat"
+                   for m in r["body"]["messages"]]  # fmt: skip
+
+        for metric in ("faithfulness", "context_recall"):
+            judged = row.judged[metric]
+            assert (judged.value, judged.status) == (None, FAILED), metric
+            assert re.fullmatch(
+                r"JudgeWindowExceeded: the judge's prompt \(\d+ tokens\) and its reply \(up to "
+                r"16\) do not fit its window of 1024 tokens: not asked\. Lower "
+                r"generate\.context_tokens, or raise the judge's context_size \(eval\.judge, "
+                r"else llm\)",
+                judged.reason or "",
+            ), judged.reason
+        assert not any("\n".join(contexts) in p for p in prompts)  # never sent
+        precision = row.judged["context_precision"]  # one context a call: asked
+        assert "window" not in (precision.reason or "") and sum(contexts[0] in p for p in prompts)
+
+        # What the window leaves: the reply may take it, and one cut there fails.
+        windowed = Windowed(judge)
+        count = fact * 31 + "List every number from 1 to 1000, one per line."
+        story = [{"role": "user", "content": count}]  # greedy: a long list, cut at the limit
+        room = 1024 - judge.count_tokens(count) - PROMPT_MARGIN
+        assert 150 <= room < 200  # at least a verdict's 150: the call is made
+        with pytest.raises(JudgeWindowExceeded, match=rf"reply was cut at {room} tokens, what "
+                           r"its window of 1024 left beside a \d+-token prompt"):  # fmt: skip
+            windowed.chat(story, max_tokens=400)
+        assert state.requests[-1]["body"]["options"]["num_predict"] == room
+        short = [{"role": "user", "content": "Say yes." + fact * 31}]
+        assert windowed.chat(short, max_tokens=4).tokens_out <= 4  # room enough: as asked

@@ -64,11 +64,12 @@ from ragpipe.evaluation.golden import GoldenItem, GoldenSet, file_matches, strat
 from ragpipe.evaluation.metrics import MIN_CI_N, Interval, bootstrap_ci
 from ragpipe.evaluation.retrieval import filter_warning
 from ragpipe.models.embedders import Embedder, embedder_name, make_embedder
-from ragpipe.models.llm import LLM, make_llm
+from ragpipe.models.llm import LLM, Completion, Message, make_llm
 from ragpipe.query.generate import (
     BELOW_FLOOR,
     DEGENERATE,
     NOT_FOUND,
+    PROMPT_MARGIN,
     Answer,
     configured_answer,
     plausible_citation,
@@ -525,6 +526,75 @@ async def each_verdict(
     return said
 
 
+class JudgeWindowExceeded(ValueError):
+    """A judge call that does not fit the judge's window: its prompt leaves no room for its
+    reply, or the reply filled what was left (a judge failure, never a score)."""
+
+
+class Windowed:
+    """The judge model with every call held to its window (``context_size``: the embedded
+    model's n_ctx, Ollama's num_ctx; none known for an OpenAI server, which refuses an
+    over-long prompt itself). Only the generator's window was budgeted: ragas's NLI prompt
+    is about 680 tokens beside up to generate.context_tokens (2800) of sources, and each
+    verdict written into a prefilled reply adds 80-100 more, so after four or five
+    statements a 4096-token window was passed: llama.cpp refused the call, and Ollama cut
+    the prompt from its start in silence and its verdicts were scored.
+
+    A call whose prompt leaves less room than its reply needs (its ``max_tokens``, at
+    most one verdict's ``VERDICT_TOKENS_MOST``) is not made: ``JudgeWindowExceeded``.
+    With that room but less than ``max_tokens``, the reply may take what is left; cut
+    there, or a window Ollama says was full, it is ``JudgeWindowExceeded`` too."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.llm = llm
+        window = getattr(llm, "context_size", None)
+        self.window = window if isinstance(window, int) else None
+
+    @property
+    def name(self) -> str:
+        return self.llm.name
+
+    @property
+    def takes_grammar(self) -> bool:
+        return self.llm.takes_grammar
+
+    def count_tokens(self, text: str) -> int:
+        return self.llm.count_tokens(text)
+
+    def __getattr__(self, name: str) -> Any:  # temperature, continues_reply, settle, ...
+        return getattr(self.llm, name)
+
+    def chat(self, messages: Sequence[Message], **options: Any) -> Completion:
+        if self.window is None:
+            return self.llm.chat(messages, **options)
+        limit = int(options.get("max_tokens") or getattr(self.llm, "max_tokens", 0) or 0)
+        prompt = sum(self.llm.count_tokens(str(m.get("content", ""))) for m in messages)
+        room = self.window - prompt - PROMPT_MARGIN  # the chat template's own tokens
+        if room < min(limit, VERDICT_TOKENS_MOST):
+            raise JudgeWindowExceeded(
+                f"the judge's prompt ({prompt} tokens) and its reply (up to {limit}) do not "
+                f"fit its window of {self.window} tokens: not asked. Lower "
+                "generate.context_tokens, or raise the judge's context_size (eval.judge, "
+                "else llm)"
+            )
+        cut_short = limit > room
+        if cut_short:
+            options = {**options, "max_tokens": room}
+        reply = self.llm.chat(messages, **options)
+        if reply.window_full:
+            raise JudgeWindowExceeded(
+                f"the judge's window of {self.window} tokens was full (prompt {reply.tokens_in}"
+                f" + reply {reply.tokens_out}): its prompt was probably cut from its start"
+            )
+        if cut_short and reply.finish_reason == "length":
+            raise JudgeWindowExceeded(
+                f"the judge's reply was cut at {room} tokens, what its window of "
+                f"{self.window} left beside a {prompt}-token prompt. Lower "
+                "generate.context_tokens, or raise the judge's context_size"
+            )
+        return reply
+
+
 class Judge:
     """The four RAGAS metrics on one (question, answer, contexts, reference).
 
@@ -557,6 +627,7 @@ class Judge:
     ) -> None:
         llm = llm if isinstance(llm, Settling) else Settling(llm)
         self.llm = llm
+        windowed = Windowed(llm)  # every call held to the judge's own window
         from ragas.metrics.collections import (
             AnswerRelevancy,
             ContextPrecision,
@@ -597,7 +668,7 @@ class Judge:
             ) -> NLIStatementOutput:
                 if way == "statement":
                     verdicts = await each_verdict(
-                        lambda s: ask_statement(llm, context, s), statements, "statement"
+                        lambda s: ask_statement(windowed, context, s), statements, "statement"
                     )
                     return NLIStatementOutput(statements=[
                         StatementFaithfulnessAnswer(statement=s, reason="", verdict=v)
@@ -623,7 +694,7 @@ class Judge:
         async def context_verdicts(question: str, answer: str, contexts: list[str]) -> list[int]:
             """Context precision's verdicts, one short call a context (``ask_context``)."""
             return await each_verdict(
-                lambda c: ask_context(llm, question, answer, c), contexts, "context"
+                lambda c: ask_context(windowed, question, answer, c), contexts, "context"
             )
 
         class CheckedContextPrecision(ContextPrecision):
@@ -664,13 +735,13 @@ class Judge:
                     return await super().ascore(user_input, retrieved_contexts, reference)
                 context = "\n".join(retrieved_contexts)  # as ragas's faithfulness joins them
                 verdicts = await each_verdict(
-                    lambda s: ask_statement(llm, context, s),
+                    lambda s: ask_statement(windowed, context, s),
                     reference_sentences(reference),
                     "the reference's sentence",
                 )
                 return MetricResult(value=sum(verdicts) / len(verdicts))
 
-        judge_llm, judge_embeddings = _adapters(llm, embedder, max_tokens)
+        judge_llm, judge_embeddings = _adapters(windowed, embedder, max_tokens)
         self.timeout_s = timeout_s
         self.prefill = prefill
         self.verdicts = verdicts
@@ -1092,7 +1163,8 @@ def run_rag_eval(
                                 ev.seed)  # fmt: skip
             if len(probe) >= 4:
                 probed = time.perf_counter()
-                calibration = calibrate(judge_model, probe, min_kappa=ev.judge_min_kappa,
+                calibration = calibrate(Windowed(judge_model), probe,
+                                        min_kappa=ev.judge_min_kappa,
                                         timeout_s=ev.judge_timeout_s,
                                         max_tokens=ev.judge_max_tokens,
                                         resamples=ev.resamples, seed=ev.seed,
