@@ -63,7 +63,8 @@ class ServeMetrics:
         self.flagged = Counter(
             "ragpipe_answers_flagged",
             "Answers by flag (below_relevance_floor, invalid_citations_removed, uncited, "
-            "degenerate, truncated); flagged answers are not cached.",
+            "degenerate, truncated, window_full, answer_withdrawn, not_found_dropped, "
+            "misattributed_citation, no_answer_text); flagged answers are not cached.",
             ["flag"],
             registry=self.registry,
         )
