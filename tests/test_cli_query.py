@@ -30,8 +30,9 @@ def test_search_formats_and_filters(indexed_edge: RagpipeConfig) -> None:
     assert len(data["hits"]) == 2 and data["trace"]["mode"] == "dense"
     assert set(data["hits"][0]["scores"]) >= {"dense", "retrieval"}
     xml = runner.invoke(app, [*args, "--format", "xml", "--filter", "file=backups-copy.md"])
-    assert xml.output.startswith("<retrieved_context>") and xml.output.count("<source ") == 2
-    assert "backups.md" not in xml.output
+    # The copy is one chunk (its title opens its one section's chunk): one source, no other file.
+    assert xml.output.startswith("<retrieved_context>") and xml.output.count("<source ") == 1
+    assert "backups-copy.md" in xml.output and "backups.md" not in xml.output
 
 
 def test_search_errors_exit_2_with_a_message(indexed_edge: RagpipeConfig, tmp_path: Any) -> None:
