@@ -285,6 +285,27 @@ PLAN = "Beginner 10 km plan.\n" + "\n".join(
 )
 
 
+def test_the_eval_scores_a_list_copied_from_its_source_as_no_loop() -> None:
+    """``eval rag``'s degenerate metric reads the sources the answer had, as the answer's
+    own check does: the 10-week plan copied from its source scored degenerate 1.0 in the
+    eval (``is_degenerate`` without sources) though the answer carried no flag."""
+    from ragpipe.evaluation.golden import ChunkTarget, GoldenItem
+    from ragpipe.evaluation.rag import score_answer
+    from ragpipe.query.generate import Answer, Source
+    from ragpipe.query.results import Retrieved
+
+    hit = Retrieved("p1", 1.0, {"file_path": "plan.md", "heading_path": "Plan", "text": PLAN})
+    source = Source(1, "p1", "plan.md", None, "Plan", PLAN)
+    item = GoldenItem("plan", "The plan?", {"plan.md": 1}, (ChunkTarget("plan.md"),))
+    copy = "\n".join(f"Week {i}: run {i + 2} km three times [1]." for i in range(1, 11))
+    scores, _, _, _ = score_answer(item, Answer(item.query, copy, [source], [source]), [hit], None)
+    assert scores["degenerate"].value == 0.0
+    # The same answer over a source that does not hold the list is still a loop.
+    other = Source(1, "p1", "plan.md", None, "Plan", "Run three times a week.")
+    reply = Answer(item.query, copy, [other], [other])
+    assert score_answer(item, reply, [hit], None)[0]["degenerate"].value == 1.0
+
+
 def test_a_counting_list_copied_from_a_source_is_no_loop_and_a_loop_still_is() -> None:
     """The review: the real model's copy of a 10-week plan was cut at week 8 as a loop
     (its numbers count on, as a loop's counter does). Copied word for word from a source,

@@ -1082,7 +1082,11 @@ def score_answer(
         scores["correct_refusal"] = unformed if hedged else Judged(float(refused), OK)
         scores["false_refusal"] = Judged(None, na, "answerable: false")
     # A loop the answer was withdrawn from is still the model's loop.
-    looped = DEGENERATE in reply.flags or answers.is_degenerate(reply.withdrawn or reply.text)
+    # A list copied from a source is that source's, not a loop, as the answer's own check has
+    # it (generate.answer): the metric reads the same sources.
+    looped = DEGENERATE in reply.flags or answers.is_degenerate(
+        reply.withdrawn or reply.text, sources=[s.text for s in reply.sources]
+    )
     scores["degenerate"] = Judged(float(looped), OK)
     return scores, sources, cited, answers.repetition_share(reply.text)
 
