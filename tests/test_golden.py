@@ -185,7 +185,8 @@ def test_a_misspelt_key_of_the_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError,
         match=r"golden set .*golden\.yaml: unknown keys \['nmae'\] "
-        r"\('nmae' looks like 'name'; allowed: description, items, name\)$",
+        r"\('nmae' looks like 'name'; allowed: description, items, name; keys starting with "
+        r"'x-' are free, to hold YAML anchors\)$",
     ):
         load_golden(_write(tmp_path, "nmae: faq\nitems:\n- {id: x, query: q, "
                                      "expected_files: [a]}\n"))  # fmt: skip

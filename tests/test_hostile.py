@@ -854,13 +854,17 @@ def test_a_yaml_alias_bomb_in_a_golden_set_or_labels_file_is_refused_at_once(
         with pytest.raises(ConfigError, match=r"expands to more than 5,000,000 values"):
             load(path)
         assert time.monotonic() - started < 10, path.name
-    dry = tmp_path / "dry.yaml"  # anchors that stay DRY still load
+    dry = tmp_path / "dry.yaml"  # anchors that stay DRY still load (held under an x- key)
     dry.write_text(
-        "files: &f [a.md, b.md]\nitems:\n  - {id: q1, query: one, expected_files: *f}\n"
+        "x-files: &f [a.md, b.md]\nitems:\n  - {id: q1, query: one, expected_files: *f}\n"
         "  - {id: q2, query: two, expected_files: *f}\n",
         encoding="utf-8",
     )
     assert [item.relevance for item in load_golden(dry).items] == [{"a.md": 1, "b.md": 1}] * 2
+    # Any other key at the top is refused, and the message says where anchors may go.
+    dry.write_text(dry.read_text(encoding="utf-8").replace("x-files", "files"), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"unknown keys \['files'\] .*keys starting with 'x-'"):
+        load_golden(dry)
 
 
 def test_numbers_past_any_sense_are_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:

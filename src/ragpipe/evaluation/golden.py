@@ -59,6 +59,8 @@ ITEM_KEYS = {
     "provenance",
 }
 FILE_KEYS = {"name", "description", "items"}
+FREE_KEY_PREFIX = "x-"  # top-level keys for YAML anchors, never read
+FREE_KEY_NOTE = "keys starting with 'x-' are free, to hold YAML anchors"
 CHUNK_KEYS = {"file", "contains", "heading", "grade"}
 PROVENANCE_KEYS = {"method", "file", "point_id", "source_sha", "model"}
 PROVENANCE_METHODS = ("heading", "llm")  # what `ragpipe golden draft` writes
@@ -207,9 +209,12 @@ def _one_file(a: str, b: str) -> bool:
     return file_matches(a, b) or file_matches(b, a)
 
 
-def _refuse_unknown(raw: dict[Any, Any], allowed: Collection[str], where: str) -> None:
+def _refuse_unknown(
+    raw: dict[Any, Any], allowed: Collection[str], where: str, note: str = ""
+) -> None:
     """ConfigError naming the keys of ``raw`` not in ``allowed``, each with the allowed key
-    it looks like: a misspelt key was read as absent (``garde: 3`` scored grade 1)."""
+    it looks like: a misspelt key was read as absent (``garde: 3`` scored grade 1).
+    ``note`` ends the message."""
     unknown = sorted(str(k) for k in raw if k not in allowed)
     if not unknown:
         return
@@ -220,7 +225,7 @@ def _refuse_unknown(raw: dict[Any, Any], allowed: Collection[str], where: str) -
     ]
     raise ConfigError(
         f"{where}: unknown keys {unknown} ({'; '.join([*near, ''])}allowed: "
-        f"{', '.join(sorted(allowed))})"
+        f"{', '.join(sorted(allowed))}{'; ' + note if note else ''})"
     )
 
 
@@ -366,7 +371,10 @@ def load_golden(path: Path) -> GoldenSet:
     data = yamlio.load(text, f"golden set {path}", yamlio.DATA_LIMIT)
     if not isinstance(data, dict) or not isinstance(data.get("items"), list):
         raise ConfigError(f"golden set {path}: expected a mapping with an 'items' list")
-    _refuse_unknown(data, FILE_KEYS, f"golden set {path}")
+    # Keys starting with "x-" hold what the file's items refer to by YAML anchor (as in a
+    # Compose file): ``x-files: &f [a.md, b.md]``, then ``expected_files: *f``.
+    free = {k: v for k, v in data.items() if not str(k).startswith(FREE_KEY_PREFIX)}
+    _refuse_unknown(free, FILE_KEYS, f"golden set {path}", FREE_KEY_NOTE)
     seen: set[str] = set()
     items = [_item(raw, i, str(path), seen) for i, raw in enumerate(data["items"])]
     if not items:
