@@ -467,8 +467,9 @@ def test_a_deeper_search_ranks_first_what_a_search_for_top_k_returns(
     kinds: dict[str, dict[str, Any]] = {
         "boost": {"boost_exact": 5.0},
         "rerank": reranker,
-        "mmr": {"mmr": True, "mmr_lambda": 0.3},
-        "rerank and mmr": {**reranker, "mmr": True, "mmr_lambda": 0.3},
+        # MMR: pools of 2 x 2 of the corpus's nine chunks (a search for 10 takes them all).
+        "mmr": {"mmr": True, "mmr_lambda": 0.3, "candidate_mul": 2},
+        "rerank and mmr": {**reranker, "mmr": True, "mmr_lambda": 0.3, "candidate_mul": 2},
     }
     with Retriever(indexed_edge) as r:
         for name, settings in kinds.items():
@@ -476,7 +477,8 @@ def test_a_deeper_search_ranks_first_what_a_search_for_top_k_returns(
             for query in queries:
                 short = r.search(query, top_k=2, **settings)
                 deep = r.search(query, top_k=2, depth=10, **settings)
-                assert len(short.hits) == 2 and len(deep.hits) == 10, (name, query)
+                # All nine chunks of the corpus (a title with a section under it is none).
+                assert len(short.hits) == 2 and len(deep.hits) == 9, (name, query)
                 assert _ids(deep)[:2] == _ids(short), (name, query)
                 assert deep.trace["depth"] == 10 and "depth" not in short.trace
                 # A search for 10 results is another configuration (a larger pool).
