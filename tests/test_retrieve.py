@@ -193,6 +193,17 @@ def _ids(result: Any) -> list[str]:
     return [h.point_id for h in result.hits]
 
 
+def _tied(result: Any) -> list[set[str]]:
+    """The ranking's point ids in groups of equal score (to 1e-5), best first."""
+    groups: list[tuple[float, set[str]]] = []
+    for hit in result.hits:
+        if groups and hit.score == pytest.approx(groups[-1][0], rel=1e-5):
+            groups[-1][1].add(hit.point_id)
+        else:
+            groups.append((hit.score, {hit.point_id}))
+    return [ids for _, ids in groups]
+
+
 @pytest.mark.parametrize("method", ["rrf", "dbsf"])
 @pytest.mark.parametrize("backend", ["edge", "qdrant"])
 def test_qdrant_fusion_and_client_fusion_rank_alike(
@@ -205,11 +216,14 @@ def test_qdrant_fusion_and_client_fusion_rank_alike(
             inside = r.search(query, fusion="qdrant", **same)
             client = r.search(query, fusion="client", **same)
             assert inside.trace["fusion"] == "qdrant" and client.trace["fusion"] == "client"
-            assert _ids(inside) == _ids(client), query
+            # Equal ranks up to exact ties: the copy of the backups file holds its Schedule
+            # section word for word, and the engine orders tied points its own way.
+            assert _tied(inside)[:-1] == _tied(client)[:-1], query
+            assert len(_tied(inside)[-1]) == len(_tied(client)[-1]), query
             for a, b in zip(inside.hits, client.hits, strict=True):
                 assert a.score == pytest.approx(b.score, rel=1e-5)
             auto = r.search(query, **same)  # auto: the engine can do it, so it does
-            assert auto.trace["fusion"] == "qdrant" and _ids(auto) == _ids(inside)
+            assert auto.trace["fusion"] == "qdrant" and _tied(auto)[:-1] == _tied(inside)[:-1]
 
 
 def test_a_search_fused_in_the_engine_keeps_each_hits_own_cosine(
