@@ -530,11 +530,16 @@ def test_a_tuned_config_names_the_settings_scored_that_it_does_not_give(
 def test_tune_tries_llm_rerank_when_asked_and_keeps_it_where_it_wins(
     indexed_edge: RagpipeConfig,
     pairs: list[tuple[str, ChunkTarget, ChunkTarget]],
-    smollm: Any,
     tmp_path: Path,
 ) -> None:
     from ragpipe.evaluation.retrieval import Variant, run_retrieval_eval
     from ragpipe.evaluation.tune import LLM_SPACE, search_space
+    from ragpipe.models.llm import LlamaCppLLM
+
+    # A model of its own, not the session's: llama.cpp's scores move a little with what its
+    # prompt cache holds from earlier tests, and on 2 tuning queries that moved the pick (the
+    # full suite failed it, the file alone passed).
+    smollm = LlamaCppLLM("smollm2-135m", max_tokens=64)
 
     assert search_space(llm_options=True)["rerank"] == LLM_SPACE["rerank"]
     assert "rerank" not in search_space()
