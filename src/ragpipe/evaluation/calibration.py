@@ -67,7 +67,7 @@ import numpy as np
 from ragpipe.evaluation.agreement import Agreement, agreement
 from ragpipe.evaluation.check import IndexView
 from ragpipe.evaluation.golden import GoldenItem, GoldenSet
-from ragpipe.models.llm import LLM, Completion, Message
+from ragpipe.models.llm import LLM, Completion, DelegatingLLM, Message
 
 SUPPORTED, UNRELATED, ALTERED = "supported", "unrelated", "altered"
 OTHER_SECTION, INVENTED = "other_section", "invented_reason"
@@ -887,7 +887,7 @@ def _verdict(judge: LLM, pair: ProbePair, max_tokens: int, verdicts: str) -> tup
     return ask_statement(judge, pair.passage, pair.shown)
 
 
-class Settling:
+class Settling(DelegatingLLM):
     """A judge model whose calls can be waited out. A call the eval gave up on
     (``eval.judge_timeout_s``) runs on in its thread, holding the model; the next metric's
     clock started while it ran, and that metric timed out waiting for the model (the
@@ -896,17 +896,9 @@ class Settling:
     (``settle``) before it asks anything else."""
 
     def __init__(self, llm: LLM) -> None:
-        self.llm = llm
+        super().__init__(llm)
         self._calls = 0
         self._ended = threading.Condition()
-
-    @property
-    def name(self) -> str:
-        return self.llm.name
-
-    @property
-    def takes_grammar(self) -> bool:
-        return self.llm.takes_grammar
 
     def chat(self, messages: Sequence[Message], **options: Any) -> Completion:
         with self._ended:
@@ -917,12 +909,6 @@ class Settling:
             with self._ended:
                 self._calls -= 1
                 self._ended.notify_all()
-
-    def count_tokens(self, text: str) -> int:
-        return self.llm.count_tokens(text)
-
-    def __getattr__(self, name: str) -> Any:  # temperature, context_size, ...
-        return getattr(self.llm, name)
 
     def settle(self, timeout_s: float) -> bool:
         """Wait until no call is running, ``timeout_s`` at most; whether none is."""

@@ -64,7 +64,7 @@ from ragpipe.evaluation.golden import GoldenItem, GoldenSet, file_matches, strat
 from ragpipe.evaluation.metrics import MIN_CI_N, Interval, bootstrap_ci
 from ragpipe.evaluation.retrieval import filter_warning
 from ragpipe.models.embedders import Embedder, embedder_name, make_embedder
-from ragpipe.models.llm import LLM, Completion, Message, make_llm
+from ragpipe.models.llm import LLM, Completion, DelegatingLLM, Message, make_llm
 from ragpipe.query.generate import (
     BELOW_FLOOR,
     DEGENERATE,
@@ -531,7 +531,7 @@ class JudgeWindowExceeded(ValueError):
     reply, or the reply filled what was left (a judge failure, never a score)."""
 
 
-class Windowed:
+class Windowed(DelegatingLLM):
     """The judge model with every call held to its window (``context_size``: the embedded
     model's n_ctx, Ollama's num_ctx; none known for an OpenAI server, which refuses an
     over-long prompt itself). Only the generator's window was budgeted: ragas's NLI prompt
@@ -546,23 +546,9 @@ class Windowed:
     there, or a window Ollama says was full, it is ``JudgeWindowExceeded`` too."""
 
     def __init__(self, llm: LLM) -> None:
-        self.llm = llm
+        super().__init__(llm)
         window = getattr(llm, "context_size", None)
         self.window = window if isinstance(window, int) else None
-
-    @property
-    def name(self) -> str:
-        return self.llm.name
-
-    @property
-    def takes_grammar(self) -> bool:
-        return self.llm.takes_grammar
-
-    def count_tokens(self, text: str) -> int:
-        return self.llm.count_tokens(text)
-
-    def __getattr__(self, name: str) -> Any:  # temperature, continues_reply, settle, ...
-        return getattr(self.llm, name)
 
     def chat(self, messages: Sequence[Message], **options: Any) -> Completion:
         if self.window is None:

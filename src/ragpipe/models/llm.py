@@ -609,6 +609,32 @@ class OpenAILLM:
         return estimate_tokens(text)
 
 
+class DelegatingLLM:
+    """A model that adds one thing to the model it wraps (``chat`` overridden) and is that
+    model for everything else: its name, grammar support, token count and any other
+    attribute (temperature, context_size, ...)."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.llm = llm
+
+    @property
+    def name(self) -> str:
+        return self.llm.name
+
+    @property
+    def takes_grammar(self) -> bool:
+        return self.llm.takes_grammar
+
+    def chat(self, messages: Sequence[Message], **options: Any) -> Completion:
+        return self.llm.chat(messages, **options)
+
+    def count_tokens(self, text: str) -> int:
+        return self.llm.count_tokens(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.llm, name)
+
+
 def takes_grammar(config: LLMConfig) -> bool:
     """Whether the configured model takes a GBNF grammar (known without loading it)."""
     if config.provider == LLMProvider.OPENAI:
