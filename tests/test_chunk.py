@@ -175,6 +175,20 @@ def test_ids_are_deterministic_and_config_sensitive() -> None:
 def test_overlap_validation() -> None:
     with pytest.raises(ValueError, match="overlap"):
         ChunkConfig(size=100, overlap=100)
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        ChunkConfig(overlap=-1)
+
+
+def test_overlap_zero_tiles_the_text() -> None:
+    markdown = "# Title\n\n" + "\n\n".join(PARA * 3 for _ in range(6))
+    text, chunks = _chunks(markdown, size=400, overlap=0)
+    assert len(chunks) > 4
+    for prev, nxt in itertools.pairwise(chunks):
+        assert prev.char_end <= nxt.char_start, "no chunk shares text with the one before"
+    covered = set()
+    for c in chunks:
+        covered.update(range(c.char_start, c.char_end))
+    assert all(i in covered for i, ch in enumerate(text) if not ch.isspace())
 
 
 def test_unknown_tokenizer_is_config_error(tmp_path: Path) -> None:

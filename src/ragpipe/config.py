@@ -694,10 +694,10 @@ class ChunkConfig(_Section):
     )
     overlap: int = Field(
         default=150,
-        gt=0,
+        ge=0,
         description="recursive: characters shared with the previous chunk, aligned to word "
         "boundaries, and at most a quarter of max_tokens' word-pieces (150 characters of "
-        "Korean are more); must be smaller than size.",
+        "Korean are more); must be smaller than size; 0: chunks share no text.",
     )
     whole_sections: bool = Field(
         default=False,
