@@ -615,6 +615,17 @@ def test_a_refusal_in_other_words_is_no_answer_and_no_refusal_score(text: str) -
         # Things named after sources, and what a program cannot find (a review's finds).
         "If apt cannot find a package in the sources, run apt-get update first [1].",
         "A mirror is not found in the sources list until apt-get update runs [2].",
+        # A claim beside a clause saying the sources lack something (an attack review's:
+        # each read as a refusal, one sentence with a "lacks" phrase in it).
+        "Bake the loaf at 230 degrees Celsius for thirty-five minutes; the sources do not "
+        "say whether to preheat [1].",
+        "The provided documents do not mention France, but the capital of France is Paris.",
+        "Although the documents don't say why, Ada Lovelace wrote the first published "
+        "program for the Analytical Engine [1].",
+        "Knead the dough for ten minutes [1], although the sources do not mention kneading "
+        "by machine.",
+        "The provided documents do not mention France \u2014 its capital is Paris.",
+        "The provided documents do not say how long to bake. They only describe kneading [2].",
     ],
 )
 def test_answers_that_mention_sources_or_absence_are_answers(text: str) -> None:
@@ -634,12 +645,73 @@ def test_answers_that_mention_sources_or_absence_are_answers(text: str) -> None:
         "There is no information about this in the provided documents.",
         "I don't know.",
         "No relevant information was found.",
+        # More than one sentence or clause, each saying the sources lack the answer (read
+        # as an answer: more than one sentence), and words that state nothing.
+        "The provided documents do not mention France. I cannot answer this question.",
+        "The provided documents do not mention France.\n\nI cannot answer this question.",
+        "I'm sorry, but the documents do not mention France.",
+        "Unfortunately, the provided documents do not mention France [1].",
+        "Sorry. I cannot answer this question.",
+        "The sources do not say how long; I cannot determine it [1].",
+        "The documents do not say, however, how long to bake.",
+        "The documents do not mention the oven temperature, baking time, or preheating.",
     ],
 )
 def test_refusals_in_other_words_are_recognised(text: str) -> None:
     from ragpipe.evaluation.rag import reads_as_refusal
 
     assert reads_as_refusal(text)
+
+
+def test_a_reply_is_a_refusal_in_other_words_only_when_it_claims_nothing_else() -> None:
+    """An attack review: a right answer with a clause saying the sources lack a detail
+    scored answer_f1 0 and failed false_refusal (one sentence, a "lacks" phrase in it); an
+    answer from outside the sources to an unanswerable item failed correct_refusal, where it
+    is a missed refusal (0); and two sentences saying the sources lack the answer scored 0
+    as an answer, where they are a refusal not in the required form (failed)."""
+    from dataclasses import replace
+
+    from ragpipe.evaluation.rag import FAILED, NOT_APPLICABLE, OK, score_answer
+    from ragpipe.query.generate import answer
+
+    def scored(item: object, text: str) -> dict[str, tuple[float | None, str]]:
+        reply = answer(item.query, hits, _Scripted(text))  # type: ignore[attr-defined,arg-type]
+        scores = score_answer(item, reply, hits, None)[0]  # type: ignore[arg-type]
+        return {m: (j.value, j.status) for m, j in scores.items() if j.status != NOT_APPLICABLE}
+
+    item, hits = _bread()
+    # By hand: the expected answer's 9 tokens (bake loaf at 230 degrees celsius for
+    # thirtyfive minutes) all in the reply's 16 (+ sources do not say whether to preheat):
+    # F1 2 * 9/16 * 1 / (9/16 + 1) = 18/25; ROUGE-L 11 of 11 tokens in order among 19
+    # ("thirty five" two, "the" kept): 2 * 11 / (11 + 19) = 11/15. [1] holds the target.
+    hedged = ("Bake the loaf at 230 degrees Celsius for thirty-five minutes; the sources do "
+              "not say whether to preheat [1].")  # fmt: skip
+    assert scored(item, hedged) == {
+        "answer_f1": (pytest.approx(18 / 25), OK),
+        "answer_rouge_l": (pytest.approx(11 / 15), OK),
+        "citation_precision": (1.0, OK),
+        "citation_recall": (1.0, OK),
+        "false_refusal": (0.0, OK),
+        "degenerate": (0.0, OK),
+    }
+    unanswerable = replace(item, query="What is the capital of France?", answerable=False,
+                           relevance={}, chunks=(), expected_answer=None)  # fmt: skip
+    outside = "The provided documents do not mention France, but the capital of France is Paris."
+    assert scored(unanswerable, outside) == {"correct_refusal": (0.0, OK), "degenerate": (0.0, OK)}
+    twice = "The provided documents do not mention France. I cannot answer this question."
+    assert scored(unanswerable, twice) == {
+        "correct_refusal": (None, FAILED),
+        "degenerate": (0.0, OK),
+    }
+    # The same two sentences to the answerable item, its target given as [1]: a refusal in
+    # other words, no answer (0, SQuAD v2's rule) and no refusal (failed).
+    assert scored(item, twice) == {
+        "answer_f1": (0.0, OK),
+        "answer_rouge_l": (0.0, OK),
+        "answer_cosine": (0.0, OK),
+        "false_refusal": (None, FAILED),
+        "degenerate": (0.0, OK),
+    }
 
 
 def test_a_refusal_by_the_relevance_floor_with_the_target_retrieved_is_a_false_one() -> None:

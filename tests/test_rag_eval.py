@@ -2135,6 +2135,7 @@ def test_a_hedge_and_an_empty_answer_are_no_claims_for_the_judge(onnx_embedder: 
     """A review: "The provided documents do not contain this information [1]." was judged
     for faithfulness as a claim about the passage (1.0 from a lenient judge); an empty
     answer failed ragas's check and was counted as the judge's failure."""
+    from ragpipe.evaluation.calibration import statement_prompt
     from ragpipe.evaluation.golden import GoldenItem
     from ragpipe.evaluation.rag import EMPTY_ANSWER, Judge, RagRow
 
@@ -2154,6 +2155,19 @@ def test_a_hedge_and_an_empty_answer_are_no_claims_for_the_judge(onnx_embedder: 
         NOT_APPLICABLE, EMPTY_ANSWER)  # fmt: skip
     relevancy = empty.judged["answer_relevancy"]
     assert (relevancy.value, relevancy.status, relevancy.asked) == (0.0, OK, False)
+    # An answer beside a clause saying the sources lack a detail is an answer: judged (it
+    # was not applicable, read as a hedge, one sentence with a "lacks" phrase).
+    claim = "Bake the loaf for thirty-five minutes; the sources do not say whether to preheat."
+    judge = Verdicts({claim: '{"verdict": 1}'})
+    scorer = Judge(judge, onnx_embedder, timeout_s=5, max_tokens=1536)
+    answered = RagRow("oven", item.query, claim.replace(".", " [1]."), False, contexts, 1, [],
+                      0, 0, 0.0)  # fmt: skip
+    asyncio.run(scorer.judge(answered, item))
+    faithfulness = answered.judged["faithfulness"]
+    assert (faithfulness.value, faithfulness.status) == (1.0, OK)
+    assert [p for p in judge.prompts if p.startswith("Does the passage say")] == [
+        statement_prompt("\n".join(contexts), claim)
+    ]
 
 
 def test_an_unscorable_answer_is_among_the_worst_questions() -> None:

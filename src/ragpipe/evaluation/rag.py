@@ -914,23 +914,73 @@ _LACKS = re.compile(
             rf"\bno\s+(?:relevant\s+)?information\b.{{0,60}}?\b(?:in|from)\s+{_THE_SOURCES}",
             r"^no\s+(?:relevant\s+)?information\s+(?:was|is)\s+(?:found|available|given)\b",
             r"^i\s+(?:do\s*(?:n[o']t|not)|don't)\s+know\b",
+            # "I cannot answer this question.", a clause of its own ("if I cannot answer,
+            # ..." goes on to say something)
+            r"^(?:i|we)\s+(?:cannot|can't|can\s+not|could\s*not|couldn't|am\s+unable\s+to|"
+            r"am\s+not\s+able\s+to|are\s+unable\s+to)\s+(?:answer|determine)\b",
         ]
     ),
     re.IGNORECASE,
 )
-# A sentence ends at . ! ? before a capital letter or the end ("e.g. the FAQ" goes on).
-_SENTENCE_END = re.compile(r"[.!?](?=\s+[A-Z]|\s*$)")
+# A sentence ends at . ! ? before a capital letter or the end ("e.g. the FAQ" goes on), or
+# at a line break.
+_SENTENCE_CUT = re.compile(r"[.!?]+(?=\s+[A-Z]|\s*$)|\n")
+# Within a sentence, a clause ends at ";", a colon before a space ("10:30" goes on), a dash,
+# or a word that sets one statement against another: "but" (not "nothing but"), "however"
+# (not set off by commas on both sides: "they do not say, however, how long" is one),
+# "although", "though", "yet".
+_CLAUSE_CUT = re.compile(
+    r"[;—]|:(?=\s|$)|\s[–-]\s|\b(?<!nothing\s)(?<!anything\s)but\b"
+    r"|\bhowever\b(?:(?<!,\showever)|(?!,))|\b(?:although|though|yet)\b",
+    re.IGNORECASE,
+)
+# "Although the documents do not say why, Ada Lovelace wrote ...": the clause that opens
+# with "although" ends at its comma, and what follows is a statement of its own.
+_FRONTED = re.compile(r"^\W*(?:even\s+)?(?:although|though)\b([^,]*),", re.IGNORECASE)
+# Words that state nothing: "I'm sorry, but ...", "Unfortunately, ...", "Note: ...".
+_FILLER = re.compile(
+    r"^(?:(?:(?:i\s*(?:'m|am)|we\s*(?:'re|are))\s+)?(?:sorry|afraid)|unfortunately|"
+    r"regrettably|(?:my\s+)?apologies|note|answer|response|so|and|also|therefore|thus|hence)"
+    r"\b[\W_]*",
+    re.IGNORECASE,
+)
+
+
+def _clauses(prose: str) -> list[str]:
+    """The clauses of ``prose`` that say something (``_SENTENCE_CUT``, ``_CLAUSE_CUT``,
+    ``_FRONTED``), each on one line, the words that state nothing taken off its start
+    (``_FILLER``); a clause of no letter or digit is none."""
+    pieces: list[str] = []
+    for sentence in _SENTENCE_CUT.split(prose):
+        fronted = _FRONTED.match(sentence)
+        if fronted is not None:
+            pieces.append(fronted[1])
+            sentence = sentence[fronted.end() :]
+        pieces += _CLAUSE_CUT.split(sentence)
+    said = []
+    for piece in pieces:
+        clause = " ".join(piece.split())
+        while (start := _FILLER.match(clause)) is not None and start.end() > 0:
+            clause = clause[start.end() :]
+        if re.search(r"[^\W_]", clause):
+            said.append(clause)
+    return said
 
 
 def reads_as_refusal(text: str) -> bool:
-    """A one-sentence reply (citations aside) that says the sources lack the answer without
-    being the not-found sentence: neither an answer nor a refusal in the required form, so
-    the refusal metrics cannot score it (``score_answer``). A reply of more sentences may
-    answer in part ("Bake at 230 C [1]. The documents do not say how long."): an answer."""
-    prose = " ".join(without_citation_marks(text).split())
-    if is_refusal(text) or not prose or len(_SENTENCE_END.findall(prose)) > 1:
+    """A reply (citations aside) that says the sources lack the answer, in other words than
+    the not-found sentence, and says nothing else: each of its clauses that says something
+    says the sources lack it or that the answer cannot be given ("The provided documents do
+    not mention France. I cannot answer this question."). Neither an answer nor a refusal in
+    the required form, so the refusal metrics cannot score it (``score_answer``). A reply
+    with any other claim is an answer, in part or outside the sources: "Bake at 230 C [1];
+    the documents do not say how long.", "The documents do not mention France, but its
+    capital is Paris." A clause is cut at a sentence's end, a line break, ";", ":", a dash,
+    "but", "however", "although", "though" and "yet" (``_clauses``)."""
+    if is_refusal(text):
         return False
-    return _LACKS.search(prose) is not None
+    said = _clauses(without_citation_marks(text))
+    return bool(said) and all(_LACKS.search(clause) for clause in said)
 
 
 def supporting(source_payloads: dict[int, dict[str, Any]], item: GoldenItem) -> set[int]:
