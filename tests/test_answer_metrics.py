@@ -714,6 +714,56 @@ def test_a_reply_is_a_refusal_in_other_words_only_when_it_claims_nothing_else() 
     }
 
 
+@pytest.mark.parametrize("text", ["[1].", "[1][2].", "\u2014 [1]", "**[1]**", " [1] "])
+def test_citations_with_marks_around_them_are_an_empty_answer(text: str) -> None:
+    """An attack review: generate flagged "[1]." no_answer_text (no word character once
+    the citations are set aside) while eval rag's own test (nothing but spaces left) read it
+    as an answer: citation precision and recall 1.0, false_refusal 0. Both read it with one
+    predicate now, and a reply flagged no_answer_text is empty to eval rag in any case."""
+    from dataclasses import replace
+
+    from ragpipe.evaluation.rag import EMPTY_ANSWER, FAILED, NOT_APPLICABLE, OK, score_answer
+    from ragpipe.query.generate import NO_TEXT, answer
+
+    item, hits = _bread()
+    reply = answer(item.query, hits, _Scripted(text))  # type: ignore[arg-type]
+    assert reply.flags == [NO_TEXT] and reply.cited
+    back = f"{EMPTY_ANSWER}: its citations back no claim"
+    expected = {
+        "answer_f1": (0.0, OK, EMPTY_ANSWER),
+        "answer_rouge_l": (0.0, OK, EMPTY_ANSWER),
+        "answer_cosine": (0.0, OK, EMPTY_ANSWER),
+        "citation_precision": (None, NOT_APPLICABLE, back),
+        "citation_recall": (None, NOT_APPLICABLE, back),
+        "correct_refusal": (None, NOT_APPLICABLE, "answerable item"),
+        "false_refusal": (None, FAILED, EMPTY_ANSWER),
+        "degenerate": (0.0, OK, None),
+    }
+    for scored in (reply, replace(reply, flags=[])):  # flagged, and read from its text alone
+        scores = score_answer(item, scored, hits, None)[0]  # type: ignore[arg-type]
+        assert {m: (j.value, j.status, j.reason) for m, j in scores.items()} == expected
+
+
+def test_a_citation_past_99_is_an_empty_answer_among_as_many_sources() -> None:
+    # "[150]" of 150 sources is a citation (of 5 sources, a number: text), as generate reads
+    # it; eval rag read every bracket past 99 as text, so "[150]" was an answer to score.
+    from ragpipe.evaluation.golden import GoldenItem
+    from ragpipe.evaluation.rag import EMPTY_ANSWER, FAILED, score_answer
+    from ragpipe.query.generate import Answer, Source, no_answer_text
+    from ragpipe.query.results import Retrieved
+
+    hits = [Retrieved(f"p{n}", 1.0, {"file_path": f"d{n}.md", "text": f"Fact {n}."})
+            for n in range(1, 151)]  # fmt: skip
+    sources = [Source(n, f"p{n}", f"d{n}.md", None, "", f"Fact {n}.") for n in range(1, 151)]
+    item = GoldenItem("fact", "What is fact 150?", {"d150.md": 1}, (), "Fact 150.")
+    reply = Answer(item.query, "[150]", sources, [sources[149]])
+    assert no_answer_text("[150]", 150) and not no_answer_text("[150]", 5)
+    scores = score_answer(item, reply, hits, None)[0]  # type: ignore[arg-type]
+    assert (scores["false_refusal"].status, scores["false_refusal"].reason) == (
+        FAILED, EMPTY_ANSWER)  # fmt: skip
+    assert scores["citation_precision"].value is None
+
+
 def test_a_refusal_by_the_relevance_floor_with_the_target_retrieved_is_a_false_one() -> None:
     # Best cosine 0.22 under a floor of 0.25: "not found" without asking the model, though
     # the target chunk was hit 1. false_refusal was n/a ("no given source holds a golden

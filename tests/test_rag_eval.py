@@ -2138,6 +2138,7 @@ def test_a_hedge_and_an_empty_answer_are_no_claims_for_the_judge(onnx_embedder: 
     from ragpipe.evaluation.calibration import statement_prompt
     from ragpipe.evaluation.golden import GoldenItem
     from ragpipe.evaluation.rag import EMPTY_ANSWER, Judge, RagRow
+    from ragpipe.query.generate import NO_TEXT
 
     item = GoldenItem("oven", "How long should bread bake?", {"bread.md": 1})
     contexts = ["Bake the loaf for thirty-five minutes."]
@@ -2155,6 +2156,16 @@ def test_a_hedge_and_an_empty_answer_are_no_claims_for_the_judge(onnx_embedder: 
         NOT_APPLICABLE, EMPTY_ANSWER)  # fmt: skip
     relevancy = empty.judged["answer_relevancy"]
     assert (relevancy.value, relevancy.status, relevancy.asked) == (0.0, OK, False)
+    # Citations with marks around them are empty too (generate flags them no_answer_text;
+    # faithfulness judged "." and answer relevancy was asked), and so is a flagged reply.
+    for said, flags in [("[1].", []), ("\u2014 [1]", []), ("**[1]**", []), ("_[1]_", [NO_TEXT])]:
+        judge.prompts.clear()
+        bare = RagRow("oven", item.query, said, False, contexts, 1, [], 0, 0, 0.0, flags=flags)
+        asyncio.run(scorer.judge(bare, item))
+        faithfulness, relevancy = bare.judged["faithfulness"], bare.judged["answer_relevancy"]
+        assert (faithfulness.status, faithfulness.reason) == (NOT_APPLICABLE, EMPTY_ANSWER), said
+        assert (relevancy.value, relevancy.status, relevancy.asked) == (0.0, OK, False), said
+        assert not any(p.startswith("Does the passage say") for p in judge.prompts), said
     # An answer beside a clause saying the sources lack a detail is an answer: judged (it
     # was not applicable, read as a hedge, one sentence with a "lacks" phrase).
     claim = "Bake the loaf for thirty-five minutes; the sources do not say whether to preheat."

@@ -68,10 +68,12 @@ from ragpipe.models.llm import LLM, Completion, DelegatingLLM, Message, make_llm
 from ragpipe.query.generate import (
     BELOW_FLOOR,
     DEGENERATE,
+    NO_TEXT,
     NOT_FOUND,
     PROMPT_MARGIN,
     Answer,
     configured_answer,
+    no_answer_text,
     plausible_citation,
     source_budget,
     without_citation_marks,
@@ -793,6 +795,7 @@ class Judge:
 
     async def judge(self, row: RagRow, item: GoldenItem) -> None:
         q, a, ctx = item.query, row.answer, row.contexts
+        no_text = NO_TEXT in row.flags or is_empty(a, len(ctx))  # as score_answer reads it
         ref = (item.expected_answer or "").strip() or None  # blank: no reference
         if not item.answerable:
             reason = "answerable: false (scored by refusal)"
@@ -820,7 +823,7 @@ class Judge:
             return
         if row.not_found:
             row.judged["faithfulness"] = Judged(None, NOT_APPLICABLE, "'not found' makes no claim")
-        elif is_empty(a):  # no judge call can fail on it: the generator's, not the judge's
+        elif no_text:  # no judge call can fail on it: the generator's, not the judge's
             row.judged["faithfulness"] = Judged(None, NOT_APPLICABLE, EMPTY_ANSWER)
         elif reads_as_refusal(a):  # its one claim is about the sources, not from them
             row.judged["faithfulness"] = Judged(
@@ -841,7 +844,7 @@ class Judge:
             )
         row.judged["answer_relevancy"] = (
             Judged(0.0, OK, EMPTY_ANSWER, asked=False)  # nothing answers the question
-            if is_empty(a)
+            if no_text
             else await self._one(
                 self.answer_relevancy, "answer_relevancy", user_input=q, response=a
             )
@@ -874,10 +877,11 @@ _REFUSAL = answers.normalize_answer(NOT_FOUND)
 EMPTY_ANSWER = "the answer is empty: the generator wrote nothing (or citations alone)"
 
 
-def is_empty(text: str) -> bool:
-    """No word in the answer: "", or citations alone ("[1]", which scored citation
-    precision and recall 1.0)."""
-    return not without_citation_marks(text).strip()
+def is_empty(text: str, given: int = 0) -> bool:
+    """No word in the answer: "", or citations alone with marks around them ("[1]", "[1].",
+    "— [1]", "**[1]**", which scored citation precision and recall 1.0): generate's
+    ``no_answer_text``, the test that flags it (``given``: the number of sources)."""
+    return no_answer_text(text, given)
 
 
 def is_refusal(text: str) -> bool:
@@ -1051,7 +1055,7 @@ def score_answer(
     expected = item.expected_answer
     refused = is_refusal(reply.text)
     hedged = reads_as_refusal(reply.text)
-    empty = is_empty(reply.text)
+    empty = NO_TEXT in reply.flags or is_empty(reply.text, len(reply.sources))
     if expected and item.answerable and (refused or hedged or empty):
         # Abstaining on an answerable question is no part of its answer (SQuAD v2's rule):
         # "Not found in the provided documents." shared "in" and "the" with answers (F1 0.2),

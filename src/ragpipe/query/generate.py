@@ -147,6 +147,14 @@ def without_citation_marks(text: str, given: int = 0) -> str:
     return _CITATION.sub(blank, text)
 
 
+def no_answer_text(text: str, given: int = 0) -> bool:
+    """Whether ``text`` holds no answer: no letter, digit or other word character once its
+    citations are set aside (``without_citation_marks`` over ``given`` sources): "", " [1]",
+    "[1][2].", "— [1]", "**[1]**". Such a reply is flagged ``no_answer_text``, and
+    ``eval rag`` scores it as empty."""
+    return re.search(r"\w", without_citation_marks(text, given)) is None
+
+
 SYSTEM_PROMPT = f"""You answer questions using only the numbered sources you are given.
 Rules:
 - Use only facts stated in the sources. Do not use outside knowledge.
@@ -820,7 +828,7 @@ def answer(
     if invalid:
         text = strip_citations(text, invalid)
         flags.append(INVALID_CITATIONS)
-    if not not_found and not re.search(r"\w", without_citation_marks(text, len(sources))):
+    if not not_found and no_answer_text(text, len(sources)):
         flags.append(NO_TEXT)
     if not not_found and not cited:
         flags.append(UNCITED)
