@@ -764,6 +764,30 @@ def test_a_citation_past_99_is_an_empty_answer_among_as_many_sources() -> None:
     assert scores["citation_precision"].value is None
 
 
+def test_a_zero_cited_counts_as_a_wrong_citation_as_one_past_the_sources_does() -> None:
+    # "X [0]." was uncited text: citation precision not applicable ("nothing cited") where
+    # "X [7]." of 2 sources scored 0 (a citation of a source never given). By hand, for
+    # both: one distinct number cited, not the target's source [1]: precision 0/1; the one
+    # target held by [1] not cited: recall 0/1; the answer's words are the expected ones.
+    from ragpipe.evaluation.rag import OK, score_answer
+    from ragpipe.query.generate import answer
+
+    item, hits = _bread()
+    said = "Bake the loaf at 230 degrees Celsius for thirty-five minutes"
+    for number in (0, 7):
+        reply = answer(item.query, hits, _Scripted(f"{said} [{number}]."))  # type: ignore[arg-type]
+        assert reply.invalid_citations == [number] and reply.text == f"{said}."
+        scores = score_answer(item, reply, hits, None)[0]  # type: ignore[arg-type]
+        got = {m: (scores[m].value, scores[m].status) for m in
+               ("answer_f1", "citation_precision", "citation_recall", "false_refusal")}  # fmt: skip
+        assert got == {
+            "answer_f1": (1.0, OK),
+            "citation_precision": (0.0, OK),
+            "citation_recall": (0.0, OK),
+            "false_refusal": (0.0, OK),
+        }, number
+
+
 def test_a_refusal_by_the_relevance_floor_with_the_target_retrieved_is_a_false_one() -> None:
     # Best cosine 0.22 under a floor of 0.25: "not found" without asking the model, though
     # the target chunk was hit 1. false_refusal was n/a ("no given source holds a golden

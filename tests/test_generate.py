@@ -573,6 +573,35 @@ def test_citations_as_models_write_them_are_read_and_checked() -> None:
     assert ranged.flags == [] and [s.number for s in ranged.cited] == [1, 2]
 
 
+def test_a_zero_where_a_citation_stands_is_an_invalid_citation() -> None:
+    """An attack review: "X [0]." was uncited text (a 0 is no source's number, so the
+    bracket was not read), where "X [7]." of 2 sources is an invalid citation, taken out and
+    counted as a wrong one. Sources count from 1: a "[0]" after a space, opening the answer
+    or after a citation cites source 0, which was never given. Straight after a name
+    ("args[0]"), with other numbers ("[0, 1]", "[0-9]") or zero-padded ("[00]") it is
+    text, as before."""
+    sources = [Source(n, f"p{n}", f"f{n}.md", None, "", "t") for n in (1, 2)]
+    for text, cited, invalid in [
+        ("Bake it [0].", [], [0]),
+        ("[0] Bake it.", [], [0]),
+        ("Bake it [ 0 ] and cool it [Source 0, ].", [], [0]),
+        ("Bake it 【0】.", [], [0]),
+        ("Bake it [1][0].", [1], [0]),
+        ("Bake it [0][2].", [2], [0]),
+        ("Read args[0] first [1].", [1], []),
+        ("It lies in [0, 1] or [0-9] or [00] [2].", [2], []),
+        ("Match it with ^[0]* or `[0]` [1].", [1], []),
+    ]:
+        got, bad = check_citations(text, sources)
+        assert ([s.number for s in got], bad) == (cited, invalid), text
+    given = _scored(0.5, 0.5)
+    zero = answer("q", given, Streamer(["Bake it for 35 minutes [0]."]))
+    seven = answer("q", given, Streamer(["Bake it for 35 minutes [7]."]))
+    for reply, number in ((zero, 0), (seven, 7)):  # one rule for both
+        assert reply.text == "Bake it for 35 minutes." and reply.invalid_citations == [number]
+        assert reply.flags == [INVALID_CITATIONS, UNCITED]
+
+
 def test_a_not_found_phrase_inside_a_sentence_takes_that_sentence_with_it() -> None:
     """ "The rising time is not found in the provided documents." was cut before the
     phrase: the answer ended in "The rising time is", with a citation backing it."""

@@ -1314,6 +1314,10 @@ def test_an_answers_claims_are_its_own_sentences() -> None:
     assert answer_claims("Values lie in [0—1]. Years [2020—2021] matter [1].") == [
         "Values lie in [0—1].", "Years [2020—2021] matter."
     ]  # fmt: skip
+    # A "[0]" where a citation stands cites source 0, as generate reads it: no claim's text.
+    assert answer_claims("Bread bakes for 35 minutes [0]. Values lie in [0, 1] [1].") == [
+        "Bread bakes for 35 minutes.", "Values lie in [0, 1]."
+    ]  # fmt: skip
     # Headings, rules and table delimiters make no claim; a table row is one; a quote's
     # lines are one paragraph; a "2." inside a paragraph is no list; the sources listed
     # after the answer are no claim.

@@ -73,6 +73,7 @@ from ragpipe.query.generate import (
     PROMPT_MARGIN,
     Answer,
     configured_answer,
+    lone_zero,
     no_answer_text,
     plausible_citation,
     source_budget,
@@ -239,7 +240,7 @@ _CLAIM_ITEM = r"(?:sources?\s*)?\d+"
 _CLAIM_MARK = rf"[\[【]\s*{_CLAIM_ITEM}(?:\s*[,，\u2013\u2014-]\s*{_CLAIM_ITEM})*\s*[,，]?\s*[\]】]"
 _CLAIM_CITATIONS = re.compile(rf"(?<![\w\]\[])(?:{_CLAIM_MARK})+", re.IGNORECASE)
 # The inside of each mark of a run, checked as generate checks a citation: "[0—1]" and
-# "[2020-2021]" are a claim's text.
+# "[2020-2021]" are a claim's text, and a "[0]" of its own (after no word) a citation.
 _CLAIM_INSIDE = re.compile(r"[\[【]([^\]】]*)[\]】]")
 # Emphasis is a pair of marks around text on one line ("**write access**", "*Windows*");
 # a lone mark is text (2**3, *.R files).
@@ -254,7 +255,11 @@ _LOOSE_PUNCTUATION = re.compile(r"\s+(?=[.,;:!?](?:\s|$))|(?:\s*,)+\s*(?=[.!?]?$
 def _plain(text: str) -> str:
     """``text``'s prose without its citations and emphasis marks."""
     uncited = _CLAIM_CITATIONS.sub(
-        lambda m: "" if all(plausible_citation(x) for x in _CLAIM_INSIDE.findall(m[0])) else m[0],
+        lambda m: (
+            ""
+            if all(plausible_citation(x) or lone_zero(x) for x in _CLAIM_INSIDE.findall(m[0]))
+            else m[0]
+        ),
         text,
     )
     return _EMPHASIS.sub(r"\2", _STRONG.sub(r"\2", uncited))

@@ -48,13 +48,40 @@ _RANGE_MAX, _SOURCE_MAX = 20, 99
 def plausible_citation(inside: str) -> bool:
     """Whether a bracket's numbers can be sources: none 0 or zero-padded ("[0, 1]",
     "【1，000】", "【１，０００】" are a range and a number, not sources 0 and 1), and ranges
-    as ``_RANGE``. A single number may be any source's: "[105]" of 150 given."""
+    as ``_RANGE``. A single number may be any source's: "[105]" of 150 given. (A "[0]"
+    alone where a citation stands is a citation all the same: ``zero_citation``.)"""
     if any(int(n) == 0 or int(n[0]) == 0 for n in re.findall(r"\d+", inside)):
         return False
     return all(
         1 <= int(a) < int(b) <= min(int(a) + _RANGE_MAX - 1, _SOURCE_MAX)
         for a, b in _RANGE.findall(inside)
     )
+
+
+# "[0]" alone (also "[ 0 ]", "[Source 0]"): source 0, which no answer is given (sources
+# count from 1). Where it stands as a citation does, after a space, opening the text or
+# after a citation ("[1][0]"), it is one, and an invalid one, as "[7]" of 5 sources is
+# ("X [0]." read as uncited text). Straight after a name ("args[0]") or with other numbers
+# ("[0, 1]", "[0-9]") it is text.
+_LONE_ZERO = re.compile(r"(?:sources?\s*)?0", re.IGNORECASE)
+_MARK_BEFORE = re.compile(_MARK + r"\Z", re.IGNORECASE)
+
+
+def lone_zero(inside: str) -> bool:
+    """Whether a bracket's inside is the number 0 alone ("0", " 0 ", "Source 0")."""
+    return _LONE_ZERO.fullmatch(inside.strip()) is not None
+
+
+def zero_citation(text: str, bracket: int, inside: str, spans: Sequence[tuple[int, int]]) -> bool:
+    """Whether the bracket at ``bracket`` in ``text``, holding ``inside``, cites source 0:
+    ``inside`` is 0 alone (``lone_zero``), and the bracket opens the text, follows a space
+    or follows a citation (``spans``: the text's code spans)."""
+    if not lone_zero(inside):
+        return False
+    if bracket == 0 or text[bracket - 1].isspace():
+        return True
+    before = _MARK_BEFORE.search(text, 0, bracket)
+    return before is not None and _cites(text, before, before.start(), spans)
 
 
 def mark_numbers(numbers: str) -> list[int]:
@@ -106,15 +133,16 @@ def is_code(text: str, bracket: int, spans: Sequence[tuple[int, int]]) -> bool:
 def _cites(text: str, match: re.Match[str], bracket: int, spans: Sequence[tuple[int, int]],
            inside: int = 1) -> bool:  # fmt: skip
     """Whether a mark of ``_MARK`` (its ``[`` at ``bracket``, its numbers in group
-    ``inside``) is a citation: not code, its ranges plausible, and a range not followed by
-    a regex quantifier ("[1-9]+"; "**Paris [1]**" and "[1]?" stay citations)."""
+    ``inside``) is a citation: not code, its ranges plausible (or a spaced "[0]",
+    ``zero_citation``), and neither a range nor a 0 followed by a regex quantifier
+    ("[1-9]+", " [0]*"; "**Paris [1]**" and "[1]?" stay citations)."""
     numbers = match.group(inside)
     quantified = text[match.end() : match.end() + 1] in ("+", "*", "?", "{")
-    return (
-        not is_code(text, bracket, spans)
-        and plausible_citation(numbers)
-        and not (quantified and _RANGE.search(numbers))
-    )
+    if is_code(text, bracket, spans):
+        return False
+    if zero_citation(text, bracket, numbers, spans):
+        return not quantified
+    return plausible_citation(numbers) and not (quantified and _RANGE.search(numbers))
 
 
 def _past_every_source(numbers: str, given: int) -> bool:
