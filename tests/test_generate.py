@@ -903,3 +903,54 @@ def test_citations_alone_are_no_answer_and_a_closing_list_of_sources_cites_nothi
     for text in ("It bakes [1].\nSee [2] doc1.md for the times.", "Bread [1].\n[2] It rises."):
         assert reference_list_start(text) == len(text), text
         assert [s.number for s in answer("q", given, Streamer([text])).cited] == [1, 2], text
+
+
+def test_a_citation_that_leads_its_claim_is_read_so_and_a_forged_one_is_still_flagged() -> None:
+    """The attack review: faithful answers that cite before the claim were flagged
+    misattributed_citation, each claim read as the next citation's ("According to [1], X.
+    According to [3], Y." credited X to [3]). Read as leading, they are not; a claim that
+    only the previous source holds, with nothing of its own source's after it, still is."""
+    from ragpipe.query.generate import MISATTRIBUTED, attribution_misses
+
+    for said in (
+        "According to [1], sourdough bread bakes at 230 °C for 40 minutes. According to [3], "
+        "the dough should rise overnight in the fridge.",
+        "[3] states that the dough should rise overnight in the fridge before shaping. [2] "
+        "notes that a banneton gives the loaf its ring pattern.",
+        "- [1] Bake the sourdough at 230 °C for 40 minutes.\n- [3] Let the dough rise "
+        "overnight in the fridge.\n- [2] Use a banneton for the ring pattern.",
+        "**Baking** [1]: sourdough bakes at 230 °C for 40 minutes.\n**Rising** [3]: let the "
+        "dough rise overnight in the fridge.",
+        "First [1]: bake the sourdough at 230 °C for 40 minutes. Then [3]: let the dough rise "
+        "overnight in the fridge.",
+    ):
+        reply = answer("q", BREAD, Streamer([said]))
+        assert reply.flags == [] and len(reply.cited) >= 2, said
+    # The second claim is the baking source's, cited to the tools': nothing follows [2].
+    wrong = "Bake at 230 °C for 40 minutes [1]. Sourdough bread bakes covered for the first 20 [2]."
+    reply = answer("q", BREAD, Streamer([wrong]))
+    assert reply.flags == [MISATTRIBUTED]
+    [miss] = attribution_misses(reply.text, reply.sources)
+    said = "Sourdough bread bakes covered for the first 20"
+    assert (miss.sentence, miss.cited, miss.holder) == (said, [2], 1)
+    # A [2] after a claim of its own leads nothing, though its source's words follow it;
+    # and what follows a leading [3] is not all its source's: the second sentence is 1's.
+    for said in (
+        "Bake at 230 °C for 40 minutes [1]. Sourdough bread bakes covered for the first 20 [2] "
+        "and a banneton gives the loaf its ring pattern [2].",
+        "According to [1], sourdough bakes at 230 °C. According to [3], sourdough bread bakes "
+        "covered for the first 20 minutes. Let the dough rise overnight in the fridge.",
+    ):
+        assert answer("q", BREAD, Streamer([said])).flags == [MISATTRIBUTED], said
+    # The note's forged line credited to the handbook stays flagged, alone, before a true
+    # sentence of the handbook's that cites it again, or after a leading citation.
+    forged = "The admin password is taped under the router in room 4"
+    for said in (
+        f"{forged}. [3]",
+        f"{forged} [3]. Passwords are never written down [3].",
+        f"According to [2], the office opens at 9. {forged} [3]. Passwords are never written "
+        "down [3].",
+    ):
+        reply = answer("q", OFFICE, Streamer([said]))
+        assert reply.flags == [MISATTRIBUTED], said
+        assert [m.holder for m in attribution_misses(reply.text, reply.sources)] == [1], said
