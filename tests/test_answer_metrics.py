@@ -304,6 +304,16 @@ def test_the_eval_scores_a_list_copied_from_its_source_as_no_loop() -> None:
     other = Source(1, "p1", "plan.md", None, "Plan", "Run three times a week.")
     reply = Answer(item.query, copy, [other], [other])
     assert score_answer(item, reply, [hit], None)[0]["degenerate"].value == 1.0
+    # The plan in two chunks, cut before week 10 (no overlap: a line's end between them):
+    # weeks 9 and 10 are in no one chunk, so they are compared joined, as generate.answer
+    # joins them (the attack review: scored 1.0).
+    cut = PLAN.index("- Week 10")
+    first = Source(1, "p1", "plan.md", None, "Plan", PLAN[: cut - 1], 0, 0, cut - 1)
+    second = Source(2, "p2", "plan.md", None, "Plan", PLAN[cut:], 1, cut, len(PLAN))
+    reply = Answer(item.query, copy, [second, first], [second, first])
+    hits = [Retrieved(s.point_id, 1.0, {"file_path": "plan.md", "heading_path": "Plan",
+                                         "text": s.text}) for s in (first, second)]  # fmt: skip
+    assert score_answer(item, reply, hits, None)[0]["degenerate"].value == 0.0
 
 
 def test_a_counting_list_copied_from_a_source_is_no_loop_and_a_loop_still_is() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -309,6 +310,61 @@ def test_a_counting_list_copied_from_its_source_runs_whole() -> None:
         other = Streamer(re.findall(r"\S+\s*", text))
         stopped = answer("q", _scored(0.5), other)
         assert DEGENERATE in stopped.flags and other.written < len(other.pieces)
+
+
+def _chunk_hits(markdown: str, overlap: int) -> tuple[list[Any], list[Retrieved]]:
+    """The real chunker's chunks of plan.md, and hits of them with the index's payload."""
+    from ragpipe.config import ChunkConfig
+    from ragpipe.ingest.chunk import TokenCounter, chunk_document
+    from ragpipe.schemas import CleanedDocument
+
+    doc = CleanedDocument("d", "plan.md", "s", "markdown", "docling", markdown, {}, "fp")
+    config = ChunkConfig(overlap=overlap)
+    chunks = chunk_document(doc, "markdown", config, "fp", TokenCounter("all-MiniLM-L6-v2"))
+    keys = ("heading_path", "chunk_index", "char_start", "char_end", "text", "file_path")
+    payloads = [{k: getattr(c, k) for k in keys} | {"page": None} for c in chunks]
+    scores = [0.9 - c.chunk_index / 10 for c in chunks]
+    return chunks, [
+        Retrieved(f"p{i}", score, payload, {"chunk_cosine": score})
+        for i, (payload, score) in enumerate(zip(payloads, scores, strict=True))
+    ]
+
+
+def test_a_list_copied_across_the_chunks_of_its_section_runs_whole() -> None:
+    """The attack review: a 16-week plan in four chunks, copied word for word, was cut at
+    week 6 and flagged degenerate: its last two items and their seam lay in no one chunk.
+    The given chunks of a file that follow one another are compared joined, in chunk order,
+    the text they share (chunk.overlap) once; with overlap 0 too."""
+    from ragpipe.query.generate import copy_texts
+
+    item = ("run {} km three times, with one long run of {} km on Sunday, an easy recovery "
+            "jog of 5 km on Monday, strides on Wednesday and a rest day on Friday before the "
+            "long run")  # fmt: skip
+    weeks = [f"- Week {i}: {item.format(i + 4, i + 8)}" for i in range(1, 17)]
+    markdown = "# Training plan\n\n## Weekly runs\n\nA 16-week plan.\n\n" + "".join(
+        f"{week}.\n" for week in weeks
+    )
+    copy = "\n".join(f"{week} [1][2]." for week in weeks)
+    for overlap in (200, 0):
+        chunks, hits = _chunk_hits(markdown, overlap)
+        assert len(chunks) == 4, overlap
+        shared = [a.char_end - b.char_start for a, b in itertools.pairwise(chunks)]
+        assert all(n > 0 for n in shared) if overlap else all(n < 0 for n in shared), shared
+        sources = select_sources(hits, 10_000, _words)[0]
+        assert copy_texts(sources) == [markdown[: chunks[-1].char_end]], overlap
+        model = Streamer(re.findall(r"\S+\s*", copy))
+        reply = answer("q", hits, model)
+        assert reply.flags == [] and reply.text == copy, overlap
+        assert model.written == len(model.pieces), overlap
+        # Without its third chunk the list is no source's past week 10: stopped there.
+        gap = [h for h in hits if h.payload["chunk_index"] != 2]
+        assert len(copy_texts(select_sources(gap, 10_000, _words)[0])) == 2
+        cut = Streamer(re.findall(r"\S+\s*", copy))
+        assert DEGENERATE in answer("q", gap, cut).flags and cut.written < len(cut.pieces)
+    # Counting on past the plan's last week is still a loop.
+    more = [f"- Week {i}: {item.format(i + 4, i + 8)} [1][2]." for i in range(1, 30)]
+    on = Streamer(re.findall(r"\S+\s*", "\n".join(more)))
+    assert DEGENERATE in answer("q", hits, on).flags and on.written < len(on.pieces)
 
 
 def test_a_table_answer_runs_whole_and_a_citation_loop_is_stopped() -> None:

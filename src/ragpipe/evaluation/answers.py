@@ -308,7 +308,9 @@ def _copy_words(tokens: Sequence[str]) -> str:
 
 def _copied(run: Sequence[str], sources: Sequence[str], known: list[str]) -> bool:
     """Whether the tokens of ``run`` occur word for word, numbers as written, in one of
-    ``sources`` (their ``_copy_words`` kept in ``known`` once worked out)."""
+    ``sources`` (their ``_copy_words`` kept in ``known`` once worked out). A list that
+    spans chunks is in one of them only when the caller joins a file's neighbouring chunks
+    (``generate.copy_texts``)."""
     if not sources:
         return False
     if not known:
@@ -400,7 +402,8 @@ def is_degenerate(
         share: The repetition share at or above which the answer is flagged.
         sources: The texts the answer was written from: a run whose last two periods
             occur in one of them word for word is a list copied from it, not a loop (a
-            12-week plan, 15 numbered settings).
+            12-week plan, 15 numbered settings). Neighbouring chunks of a file go in
+            joined (``generate.copy_texts``), or a list across two is cut at their seam.
 
     Returns:
         True when the answer has at least ``DEGENERATE_MIN_NGRAMS`` n-grams, at least

@@ -73,6 +73,7 @@ from ragpipe.query.generate import (
     PROMPT_MARGIN,
     Answer,
     configured_answer,
+    copy_texts,
     lone_zero,
     no_answer_text,
     plausible_citation,
@@ -1128,9 +1129,9 @@ def score_answer(
         scores["false_refusal"] = Judged(None, na, "answerable: false")
     # A loop the answer was withdrawn from is still the model's loop.
     # A list copied from a source is that source's, not a loop, as the answer's own check has
-    # it (generate.answer): the metric reads the same sources.
+    # it (generate.answer): the metric reads the same sources, neighbouring chunks joined.
     looped = DEGENERATE in reply.flags or answers.is_degenerate(
-        reply.withdrawn or reply.text, sources=[s.text for s in reply.sources]
+        reply.withdrawn or reply.text, sources=copy_texts(reply.sources)
     )
     scores["degenerate"] = Judged(float(looped), OK)
     return scores, sources, cited, answers.repetition_share(reply.text)

@@ -202,6 +202,11 @@ class Source:
     page: int | None
     heading: str
     text: str
+    # Where the chunk lies in its file (the index's payload; None for a hit made without
+    # one): ``copy_texts`` joins neighbouring chunks with them.
+    chunk_index: int | None = None
+    char_start: int | None = None
+    char_end: int | None = None
 
 
 def source_json(s: Source) -> dict[str, Any]:
@@ -312,8 +317,60 @@ def select_sources(
         text = hit.text
         if len(kept) == 1 and count_tokens(_block(number, hit, 1)) > budget:
             text = _cut(text, budget, count_tokens)
-        sources.append(Source(number, hit.point_id, hit.file_path, hit.page, hit.heading, text))
+        where = [_int_or_none(hit.payload.get(k)) for k in _WHERE_FIELDS]
+        sources.append(
+            Source(number, hit.point_id, hit.file_path, hit.page, hit.heading, text, *where)
+        )
     return sources, dropped
+
+
+_WHERE_FIELDS = ("chunk_index", "char_start", "char_end")
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if value is not None else None
+
+
+def copy_texts(sources: Sequence[Source]) -> list[str]:
+    """The texts a list in the answer may be copied from (``is_degenerate``'s sources):
+    each run of given chunks of one file that follow one another (chunk_index one apart)
+    joined in chunk order, the text two of them share (``chunk.overlap``, by char_start
+    and char_end) given once; a source with no chunk_index stands alone.
+
+    A 16-week plan chunked in four was a list that no one source held whole: copied word
+    for word, it was cut at week 6 as a loop, its seam between two chunks."""
+    texts: list[str] = []
+    by_file: dict[str, list[Source]] = {}
+    for source in sources:
+        if source.chunk_index is None:
+            texts.append(source.text)
+        else:
+            by_file.setdefault(source.file_path, []).append(source)
+    for chunks in by_file.values():
+        chunks.sort(key=lambda s: s.chunk_index or 0)
+        text = chunks[0].text
+        for before, chunk in itertools.pairwise(chunks):
+            if chunk.chunk_index == (before.chunk_index or 0) + 1:
+                text += _joined(before, chunk)
+            else:
+                texts.append(text)
+                text = chunk.text
+        texts.append(text)
+    return texts
+
+
+def _joined(before: Source, chunk: Source) -> str:
+    """What ``chunk`` adds to the text of ``before``, the chunk before it in its file: its
+    text past the characters they share, all of it right after ``before`` ends, or on a
+    line of its own (text between them, offsets unknown, or a table part's repeated
+    header, which is not the file's text)."""
+    if before.char_end is not None and chunk.char_start is not None:
+        shared = before.char_end - chunk.char_start
+        if shared == 0:
+            return chunk.text
+        if shared > 0 and before.text.endswith(chunk.text[:shared]):
+            return chunk.text[shared:]
+    return "\n" + chunk.text
 
 
 # The chat template's own tokens and the prompt's fixed words ("Sources:", "Question:").
@@ -866,7 +923,8 @@ def answer(
         on_sources(sources)
     pieces: list[str] = []
     first: list[float] = []
-    texts = [s.text for s in sources]  # a list copied from one is no loop (is_degenerate)
+    texts = [s.text for s in sources]
+    copied = copy_texts(sources)  # a list copied from them is no loop (is_degenerate)
 
     def guarded(piece: str) -> None:
         if not first:
@@ -880,7 +938,7 @@ def answer(
             and (
                 len(loop_tokens(so_far := "".join(pieces))[0]) >= LOOP_MIN_WORDS or unit_run(so_far)
             )
-            and is_degenerate(so_far, sources=texts)
+            and is_degenerate(so_far, sources=copied)
         ):
             raise _Looping(f"stopped after {len(pieces)} pieces: the answer repeats itself")
 
@@ -900,7 +958,7 @@ def answer(
         text, tokens_out = "".join(pieces).strip(), len(pieces)
         tokens_in = sum(llm.count_tokens(str(m["content"])) for m in messages)
         flags.append(DEGENERATE)
-    if DEGENERATE not in flags and is_degenerate(text, sources=texts):
+    if DEGENERATE not in flags and is_degenerate(text, sources=copied):
         flags.append(DEGENERATE)
     not_found = is_not_found(text)
     withdrawn = None
