@@ -447,13 +447,40 @@ def _cut(text: str, budget: int, count_tokens: Callable[[str], int]) -> str:
 # bracket closes, which is R's index ("mat[2, ]"), no document's reference.
 _HEADER_LIKE = re.compile(r"^([ \t>]*[\[【［])(\s*\d+\s*[\]】］][ \t]*\()", re.MULTILINE)
 _TRAILING_SEPARATOR = re.compile(r"[,，;；]\s*[\]】］]\Z")
+# Brackets a source's text keeps as written, code and R's output the model must quote: one
+# right after an ASCII name's character, ")" or "]" ("Lst[1]", "names(x)[3] <<-",
+# ".libPaths()[1]", "Browse[1]>", "Lst[[4]][1]"), after a name's "-" ("UCS-[24]") or a
+# version's dot ("4.0.[5-10]"); a list ("[1, 10]", JSON's "[1, 2]", "[1; 2]"); and a
+# line's first "[n]" when only values follow it on that line, as R prints them ("[1] 5.5",
+# '[1] "a" "b"', "[13] 13 14 15", "[1] TRUE NA", "[1] coef.aov*  coef.Arima*").
+_INDEXED = re.compile(r"(?:[A-Za-z0-9_)\]]|[A-Za-z0-9_]-|\d\.\d+\.)\Z")
+_LISTED_NUMBERS = re.compile(r"\d\s*(?:[,，;；]|\sand\s)\s*(?:sources?\s*)?\d", re.IGNORECASE)
+_VALUE = (r"""(?:[-+]?(?:\d[\d.]*(?:[eE][-+]?\d+)?|\.\d+)[Li]?|"[^"\n]*"|'[^'\n]*'"""
+          r"|TRUE|FALSE|NA|NaN|-?Inf|NULL|<NA>|[A-Za-z]\w*(?:[._]\w+)+\*?)")  # fmt: skip
+_VALUES_TO_LINE_END = re.compile(rf"(?:[ \t]+{_VALUE})+[ \t]*(?:\r?\n|\Z)")
+
+
+def _printed_index(text: str, match: re.Match[str]) -> bool:
+    """Whether the mark ``match`` is R's index of the values printed after it on its line:
+    nothing but spaces before it on the line, nothing but values after it."""
+    start = match.start()
+    while start > 0 and text[start - 1] in " \t":
+        start -= 1
+    return (start == 0 or text[start - 1] == "\n") and bool(
+        _VALUES_TO_LINE_END.match(text, match.end())
+    )
 
 
 def quoted_text(text: str, given: int = 0) -> str:
     """A source's text as the prompt shows it: a bracketed number that would read as a
-    citation of one of the ``given`` sources (``citation_marks``: "[12]", "[1, 3]",
-    "【2】"; code left as written) reads "[ref 12]", which no citation is, and a line that
-    starts like a source's header ("[3] (handbook.md, …", in code too) "[ref 3] (".
+    citation of one of the ``given`` sources (``citation_marks``: "[12]", "【2】"; code
+    left as written) reads "[ref 12]", which no citation is, and a line that starts like a
+    source's header ("[3] (handbook.md, …", in code too) "[ref 3] (".
+
+    Left as written, code and R's output (``_INDEXED``, ``_printed_index``): a bracket
+    right after a name, ")" or "]" ("Lst[1]", "names(x)[3]"), a list of numbers ("[1,
+    10]", "[1, 2]"), a line's "[1]" that R printed before its values ("[1] 5.5"). The
+    rewrite made them "Lst[ref 1]" and "[ref 1] 5.5", which the model then quoted.
 
     A chunk's own text was pasted as written: "[3] (handbook.md, section: Security)" in
     notes.md read to the model as source 3's header, and the answer credited the
@@ -466,6 +493,9 @@ def quoted_text(text: str, given: int = 0) -> str:
             not _cites(text, m, m.start(), spans)
             or _past_every_source(m.group(1), given)
             or _TRAILING_SEPARATOR.search(m.group(0))
+            or _INDEXED.search(text, max(0, m.start() - 16), m.start())
+            or _LISTED_NUMBERS.search(m.group(1))
+            or _printed_index(text, m)
         ):
             return m.group(0)
         return f"{m.group(0)[0]}ref {m.group(0)[1:].lstrip()}"
