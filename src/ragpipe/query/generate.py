@@ -443,20 +443,28 @@ def _cut(text: str, budget: int, count_tokens: Callable[[str], int]) -> str:
 
 
 # A line of a source that starts as a source's header does ("[3] (handbook.md, …"), in
-# code too, where its bracket is left as written; and a mark with a separator before its
-# bracket closes, which is R's index ("mat[2, ]"), no document's reference.
-_HEADER_LIKE = re.compile(r"^([ \t>]*[\[【［])(\s*\d+\s*[\]】］][ \t]*\()", re.MULTILINE)
-_TRAILING_SEPARATOR = re.compile(r"[,，;；]\s*[\]】］]\Z")
+# code too, where its bracket is left as written: after any marks, spaces of any kind
+# (no-break, zero-width) or a list's number ("- ", "**", "> ", "1. ", "\\["), the number
+# (after "Source", before a comma: "[Source 3]", "[3,]"), marks ("]**", "]:"), then "(" (not
+# an interval's: R prints cut()'s "[1] (0.991,4]") or a file name and its page or section.
+_HEADER_LIKE = re.compile(
+    r"^((?:[^\w\n]|\d{1,3}[.)])*?[\[【［])"
+    r"(\s*(?:sources?\s*)?\d+\s*[,，;；]?\s*\\?[\]】］][^\w\n(（]*?"
+    r"(?:[(（](?![-+]?[\d.]+\s*,\s*[-+]?[\d.]+\s*[\])])|\S+\.\w{1,8},\s*(?:page|section)\b))",
+    re.MULTILINE | re.IGNORECASE,
+)
 # Brackets a source's text keeps as written, code and R's output the model must quote: one
 # right after an ASCII name's character, ")" or "]" ("Lst[1]", "names(x)[3] <<-",
 # ".libPaths()[1]", "Browse[1]>", "Lst[[4]][1]"), after a name's "-" ("UCS-[24]") or a
 # version's dot ("4.0.[5-10]"); a list ("[1, 10]", JSON's "[1, 2]", "[1; 2]"); and a
 # line's first "[n]" when only values follow it on that line, as R prints them ("[1] 5.5",
-# '[1] "a" "b"', "[13] 13 14 15", "[1] TRUE NA", "[1] coef.aov*  coef.Arima*").
+# '[1] "a" "b"', "[13] 13 14 15", "[1] TRUE NA", "[1] coef.aov*  coef.Arima*", cut()'s
+# "[1] (0.991,4] (4,7]").
 _INDEXED = re.compile(r"(?:[A-Za-z0-9_)\]]|[A-Za-z0-9_]-|\d\.\d+\.)\Z")
 _LISTED_NUMBERS = re.compile(r"\d\s*(?:[,，;；]|\sand\s)\s*(?:sources?\s*)?\d", re.IGNORECASE)
 _VALUE = (r"""(?:[-+]?(?:\d[\d.]*(?:[eE][-+]?\d+)?|\.\d+)[Li]?|"[^"\n]*"|'[^'\n]*'"""
-          r"|TRUE|FALSE|NA|NaN|-?Inf|NULL|<NA>|[A-Za-z]\w*(?:[._]\w+)+\*?)")  # fmt: skip
+          r"|TRUE|FALSE|NA|NaN|-?Inf|NULL|<NA>|[A-Za-z]\w*(?:[._]\w+)+\*?"
+          r"|[(\[][-+]?[\d.]+,[-+]?[\d.]+[)\]])")  # fmt: skip
 _VALUES_TO_LINE_END = re.compile(rf"(?:[ \t]+{_VALUE})+[ \t]*(?:\r?\n|\Z)")
 
 
@@ -492,8 +500,7 @@ def quoted_text(text: str, given: int = 0) -> str:
         if (
             not _cites(text, m, m.start(), spans)
             or _past_every_source(m.group(1), given)
-            or _TRAILING_SEPARATOR.search(m.group(0))
-            or _INDEXED.search(text, max(0, m.start() - 16), m.start())
+            or _INDEXED.search(text, max(0, m.start() - 16), m.start())  # "mat[2, ]" too
             or _LISTED_NUMBERS.search(m.group(1))
             or _printed_index(text, m)
         ):
