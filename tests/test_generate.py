@@ -1094,3 +1094,18 @@ def test_a_line_dressed_as_a_header_is_no_header_in_any_dress() -> None:
     )
     output = "```\n> cut(x, 3)\n[1] (0.991,4] (4,7]\n```\n[1] (0.991,4] (4,7]"
     assert quoted_text(output, 3) == output
+
+
+def test_an_r_row_or_column_index_in_an_answer_is_no_citation() -> None:
+    """Found measuring the attribution check: R's "mat[2, ]" in an answer copied from the R
+    FAQ was read as citing source 2 (its sentence then credited to source 2), and with two
+    sources "mat[9, ]" lost its index as an invalid citation ("row <- mat"). Right after a
+    name, a mark with a separator before its bracket closes is R's index; elsewhere
+    ("[2,]") it is still a citation."""
+    said = "Use row <- mat[9, ] for a row, or Lst[2,] [1]."
+    reply = answer("q", _scored(0.5, 0.5), Streamer([said]))
+    assert (reply.text, reply.flags, reply.invalid_citations) == (said, [], [])
+    assert [s.number for s in reply.cited] == [1]
+    assert strip_citations("mat[9, ] and x [9].", [9]) == "mat[9, ] and x."
+    prose = answer("q", _scored(0.5, 0.5), Streamer(["Paris is big [2,]. And [1]."]))
+    assert [s.number for s in prose.cited] == [2, 1] and prose.flags == []

@@ -130,15 +130,30 @@ def is_code(text: str, bracket: int, spans: Sequence[tuple[int, int]]) -> bool:
             and any(c in "_." or c.isdigit() for c in name))  # fmt: skip
 
 
+# A mark with a separator before its bracket closes: R's index ("mat[2, ]") right after a
+# name, a citation ("[7,]") elsewhere.
+_TRAILING_SEPARATOR = re.compile(r"[,，;；]\s*[\]】］]\Z")
+
+
+def _indexes(text: str, match: re.Match[str], bracket: int) -> bool:
+    """Whether the mark ``match`` (its ``[`` at ``bracket``) is R's index of a row or a
+    column: a separator before its bracket closes, right after a name ("mat[2, ]",
+    "Lst[3,]"; "sentence.[2,]" is a citation)."""
+    if not _TRAILING_SEPARATOR.search(match.group(0)):
+        return False
+    found = _NAME_BEFORE.search(text, max(0, bracket - 80), bracket)
+    return found is not None and not found.group().endswith(".")
+
+
 def _cites(text: str, match: re.Match[str], bracket: int, spans: Sequence[tuple[int, int]],
            inside: int = 1) -> bool:  # fmt: skip
     """Whether a mark of ``_MARK`` (its ``[`` at ``bracket``, its numbers in group
-    ``inside``) is a citation: not code, its ranges plausible (or a spaced "[0]",
-    ``zero_citation``), and neither a range nor a 0 followed by a regex quantifier
-    ("[1-9]+", " [0]*"; "**Paris [1]**" and "[1]?" stay citations)."""
+    ``inside``) is a citation: not code (nor R's "mat[2, ]": ``_indexes``), its ranges
+    plausible (or a spaced "[0]", ``zero_citation``), and neither a range nor a 0 followed
+    by a regex quantifier ("[1-9]+", " [0]*"; "**Paris [1]**" and "[1]?" stay citations)."""
     numbers = match.group(inside)
     quantified = text[match.end() : match.end() + 1] in ("+", "*", "?", "{")
-    if is_code(text, bracket, spans):
+    if is_code(text, bracket, spans) or _indexes(text, match, bracket):
         return False
     if zero_citation(text, bracket, numbers, spans):
         return not quantified
@@ -646,14 +661,15 @@ def content_words(text: str) -> set[str]:
 # content words while one other given source holds ELSEWHERE_SHARE or more, and it has
 # MIN_CLAIM_WORDS at least. Measured: text of notes.md dressed as a header of handbook.md
 # ("[3] (handbook.md, …)"), answered by the real model with "[3]": 1/5 against notes.md's
-# 1.0. Of the 102 answers bench/results/llm_choice.json keeps (29 cite; 3 more only list
+# 1.0. Of the 102 answers bench/results/llm_choice.json keeps (28 cite; 3 more only list
 # the prompt's source headers, a reference list that cites nothing), it flags none; the
-# closest call is 0.25 against 1.0 (R's "mat[2, ]" in a copied answer, read as citing
-# [2]). It flagged one until citations could lead their claims: "The closest planet to the
-# Sun is Mercury", then the prompt's source blocks pasted, each header's words read as
-# the claim of the next block's "[n] (". Nor does it flag any of the 16 citing answers of
-# bench/results/faithfulness_hand_labels.json, or the R-FAQ dev set's 75 expected answers
-# cited to the given chunk that holds most of their words.
+# closest call, 0 against 0.27, is SmolLM2's paste of a source header. It flagged one
+# until citations could lead their claims: "The closest planet to the Sun is Mercury",
+# then the prompt's source blocks pasted, each header's words read as the claim of the
+# next block's "[n] (". (The closest call was 0.25 against 1.0 while R's "mat[2, ]" in
+# a copied answer read as citing [2]: ``_indexes``.) Nor does it flag any of the 16
+# citing answers of bench/results/faithfulness_hand_labels.json, or the R-FAQ dev set's
+# 75 expected answers cited to the given chunk that holds most of their words.
 CITED_SHARE = 0.25
 ELSEWHERE_SHARE = 0.5
 MIN_CLAIM_WORDS = 3
