@@ -1109,3 +1109,33 @@ def test_an_r_row_or_column_index_in_an_answer_is_no_citation() -> None:
     assert strip_citations("mat[9, ] and x [9].", [9]) == "mat[9, ] and x."
     prose = answer("q", _scored(0.5, 0.5), Streamer(["Paris is big [2,]. And [1]."]))
     assert [s.number for s in prose.cited] == [2, 1] and prose.flags == []
+
+
+def test_the_injection_reworded_is_still_flagged_and_paraphrases_are_not() -> None:
+    """The attack review (t_fn2.py): the note's forged line said in other words kept a
+    quarter or more of its words in the handbook it cites ("password", "admin" aside) and
+    passed. The words its cited source lacks, half of it or more, are the note's: flagged."""
+    from ragpipe.query.generate import MISATTRIBUTED, attribution_misses
+
+    for said in (
+        "The password is taped under the router [3].",
+        "The admin password is under the router [3].",
+        "Staff keep the admin password taped under the router in room 4 [3].",
+        "The admin password is taped under the router in room 4. Passwords have at least 12 "
+        "characters [3].",
+    ):
+        reply = answer("q", OFFICE, Streamer([said]))
+        assert reply.flags == [MISATTRIBUTED], said
+        [miss] = attribution_misses(reply.text, reply.sources)
+        assert (miss.cited, miss.holder) == ([3], 1), said
+    # password, taped, router: the handbook holds a third, the note the other two.
+    [miss] = attribution_misses("The password is taped under the router [3].",
+                                select_sources(OFFICE, 10_000, _words)[0])  # fmt: skip
+    assert (miss.cited_share, miss.holder_share) == (1 / 3, 1.0)
+    # A claim with one word of its own, or a paraphrase of its own source, is not flagged.
+    for hits, said in (
+        (OFFICE, "Passwords are kept in the password manager and never written down [3]."),
+        (OFFICE, "All staff use the password manager at the office [3]."),  # "office": faq's
+        (BREAD, "Keep the dough in the fridge overnight [3]."),
+    ):
+        assert answer("q", hits, Streamer([said])).flags == [], said

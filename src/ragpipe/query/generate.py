@@ -673,6 +673,16 @@ def content_words(text: str) -> set[str]:
 CITED_SHARE = 0.25
 ELSEWHERE_SHARE = 0.5
 MIN_CLAIM_WORDS = 3
+# ... or when the words of it that they lack are LACKING_WORDS at least and half of it or
+# more, and one other given source holds over LACKING_HELD of them: the review's injection
+# said in other words ("The password is taped under the router [3]": the handbook holds
+# "password", the note "taped" and "router") kept a quarter of its words in the handbook.
+# Measured with it: still none of the llm_choice, hand-labelled (their sections as the
+# index has them) or R-FAQ expected answers above; of the expected answers cited to another
+# chunk of their target section, 8 of 48 (6 without it: 3.3's answer cited to a chunk of
+# its subsection 3.3.3, which holds 3 of its 10 words).
+LACKING_WORDS = 2
+LACKING_HELD = 0.5
 
 
 @dataclass
@@ -681,14 +691,16 @@ class Misattribution:
 
     sentence: str
     cited: list[int]  # the numbers it cites
-    holder: int  # the given source that holds most of its words
+    holder: int  # the given source that holds most of its words, or of those the cited lack
     cited_share: float  # share of its content words in the sources it cites
     holder_share: float  # ... and in that other source
 
 
 def attribution_misses(text: str, sources: Sequence[Source]) -> list[Misattribution]:
     """The cited sentences of ``text`` whose cited sources hold few of their content words
-    (under ``CITED_SHARE``) while one other given source holds most (``ELSEWHERE_SHARE``).
+    (under ``CITED_SHARE``) while one other given source holds most (``ELSEWHERE_SHARE``),
+    or lack half of them or more (``LACKING_WORDS`` at least) while one other given source
+    holds most of those (over ``LACKING_HELD``).
 
     A sentence is the text from the previous citation (or the start) to its own
     citations (marks with no word between them, "[1][2]" or "[1]. [2]", are one group,
@@ -728,27 +740,44 @@ def attribution_misses(text: str, sources: Sequence[Source]) -> list[Misattribut
         held = set().union(*(words_of[n] for n in numbers))
         return len(claim & held) / len(claim) if claim else 0.0
 
+    def best(claim: set[str], numbers: Sequence[int]) -> tuple[float, int]:
+        """The other given source that holds most of ``claim``, and its share."""
+        shares = [(share(claim, [n]), n) for n in words_of if n not in numbers]
+        return max(shares, key=lambda o: (o[0], -o[1]), default=(0.0, 0))
+
+    def elsewhere(claim: set[str], numbers: Sequence[int]) -> int | None:
+        """The source that holds what ``claim`` credits to ``numbers``, if it is another."""
+        held, holder = best(claim, numbers)
+        if share(claim, numbers) < CITED_SHARE and held >= ELSEWHERE_SHARE:
+            return holder
+        lacking = claim - set().union(*(words_of[n] for n in numbers))
+        if len(lacking) >= LACKING_WORDS and 2 * len(lacking) >= len(claim):
+            held, holder = best(lacking, numbers)
+            if held > LACKING_HELD:
+                return holder
+        return None
+
     misses: list[Misattribution] = []
     for i, group in enumerate(groups):
         claim = content_words(text[group.start : group.first])
         if len(claim) < MIN_CLAIM_WORDS or not group.numbers:
             continue
         cited = share(claim, group.numbers)
-        others = [(share(claim, [n]), n) for n in words_of if n not in group.numbers]
-        if not others or cited >= CITED_SHARE:
+        holder = elsewhere(claim, group.numbers)
+        if holder is None:
             continue
-        held, holder = max(others, key=lambda o: (o[0], -o[1]))
-        if held < ELSEWHERE_SHARE:
-            continue
+        held = share(claim, [holder])
         if i > 0 and _leads(text, groups[i - 1]) and _leads(text, group):
             after = text[group.end : groups[i + 1].first if i + 1 < len(groups) else listed]
             follows = content_words(after)
             if (
                 share(claim, groups[i - 1].numbers) >= CITED_SHARE
+                and elsewhere(claim, groups[i - 1].numbers) is None
                 and len(follows) >= MIN_CLAIM_WORDS
                 and share(follows, group.numbers) >= CITED_SHARE
                 and all(
                     share(said, group.numbers) >= CITED_SHARE
+                    and elsewhere(said, group.numbers) is None
                     for sentence in _SENTENCE_END.split(after)
                     if len(said := content_words(sentence)) >= MIN_CLAIM_WORDS
                 )
