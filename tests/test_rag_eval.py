@@ -23,7 +23,14 @@ import pytest
 from ragpipe.config import RagpipeConfig
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.golden import load_golden
-from ragpipe.evaluation.rag import FAILED, NOT_APPLICABLE, OK, RAG_METRICS, run_rag_eval
+from ragpipe.evaluation.rag import (
+    ANSWER_METRICS,
+    FAILED,
+    NOT_APPLICABLE,
+    OK,
+    RAG_METRICS,
+    run_rag_eval,
+)
 from ragpipe.evaluation.run import (
     RAG_QUERY_SCHEMA,
     GoldenInfo,
@@ -111,7 +118,11 @@ def test_judge_failures_are_null_with_reasons_not_zero(
     assert result.flags["faithfulness"].endswith(
         f"judge unavailable ({n} of {n} probe calls failed)"
     )
-    assert result.withheld == set(RAG_METRICS)
+    assert result.withheld & set(RAG_METRICS) == set(RAG_METRICS)
+    # SmolLM's answers may loop or run to max_tokens: past the share, the answer metrics
+    # (degenerate aside) are withheld too, and only then.
+    untrusted = set(ANSWER_METRICS) - {"degenerate"} if result.answer_flags["withheld"] else set()
+    assert result.withheld - set(RAG_METRICS) == untrusted
     summary = rag_summary(result, rag_config, {"files": 5, "points": 0, "sha256": "x"})
     out = Path(write_run(summary, rag_table(result), tmp_path / "reports").report_dir)
     stored = pq.read_table(out / "per_query.parquet")
@@ -123,7 +134,7 @@ def test_judge_failures_are_null_with_reasons_not_zero(
     assert table[0]["contexts"] == result.rows[0].contexts
     # The drill-down shows each question's answer, contexts and judge reasons.
     page = (out / "report.html").read_text()
-    drill = page[page.index("<h2>Worst 2 of 2 questions (degenerate answers and") :]
+    drill = page[page.index("<h2>Worst 2 of 2 questions (untrusted answers first") :]
     assert drill.count("<details>") == 2
     assert "answer_relevancy: failed" in drill and "ValidationError" in drill
     assert html.escape(lovelace.answer) in drill
@@ -2286,3 +2297,175 @@ def test_a_judge_prompt_past_the_judges_window_is_a_failure_not_a_score(
         assert state.requests[-1]["body"]["options"]["num_predict"] == room
         short = [{"role": "user", "content": "Say yes." + fact * 31}]
         assert windowed.chat(short, max_tokens=4).tokens_out <= 4  # room enough: as asked
+
+
+# -- found by attack: answers the pipeline itself flags as untrusted ----------------------
+
+
+class Served:
+    """``SCRIPT``'s replies behind a loopback Ollama server, streamed; a question holding
+    one of ``full``'s words is answered as by a model whose window filled (``TIN`` prompt
+    tokens read, as Ollama reports what it kept)."""
+
+    name = "served"
+    takes_grammar = False
+    TIN = 4090
+
+    def __init__(self, full: tuple[str, ...]) -> None:
+        self.full = full
+
+    def count_tokens(self, text: str) -> int:
+        return len(text) // 4
+
+    def chat(self, messages: Any, on_token: Any = None, **kwargs: Any) -> Completion:
+        reply = SCRIPT.chat(messages)
+        if on_token is not None:
+            on_token(reply.text)
+        question = messages[-1]["content"].rsplit("Question:", 1)[-1]
+        tokens_in = self.TIN if any(w in question for w in self.full) else 10
+        return Completion(reply.text, tokens_in, 10, self.name, 0.0, finish_reason="stop")
+
+
+def test_answers_the_pipeline_flags_as_untrusted_are_counted_and_withhold_the_answer_metrics(
+    scored_config: RagpipeConfig, onnx_embedder: Any, tmp_path: Path
+) -> None:
+    """The attack review: through Ollama, every answer window_full (its prompt cut from its
+    start) headlined answer F1 and citation precision 1.000 with no warning; the flags were
+    in per_query.parquet and the drill-down only. Each untrusted flag is counted in
+    summary.json and warned of; past eval.max_judge_failure_share of the answers, the
+    answer metrics are withheld (no value, no trend point), degenerate aside; the
+    drill-down puts those answers first."""
+    from ragpipe.evaluation.report import headline_cell
+    from ragpipe.evaluation.run import FLAGGED_HISTORY, read_history
+    from ragpipe.models.llm import OllamaLLM
+    from tests.support.ollama_server import ollama_server
+
+    golden = load_golden(scored_config.eval.golden)
+
+    def run(max_share: float) -> Any:
+        evaluation = scored_config.eval.model_copy(
+            update={"judge_probe_size": 0, "max_judge_failure_share": max_share,
+                    "reports_dir": tmp_path / f"reports-{max_share}"}
+        )  # fmt: skip
+        config = scored_config.model_copy(update={"eval": evaluation})
+        backend = Served(full=("bread",))
+        with ollama_server({}, {"gen": backend}) as (host, _):
+            generator = OllamaLLM("gen", host=host, context_size=4096)
+            result = run_rag_eval(config, golden, generator=generator, judge_llm=YES,
+                                  embedder=onnx_embedder)  # fmt: skip
+        summary = rag_summary(result, config, {"files": 5, "points": 0, "sha256": "x"})
+        return result, write_run(summary, rag_table(result), evaluation.reports_dir)
+
+    result, summary = run(0.2)
+    rows = {r.item_id: r for r in result.rows}
+    # Ollama's window: 4090 prompt + 10 reply tokens >= num_ctx 4096.
+    assert rows["oven"].flags == ["window_full", "invalid_citations_removed"]
+    assert rows["lovelace"].flags == ["degenerate", "uncited"]
+    # Its scores are kept per item, as any answer's.
+    assert rows["oven"].judged["answer_f1"].value == pytest.approx(16 / 17)
+    window = (
+        "the prompt and answer filled the generator's window (llm.context_size): the prompt "
+        "was probably cut from its start, instructions first; raise llm.context_size or lower "
+        "generate.context_tokens"
+    )
+    reason = "2 of 6 answers untrusted (window_full 1, degenerate 1) (> 20%)"
+    assert result.answer_flags == {
+        "answers": 6,
+        "counts": {"answer_withdrawn": 1, "degenerate": 1, "invalid_citations_removed": 1,
+                   "uncited": 1, "window_full": 1},
+        "untrusted": 2,
+        "untrusted_counts": {"window_full": 1, "degenerate": 1},
+        "untrusted_share": pytest.approx(1 / 3),
+        "max_share": 0.2,
+        "withheld": True,
+    }  # fmt: skip
+    withheld = [m for m in ANSWER_METRICS if m != "degenerate"]
+    warnings = [
+        f"1 of 6 answers window_full: {window}",
+        "1 of 6 answers degenerate: the answer repeats itself (a loop, stopped where it was "
+        "caught)",
+        f"not shown as values and no trend points: {', '.join(withheld)} ({reason}: more than "
+        "eval.max_judge_failure_share of the answers carry a flag the pipeline does not "
+        "trust; degenerate is shown, as it counts loops itself; per_query.parquet keeps every "
+        "score)",
+    ]
+    assert [w for w in result.warnings if " answers " in w or "no trend points" in w] == warnings
+    assert result.withheld & set(ANSWER_METRICS) == set(withheld)
+    stored = json.loads((Path(summary.report_dir) / "summary.json").read_text())
+    assert stored["answer_flags"]["untrusted_counts"] == {"window_full": 1, "degenerate": 1}
+    f1 = stored["metrics"]["rag"]["answer_f1"]
+    assert (f1["mean"], f1["withheld"], f1["flag"]) == (None, True, reason)
+    assert stored["metrics"]["rag"]["degenerate"]["withheld"] is False
+    assert headline_cell(f1) == f"{reason} (n=2, 4 n/a)"
+    md = (Path(summary.report_dir) / "report.md").read_text()
+    assert f"| answer_f1 | {reason} (n=2, 4 n/a) |" in md
+    assert "| degenerate | 0.167 (n=6, no CI: under 10) |" in md
+    assert (
+        "- answers flagged, of 6: answer_withdrawn 1, degenerate 1, invalid_citations_removed "
+        "1, uncited 1, window_full 1; untrusted (window_full, truncated, "
+        "misattributed_citation, no_answer_text, degenerate): 2 of 6"
+    ) in md
+    assert f"> **warning:** 1 of 6 answers window_full: {window}" in md
+    # No trend point: the history-flagged file holds it, with its reason.
+    reports = tmp_path / "reports-0.2"
+    assert {r["metric"] for r in read_history(reports)} == {"degenerate"}
+    flagged = {r["metric"]: r["flag"] for r in read_history(reports, flagged=True)}
+    assert flagged["answer_f1"] == f"withheld: {reason}"
+    assert (reports / FLAGGED_HISTORY).is_file()
+    # The drill-down: the untrusted answers first (the window_full one, F1 0.941, came
+    # after the false refusal), the loop before it (wrong), then the false refusal.
+    page = (Path(summary.report_dir) / "report.html").read_text()
+    drill = page[page.index("<h2>Worst 6 of 6 questions (untrusted answers first: "
+                            "window_full, truncated, misattributed_citation, no_answer_text, "
+                            "degenerate; then degenerate answers") :]  # fmt: skip
+    order = [drill.index(q) for q in ("Analytical Engine", "bread bake", "backed up")]
+    assert order == sorted(order)
+
+    # Under the share: counted and warned of, the metrics shown as values.
+    result, summary = run(0.5)
+    assert result.answer_flags["withheld"] is False
+    assert not result.withheld & set(ANSWER_METRICS)
+    assert [w for w in result.warnings if " answers " in w or "no trend points" in w] == (
+        warnings[:2]
+    )
+    assert headline_cell(summary.metrics["rag"]["answer_f1"]).startswith("0.")
+    assert "answer_f1" in {r["metric"] for r in read_history(tmp_path / "reports-0.5")}
+
+
+def test_a_misattributed_citation_counts_as_wrong_in_citation_precision() -> None:
+    """The attack review: "Knead the dough ... [1]" citing the Oven section, its words all
+    in source [2] (Dough), scored citation precision 1.0 since [1] holds the target;
+    generate flags it misattributed_citation. Each source cited for a sentence another
+    source holds counts as a wrong citation."""
+    from ragpipe.evaluation.answers import citation_scores
+    from ragpipe.evaluation.golden import ChunkTarget, GoldenItem
+    from ragpipe.evaluation.rag import score_answer
+    from ragpipe.query.generate import Answer, Source, check_citations
+    from ragpipe.query.results import Retrieved
+
+    texts = ["Bake the loaf at 230 degrees Celsius for thirty-five minutes.",
+             "Knead the dough for ten minutes until it is smooth and elastic."]  # fmt: skip
+    heads = ["Oven", "Dough"]
+    hits = [Retrieved(f"p{n}", 0.5, {"file_path": "/d/bread.md", "heading_path": ["Bread", h],
+                                     "text": t})
+            for n, (t, h) in enumerate(zip(texts, heads, strict=True), 1)]  # fmt: skip
+    sources = [Source(n, f"p{n}", "/d/bread.md", None, f"Bread > {h}", t)
+               for n, (t, h) in enumerate(zip(texts, heads, strict=True), 1)]  # fmt: skip
+    oven = GoldenItem("oven", "How long should bread bake?", {"bread.md": 3},
+                      (ChunkTarget("bread.md", heading="Oven", grade=3),),
+                      expected_answer="Bake the loaf at 230 degrees Celsius for thirty-five "
+                      "minutes.")  # fmt: skip
+
+    def cites(text: str) -> tuple[float | None, float | None]:
+        cited, invalid = check_citations(text, sources)
+        scores, *_ = score_answer(oven, Answer("q", text, sources, cited, invalid), hits, None)
+        return scores["citation_precision"].value, scores["citation_recall"].value
+
+    assert cites("Knead the dough for ten minutes until it is smooth and elastic [1].") == (
+        0.0, 1.0)  # fmt: skip
+    assert cites("Bake the loaf at 230 degrees Celsius for thirty-five minutes [1].") == (1.0, 1.0)
+    # Cited rightly once and wrongly once: the source was credited with another's words.
+    assert cites("Bake the loaf at 230 degrees for thirty-five minutes [1]. Knead the dough "
+                 "for ten minutes until it is smooth and elastic [1].") == (0.0, 1.0)  # fmt: skip
+    assert citation_scores([1, 2], {1}, {1, 2}, wrong={1}) == (0.0, 1.0)
+    assert citation_scores([1, 2], {1, 2}, {1, 2}, wrong={2}) == (0.5, 1.0)

@@ -1563,8 +1563,10 @@ class EvalConfig(_Section):
         le=1,
         description="A judged (RAGAS) metric whose judge failed on more than this share of the "
         "items it applies to is withheld as 'judge failed on n of m'; an answer metric that "
-        "could not score more than this share (refusals not in the required form) is flagged. "
-        "Neither is then a trend point.",
+        "could not score more than this share (refusals not in the required form) is flagged; "
+        "when more than this share of the answers carry a flag the pipeline does not trust "
+        "(window_full, truncated, misattributed_citation, no_answer_text, degenerate), the "
+        "answer metrics but degenerate are withheld. None of them is then a trend point.",
     )
     judge_min_kappa: float = Field(
         default=0.4,

@@ -436,6 +436,7 @@ def citation_scores(
     cited: Sequence[int],
     supporting: Collection[int],
     given: Collection[int],
+    wrong: Collection[int] = (),
 ) -> tuple[float | None, float | None]:
     """Citation precision and recall of one answer.
 
@@ -444,16 +445,19 @@ def citation_scores(
             numbers that point at no given source; duplicates count once.
         supporting: Numbers of the given sources that contain a golden target.
         given: Numbers of every source given to the model.
+        wrong: Cited numbers that count as wrong in precision whatever they
+            hold (a source cited for a sentence another source holds).
 
     Returns:
         ``(precision, recall)``. Precision is the share of distinct cited
-        numbers that are given, supporting sources (an invalid citation counts
-        as wrong); None when nothing is cited. Recall is the share of given,
-        supporting sources that are cited; None when no given source supports.
+        numbers that are given, supporting sources and not ``wrong`` (an
+        invalid citation counts as wrong); None when nothing is cited. Recall
+        is the share of given, supporting sources that are cited; None when no
+        given source supports.
     """
     cited_set = set(cited)
     supported = set(supporting) & set(given)
     correct = len(cited_set & supported)
-    precision = correct / len(cited_set) if cited_set else None
+    precision = len((cited_set & supported) - set(wrong)) / len(cited_set) if cited_set else None
     recall = correct / len(supported) if supported else None
     return precision, recall

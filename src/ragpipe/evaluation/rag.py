@@ -68,10 +68,14 @@ from ragpipe.models.llm import LLM, Completion, DelegatingLLM, Message, make_llm
 from ragpipe.query.generate import (
     BELOW_FLOOR,
     DEGENERATE,
+    MISATTRIBUTED,
     NO_TEXT,
     NOT_FOUND,
     PROMPT_MARGIN,
+    TRUNCATED,
+    WINDOW_FULL,
     Answer,
+    attribution_misses,
     configured_answer,
     copy_texts,
     lone_zero,
@@ -103,6 +107,22 @@ ALL_RAG_METRICS = ANSWER_METRICS + RAG_METRICS
 # Answer relevancy is a mean cosine similarity.
 SCORE_RANGE = {"answer_relevancy": (-1.0, 1.0)}
 OK, FAILED, NOT_APPLICABLE = "ok", "failed", "not_applicable"
+# The answers the pipeline itself does not vouch for (generate's flags; ask shows each with
+# a warning), and what each means for a score of it. They were scored as any other answer
+# and counted nowhere: 5 of 5 answers window_full headlined answer F1 and citation
+# precision 1.000, the flags in per_query.parquet alone. Past eval.max_judge_failure_share
+# of the answers, the answer metrics are withheld as a judge's are (``_result``); degenerate
+# stays, as it counts loops itself.
+UNTRUSTED_FLAGS = {
+    WINDOW_FULL: "the prompt and answer filled the generator's window (llm.context_size): "
+    "the prompt was probably cut from its start, instructions first; raise "
+    "llm.context_size or lower generate.context_tokens",
+    TRUNCATED: "cut at llm.max_tokens before the answer ended",
+    MISATTRIBUTED: "a cited sentence's words are in another given source than the one it "
+    "cites (each such citation counts as wrong in citation_precision)",
+    NO_TEXT: "citations alone, or nothing: no answer",
+    DEGENERATE: "the answer repeats itself (a loop, stopped where it was caught)",
+}
 FEW_LABELS = 10  # fewer human labels of a metric than this: a warning says its CI is wide
 
 M = TypeVar("M")
@@ -161,6 +181,8 @@ class RagEvalResult:
     calibration: Calibration | None = None
     ppi: dict[str, PPIEstimate] = field(default_factory=dict)
     selection: str = ""  # which items were scored (item_selection)
+    # The answers' flags counted (``answer_flag_counts``): summary.json's answer_flags.
+    answer_flags: dict[str, Any] = field(default_factory=dict)
 
 
 # The judge's replies are bounded in the schema the model is constrained by (llama.cpp
@@ -1095,7 +1117,10 @@ def score_answer(
         scores["citation_recall"] = Judged(None, na, why)
     else:
         given = [s.number for s in reply.sources]
-        precision, recall = answers.citation_scores(cited, support, given)
+        # A source cited for a sentence another given source holds (generate's
+        # misattributed_citation) is a wrong citation, whatever it holds: it read 1.0.
+        wrong = {n for miss in attribution_misses(reply.text, reply.sources) for n in miss.cited}
+        precision, recall = answers.citation_scores(cited, support, given, wrong=wrong)
         if support:  # recall counts targets: citing one source of a target is citing it
             holds = _held_targets(by_number, support, item)
             needed = set().union(*holds.values())
@@ -1370,6 +1395,15 @@ def _result(
                 f"{counts[m][FAILED]} of {tried} could not be scored "
                 f"(> {ev.max_judge_failure_share:.0%}): the mean is over the rest only"
             )
+    # Answers the pipeline does not vouch for (UNTRUSTED_FLAGS): past the same share, the
+    # answer metrics are withheld as a failing judge's are (degenerate counts loops itself).
+    answer_flags = answer_flag_counts(rows, ev.max_judge_failure_share)
+    if answer_flags["withheld"]:
+        why = untrusted_reason(answer_flags)
+        for m in ANSWER_METRICS:
+            if m != "degenerate":
+                flags[m] = f"{why}; {flags[m]}" if m in flags else why
+                withheld.add(m)
     ppi: dict[str, PPIEstimate] = {}
     for m, by_item in labels.items():
         if m not in RAG_METRICS:
@@ -1420,10 +1454,12 @@ def _result(
     failed = sum(counts[m][FAILED] for m in RAG_METRICS)
     if failed:
         warnings.append(f"{failed} judge call(s) failed; they are null, not 0 (see per_query)")
-    if withheld:  # each with its own reason: the judge failing, or not agreeing with truth
+    warnings += untrusted_warnings(answer_flags)
+    judged_withheld = withheld & set(RAG_METRICS)
+    if judged_withheld:  # each with its own reason: the judge failing, or not agreeing with truth
         warnings.append(
             "not shown as values and feeding no gate: "
-            + "; ".join(f"{m} ({flags[m]})" for m in sorted(withheld))
+            + "; ".join(f"{m} ({flags[m]})" for m in sorted(judged_withheld))
         )
     warnings += notes
     judge_info = {
@@ -1447,7 +1483,9 @@ def _result(
         "max_tokens": ev.judge_max_tokens,
         "counts": {m: counts[m] for m in RAG_METRICS},
         "calibration": calibration.as_dict() if calibration else None,
-        "usable_for_gates": calibration is not None and calibration.reliable and not withheld,
+        "usable_for_gates": (
+            calibration is not None and calibration.reliable and not judged_withheld
+        ),
         "ppi": {m: e.as_dict() for m, e in ppi.items()},
         "labels": str(ev.labels) if ev.labels else None,
     }
@@ -1466,4 +1504,56 @@ def _result(
         withheld=withheld,
         calibration=calibration,
         ppi=ppi,
+        answer_flags=answer_flags,
     )
+
+
+def answer_flag_counts(rows: Sequence[RagRow], max_share: float) -> dict[str, Any]:
+    """The answers' flags as summary.json's ``answer_flags`` holds them: how many answers
+    carry each flag (every flag, in order of name), how many carry one of
+    ``UNTRUSTED_FLAGS`` and each of those, their share, and whether that share is over
+    ``max_share`` (eval.max_judge_failure_share), which withholds the answer metrics."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        for flag in set(r.flags):
+            counts[flag] = counts.get(flag, 0) + 1
+    untrusted = sum(1 for r in rows if set(r.flags) & UNTRUSTED_FLAGS.keys())
+    share = untrusted / len(rows) if rows else 0.0
+    return {
+        "answers": len(rows),
+        "counts": dict(sorted(counts.items())),
+        "untrusted": untrusted,
+        "untrusted_counts": {f: counts[f] for f in UNTRUSTED_FLAGS if f in counts},
+        "untrusted_share": share,
+        "max_share": max_share,
+        "withheld": share > max_share,
+    }
+
+
+def untrusted_reason(answer_flags: dict[str, Any]) -> str:
+    """What a withheld answer metric's cell says: "5 of 5 answers untrusted (window_full 5,
+    truncated 5) (> 20%)"."""
+    each = ", ".join(f"{f} {n}" for f, n in answer_flags["untrusted_counts"].items())
+    return (
+        f"{answer_flags['untrusted']} of {answer_flags['answers']} answers untrusted ({each}) "
+        f"(> {answer_flags['max_share']:.0%})"
+    )
+
+
+def untrusted_warnings(answer_flags: dict[str, Any]) -> list[str]:
+    """One warning per untrusted flag the answers carry ("5 of 20 answers window_full: ..."),
+    and, past the share, one naming the answer metrics withheld."""
+    total = answer_flags["answers"]
+    said = [
+        f"{n} of {total} answers {flag}: {UNTRUSTED_FLAGS[flag]}"
+        for flag, n in answer_flags["untrusted_counts"].items()
+    ]
+    if answer_flags["withheld"]:
+        shown = ", ".join(m for m in ANSWER_METRICS if m != "degenerate")
+        said.append(
+            f"not shown as values and no trend points: {shown} ({untrusted_reason(answer_flags)}"
+            ": more than eval.max_judge_failure_share of the answers carry a flag the pipeline "
+            "does not trust; degenerate is shown, as it counts loops itself; per_query.parquet "
+            "keeps every score)"
+        )
+    return said

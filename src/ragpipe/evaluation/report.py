@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from ragpipe.config import RagpipeConfig
 from ragpipe.evaluation.metrics import METHOD, METRICS, MIN_CI_N
-from ragpipe.evaluation.rag import ALL_RAG_METRICS, ANSWER_METRICS, RAG_METRICS
+from ragpipe.evaluation.rag import ALL_RAG_METRICS, ANSWER_METRICS, RAG_METRICS, UNTRUSTED_FLAGS
 
 if TYPE_CHECKING:
     from ragpipe.evaluation.run import RunSummary
@@ -165,6 +165,21 @@ def _metric_table(summary: RunSummary, names: list[str]) -> list[str]:
     return lines
 
 
+def _answer_flag_lines(answer_flags: dict[str, Any] | None) -> list[str]:
+    """How many answers carry each flag (per_query.parquet's ``flags``), and how many of
+    them the pipeline does not vouch for (``UNTRUSTED_FLAGS``)."""
+    if not answer_flags:  # a run from before it
+        return []
+    total = answer_flags["answers"]
+    each = ", ".join(f"{f} {n}" for f, n in answer_flags["counts"].items()) or "none"
+    kinds = ", ".join(UNTRUSTED_FLAGS)
+    return [
+        "",
+        f"- answers flagged, of {total}: {each}; untrusted ({kinds}): "
+        f"{answer_flags['untrusted']} of {total}",
+    ]
+
+
 def _judge_lines(judge: dict[str, Any]) -> list[str]:
     lines = [
         "",
@@ -273,6 +288,7 @@ def render_markdown(summary: RunSummary) -> str:
         judge = summary.judge or {}
         label = (judge.get("calibration") or {}).get("label", "judge not calibrated")
         lines += ["", "## Answers (no judge)", "", *_metric_table(summary, answer)]
+        lines += _answer_flag_lines(summary.answer_flags)
         lines += ["", f"## Judged (RAGAS): {label}", "", *_metric_table(summary, judged)]
     else:
         lines += ["", *_metric_table(summary, names)]
@@ -545,9 +561,11 @@ def _worst_rag(table: pa.Table, shown: int, notes: dict[str, str] | None = None)
 
     rows = table.to_pylist()
 
-    def badness(r: dict[str, Any]) -> tuple[float, int, float, str]:
-        # Degenerate answers and false refusals first, then judge failures, then low
-        # correctness.
+    def badness(r: dict[str, Any]) -> tuple[int, float, int, float, str]:
+        # Answers the pipeline does not vouch for first (window_full, truncated, ...: their
+        # scores read as any other's), then degenerate answers and false refusals, then
+        # judge failures, then low correctness.
+        untrusted = len(set(r.get("flags") or []) & UNTRUSTED_FLAGS.keys())
         wrong = (r.get("degenerate") or 0.0) + (r.get("false_refusal") or 0.0)
         correct = r.get("correct_refusal")
         wrong += 1.0 - (correct if correct is not None else 1.0)
@@ -555,7 +573,7 @@ def _worst_rag(table: pa.Table, shown: int, notes: dict[str, str] | None = None)
         # metric too (they left the list once the judge no longer failed on them).
         failed = sum(r.get(f"{m}_status") == "failed" for m in (*RAG_METRICS, *ANSWER_METRICS))
         f1 = r.get("answer_f1")
-        return (-wrong, -failed, f1 if f1 is not None else 1.0, r["item_id"])
+        return (-untrusted, -wrong, -failed, f1 if f1 is not None else 1.0, r["item_id"])
 
     parts = []
     for r in sorted(rows, key=badness)[:shown]:
@@ -606,8 +624,9 @@ def _worst_rag(table: pa.Table, shown: int, notes: dict[str, str] | None = None)
             f"<div>sources given (numbered as cited):<ol>{''.join(contexts)}</ol></div></details>"
         )
     return (
-        f"<h2>Worst {min(shown, len(rows))} of {len(rows)} questions (degenerate answers and "
-        "wrong refusals first, then judge failures, then by answer F1)</h2>" + "".join(parts)
+        f"<h2>Worst {min(shown, len(rows))} of {len(rows)} questions (untrusted answers "
+        f"first: {', '.join(UNTRUSTED_FLAGS)}; then degenerate answers and wrong refusals, "
+        "then judge failures, then by answer F1)</h2>" + "".join(parts)
     )
 
 

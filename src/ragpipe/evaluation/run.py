@@ -271,6 +271,9 @@ class RunSummary:
     git_revision: str | None
     gate: GateOutcome | None = None
     judge: dict[str, Any] | None = None  # RAG: model, outcome counts, calibration, PPI
+    # RAG: how many answers carry each of generate's flags, and the untrusted ones
+    # (rag.answer_flag_counts); None for retrieval runs and runs from before it.
+    answer_flags: dict[str, Any] | None = None
     golden_check: dict[str, Any] | None = None  # targets checked, unmatched, skipped items
     timing: dict[str, float] = field(default_factory=dict)
     # Per item, the files its targets name and their source SHA-256 (check.evidence); the
@@ -406,6 +409,7 @@ def rag_summary(result: RagEvalResult, config: RagpipeConfig, corpus: dict[str, 
         }},
         deltas={},
         judge=result.judge,
+        answer_flags=result.answer_flags,
         warnings=result.warnings,
         config=config.model_dump(mode="json"),
         versions=versions(),
