@@ -161,6 +161,7 @@ def _metrics_table(summary: RunSummary, names: list[str], title: str) -> Table:
 def _print_eval(summary: RunSummary) -> None:
     """The headline as report.md has it: the same cells, the same flags."""
     from ragpipe.evaluation.rag import ANSWER_METRICS, RAG_METRICS
+    from ragpipe.evaluation.report import generator_line
 
     names = summary.metric_names
     g = summary.golden
@@ -170,6 +171,7 @@ def _print_eval(summary: RunSummary) -> None:
         label = (judge.get("calibration") or {}).get("label", "judge not calibrated")
         answer = [m for m in names if m in ANSWER_METRICS]
         judged = [m for m in names if m in RAG_METRICS]
+        print(f"generator: {generator_line(summary)}")  # as report.md names it
         Console().print(_metrics_table(summary, answer, f"{head}: answers (no judge)"))
         Console().print(_metrics_table(summary, judged, f"judged (RAGAS): {label}"))
     else:

@@ -2469,3 +2469,81 @@ def test_a_misattributed_citation_counts_as_wrong_in_citation_precision() -> Non
                  "for ten minutes until it is smooth and elastic [1].") == (0.0, 1.0)  # fmt: skip
     assert citation_scores([1, 2], {1}, {1, 2}, wrong={1}) == (0.0, 1.0)
     assert citation_scores([1, 2], {1, 2}, {1, 2}, wrong={2}) == (0.5, 1.0)
+
+
+def test_the_generator_is_named_in_the_report_and_parts_the_trend_lines(
+    scored_config: RagpipeConfig,
+    onnx_embedder: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The attack review: report.md (so report.html, the Prefect artifact) and the terminal
+    named the embedder but never the generator, and `ragpipe report --metric answer_f1` drew
+    a big model's 1.000 and a tiny one's 0.156 as one line, read as a regression. The
+    report names the generator and its settings; history records it (generator column) and
+    each generator, or the same one with other settings, is a trend line of its own."""
+    import pyarrow as pa
+
+    from flows.cli_eval import _print_eval
+    from ragpipe.evaluation.report import trend_series
+    from ragpipe.evaluation.run import HISTORY_SCHEMA, read_history
+
+    golden = load_golden(scored_config.eval.golden)
+    reports = tmp_path / "trend"
+
+    def run(model: str, temperature: float = 0.0) -> Any:
+        llm = scored_config.llm.model_copy(update={"temperature": temperature})
+        evaluation = scored_config.eval.model_copy(update={"judge_probe_size": 0})
+        config = scored_config.model_copy(update={"llm": llm, "eval": evaluation})
+        generator = Served(full=())
+        generator.name = model  # no temperature of its own: the llm section's is its
+        result = run_rag_eval(config, golden, generator=generator, judge_llm=YES,
+                              embedder=onnx_embedder)  # fmt: skip
+        summary = rag_summary(result, config, {"files": 5, "points": 0, "sha256": "x"})
+        return write_run(summary, rag_table(result), reports)
+
+    big = run("big-model")
+    settings = {
+        "model": "big-model", "provider": "llamacpp", "temperature": 0.0, "seed": 0,
+        "max_tokens": 384, "context_size": 4096, "context_tokens": 2800, "cite_grammar": True,
+        "takes_grammar": False, "min_relevance": None, "stop_looping": True,
+    }  # fmt: skip
+    stored = json.loads((Path(big.report_dir) / "summary.json").read_text())
+    assert stored["models"]["generator"] == "big-model"
+    assert stored["models"]["generator_settings"] == settings
+    said = (
+        "big-model: provider llamacpp, temperature 0.0, seed 0, max_tokens 384, context_size "
+        "4096, context_tokens 2800, cite_grammar true, takes_grammar false, min_relevance "
+        "none, stop_looping true"
+    )
+    md = (Path(big.report_dir) / "report.md").read_text()
+    assert f"\n- generator: {said}\n" in md
+    assert f"generator: {said}" in (Path(big.report_dir) / "report.html").read_text()
+    _print_eval(big)
+    assert f"generator: {said}\n" in capsys.readouterr().out
+    tiny = run("tiny-model")
+    warm = run("big-model", temperature=0.7)
+    rows = [r for r in read_history(reports) if r["metric"] == "answer_f1"]
+    by_run = {r["run_id"]: r["generator"] for r in rows}
+    digest = re.fullmatch(r"big-model \(settings ([0-9a-f]{8})\)", by_run[big.run_id])
+    assert digest is not None
+    assert by_run[tiny.run_id] == f"tiny-model (settings {digest[1]})"  # the same settings
+    assert re.fullmatch(r"big-model \(settings [0-9a-f]{8}\)", by_run[warm.run_id])
+    assert by_run[warm.run_id] != by_run[big.run_id]  # temperature 0.7: another line
+    lines = {r["run_id"]: trend_series(r) for r in rows}
+    assert len(set(lines.values())) == 3
+    assert lines[tiny.run_id].endswith(f", generator tiny-model (settings {digest[1]})")
+    # Every metric of the run, judged ones too: the judge reads the generator's answers and
+    # the sources cut to its budget.
+    assert {r["generator"] for r in read_history(reports, flagged=True)
+            if r["run_id"] == big.run_id} == {by_run[big.run_id]}  # fmt: skip
+    # A history file from before the column is read, its rows on a line of their own.
+    old = pa.schema([f for f in HISTORY_SCHEMA if f.name != "generator"])
+    table = pa.Table.from_pylist([{k: v for k, v in rows[0].items() if k != "generator"}],
+                                 schema=old)  # fmt: skip
+    before = tmp_path / "before"
+    before.mkdir()
+    pq.write_table(table, before / "history.parquet")
+    (row,) = read_history(before)
+    assert row["generator"] is None
+    assert trend_series(row) == lines[big.run_id].removesuffix(f", generator {by_run[big.run_id]}")

@@ -81,6 +81,7 @@ from ragpipe.query.generate import (
     lone_zero,
     no_answer_text,
     plausible_citation,
+    relevance_floor,
     source_budget,
     without_citation_marks,
 )
@@ -183,6 +184,8 @@ class RagEvalResult:
     selection: str = ""  # which items were scored (item_selection)
     # The answers' flags counted (``answer_flag_counts``): summary.json's answer_flags.
     answer_flags: dict[str, Any] = field(default_factory=dict)
+    # The generator and what makes its answers (``generator_settings``).
+    generator_settings: dict[str, Any] = field(default_factory=dict)
 
 
 # The judge's replies are bounded in the schema the model is constrained by (llama.cpp
@@ -1505,7 +1508,40 @@ def _result(
         calibration=calibration,
         ppi=ppi,
         answer_flags=answer_flags,
+        generator_settings=generator_settings(config, generator),
     )
+
+
+def generator_settings(config: RagpipeConfig, generator: LLM) -> dict[str, Any]:
+    """The generator and the settings that make its answers, as summary.json's
+    ``models.generator_settings`` holds them and report.md names them: its model, provider
+    (from its identity, else llm.provider), temperature, seed, token limit and window (its
+    own where it has them, else the llm section's), and the generate section's context
+    budget, citation grammar (and whether the model takes one), relevance floor (as
+    applied to the index's embedder) and loop stop. Answer metrics of runs that differ in
+    any share no trend line (``run.generator_identity``)."""
+    llm, gen = config.llm, config.generate
+
+    def own(name: str, configured: Any) -> Any:
+        value = getattr(generator, name, configured)
+        ok = value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+        return value if ok else configured
+
+    identity = getattr(generator, "identity", None)
+    provider = identity.split(":", 1)[0] if isinstance(identity, str) else llm.provider.value
+    return {
+        "model": generator.name,
+        "provider": provider,
+        "temperature": own("temperature", llm.temperature),
+        "seed": own("seed", llm.seed),
+        "max_tokens": own("max_tokens", llm.max_tokens),
+        "context_size": own("context_size", llm.context_size),
+        "context_tokens": gen.context_tokens,
+        "cite_grammar": gen.cite_grammar,
+        "takes_grammar": bool(getattr(generator, "takes_grammar", False)),
+        "min_relevance": relevance_floor(gen, embedder_name(config.embed)),
+        "stop_looping": gen.stop_looping,
+    }
 
 
 def answer_flag_counts(rows: Sequence[RagRow], max_share: float) -> dict[str, Any]:

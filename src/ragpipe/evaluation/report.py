@@ -52,7 +52,25 @@ def trend_series(row: dict[str, Any]) -> str:
     if judge and not judge.startswith(("embedder ", "answer rules ")):  # no judge's
         judge = f"judge {judge}"
     judge = f", {judge}" if judge else ""
-    return f"{kind}: {row['name']} / {row['variant']}{size}{judge}"
+    # A RAG run's generator: another model's answers are another line, not a step in this
+    # one (rows from before the column have none: a line of their own).
+    generator = f", generator {row['generator']}" if row.get("generator") else ""
+    return f"{kind}: {row['name']} / {row['variant']}{size}{judge}{generator}"
+
+
+def generator_line(summary: RunSummary) -> str | None:
+    """A RAG run's generator and its settings, as report.md and the terminal name it
+    ("big-model: provider ollama, temperature 0.0, ..."); None for other runs."""
+    models = summary.models or {}
+    if summary.kind != "rag" or not models.get("generator"):
+        return None
+    settings = models.get("generator_settings") or {}
+    shown = ", ".join(f"{k} {_setting(v)}" for k, v in settings.items() if k != "model")
+    return f"{models['generator']}: {shown or 'settings not recorded'}"
+
+
+def _setting(value: Any) -> str:
+    return value if isinstance(value, str) else "none" if value is None else json.dumps(value)
 
 
 def no_ci_reason(n: int, equal: str = "all values equal") -> str:
@@ -276,6 +294,7 @@ def render_markdown(summary: RunSummary) -> str:
         f"(fingerprint {summary.corpus['sha256']})",
         *_index_version_line(summary.corpus.get("index_version") or {}),
         f"- embedder: {summary.models['embedder']}; git {summary.git_revision or 'n/a'}",
+        *([f"- generator: {generator}"] if (generator := generator_line(summary)) else []),
         f"- 95% CIs: {_method(summary)}, {summary.statistics['resamples']} resamples, "
         f"seed {summary.statistics['seed']}; a CI needs n >= {_fewest(summary)} scored items",
         "",

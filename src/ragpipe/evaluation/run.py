@@ -92,6 +92,9 @@ HISTORY_SCHEMA = pa.schema(
         # A judged metric's judge (judge_identity(); "" for the others): runs of another
         # judge share no trend line either.
         ("judge", pa.string()),
+        # A RAG run's generator (generator_identity(); "" for other runs, null in files from
+        # before it): answers of another model or settings share no trend line.
+        ("generator", pa.string()),
         ("metric", pa.string()),
         ("mean", pa.float64()),
         ("ci_low", pa.float64()),
@@ -397,6 +400,7 @@ def rag_summary(result: RagEvalResult, config: RagpipeConfig, corpus: dict[str, 
         depth=config.retrieve.top_k,
         corpus=corpus,
         models={"embedder": embedder_name(config.embed), "generator": result.generator,
+                "generator_settings": result.generator_settings,
                 "judge": result.judge["model"]},
         variants={"rag": config.retrieve.model_dump(mode="json")},
         baseline="rag",
@@ -827,6 +831,25 @@ def judge_identity(summary: RunSummary, metric: str) -> str:
     return f"{summary.judge.get('model')} (settings {digest})"
 
 
+def generator_identity(summary: RunSummary) -> str:
+    """The generator behind a RAG run's metrics: its model and a hash of the settings that
+    make its answers (``rag.generator_settings``: provider, temperature, seed, token
+    limit, window, context budget, citation grammar, relevance floor, loop stop); "" for
+    other runs. Every metric of a RAG run rests on its answers or on the sources cut to
+    its budget: a big model's answer F1 and a tiny one's were one trend line, a drop read
+    as a regression. A summary from before the settings were recorded names the model
+    alone."""
+    models = getattr(summary, "models", None) or {}
+    if summary.kind != "rag" or not models.get("generator"):
+        return ""
+    settings = {k: v for k, v in (models.get("generator_settings") or {}).items()
+                if k != "model"}  # fmt: skip
+    if not settings:
+        return str(models["generator"])
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{models['generator']} (settings {digest})"
+
+
 def _history_flag(ci: Stats) -> str | None:
     if ci.get("withheld"):
         return WITHHELD + str(ci.get("flag") or "not shown as a value")
@@ -859,6 +882,7 @@ def append_history(root: Path, summary: RunSummary) -> None:
             "queries": summary.golden.queries,
             "scope": scope(summary) + _variant_settings(summary, variant),
             "judge": judge_identity(summary, metric),
+            "generator": generator_identity(summary),
             "metric": metric,
             "mean": None if ci.get("withheld") else ci["mean"],
             "ci_low": None if ci.get("withheld") else ci["ci_low"],
@@ -922,8 +946,8 @@ def _read_history_table(path: Path) -> pa.Table:
         kinds = ["rag" if g == "answer" else "retrieval" for g in table["granularity"].to_pylist()]
         table = table.append_column("kind", pa.array(kinds, pa.string()))
     for name, kind in (("queries", pa.int64()), ("scope", pa.string()), ("judge", pa.string()),
-                       ("flag", pa.string()), ("n_failed", pa.int64()),
-                       ("n_not_applicable", pa.int64())):  # fmt: skip
+                       ("generator", pa.string()), ("flag", pa.string()),
+                       ("n_failed", pa.int64()), ("n_not_applicable", pa.int64())):  # fmt: skip
         if name not in table.column_names:  # files from before the column
             table = table.append_column(name, pa.nulls(table.num_rows, kind))
     table = table.select(HISTORY_SCHEMA.names).cast(HISTORY_SCHEMA)
