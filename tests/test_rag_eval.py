@@ -2547,3 +2547,43 @@ def test_the_generator_is_named_in_the_report_and_parts_the_trend_lines(
     (row,) = read_history(before)
     assert row["generator"] is None
     assert trend_series(row) == lines[big.run_id].removesuffix(f", generator {by_run[big.run_id]}")
+
+
+def test_context_precision_says_how_many_items_each_variant_scored(
+    scored_config: RagpipeConfig, onnx_embedder: Any, tmp_path: Path
+) -> None:
+    """The attack review: context precision is ragas's reference-based variant where an
+    item has expected_answer and the reference-free one (judged against the generated
+    answer) where it has not, averaged under one number with nothing to say so. The judge's
+    section counts the scored items of each; a run that mixes them warns."""
+    evaluation = scored_config.eval.model_copy(update={"judge_probe_size": 0})
+    config = scored_config.model_copy(update={"eval": evaluation})
+    golden = load_golden(config.eval.golden)
+    result = run_rag_eval(config, golden, generator=SCRIPT, judge_llm=YES,
+                          embedder=onnx_embedder)  # fmt: skip
+    kinds = {r.item_id: r.context_precision_kind for r in result.rows}
+    # oven and lovelace have an expected_answer, backups and miss none; capital and moon
+    # are answerable: false (not judged).
+    assert kinds == {"oven": "with_reference", "lovelace": "with_reference",
+                     "backups": "without_reference", "miss": "without_reference",
+                     "capital": "", "moon": ""}  # fmt: skip
+    assert result.judge["context_precision_kinds"] == {"with_reference": 2, "without_reference": 2}
+    said = (
+        "context_precision is one mean over 2 item(s) judged against expected_answer and 2 "
+        "judged against the generated answer (no expected_answer: ragas's reference-free "
+        "variant): two measures under one number; per_query.parquet's context_precision_kind "
+        "says which is which"
+    )
+    assert said in result.warnings
+    summary = rag_summary(result, config, {"files": 5, "points": 0, "sha256": "x"})
+    md = Path(write_run(summary, rag_table(result), tmp_path / "r").report_dir) / "report.md"
+    assert (
+        "- context_precision's scored items: 2 judged against expected_answer (ragas's "
+        "ContextPrecision), 2 against the generated answer (no expected_answer: "
+        "ContextPrecisionWithoutReference)"
+    ) in md.read_text()
+    # One variant only: counted, no warning.
+    first = run_rag_eval(config, golden, limit=2, generator=SCRIPT, judge_llm=YES,
+                         embedder=onnx_embedder)  # fmt: skip
+    assert first.judge["context_precision_kinds"] == {"with_reference": 2, "without_reference": 0}
+    assert not any(w.startswith("context_precision is one mean") for w in first.warnings)

@@ -1458,6 +1458,20 @@ def _result(
     if failed:
         warnings.append(f"{failed} judge call(s) failed; they are null, not 0 (see per_query)")
     warnings += untrusted_warnings(answer_flags)
+    # Context precision is ragas's reference-based variant where an item has an
+    # expected_answer and the reference-free one (against the generated answer) where it
+    # has not: one mean over both, said with how many of each it holds.
+    kinds = {kind: sum(1 for r in rows if r.judged["context_precision"].status == OK
+                       and r.context_precision_kind == kind)
+             for kind in ("with_reference", "without_reference")}  # fmt: skip
+    if all(kinds.values()):
+        warnings.append(
+            f"context_precision is one mean over {kinds['with_reference']} item(s) judged "
+            f"against expected_answer and {kinds['without_reference']} judged against the "
+            "generated answer (no expected_answer: ragas's reference-free variant): two "
+            "measures under one number; per_query.parquet's context_precision_kind says "
+            "which is which"
+        )
     judged_withheld = withheld & set(RAG_METRICS)
     if judged_withheld:  # each with its own reason: the judge failing, or not agreeing with truth
         warnings.append(
@@ -1485,6 +1499,7 @@ def _result(
         "timeout_s": ev.judge_timeout_s,
         "max_tokens": ev.judge_max_tokens,
         "counts": {m: counts[m] for m in RAG_METRICS},
+        "context_precision_kinds": kinds,  # the scored items of each variant
         "calibration": calibration.as_dict() if calibration else None,
         "usable_for_gates": (
             calibration is not None and calibration.reliable and not judged_withheld

@@ -236,6 +236,14 @@ def _judge_lines(judge: dict[str, Any]) -> list[str]:
     lines += ["", "| metric | scored | failed | not applicable |", "|---|---|---|---|"]
     for m, c in judge["counts"].items():
         lines.append(f"| {m} | {c['ok']} | {c['failed']} | {c['not_applicable']} |")
+    kinds = judge.get("context_precision_kinds")  # none in summaries before it
+    if kinds:
+        lines += [
+            "",
+            f"- context_precision's scored items: {kinds['with_reference']} judged against "
+            f"expected_answer (ragas's ContextPrecision), {kinds['without_reference']} "
+            "against the generated answer (no expected_answer: ContextPrecisionWithoutReference)",
+        ]
     ppi = judge.get("ppi") or {}
     if ppi:
         lines += [
