@@ -412,6 +412,11 @@ def test_a_page_with_figures_keeps_its_title() -> None:
             for m in ("mrr", "ndcg@10")]  # fmt: skip
     page = render_trend("dir/gold", rows)
     assert page.count("<title>") == 1 and "<title>ragpipe trend: dir/gold</title>" in page
+    # The rule for a point without a CI, as the cells say it (it read "n < 2").
+    assert (
+        "<p>• 1 runs, oldest first; whiskers: 95% CI; a hollow point has no CI (under 10 "
+        "items, or all values equal)</p>"
+    ) in page
     assert "<h2>mrr</h2>" in page and "<h2>ndcg@10</h2>" in page
     page = html_page("run <1>", "# head", [("fig & co", "<svg/>")])
     assert page.count("<title>") == 1 and "<title>run &lt;1&gt;</title>" in page

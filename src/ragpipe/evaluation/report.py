@@ -755,7 +755,7 @@ def render_trend(golden: str, rows: list[dict[str, Any]]) -> str:
         f"# Trend: {golden}",
         "",
         f"- {len(runs)} runs, oldest first; whiskers: 95% CI; a hollow point has no CI "
-        "(n < 2, or all values equal)",
+        f"(under {MIN_CI_N} items, or all values equal)",
         "- only metrics shown as values in their run: withheld or flagged metrics are not "
         "trend points",
         "",
@@ -787,7 +787,7 @@ def _trend_figure(
         handles.append(line)
         labels.append(label)
         bare = [(x, y) for x, y, p in zip(xs, ys, points, strict=True) if p["ci_low"] is None]
-        if bare:  # no CI (n < 2): a hollow marker, never a zero-width whisker
+        if bare:  # no CI (under MIN_CI_N, or all equal): a hollow marker, no zero-width whisker
             ax.plot(*zip(*bare, strict=True), marker="o", linestyle="none", markersize=9,
                     markerfacecolor="white", color=line[0].get_color())  # fmt: skip
     ax.set_xticks(range(len(runs)), [run_id for _, run_id in runs])

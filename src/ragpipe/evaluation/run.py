@@ -221,8 +221,9 @@ class GateOutcome:
 
 
 # A metric's mean with its 95% CI and counts ({mean, ci_low, ci_high, n, n_failed,
-# n_not_applicable, flag, withheld}; mean null when n = 0, CI null when n < 2), or a
-# paired delta ({mean, ci_low, ci_high, n, p_value}): as written to summary.json.
+# n_not_applicable, flag, withheld}; mean null when n = 0, CI null when n < MIN_CI_N or
+# every value is the same: metrics.Interval.as_dict), or a paired delta ({mean, ci_low,
+# ci_high, n, p_value}): as written to summary.json.
 Stats = dict[str, Any]
 
 
