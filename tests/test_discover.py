@@ -104,6 +104,22 @@ def test_an_ignored_folder_below_a_root_and_in_object_keys(tmp_path: Path) -> No
     # (a file named drafts is no folder)
 
 
+def test_folders_below_a_folder_leave_its_own_files_in(tmp_path: Path) -> None:
+    """`b/**/` is every folder below b, as in git: b/f.md was left out too (like b/**)."""
+    from ragpipe.ingest.discover import IgnoreRules
+
+    for rel in ("b/f.md", "b/sub/g.md", "b/sub/deeper/h.md", "c.md"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(f"# {rel}\n")
+    result = discover(DiscoverConfig(roots=[tmp_path], ignore=["b/**/"]))
+    names = sorted(Path(f.file_path).relative_to(tmp_path).as_posix() for f in result.files)
+    assert names == ["b/f.md", "c.md"]
+    rules = IgnoreRules(["b/**/"])  # object keys: the folders are read from the key
+    assert [rules.ignores(k) for k in ("b/f.md", "b/sub/g.md", "b/sub/deeper/h.md")] == [
+        False, True, True
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("pattern", "problem"),
     [

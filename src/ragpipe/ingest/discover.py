@@ -118,7 +118,8 @@ class IgnoreRules:
     (``config.parse_ignore``): a pattern without a ``/`` matches a file or folder name at
     any depth, one with a ``/`` inside (or a leading ``/`` or ``./``) the path from the
     root; a trailing ``/`` matches folders only; a folder that matches is left out with
-    everything below it; ``dir/**`` matches ``dir`` itself too.
+    everything below it; ``dir/**`` matches ``dir`` itself too (``dir/**/`` only the folders
+    below it).
     """
 
     def __init__(self, patterns: list[str]) -> None:
@@ -134,7 +135,9 @@ class IgnoreRules:
             (dir_paths if anchored else dir_names).append(regex)
             if not folders:
                 (file_paths if anchored else file_names).append(regex)
-            if glob.endswith("/**") and len(glob) > 3:
+            if glob.endswith("/**") and len(glob) > 3 and not folders:
+                # dir/** is everything below dir: dir itself need not be walked. Not dir/**/,
+                # the folders below dir only (git's reading): files right in dir stay.
                 dir_paths.append(_glob_regex(glob[:-3]))
         self._file_path = _any_of(file_paths)
         self._file_name = _any_of(file_names)
