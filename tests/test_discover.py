@@ -72,6 +72,29 @@ def test_ignore_globs(path: str, patterns: list[str], ignored: bool) -> None:
 
 
 @pytest.mark.parametrize(
+    ("path", "pattern", "ignored"),
+    [
+        # ** spans folders only as a whole part; elsewhere it is * (as in git)
+        ("docs/y.md", "docs/**.md", True),
+        ("docs/x/y.md", "docs/**.md", False),
+        ("a/bc.md", "a/**c.md", True),
+        ("a/b/c.md", "a/**c.md", False),
+        ("mydir", "/**dir", True),
+        ("my/dir", "/**dir", False),
+        ("y.md", "***/**", True),  # *** is ** (top-level files were missed)
+        ("d/a.md", "***/**", True),
+        ("a/c.md", "a/***/c.md", True),
+        ("a/b/c.md", "a/***/c.md", True),
+    ],
+)
+def test_ignore_globs_read_as_git_reads_them(path: str, pattern: str, ignored: bool) -> None:
+    """A file's path against one pattern, as `git ls-files --ignored` answers."""
+    from ragpipe.ingest.discover import IgnoreRules
+
+    assert IgnoreRules([pattern]).ignores(path) is ignored
+
+
+@pytest.mark.parametrize(
     "pattern", ["drafts/", "drafts", "./drafts/**", "./drafts", "/drafts", "drafts/**"]
 )
 def test_an_ignored_folder_is_not_walked(tmp_path: Path, pattern: str) -> None:

@@ -223,8 +223,9 @@ class DiscoverConfig(_Section):
         "name at any depth ('*.log', 'drafts'); one with a '/' inside, or a leading '/' or "
         "'./', matches from the root ('docs/*.md', '/drafts', './drafts/**'). A trailing '/' "
         "matches folders only ('drafts/'). A folder that matches is left out with everything "
-        "below it. '*' and '?' stay within one path part, '**' spans folders ('**/x' is x at "
-        "any depth, 'dir/**' everything below dir), '[abc]' is one of a, b, c. No negation "
+        "below it. '*' and '?' stay within one path part, '**' alone between slashes spans "
+        "folders ('**/x' is x at any depth, 'dir/**' everything below dir; 'docs/**.md' is "
+        "'docs/*.md'), '[abc]' is one of a, b, c. No negation "
         "('!'). A pattern that can never match is warned about when the config loads.",
     )  # fmt: skip
     text_extensions: list[str] = Field(

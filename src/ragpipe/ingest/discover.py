@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import fnmatch
 import hashlib
 import json
 import logging
@@ -12,7 +11,6 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
@@ -24,6 +22,7 @@ from ragpipe.config import (
     fingerprint,
     parse_ignore,
 )
+from ragpipe.globs import glob_regex
 from ragpipe.ingest import runner
 from ragpipe.ingest.fetch import run_fetch
 from ragpipe.schemas import Failure, Skip, SourceFile
@@ -70,38 +69,6 @@ class DiscoverResult:
     skipped: list[Skip] = field(default_factory=list)
 
 
-@lru_cache(maxsize=256)
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    """Translate a glob where ``**`` spans directories and ``*`` does not."""
-    out = []
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        elif pattern[i] == "[":
-            end = pattern.find("]", i + 1)
-            if end == -1:
-                out.append(re.escape(pattern[i]))
-                i += 1
-            else:
-                out.append(fnmatch.translate(pattern[i : end + 1])[4:-3])
-                i = end + 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(out) + r"\Z")
-
-
 def is_ignored(rel_path: str, patterns: list[str]) -> bool:
     """Whether a root-relative POSIX path, a file's or a folder's, is ignored (see
     ``IgnoreRules``)."""
@@ -110,7 +77,8 @@ def is_ignored(rel_path: str, patterns: list[str]) -> bool:
 
 
 def _any_of(regexes: list[re.Pattern[str]]) -> re.Pattern[str] | None:
-    return re.compile("|".join(f"(?:{r.pattern})" for r in regexes)) if regexes else None
+    joined = "|".join(f"(?:{r.pattern})" for r in regexes)
+    return re.compile(joined, re.DOTALL) if regexes else None
 
 
 class IgnoreRules:
@@ -131,14 +99,14 @@ class IgnoreRules:
             glob, anchored, folders = parse_ignore(pattern)
             if not glob:
                 continue
-            regex = _glob_regex(glob)
+            regex = glob_regex(glob)
             (dir_paths if anchored else dir_names).append(regex)
             if not folders:
                 (file_paths if anchored else file_names).append(regex)
             if glob.endswith("/**") and len(glob) > 3 and not folders:
                 # dir/** is everything below dir: dir itself need not be walked. Not dir/**/,
                 # the folders below dir only (git's reading): files right in dir stay.
-                dir_paths.append(_glob_regex(glob[:-3]))
+                dir_paths.append(glob_regex(glob[:-3]))
         self._file_path = _any_of(file_paths)
         self._file_name = _any_of(file_names)
         self._dir_path = _any_of(dir_paths)
