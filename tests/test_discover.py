@@ -85,6 +85,22 @@ def test_ignore_globs(path: str, patterns: list[str], ignored: bool) -> None:
         ("d/a.md", "***/**", True),
         ("a/c.md", "a/***/c.md", True),
         ("a/b/c.md", "a/***/c.md", True),
+        # \ makes the next character literal (they matched a backslash)
+        ("#c.md", r"\#c.md", True),
+        ("!n.md", r"\!n.md", True),
+        ("q?.md", r"q\?.md", True),
+        ("qx.md", r"q\?.md", False),
+        ("x .md", r"x\ .md", True),
+        ("[x].md", r"\[x].md", True),
+        ("x.md", r"\[x].md", False),
+        ("a*", r"a\*", True),
+        ("ab", r"a\*", False),
+        ("a\\b", r"a\\b", True),
+        ("a.md ", "a.md\\ ", True),  # an escaped space at the end is kept
+        ("a.md ", "a.md\\  ", True),  # (the unescaped one after it is dropped)
+        ("a.md", "a.md\\ ", False),
+        ("d/x/y/b.md", r"d/**\/b.md", True),  # **\/ is **/ without the zero folders
+        ("d/b.md", r"d/**\/b.md", False),
     ],
 )
 def test_ignore_globs_read_as_git_reads_them(path: str, pattern: str, ignored: bool) -> None:

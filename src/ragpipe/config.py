@@ -154,10 +154,16 @@ class RecordsRule(_Section):
 
 def parse_ignore(pattern: str) -> tuple[str, bool, bool]:
     """A ``discover.ignore`` pattern as (glob, anchored, folders only), like ``.gitignore``:
-    surrounding spaces dropped; a leading ``/`` or ``./`` anchors it at the root (and is
-    dropped), so does a ``/`` inside it; a trailing ``/`` (dropped) makes it match folders
-    only. The glob is ``""`` when nothing is left (``/``, ``./``)."""
-    glob = pattern.strip()
+    surrounding spaces dropped, but for an escaped one at the end (``x\\ ``); a leading
+    ``/`` or ``./`` anchors it at the root (and is dropped), so does a ``/`` inside it; a
+    trailing ``/`` (dropped) makes it match folders only. The glob is ``""`` when nothing
+    is left (``/``, ``./``)."""
+    glob = pattern.lstrip()
+    kept = glob.rstrip()
+    escapes = len(kept) - len(kept.rstrip("\\"))
+    if escapes % 2 and len(kept) < len(glob):  # "x\ ": the space is the name's
+        kept += glob[len(kept)]
+    glob = kept
     anchored = False
     while glob.startswith(("./", "/")):
         glob = glob[2:] if glob.startswith("./") else glob[1:]
@@ -225,7 +231,8 @@ class DiscoverConfig(_Section):
         "matches folders only ('drafts/'). A folder that matches is left out with everything "
         "below it. '*' and '?' stay within one path part, '**' alone between slashes spans "
         "folders ('**/x' is x at any depth, 'dir/**' everything below dir; 'docs/**.md' is "
-        "'docs/*.md'), '[abc]' is one of a, b, c. No negation "
+        "'docs/*.md'), '[abc]' is one of a, b, c, and '\\' makes the next character an "
+        "ordinary one ('\\#notes.md', 'q\\?.md'). No negation "
         "('!'). A pattern that can never match is warned about when the config loads.",
     )  # fmt: skip
     text_extensions: list[str] = Field(

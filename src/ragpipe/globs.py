@@ -15,7 +15,8 @@ def glob_regex(glob: str) -> re.Pattern[str]:
 
     ``*`` and ``?`` never match ``/``; ``**`` spans folders only as a whole path part
     (``**/x``, ``a/**/b``, ``a/**``; ``***`` is ``**``), elsewhere (``docs/**.md``,
-    ``a/**c``) it is ``*``.
+    ``a/**c``) it is ``*``. ``\\`` makes the next character a literal one (``\\#``,
+    ``\\*``, ``\\ ``); a ``\\`` that ends the glob is itself (git's never matches).
     """
     return re.compile(translate(glob) + r"\Z", re.DOTALL)
 
@@ -33,7 +34,9 @@ def translate(glob: str) -> str:
             # A run of two or more stars alone between slashes (or the ends) spans
             # folders; git reads any other as one star.
             alone = (i == 0 or glob[i - 1] == "/") and (j == n or glob[j] == "/")
-            if j - i < 2 or not alone:
+            if j - i >= 2 and (i == 0 or glob[i - 1] == "/") and glob.startswith("\\/", j):
+                out.append(".*")  # git's **\/: one or more folders, then the escaped /
+            elif j - i < 2 or not alone:
                 out.append("[^/]*")
             elif j == n:
                 out.append(".*")
@@ -44,6 +47,9 @@ def translate(glob: str) -> str:
         elif c == "?":
             out.append("[^/]")
             i += 1
+        elif c == "\\" and i + 1 < n:
+            out.append(re.escape(glob[i + 1]))
+            i += 2
         elif c == "[":
             end = glob.find("]", i + 1)
             if end == -1:
