@@ -101,6 +101,24 @@ def test_ignore_globs(path: str, patterns: list[str], ignored: bool) -> None:
         ("a.md", "a.md\\ ", False),
         ("d/x/y/b.md", r"d/**\/b.md", True),  # **\/ is **/ without the zero folders
         ("d/b.md", r"d/**\/b.md", False),
+        # [...]: ^ negates as ! does (it was a member), a ] first is a member, / is never
+        # one, ranges and [:class:] as in git (a POSIX class never matched)
+        ("y.md", "[^x].md", True),
+        ("x.md", "[^x].md", False),
+        ("].md", "[]x].md", True),
+        ("x.md", "[]x].md", True),
+        ("y.md", "[!]x].md", True),
+        ("].md", "[!]x].md", False),
+        ("a-b.md", "a[/-]b.md", True),
+        ("a/b.md", "a[/-]b.md", False),
+        ("a/b.md", "a[!x]b.md", False),
+        ("x.md", "[[:alpha:]].md", True),
+        ("1.md", "[[:alpha:]].md", False),
+        ("_.md", "[[:digit:]_].md", True),
+        ("%.md", "[![:alnum:]].md", True),
+        ("z.md", "[z-a].md", True),  # git lists z, then finds the range empty
+        ("a.md", "[z-a].md", False),
+        ("x.md", "[[:foo:]].md", False),  # a class git does not know never matches
     ],
 )
 def test_ignore_globs_read_as_git_reads_them(path: str, pattern: str, ignored: bool) -> None:
@@ -168,6 +186,7 @@ def test_folders_below_a_folder_leave_its_own_files_in(tmp_path: Path) -> None:
         ("docs//drafts", "has an empty, '.' or '..' part"),
         ("./.", "has an empty, '.' or '..' part"),
         ("!keep.md", "starts with '!', but discover.ignore has no negation"),
+        ("[[:letter:]]*.md", "names the character class [:letter:], which git does not know"),
     ],
 )
 def test_an_ignore_pattern_that_never_matches_is_warned_about_at_load(

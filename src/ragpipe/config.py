@@ -42,7 +42,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from ragpipe import yamlio
+from ragpipe import globs, yamlio
 from ragpipe.errors import ConfigError
 from ragpipe.evaluation.names import DEEPEST_CUTOFF, METRICS
 
@@ -188,6 +188,12 @@ def ignore_problem(pattern: str) -> str | None:
             "starts with '!', but discover.ignore has no negation: it ignores only names "
             "beginning with '!' (list what to leave out instead)"
         )
+    unknown = globs.unknown_classes(glob)
+    if unknown:
+        return (
+            f"names the character class [:{unknown[0]}:], which git does not know: its "
+            f"bracket never matches (the classes: {', '.join(globs.POSIX_CLASSES)})"
+        )
     return None
 
 
@@ -231,7 +237,9 @@ class DiscoverConfig(_Section):
         "matches folders only ('drafts/'). A folder that matches is left out with everything "
         "below it. '*' and '?' stay within one path part, '**' alone between slashes spans "
         "folders ('**/x' is x at any depth, 'dir/**' everything below dir; 'docs/**.md' is "
-        "'docs/*.md'), '[abc]' is one of a, b, c, and '\\' makes the next character an "
+        "'docs/*.md'), '[abc]' is one of a, b, c ('[!abc]' or '[^abc]' none of them, "
+        "'[a-z]' a range, '[[:digit:]]' a class of git's; never a '/'), and '\\' makes the "
+        "next character an "
         "ordinary one ('\\#notes.md', 'q\\?.md'). No negation "
         "('!'). A pattern that can never match is warned about when the config loads.",
     )  # fmt: skip
