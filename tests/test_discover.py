@@ -186,6 +186,9 @@ def test_folders_below_a_folder_leave_its_own_files_in(tmp_path: Path) -> None:
         ("docs//drafts", "has an empty, '.' or '..' part"),
         ("./.", "has an empty, '.' or '..' part"),
         ("!keep.md", "starts with '!', but discover.ignore has no negation"),
+        (" !keep.md", "starts with '!', but discover.ignore has no negation"),
+        ("", "is blank: it matches nothing"),
+        ("  ", "is blank: it matches nothing"),
         ("[[:letter:]]*.md", "names the character class [:letter:], which git does not know"),
     ],
 )
@@ -196,6 +199,30 @@ def test_an_ignore_pattern_that_never_matches_is_warned_about_at_load(
         DiscoverConfig(ignore=[".git/**", pattern, "drafts/", "./drafts", "*.log"])
     (record,) = caplog.records  # the patterns that can match are not warned about
     assert record.getMessage().startswith(f"discover.ignore: the pattern {pattern!r} {problem}")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "kept"),
+    [
+        ("/!keep.md", ["docs/!keep.md", "keep.md"]),
+        ("./!keep.md", ["docs/!keep.md", "keep.md"]),
+        ("docs/!keep.md", ["!keep.md", "keep.md"]),
+        (r"\!keep.md", ["keep.md"]),
+    ],
+)
+def test_a_bang_that_is_no_negation_in_git_is_not_warned_about(
+    pattern: str, kept: list[str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only a '!' that starts the pattern is git's negation: /!keep.md and ./!keep.md were
+    warned about ("no negation") though they ignore the file !keep.md, as in git."""
+    (tmp_path / "docs").mkdir()
+    for name in ("!keep.md", "docs/!keep.md", "keep.md"):
+        (tmp_path / name).write_text(f"# {name}\n")
+    with caplog.at_level("WARNING", logger="ragpipe.config"):
+        cfg = DiscoverConfig(roots=[tmp_path], ignore=[pattern])
+    assert caplog.records == []
+    result = discover(cfg)
+    assert sorted(Path(f.file_path).relative_to(tmp_path).as_posix() for f in result.files) == kept
 
 
 def test_roots_merge_and_deduplicate(tmp_path: Path) -> None:

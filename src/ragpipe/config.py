@@ -175,6 +175,8 @@ def parse_ignore(pattern: str) -> tuple[str, bool, bool]:
 
 def ignore_problem(pattern: str) -> str | None:
     """Why a ``discover.ignore`` pattern can never do what it says, or None."""
+    if not pattern.strip():
+        return "is blank: it matches nothing"
     glob, _, _ = parse_ignore(pattern)
     if not glob:
         return "is empty once its slashes are dropped: it matches nothing"
@@ -183,10 +185,11 @@ def ignore_problem(pattern: str) -> str | None:
             "has an empty, '.' or '..' part, which no path relative to a root has: it never "
             "matches (write the path from the root: 'docs/drafts/')"
         )
-    if glob.startswith("!"):
+    if pattern.strip().startswith("!"):  # as in git: /!x and ./!x are no negation
         return (
             "starts with '!', but discover.ignore has no negation: it ignores only names "
-            "beginning with '!' (list what to leave out instead)"
+            "beginning with '!' (list what to leave out instead; '\\!' or '/!' for such "
+            "names, without this warning)"
         )
     unknown = globs.unknown_classes(glob)
     if unknown:
