@@ -359,6 +359,22 @@ def test_single_file_root_and_stable_paths(tmp_path: Path, monkeypatch: pytest.M
     assert [f.file_path for f in result.files] == ["docs/a.md", "docs/c.py", "docs/sub/b.txt"]
 
 
+def test_a_file_named_as_a_root_is_indexed_whatever_the_ignore_globs_say(tmp_path: Path) -> None:
+    """The globs match below a root, as a folder root is walked whatever its name; a file
+    root that matched one (roots: [notes.md], ignore: ['*.md']) vanished without a row."""
+    _tree(tmp_path)
+    cfg = DiscoverConfig(
+        roots=[tmp_path / "docs" / "a.md", tmp_path / "drafts", tmp_path / "docs"],
+        ignore=["*.md", "drafts"],
+    )
+    result = discover(cfg)
+    assert [Path(f.file_path).relative_to(tmp_path).as_posix() for f in result.files] == [
+        "docs/a.md", "docs/c.py", "docs/sub/b.txt"
+    ]  # fmt: skip
+    # (drafts/e.md is below a root, the folder drafts: *.md leaves it out)
+    assert [s.reason for s in result.skipped] == ["unsupported_type"] and result.failures == []
+
+
 def test_a_fifo_is_skipped_not_waited_on(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "pipe.md")  # opening it for reading would block forever
     (tmp_path / "ok.md").write_text("fine")

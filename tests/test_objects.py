@@ -383,6 +383,21 @@ def test_odd_keys_overlapping_roots_denied_and_failed_downloads(
         assert denied.removed == 0 and stored(cfg) == before
 
 
+@pytest.mark.parametrize("ignore", [["**"], ["*"], ["*.md"]])
+def test_a_key_named_as_a_root_is_listed_whatever_the_ignore_globs_say(
+    s3: S3Server, tmp_path: Path, ignore: list[str]
+) -> None:
+    """The globs match the key below its root; a root that is a key is listed as a file
+    root is (** and * matched its empty remainder: it vanished without a row)."""
+    if "key-roots" not in {b["Name"] for b in s3.client().list_buckets()["Buckets"]}:
+        _bucket(s3, "key-roots", {"kb/a.md": b"# A\n\nalpha", "kb/sub/b.md": b"# B\n\nbeta"})
+    cfg = _config(tmp_path, s3.url, ["s3://key-roots/kb/a.md", "s3://key-roots/kb"])
+    cfg = cfg.model_copy(update={"discover": cfg.discover.model_copy(update={"ignore": ignore})})
+    listed = list_objects(cfg, cfg.discover.object_roots, [], tmp_path / "bodies")
+    assert [f.file_path for f in listed.files] == ["s3://key-roots/kb/a.md"]
+    assert listed.failures == [] and listed.skipped == []
+
+
 @pytest.mark.slow
 def test_every_format_in_a_folder_and_a_bucket_in_one_nightly(s3: S3Server, tmp_path: Path) -> None:
     """Issue 36's "done when": PDF, DOCX, PPTX, XLSX, CSV, EPUB, EML, AsciiDoc, ODT (and the

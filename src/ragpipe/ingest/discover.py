@@ -307,11 +307,11 @@ def discover(
             result.skipped.append(Skip(root_label, OWN_DATA, f"the root is {OWN_DATA_DETAIL}"))
             continue
         if root.is_file():
-            if not rules.ignores(root.name):
-                real = os.path.realpath(root)
-                _consider(
-                    str(root), root_label, root_label, real, config, result, seen_real, progress
-                )
+            # Named as a root, it is indexed whatever discover.ignore says: the globs match
+            # below a root, and a folder root is walked whatever its name (a file root
+            # that matched vanished without a row).
+            real = os.path.realpath(root)
+            _consider(str(root), root_label, root_label, real, config, result, seen_real, progress)
             continue
 
         def on_error(exc: OSError, rel_dir: str, label: str = root_label) -> None:

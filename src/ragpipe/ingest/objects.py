@@ -287,7 +287,7 @@ def list_objects(
             seen.add(url)
             result.listed += 1
             rel = key[len(path) :].lstrip("/") if key.startswith(path) else key
-            if rules.ignores(rel):
+            if rel and rules.ignores(rel):  # "": the root is this key, named: indexed
                 continue
             kind = file_kind(key, url, root, config.discover)
             if kind is None:
