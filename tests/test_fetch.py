@@ -837,3 +837,56 @@ def test_a_host_name_that_is_no_dns_name_is_a_row_never_a_crash(tmp_path: Path) 
     assert "discover.urls: 'http://docs..example.org/guide' has a host name that is no DNS " in (
         str(err.value)
     )
+
+
+# -- found by the source review (loopback pages through the whole ingest) ---------------
+
+
+def _pages_config(tmp_path: Path, urls: list[str]) -> RagpipeConfig:
+    return RagpipeConfig(
+        discover={"roots": [], "urls": urls},
+        fetch={"timeout_s": 2.0},
+        chunk={"size": 400, "overlap": 50},
+        embed={"provider": "onnx", "batch_size": 16},
+        index={"max_delete_share": 1.0},
+        store={"path": tmp_path / "store"},
+        paths={"work_dir": tmp_path / "work"},
+    )
+
+
+def _skip_details(cfg: RagpipeConfig) -> dict[str, tuple[str, str]]:
+    rows = checkpoint.read_records(cfg.paths.work_dir / "discover" / "skipped.parquet", Skip)
+    return {s.file_path: (s.reason, s.detail) for s in rows}
+
+
+def _texts(points: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    return {url: sorted(p["text"] for p in ps) for url, ps in _by_url(points).items()}
+
+
+def test_a_redirecting_alias_never_takes_the_place_of_the_page_it_redirects_to(
+    tmp_path: Path,
+) -> None:
+    """/a-old-guide (301 to /guide) sorts before /guide: /guide was the duplicate_content
+    skip row, and its text was indexed under the alias (citations pointed at the redirect).
+    Listed in either order, the page is indexed under its own URL."""
+    with web_site(
+        {"/guide": Route(GUIDE), "/a-old-guide": Route(status=301, location="/guide")}
+    ) as site:
+        u = site.url
+        cfg = _pages_config(tmp_path, [f"{u}/a-old-guide", f"{u}/guide"])
+        summary = run_ingest(cfg)
+        assert (summary.seen, summary.added, summary.failed) == (1, 1, 0)
+        assert _skip_details(cfg) == {
+            f"{u}/a-old-guide": ("duplicate_content", f"same bytes as {u}/guide")
+        }
+        points = stored(cfg)
+        assert {(p["file_path"], p["source_url"], p["final_url"]) for p in points.values()} == {
+            (f"{u}/guide", f"{u}/guide", f"{u}/guide")
+        }
+        assert _texts(points) == {
+            f"{u}/guide": [
+                "# Install Guide\n\n## Requirements\n\nPython 3.11 or newer is needed to run the "
+                "widget installer on Linux.",
+                "## Steps\n\nRun pip install widget, then widget init inside the project folder.",
+            ]
+        }

@@ -9,7 +9,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
@@ -477,19 +477,26 @@ def _bad_name(path: str) -> Failure:
     )
 
 
-def skip_duplicate_content(result: DiscoverResult) -> None:
-    """Keep the first file (in path order) of each content; skip the other copies.
+def skip_duplicate_content(result: DiscoverResult, redirected: Collection[str] = ()) -> None:
+    """Keep one file of each content, the first in path order; skip the other copies.
+
+    A web page that ``redirected`` to another URL gives way to a copy that did not: with
+    /a-old-guide (301 to /guide) and /guide both listed, /guide was the skip row and its
+    text was indexed under the alias, every citation pointing at the redirect.
 
     ``result.files`` must be sorted by ``file_path``.
     """
-    first: dict[str, str] = {}
+    keep: dict[str, str] = {}  # sha256 -> the file_path its content is indexed under
+    for f in result.files:
+        if f.kind == "record" or not f.size_bytes:  # equal records are two; empty files
+            continue
+        held = keep.setdefault(f.sha256, f.file_path)
+        if held in redirected and f.file_path not in redirected:
+            keep[f.sha256] = f.file_path
     kept: list[SourceFile] = []
     for f in result.files:
-        if f.kind == "record":  # equal records under two ids are two records
-            kept.append(f)
-            continue
-        original = first.setdefault(f.sha256, f.file_path) if f.size_bytes else f.file_path
-        if original == f.file_path:
+        original = keep.get(f.sha256) if f.kind != "record" and f.size_bytes else None
+        if original is None or original == f.file_path:
             kept.append(f)
         else:
             result.skipped.append(
@@ -647,7 +654,8 @@ def run_discover(
     result.failures.extend(records.failures)
     result.skipped.extend(records.skipped)
     if (web.files or stored.files or records.records) and config.discover.dedupe_content:
-        skip_duplicate_content(result)  # a copy in a bucket, a redirected page, equal records
+        # a copy in a bucket, a page that redirects to another listed one, equal records
+        skip_duplicate_content(result, web.redirected())
     roots_used = [str(r) for r in (roots or config.discover.roots)]
     config_fp = checkpoint.combine_fingerprints(
         [fingerprint(config.discover, "1"), json.dumps(roots_used)]

@@ -73,6 +73,10 @@ class FetchResult:
     not_modified: int = 0
     downloaded: int = 0
 
+    def redirected(self) -> set[str]:
+        """The URLs of the pages whose fetch ended at another URL (a redirect)."""
+        return {p.url for p in self.pages if normalise_url(p.final_url) != p.url}
+
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
