@@ -82,14 +82,30 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+# RFC 9110's type/subtype: two tokens.
+_MIME_TYPE = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+/[!#$%&'*+.^_`|~0-9a-z-]+")
+
+
 def _content_type(headers: httpx.Headers) -> tuple[str, str | None]:
-    raw = headers.get("content-type", "")
-    if not raw:
-        return "", None
-    msg = Message()
-    msg["content-type"] = raw
-    charset = msg.get_param("charset")
-    return msg.get_content_type().lower(), charset if isinstance(charset, str) else None
+    """(type/subtype, charset) of a response, as browsers extract them (WHATWG Fetch):
+    headers sent twice are joined by commas and the last valid type wins, keeping an
+    earlier charset of the same type; ``""`` when none is valid, so the body is sniffed.
+    (The email parser read 'text/html, text/html; charset=utf-8', 'html' or 'pdf' as
+    text/plain: an HTML page was indexed as its markup, a PDF as its bytes.)"""
+    essence, charset = "", None
+    for value in headers.get_list("content-type", split_commas=True):
+        mime = value.partition(";")[0].strip().lower()
+        if not _MIME_TYPE.fullmatch(mime) or mime == "*/*":
+            continue
+        msg = Message()
+        msg["content-type"] = value
+        param = msg.get_param("charset")
+        named = param if isinstance(param, str) and param else None
+        if mime != essence:
+            essence, charset = mime, named
+        elif named:
+            charset = named
+    return essence, charset
 
 
 def _sniff(body: bytes) -> str:
