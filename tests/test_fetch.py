@@ -953,3 +953,54 @@ def test_a_doubled_or_invalid_content_type_is_read_as_a_browser_reads_it(tmp_pat
                 "## Steps\n\nRun pip install widget, then widget init inside the project folder.",
             ]
         }  # the page's text and headings, not its markup
+
+
+FRENCH = (
+    "Le café est très apprécié à Paris; les élèves préfèrent la crème brûlée après le "
+    "dîner. Señor Muñoz habló con el niño."
+)
+
+
+def test_a_page_that_declares_no_charset_is_read_as_browsers_read_it(tmp_path: Path) -> None:
+    """Not UTF-8 and no charset: statistics guessed windows-1250 for a French Latin-1 text
+    ("trčs apprécié ŕ Paris"), in silence. Now windows-1252, the web's default for an
+    undeclared page; bytes it has no character for are a failure row (encoding)."""
+    routes = {
+        "/fr.txt": Route(FRENCH.encode("latin-1"), "text/plain"),
+        "/fr.html": Route(
+            f"<html><body><h1>Café</h1><p>{FRENCH}</p></body></html>".encode("latin-1"),
+            "text/html",
+        ),
+        "/quotes.txt": Route("“Quoted” prices: €5 – or less.".encode("cp1252"), "text/plain"),
+        "/bom.txt": Route("\ufeffUTF-8 with its mark: é".encode(), "text/plain"),
+        "/meta.html": Route(
+            '<html><head><meta charset="iso-8859-2"></head><body><p>Łódź i Kraków.</p></body>'
+            "</html>".encode("iso-8859-2"),
+            "text/html",
+        ),  # no HTTP charset: its own declaration
+        "/bad.txt": Route(b"caf\xe9 \x81 bytes", "text/plain"),
+    }
+    with web_site(routes) as site:
+        u = site.url
+        cfg = _pages_config(tmp_path, [f"{u}{path}" for path in routes])
+        summary = run_ingest(cfg)
+        assert (summary.seen, summary.added, summary.failed) == (5, 5, 1)
+        assert _failure_messages(cfg) == {
+            f"{u}/bad.txt": "the text is not in UTF-8, and byte 0x81 at 5 is no character of "
+            "windows-1252, what a page that declares no charset is read as (as browsers do): "
+            "its server should declare the charset it is written in (Content-Type: ...; "
+            "charset=...)"
+        }
+        assert _failures(cfg) == {f"{u}/bad.txt": "encoding"}
+        assert _texts(stored(cfg)) == {
+            f"{u}/bom.txt": ["UTF-8 with its mark: é"],
+            f"{u}/fr.html": [f"# Café\n\n{FRENCH}"],
+            f"{u}/fr.txt": [FRENCH],
+            f"{u}/meta.html": ["Łódź i Kraków."],
+            f"{u}/quotes.txt": ["“Quoted” prices: €5 – or less."],
+        }
+
+
+def _failure_messages(cfg: RagpipeConfig) -> dict[str, str]:
+    rows = checkpoint.read_records(cfg.paths.work_dir / "failures.parquet", Failure)
+    return {f.file_path: f.message for f in rows}

@@ -125,27 +125,50 @@ def kind_of_response(url: str, content_type: str) -> str | None:
     return kind
 
 
+# What a page that declares no encoding is read as when it is not UTF-8: what a browser
+# reads it as (WHATWG's default; HTTP/1.1 made ISO-8859-1 the default of text/*, which
+# WHATWG reads as windows-1252 too).
+UNDECLARED_ENCODING = "windows-1252"
+
+
 def _decode_text(body: bytes, charset: str | None, kind: str) -> tuple[str, str]:
-    """Body as text and the encoding used: the HTTP charset, else a declared or guessed one."""
+    """Body as text and the encoding used, never a guess: a byte-order mark, the HTTP
+    charset, an HTML page's own declaration (``<meta charset>``), UTF-8, then
+    windows-1252 (``UNDECLARED_ENCODING``). Statistics read a French Latin-1 text that
+    declared nothing as windows-1250 ("trčs" for "très"), in silence.
+
+    Raises:
+        FetchError: ``encoding``, when none of them reads the bytes.
+    """
+    from bs4.dammit import EncodingDetector
+
+    stripped, bom = EncodingDetector.strip_byte_order_mark(body)
+    tries = [(bom, stripped)] if bom else []
+    if charset:
+        tries.append((charset, body))
     if kind == "html":
-        from bs4.dammit import UnicodeDammit
-
-        known = [charset] if charset else []
-        dammit = UnicodeDammit(body, known_definite_encodings=known, is_html=True)
-        if dammit.unicode_markup is None:
-            raise FetchError("encoding", "the page's text encoding cannot be determined")
-        return dammit.unicode_markup, (dammit.original_encoding or "utf-8").lower()
-    for encoding in [charset, "utf-8-sig"] if charset else ["utf-8-sig"]:
+        declared = EncodingDetector.find_declared_encoding(body, is_html=True)
+        if declared:
+            tries.append((declared, body))
+    tries += [("utf-8", body), (UNDECLARED_ENCODING, body)]
+    failed: UnicodeDecodeError | None = None
+    for encoding, data in tries:
         try:
-            return body.decode(encoding), encoding
-        except (LookupError, UnicodeDecodeError):
+            return data.decode(encoding), encoding
+        except LookupError:  # a charset Python does not know: the next one
             continue
-    from bs4.dammit import UnicodeDammit
-
-    dammit = UnicodeDammit(body)
-    if dammit.unicode_markup is None:
-        raise FetchError("encoding", "the text's encoding cannot be determined")
-    return dammit.unicode_markup, (dammit.original_encoding or "").lower()
+        except UnicodeDecodeError as exc:
+            failed = exc
+    what = "page" if kind == "html" else "text"
+    declared = f"its declared charset {charset!r} or " if charset else ""
+    byte = f"byte 0x{body[failed.start]:02x} at {failed.start}" if failed else "a byte"
+    raise FetchError(
+        "encoding",
+        f"the {what} is not in {declared}UTF-8, and {byte} is no character of "
+        f"{UNDECLARED_ENCODING}, what a page that declares no charset is read as (as browsers "
+        "do): its server should declare the charset it is written in (Content-Type: ...; "
+        "charset=...)",
+    )
 
 
 _TITLE_RE = re.compile(r"<title[^>]*>(.*?)</title\s*>", re.IGNORECASE | re.DOTALL)
