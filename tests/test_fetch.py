@@ -1004,3 +1004,51 @@ def test_a_page_that_declares_no_charset_is_read_as_browsers_read_it(tmp_path: P
 def _failure_messages(cfg: RagpipeConfig) -> dict[str, str]:
     rows = checkpoint.read_records(cfg.paths.work_dir / "failures.parquet", Failure)
     return {f.file_path: f.message for f in rows}
+
+
+def test_an_octet_stream_is_sniffed_and_a_page_turned_image_is_removed(tmp_path: Path) -> None:
+    """application/octet-stream was never sniffed: an HTML page or a PDF a server sent so
+    was skipped (unsupported_content_type), and a page indexed before was removed."""
+    pdf = shared_pdf("multi_page.pdf").read_bytes()
+    with web_site({"/guide": Route(GUIDE), "/other": Route(GERMAN)}) as site:
+        u = site.url
+        cfg = _pages_config(tmp_path, [f"{u}/guide", f"{u}/other"])
+        first = run_ingest(cfg)
+        assert (first.added, first.failed) == (2, 0)
+        before = _texts(stored(cfg))
+
+        site.routes["/guide"] = Route(GUIDE, "application/octet-stream")
+        second = run_ingest(cfg)
+        assert (second.skipped_unchanged, second.removed) == (2, 0)
+        assert _skips(cfg) == {} and _texts(stored(cfg)) == before
+
+        # A page that is now an image (a type not ingested) is a skip row, and it leaves
+        # the index, as a page robots.txt now disallows does (under index.max_delete_share).
+        site.routes["/guide"] = Route(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "image/png")
+        third = run_ingest(cfg)
+        assert third.removed == 1
+        assert _skip_details(cfg) == {
+            f"{u}/guide": (
+                "unsupported_content_type",
+                "image/png: only HTML, text and PDF are ingested",
+            )
+        }
+        assert sorted(_texts(stored(cfg))) == [f"{u}/other"]
+
+        from ragpipe.web.pages import fetch_pages
+
+        site.routes["/manual"] = Route(pdf, "binary/octet-stream")  # S3's "no type"
+        site.routes["/blob"] = Route(b"\x00\x01 no known start", "application/octet-stream")
+        fetched = fetch_pages(
+            FetchConfig(), [f"{u}/manual", f"{u}/blob"], [], tmp_path / "bodies", []
+        )
+        assert [(p.url, p.kind, p.content_type) for p in fetched.pages] == [
+            (f"{u}/manual", "pdf", "application/pdf")
+        ]
+        assert [(s.file_path, s.reason, s.detail) for s in fetched.skipped] == [
+            (
+                f"{u}/blob",
+                "unsupported_content_type",
+                "application/octet-stream: only HTML, text and PDF are ingested",
+            )
+        ]

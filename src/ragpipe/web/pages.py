@@ -108,6 +108,15 @@ def _content_type(headers: httpx.Headers) -> tuple[str, str | None]:
     return essence, charset
 
 
+# Types that say nothing of the body ("some bytes"): the body's first bytes tell. A
+# server (or a bucket behind it) sends application/octet-stream for a file it has no
+# type for; an HTML page served so was skipped, and removed once indexed.
+UNTYPED = frozenset(
+    {"", "application/octet-stream", "binary/octet-stream", "application/unknown",
+     "unknown/unknown"}
+)  # fmt: skip
+
+
 def _sniff(body: bytes) -> str:
     head = body[:1024].lstrip().lower()
     if head.startswith(b"%pdf-"):
@@ -378,7 +387,8 @@ def _page(
     if status != 200:
         raise FetchError("http_error", f"HTTP {status} from {response.url}")
     content_type, charset = _content_type(response.headers)
-    content_type = content_type or _sniff(response.body)
+    if content_type in UNTYPED:
+        content_type = _sniff(response.body) or content_type
     kind = kind_of_response(response.url, content_type)
     if kind is None:
         result.skipped.append(
