@@ -238,14 +238,13 @@ class DiscoverConfig(_Section):
         "name at any depth ('*.log', 'drafts'); one with a '/' inside, or a leading '/' or "
         "'./', matches from the root ('docs/*.md', '/drafts', './drafts/**'). A trailing '/' "
         "matches folders only ('drafts/'). A folder that matches is left out with everything "
-        "below it; a root itself is never left out. '*' and '?' stay within one path part, "
-        "'**' alone between slashes spans "
-        "folders ('**/x' is x at any depth, 'dir/**' everything below dir; 'docs/**.md' is "
-        "'docs/*.md'), '[abc]' is one of a, b, c ('[!abc]' or '[^abc]' none of them, "
-        "'[a-z]' a range, '[[:digit:]]' a class of git's; never a '/'), and '\\' makes the "
-        "next character an "
-        "ordinary one ('\\#notes.md', 'q\\?.md'). No negation "
-        "('!'). A pattern that can never match is warned about when the config loads.",
+        "below it; a root itself is never left out. '*' and '?' stay within one path part; "
+        "'**' alone between slashes spans folders ('**/x' is x at any depth, 'dir/**' "
+        "everything below dir; 'docs/**.md' is 'docs/*.md'); '[abc]' is one of a, b, c "
+        "('[!abc]' or '[^abc]' none of them, '[a-z]' a range, '[[:digit:]]' a class of git's; "
+        "never a '/'); '\\' makes the next character an ordinary one ('\\#notes.md', "
+        "'q\\?.md'). No negation ('!'), and '#' starts no comment. A pattern that can never "
+        "match is warned about when the config loads.",
     )  # fmt: skip
     text_extensions: list[str] = Field(
         default_factory=lambda: list(TEXT_EXTENSIONS_DEFAULT),

@@ -40,11 +40,6 @@ def glob_regex(glob: str) -> re.Pattern[str]:
     return re.compile(_translate(glob)[0] + r"\Z", re.DOTALL)
 
 
-def translate(glob: str) -> str:
-    """The regex source of a glob, unanchored (see ``glob_regex``)."""
-    return _translate(glob)[0]
-
-
 def unknown_classes(glob: str) -> list[str]:
     """The ``[:name:]`` classes in the glob's brackets that git does not know (such a
     bracket never matches)."""
@@ -64,10 +59,10 @@ def _translate(glob: str) -> tuple[str, tuple[str, ...]]:
                 j += 1
             # A run of two or more stars alone between slashes (or the ends) spans
             # folders; git reads any other as one star.
-            alone = (i == 0 or glob[i - 1] == "/") and (j == n or glob[j] == "/")
-            if j - i >= 2 and (i == 0 or glob[i - 1] == "/") and glob.startswith("\\/", j):
+            starts_part = j - i >= 2 and (i == 0 or glob[i - 1] == "/")
+            if starts_part and glob.startswith("\\/", j):
                 out.append(".*")  # git's **\/: one or more folders, then the escaped /
-            elif j - i < 2 or not alone:
+            elif not starts_part or (j < n and glob[j] != "/"):
                 out.append("[^/]*")
             elif j == n:
                 out.append(".*")
