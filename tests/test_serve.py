@@ -413,7 +413,9 @@ class Replier:
 
 def test_a_rephrased_question_is_served_from_the_cache(tmp_path: Path, onnx_embedder: Any) -> None:
     cfg = _index(tmp_path)
-    replier = Replier("Bake the loaf for 35 minutes [1].")
+    # Source 1 for BREAD is bread.md's Dough section: the answer is its text (crediting it
+    # with the Oven section's bake time is misattributed_citation, and is not cached).
+    replier = Replier("Knead the dough for ten minutes [1].")
     with (
         running(create_app(cfg, onnx_embedder, replier)) as url,
         httpx.Client(base_url=url, timeout=60) as client,
@@ -922,7 +924,7 @@ def test_the_server_switches_versions_under_load_and_empties_the_cache(
     old = published.current(cfg.store.path)
     seen: list[tuple[int, str | None]] = []
     stop = threading.Event()
-    replier = Replier("Bake the loaf for 35 minutes [1].")  # a cited answer: cached
+    replier = Replier("Knead the dough for ten minutes [1].")  # source 1's text, cited: cached
     with (
         running(create_app(cfg, onnx_embedder, replier)) as url,
         httpx.Client(base_url=url, timeout=120) as client,
