@@ -3,6 +3,7 @@ ingest flow takes before the file locks (on a real temporary Prefect API)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -255,6 +256,31 @@ def test_a_holder_that_cannot_be_checked_is_waited_for_and_unlock_frees_it(
     thread.join(30)
     nothing = CliRunner().invoke(app, args)
     assert nothing.exit_code == 0 and "is free: nothing to free" in nothing.output
+
+
+def test_a_killed_holder_not_yet_reaped_is_not_alive() -> None:
+    """A zombie (killed, its parent not yet waiting) passed os.kill(pid, 0) and its own
+    start time: a supervisor retrying a killed nightly before wait() was refused by it."""
+    from ragpipe.locking import holder_alive
+
+    script = (
+        "import json, sys\nfrom ragpipe.locking import process_identity\n"
+        "print(json.dumps(process_identity()), flush=True)\nsys.stdin.read()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    holder = json.loads(proc.stdout.readline())
+    assert holder_alive(holder) is True
+    os.kill(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the child did not become a zombie"
+        time.sleep(0.01)
+    assert holder_alive(holder) is False  # dead, though not reaped
+    proc.wait()
+    assert holder_alive(holder) is False
 
 
 def test_holder_alive() -> None:

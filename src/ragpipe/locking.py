@@ -140,13 +140,27 @@ def _boot_id() -> str:
         return ""
 
 
-def _start_ticks(pid: int) -> str:
-    """The process's start time in clock ticks since boot (Linux), "" when unknown."""
+def _stat_fields(pid: int) -> list[str]:
+    """``/proc/<pid>/stat`` after the process's name (field 3 on: the name may hold spaces
+    and parentheses), [] when unknown (not Linux, or no such process)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
     except OSError:
-        return ""
-    return stat.rsplit(")", 1)[-1].split()[19]  # field 22; the name may hold spaces
+        return []
+    return stat.rsplit(")", 1)[-1].split()
+
+
+def _start_ticks(pid: int) -> str:
+    """The process's start time in clock ticks since boot (Linux), "" when unknown."""
+    fields = _stat_fields(pid)
+    return fields[19] if len(fields) > 19 else ""  # field 22
+
+
+def _ended(pid: int) -> bool:
+    """Whether the process has ended but not been reaped yet (a zombie, state Z or X):
+    ``os.kill(pid, 0)`` still finds it, and its start time is still its own."""
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] in ("Z", "X")  # field 3, the state
 
 
 def _pid_namespace() -> str:
@@ -193,5 +207,7 @@ def holder_alive(holder: dict[str, object]) -> bool | None:
         return False
     except PermissionError:
         pass  # alive, another user's
+    if _ended(pid):  # killed, its parent not yet told: it holds nothing (a supervisor
+        return False  # that retries a killed nightly before wait() met its pid)
     started = holder.get("start_ticks")
     return not started or started == _start_ticks(pid)  # a reused pid is another process
