@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from ragpipe.errors import StageError
 from ragpipe.ingest.pipeline import run_ingest
 from ragpipe.locking import _pid_namespace
 from ragpipe.query.retrieve import Retriever
@@ -64,6 +65,23 @@ def test_an_ingest_publishes_what_it_wrote_and_a_no_op_publishes_nothing(
     assert changed.stages["upsert"]["published"] == 1
     new = published.current(cfg.store.path)
     assert new != generation and _versions(cfg.store.path) == [new]  # the old one removed
+
+
+def test_a_first_publish_stopped_before_its_switch_says_so(corpus: Path, tmp_path: Path) -> None:
+    """Killed between recording its version and writing CURRENT: readers said the gate had
+    let none through, with no gate configured (the kill/resume review)."""
+    cfg = make_config(corpus, tmp_path)
+    run_ingest(cfg)
+    generation = published.current(cfg.store.path)
+    assert generation is not None
+    (published.root(cfg.store.path) / published.CURRENT).unlink()  # where the kill fell
+    with pytest.raises(StageError) as caught:
+        open_reader(cfg.store, ONNX)
+    message = str(caught.value)
+    assert f"version {generation[:12]} was recorded as promoted" in message
+    assert "stopped before making it live" in message and "gate has not" not in message
+    assert run_ingest(cfg).failed == 0  # the next night finishes it
+    assert published.current(cfg.store.path) == generation
 
 
 def test_readers_and_the_writer_never_block_each_other(corpus: Path, tmp_path: Path) -> None:

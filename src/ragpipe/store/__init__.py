@@ -151,6 +151,14 @@ def open_reader(
         store.location = f"edge:{config.path} (published version {label})"
         return store
     waiting = published.list_versions(config.path)
+    if waiting and waiting[0].status == published.PROMOTED:  # recorded, then stopped
+        raise StageError(
+            f"no version of the index at {config.path} is live: version "
+            f"{waiting[0].generation[:12]} was recorded as promoted, but the ingest or "
+            "`ragpipe index promote` that promoted it was stopped before making it live. "
+            "Run `ragpipe ingest` again: it finishes the work (with index.gate, it judges "
+            "the version again); `ragpipe search --version V` reads one meanwhile"
+        )
     if waiting or published.statuses(config.path):  # a gate kept the first version off
         what = f" ({waiting[0].generation[:12]}, {waiting[0].status})" if waiting else ""
         raise StageError(
