@@ -766,6 +766,36 @@ def test_a_promotion_killed_before_its_event_is_announced_the_next_night(
     assert run_ingest(cfg).gate == {}
 
 
+def test_a_promotion_by_hand_killed_before_its_switch_is_finished_not_judged_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ragpipe index promote` records the version, then switches: killed between, the next
+    ingest took the record for a gate's killed promotion, judged the version again and held
+    it, and the person's decision was lost (the kill/resume review)."""
+    corpus = write_topics(tmp_path / "corpus", 6, ".txt")
+    cfg = _config(corpus, tmp_path)
+    first = run_ingest(cfg).gate["generation"]
+    held = _held_version(corpus, cfg)
+    write = published.atomic_write_bytes
+
+    def killed(path: Path, data: bytes) -> None:
+        if path.name == published.CURRENT:
+            raise KeyboardInterrupt  # as a kill would, before the switch
+        write(path, data)
+
+    monkeypatch.setattr(published, "atomic_write_bytes", killed)
+    with pytest.raises(KeyboardInterrupt):
+        gatekeep.promote_by_hand(cfg, held[:12])
+    monkeypatch.undo()
+    assert index_versions.current(cfg.store) == first  # readers never saw half of it
+    after = run_ingest(cfg, allow_mass_delete=True)
+    assert (after.gate["outcome"], after.gate["generation"]) == ("promoted", held)
+    assert after.gate["live_before"] == first and after.ok
+    assert after.gate["line"].endswith(f"finished now (was {first[:12]})")
+    assert index_versions.current(cfg.store) == held
+    assert run_ingest(cfg, allow_mass_delete=True).gate == {}  # once
+
+
 def test_a_discard_killed_before_its_folder_is_removed_stays_a_discard(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

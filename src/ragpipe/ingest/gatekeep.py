@@ -84,6 +84,8 @@ def decide(config: RagpipeConfig) -> Decision | None:
     if status == published.PROMOTED and not records.get(live or "", {}).get("at", "") > (
         recorded.get("at") or ""
     ):  # a promotion killed before its switch (no one promoted anything since): redo it
+        if recorded.get("by_hand"):  # a person's: finished, not judged again (and held)
+            return _finish_by_hand(config, generation, live)
         status = published.STAGED
     if status in (published.DISCARDED, published.PROMOTED):  # a person decided; keep it
         outcome = DISCARDED if status == published.DISCARDED else ROLLED_BACK
@@ -140,6 +142,18 @@ def decide(config: RagpipeConfig) -> Decision | None:
 
 
 PENDING = "pending"  # gate.json while a version is being judged
+
+
+def _finish_by_hand(config: RagpipeConfig, generation: str, live: str | None) -> Decision:
+    """The switch of a ``ragpipe index promote`` stopped between its record and the switch
+    (killed, a power cut): made now, announced as its own event would have been."""
+    versions.promote(config.store, generation, {"by_hand": True}, keep_previous=True)
+    line = (f"version {generation[:12]}: its promotion by hand stopped before the switch; "
+            f"finished now (was {(live or 'none')[:12]})")  # fmt: skip
+    logger.warning("index gate: %s", line)
+    decision = Decision(PROMOTED, generation, live, {"by_hand": True, "reasons": []}, line)
+    _write_gate(config, {**decision.as_dict(), "announced": False})
+    return decision
 
 
 def _write_gate(config: RagpipeConfig, data: dict[str, Any]) -> None:
