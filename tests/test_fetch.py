@@ -920,41 +920,6 @@ def test_the_content_type_is_the_last_valid_one(
     assert _content_type(httpx.Headers(headers)) == expected
 
 
-def test_a_doubled_or_invalid_content_type_is_read_as_a_browser_reads_it(tmp_path: Path) -> None:
-    from ragpipe.web.pages import fetch_pages
-
-    pdf = shared_pdf("multi_page.pdf").read_bytes()
-    doubled = Route(GUIDE, "text/html", headers={"Content-Type": "text/html; charset=utf-8"})
-    routes = {
-        "/doubled": doubled,  # two Content-Type headers
-        "/html": Route(GUIDE.replace(b"Install Guide", b"Bare Guide"), "html"),
-        "/pdf": Route(pdf, "pdf"),
-    }
-    with web_site(routes) as site:
-        u = site.url
-        urls = [f"{u}/doubled", f"{u}/html", f"{u}/pdf"]
-        fetched = fetch_pages(FetchConfig(), urls, [], tmp_path / "bodies", [])
-        assert [(f.file_path, f.kind) for f in fetched.files] == [
-            (f"{u}/doubled", "html"), (f"{u}/html", "html"), (f"{u}/pdf", "pdf")
-        ]  # fmt: skip
-        assert [(p.url, p.content_type) for p in fetched.pages] == [
-            (f"{u}/doubled", "text/html"),
-            (f"{u}/html", "text/html"),  # sniffed from the body, as the PDF is
-            (f"{u}/pdf", "application/pdf"),
-        ]
-        assert fetched.failures == [] and fetched.skipped == []
-
-        cfg = _pages_config(tmp_path / "ingest", [f"{u}/doubled"])
-        run_ingest(cfg)
-        assert _texts(stored(cfg)) == {
-            f"{u}/doubled": [
-                "# Install Guide\n\n## Requirements\n\nPython 3.11 or newer is needed to run the "
-                "widget installer on Linux.",
-                "## Steps\n\nRun pip install widget, then widget init inside the project folder.",
-            ]
-        }  # the page's text and headings, not its markup
-
-
 FRENCH = (
     "Le café est très apprécié à Paris; les élèves préfèrent la crème brûlée après le "
     "dîner. Señor Muñoz habló con el niño."
